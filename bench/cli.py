@@ -1,0 +1,198 @@
+"""`python -m bench`: every target measured in one run, on loopback, each proxy on one core.
+
+Per repetition, the targets are run one after another (the order rotates between repetitions
+so drift hits all); each target is started fresh, checked (one absolute-form GET must reach the
+origin; per-request routing on a kept-alive connection is recorded), warmed up, then measured:
+HTTP at concurrency 1/16/64, CONNECT tunnels at 16, bulk through 1 and 8 tunnels, with CPU and
+memory of the proxy's process tree from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import extras, measure, procfs, report
+from bench import proxies as px
+from bench import rules as rulesmod
+
+HTTP_CONCURRENCY = (1, 16, 64)
+TUNNEL_CONCURRENCY = 16
+GIB = 1 << 30
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="a 1-2 minute smoke run")
+    p.add_argument("--only", action="append", metavar="NAME", help=f"of {', '.join(px.TARGETS)}")
+    p.add_argument("--reps", type=int, help="repetitions (default 3; --quick 1)")
+    p.add_argument("--seconds", type=int, help="per wrk/tunnel run (default 3; --quick 1)")
+    p.add_argument("--bulk-bytes", type=int, help="per bulk run (default 1 GiB; --quick 128 MiB)")
+    p.add_argument("--log-mode", choices=("quiet", "default"), default="quiet")
+    p.add_argument("--rules", type=int, default=rulesmod.DEFAULT_ALLOW, help="allow rules")
+    p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
+    p.add_argument("--docs", action="store_true", help="write docs/bench/ even for a partial run")
+    args = p.parse_args(argv)
+    args.reps = args.reps or (1 if args.quick else 3)
+    args.seconds = args.seconds or (1 if args.quick else 3)
+    args.bulk_bytes = args.bulk_bytes or ((128 << 20) if args.quick else GIB)
+    unknown = set(args.only or ()) - set(px.TARGETS)
+    if unknown:
+        p.error(f"unknown target {', '.join(sorted(unknown))}; known: {', '.join(px.TARGETS)}")
+    args.targets = [t for t in px.TARGETS if not args.only or t in args.only]
+    return args
+
+
+def measure_target(
+    run: px.Running, origin: measure.Origin, loadgen: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Everything for one started target; the record of one repetition."""
+    rec: dict[str, Any] = {"target": run.name, "version": run.version, "notes": run.notes}
+    target = measure.Target(run.port)
+    if run.port is not None:
+        rec["forward_check"] = measure.forward_check(run.port, origin)
+        if not rec["forward_check"]["ok"]:
+            rec["error"] = f"forward check failed: {rec['forward_check']}"
+            return rec
+        rec["routing_check"] = measure.routing_check(run.port, origin)
+    pid = run.pid
+    if pid is not None:
+        rec["idle_rss_mb"], rec["idle_pss_mb"] = procfs.idle_memory(pid)
+    # The direct path has no proxy process: its memory sampler watches nothing useful.
+    with procfs.MemorySampler(pid or os.getpid()) as mem:
+        measure.run_wrk(target, origin, 16, 1, args.workdir)  # warm-up
+        rec["http"] = {}
+        for conc in HTTP_CONCURRENCY:
+            mem.reset()
+            cpu0 = procfs.cpu_seconds(pid) if pid else 0.0
+            r = measure.run_wrk(target, origin, conc, args.seconds, args.workdir)
+            if pid:
+                _cpu(r, procfs.cpu_seconds(pid) - cpu0, r["requests"], "cpu_us_per_request")
+                r["peak_rss_mb"], r["peak_pss_mb"] = mem.peak_rss, mem.peak_pss
+            rec["http"][str(conc)] = r
+        cpu0 = procfs.cpu_seconds(pid) if pid else 0.0
+        r = measure.run_tunnels(loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds)
+        if pid:
+            _cpu(r, procfs.cpu_seconds(pid) - cpu0, r["tunnels"], "cpu_us_per_tunnel")
+        rec["tunnels"] = r
+        rec["bulk"] = {}
+        for streams in (1, 8):
+            cpu0 = procfs.cpu_seconds(pid) if pid else 0.0
+            r = measure.run_bulk(loadgen, target, origin, streams, args.bulk_bytes)
+            if pid:
+                cpu = procfs.cpu_seconds(pid) - cpu0
+                r["cpu_s"] = cpu
+                r["cpu_s_per_gb"] = cpu / (r["bytes"] / 1e9) if r["bytes"] else None
+            rec["bulk"][str(streams)] = r
+        if pid:
+            rec["peak_rss_mb"], rec["peak_pss_mb"] = mem.max_rss, mem.max_pss
+    return rec
+
+
+def _cpu(r: dict[str, Any], cpu_s: float, n: int, key: str) -> None:
+    seconds = r.get("seconds") or 0
+    r["cpu_s"] = cpu_s
+    r[key] = cpu_s / n * 1e6 if n else None
+    if seconds:
+        r["cpu_pct"] = 100 * cpu_s / seconds
+
+
+def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Namespace) -> Any:
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    args.workdir = workdir
+    env = px.Env(origin.http_ports, origin.source_port, args.rules_set, workdir, args.log_mode)
+    started = time.monotonic()
+    try:
+        run = px.TARGETS[name](env)
+    except px.StartError as exc:
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+        return {"target": name, "skipped": str(exc)}
+    try:
+        rec = measure_target(run, origin, loadgen, args)
+    except Exception as exc:  # one broken proxy must not end the whole run
+        rec = {"target": name, "version": run.version, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        run.stop()
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    rec["wall_s"] = round(time.monotonic() - started, 2)
+    return rec
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if (os.cpu_count() or 1) < 2:
+        print("bench: needs 2 CPUs (proxy on CPU 1, load on CPU 0)", file=sys.stderr)
+        return 2
+    os.sched_setaffinity(0, {px.LOAD_CPU})  # the harness stays off the proxy's core
+    args.rules_set = rulesmod.generate(args.rules)
+    loadgen = measure.build_loadgen()
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    origin = measure.Origin()
+    runs: list[dict[str, Any]] = []
+    try:
+        for rep in range(args.reps):
+            order = (
+                args.targets[rep % len(args.targets) :] + args.targets[: rep % len(args.targets)]
+            )
+            for name in order:
+                print(f"bench: rep {rep + 1}/{args.reps} {name} ...", file=sys.stderr, flush=True)
+                rec = run_one(name, origin, loadgen, args)
+                rec["rep"] = rep
+                runs.append(rec)
+                print(f"bench:   {report.one_line(rec)}", file=sys.stderr, flush=True)
+    finally:
+        origin.close()
+    extra = {} if args.no_extras else extras.run_all()
+    result = {
+        "started": started.isoformat(timespec="seconds"),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "settings": {
+            "reps": args.reps,
+            "seconds": args.seconds,
+            "bulk_bytes": args.bulk_bytes,
+            "http_concurrency": list(HTTP_CONCURRENCY),
+            "tunnel_concurrency": TUNNEL_CONCURRENCY,
+            "log_mode": args.log_mode,
+            "allow_rules": args.rules,
+            "quick": args.quick,
+            "targets": args.targets,
+        },
+        "machine": machine(),
+        "runs": runs,
+        "extras": extra,
+    }
+    result["summary"] = report.summarize(runs)
+    full = not args.quick and not args.only
+    paths = report.write_all(result, started, docs=full or args.docs)
+    print(report.markdown(result))
+    for p in paths:
+        print(f"bench: wrote {p}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

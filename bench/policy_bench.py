@@ -1,0 +1,97 @@
+"""Policy decision time: µs per verdict for policies of 10 and 1,000 rules.
+
+Run as ``python -m bench.policy_bench --json`` (the bench runs it pinned to the proxy's core).
+A verdict is what the proxy computes per request: `make_target` (canonicalize the host) then
+`judge` (policy decision, then the address guard). Each case is timed in batches of BATCH
+verdicts; p50/p99 are over the batches, divided by BATCH. Decisions are not cached here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench import rules as rulesmod
+
+BATCH = 200
+BATCHES = 200
+SIZES = (10, 1000)
+
+# (case, scheme, host, port, resolved addresses): a hit of each rule form, a block, a miss.
+CASES: list[tuple[str, str, str, int, tuple[str, ...]]] = [
+    ("wildcard allow", "https", "www.example-1.com", 443, ("198.51.100.7",)),
+    ("URL origin allow", "https", "pkg-1.dev", 443, ("198.51.100.8",)),
+    ("wildcard block", "https", "ads.tracker-1.net", 443, ()),
+    ("CIDR allow", "https", "10.0.1.9", 443, ()),
+    ("default deny", "https", "unlisted.example.org", 443, ("198.51.100.9",)),
+]
+
+
+def _policy_rules(n: int) -> tuple[list[str], list[str]]:
+    r = rulesmod.generate(n_allow=n - n * 2 // 5, n_block=n * 2 // 5)
+    allow = r.allow_wildcards + r.allow_hosts + r.allow_origins + r.allow_cidrs
+    return allow, r.block_wildcards + r.block_cidrs
+
+
+def measure() -> dict[str, Any]:
+    from egress.addrs import AddressGuard
+    from egress.judge import judge
+    from egress.policy import Policy
+    from egress.target import make_target
+
+    guard = AddressGuard()
+    results = []
+    for n in SIZES:
+        allow, block = _policy_rules(n)
+        t0 = time.perf_counter()
+        policy = Policy(allow=allow, block=block, default="deny")
+        load_ms = (time.perf_counter() - t0) * 1e3
+        for case, scheme, host, port, addrs in CASES:
+            ips = tuple(ipaddress.ip_address(a) for a in addrs)
+            verdict = judge(policy, guard, make_target(scheme, host, port), ips)  # type: ignore[arg-type]
+            per_batch = []
+            for _ in range(BATCHES):
+                t = time.perf_counter()
+                for _ in range(BATCH):
+                    judge(policy, guard, make_target(scheme, host, port), ips)  # type: ignore[arg-type]
+                per_batch.append((time.perf_counter() - t) / BATCH * 1e6)
+            per_batch.sort()
+            results.append(
+                {
+                    "rules": len(allow) + len(block),
+                    "case": case,
+                    "verdict": f"{verdict.action} {verdict.reason}",
+                    "p50_us": statistics.median(per_batch),
+                    "p99_us": per_batch[int(0.99 * (len(per_batch) - 1))],
+                    "n": BATCH * BATCHES,
+                    "policy_load_ms": load_ms,
+                }
+            )
+    return {"results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.policy_bench")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    try:
+        out = measure()
+    except ImportError as exc:
+        out = {"skipped": f"policy engine not importable: {exc}"}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for row in out.get("results", []):
+            print(f"{row['rules']:>5} rules  {row['case']:<18} {row['p50_us']:7.2f} µs p50")
+        if "skipped" in out:
+            print(out["skipped"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
