@@ -1,0 +1,117 @@
+"""The `egress` command line (SPEC 6): serve, check, audit.
+
+Exit codes: 0 success, 1 the check failed (a target blocked), 2 bad usage or bad input (a
+short error naming the culprit, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .config import Settings, build_settings, load_policy_file
+from .errors import EgressError
+
+
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    """The policy options shared by `serve` and `check`."""
+    g = p.add_argument_group("policy")
+    g.add_argument("--allow", action="append", default=[], metavar="RULE", help="allow rule")
+    g.add_argument("--block", action="append", default=[], metavar="RULE", help="block rule")
+    g.add_argument("--default", choices=["deny", "allow"], help="posture (default: deny)")
+    g.add_argument("--framework-route", action="append", default=[], metavar="URL")
+    g.add_argument("--resolve", action="append", default=[], metavar="NAME=ADDR")
+    g.add_argument("--reserve", action="append", default=[], metavar="CIDR")
+    g.add_argument("--reserve-private", action="store_true", help="also refuse RFC 1918/CGNAT/ULA")
+    g.add_argument("--policy", metavar="FILE.toml", help="policy file (rules are merged)")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    data = load_policy_file(args.policy) if args.policy else None
+    return build_settings(
+        data,
+        allow=args.allow,
+        block=args.block,
+        default=args.default,
+        framework_routes=args.framework_route,
+        resolve=args.resolve,
+        reserve=args.reserve,
+        reserve_private=args.reserve_private,
+        where=f"policy file {args.policy!r}" if args.policy else "policy",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="egress", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="judge targets against a policy, without a proxy")
+    add_policy_options(check)
+    check.add_argument("--lint", action="store_true", help="report suspicious rules")
+    check.add_argument("--resolve-names", action="store_true", help="resolve names via DNS")
+    check.add_argument("targets", nargs="*", metavar="TARGET")
+
+    serve = sub.add_parser("serve", help="run the proxy")
+    add_policy_options(serve)
+    from .serve import add_serve_options
+
+    add_serve_options(serve)
+
+    audit = sub.add_parser("audit", help="read audit logs (summarize|tail|filter|verify)")
+    audit.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import check_target, system_resolver
+    from .lint import lint_policy
+
+    settings = settings_from_args(args)
+    if args.lint:
+        for finding in lint_policy(settings.policy):
+            print(finding)
+    if not args.targets and not args.lint:
+        print("egress check: no TARGET given", file=sys.stderr)
+        return 2
+    status = 0
+    resolver = system_resolver if args.resolve_names else None
+    for text in args.targets:
+        try:
+            result = check_target(settings, text, resolver)
+        except EgressError as exc:
+            print(f"egress check: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        print(result.line(), flush=True)
+        if not result.decision.allowed and status == 0:
+            status = 1
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["audit"]:
+        from .auditcli import audit_main  # type: ignore[import-not-found,unused-ignore]
+
+        return int(audit_main(argv[1:]))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "serve":
+            from .serve import cmd_serve
+
+            return cmd_serve(args, settings_from_args(args))
+    except EgressError as exc:
+        print(f"egress {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Configuration: a policy file (TOML) and command-line options become one `Settings`.
+
+Pure: parses text and data, touches no socket. The TOML format (documented in
+docs/policy.md):
+
+    default = "deny"                       # or "allow"
+    allow = ["*.example.com", "https://api.example.org"]
+    block = ["evil.example.com"]
+    framework_routes = ["http://127.0.0.1:8080"]
+    resolve = { "example.test" = "198.18.0.2" }   # or ["example.test=198.18.0.2"]
+    reserve = ["198.51.100.0/24"]
+    reserve_private = false
+
+    [clients.sandbox-a]                    # per-client policy (token and/or source CIDRs)
+    token = "s3cret"                       # or token_env = "SANDBOX_A_TOKEN"
+    sources = ["198.18.7.0/24"]
+    default = "deny"
+    allow = ["pypi.org"]
+    block = []
+
+Command-line rules are added to the file's rules; `--default` overrides the file's posture.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .addrs import AddressGuard, IPNetwork, parse_cidr
+from .errors import PolicyError, TargetError
+from .policy import Policy, Posture
+from .target import IPAddress, normalize_host, parse_ip_literal
+
+_TOP_KEYS = {
+    "default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private",
+    "clients",
+}  # fmt: skip
+_CLIENT_KEYS = {"token", "token_env", "sources", "default", "allow", "block", "framework_routes"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """A client identity (token and/or source networks) with its own policy."""
+
+    client_id: str
+    policy: Policy
+    token: str | None = None
+    sources: tuple[IPNetwork, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything that shapes decisions: policy, guard, pinned names, per-client policies."""
+
+    policy: Policy
+    guard: AddressGuard = field(default_factory=AddressGuard)
+    resolve: Mapping[str, tuple[IPAddress, ...]] = field(default_factory=dict)
+    clients: tuple[ClientSpec, ...] = ()
+
+
+def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[IPAddress, ...]]:
+    """`NAME=ADDR` pins (repeatable; several ADDRs for one NAME accumulate)."""
+    pins: dict[str, list[IPAddress]] = {}
+    for entry in entries:
+        name, sep, addr_text = entry.partition("=")
+        if not sep or not name or not addr_text:
+            raise PolicyError(f"--resolve {entry!r}: expected NAME=ADDR")
+        try:
+            host = normalize_host(name.strip())
+        except TargetError as exc:
+            raise PolicyError(f"--resolve {entry!r}: {exc}") from None
+        addr = parse_ip_literal(addr_text.strip())
+        if addr is None:
+            raise PolicyError(f"--resolve {entry!r}: {addr_text!r} is not an IP address")
+        pins.setdefault(host, []).append(addr)
+    return {k: tuple(v) for k, v in pins.items()}
+
+
+def load_policy_file(path: str) -> dict[str, Any]:
+    """Read a TOML policy file; `PolicyError` names the file and what is wrong."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise PolicyError(f"policy file {path!r}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy file {path!r}: invalid TOML ({exc})") from None
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise PolicyError(f"policy file {path!r}: unknown keys {sorted(unknown)}")
+    return data
+
+
+def _str_list(data: Mapping[str, Any], key: str, where: str) -> list[str]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(f"{where}: {key!r} must be a list of strings")
+    return cast(list[str], value)
+
+
+def _posture(value: object, where: str) -> Posture:
+    if value not in ("deny", "allow"):
+        raise PolicyError(f"{where}: default must be 'deny' or 'allow', not {value!r}")
+    return value
+
+
+def build_settings(
+    file_data: Mapping[str, Any] | None = None,
+    *,
+    allow: Sequence[str] = (),
+    block: Sequence[str] = (),
+    default: str | None = None,
+    framework_routes: Sequence[str] = (),
+    resolve: Sequence[str] = (),
+    reserve: Sequence[str] = (),
+    reserve_private: bool = False,
+    where: str = "policy",
+) -> Settings:
+    """Merge a policy file's data with command-line options into `Settings`."""
+    data = file_data or {}
+    posture = _posture(default if default is not None else data.get("default", "deny"), where)
+    routes = [*_str_list(data, "framework_routes", where), *framework_routes]
+    policy = Policy(
+        allow=[*_str_list(data, "allow", where), *allow],
+        block=[*_str_list(data, "block", where), *block],
+        default=posture,
+        framework_routes=routes,
+    )
+    pins = parse_resolve([*_resolve_entries(data.get("resolve", []), where), *resolve])
+    try:
+        extra = tuple(parse_cidr(c) for c in [*_str_list(data, "reserve", where), *reserve])
+    except ValueError as exc:
+        raise PolicyError(f"{where}: reserve: {exc}") from None
+    guard = AddressGuard(
+        extra=extra, reserve_private=bool(data.get("reserve_private", False)) or reserve_private
+    )
+    clients = tuple(
+        _client(cid, spec, routes, where) for cid, spec in dict(data.get("clients", {})).items()
+    )
+    return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
+
+
+def _resolve_entries(value: object, where: str) -> list[str]:
+    if isinstance(value, dict):
+        return [f"{k}={v}" for k, v in value.items()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return cast(list[str], value)
+    raise PolicyError(f"{where}: 'resolve' must be a table or a list of 'NAME=ADDR'")
+
+
+def _client(cid: str, spec: object, routes: list[str], where: str) -> ClientSpec:
+    here = f"{where}: client {cid!r}"
+    if not isinstance(spec, dict):
+        raise PolicyError(f"{here}: must be a table")
+    unknown = set(spec) - _CLIENT_KEYS
+    if unknown:
+        raise PolicyError(f"{here}: unknown keys {sorted(unknown)}")
+    token = spec.get("token")
+    if "token_env" in spec:
+        token = os.environ.get(str(spec["token_env"]))
+        if not token:
+            raise PolicyError(f"{here}: environment variable {spec['token_env']!r} is empty")
+    sources: list[IPNetwork] = []
+    for text in _str_list(spec, "sources", here):
+        try:
+            sources.append(ipaddress.ip_network(text, strict=False))
+        except ValueError as exc:
+            raise PolicyError(f"{here}: source {text!r}: {exc}") from None
+    if token is None and not sources:
+        raise PolicyError(f"{here}: needs a token, token_env or sources")
+    policy = Policy(
+        allow=_str_list(spec, "allow", here),
+        block=_str_list(spec, "block", here),
+        default=_posture(spec.get("default", "deny"), here),
+        framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
+    )
+    return ClientSpec(cid, policy, None if token is None else str(token), tuple(sources))

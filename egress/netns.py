@@ -1,0 +1,99 @@
+"""Open a socket inside another network namespace without moving the caller.
+
+Strategy (SPEC 4, "listening inside a namespace"): a short-lived thread enters the target
+namespace with `setns(2)` — which changes the namespace of that one thread only — creates and
+binds the socket there, and hands it back. A socket keeps the namespace it was created in, so
+the host process's event loop can then serve it while every other thread stays where it was.
+The thread exits right after, so no code of ours ever runs in the sandbox's namespace longer
+than a `bind()`.
+
+Python 3.11 has no `os.setns`, so libc's is called through ctypes. Needs CAP_SYS_ADMIN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from .errors import EgressError
+
+CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
+
+
+class NamespaceError(EgressError):
+    """The namespace cannot be entered (missing, or no privilege)."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def namespace_path(ns: str) -> str:
+    """A named namespace (`ip netns`), a path, or a PID, as a path to its net ns file."""
+    if ns.isdigit():
+        return f"/proc/{ns}/ns/net"
+    if "/" not in ns:
+        return f"/run/netns/{ns}"
+    return ns
+
+
+def run_in_netns(ns: str, fn: Callable[[], T]) -> T:
+    """Run `fn` in a fresh thread that has entered namespace `ns`; return its result.
+
+    Raises `NamespaceError` if the namespace cannot be opened or entered; re-raises whatever
+    `fn` raised.
+    """
+    path = namespace_path(ns)
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            error.append(NamespaceError(f"cannot open network namespace {path!r}: {exc}"))
+            return
+        try:
+            if _libc().setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                error.append(
+                    NamespaceError(f"cannot enter network namespace {path!r}: {os.strerror(err)}")
+                )
+                return
+            result.append(fn())
+        except BaseException as exc:  # handed back to the caller's thread
+            error.append(exc)
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=worker, name=f"netns:{path}", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def listen_in_netns(ns: str, host: str, port: int, *, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
+
+    def make() -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(backlog)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    return run_in_netns(ns, make)

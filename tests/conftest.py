@@ -1,0 +1,59 @@
+"""Shared fixtures: root-only gating, the 198.18/15 safety net, test hosts (SPEC 8)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import harness
+
+REQUIRE_NETNS = os.environ.get("EGRESS_REQUIRE_NETNS") == "1"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("netns") is None or harness.is_root():
+        return
+    reason = "needs root to create network namespaces (ip netns add)"
+    if REQUIRE_NETNS:
+        pytest.fail(f"EGRESS_REQUIRE_NETNS=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _netns_session() -> Iterator[None]:
+    """Sweep what dead runs left, hold the safety net, and sweep our own leftovers at the end."""
+    if not harness.is_root():
+        yield
+        return
+    harness.sweep()
+    with harness.safety_net():
+        try:
+            yield
+        finally:
+            harness.sweep(os.getpid())
+
+
+@pytest.fixture
+def test_host() -> Iterator[harness.TestHost]:
+    """A fresh test host (namespace + veth, 198.18.X.2 inside), removed whatever happens."""
+    with harness.test_host() as host:
+        yield host
+
+
+@pytest.fixture
+def test_host_factory() -> Iterator[object]:
+    """Create several test hosts in one test; all removed at the end."""
+    made: list[harness.TestHost] = []
+
+    def make() -> harness.TestHost:
+        host = harness.create_test_host()
+        made.append(host)
+        return host
+
+    try:
+        yield make
+    finally:
+        for host in made:
+            host.remove()
