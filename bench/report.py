@@ -227,11 +227,15 @@ def extras_lines(extras: dict[str, Any]) -> list[str]:
         if "skipped" in pol:
             lines.append(f"Skipped: {pol['skipped']}")
         else:
-            lines += ["| rules | µs per decision p50 | p99 | decisions |", "|---|---|---|---|"]
+            lines += [
+                "| rules | case | verdict | µs per verdict p50 | p99 | decide alone p50 |",
+                "|---|---|---|---|---|---|",
+            ]
             for row in pol["results"]:
                 lines.append(
-                    f"| {row['rules']} ({row['case']}) | {fmt(row['p50_us'])} | "
-                    f"{fmt(row['p99_us'])} | {row['n']} |"
+                    f"| {row['rules']} | {row['case']} | {row['verdict']} | "
+                    f"{fmt(row['p50_us'])} | {fmt(row['p99_us'])} | "
+                    f"{fmt(row.get('decide_p50_us'))} |"
                 )
     nc = extras.get("netcut")
     if nc:
