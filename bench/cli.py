@@ -27,6 +27,7 @@ from bench import rules as rulesmod
 HTTP_CONCURRENCY = (1, 16, 64)
 TUNNEL_CONCURRENCY = 16
 GIB = 1 << 30
+NOISE_LIMIT = 0.05  # other work taking over 5% of the proxy's core flags the measurement
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -72,37 +73,56 @@ def measure_target(
         rec["http"] = {}
         for conc in HTTP_CONCURRENCY:
             mem.reset()
-            cpu0 = procfs.cpu_seconds(pid) if pid else 0.0
-            r = measure.run_wrk(target, origin, conc, args.seconds, args.workdir)
+            with Cost(pid) as cost:
+                r = measure.run_wrk(target, origin, conc, args.seconds, args.workdir)
+            cost.record(r, r["requests"], "cpu_us_per_request")
             if pid:
-                _cpu(r, procfs.cpu_seconds(pid) - cpu0, r["requests"], "cpu_us_per_request")
                 r["peak_rss_mb"], r["peak_pss_mb"] = mem.peak_rss, mem.peak_pss
             rec["http"][str(conc)] = r
-        cpu0 = procfs.cpu_seconds(pid) if pid else 0.0
-        r = measure.run_tunnels(loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds)
-        if pid:
-            _cpu(r, procfs.cpu_seconds(pid) - cpu0, r["tunnels"], "cpu_us_per_tunnel")
+        with Cost(pid) as cost:
+            r = measure.run_tunnels(loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds)
+        cost.record(r, r["tunnels"], "cpu_us_per_tunnel")
         rec["tunnels"] = r
         rec["bulk"] = {}
         for streams in (1, 8):
-            cpu0 = procfs.cpu_seconds(pid) if pid else 0.0
-            r = measure.run_bulk(loadgen, target, origin, streams, args.bulk_bytes)
-            if pid:
-                cpu = procfs.cpu_seconds(pid) - cpu0
-                r["cpu_s"] = cpu
-                r["cpu_s_per_gb"] = cpu / (r["bytes"] / 1e9) if r["bytes"] else None
+            with Cost(pid) as cost:
+                r = measure.run_bulk(loadgen, target, origin, streams, args.bulk_bytes)
+            cost.record(r, r["bytes"] / 1e9, "cpu_s_per_gb", scale=1.0)
             rec["bulk"][str(streams)] = r
         if pid:
             rec["peak_rss_mb"], rec["peak_pss_mb"] = mem.max_rss, mem.max_pss
     return rec
 
 
-def _cpu(r: dict[str, Any], cpu_s: float, n: int, key: str) -> None:
-    seconds = r.get("seconds") or 0
-    r["cpu_s"] = cpu_s
-    r[key] = cpu_s / n * 1e6 if n else None
-    if seconds:
-        r["cpu_pct"] = 100 * cpu_s / seconds
+class Cost:
+    """CPU of the proxy's process tree over one measurement, and how busy the proxy's core
+    was with anything else (other work on the machine perturbs the figures: it is flagged).
+    """
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+
+    def __enter__(self) -> Cost:
+        self.t0 = time.monotonic()
+        self.core0 = procfs.cpu_busy_seconds(px.PROXY_CPU)
+        self.cpu0 = procfs.cpu_seconds(self.pid) if self.pid else 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.monotonic() - self.t0
+        self.cpu = procfs.cpu_seconds(self.pid) - self.cpu0 if self.pid else 0.0
+        self.core = procfs.cpu_busy_seconds(px.PROXY_CPU) - self.core0
+
+    def record(self, r: dict[str, Any], units: float, key: str, scale: float = 1e6) -> None:
+        """Adds cpu_s, key (CPU per unit), cpu_pct and the other-work share of the core."""
+        other = max(0.0, self.core - self.cpu)
+        r["proxy_core_other_pct"] = round(100 * other / self.wall, 1)
+        r["noisy"] = other / self.wall > NOISE_LIMIT
+        if not self.pid:
+            return
+        r["cpu_s"] = self.cpu
+        r[key] = self.cpu / units * scale if units else None
+        r["cpu_pct"] = 100 * self.cpu / self.wall
 
 
 def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Namespace) -> Any:

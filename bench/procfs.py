@@ -130,3 +130,13 @@ def idle_memory(pid: int, seconds: float = 0.5) -> tuple[float, float]:
         rss, pss = max(rss, r), max(pss, p)
         time.sleep(SAMPLE_INTERVAL_S)
     return rss, pss
+
+
+def cpu_busy_seconds(cpu: int) -> float:
+    """Non-idle time of one CPU since boot (/proc/stat): user..steal minus idle and iowait."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                v = [int(x) for x in line.split()[1:9]]
+                return (sum(v) - v[3] - v[4]) / CLK_TCK
+    return 0.0

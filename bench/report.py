@@ -201,8 +201,21 @@ def checks_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _error_counts(runs: list[Run]) -> list[str]:
+def _noise(runs: list[Run]) -> list[str]:
     out = []
+    for r in runs:
+        parts = [(f"c{c}", h) for c, h in r.get("http", {}).items()]
+        parts += [("tunnels", r["tunnels"])] if "tunnels" in r else []
+        parts += [(f"bulk x{s}", b) for s, b in r.get("bulk", {}).items()]
+        for name, m in parts:
+            if m.get("noisy"):
+                pct = m["proxy_core_other_pct"]
+                out.append(f"rep {r['rep'] + 1} {name}: proxy core {pct}% busy with other work")
+    return out
+
+
+def _error_counts(runs: list[Run]) -> list[str]:
+    out = _noise(runs)
     for r in runs:
         for c, h in r.get("http", {}).items():
             if h["socket_errors"] or h["status_errors"]:
