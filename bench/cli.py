@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +41,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bulk-bytes", type=int, help="per bulk run (default 1 GiB; --quick 128 MiB)")
     p.add_argument("--log-mode", choices=("quiet", "default"), default="quiet")
     p.add_argument("--rules", type=int, default=rulesmod.DEFAULT_ALLOW, help="allow rules")
+    p.add_argument("--retries", type=int, default=2, help="re-runs of a noisy measurement")
+    p.add_argument(
+        "--retry-budget", type=float, help="seconds for all re-runs (default 150; --quick 20)"
+    )
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
     p.add_argument("--docs", action="store_true", help="write docs/bench/ even for a partial run")
     args = p.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     args.seconds = args.seconds or (1 if args.quick else 3)
+    args.retry_budget = (
+        args.retry_budget if args.retry_budget is not None else (20.0 if args.quick else 150.0)
+    )
     args.bulk_bytes = args.bulk_bytes or ((128 << 20) if args.quick else GIB)
     unknown = set(args.only or ()) - set(px.TARGETS)
     if unknown:
@@ -67,31 +76,75 @@ def measure_target(
     pid = run.pid
     if pid is not None:
         rec["idle_rss_mb"], rec["idle_pss_mb"] = procfs.idle_memory(pid)
+    retries = args.retries
     # The direct path has no proxy process: its memory sampler watches nothing useful.
     with procfs.MemorySampler(pid or os.getpid()) as mem:
         measure.run_wrk(target, origin, 16, 1, args.workdir)  # warm-up
         rec["http"] = {}
         for conc in HTTP_CONCURRENCY:
             mem.reset()
-            with Cost(pid) as cost:
-                r = measure.run_wrk(target, origin, conc, args.seconds, args.workdir)
-            cost.record(r, r["requests"], "cpu_us_per_request")
+            wrk = functools.partial(
+                measure.run_wrk, target, origin, conc, args.seconds, args.workdir
+            )
+            r = costed(wrk, pid, "requests", "cpu_us_per_request", retries)
             if pid:
                 r["peak_rss_mb"], r["peak_pss_mb"] = mem.peak_rss, mem.peak_pss
             rec["http"][str(conc)] = r
-        with Cost(pid) as cost:
-            r = measure.run_tunnels(loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds)
-        cost.record(r, r["tunnels"], "cpu_us_per_tunnel")
-        rec["tunnels"] = r
+        tunnels = functools.partial(
+            measure.run_tunnels, loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds
+        )
+        rec["tunnels"] = costed(tunnels, pid, "tunnels", "cpu_us_per_tunnel", retries)
         rec["bulk"] = {}
         for streams in (1, 8):
-            with Cost(pid) as cost:
-                r = measure.run_bulk(loadgen, target, origin, streams, args.bulk_bytes)
-            cost.record(r, r["bytes"] / 1e9, "cpu_s_per_gb", scale=1.0)
-            rec["bulk"][str(streams)] = r
+            bulk = functools.partial(
+                measure.run_bulk, loadgen, target, origin, streams, args.bulk_bytes
+            )
+            rec["bulk"][str(streams)] = costed(
+                bulk, pid, "bytes", "cpu_s_per_gb", retries, unit=1e9, scale=1.0
+            )
         if pid:
             rec["peak_rss_mb"], rec["peak_pss_mb"] = mem.max_rss, mem.max_pss
     return rec
+
+
+def costed(
+    run: Callable[[], dict[str, Any]],
+    pid: int | None,
+    count_key: str,
+    cost_key: str,
+    retries: int,
+    unit: float = 1.0,
+    scale: float = 1e6,
+) -> dict[str, Any]:
+    """One measurement with its CPU cost (cost_key = CPU per `unit` of r[count_key] x scale).
+
+    While other work shared the proxy's core, the measurement is re-run (up to `retries`
+    times) and the least perturbed attempt is kept; a kept noisy one stays flagged.
+    """
+    best: dict[str, Any] | None = None
+    for attempt in range(1, retries + 2):
+        with Cost(pid) as cost:
+            r = run()
+        cost.record(r, r[count_key] / unit, cost_key, scale)
+        r["attempts"] = attempt
+        if best is None or r["proxy_core_other_pct"] < best["proxy_core_other_pct"]:
+            best = r
+        if not r["noisy"] or RETRY_BUDGET.left_s < cost.wall + RETRY_PAUSE_S:
+            break
+        RETRY_BUDGET.left_s -= cost.wall + RETRY_PAUSE_S
+        time.sleep(RETRY_PAUSE_S)  # let a burst of other work pass
+    assert best is not None
+    return best
+
+
+class RetryBudget:
+    """All re-runs of noisy measurements share one time budget, so the run stays bounded."""
+
+    left_s = 0.0
+
+
+RETRY_BUDGET = RetryBudget()
+RETRY_PAUSE_S = 2.0
 
 
 class Cost:
@@ -105,19 +158,27 @@ class Cost:
     def __enter__(self) -> Cost:
         self.t0 = time.monotonic()
         self.core0 = procfs.cpu_busy_seconds(px.PROXY_CPU)
+        self.machine0 = procfs.cpu_busy_seconds(px.LOAD_CPU) + self.core0
+        self.ours0 = procfs.cpu_seconds(os.getpid())  # harness, origin, proxy, reaped load
         self.cpu0 = procfs.cpu_seconds(self.pid) if self.pid else 0.0
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.monotonic() - self.t0
         self.cpu = procfs.cpu_seconds(self.pid) - self.cpu0 if self.pid else 0.0
-        self.core = procfs.cpu_busy_seconds(px.PROXY_CPU) - self.core0
+        core = procfs.cpu_busy_seconds(px.PROXY_CPU)
+        self.core = core - self.core0
+        self.machine = procfs.cpu_busy_seconds(px.LOAD_CPU) + core - self.machine0
+        self.ours = procfs.cpu_seconds(os.getpid()) - self.ours0
 
     def record(self, r: dict[str, Any], units: float, key: str, scale: float = 1e6) -> None:
         """Adds cpu_s, key (CPU per unit), cpu_pct and the other-work share of the core."""
         other = max(0.0, self.core - self.cpu)
         r["proxy_core_other_pct"] = round(100 * other / self.wall, 1)
         r["noisy"] = other / self.wall > NOISE_LIMIT
+        # Informational: both cores' busy time not spent by the bench's own processes
+        # (includes kernel threads doing loopback work for us, so never quite zero).
+        r["machine_other_pct"] = round(100 * max(0.0, self.machine - self.ours) / self.wall, 1)
         if not self.pid:
             return
         r["cpu_s"] = self.cpu
@@ -158,7 +219,13 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
         "python": platform.python_version(),
+        "loadavg_at_start": _loadavg(),
     }
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     args.rules_set = rulesmod.generate(args.rules)
     loadgen = measure.build_loadgen()
     started = dt.datetime.now(dt.UTC)
+    mach = machine()
     t0 = time.monotonic()
+    RETRY_BUDGET.left_s = args.retry_budget
     origin = measure.Origin()
     runs: list[dict[str, Any]] = []
     try:
@@ -199,12 +268,16 @@ def main(argv: list[str] | None = None) -> int:
             "log_mode": args.log_mode,
             "allow_rules": args.rules,
             "quick": args.quick,
+            "retries": args.retries,
+            "retry_budget_s": args.retry_budget,
+            "retry_budget_unused_s": round(RETRY_BUDGET.left_s, 1),
             "targets": args.targets,
         },
-        "machine": machine(),
+        "machine": mach,
         "runs": runs,
         "extras": extra,
     }
+    result["machine"]["loadavg_at_end"] = _loadavg()
     result["summary"] = report.summarize(runs)
     full = not args.quick and not args.only
     paths = report.write_all(result, started, docs=full or args.docs)

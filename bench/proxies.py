@@ -107,11 +107,13 @@ def stop_on_error(proc: subprocess.Popen[bytes]) -> Iterator[None]:
         raise
 
 
-def _tail(path: Path, n: int = 400) -> str:
+def _tail(path: Path, lines: int = 3) -> str:
+    """The last few lines of a proxy's output, for a StartError."""
     try:
-        return path.read_bytes()[-n:].decode(errors="replace")
+        text = path.read_bytes()[-4096:].decode(errors="replace")
     except OSError:
         return ""
+    return " | ".join(x.strip() for x in text.strip().splitlines()[-lines:])
 
 
 def wait_port(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:

@@ -269,7 +269,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"## Bench run {result['started']} ({result['duration_s']:.0f} s)",
         "",
         f"{result['machine']['cpu']}, {result['machine']['cpus']} CPUs, "
-        f"kernel {result['machine']['kernel']}, Python {result['machine']['python']}. "
+        f"kernel {result['machine']['kernel']}, Python {result['machine']['python']}, "
+        f"load average {result['machine'].get('loadavg_at_start', '?')} at start, "
+        f"{result['machine'].get('loadavg_at_end', '?')} at end. "
         f"{s['reps']} repetitions, {s['seconds']:g} s per wrk/tunnel run, "
         f"{s['bulk_bytes'] / (1 << 20):,.0f} MiB per bulk run, log mode `{s['log_mode']}`, "
         f"{s['allow_rules']} allow rules. Cells: median (min–max) over the repetitions.",
