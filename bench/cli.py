@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--retry-budget", type=float, help="seconds for all re-runs (default 150; --quick 20)"
     )
+    p.add_argument(
+        "--quiet-budget", type=float, help="seconds to wait for a quiet machine (default 180)"
+    )
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
     p.add_argument("--docs", action="store_true", help="write docs/bench/ even for a partial run")
     args = p.parse_args(argv)
@@ -52,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.seconds = args.seconds or (1 if args.quick else 3)
     args.retry_budget = (
         args.retry_budget if args.retry_budget is not None else (20.0 if args.quick else 150.0)
+    )
+    args.quiet_budget = (
+        args.quiet_budget if args.quiet_budget is not None else (30.0 if args.quick else 180.0)
     )
     args.bulk_bytes = args.bulk_bytes or ((128 << 20) if args.quick else GIB)
     unknown = set(args.only or ()) - set(px.TARGETS)
@@ -145,6 +151,7 @@ class RetryBudget:
 
 RETRY_BUDGET = RetryBudget()
 RETRY_PAUSE_S = 2.0
+QUIET_WAIT_MAX_S = 30.0  # per target: wait this long at most for other work to pass
 
 
 class Cost:
@@ -190,6 +197,8 @@ def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Nam
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     args.workdir = workdir
     env = px.Env(origin.http_ports, origin.source_port, args.rules_set, workdir, args.log_mode)
+    waited, other = procfs.wait_quiet(min(QUIET_WAIT_MAX_S, args.quiet_budget))
+    args.quiet_budget -= waited
     started = time.monotonic()
     try:
         run = px.TARGETS[name](env)
@@ -204,6 +213,7 @@ def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Nam
         run.stop()
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
     rec["wall_s"] = round(time.monotonic() - started, 2)
+    rec["quiet_wait_s"], rec["other_work_pct_at_start"] = round(waited, 1), round(other, 1)
     return rec
 
 

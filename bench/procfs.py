@@ -140,3 +140,28 @@ def cpu_busy_seconds(cpu: int) -> float:
                 v = [int(x) for x in line.split()[1:9]]
                 return (sum(v) - v[3] - v[4]) / CLK_TCK
     return 0.0
+
+
+def other_work_pct(window_s: float = 0.5) -> float:
+    """How busy both CPUs are with work outside this process tree, over a short window:
+    100 means one whole core's worth of someone else's work.
+    """
+    me = os.getpid()
+    busy0 = cpu_busy_seconds(0) + cpu_busy_seconds(1)
+    ours0 = cpu_seconds(me)
+    time.sleep(window_s)
+    busy = cpu_busy_seconds(0) + cpu_busy_seconds(1) - busy0
+    ours = cpu_seconds(me) - ours0
+    return 100 * max(0.0, busy - ours) / window_s
+
+
+def wait_quiet(max_wait_s: float, limit_pct: float = 10.0) -> tuple[float, float]:
+    """Wait (at most max_wait_s) until other work on the machine is below limit_pct.
+
+    Returns (seconds waited, the last other-work figure).
+    """
+    t0 = time.monotonic()
+    other = other_work_pct()
+    while other > limit_pct and time.monotonic() - t0 < max_wait_s:
+        other = other_work_pct()
+    return time.monotonic() - t0, other

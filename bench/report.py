@@ -214,6 +214,24 @@ def _noise(runs: list[Run]) -> list[str]:
     return out
 
 
+def noise_summary(result: dict[str, Any]) -> str:
+    """One line: how much of this run shared the machine with other work."""
+    parts = [
+        m
+        for r in result["runs"]
+        for m in [*r.get("http", {}).values(), r.get("tunnels"), *r.get("bulk", {}).values()]
+        if m
+    ]
+    noisy = sum(1 for m in parts if m.get("noisy"))
+    retried = sum(m.get("attempts", 1) - 1 for m in parts)
+    waited = sum(r.get("quiet_wait_s", 0) for r in result["runs"])
+    return (
+        f"Noise: {noisy} of {len(parts)} measurements kept with other work above 5% of the "
+        f"proxy's core (flagged under Checks); {retried} re-runs; {waited:.0f} s spent waiting "
+        "for a quiet machine."
+    )
+
+
 def _error_counts(runs: list[Run]) -> list[str]:
     out = _noise(runs)
     for r in runs:
@@ -277,7 +295,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{s['allow_rules']} allow rules. Cells: median (min–max) over the repetitions.",
         "",
     ]
-    parts = [*head, *numbers_table(result), ""]
+    parts = [*head, noise_summary(result), "", *numbers_table(result), ""]
     ratios = ratio_table(result)
     if ratios:
         parts += ["### Ratios (medians of the same run)", "", *ratios, ""]
