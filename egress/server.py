@@ -23,7 +23,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from . import wire
@@ -79,7 +79,7 @@ class Limits:
     pool_per_key: int = 64
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Conn:
     """One client connection's state, for the sweeper and the audit lines."""
 
@@ -329,7 +329,8 @@ class EgressProxy:
         return side
 
     def _accepted(self, side: Side) -> None:
-        assert self._loop is not None and side.transport is not None
+        assert self._loop is not None
+        assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
         source = source_address(peer)
         client = _fmt_addr(peer)
@@ -449,7 +450,9 @@ class EgressProxy:
             try:
                 _, side = await asyncio.wait_for(
                     self._loop.create_connection(
-                        lambda: Side(self._loop), str(addr), port  # type: ignore[arg-type]
+                        lambda: Side(self._loop),
+                        str(addr),
+                        port,  # type: ignore[arg-type]
                     ),
                     self.limits.connect_timeout,
                 )
@@ -542,10 +545,11 @@ class EgressProxy:
     async def _relay_tunnel(
         self, conn: _Conn, upstream: Side | None, event: dict[str, object], t0: float
     ) -> None:
-        assert upstream is not None and self._loop is not None
+        assert upstream is not None
+        assert self._loop is not None
         up = conn.side.start_relay(upstream, None)
         down = upstream.start_relay(conn.side, None)
-        done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_EXCEPTION)
+        _done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_EXCEPTION)
         if not (up.done() and down.done()):
             conn.side.close()
             upstream.close()
@@ -565,7 +569,10 @@ class EgressProxy:
         event = self._event(conn, head.method, "http", "", 0)
         upstream: Side | None = None
         try:
-            if not head.target.startswith(("http://", "HTTP://", "Http://")) or "://" not in head.target:
+            if (
+                not head.target.startswith(("http://", "HTTP://", "Http://"))
+                or "://" not in head.target
+            ):
                 raise _Refused("bad_request", _form_error(head.target), "error", status=400)
             try:
                 parsed = parse_url(head.target)
@@ -589,14 +596,17 @@ class EgressProxy:
         finally:
             conn.upstream = None
 
-    async def _acquire(
-        self, addrs: Sequence[IPAddress], port: int
-    ) -> tuple[Side, IPAddress, bool]:
+    async def _acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress, bool]:
         for addr in addrs:
             idle = self._pool.get((addr, port))
             while idle:
                 side = idle.pop()
-                if not side.eof and not side.buf and side.transport is not None and not side.transport.is_closing():
+                if (
+                    not side.eof
+                    and not side.buf
+                    and side.transport is not None
+                    and not side.transport.is_closing()
+                ):
                     return side, addr, True
                 side.close()
         side, addr = await self._dial(addrs, port)
@@ -622,9 +632,13 @@ class EgressProxy:
         target: Target = parsed.target
         fields = wire.forward_headers(head, host_header(target, parsed.explicit_port))
         try:
-            out = wire.serialize_request_head(head.method, parsed.path, fields, version=head.version)
+            out = wire.serialize_request_head(
+                head.method, parsed.path, fields, version=head.version
+            )
         except (ValueError, UnicodeEncodeError) as exc:
-            raise _Refused("bad_request", f"cannot forward request: {exc}", "error", status=400) from None
+            raise _Refused(
+                "bad_request", f"cannot forward request: {exc}", "error", status=400
+            ) from None
         upstream.write(out)
         body = _framer(head.framing, 400)
         req_done = conn.side.start_relay(upstream, body) if body is not None else None
@@ -636,7 +650,7 @@ class EgressProxy:
             raise
         event["status"] = resp.status
         keep = head.keep_alive and resp.keep_alive and not self._closing
-        extra = [] if keep or head.version == "HTTP/1.0" and not keep else []
+        extra: list[tuple[str, str]] = []
         headers = wire.forward_response_headers(resp)
         if not keep:
             extra.append(("Connection", "close"))
@@ -662,11 +676,10 @@ class EgressProxy:
             ok = _settle(req_done) and ok
             if not ok:
                 keep = False
-        event["bytes_up"] = upstream_bytes = conn.side.bytes_relayed
+        event["bytes_up"] = conn.side.bytes_relayed
         event["bytes_down"] = upstream.bytes_relayed
         conn.side.bytes_relayed = 0
         upstream.bytes_relayed = 0
-        del upstream_bytes
         event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
         self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, resp.status)  # type: ignore[arg-type]
         if ok and resp.keep_alive and (req_done is None or req_done.done()):
