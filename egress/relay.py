@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Protocol
+from typing import Protocol, cast
 
 from .errors import ProtocolError
 
@@ -94,8 +94,8 @@ class Side(asyncio.Protocol):
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement the interface without subclassing asyncio.Transport
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

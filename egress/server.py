@@ -444,18 +444,13 @@ class EgressProxy:
 
     async def _dial(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
         """Connect to the first reachable checked address; raise `_Refused` on failure."""
-        assert self._loop is not None
+        loop = self._loop
+        assert loop is not None
         last: _Refused | None = None
         for addr in addrs:
             try:
-                _, side = await asyncio.wait_for(
-                    self._loop.create_connection(
-                        lambda: Side(self._loop),
-                        str(addr),
-                        port,  # type: ignore[arg-type]
-                    ),
-                    self.limits.connect_timeout,
-                )
+                async with asyncio.timeout(self.limits.connect_timeout):
+                    _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
                 return side, addr
             except TimeoutError:
                 last = _Refused("connection_timeout", f"connecting to {addr} port {port} timed out",
