@@ -51,6 +51,7 @@ class InputError(Exception):
 
 # ---- reading ------------------------------------------------------------------------------
 
+
 def order_paths(paths: Iterable[str]) -> list[str]:
     """Put each rotation family (`P.N.gz` ... `P.1.gz`, `P`) oldest first; others as given."""
     paths = list(dict.fromkeys(paths))
@@ -100,8 +101,9 @@ def read_lines(paths: Iterable[str], damaged: Callable[[str, str], None]) -> Ite
                     complete = raw.endswith(b"\n")
                     yield Line(path, number, raw[:-1] if complete else raw, complete)
             except (EOFError, OSError, zlib.error) as exc:
-                damaged(path, f"compressed data is damaged or ends early after line "
-                              f"{number} ({exc})")
+                damaged(
+                    path, f"compressed data is damaged or ends early after line {number} ({exc})"
+                )
 
 
 def parse_record(data: bytes) -> dict[str, object] | None:
@@ -118,11 +120,12 @@ def is_request(record: dict[str, object]) -> bool:
 
 # ---- filtering ---------------------------------------------------------------------------
 
+
 def client_ip(client: object) -> str:
     """`10.0.0.2:5555` -> `10.0.0.2`; `[2001:db8::1]:5555` -> `2001:db8::1`."""
     text = str(client)
     if text.startswith("["):
-        return text[1:text.find("]")] if "]" in text else text
+        return text[1 : text.find("]")] if "]" in text else text
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
@@ -146,8 +149,7 @@ class EventFilter:
             return False
         if self.reasons and record.get("reason") not in self.reasons:
             return False
-        if self.hosts and not any(host_matches(p, str(record.get("host", "")))
-                                  for p in self.hosts):
+        if self.hosts and not any(host_matches(p, str(record.get("host", ""))) for p in self.hosts):
             return False
         if self.clients and not self._client_matches(record):
             return False
@@ -159,8 +161,7 @@ class EventFilter:
         ts = normalize_ts(record.get("ts"))
         if ts is None:
             return False
-        return ((self.since is None or ts >= self.since)
-                and (self.until is None or ts < self.until))
+        return (self.since is None or ts >= self.since) and (self.until is None or ts < self.until)
 
     def _client_matches(self, record: dict[str, object]) -> bool:
         client = str(record.get("client", ""))
@@ -205,10 +206,12 @@ class Summary:
         slot = _SLOTS.get(decision, 3) if isinstance(decision, str) else 3
         self.totals[slot] += 1
         rule = record.get("rule")
-        keys = (("host", record.get("host") or "(none)"),
-                ("client", record.get("client_id") or client_ip(record.get("client", "(none)"))),
-                ("reason", record.get("reason") or "(none)"),
-                ("rule", "(none)" if rule is None else rule))
+        keys = (
+            ("host", record.get("host") or "(none)"),
+            ("client", record.get("client_id") or client_ip(record.get("client", "(none)"))),
+            ("reason", record.get("reason") or "(none)"),
+            ("rule", "(none)" if rule is None else rule),
+        )
         for name, key in keys:
             table = self.tables[name]
             text = key if isinstance(key, str) else str(key)
@@ -233,20 +236,29 @@ class Summary:
 
     def rows(self, dimension: str, top: int | None) -> tuple[list[dict[str, object]], int]:
         """Rows sorted by blocks, then total; with the number of rows left out."""
-        items = sorted(self.tables[dimension].items(),
-                       key=lambda kv: (-kv[1][1], -sum(kv[1]), kv[0]))
+        items = sorted(
+            self.tables[dimension].items(), key=lambda kv: (-kv[1][1], -sum(kv[1]), kv[0])
+        )
         shown = items if top is None else items[:top]
-        rows = [{"key": key, "block": c[1], "allow": c[0], "error": c[2],
-                 "total": sum(c)} for key, c in shown]
+        rows = [
+            {"key": key, "block": c[1], "allow": c[0], "error": c[2], "total": sum(c)}
+            for key, c in shown
+        ]
         return rows, len(items) - len(shown)
 
     def to_json(self, top: int | None) -> dict[str, object]:
         out: dict[str, object] = {
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
-            "totals": {"events": sum(self.totals), "allow": self.totals[0],
-                       "block": self.totals[1], "error": self.totals[2],
-                       "other": self.totals[3]},
-            "runs": self.runs, "bad_lines": self.bad_lines,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "totals": {
+                "events": sum(self.totals),
+                "allow": self.totals[0],
+                "block": self.totals[1],
+                "error": self.totals[2],
+                "other": self.totals[3],
+            },
+            "runs": self.runs,
+            "bad_lines": self.bad_lines,
         }
         for dimension in DIMENSIONS:
             out[f"by_{dimension}"] = self.rows(dimension, top)[0]
@@ -255,14 +267,21 @@ class Summary:
 
 def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
     allow, block, error, other = summary.totals
-    lines = [*header,
-             f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
-             + (f"  other: {other}" if other else ""),
-             f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
-             f"  runs: {summary.runs}"
-             + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else "")]
-    titles = {"host": "host", "domain": "registrable domain", "client": "client",
-              "reason": "reason", "rule": "rule"}
+    lines = [
+        *header,
+        f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
+        + (f"  other: {other}" if other else ""),
+        f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
+        f"  runs: {summary.runs}"
+        + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else ""),
+    ]
+    titles = {
+        "host": "host",
+        "domain": "registrable domain",
+        "client": "client",
+        "reason": "reason",
+        "rule": "rule",
+    }
     for dimension in DIMENSIONS:
         rows, hidden = summary.rows(dimension, top)
         lines += ["", f"By {titles[dimension]}:"]
@@ -278,26 +297,34 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
     columns = ("block", "allow", "error", "total")
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     head = "  " + "  ".join(c.upper().rjust(widths[c]) for c in columns) + "  " + key_title
-    body = ["  " + "  ".join(str(r[c]).rjust(widths[c]) for c in columns) + f"  {r['key']}"
-            for r in rows]
+    body = [
+        "  " + "  ".join(str(r[c]).rjust(widths[c]) for c in columns) + f"  {r['key']}"
+        for r in rows
+    ]
     return [head, *body]
 
 
 # ---- one readable line an event ------------------------------------------------------------
 
+
 def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
     kind = record.get("type")
     if kind in CONTROL_TYPES:
-        extras = " ".join(f"{k}={v}" for k, v in record.items()
-                          if k not in ("type", "ts", "prev"))
+        extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
         return f"{record.get('ts', '-')} --- {kind} {extras}"
     host, port = record.get("host", "-"), record.get("port")
     target = f"{host}:{port}" if port is not None else str(host)
     if record.get("path") is not None:
         target += str(record["path"])
-    parts = [str(record.get("ts", "-")), f"{record.get('decision', '-'):<5}",
-             str(record.get("method", "-")), target, "from", str(record.get("client", "-"))]
+    parts = [
+        str(record.get("ts", "-")),
+        f"{record.get('decision', '-'):<5}",
+        str(record.get("method", "-")),
+        target,
+        "from",
+        str(record.get("client", "-")),
+    ]
     if record.get("client_id"):
         parts.append(f"({record['client_id']})")
     parts.append(str(record.get("reason", "-")))
@@ -312,6 +339,7 @@ def format_event(record: dict[str, object]) -> str:
 
 
 # ---- following a live log ----------------------------------------------------------------
+
 
 class Follower:
     """Reads complete lines appended to `path`, surviving rotation (rename or truncate),
@@ -380,6 +408,7 @@ class Follower:
 
 # ---- the commands ------------------------------------------------------------------------
 
+
 def _warn(message: str) -> None:
     print(f"egress audit: warning: {message}", file=sys.stderr)
 
@@ -391,10 +420,14 @@ def _event_filter(args: argparse.Namespace) -> EventFilter:
         until = canonical_ts(parse_time_bound(args.until, now)) if args.until else None
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    return EventFilter(set(getattr(args, "decision", None) or ()),
-                       list(getattr(args, "host", None) or ()),
-                       list(getattr(args, "client", None) or ()),
-                       set(getattr(args, "reason", None) or ()), since, until)
+    return EventFilter(
+        set(getattr(args, "decision", None) or ()),
+        list(getattr(args, "host", None) or ()),
+        list(getattr(args, "client", None) or ()),
+        set(getattr(args, "reason", None) or ()),
+        since,
+        until,
+    )
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
@@ -411,11 +444,17 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary.add(record)
     summary.derive_domains(make_domain_of())
     if summary.bad_lines:
-        _warn(f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
-              "(run `egress audit verify`)")
+        _warn(
+            f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
+            "(run `egress audit verify`)"
+        )
     if args.json:
-        out = {"files": paths, "since": window.since, "until": window.until,
-               **summary.to_json(args.top)}
+        out = {
+            "files": paths,
+            "since": window.since,
+            "until": window.until,
+            **summary.to_json(args.top),
+        }
         print(json.dumps(out, indent=2))
     else:
         header = [f"files: {' '.join(paths)}"]
@@ -425,8 +464,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _selected(args: argparse.Namespace, chooser: EventFilter,
-              lines: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, object]]]:
+def _selected(
+    args: argparse.Namespace, chooser: EventFilter, lines: Iterable[bytes]
+) -> Iterator[tuple[bytes, dict[str, object]]]:
     for data in lines:
         record = parse_record(data)
         if record is None:
@@ -445,8 +485,10 @@ def _emit(args: argparse.Namespace, data: bytes, record: dict[str, object]) -> N
 
 def cmd_filter(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
-    lines = (line.data for line in read_lines(order_paths(args.paths),
-                                              lambda p, why: _warn(f"{p}: {why}")))
+    lines = (
+        line.data
+        for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}"))
+    )
     for data, record in _selected(args, chooser, lines):
         _emit(args, data, record)
     return 0
@@ -459,8 +501,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
     follower = Follower(live) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     try:
-        last.extend(_selected(args, chooser, (line.data for line in read_lines(
-            history, lambda p, why: _warn(f"{p}: {why}")))))
+        last.extend(
+            _selected(
+                args,
+                chooser,
+                (line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))),
+            )
+        )
         if follower is not None:
             last.extend(_selected(args, chooser, _drain(follower)))
         for data, record in last:
@@ -488,13 +535,16 @@ def _drain(follower: Follower) -> Iterator[bytes]:
 def cmd_verify(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
     verifier = ChainVerifier(live=args.live)
-    for line in read_lines(paths, lambda p, why: verifier.problems.append(
-            Problem(p, why))):
+    for line in read_lines(paths, lambda p, why: verifier.problems.append(Problem(p, why))):
         verifier.feed(line.where, line.data, complete=line.complete)
     result = verifier.finish()
     if args.head and result.head != args.head.lower():
-        result.problems.append(Problem("end of input", f"head is {result.head}, "
-                                        f"expected {args.head} (lines missing or edited)"))
+        result.problems.append(
+            Problem(
+                "end of input",
+                f"head is {result.head}, expected {args.head} (lines missing or edited)",
+            )
+        )
     for problem in result.problems[:MAX_PROBLEMS_SHOWN]:
         print(problem)
     if len(result.problems) > MAX_PROBLEMS_SHOWN:
@@ -503,65 +553,104 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{warning} (warning)")
     verdict = "FAILED" if result.problems else "OK"
     problems = f", {len(result.problems)} problem(s)" if result.problems else ""
-    print(f"{verdict}: {result.lines} lines in {len(paths)} file(s), {result.runs} run(s), "
-          f"{result.requests} request records{problems}; head {result.head}")
+    print(
+        f"{verdict}: {result.lines} lines in {len(paths)} file(s), {result.runs} run(s), "
+        f"{result.requests} request records{problems}; head {result.head}"
+    )
     return 1 if result.problems else 0
 
 
 # ---- argument parsing --------------------------------------------------------------------
 
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="egress audit",
-                                     description="Read, filter and verify egress audit logs.")
+    parser = argparse.ArgumentParser(
+        prog="egress audit", description="Read, filter and verify egress audit logs."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    summarize = commands.add_parser("summarize", help="counts by host, domain, client, "
-                                    "reason and rule")
+    summarize = commands.add_parser(
+        "summarize", help="counts by host, domain, client, reason and rule"
+    )
     _add_window(summarize)
     summarize.add_argument("--json", action="store_true", help="JSON for tooling")
-    summarize.add_argument("--top", type=int, metavar="N",
-                           help=f"rows per table (default {DEFAULT_TOP}; all with --json)")
+    summarize.add_argument(
+        "--top",
+        type=int,
+        metavar="N",
+        help=f"rows per table (default {DEFAULT_TOP}; all with --json)",
+    )
     summarize.add_argument("paths", nargs="+", metavar="PATH")
-    for name, help_text in (("filter", "print the events that match"),
-                            ("tail", "print the last events, and follow with -f")):
+    for name, help_text in (
+        ("filter", "print the events that match"),
+        ("tail", "print the last events, and follow with -f"),
+    ):
         sub = commands.add_parser(name, help=help_text)
         _add_window(sub)
         _add_selectors(sub)
         if name == "tail":
             sub.add_argument("-n", "--lines", type=int, default=DEFAULT_TAIL, metavar="N")
-            sub.add_argument("-f", "--follow", action="store_true",
-                             help="keep reading as the log grows; survives rotation")
-            sub.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
-                             metavar="SECONDS", help="poll interval with --follow")
+            sub.add_argument(
+                "-f",
+                "--follow",
+                action="store_true",
+                help="keep reading as the log grows; survives rotation",
+            )
+            sub.add_argument(
+                "--interval",
+                type=float,
+                default=DEFAULT_INTERVAL,
+                metavar="SECONDS",
+                help="poll interval with --follow",
+            )
         sub.add_argument("paths", nargs="+", metavar="PATH")
     verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
-    verify.add_argument("--live", action="store_true",
-                        help="accept a last run without an end record (still being written)")
-    verify.add_argument("--head", metavar="SHA256",
-                        help="the head hash kept out of band; the chain must end there")
+    verify.add_argument(
+        "--live",
+        action="store_true",
+        help="accept a last run without an end record (still being written)",
+    )
+    verify.add_argument(
+        "--head", metavar="SHA256", help="the head hash kept out of band; the chain must end there"
+    )
     verify.add_argument("paths", nargs="+", metavar="PATH")
     return parser
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--since", metavar="TIME",
-                        help="RFC 3339 (2026-11-30T05:00:00Z) or relative (90s, 15m, 1h, 2d)")
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="RFC 3339 (2026-11-30T05:00:00Z) or relative (90s, 15m, 1h, 2d)",
+    )
     parser.add_argument("--until", metavar="TIME", help="exclusive; same forms as --since")
 
 
 def _add_selectors(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decision", action="append", choices=("allow", "block", "error"))
-    parser.add_argument("--host", action="append", metavar="PATTERN",
-                        help="fnmatch pattern; *.example.com matches the apex too")
-    parser.add_argument("--client", action="append", metavar="PATTERN",
-                        help="matches ip:port, ip or client_id (fnmatch)")
+    parser.add_argument(
+        "--host",
+        action="append",
+        metavar="PATTERN",
+        help="fnmatch pattern; *.example.com matches the apex too",
+    )
+    parser.add_argument(
+        "--client",
+        action="append",
+        metavar="PATTERN",
+        help="matches ip:port, ip or client_id (fnmatch)",
+    )
     parser.add_argument("--reason", action="append", metavar="CODE")
-    parser.add_argument("--control", action="store_true",
-                        help="also print start/rotate/loss/end records")
+    parser.add_argument(
+        "--control", action="store_true", help="also print start/rotate/loss/end records"
+    )
     parser.add_argument("--json", action="store_true", help="print the raw JSON lines")
 
 
 COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
-    "summarize": cmd_summarize, "filter": cmd_filter, "tail": cmd_tail, "verify": cmd_verify,
+    "summarize": cmd_summarize,
+    "filter": cmd_filter,
+    "tail": cmd_tail,
+    "verify": cmd_verify,
 }
 
 

@@ -67,7 +67,12 @@ REASONS: Final[dict[str, str]] = {
 
 # Sub-reasons the proxy puts in `detail` for reason "reserved_address".
 RESERVED_KINDS: Final = (
-    "loopback", "link_local", "host_local", "metadata", "private", "reserved_extra",
+    "loopback",
+    "link_local",
+    "host_local",
+    "metadata",
+    "private",
+    "reserved_extra",
 )
 
 # A field whose name contains one of these (case-insensitive) is dropped from the record.
@@ -84,8 +89,11 @@ REDACTED_QUERY: Final = "?REDACTED"
 # odd value (an IPv4Address, an enum) a string instead of an exception.
 _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
 _py_encoder = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False)
-_c_encode = (None if _c_make_encoder is None else _c_make_encoder(
-    None, str, encode_basestring_ascii, None, ":", ",", False, False, False))
+_c_encode = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(None, str, encode_basestring_ascii, None, ":", ",", False, False, False)
+)
 
 
 def encode_record(record: dict[str, object]) -> str:
@@ -163,11 +171,11 @@ def redact_url(value: str) -> str:
         value = value[:cut] + REDACTED_QUERY
     scheme_end = value.find("://")
     if scheme_end >= 0:
-        rest = value[scheme_end + 3:]
+        rest = value[scheme_end + 3 :]
         at = rest.find("@")
         slash = rest.find("/")
         if at >= 0 and (slash < 0 or at < slash):
-            value = value[:scheme_end + 3] + rest[at + 1:]
+            value = value[: scheme_end + 3] + rest[at + 1 :]
     return value
 
 
@@ -327,8 +335,11 @@ class ChainVerifier:
         prev = record["prev"]
         if self._prev_line is not None:
             if prev != line_hash(self._prev_line) and not self._prev_bad:
-                self._fail(where, "run start does not link to the line before it "
-                           "(lines deleted or edited before this run)")
+                self._fail(
+                    where,
+                    "run start does not link to the line before it "
+                    "(lines deleted or edited before this run)",
+                )
         elif prev != GENESIS:
             self._warn(where, "this run continued a log whose earlier lines were not given")
         self._run = _Run(run_id=str(record.get("run", "?")), where=where)
@@ -339,8 +350,9 @@ class ChainVerifier:
         seq = record["seq"]
         assert isinstance(seq, int)
         if run is None:
-            self._fail(where, "chain does not begin with a start record "
-                       "(earlier lines or files missing?)")
+            self._fail(
+                where, "chain does not begin with a start record (earlier lines or files missing?)"
+            )
             run = self._run = _Run(run_id="?", where=where, last_seq=seq)
             self._remember(seq, line_hash(line), where)
             return
@@ -369,8 +381,11 @@ class ChainVerifier:
             return
         digest, known_where = known
         if record["prev"] != digest:
-            self._fail(known_where, f"edited: this line's hash does not match the prev "
-                       f"recorded at {where} (or that line's prev was edited)")
+            self._fail(
+                known_where,
+                f"edited: this line's hash does not match the prev "
+                f"recorded at {where} (or that line's prev was edited)",
+            )
 
     def _fill_gap(self, seq: int) -> bool:
         assert self._run is not None
@@ -378,7 +393,7 @@ class ChainVerifier:
         for index, (lo, hi, where) in enumerate(missing):
             if lo <= seq <= hi:
                 pieces = [(lo, seq - 1, where), (seq + 1, hi, where)]
-                missing[index:index + 1] = [p for p in pieces if p[0] <= p[1]]
+                missing[index : index + 1] = [p for p in pieces if p[0] <= p[1]]
                 return True
         return False
 
@@ -391,8 +406,10 @@ class ChainVerifier:
         elif kind == "end":
             self._run.ended = True
             if record.get("lines") != record["seq"]:
-                self._fail(where, f"end record says lines={record.get('lines')} "
-                           f"but has seq {record['seq']}")
+                self._fail(
+                    where,
+                    f"end record says lines={record.get('lines')} but has seq {record['seq']}",
+                )
 
     def _remember(self, seq: int, digest: str, where: str) -> None:
         if self._run is None:
@@ -408,12 +425,17 @@ class ChainVerifier:
             return
         for lo, hi, gap_where in run.missing:
             count = hi - lo + 1
-            self._fail(gap_where, f"{count} line(s) missing just before this one "
-                       f"(seq {lo}..{hi}: deleted, lost, or a rotated file not given)")
+            self._fail(
+                gap_where,
+                f"{count} line(s) missing just before this one "
+                f"(seq {lo}..{hi}: deleted, lost, or a rotated file not given)",
+            )
         if not run.ended and not (at_eof and self.live):
-            self._fail(where if not at_eof else "end of input",
-                       f"run {run.run_id} (started at {run.where}) has no end record: "
-                       "lines deleted at its end, or the proxy did not stop cleanly")
+            self._fail(
+                where if not at_eof else "end of input",
+                f"run {run.run_id} (started at {run.where}) has no end record: "
+                "lines deleted at its end, or the proxy did not stop cleanly",
+            )
         self._run = None
 
     def finish(self) -> VerifyResult:
@@ -421,8 +443,9 @@ class ChainVerifier:
         head = line_hash(self._prev_line) if self._prev_line is not None else None
         if self._lines == 0:
             self._fail("input", "no lines")
-        return VerifyResult(self.problems, self.warnings, self._lines, self._runs,
-                            self._requests, head)
+        return VerifyResult(
+            self.problems, self.warnings, self._lines, self._runs, self._requests, head
+        )
 
     def _fail(self, where: str, message: str) -> None:
         self.problems.append(Problem(where, message))

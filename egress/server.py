@@ -585,7 +585,14 @@ class EgressProxy:
         except _Refused as refused:
             if upstream is not None:
                 upstream.close()
-            keep = head.framing.kind == "none" and head.keep_alive and refused.status != 407
+            # a policy refusal of a bodiless request leaves the connection usable
+            keep = (
+                head.framing.kind == "none"
+                and head.keep_alive
+                and refused.decision == "block"
+                and refused.status is None
+                and not self._closing
+            )
             self._answer(conn, event, refused, t0, close=not keep)
             return keep
         finally:
@@ -637,9 +644,19 @@ class EgressProxy:
         upstream.write(out)
         body = _framer(head.framing, 400)
         req_done = conn.side.start_relay(upstream, body) if body is not None else None
+        if req_done is not None:
+            # a malformed or truncated request body ends the exchange at once
+            req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
         try:
             resp = await self._read_response(conn, head, upstream)
         except _Refused:
+            if req_done is not None and req_done.done() and not _settle(req_done):
+                body_exc = req_done.exception() if not req_done.cancelled() else None
+                if isinstance(body_exc, RelayEnded) and body_exc.reason == "protocol":
+                    raise _Refused("bad_request", f"malformed request body: {body_exc}", "error",
+                                   status=400) from None  # fmt: skip
+                raise _Refused("bad_request", "client closed inside the request body", "error",
+                               status=400) from None  # fmt: skip
             if req_done is not None:
                 _settle(req_done)
             raise
@@ -763,6 +780,11 @@ def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:
     return None
 
 
+def _abort_on_error(fut: asyncio.Future[None], upstream: Side) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        upstream.abort()
+
+
 def _settle(fut: asyncio.Future[None]) -> bool:
     """True if a relay future ended cleanly; marks its exception retrieved either way."""
     if not fut.done():
@@ -774,12 +796,16 @@ def _settle(fut: asyncio.Future[None]) -> bool:
 
 
 def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
+    """`eof` for a clean end both ways, else the first direction's failure reason."""
+    reasons = []
     for fut in (up, down):
-        if fut.done() and not fut.cancelled():
-            exc = fut.exception()
+        if not fut.done():
+            fut.cancel()
+        elif not fut.cancelled():
+            exc = fut.exception()  # also marks it retrieved
             if isinstance(exc, RelayEnded):
-                return exc.reason
-    return "eof"
+                reasons.append(exc.reason)
+    return reasons[0] if reasons else "eof"
 
 
 def _form_error(target: str) -> str:
