@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from .config import Settings
-from .server import EgressProxy, Limits
+from .server import EgressProxy, Limits, parse_listen
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -122,6 +122,8 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         limits_from_args(args)
+        for spec in args.listen:
+            parse_listen(spec)
     except ValueError as exc:
         print(f"egress serve: {exc}", file=sys.stderr)
         return 2
