@@ -86,7 +86,8 @@ class AuditLog:
                  retry_interval: float = DEFAULT_RETRY_INTERVAL,
                  max_backlog: int = DEFAULT_MAX_BACKLOG,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 events_maxlen: int = DEFAULT_EVENTS_MAXLEN) -> None:
+                 events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
+                 close_timeout: float = CLOSE_TIMEOUT) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
         if rotate_bytes is not None and rotate_bytes <= 0:
@@ -104,6 +105,7 @@ class AuditLog:
         self._max_backlog = max_backlog
         self._enqueued = 0
         self._writer = _Writer(path, self, retry_interval, max_pending_bytes)
+        self._writer.close_timeout = close_timeout
         self._thread: threading.Thread | None = None
         self._hooks: list[Hook] = []
         self._subscribers: list[_Subscriber] = []
@@ -356,6 +358,7 @@ class _Writer:
         self.lines_abandoned = 0  # recorded after close, or never written at close
         self.loss_reported = 0  # lines_dropped already told in a loss record
         self.writable = True
+        self.close_timeout = CLOSE_TIMEOUT
         self._last_error_log = 0.0
 
     # -- opening ---------------------------------------------------------------------------
@@ -458,14 +461,17 @@ class _Writer:
 
     def _chain(self, body: str, *, may_rotate: bool = True) -> None:
         line = chain_line(body, self.seq + 1, self.prev)
-        limit = self.owner.rotate_bytes
-        if (limit is not None and may_rotate and self.seq >= 0
-                and self.file_bytes + self.pending_bytes + len(line) + 1 > limit):
+        if may_rotate and self._needs_rotation(len(line) + 1):
             self._rotate()
             line = chain_line(body, self.seq + 1, self.prev)
         self.seq += 1
         self.prev = line_hash(line)
         self._push(line + b"\n")
+
+    def _needs_rotation(self, size: int) -> bool:
+        limit = self.owner.rotate_bytes
+        return (limit is not None and self.seq >= 0
+                and self.file_bytes + self.pending_bytes + size > limit)
 
     def _push(self, data: bytes) -> None:
         self.pending.append(data)
@@ -546,11 +552,16 @@ class _Writer:
             logger.warning("audit log %s is writable again after %d write errors",
                            self.path, self.write_errors)
             self.writable = True
-        if self.lines_dropped > self.loss_reported:
-            self.loss_reported = self.lines_dropped
-            self._control({"type": "loss", "run": self.run_id, "lost": self.lines_dropped})
-            logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
+        if self._report_loss():
             self._flush()
+
+    def _report_loss(self) -> bool:
+        if self.lines_dropped <= self.loss_reported:
+            return False
+        self.loss_reported = self.lines_dropped
+        self._control({"type": "loss", "run": self.run_id, "lost": self.lines_dropped})
+        logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
+        return True
 
     def _rotate(self) -> None:
         """PATH -> PATH.1.gz (older ones shift up); the chain continues in a new PATH."""
@@ -577,10 +588,13 @@ class _Writer:
             logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
 
     def _finish(self) -> None:
+        self._report_loss()
+        if self._needs_rotation(400):  # rotate first, so that "lines" counts the rotate record
+            self._rotate()
         self._control({"type": "end", "run": self.run_id, "lines": self.seq + 1,
                        "requests": self.requests, "write_errors": self.write_errors,
                        "dropped": self.lines_dropped})
-        deadline = time.monotonic() + CLOSE_TIMEOUT
+        deadline = time.monotonic() + self.close_timeout
         while not self._flush() and time.monotonic() < deadline:
             time.sleep(self.retry_interval)
         if self.pending:
