@@ -81,18 +81,13 @@ class AuditLog:
     size; the chain continues in the new file. Usable as `async with AuditLog(...) as log:`.
     """
 
-    def __init__(
-        self,
-        path: str | None,
-        *,
-        fail_mode: FailMode = "open",
-        keep_query: bool = False,
-        rotate_bytes: int | None = None,
-        retry_interval: float = DEFAULT_RETRY_INTERVAL,
-        max_backlog: int = DEFAULT_MAX_BACKLOG,
-        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-        events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
-    ) -> None:
+    def __init__(self, path: str | None, *, fail_mode: FailMode = "open",
+                 keep_query: bool = False, rotate_bytes: int | None = None,
+                 retry_interval: float = DEFAULT_RETRY_INTERVAL,
+                 max_backlog: int = DEFAULT_MAX_BACKLOG,
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
+                 close_timeout: float = CLOSE_TIMEOUT) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
         if rotate_bytes is not None and rotate_bytes <= 0:
@@ -110,6 +105,7 @@ class AuditLog:
         self._max_backlog = max_backlog
         self._enqueued = 0
         self._writer = _Writer(path, self, retry_interval, max_pending_bytes)
+        self._writer.close_timeout = close_timeout
         self._thread: threading.Thread | None = None
         self._hooks: list[Hook] = []
         self._subscribers: list[_Subscriber] = []
@@ -173,9 +169,8 @@ class AuditLog:
         if self.path is None:
             return
         await asyncio.to_thread(self._writer.open_initial)
-        self._thread = threading.Thread(
-            target=self._writer.run, args=(self._queue,), name="egress-audit-writer", daemon=True
-        )
+        self._thread = threading.Thread(target=self._writer.run, args=(self._queue,),
+                                        name="egress-audit-writer", daemon=True)
         self._thread.start()
 
     async def flush(self) -> None:
@@ -203,12 +198,8 @@ class AuditLog:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.aclose()
 
     # -- the hot path --------------------------------------------------------------------
@@ -290,7 +281,8 @@ class AuditLog:
     def _hook_failed(self, exc: BaseException | None = None) -> None:
         self.hook_errors += 1
         if self.hook_errors <= 10:
-            logger.error("audit hook failed (%d so far)", self.hook_errors, exc_info=exc or True)
+            logger.error("audit hook failed (%d so far)", self.hook_errors,
+                         exc_info=exc or True)
 
 
 class _Subscriber:
@@ -342,9 +334,8 @@ def _plain(value: object) -> object:
 class _Writer:
     """Everything that happens on the writer thread. Counters are read by other threads."""
 
-    def __init__(
-        self, path: str | None, owner: AuditLog, retry_interval: float, max_pending_bytes: int
-    ) -> None:
+    def __init__(self, path: str | None, owner: AuditLog, retry_interval: float,
+                 max_pending_bytes: int) -> None:
         self.path = path
         self.owner = owner
         self.retry_interval = retry_interval
@@ -367,6 +358,7 @@ class _Writer:
         self.lines_abandoned = 0  # recorded after close, or never written at close
         self.loss_reported = 0  # lines_dropped already told in a loss record
         self.writable = True
+        self.close_timeout = CLOSE_TIMEOUT
         self._last_error_log = 0.0
 
     # -- opening ---------------------------------------------------------------------------
@@ -411,17 +403,10 @@ class _Writer:
     # -- the thread ------------------------------------------------------------------------
 
     def run(self, source: queue.SimpleQueue[object]) -> None:
-        self._control(
-            {
-                "type": "start",
-                "run": self.run_id,
-                "format": FORMAT,
-                "pid": os.getpid(),
-                "fail_mode": self.owner.fail_mode,
-                "keep_query": self.owner.keep_query,
-                "rotate_bytes": self.owner.rotate_bytes,
-            }
-        )
+        self._control({"type": "start", "run": self.run_id, "format": FORMAT,
+                       "pid": os.getpid(), "fail_mode": self.owner.fail_mode,
+                       "keep_query": self.owner.keep_query,
+                       "rotate_bytes": self.owner.rotate_bytes})
         self._flush()
         stopping = False
         while not stopping:
@@ -476,18 +461,17 @@ class _Writer:
 
     def _chain(self, body: str, *, may_rotate: bool = True) -> None:
         line = chain_line(body, self.seq + 1, self.prev)
-        limit = self.owner.rotate_bytes
-        if (
-            limit is not None
-            and may_rotate
-            and self.seq >= 0
-            and self.file_bytes + self.pending_bytes + len(line) + 1 > limit
-        ):
+        if may_rotate and self._needs_rotation(len(line) + 1):
             self._rotate()
             line = chain_line(body, self.seq + 1, self.prev)
         self.seq += 1
         self.prev = line_hash(line)
         self._push(line + b"\n")
+
+    def _needs_rotation(self, size: int) -> bool:
+        limit = self.owner.rotate_bytes
+        return (limit is not None and self.seq >= 0
+                and self.file_bytes + self.pending_bytes + size > limit)
 
     def _push(self, data: bytes) -> None:
         self.pending.append(data)
@@ -555,32 +539,29 @@ class _Writer:
         self.write_errors += 1
         now = time.monotonic()
         if self.writable or now - self._last_error_log >= ERROR_LOG_INTERVAL:
-            mode = (
-                "refusing new connections (--audit-fail closed)"
-                if self.owner.fail_mode == "closed"
-                else "still serving (--audit-fail open)"
-            )
-            logger.error(
-                "%s [%d write errors, %d lines waiting; %s]",
-                message,
-                self.write_errors,
-                len(self.pending),
-                mode,
-            )
+            mode = ("refusing new connections (--audit-fail closed)"
+                    if self.owner.fail_mode == "closed"
+                    else "still serving (--audit-fail open)")
+            logger.error("%s [%d write errors, %d lines waiting; %s]", message,
+                         self.write_errors, len(self.pending), mode)
             self._last_error_log = now
         self.writable = False
 
     def _succeeded(self) -> None:
         if not self.writable:
-            logger.warning(
-                "audit log %s is writable again after %d write errors", self.path, self.write_errors
-            )
+            logger.warning("audit log %s is writable again after %d write errors",
+                           self.path, self.write_errors)
             self.writable = True
-        if self.lines_dropped > self.loss_reported:
-            self.loss_reported = self.lines_dropped
-            self._control({"type": "loss", "run": self.run_id, "lost": self.lines_dropped})
-            logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
+        if self._report_loss():
             self._flush()
+
+    def _report_loss(self) -> bool:
+        if self.lines_dropped <= self.loss_reported:
+            return False
+        self.loss_reported = self.lines_dropped
+        self._control({"type": "loss", "run": self.run_id, "lost": self.lines_dropped})
+        logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
+        return True
 
     def _rotate(self) -> None:
         """PATH -> PATH.1.gz (older ones shift up); the chain continues in a new PATH."""
@@ -607,25 +588,20 @@ class _Writer:
             logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
 
     def _finish(self) -> None:
-        self._control(
-            {
-                "type": "end",
-                "run": self.run_id,
-                "lines": self.seq + 1,
-                "requests": self.requests,
-                "write_errors": self.write_errors,
-                "dropped": self.lines_dropped,
-            }
-        )
-        deadline = time.monotonic() + CLOSE_TIMEOUT
+        self._report_loss()
+        if self._needs_rotation(400):  # rotate first, so that "lines" counts the rotate record
+            self._rotate()
+        self._control({"type": "end", "run": self.run_id, "lines": self.seq + 1,
+                       "requests": self.requests, "write_errors": self.write_errors,
+                       "dropped": self.lines_dropped})
+        deadline = time.monotonic() + self.close_timeout
         while not self._flush() and time.monotonic() < deadline:
             time.sleep(self.retry_interval)
         if self.pending:
             lost = sum(chunk.count(b"\n") for chunk in self.pending)
             self.lines_abandoned += lost
-            logger.error(
-                "audit log %s: %d lines could not be written before close", self.path, lost
-            )
+            logger.error("audit log %s: %d lines could not be written before close",
+                         self.path, lost)
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)

@@ -73,9 +73,11 @@ def open_log(path: str) -> IO[bytes]:
         raw = open(path, "rb")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if raw.peek(2)[:2] == _GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
+    with raw:
+        compressed = raw.peek(2)[:2] == _GZIP_MAGIC
+        if not compressed:
+            return open(path, "rb")  # a fresh handle: `raw` closes with this block
+    return gzip.open(path, "rb")  # type: ignore[return-value]
 
 
 @dataclass

@@ -188,7 +188,7 @@ def parse_request_head(
         return None
     first, block, consumed = split
     method, target, version = _parse_request_line(first)
-    headers, special = _parse_fields(block)
+    headers, special = _parse_fields(block, 400)
     if len(special.get("host", ())) > 1:
         raise ProtocolError("more than one Host header field", 400)
     framing = _request_framing(version, special)
@@ -223,7 +223,7 @@ def parse_response_head(
         return None
     first, block, consumed = split
     version, status, reason = _parse_status_line(first)
-    headers, special = _parse_fields(block)
+    headers, special = _parse_fields(block, 502)
     framing = _response_framing(version, special)
     leaves_http = status == 101 or (request_method == "CONNECT" and 200 <= status < 300)
     if leaves_http or request_method == "HEAD" or status < 200 or status in (204, 304):
@@ -253,12 +253,10 @@ def _skip_empty_lines(data: bytes | bytearray) -> int:
 
 def _split_head(
     data: bytes | bytearray, start: int, max_size: int, max_headers: int, status: int
-) -> tuple[bytes, str, int] | None:
-    """(start line, field block as text, bytes consumed), or None if the head is incomplete.
+) -> tuple[bytes, bytes, int] | None:
+    """(start line, field block, bytes consumed), or None if the head is incomplete.
 
-    The field block is every field line, each preceded by its CRLF, validated as a whole by
-    one regular expression (token, colon, field text; so no bare CR or LF, no obs-fold, no
-    control character); only a failing head is walked line by line, for the error message.
+    The field block is every field line, each preceded by its CRLF (see `_parse_fields`).
     """
     end = data.find(b"\r\n\r\n", start, max_size)
     if end < 0:
@@ -270,9 +268,7 @@ def _split_head(
     block = bytes(data[first_end:end])
     if block.count(b"\r\n") > max_headers:
         raise ProtocolError(f"more than {max_headers} header fields", _431(status))
-    if _FIELD_BLOCK.fullmatch(block) is None:
-        raise ProtocolError(_bad_field_block(block), status)
-    return bytes(data[start:first_end]), block.decode("latin-1"), end + 4
+    return bytes(data[start:first_end]), block, end + 4
 
 
 def _check_partial(data: bytes | bytearray, start: int, max_size: int, status: int) -> None:
@@ -343,12 +339,18 @@ def _version(raw: bytes, status: int) -> str:
     raise ProtocolError("malformed HTTP version", status)
 
 
-def _parse_fields(block: str) -> tuple[tuple[tuple[str, str], ...], dict[str, list[str]]]:
+def _parse_fields(
+    block: bytes, status: int
+) -> tuple[tuple[tuple[str, str], ...], dict[str, list[str]]]:
     """(headers, the values of the fields in `_WATCHED` by lowercased name).
 
-    `block` was validated by `_FIELD_BLOCK`, so each line is `token ":" field-text`.
+    The whole block is validated by one regular expression (each line `token ":"
+    field-text`: so no bare CR or LF, no obs-fold, no whitespace before the colon, no control
+    character); only a failing block is walked line by line, for the error message.
     """
-    lines = block.split("\r\n")
+    if _FIELD_BLOCK.fullmatch(block) is None:
+        raise ProtocolError(_bad_field_block(block), status)
+    lines = block.decode("latin-1").split("\r\n")
     headers = []
     special: dict[str, list[str]] = {}
     for i in range(1, len(lines)):
