@@ -1,3 +1,47 @@
-"""egress: an in-process asyncio egress proxy with an audited allow/block policy."""
+"""egress: an in-process asyncio egress proxy with an audited allow/block policy.
 
-__all__: list[str] = []
+Public API (everything else is internal)::
+
+    from egress import EgressProxy, Policy, AuditLog
+    async with AuditLog("audit.jsonl") as log, EgressProxy(policy, audit=log) as proxy: ...
+"""
+
+from .addrs import AddressGuard, classify
+from .audit import AuditLog
+from .config import ClientSpec, Settings, build_settings, load_policy_file
+from .errors import EgressError, PolicyError, ProtocolError, TargetError
+from .judge import judge
+from .netns import NamespaceError, listen_in_netns
+from .policy import Decision, Policy, Rule, parse_rule
+from .server import EgressProxy, Limits
+from .target import Target, make_target, normalize_host, parse_authority, parse_url
+from .thread import ProxyThread
+
+__all__ = [
+    "AddressGuard",
+    "AuditLog",
+    "ClientSpec",
+    "Decision",
+    "EgressError",
+    "EgressProxy",
+    "Limits",
+    "NamespaceError",
+    "Policy",
+    "PolicyError",
+    "ProtocolError",
+    "ProxyThread",
+    "Rule",
+    "Settings",
+    "Target",
+    "TargetError",
+    "build_settings",
+    "classify",
+    "judge",
+    "listen_in_netns",
+    "load_policy_file",
+    "make_target",
+    "normalize_host",
+    "parse_authority",
+    "parse_rule",
+    "parse_url",
+]

@@ -92,7 +92,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["audit"]:
-        from .auditcli import audit_main  # type: ignore[import-not-found,unused-ignore]
+        from .auditcli import audit_main
 
         return int(audit_main(argv[1:]))
     parser = build_parser()

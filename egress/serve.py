@@ -1,16 +1,140 @@
-"""`egress serve`: run the proxy standalone (placeholder until the proxy lands)."""
+"""`egress serve`: the proxy as a standalone process (SPEC 6).
+
+Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts.
+SIGTERM/SIGINT: stop accepting, give open tunnels up to 5 s, close them, flush the audit log,
+exit 0. Uses uvloop when it is installed (embedding code keeps its own loop).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Any
 
 from .config import Settings
+from .server import EgressProxy, Limits, parse_listen
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", action="append", default=[], metavar="HOST:PORT")
-    p.add_argument("--audit-log", metavar="PATH|-")
+    g = p.add_argument_group("serving")
+    g.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="listen address (repeatable; port 0 = ephemeral; default 127.0.0.1:3128)",
+    )
+    g.add_argument(
+        "--listen-netns",
+        metavar="NS",
+        help="open the listeners inside this network namespace (name, path or PID)",
+    )
+    g.add_argument("--audit-log", metavar="PATH|-", help="JSON Lines audit log ('-' = stdout)")
+    g.add_argument(
+        "--audit-fail",
+        choices=["open", "closed"],
+        default="open",
+        help="when the audit log cannot be written: keep serving (open) or refuse "
+        "new connections (closed)",
+    )
+    g.add_argument(
+        "--audit-keep-query",
+        action="store_true",
+        help="keep query strings in audit lines (redacted by default)",
+    )
+    g.add_argument(
+        "--require-auth",
+        action="store_true",
+        help="every client must present a proxy token (407 otherwise)",
+    )
+    g.add_argument(
+        "--sni-missing",
+        choices=["if-named", "allow", "deny"],
+        default="if-named",
+        help="tunnels to 443 without a TLS SNI: allow only if the CONNECT host was an "
+        "allowed name (default), always, or never",
+    )
+    lim = Limits()
+    g.add_argument("--max-head", type=int, default=lim.max_head, metavar="BYTES")
+    g.add_argument("--max-headers", type=int, default=lim.max_headers, metavar="N")
+    g.add_argument("--head-timeout", type=float, default=lim.head_timeout, metavar="S")
+    g.add_argument("--connect-timeout", type=float, default=lim.connect_timeout, metavar="S")
+    g.add_argument("--idle-timeout", type=float, default=lim.idle_timeout, metavar="S")
+    g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N")
+    g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
+    g.add_argument("--quiet", action="store_true", help="no warnings on stderr")  # fmt: skip
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    for name in ("max_head", "max_headers", "max_connections"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("head_timeout", "connect_timeout", "idle_timeout"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    return Limits(
+        max_head=args.max_head, max_headers=args.max_headers, head_timeout=args.head_timeout,
+        connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
+    )  # fmt: skip
+
+
+def _open_audit(args: argparse.Namespace) -> Any:
+    from .audit import AuditLog
+
+    return AuditLog(args.audit_log, fail_mode=args.audit_fail, keep_query=args.audit_keep_query)
+
+
+async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from .lint import lint_policy
+
+    if not args.quiet:
+        for finding in lint_policy(settings.policy):
+            print(f"egress serve: warning: {finding}", file=sys.stderr)
+    audit = _open_audit(args)
+    await audit.start()
+    proxy = EgressProxy(
+        settings, listen=args.listen or ["127.0.0.1:3128"], listen_netns=args.listen_netns,
+        audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
+        sni_missing=args.sni_missing,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await proxy.start()
+        for host, port in proxy.addresses:
+            shown = f"[{host}]" if ":" in host else host
+            print(f"listening on {shown}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await proxy.stop()
+        await audit.aclose()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    raise NotImplementedError
+    try:
+        limits_from_args(args)
+        for spec in args.listen:
+            parse_listen(spec)
+    except ValueError as exc:
+        print(f"egress serve: {exc}", file=sys.stderr)
+        return 2
+    runner: Any = asyncio.run
+    if not args.no_uvloop:
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            runner = uvloop.run
+    try:
+        return int(runner(run_serve(args, settings)))
+    except OSError as exc:
+        print(f"egress serve: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+        return 2

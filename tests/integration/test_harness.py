@@ -16,9 +16,14 @@ async def test_reach_server_in_test_host_and_leave_nothing() -> None:
         origin = await start_origin(host, 8080)
         try:
             rc, out, err = await run(
-                "curl", "-sS", "--noproxy", "*", "--max-time", "5",
+                "curl",
+                "-sS",
+                "--noproxy",
+                "*",
+                "--max-time",
+                "5",
                 f"http://{host.addr_ns}:8080/hello",
-            )  # fmt: skip
+            )
         finally:
             await origin.close()
         assert rc == 0, err

@@ -1,0 +1,78 @@
+"""Error responses the proxy writes itself: status, RFC 9209 `Proxy-Status`, one-line body.
+
+Pure. Every refusal names its cause twice: a machine-readable `Proxy-Status` error type
+(RFC 9209 section 2.3) and a one-line plain-text body saying which rule or guard refused, so an
+agent reading the body, or a human reading curl's output, sees why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROXY_NAME = "egress"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """How one reason code is answered."""
+
+    status: int
+    error: str  # RFC 9209 Proxy-Status error type
+
+
+# reason code -> answer. Audit `reason` codes are the keys (docs/audit-log.md).
+REFUSALS: dict[str, Refusal] = {
+    "block_rule": Refusal(403, "http_request_denied"),
+    "default_deny": Refusal(403, "http_request_denied"),
+    "port_not_allowed": Refusal(403, "http_request_denied"),
+    "reserved_address": Refusal(403, "destination_ip_prohibited"),
+    "dns_error": Refusal(502, "dns_error"),
+    "connection_refused": Refusal(502, "connection_refused"),
+    "connection_timeout": Refusal(504, "connection_timeout"),
+    "upstream_error": Refusal(502, "proxy_internal_response"),
+    "bad_request": Refusal(400, "http_request_error"),
+    "head_too_large": Refusal(431, "http_request_error"),
+    "auth_required": Refusal(407, "http_request_denied"),
+    "auth_failed": Refusal(407, "http_request_denied"),
+    "too_many_connections": Refusal(503, "proxy_internal_error"),
+    "audit_unavailable": Refusal(503, "proxy_internal_error"),
+    "head_timeout": Refusal(408, "http_request_error"),
+}
+
+_REASON_PHRASES = {
+    400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
+    408: "Request Timeout", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
+    503: "Service Unavailable", 504: "Gateway Timeout",
+}  # fmt: skip
+
+
+def _sf_string(text: str) -> str:
+    """An RFC 8941 sf-string: printable ASCII, `\\` and `"` escaped."""
+    clean = "".join(c if 0x20 <= ord(c) < 0x7F else "?" for c in text)
+    return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def refusal_for(reason: str, status: int | None = None) -> Refusal:
+    base = REFUSALS.get(reason, Refusal(502, "proxy_internal_error"))
+    return Refusal(status, base.error) if status is not None else base
+
+
+def error_response(reason: str, detail: str, *, status: int | None = None,
+                   close: bool = True) -> tuple[int, bytes]:  # fmt: skip
+    """The status and the full bytes of the response for a refusal with `reason`."""
+    refusal = refusal_for(reason, status)
+    body = f"egress: {refusal.status} {reason}: {detail}\n".encode("utf-8", "replace")
+    lines = [
+        f"HTTP/1.1 {refusal.status} {_REASON_PHRASES.get(refusal.status, 'Error')}",
+        f"Proxy-Status: {PROXY_NAME}; error={refusal.error}; details={_sf_string(detail)}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+    ]
+    if refusal.status == 407:
+        lines.append('Proxy-Authenticate: Basic realm="egress"')
+    if close:
+        lines.append("Connection: close")
+    return refusal.status, ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + body
+
+
+CONNECT_OK = b"HTTP/1.1 200 Connection established\r\n\r\n"

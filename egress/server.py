@@ -1,0 +1,828 @@
+"""`EgressProxy`: the asyncio forward proxy (CONNECT tunnels and absolute-form HTTP).
+
+Strategy: one coroutine per client connection drives a loop of *read head -> identify ->
+decide -> resolve -> guard -> dial -> relay -> audit*; every decision is made by the pure core
+(`judge`, `ClientTable`, `wire`, `sni`) and this module only turns it into I/O. Bytes move by
+protocol-level relays (`relay.Side`) with flow control, never through a coroutine per chunk.
+
+Every request on a kept-alive client connection is parsed, identified and judged afresh; the
+upstream connection it uses comes from a pool keyed by the *checked* address and port, so
+reuse never skips a decision. Names are resolved once per decision and only checked
+addresses are dialed.
+
+DoS bounds (defaults in `Limits`, each overridable): head size and field count (`wire`), head
+read timeout, connect timeout, idle timeout, maximum concurrent client connections (503
+beyond), per-transport write buffers (`relay.WRITE_HIGH_WATER`). A sweeper task enforces the
+timeouts once per `tick`, so no per-operation timer is armed on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from . import wire
+from .addrs import AddressGuard
+from .clients import AuthError, ClientTable, Identity, source_address
+from .config import ClientSpec, Settings
+from .errors import ProtocolError, TargetError
+from .hostaddrs import local_addresses_async
+from .judge import judge
+from .netns import listen_in_netns
+from .policy import Decision, Policy
+from .relay import Framer, LengthFramer, RelayEnded, Side
+from .resolve import ResolveError, Resolver
+from .responses import CONNECT_OK, error_response
+from .sni import parse_client_hello
+from .target import (
+    IPAddress,
+    Target,
+    canonical_ip,
+    host_header,
+    parse_authority,
+    parse_ip_literal,
+    parse_url,
+    split_host_port,
+)
+
+log = logging.getLogger("egress")
+
+SniMissing = Literal["if-named", "allow", "deny"]
+
+
+class AuditSink(Protocol):
+    """What the proxy needs of an audit log (`egress.audit.AuditLog` is one)."""
+
+    @property
+    def accepting(self) -> bool: ...
+
+    def record(self, event: dict[str, object]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource bounds; defaults are SPEC 6's (users may rely on them)."""
+
+    max_head: int = wire.MAX_REQUEST_HEAD_SIZE  # 16 KiB, h11's precedent
+    max_headers: int = wire.MAX_REQUEST_HEADERS  # 100
+    head_timeout: float = 10.0
+    connect_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    max_connections: int = 1024
+    shutdown_grace: float = 5.0
+    pool_idle: float = 30.0  # idle upstream keep-alive connections are closed after this
+    pool_per_key: int = 64
+
+
+@dataclass(slots=True, eq=False)
+class _Conn:
+    """One client connection's state, for the sweeper and the audit lines."""
+
+    side: Side
+    client: str
+    source: IPAddress | None
+    phase: str = "head"  # head | idle | active
+    phase_since: float = 0.0
+    upstream: Side | None = None
+    end: str | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class _Refused(Exception):
+    """Internal: answer with an error response and audit it."""
+
+    def __init__(
+        self, reason: str, detail: str, decision: str = "block", status: int | None = None,
+        rule: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.decision = decision
+        self.status = status
+        self.rule = rule
+
+
+def parse_listen(spec: str) -> tuple[str, int]:
+    """`HOST:PORT` / `[v6]:PORT` -> (host, port); ValueError naming the culprit."""
+    try:
+        host, port = split_host_port(spec)
+    except TargetError as exc:
+        raise ValueError(f"--listen {spec!r}: {exc}") from None
+    if port is None or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
+    return host.strip("[]"), int(port)
+
+
+class EgressProxy:
+    """An embeddable egress proxy sharing the caller's event loop.
+
+    ::
+
+        async with EgressProxy(policy, listen=["127.0.0.1:0"], audit=log) as proxy:
+            env = {"HTTPS_PROXY": proxy.url}
+
+    `policy` is a `Policy` or full `Settings` (guard, `--resolve` pins, per-client policies).
+    `listen_netns` opens every listening socket inside that network namespace (a name under
+    /run/netns, a path, or a PID) while serving it from this loop. `host_local` overrides the
+    discovered host addresses (None = read them from this namespace's interfaces).
+
+    Raises `OSError` from `start()` when a listener cannot be bound, `NamespaceError` when the
+    namespace cannot be entered.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | Settings,
+        *,
+        listen: Iterable[str] = ("127.0.0.1:0",),
+        listen_netns: str | None = None,
+        audit: AuditSink | None = None,
+        limits: Limits | None = None,
+        require_auth: bool = False,
+        sni_missing: SniMissing = "if-named",
+        host_local: Iterable[IPAddress] | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:
+        self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
+        self.listen_specs = [parse_listen(s) for s in listen]
+        self.listen_netns = listen_netns
+        self.audit = audit
+        self.limits = limits or Limits()
+        self.sni_missing: SniMissing = sni_missing
+        self.clients = ClientTable(self.settings, require_auth=require_auth)
+        self.resolver = resolver or Resolver(self.settings.resolve)
+        self._fixed_host_local = None if host_local is None else frozenset(host_local)
+        self.guard: AddressGuard = self.settings.guard
+        self.addresses: list[tuple[str, int]] = []
+        self._servers: list[asyncio.base_events.Server] = []
+        self._conns: set[_Conn] = set()
+        self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
+        self._cache: dict[tuple[int, str, str, int], Decision] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self.hooks: list[Callable[[dict[str, object]], object]] = []
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> EgressProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        """`http://HOST:PORT` of the first listener (what HTTP(S)_PROXY should hold)."""
+        host, port = self.addresses[0]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def proxy_url(self, token: str | None = None, client_id: str = "agent") -> str:
+        """The proxy URL, with `client_id:token@` userinfo when a token is given."""
+        if token is None:
+            return self.url
+        return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
+
+    def add_client(self, spec: ClientSpec) -> None:
+        """Serve another client (sandbox) with its own policy; takes effect at once."""
+        settings = self.settings
+        self.settings = Settings(settings.policy, settings.guard, settings.resolve,
+                                 (*settings.clients, spec))  # fmt: skip
+        self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+
+    async def start(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        for host, port in self.listen_specs:
+            sock = (
+                listen_in_netns(self.listen_netns, host, port)
+                if self.listen_netns
+                else self._listen_here(host, port)
+            )
+            server = await loop.create_server(self._make_side, sock=sock, backlog=1024)
+            self._servers.append(server)
+            bound = sock.getsockname()
+            self.addresses.append((str(bound[0]), int(bound[1])))
+        await self.refresh_host_local()
+        self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+
+    @staticmethod
+    def _listen_here(host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def refresh_host_local(self) -> None:
+        """Re-read this host's interface addresses into the guard (also done periodically)."""
+        if self._fixed_host_local is not None:
+            found = self._fixed_host_local
+        else:
+            found = await local_addresses_async()
+        own = {parse_ip_literal(h) for h, _ in self.addresses if not self.listen_netns}
+        extra = frozenset(a for a in own if a is not None and not a.is_unspecified)
+        self.guard = self.settings.guard.with_host_local(found | extra)
+        self._cache.clear()
+
+    async def stop(self) -> None:
+        """Stop accepting, give open connections `shutdown_grace` seconds, then close them."""
+        if self._closing:
+            return
+        self._closing = True
+        for server in self._servers:
+            server.close()
+        tasks = [c.task for c in self._conns if c.task is not None]
+        for conn in list(self._conns):
+            if conn.phase != "active":
+                conn.end = "shutdown"
+                conn.side.close()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.limits.shutdown_grace)
+            for conn in list(self._conns):
+                conn.end = "shutdown"
+                conn.side.abort()
+                if conn.upstream is not None:
+                    conn.upstream.abort()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for sides in self._pool.values():
+            for side in sides:
+                side.close()
+        self._pool.clear()
+
+    async def serve_forever(self) -> None:
+        """Serve until cancelled (for standalone use)."""
+        await asyncio.Event().wait()
+
+    # --- the sweeper: timeouts without per-operation timers --------------------------------
+    async def _sweep(self) -> None:
+        lim = self.limits
+        tick = max(0.05, min(1.0, lim.head_timeout / 4, lim.idle_timeout / 4))
+        refresh_every = 30.0
+        assert self._loop is not None
+        next_refresh = self._loop.time() + refresh_every
+        while True:
+            await asyncio.sleep(tick)
+            now = self._loop.time()
+            for conn in list(self._conns):
+                self._sweep_one(conn, now)
+            self._sweep_pool(now)
+            if now >= next_refresh:
+                next_refresh = now + refresh_every
+                with contextlib.suppress(Exception):
+                    await self.refresh_host_local()
+
+    def _sweep_one(self, conn: _Conn, now: float) -> None:
+        lim = self.limits
+        if conn.phase == "head" and now - conn.phase_since > lim.head_timeout:
+            conn.end = "head_timeout"
+            if conn.side.buf:
+                conn.side.write(error_response("head_timeout", "request head not received")[1])
+            conn.side.close()
+            return
+        last = conn.side.last_active
+        if conn.upstream is not None:
+            last = max(last, conn.upstream.last_active)
+        if now - last > lim.idle_timeout:
+            conn.end = "idle_timeout"
+            conn.side.close()
+            if conn.upstream is not None:
+                conn.upstream.close()
+
+    def _sweep_pool(self, now: float) -> None:
+        for key, sides in list(self._pool.items()):
+            keep = []
+            for side in sides:
+                if side.eof or now - side.last_active > self.limits.pool_idle:
+                    side.close()
+                else:
+                    keep.append(side)
+            if keep:
+                self._pool[key] = keep
+            else:
+                del self._pool[key]
+
+    # --- per connection ---------------------------------------------------------------------
+    def _make_side(self) -> Side:
+        assert self._loop is not None
+        side = _ClientSide(self._loop, max_buffer=self.limits.max_head)
+        side.proxy = self
+        return side
+
+    def _accepted(self, side: Side) -> None:
+        assert self._loop is not None
+        assert side.transport is not None
+        peer = side.transport.get_extra_info("peername")
+        source = source_address(peer)
+        client = _fmt_addr(peer)
+        conn = _Conn(side, client, source, phase_since=self._loop.time())
+        self._conns.add(conn)
+        conn.task = self._loop.create_task(self._serve(conn))
+
+    async def _serve(self, conn: _Conn) -> None:
+        try:
+            if len(self._conns) > self.limits.max_connections or self._closing:
+                self._refuse_now(conn, "too_many_connections", "connection limit reached")
+                return
+            if self.audit is not None and not self.audit.accepting:
+                self._refuse_now(conn, "audit_unavailable", "audit log cannot be written")
+                return
+            while await self._one_request(conn):
+                pass
+        except Exception:  # a bug must never take the proxy down
+            log.exception("egress: unexpected error serving %s", conn.client)
+        finally:
+            self._conns.discard(conn)
+            conn.side.close()
+            if conn.upstream is not None:
+                conn.upstream.close()
+
+    def _refuse_now(self, conn: _Conn, reason: str, detail: str) -> None:
+        status, data = error_response(reason, detail)
+        conn.side.write(data)
+        self._emit(self._event(conn, "-", "", "", 0), "error", reason, None, detail, status)
+
+    async def _read_head(self, conn: _Conn) -> wire.RequestHead | None:
+        side = conn.side
+        assert self._loop is not None
+        while True:
+            if side.buf:
+                if conn.phase == "idle":
+                    conn.phase, conn.phase_since = "head", self._loop.time()
+                parsed = wire.parse_request_head(
+                    side.buf, max_size=self.limits.max_head, max_headers=self.limits.max_headers
+                )
+                if parsed is not None:
+                    head, used = parsed
+                    side.consume(used)
+                    return head
+            if not await side.read_more():
+                if side.buf:
+                    raise ProtocolError("connection closed inside a request head", 400)
+                return None
+
+    async def _one_request(self, conn: _Conn) -> bool:
+        """Serve one request; True if the client connection stays open for another."""
+        try:
+            head = await self._read_head(conn)
+        except ProtocolError as exc:
+            reason = "head_too_large" if exc.status == 431 else "bad_request"
+            status, data = error_response(reason, str(exc), status=exc.status)
+            conn.side.write(data)
+            self._emit(self._event(conn, "-", "", "", 0), "error", reason, None, str(exc), status)
+            return False
+        if head is None:
+            return False
+        assert self._loop is not None
+        conn.phase = "active"
+        if head.method == "CONNECT":
+            await self._tunnel(conn, head)
+            return False
+        keep = await self._http(conn, head)
+        conn.phase, conn.phase_since = "idle", self._loop.time()
+        return keep
+
+    # --- decisions ----------------------------------------------------------------------------
+    def _identify(self, conn: _Conn, head: wire.RequestHead) -> Identity:
+        if self.clients.trivial:
+            return self.clients.default
+        try:
+            return self.clients.identify(conn.source, head.get("proxy-authorization"))
+        except AuthError as exc:
+            raise _Refused(exc.reason, str(exc), status=407) from None
+
+    def _decide_name(self, identity: Identity, target: Target) -> Decision:
+        key = (id(identity.policy), target.scheme, target.host, target.port)
+        decision = self._cache.get(key)
+        if decision is None:
+            decision = judge(identity.policy, self.guard, target)
+            if len(self._cache) > 65536:
+                self._cache.clear()
+            self._cache[key] = decision
+        return decision
+
+    async def _authorize(
+        self, identity: Identity, target: Target, event: dict[str, object]
+    ) -> tuple[Decision, tuple[IPAddress, ...]]:
+        """Decide, resolve, re-judge on the addresses; raise `_Refused` for any refusal."""
+        decision = self._decide_name(identity, target)
+        if not decision.allowed and not decision.needs_addrs:
+            raise _Refused(decision.reason, decision.detail, rule=decision.rule)
+        if target.ip is not None:
+            addrs: tuple[IPAddress, ...] = (target.ip,)
+        else:
+            try:
+                addrs = await self.resolver.resolve(target.host)
+            except ResolveError as exc:
+                raise _Refused("dns_error", str(exc), "error") from None
+            if decision.reason != "framework_route":
+                decision = judge(identity.policy, self.guard, target, addrs)
+                if not decision.allowed:
+                    raise _Refused(decision.reason, decision.detail, rule=decision.rule)
+        event["rule"] = decision.rule
+        event["reason"] = decision.reason
+        return decision, addrs
+
+    async def _dial(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
+        """Connect to the first reachable checked address; raise `_Refused` on failure."""
+        loop = self._loop
+        assert loop is not None
+        last: _Refused | None = None
+        for addr in addrs:
+            try:
+                async with asyncio.timeout(self.limits.connect_timeout):
+                    _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
+                return side, addr
+            except TimeoutError:
+                last = _Refused("connection_timeout", f"connecting to {addr} port {port} timed out",
+                                "error")  # fmt: skip
+            except ConnectionRefusedError:
+                last = _Refused("connection_refused", f"{addr} port {port} refused the connection",
+                                "error")  # fmt: skip
+            except OSError as exc:
+                last = _Refused("upstream_error", f"cannot connect to {addr} port {port}: "
+                                f"{exc.strerror or exc}", "error")  # fmt: skip
+        assert last is not None
+        raise last
+
+    # --- CONNECT ----------------------------------------------------------------------------
+    async def _tunnel(self, conn: _Conn, head: wire.RequestHead) -> None:
+        assert self._loop is not None
+        t0 = self._loop.time()
+        event = self._event(conn, "CONNECT", "https", head.target, 0)
+        upstream: Side | None = None
+        try:
+            try:
+                target = parse_authority(head.target)
+            except TargetError as exc:
+                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            event["host"], event["port"] = target.host, target.port
+            identity = self._identify(conn, head)
+            event["client_id"] = identity.client_id
+            decision, addrs = await self._authorize(identity, target, event)
+            upstream, addr = await self._dial(addrs, target.port)
+            conn.upstream = upstream
+            event["addr"] = str(addr)
+            conn.side.write(CONNECT_OK)
+            event["status"] = 200
+            if self._wants_sni_check(identity.policy, target):
+                await self._check_sni(conn, identity, target, decision, event)
+        except _Refused as refused:
+            self._answer(conn, event, refused, t0)
+            if upstream is not None:
+                upstream.close()
+            return
+        await self._relay_tunnel(conn, upstream, event, t0)
+
+    def _wants_sni_check(self, policy: Policy, target: Target) -> bool:
+        if target.port == 443:
+            return policy.framework_route(target.host, target.port) is None
+        return any(r.scheme == "https" and r.port == target.port for r in policy.allow_rules)
+
+    async def _check_sni(
+        self, conn: _Conn, identity: Identity, target: Target, decision: Decision,
+        event: dict[str, object],
+    ) -> None:  # fmt: skip
+        assert self._loop is not None
+        side = conn.side
+        conn.phase, conn.phase_since = "head", self._loop.time()
+        while True:
+            hello = parse_client_hello(side.buf)
+            if hello is not None or not await side.read_more():
+                break
+        conn.phase = "active"
+        if hello is None or hello.kind != "tls" or hello.sni is None:
+            kind = "no ClientHello" if hello is None else f"{hello.kind} first bytes"
+            if hello is not None and hello.kind == "tls":
+                kind = "a ClientHello without SNI"
+            if not self._sni_missing_ok(target, decision):
+                raise _Refused("sni_missing", f"tunnel carried {kind}; policy requires SNI",
+                               status=403)  # fmt: skip
+            return
+        event["sni"] = hello.sni
+        if hello.sni == target.host:
+            return
+        try:
+            sni_target = parse_authority(f"{hello.sni}:{target.port}")
+        except TargetError:
+            raise _Refused("sni_mismatch", f"invalid SNI {hello.sni!r}") from None
+        verdict = identity.policy.decide(sni_target)
+        if not verdict.allowed:
+            raise _Refused("sni_mismatch", f"SNI {hello.sni!r} not allowed on port "
+                           f"{target.port} ({verdict.reason})", rule=verdict.rule)  # fmt: skip
+
+    def _sni_missing_ok(self, target: Target, decision: Decision) -> bool:
+        if self.sni_missing == "allow":
+            return True
+        if self.sni_missing == "deny":
+            return False
+        return target.ip is None and decision.reason in ("allow_rule", "framework_route")
+
+    async def _relay_tunnel(
+        self, conn: _Conn, upstream: Side | None, event: dict[str, object], t0: float
+    ) -> None:
+        assert upstream is not None
+        assert self._loop is not None
+        up = conn.side.start_relay(upstream, None)
+        down = upstream.start_relay(conn.side, None)
+        _done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_EXCEPTION)
+        if not (up.done() and down.done()):
+            conn.side.close()
+            upstream.close()
+            await asyncio.wait((up, down), timeout=1.0)
+        end = conn.end or _how_ended(up, down)
+        upstream.close()
+        event["bytes_up"] = conn.side.bytes_relayed
+        event["bytes_down"] = upstream.bytes_relayed
+        event["end"] = end
+        event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
+        self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, 200)  # type: ignore[arg-type]
+
+    # --- absolute-form HTTP -----------------------------------------------------------------
+    async def _http(self, conn: _Conn, head: wire.RequestHead) -> bool:
+        assert self._loop is not None
+        t0 = self._loop.time()
+        event = self._event(conn, head.method, "http", "", 0)
+        upstream: Side | None = None
+        try:
+            if (
+                not head.target.startswith(("http://", "HTTP://", "Http://"))
+                or "://" not in head.target
+            ):
+                raise _Refused("bad_request", _form_error(head.target), "error", status=400)
+            try:
+                parsed = parse_url(head.target)
+            except TargetError as exc:
+                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            target = parsed.target
+            event["host"], event["port"], event["path"] = target.host, target.port, parsed.path
+            identity = self._identify(conn, head)
+            event["client_id"] = identity.client_id
+            _, addrs = await self._authorize(identity, target, event)
+            upstream, addr, reused = await self._acquire(addrs, target.port)
+            conn.upstream = upstream
+            event["addr"] = str(addr)
+            return await self._exchange(conn, head, parsed, upstream, reused, event, t0)
+        except _Refused as refused:
+            if upstream is not None:
+                upstream.close()
+            # a policy refusal of a bodiless request leaves the connection usable
+            keep = (
+                head.framing.kind == "none"
+                and head.keep_alive
+                and refused.decision == "block"
+                and refused.status is None
+                and not self._closing
+            )
+            self._answer(conn, event, refused, t0, close=not keep)
+            return keep
+        finally:
+            conn.upstream = None
+
+    async def _acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress, bool]:
+        for addr in addrs:
+            idle = self._pool.get((addr, port))
+            while idle:
+                side = idle.pop()
+                if (
+                    not side.eof
+                    and not side.buf
+                    and side.transport is not None
+                    and not side.transport.is_closing()
+                ):
+                    return side, addr, True
+                side.close()
+        side, addr = await self._dial(addrs, port)
+        return side, addr, False
+
+    def _release(self, upstream: Side, addr: str, port: int) -> None:
+        ip = parse_ip_literal(addr)
+        if ip is None or upstream.eof or upstream.buf or self._closing:
+            upstream.close()
+            return
+        idle = self._pool.setdefault((canonical_ip(ip), port), [])
+        if len(idle) >= self.limits.pool_per_key:
+            upstream.close()
+            return
+        idle.append(upstream)
+
+    async def _exchange(
+        self, conn: _Conn, head: wire.RequestHead, parsed: Any, upstream: Side, reused: bool,
+        event: dict[str, object], t0: float,
+    ) -> bool:  # fmt: skip
+        """Send the request, relay the response; True if the client connection may go on."""
+        assert self._loop is not None
+        target: Target = parsed.target
+        fields = wire.forward_headers(head, host_header(target, parsed.explicit_port))
+        try:
+            out = wire.serialize_request_head(
+                head.method, parsed.path, fields, version=head.version
+            )
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise _Refused(
+                "bad_request", f"cannot forward request: {exc}", "error", status=400
+            ) from None
+        upstream.write(out)
+        body = _framer(head.framing, 400)
+        req_done = conn.side.start_relay(upstream, body) if body is not None else None
+        if req_done is not None:
+            # a malformed or truncated request body ends the exchange at once
+            req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
+        try:
+            resp = await self._read_response(conn, head, upstream)
+        except _Refused:
+            if req_done is not None and req_done.done() and not _settle(req_done):
+                body_exc = req_done.exception() if not req_done.cancelled() else None
+                if isinstance(body_exc, RelayEnded) and body_exc.reason == "protocol":
+                    raise _Refused("bad_request", f"malformed request body: {body_exc}", "error",
+                                   status=400) from None  # fmt: skip
+                raise _Refused("bad_request", "client closed inside the request body", "error",
+                               status=400) from None  # fmt: skip
+            if req_done is not None:
+                _settle(req_done)
+            raise
+        event["status"] = resp.status
+        keep = head.keep_alive and resp.keep_alive and not self._closing
+        extra: list[tuple[str, str]] = []
+        headers = wire.forward_response_headers(resp)
+        if not keep:
+            extra.append(("Connection", "close"))
+        elif head.version == "HTTP/1.0":
+            extra.append(("Connection", "keep-alive"))
+        conn.side.write(wire.serialize_response_head(resp.status, resp.reason, [*headers, *extra]))
+        framer = _framer(resp.framing, 502)
+        ok = True
+        if resp.framing.kind == "close":
+            with contextlib.suppress(RelayEnded):
+                await upstream.start_relay(conn.side, None)
+            keep = False
+        elif framer is not None:
+            try:
+                await upstream.start_relay(conn.side, framer)
+            except RelayEnded as exc:
+                ok, keep = False, False
+                event["end"] = f"upstream_{exc.reason}"
+        if req_done is not None:
+            if not req_done.done():
+                keep = False  # the upstream answered before the body ended: stop both
+                conn.side.close()
+            ok = _settle(req_done) and ok
+            if not ok:
+                keep = False
+        event["bytes_up"] = conn.side.bytes_relayed
+        event["bytes_down"] = upstream.bytes_relayed
+        conn.side.bytes_relayed = 0
+        upstream.bytes_relayed = 0
+        event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
+        self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, resp.status)  # type: ignore[arg-type]
+        if ok and resp.keep_alive and (req_done is None or req_done.done()):
+            self._release(upstream, str(event["addr"]), target.port)
+        else:
+            upstream.close()
+        return keep
+
+    async def _read_response(
+        self, conn: _Conn, head: wire.RequestHead, upstream: Side
+    ) -> wire.ResponseHead:
+        while True:
+            try:
+                parsed = wire.parse_response_head(upstream.buf, request_method=head.method)
+            except ProtocolError as exc:
+                raise _Refused("upstream_error", f"malformed response: {exc}", "error",
+                               status=502) from None  # fmt: skip
+            if parsed is not None:
+                resp, used = parsed
+                if 100 <= resp.status < 200 and resp.status != 101:
+                    conn.side.write(bytes(upstream.buf[:used]))
+                    upstream.consume(used)
+                    continue
+                upstream.consume(used)
+                if resp.status == 101:
+                    raise _Refused("upstream_error", "upstream switched protocols (Upgrade is "
+                                   "not forwarded)", "error", status=502)  # fmt: skip
+                return resp
+            if not await upstream.read_more():
+                raise _Refused("upstream_error", "upstream closed before a response", "error",
+                               status=502)  # fmt: skip
+
+    # --- answers and audit ----------------------------------------------------------------
+    def _answer(
+        self, conn: _Conn, event: dict[str, object], refused: _Refused, t0: float,
+        close: bool = True,
+    ) -> None:  # fmt: skip
+        """Write the refusal (unless the tunnel is already open) and audit it."""
+        assert self._loop is not None
+        status: int | None
+        if event.get("status") == 200 and event["method"] == "CONNECT":
+            status = 200  # refused after the tunnel opened (SNI): close, nothing to say
+        else:
+            status, data = error_response(refused.reason, refused.detail, status=refused.status,
+                                          close=close)  # fmt: skip
+            conn.side.write(data)
+        event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
+        self._emit(event, refused.decision, refused.reason, refused.rule, refused.detail, status)
+
+    def _event(
+        self, conn: _Conn, method: str, scheme: str, host: str, port: int
+    ) -> dict[str, object]:
+        return {"client": conn.client, "method": method, "scheme": scheme, "host": host,
+                "port": port}  # fmt: skip
+
+    def _emit(
+        self, event: dict[str, object], decision: str, reason: str, rule: str | None,
+        detail: str | None, status: int | None,
+    ) -> None:  # fmt: skip
+        event["decision"] = decision
+        event["reason"] = reason
+        event["rule"] = rule
+        if status is not None:
+            event["status"] = status
+        if detail is not None:
+            event["detail"] = detail
+        if self.audit is not None:
+            self.audit.record(event)
+        for hook in self.hooks:
+            hook(event)
+
+
+class _ClientSide(Side):
+    proxy: EgressProxy
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.proxy._accepted(self)
+
+
+def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:
+    if framing.kind == "length":
+        return LengthFramer(framing.length) if framing.length else None
+    if framing.kind == "chunked":
+        return wire.ChunkedScanner(error_status=status)
+    return None
+
+
+def _abort_on_error(fut: asyncio.Future[None], upstream: Side) -> None:
+    if fut.cancelled() or fut.exception() is not None:
+        upstream.abort()
+
+
+def _settle(fut: asyncio.Future[None]) -> bool:
+    """True if a relay future ended cleanly; marks its exception retrieved either way."""
+    if not fut.done():
+        fut.cancel()
+        return False
+    if fut.cancelled():
+        return False
+    return fut.exception() is None
+
+
+def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
+    """`eof` for a clean end both ways, else the first direction's failure reason."""
+    reasons = []
+    for fut in (up, down):
+        if not fut.done():
+            fut.cancel()
+        elif not fut.cancelled():
+            exc = fut.exception()  # also marks it retrieved
+            if isinstance(exc, RelayEnded):
+                reasons.append(exc.reason)
+    return reasons[0] if reasons else "eof"
+
+
+def _form_error(target: str) -> str:
+    if target.startswith("/"):
+        return "origin-form request: this is a forward proxy, send absolute-form (http://host/)"
+    if target == "*":
+        return "asterisk-form request is not supported by a forward proxy"
+    if target.lower().startswith("https://"):
+        return "absolute-form https:// request: use CONNECT for TLS"
+    return f"unsupported request target {target[:100]!r}"
+
+
+def _fmt_addr(peer: object) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return "unknown"
+
+
+__all__ = ["AuditSink", "EgressProxy", "Limits", "parse_listen"]

@@ -1,0 +1,207 @@
+"""`egress serve` as a process, the threaded runner, and listening inside a namespace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from egress import AuditLog, EgressProxy, Policy, ProxyThread
+
+import harness
+from servers import echo, run, start_origin, start_tcp
+
+pytestmark = pytest.mark.netns
+
+
+async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "egress.cli",
+        "serve",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    lines = []
+    listens = sum(1 for a in args if a == "--listen")
+    for _ in range(listens):
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
+        lines.append(line)
+    return proc, lines
+
+
+def audit_lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+async def test_serve_with_curl_and_sigterm_leaves_complete_audit(
+    test_host: harness.TestHost, tmp_path: Path
+) -> None:
+    origin = await start_origin(test_host, 80)
+    echo_srv = await start_tcp(test_host, 7000, echo)
+    log = tmp_path / "audit.jsonl"
+    proc, lines = await start_serve(
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.1:0",
+        "--allow",
+        "example.test",
+        "--allow",
+        "example.test:7000",
+        "--resolve",
+        f"example.test={test_host.addr_ns}",
+        "--audit-log",
+        str(log),
+    )
+    try:
+        assert len(lines) == 2
+        assert all(line.startswith("listening on 127.0.0.1:") for line in lines)
+        url = "http://" + lines[1].removeprefix("listening on ")
+        rc, out, err = await run(
+            "curl", "-sS", "--max-time", "5", "-x", url, "http://example.test/hi"
+        )
+        assert rc == 0, err
+        assert json.loads(out)["host"] == "example.test"
+        rc, out, _ = await run(
+            "curl", "-sS", "-i", "--max-time", "5", "-x", url, "http://other.test/"
+        )
+        assert " 403 " in out.splitlines()[0]
+        # an open tunnel at SIGTERM time is closed within the grace period and logged
+        host, port = lines[0].removeprefix("listening on ").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"CONNECT example.test:7000 HTTP/1.1\r\n\r\nping")
+        await writer.drain()
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        assert await reader.readexactly(4) == b"ping"
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        writer.close()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        echo_srv.close()
+        await origin.close()
+    records = audit_lines(log)
+    assert records[0]["type"] == "start"
+    assert records[-1]["type"] == "end"
+    requests = [r for r in records if r.get("type") is None or r.get("type") == "request"]
+    assert [(r["method"], r["decision"]) for r in requests] == [
+        ("GET", "allow"),
+        ("GET", "block"),
+        ("CONNECT", "allow"),
+    ]
+    tunnel = requests[2]
+    assert tunnel["bytes_up"] == 4
+    assert tunnel["bytes_down"] == 4
+    for r in requests:
+        for key in (
+            "ts",
+            "client",
+            "method",
+            "scheme",
+            "host",
+            "port",
+            "decision",
+            "reason",
+            "rule",
+        ):
+            assert key in r
+    rc, out, err = await run(sys.executable, "-m", "egress.cli", "audit", "verify", str(log))
+    assert rc == 0, out + err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--listen", "nope"], "--listen"),
+        (["--allow", "a[b]"], "'['"),
+        (["--listen", "127.0.0.1:0", "--max-connections", "0"], "max-connections"),
+    ],
+)
+async def test_serve_bad_input_exits_2(args: list[str], needle: str) -> None:
+    rc, _, err = await run(sys.executable, "-m", "egress.cli", "serve", *args)
+    assert rc == 2
+    assert needle in err
+    assert "Traceback" not in err
+
+
+async def test_proxy_thread_for_sync_callers(test_host: harness.TestHost) -> None:
+    origin = await start_origin(test_host, 80)
+    try:
+
+        def sync_part() -> str:
+            with ProxyThread(lambda: EgressProxy(Policy(allow=[test_host.addr_ns]))) as proxy:
+                import subprocess
+
+                return subprocess.run(
+                    [
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "5",
+                        "-x",
+                        proxy.url,
+                        f"http://{test_host.addr_ns}/sync",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout
+
+        # the origin is served by this loop, so the synchronous caller runs in a thread
+        out = await asyncio.to_thread(sync_part)
+        assert json.loads(out)["path"] == "/sync"
+    finally:
+        await origin.close()
+
+
+async def test_listen_inside_sandbox_namespace(test_host_factory: object, tmp_path: Path) -> None:
+    sandbox = test_host_factory()  # type: ignore[operator]
+    upstream = test_host_factory()  # type: ignore[operator]
+    origin = await start_origin(upstream, 80)
+    log = tmp_path / "a.jsonl"
+    try:
+        async with (
+            AuditLog(str(log)) as audit,
+            EgressProxy(
+                Policy(allow=[upstream.addr_ns]),
+                listen=["127.0.0.1:3128"],
+                listen_netns=sandbox.ns,
+                audit=audit,
+            ) as proxy,
+        ):
+            assert proxy.url == "http://127.0.0.1:3128"
+            # the sandbox reaches the proxy on its own loopback; the host has no such port
+            rc, out, err = await run(
+                "ip",
+                "netns",
+                "exec",
+                sandbox.ns,
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                "-x",
+                proxy.url,
+                f"http://{upstream.addr_ns}/from-sandbox",
+            )
+            assert rc == 0, err
+            assert json.loads(out)["path"] == "/from-sandbox"
+            rc, _, _ = await run(
+                "curl", "-sS", "--max-time", "2", "-x", proxy.url, f"http://{upstream.addr_ns}/"
+            )
+            assert rc != 0
+        records = audit_lines(log)
+        assert any(r.get("path") == "/from-sandbox" for r in records)
+        assert records[-1]["type"] == "end"
+    finally:
+        await origin.close()

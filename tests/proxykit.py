@@ -1,0 +1,62 @@
+"""Helpers for proxy tests: an in-memory audit sink and raw-socket clients."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+
+@dataclass
+class MemoryAudit:
+    """Collects audit events; `accepting` can be flipped to test fail-closed paths."""
+
+    events: list[dict[str, object]] = field(default_factory=list)
+    accepting: bool = True
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def record(self, event: dict[str, object]) -> None:
+        self.events.append(dict(event))
+        self.changed.set()
+
+    def find(self, **want: object) -> list[dict[str, object]]:
+        return [e for e in self.events if all(e.get(k) == v for k, v in want.items())]
+
+    async def wait_for(self, timeout: float = 5.0, **want: object) -> dict[str, object]:
+        """The first event with these fields, waiting (event-driven) up to `timeout`."""
+        async with asyncio.timeout(timeout):
+            while True:
+                found = self.find(**want)
+                if found:
+                    return found[0]
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def raw_exchange(
+    host: str, port: int, data: bytes, *, read_until_close: bool = True, timeout: float = 5.0
+) -> bytes:
+    """Send `data` on a fresh TCP connection and read the answer (until close)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(timeout):
+            if read_until_close:
+                return await reader.read(-1)
+            return await reader.read(65536)
+    finally:
+        writer.close()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP/1.1 response with a Content-Length body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body

@@ -1,0 +1,382 @@
+"""AuditLog, the writer the proxy calls: records, chain, rotation, hooks, failure modes."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from egress.audit import AuditLog
+from egress.auditfmt import GENESIS, ChainVerifier, line_hash
+
+EVENT: dict[str, object] = {
+    "client": "198.18.0.2:41000", "method": "CONNECT", "scheme": "https",
+    "host": "pypi.org", "port": 443, "decision": "allow", "reason": "allow_rule",
+    "rule": "pypi.org",
+}
+TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def read_records(path: Path) -> list[dict[str, object]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as stream:
+        return [json.loads(line) for line in stream]
+
+
+def verify(*paths: Path, live: bool = False) -> list[str]:
+    verifier = ChainVerifier(live=live)
+    for path in paths:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as stream:
+            for number, raw in enumerate(stream, 1):
+                verifier.feed(f"{path.name}:{number}", raw.rstrip(b"\n"),
+                              complete=raw.endswith(b"\n"))
+    return [str(p) for p in verifier.finish().problems]
+
+
+async def wait_for(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_run_has_start_requests_and_end(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        for _ in range(3):
+            log.record(EVENT)
+    records = read_records(path)
+    assert [r.get("type") for r in records] == ["start", None, None, None, "end"]
+    start, end = records[0], records[-1]
+    assert start["run"] == end["run"] == log.run_id
+    assert start["prev"] == GENESIS
+    assert start["seq"] == 0
+    assert end["lines"] == end["seq"] == 4
+    assert end["requests"] == 3
+    assert [r["seq"] for r in records] == [0, 1, 2, 3, 4]
+    assert log.lines_written == 5
+    assert log.write_errors == 0
+    assert verify(path) == []
+    assert log.head == line_hash(path.read_bytes().splitlines()[-1])
+
+
+async def test_record_adds_ts_and_keeps_a_given_one(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        log.record(EVENT)
+        log.record({**EVENT, "ts": "2026-01-02T03:04:05.006Z"})
+    first, second = read_records(path)[1:3]
+    assert isinstance(first["ts"], str)
+    assert TS.match(first["ts"])
+    assert second["ts"] == "2026-01-02T03:04:05.006Z"
+    assert list(first)[:2] == ["ts", "client"]  # ts first, then the event's own order
+    assert list(first)[-2:] == ["seq", "prev"]
+
+
+async def test_lines_are_compact_ascii_json(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        log.record({**EVENT, "detail": "bücher \u2028 \"quoted\"\nnewline"})
+    raw = path.read_bytes().splitlines()[1]
+    assert raw.isascii()
+    assert b", " not in raw
+    assert json.loads(raw)["detail"] == "bücher \u2028 \"quoted\"\nnewline"
+
+
+async def test_odd_values_never_raise(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        log.record({**EVENT, "addr": Path("/x"), "duration_ms": float("nan")})
+        log.record({**EVENT, "bytes_up": 2**70, "nested": {"a": [1, (2, 3)]}})
+    odd, nested = read_records(path)[1:3]
+    assert odd["addr"] == "/x"
+    assert odd["duration_ms"] is None
+    assert nested["nested"] == {"a": [1, [2, 3]]}
+    assert verify(path) == []
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"path": "/a/b?token=s3cret&x=1"}, {"path": "/a/b?REDACTED"}),
+        ({"path": "/plain"}, {"path": "/plain"}),
+        ({"url": "http://user:pw@h.example/p?q=1"}, {"url": "http://h.example/p?REDACTED"}),
+        ({"Proxy-Authorization": "Basic eDp5"}, {}),
+        ({"authorization": "Bearer x", "cookie": "a=b", "Set-Cookie": "c"}, {}),
+        ({"token": "t", "client_token": "t", "api_key": "k", "password": "p"}, {}),
+        ({"seq": 99, "prev": "forged"}, {}),
+    ],
+    ids=["query", "no-query", "url-userinfo", "proxy-authorization", "auth-cookie",
+         "token-like", "chain-fields"],
+)
+async def test_redaction(tmp_path: Path, event: dict[str, object],
+                         expected: dict[str, object]) -> None:
+    path = tmp_path / "audit.jsonl"
+    seen: list[dict[str, object]] = []
+    async with AuditLog(str(path)) as log:
+        log.add_hook(seen.append)
+        log.record({**EVENT, **event})
+    written = read_records(path)[1]
+    for record in (written, seen[0]):
+        extra = {k: v for k, v in record.items()
+                 if k not in EVENT and k not in ("ts", "seq", "prev")}
+        assert extra == expected
+    assert written["seq"] == 1
+    raw = path.read_text()
+    for secret in ("s3cret", "eDp5", "Bearer", "pw@", "forged"):
+        assert secret not in raw
+
+
+async def test_keep_query(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path), keep_query=True) as log:
+        log.record({**EVENT, "path": "/a?x=1", "cookie": "still dropped"})
+    record = read_records(path)[1]
+    assert record["path"] == "/a?x=1"
+    assert "cookie" not in record
+
+
+async def test_record_does_not_mutate_the_callers_dict(tmp_path: Path) -> None:
+    event = {**EVENT, "path": "/a?b", "cookie": "c"}
+    async with AuditLog(str(tmp_path / "audit.jsonl")) as log:
+        log.record(event)
+    assert event == {**EVENT, "path": "/a?b", "cookie": "c"}
+
+
+async def test_appending_a_second_run_links_to_the_first(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    for _ in range(2):
+        async with AuditLog(str(path)) as log:
+            log.record(EVENT)
+    lines = path.read_bytes().splitlines()
+    second_start = json.loads(lines[3])
+    assert second_start["type"] == "start"
+    assert second_start["prev"] == line_hash(lines[2])
+    assert verify(path) == []
+
+
+async def test_a_crashed_runs_half_line_is_ended_not_glued(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        log.record(EVENT)
+    with path.open("ab") as stream:
+        stream.write(b'{"ts":"2026-')  # a crash in the middle of a line
+    async with AuditLog(str(path)) as log:
+        log.record(EVENT)
+    lines = path.read_bytes().splitlines()
+    assert lines[3] == b'{"ts":"2026-'
+    assert json.loads(lines[4])["type"] == "start"
+    problems = verify(path)
+    assert len(problems) == 1
+    assert "audit.jsonl:4" in problems[0]
+
+
+async def test_rotation_keeps_the_chain_across_files(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path), rotate_bytes=2000) as log:
+        for index in range(60):
+            log.record({**EVENT, "port": index})
+            if index % 7 == 0:
+                await log.flush()
+    rotated = sorted(tmp_path.glob("audit.jsonl.*.gz"),
+                     key=lambda p: -int(p.name.split(".")[2]))
+    assert len(rotated) >= 3
+    files = [*rotated, path]
+    for file in files:
+        assert file.stat().st_size <= 2000
+    assert verify(*files) == []
+    records = [r for file in files for r in read_records(file)]
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    assert [r["port"] for r in records if r.get("type") is None] == list(range(60))
+    for file in files[1:]:
+        assert read_records(file)[0]["type"] == "rotate"
+    # A missing middle file is a gap; the files out of order is a broken chain.
+    assert any("missing" in p for p in verify(*files[:1], *files[2:]))
+    assert verify(files[1], files[0], *files[2:]) != []
+
+
+async def test_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    async with AuditLog("-") as log:
+        log.record(EVENT)
+    lines = capfd.readouterr().out.splitlines()
+    assert [json.loads(line).get("type") for line in lines] == ["start", None, "end"]
+
+
+async def test_no_file_still_feeds_hooks_and_events() -> None:
+    log = AuditLog(None)
+    seen: list[dict[str, object]] = []
+    async_seen: list[dict[str, object]] = []
+
+    async def async_hook(event: dict[str, object]) -> None:
+        await asyncio.sleep(0)
+        async_seen.append(event)
+
+    log.add_hook(seen.append)
+    log.add_hook(async_hook)
+    async with log:
+        stream = log.events()
+        log.record(EVENT)
+        log.record({**EVENT, "host": "b.example"})
+        first = await anext(stream)
+        second = await anext(stream)
+    assert [e["host"] for e in (first, second)] == ["pypi.org", "b.example"]
+    assert [e["host"] for e in seen] == ["pypi.org", "b.example"]
+    assert [e["host"] for e in async_seen] == ["pypi.org", "b.example"]
+    assert log.lines_written == 0
+    assert [e async for e in stream] == []  # ends at aclose()
+
+
+async def test_events_drops_oldest_for_a_slow_consumer(tmp_path: Path) -> None:
+    async with AuditLog(None, events_maxlen=3) as log:
+        stream = log.events()
+        for port in range(10):
+            log.record({**EVENT, "port": port})
+        assert log.events_dropped == 7
+        got = [(await anext(stream))["port"] for _ in range(3)]
+    assert got == [7, 8, 9]
+
+
+async def test_failing_hooks_are_counted_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    def bad(event: dict[str, object]) -> None:
+        raise RuntimeError("boom")
+
+    async def bad_async(event: dict[str, object]) -> None:
+        raise RuntimeError("async boom")
+
+    with caplog.at_level(logging.ERROR, logger="egress.audit"):
+        async with AuditLog(None) as log:
+            log.add_hook(bad)
+            log.add_hook(bad_async)
+            log.record(EVENT)
+            await asyncio.sleep(0.01)
+    assert log.hook_errors == 2
+    assert "audit hook failed" in caplog.text
+
+
+async def test_record_after_close_is_counted(tmp_path: Path) -> None:
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    async with log:
+        pass
+    log.record(EVENT)
+    assert log.lines_dropped == 1
+
+
+async def test_start_raises_when_the_file_cannot_be_opened(tmp_path: Path) -> None:
+    log = AuditLog(str(tmp_path / "missing-dir" / "audit.jsonl"))
+    with pytest.raises(OSError, match="No such file"):
+        await log.start()
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError, match="fail_mode"):
+        AuditLog(None, fail_mode="maybe")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rotate_bytes"):
+        AuditLog(None, rotate_bytes=0)
+
+
+# ---- an unwritable log: /dev/full, a removed directory -------------------------------------
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+async def test_dev_full_is_reported_counted_and_follows_fail_mode(
+        fail_mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with caplog.at_level(logging.ERROR, logger="egress.audit"):
+        log = AuditLog("/dev/full", fail_mode=fail_mode,  # type: ignore[arg-type]
+                       retry_interval=0.05, close_timeout=0.2)
+        await log.start()
+        log.record(EVENT)
+        await log.flush()
+        assert log.write_errors >= 1
+        assert not log.writable
+        assert log.accepting is (fail_mode == "open")
+        log.record(EVENT)  # still never raises or blocks
+        await log.aclose()
+    assert "cannot write audit log /dev/full" in caplog.text
+    assert ("refusing new connections" if fail_mode == "closed" else "still serving") \
+        in caplog.text
+    assert log.lines_written == 0
+    assert log.lines_dropped == 4  # start, 2 requests, end: none could be written
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+async def test_removed_directory_then_recovery(tmp_path: Path, fail_mode: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    path = directory / "audit.jsonl"
+    with caplog.at_level(logging.WARNING, logger="egress.audit"):
+        async with AuditLog(str(path), fail_mode=fail_mode,  # type: ignore[arg-type]
+                            retry_interval=0.02) as log:
+            log.record(EVENT)
+            await log.flush()
+            assert log.accepting
+            shutil.rmtree(directory)
+            log.record({**EVENT, "host": "during.example"})
+            await log.flush()
+            assert log.write_errors >= 1
+            assert log.accepting is (fail_mode == "open")
+            directory.mkdir()  # the operator fixes it; the writer retries by itself
+            await wait_for(lambda: log.writable)
+            assert log.accepting
+            log.record({**EVENT, "host": "after.example"})
+    assert "removed or replaced" in caplog.text
+    assert "writable again" in caplog.text
+    hosts = [r.get("host") for r in read_records(path)]
+    assert hosts == ["during.example", "after.example", None]  # nothing queued was lost
+    assert log.lines_dropped == 0
+    problems = verify(path)
+    assert problems  # the reviewer sees that the start of the run went with the directory
+    assert "does not begin with a start record" in problems[0]
+
+
+async def test_closed_mode_notices_a_removed_directory_while_idle(tmp_path: Path) -> None:
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    async with AuditLog(str(directory / "audit.jsonl"), fail_mode="closed",
+                        retry_interval=0.02) as log:
+        await log.flush()
+        shutil.rmtree(directory)
+        await wait_for(lambda: not log.accepting)
+        directory.mkdir()
+        await wait_for(lambda: log.accepting)
+
+
+async def test_backlog_overflow_loses_lines_visibly(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(str(path), max_backlog=5)
+    for port in range(8):  # before start(): nothing drains the queue yet
+        log.record({**EVENT, "port": port})
+    async with log:
+        pass
+    records = read_records(path)
+    assert [r.get("port") for r in records if r.get("type") is None] == [0, 1, 2, 3, 4]
+    loss = [r for r in records if r.get("type") == "loss"]
+    assert loss[0]["lost"] == 3
+    assert log.lines_dropped == 3
+    problems = verify(path)
+    assert len(problems) == 1
+    assert "3 line(s) missing" in problems[0]
+
+
+async def test_hot_path_cost(tmp_path: Path) -> None:
+    """record() stays cheap: a loose bound here (shared CI machines); the docs give numbers."""
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    event = {**EVENT, "addr": "198.18.7.10", "status": 200, "bytes_up": 2210,
+             "bytes_down": 181000, "duration_ms": 840.5, "client_id": "task-7"}
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(2000):
+            log.record(event)
+        best = min(best, (time.perf_counter() - started) / 2000)
+    assert best < 50e-6
