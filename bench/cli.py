@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import extras, measure, procfs, report
+from bench import extras, measure, procfs, profiling, report
 from bench import proxies as px
 from bench import rules as rulesmod
 
@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quiet-budget", type=float, help="seconds to wait for a quiet machine (default 180)"
     )
+    p.add_argument("--profile", action="store_true", help="py-spy flame graphs (bench/profile.md)")
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
     p.add_argument("--docs", action="store_true", help="write docs/bench/ even for a partial run")
     args = p.parse_args(argv)
@@ -110,7 +111,35 @@ def measure_target(
             )
         if pid:
             rec["peak_rss_mb"], rec["peak_pss_mb"] = mem.max_rss, mem.max_pss
+    if args.profile and pid and args.rep == 0:
+        rec["profiles"] = profile_target(run.name, pid, target, origin, loadgen, args)
     return rec
+
+
+def profile_target(
+    name: str,
+    pid: int,
+    target: measure.Target,
+    origin: measure.Origin,
+    loadgen: Path,
+    args: argparse.Namespace,
+) -> list[str]:
+    """Extra, unrecorded runs under py-spy: HTTP c64, tunnels c16, bulk through 1 tunnel."""
+    loads = {
+        "http-c64": lambda: measure.run_wrk(target, origin, 64, args.seconds, args.workdir),
+        "tunnels-c16": lambda: measure.run_tunnels(
+            loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds
+        ),
+        "bulk-1": lambda: measure.run_bulk(loadgen, target, origin, 1, 4 * args.bulk_bytes),
+    }
+    written = []
+    for what, load in loads.items():
+        out = measure.OUT / f"profile-{name}-{what}.svg"
+        with profiling.recording(pid, args.seconds, out) as path:
+            load()
+        if path and path.exists():
+            written.append(str(path))
+    return written
 
 
 def costed(
@@ -259,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for name in order:
                 print(f"bench: rep {rep + 1}/{args.reps} {name} ...", file=sys.stderr, flush=True)
+                args.rep = rep
                 rec = run_one(name, origin, loadgen, args)
                 rec["rep"] = rep
                 runs.append(rec)
