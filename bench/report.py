@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import anchors
 from bench.measure import OUT
 from bench.proxies import SUBJECT
 
@@ -163,6 +164,37 @@ def ratio_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def anchors_table(result: dict[str, Any]) -> list[str]:
+    """SUBJECT's medians against the anchor bars (bench/anchors.py): met or not."""
+    mine = result["summary"].get(SUBJECT)
+    if not mine:
+        return []
+    lines = [
+        f"| metric | {SUBJECT} | bar: any peer | per-request peer | Python peer "
+        "| direct then / now |",
+        "|---|---|---|---|---|---|",
+    ]
+    direct = result["summary"].get("direct", {})
+    for m in METRICS:
+        bars = anchors.BARS.get(m.key)
+        s = mine.get(m.key)
+        if bars is None or s is None:
+            continue
+        v = s["median"]
+
+        def mark(bar: float, v: float = v, m: Metric = m) -> str:
+            ok = v >= bar if m.higher_is_better else v <= bar
+            return f"{fmt(bar)} {'✓' if ok else '✗'}"
+
+        now = direct.get(m.key)
+        then = fmt(bars[3]) if bars[3] is not None else "–"
+        lines.append(
+            f"| {m.label} | {fmt(v)} | {mark(bars[0])} | {mark(bars[1])} | {mark(bars[2])} | "
+            f"{then} / {fmt(now['median']) if now else '–'} |"
+        )
+    return lines
+
+
 def _flow_ratios(run: Run) -> list[tuple[str, float, bool]]:
     out = [(f"c{c}", r["origin_ratio"], r["ratio_ok"]) for c, r in run.get("http", {}).items()]
     if "tunnels" in run:
@@ -299,6 +331,14 @@ def markdown(result: dict[str, Any]) -> str:
     ratios = ratio_table(result)
     if ratios:
         parts += ["### Ratios (medians of the same run)", "", *ratios, ""]
+    bars = anchors_table(result)
+    if bars:
+        parts += [
+            "### Against the anchor bars (measured earlier, elsewhere: indicative)",
+            "",
+            *bars,
+            "",
+        ]
     parts += ["### Checks", "", *checks_table(result)]
     parts += extras_lines(result.get("extras", {}))
     return "\n".join(parts) + "\n"
