@@ -35,7 +35,12 @@ NOISE_LIMIT = 0.05  # other work taking over 5% of the proxy's core flags the me
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="a 1-2 minute smoke run")
-    p.add_argument("--only", action="append", metavar="NAME", help=f"of {', '.join(px.TARGETS)}")
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help=f"of {', '.join([*px.TARGETS, *px.EXTRA_TARGETS])} (repeatable)",
+    )
     p.add_argument("--reps", type=int, help="repetitions (default 3; --quick 1)")
     p.add_argument("--seconds", type=int, help="per wrk/tunnel run (default 3; --quick 1)")
     p.add_argument("--bulk-bytes", type=int, help="per bulk run (default 1 GiB; --quick 128 MiB)")
@@ -43,10 +48,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rules", type=int, default=rulesmod.DEFAULT_ALLOW, help="allow rules")
     p.add_argument("--retries", type=int, default=2, help="re-runs of a noisy measurement")
     p.add_argument(
-        "--retry-budget", type=float, help="seconds for all re-runs (default 150; --quick 20)"
+        "--retry-budget", type=float, help="seconds for all re-runs (default 120; --quick 15)"
     )
     p.add_argument(
-        "--quiet-budget", type=float, help="seconds to wait for a quiet machine (default 180)"
+        "--quiet-budget", type=float, help="seconds to wait for a quiet machine (default 90)"
     )
     p.add_argument("--profile", action="store_true", help="py-spy flame graphs (bench/profile.md)")
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
@@ -55,16 +60,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.reps = args.reps or (1 if args.quick else 3)
     args.seconds = args.seconds or (1 if args.quick else 3)
     args.retry_budget = (
-        args.retry_budget if args.retry_budget is not None else (20.0 if args.quick else 150.0)
+        args.retry_budget if args.retry_budget is not None else (15.0 if args.quick else 120.0)
     )
     args.quiet_budget = (
-        args.quiet_budget if args.quiet_budget is not None else (30.0 if args.quick else 180.0)
+        args.quiet_budget if args.quiet_budget is not None else (15.0 if args.quick else 90.0)
     )
     args.bulk_bytes = args.bulk_bytes or ((128 << 20) if args.quick else GIB)
-    unknown = set(args.only or ()) - set(px.TARGETS)
+    known = {**px.TARGETS, **px.EXTRA_TARGETS}
+    unknown = set(args.only or ()) - set(known)
     if unknown:
-        p.error(f"unknown target {', '.join(sorted(unknown))}; known: {', '.join(px.TARGETS)}")
-    args.targets = [t for t in px.TARGETS if not args.only or t in args.only]
+        p.error(f"unknown target {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    args.targets = [t for t in known if (t in args.only if args.only else t in px.TARGETS)]
     return args
 
 
@@ -180,7 +186,7 @@ class RetryBudget:
 
 RETRY_BUDGET = RetryBudget()
 RETRY_PAUSE_S = 2.0
-QUIET_WAIT_MAX_S = 30.0  # per target: wait this long at most for other work to pass
+QUIET_WAIT_MAX_S = 15.0  # per target: wait this long at most for other work to pass
 
 
 class Cost:
@@ -230,7 +236,7 @@ def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Nam
     args.quiet_budget -= waited
     started = time.monotonic()
     try:
-        run = px.TARGETS[name](env)
+        run = {**px.TARGETS, **px.EXTRA_TARGETS}[name](env)
     except px.StartError as exc:
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
         return {"target": name, "skipped": str(exc)}

@@ -184,22 +184,32 @@ def framework_routes(env: Env) -> list[str]:
 
 
 def start_egress(env: Env) -> Running:
+    """The production shape: the generated policy file and the audit log to a file."""
+    policy = env.workdir / "policy.toml"
+    policy.write_text(rulesmod.egress_toml(env.rules))
+    extra = ["--policy", str(policy), "--audit-log", str(env.workdir / "audit.jsonl")]
+    return _start_egress(env, "egress", extra)
+
+
+def start_egress_bare(env: Env) -> Running:
+    """Only the framework routes: no rules, no audit log (what policy and audit cost)."""
+    return _start_egress(env, "egress-bare", [])
+
+
+def _start_egress(env: Env, name: str, extra: list[str]) -> Running:
     exe = egress_command()
     if exe is None:
         raise StartError("`egress serve` is not available in this checkout yet")
-    policy = env.workdir / "policy.toml"
-    policy.write_text(rulesmod.egress_toml(env.rules))
-    argv = [*exe, "serve", "--listen", f"{HOST}:0", "--policy", str(policy)]
-    argv += ["--audit-log", str(env.workdir / "audit.jsonl")]
+    argv = [*exe, "serve", "--listen", f"{HOST}:0", *extra]
     for route in framework_routes(env):
         argv += ["--framework-route", route]
-    proc = launch(argv, env.workdir, "egress")
+    proc = launch(argv, env.workdir, name)
     with stop_on_error(proc):
-        port = wait_listening_line(proc, env.workdir / "egress.out")
+        port = wait_listening_line(proc, env.workdir / f"{name}.out")
     git = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
-    return Running("egress", port, proc, version=f"egress-netcut@{git.stdout.strip()}")
+    return Running(name, port, proc, version=f"egress-netcut@{git.stdout.strip()}")
 
 
 # --- tinyproxy -------------------------------------------------------------------------
@@ -338,4 +348,6 @@ TARGETS: dict[str, Launcher] = {
     "squid": start_squid,
     "pproxy": start_pproxy,
 }
+# Measured only when asked for by name (--only egress-bare).
+EXTRA_TARGETS: dict[str, Launcher] = {"egress-bare": start_egress_bare}
 SUBJECT = "egress"  # the proxy the ratios are about

@@ -452,4 +452,25 @@ def write_all(result: dict[str, Any], started: dt.datetime, docs: bool) -> list[
         (DOCS / "results.json").write_text(text)
         (DOCS / "results.md").write_text(md)
         paths += [DOCS / "results.json", DOCS / "results.md", *plots(result, DOCS)]
+        if embed_in_page(md):
+            paths.append(PAGE)
     return paths
+
+
+PAGE = DOCS.parent / "benchmarks.md"
+BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
+
+
+def embed_in_page(md: str) -> bool:
+    """Replace the results section of docs/benchmarks.md (between the markers)."""
+    try:
+        page = PAGE.read_text()
+    except OSError:
+        return False
+    if BEGIN not in page or END not in page:
+        return False
+    head, rest = page.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    body = md.replace("## Bench run", "### Bench run", 1).replace("\n### ", "\n#### ")
+    PAGE.write_text(f"{head}{BEGIN}\n{body}{END}{tail}")
+    return True
