@@ -241,8 +241,9 @@ def _noise(runs: list[Run]) -> list[str]:
         parts += [(f"bulk x{s}", b) for s, b in r.get("bulk", {}).items()]
         for name, m in parts:
             if m.get("noisy"):
-                pct = m["proxy_core_other_pct"]
-                out.append(f"rep {r['rep'] + 1} {name}: proxy core {pct}% busy with other work")
+                load, proxy = m["load_core_other_pct"], m["proxy_core_other_pct"]
+                where = f"load core {load}%" + (f", proxy core {proxy}%" if "cpu_s" in m else "")
+                out.append(f"rep {r['rep'] + 1} {name}: other work took {where}")
     return out
 
 
@@ -258,8 +259,8 @@ def noise_summary(result: dict[str, Any]) -> str:
     retried = sum(m.get("attempts", 1) - 1 for m in parts)
     waited = sum(r.get("quiet_wait_s", 0) for r in result["runs"])
     return (
-        f"Noise: {noisy} of {len(parts)} measurements kept with other work above 5% of the "
-        f"proxy's core (flagged under Checks); {retried} re-runs; {waited:.0f} s spent waiting "
+        f"Noise: {noisy} of {len(parts)} measurements kept with other work above 5% of a "
+        f"core (flagged under Checks); {retried} re-runs; {waited:.0f} s spent waiting "
         "for a quiet machine."
     )
 
