@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from . import wire
 from .addrs import AddressGuard
@@ -42,7 +42,6 @@ from .sni import parse_client_hello
 from .target import (
     IPAddress,
     Target,
-    canonical_ip,
     host_header,
     parse_authority,
     parse_ip_literal,
@@ -91,6 +90,17 @@ class _Conn:
     upstream: Side | None = None
     end: str | None = None
     task: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """An absolute-form request being forwarded: the head and what was judged and dialed."""
+
+    head: wire.RequestHead
+    target: Target
+    path: str
+    explicit_port: bool
+    addr: IPAddress
 
 
 class _Refused(Exception):
@@ -164,6 +174,7 @@ class EgressProxy:
         self._conns: set[_Conn] = set()
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
         self._cache: dict[tuple[int, str, str, int], Decision] = {}
+        self._targets: dict[str, tuple[Target, bool]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -564,24 +575,16 @@ class EgressProxy:
         event = self._event(conn, head.method, "http", "", 0)
         upstream: Side | None = None
         try:
-            if (
-                not head.target.startswith(("http://", "HTTP://", "Http://"))
-                or "://" not in head.target
-            ):
-                raise _Refused("bad_request", _form_error(head.target), "error", status=400)
-            try:
-                parsed = parse_url(head.target)
-            except TargetError as exc:
-                raise _Refused("bad_request", str(exc), "error", status=400) from None
-            target = parsed.target
-            event["host"], event["port"], event["path"] = target.host, target.port, parsed.path
+            target, path, explicit_port = self._absolute_target(head.target)
+            event["host"], event["port"], event["path"] = target.host, target.port, path
             identity = self._identify(conn, head)
             event["client_id"] = identity.client_id
             _, addrs = await self._authorize(identity, target, event)
-            upstream, addr, reused = await self._acquire(addrs, target.port)
+            upstream, addr = await self._acquire(addrs, target.port)
             conn.upstream = upstream
             event["addr"] = str(addr)
-            return await self._exchange(conn, head, parsed, upstream, reused, event, t0)
+            request = _Request(head, target, path, explicit_port, addr)
+            return await self._exchange(conn, request, upstream, event, t0)
         except _Refused as refused:
             if upstream is not None:
                 upstream.close()
@@ -598,45 +601,62 @@ class EgressProxy:
         finally:
             conn.upstream = None
 
-    async def _acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress, bool]:
+    def _absolute_target(self, raw: str) -> tuple[Target, str, bool]:
+        """Split an absolute-form target; the authority's `Target` is cached (it is pure)."""
+        if raw[:7].lower() != "http://":
+            raise _Refused("bad_request", _form_error(raw), "error", status=400)
+        end = len(raw)
+        for ch in "/?#":
+            pos = raw.find(ch, 7)
+            if 0 <= pos < end:
+                end = pos
+        authority, path = raw[7:end], raw[end:]
+        if "#" in path:
+            path = path.split("#", 1)[0]
+        if not path.startswith("/"):
+            path = "/" + path
+        cached = self._targets.get(authority)
+        if cached is None:
+            try:
+                parsed = parse_url("http://" + authority)
+            except TargetError as exc:
+                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            if len(self._targets) > 65536:
+                self._targets.clear()
+            cached = self._targets[authority] = (parsed.target, parsed.explicit_port)
+        return cached[0], path, cached[1]
+
+    async def _acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
+        """An idle pooled connection to one of the checked `addrs`, or a new one."""
         for addr in addrs:
             idle = self._pool.get((addr, port))
             while idle:
                 side = idle.pop()
-                if (
-                    not side.eof
-                    and not side.buf
-                    and side.transport is not None
-                    and not side.transport.is_closing()
-                ):
-                    return side, addr, True
+                t = side.transport
+                if not side.eof and not side.buf and t is not None and not t.is_closing():
+                    return side, addr
                 side.close()
-        side, addr = await self._dial(addrs, port)
-        return side, addr, False
+        return await self._dial(addrs, port)
 
-    def _release(self, upstream: Side, addr: str, port: int) -> None:
-        ip = parse_ip_literal(addr)
-        if ip is None or upstream.eof or upstream.buf or self._closing:
+    def _release(self, upstream: Side, ip: IPAddress, port: int) -> None:
+        if upstream.eof or upstream.buf or self._closing:
             upstream.close()
             return
-        idle = self._pool.setdefault((canonical_ip(ip), port), [])
+        idle = self._pool.setdefault((ip, port), [])
         if len(idle) >= self.limits.pool_per_key:
             upstream.close()
             return
         idle.append(upstream)
 
     async def _exchange(
-        self, conn: _Conn, head: wire.RequestHead, parsed: Any, upstream: Side, reused: bool,
-        event: dict[str, object], t0: float,
-    ) -> bool:  # fmt: skip
+        self, conn: _Conn, req: _Request, upstream: Side, event: dict[str, object], t0: float
+    ) -> bool:
         """Send the request, relay the response; True if the client connection may go on."""
         assert self._loop is not None
-        target: Target = parsed.target
-        fields = wire.forward_headers(head, host_header(target, parsed.explicit_port))
+        head = req.head
+        fields = wire.forward_headers(head, host_header(req.target, req.explicit_port))
         try:
-            out = wire.serialize_request_head(
-                head.method, parsed.path, fields, version=head.version
-            )
+            out = wire.serialize_request_head(head.method, req.path, fields, version=head.version)
         except (ValueError, UnicodeEncodeError) as exc:
             raise _Refused(
                 "bad_request", f"cannot forward request: {exc}", "error", status=400
@@ -650,55 +670,58 @@ class EgressProxy:
         try:
             resp = await self._read_response(conn, head, upstream)
         except _Refused:
-            if req_done is not None and req_done.done() and not _settle(req_done):
-                body_exc = req_done.exception() if not req_done.cancelled() else None
-                if isinstance(body_exc, RelayEnded) and body_exc.reason == "protocol":
-                    raise _Refused("bad_request", f"malformed request body: {body_exc}", "error",
-                                   status=400) from None  # fmt: skip
-                raise _Refused("bad_request", "client closed inside the request body", "error",
-                               status=400) from None  # fmt: skip
             if req_done is not None:
-                _settle(req_done)
+                _raise_body_error(req_done)
             raise
         event["status"] = resp.status
         keep = head.keep_alive and resp.keep_alive and not self._closing
-        extra: list[tuple[str, str]] = []
-        headers = wire.forward_response_headers(resp)
+        fields = wire.forward_response_headers(resp)
         if not keep:
-            extra.append(("Connection", "close"))
+            fields.append(("Connection", "close"))
         elif head.version == "HTTP/1.0":
-            extra.append(("Connection", "keep-alive"))
-        conn.side.write(wire.serialize_response_head(resp.status, resp.reason, [*headers, *extra]))
-        framer = _framer(resp.framing, 502)
-        ok = True
-        if resp.framing.kind == "close":
-            with contextlib.suppress(RelayEnded):
-                await upstream.start_relay(conn.side, None)
-            keep = False
-        elif framer is not None:
-            try:
-                await upstream.start_relay(conn.side, framer)
-            except RelayEnded as exc:
-                ok, keep = False, False
-                event["end"] = f"upstream_{exc.reason}"
+            fields.append(("Connection", "keep-alive"))
+        out = wire.serialize_response_head(resp.status, resp.reason, fields)
+        ok = await self._relay_response(conn, resp, upstream, out, event)
         if req_done is not None:
             if not req_done.done():
-                keep = False  # the upstream answered before the body ended: stop both
-                conn.side.close()
+                conn.side.close()  # the upstream answered before the body ended: stop both
             ok = _settle(req_done) and ok
-            if not ok:
-                keep = False
+        keep = keep and ok and resp.framing.kind != "close"
         event["bytes_up"] = conn.side.bytes_relayed
         event["bytes_down"] = upstream.bytes_relayed
-        conn.side.bytes_relayed = 0
-        upstream.bytes_relayed = 0
+        conn.side.bytes_relayed = upstream.bytes_relayed = 0
         event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
-        self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, resp.status)  # type: ignore[arg-type]
-        if ok and resp.keep_alive and (req_done is None or req_done.done()):
-            self._release(upstream, str(event["addr"]), target.port)
+        self._emit(event, "allow", event["reason"], event["rule"], None, resp.status)  # type: ignore[arg-type]
+        if ok and resp.keep_alive:
+            self._release(upstream, req.addr, req.target.port)
         else:
             upstream.close()
         return keep
+
+    async def _relay_response(
+        self, conn: _Conn, resp: wire.ResponseHead, upstream: Side, head_bytes: bytes,
+        event: dict[str, object],
+    ) -> bool:  # fmt: skip
+        """Write the response head and relay its body (one write when it is all buffered)."""
+        kind = resp.framing.kind
+        if kind == "none":
+            conn.side.write(head_bytes)
+            return True
+        if kind == "close":
+            conn.side.write(head_bytes)
+            with contextlib.suppress(RelayEnded):
+                await upstream.start_relay(conn.side, None)
+            return True
+        framer = _framer(resp.framing, 502)
+        if framer is None:  # Content-Length: 0
+            conn.side.write(head_bytes)
+            return True
+        try:
+            await upstream.start_relay(conn.side, framer, prefix=head_bytes)
+        except RelayEnded as exc:
+            event["end"] = f"upstream_{exc.reason}"
+            return False
+        return True
 
     async def _read_response(
         self, conn: _Conn, head: wire.RequestHead, upstream: Side
@@ -778,6 +801,18 @@ def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:
     if framing.kind == "chunked":
         return wire.ChunkedScanner(error_status=status)
     return None
+
+
+def _raise_body_error(req_done: asyncio.Future[None]) -> None:
+    """If the request body relay failed, answer that (400) rather than the upstream's fate."""
+    if not req_done.done() or _settle(req_done):
+        if not req_done.done():
+            _settle(req_done)
+        return
+    exc = req_done.exception() if not req_done.cancelled() else None
+    if isinstance(exc, RelayEnded) and exc.reason == "protocol":
+        raise _Refused("bad_request", f"malformed request body: {exc}", "error", status=400)
+    raise _Refused("bad_request", "client closed inside the request body", "error", status=400)
 
 
 def _abort_on_error(fut: asyncio.Future[None], upstream: Side) -> None:
