@@ -85,11 +85,30 @@ class _Conn:
     side: Side
     client: str
     source: IPAddress | None
+    listener: Listener
     phase: str = "head"  # head | idle | active
     phase_since: float = 0.0
     upstream: Side | None = None
     end: str | None = None
     task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class Listener:
+    """One listening socket. `identity` binds every connection on it to one client (a
+    sandbox's own in-namespace listener); `forward_to` makes it a plain TCP forwarder to a
+    framework route instead of a proxy."""
+
+    host: str
+    port: int
+    netns: str | None = None
+    identity: Identity | None = None
+    forward_to: tuple[str, int] | None = None
+    server: asyncio.base_events.Server | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +189,7 @@ class EgressProxy:
         self._fixed_host_local = None if host_local is None else frozenset(host_local)
         self.guard: AddressGuard = self.settings.guard
         self.addresses: list[tuple[str, int]] = []
-        self._servers: list[asyncio.base_events.Server] = []
+        self.listeners: list[Listener] = []
         self._conns: set[_Conn] = set()
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
         self._cache: dict[tuple[int, str, str, int], Decision] = {}
@@ -210,17 +229,62 @@ class EgressProxy:
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         for host, port in self.listen_specs:
-            sock = (
-                listen_in_netns(self.listen_netns, host, port)
-                if self.listen_netns
-                else self._listen_here(host, port)
-            )
-            server = await loop.create_server(self._make_side, sock=sock, backlog=1024)
-            self._servers.append(server)
-            bound = sock.getsockname()
-            self.addresses.append((str(bound[0]), int(bound[1])))
+            listener = await self._open_listener(Listener(host, port, self.listen_netns))
+            self.addresses.append(listener.address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+
+    async def _open_listener(self, listener: Listener) -> Listener:
+        assert self._loop is not None, "start() the proxy first"
+        if listener.netns:
+            sock = listen_in_netns(listener.netns, listener.host, listener.port)
+        else:
+            sock = self._listen_here(listener.host, listener.port)
+        listener.server = await self._loop.create_server(
+            lambda: self._make_side(listener), sock=sock, backlog=1024
+        )
+        bound = sock.getsockname()
+        listener.host, listener.port = str(bound[0]), int(bound[1])
+        self.listeners.append(listener)
+        return listener
+
+    async def add_listener(
+        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None
+    ) -> Listener:
+        """Listen on `HOST:PORT` (inside `netns` if given) while running.
+
+        With `client`, every connection on this listener is that client (its policy and
+        id), whatever credentials it presents: a listener on a sandbox's own loopback can
+        only be reached from inside that sandbox. Raises OSError / NamespaceError.
+        """
+        host, port = parse_listen(listen)
+        identity = Identity(client.client_id, client.policy) if client is not None else None
+        return await self._open_listener(Listener(host, port, netns, identity))
+
+    async def add_forwarder(
+        self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
+    ) -> Listener:
+        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
+
+        Lets a sandbox reach a framework service on the host's loopback at an address of its
+        own (its loopback, or its gateway) without any proxy setting. Every connection is
+        audited (method `FORWARD`, reason `framework_route`).
+        """
+        from .policy import parse_framework_route
+
+        dest = parse_framework_route(route)
+        host, port = parse_listen(listen)
+        policy = Policy(framework_routes=[dest])
+        return await self._open_listener(
+            Listener(host, port, netns, Identity(client_id, policy), (dest.host, dest.port))
+        )
+
+    async def remove_listeners(self, netns: str) -> None:
+        """Stop every listener opened inside `netns` (a sandbox being released)."""
+        for listener in [li for li in self.listeners if li.netns == netns]:
+            self.listeners.remove(listener)
+            if listener.server is not None:
+                listener.server.close()
 
     @staticmethod
     def _listen_here(host: str, port: int) -> socket.socket:
@@ -252,8 +316,9 @@ class EgressProxy:
         if self._closing:
             return
         self._closing = True
-        for server in self._servers:
-            server.close()
+        for listener in self.listeners:
+            if listener.server is not None:
+                listener.server.close()
         tasks = [c.task for c in self._conns if c.task is not None]
         for conn in list(self._conns):
             if conn.phase != "active":
@@ -268,9 +333,10 @@ class EgressProxy:
                     conn.upstream.abort()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+        for listener in self.listeners:
+            if listener.server is not None:
+                with contextlib.suppress(Exception):
+                    await listener.server.wait_closed()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -333,10 +399,11 @@ class EgressProxy:
                 del self._pool[key]
 
     # --- per connection ---------------------------------------------------------------------
-    def _make_side(self) -> Side:
+    def _make_side(self, listener: Listener) -> Side:
         assert self._loop is not None
         side = _ClientSide(self._loop, max_buffer=self.limits.max_head)
         side.proxy = self
+        side.listener = listener
         return side
 
     def _accepted(self, side: Side) -> None:
@@ -345,7 +412,8 @@ class EgressProxy:
         peer = side.transport.get_extra_info("peername")
         source = source_address(peer)
         client = _fmt_addr(peer)
-        conn = _Conn(side, client, source, phase_since=self._loop.time())
+        listener = side.listener  # type: ignore[attr-defined]
+        conn = _Conn(side, client, source, listener, phase_since=self._loop.time())
         self._conns.add(conn)
         conn.task = self._loop.create_task(self._serve(conn))
 
@@ -356,6 +424,9 @@ class EgressProxy:
                 return
             if self.audit is not None and not self.audit.accepting:
                 self._refuse_now(conn, "audit_unavailable", "audit log cannot be written")
+                return
+            if conn.listener.forward_to is not None:
+                await self._forward_raw(conn, conn.listener)
                 return
             while await self._one_request(conn):
                 pass
@@ -414,6 +485,8 @@ class EgressProxy:
 
     # --- decisions ----------------------------------------------------------------------------
     def _identify(self, conn: _Conn, head: wire.RequestHead) -> Identity:
+        if conn.listener.identity is not None:
+            return conn.listener.identity
         if self.clients.trivial:
             return self.clients.default
         try:
@@ -567,6 +640,31 @@ class EgressProxy:
         event["end"] = end
         event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
         self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, 200)  # type: ignore[arg-type]
+
+    async def _forward_raw(self, conn: _Conn, listener: Listener) -> None:
+        """A forwarder connection: relay it to the listener's framework route."""
+        assert self._loop is not None
+        assert listener.forward_to is not None
+        t0 = self._loop.time()
+        host, port = listener.forward_to
+        event = self._event(conn, "FORWARD", "tcp", host, port)
+        event["client_id"] = listener.identity.client_id if listener.identity else None
+        conn.phase = "active"
+        try:
+            ip = parse_ip_literal(host)
+            try:
+                addrs = (ip,) if ip is not None else await self.resolver.resolve(host)
+            except ResolveError as exc:
+                raise _Refused("dns_error", str(exc), "error") from None
+            upstream, addr = await self._dial(addrs, port)
+        except _Refused as refused:
+            event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
+            self._emit(event, refused.decision, refused.reason, None, refused.detail, None)
+            return
+        conn.upstream = upstream
+        event["addr"] = str(addr)
+        event["reason"], event["rule"] = "framework_route", f"http://{host}:{port}"
+        await self._relay_tunnel(conn, upstream, event, t0)
 
     # --- absolute-form HTTP -----------------------------------------------------------------
     async def _http(self, conn: _Conn, head: wire.RequestHead) -> bool:
@@ -789,6 +887,7 @@ class EgressProxy:
 
 class _ClientSide(Side):
     proxy: EgressProxy
+    listener: Listener
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
