@@ -1,0 +1,103 @@
+"""The netfilter backstop: chain NETCUT in the filter table, jumped to first from OUTPUT.
+
+Runs *inside* the target namespace only (a forked child, see nsexec.py): python-iptables has
+no namespace support and caches Table objects process-wide, and libiptc binds a table handle
+to the namespace of the socket it opened. Each function here therefore drops the cached table
+and opens a fresh one, and each install/remove is a single commit (atomic per family).
+
+`prewarm()` is the one exception that runs in the caller: it builds rules without touching any
+table, so the xtables extensions (tcp, udp, REJECT) are loaded once and inherited by children.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import iptc
+
+from netcut.plan import AF_INET6, CHAIN, FilterRule
+
+_FILTER = "filter"
+
+
+def _table(family: int) -> Any:
+    cls = iptc.Table6 if family == AF_INET6 else iptc.Table
+    cls._cache.pop(_FILTER, None)  # a handle opened elsewhere belongs to another namespace
+    table = cls(_FILTER, autocommit=False)
+    table.refresh()
+    return table
+
+
+def _new_rule(family: int) -> Any:
+    return iptc.Rule6() if family == AF_INET6 else iptc.Rule()
+
+
+def build_rule(family: int, spec: FilterRule) -> Any:
+    rule = _new_rule(family)
+    if spec.out_iface:
+        rule.out_interface = spec.out_iface
+    if spec.dst:
+        rule.dst = spec.dst
+    if spec.proto:
+        rule.protocol = spec.proto
+    if spec.dport is not None:
+        match = rule.create_match(spec.proto or "tcp")
+        match.dport = str(spec.dport)
+    target = rule.create_target("REJECT" if spec.verdict.startswith("REJECT") else spec.verdict)
+    if spec.verdict == "REJECT-RST":
+        target.reject_with = "tcp-reset"
+    return rule
+
+
+def _jump(family: int) -> Any:
+    rule = _new_rule(family)
+    rule.create_target(CHAIN)
+    return rule
+
+
+def install(family: int, rules: tuple[FilterRule, ...]) -> None:
+    """Create (or refill) chain NETCUT with `rules` and jump to it first from OUTPUT."""
+    table = _table(family)
+    if table.is_chain(CHAIN):
+        table.flush_entries(CHAIN)
+        chain = iptc.Chain(table, CHAIN)
+    else:
+        chain = table.create_chain(CHAIN)
+    for spec in rules:
+        chain.append_rule(build_rule(family, spec))
+    output = iptc.Chain(table, "OUTPUT")
+    _drop_jumps(output)
+    output.insert_rule(_jump(family))
+    table.commit()
+
+
+def remove(family: int) -> None:
+    """Remove the jump from OUTPUT and chain NETCUT; nothing to do when absent."""
+    table = _table(family)
+    if not table.is_chain(CHAIN):
+        return
+    _drop_jumps(iptc.Chain(table, "OUTPUT"))
+    table.flush_entries(CHAIN)
+    table.delete_chain(CHAIN)
+    table.commit()
+
+
+def _drop_jumps(output: Any) -> None:
+    for rule in list(output.rules):
+        if rule.target is not None and rule.target.name == CHAIN:
+            output.delete_rule(rule)
+
+
+def present_families() -> tuple[int, ...]:
+    """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT."""
+    from netcut.plan import AF_INET
+
+    return tuple(f for f in (AF_INET, AF_INET6) if _table(f).is_chain(CHAIN))
+
+
+def prewarm() -> None:
+    """Load the xtables extensions the backstop uses, without opening any table."""
+    for family in (2, AF_INET6):
+        build_rule(family, FilterRule("REJECT-RST", proto="tcp", dport=53))
+        build_rule(family, FilterRule("REJECT", proto="udp", dport=53))
+        build_rule(family, FilterRule("ACCEPT", out_iface="lo"))
