@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from netcut import apply, backstop, probe as probe_mod, safety
+from netcut import apply, probe as probe_mod, safety
 from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
 from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
@@ -120,7 +120,6 @@ def cut(
             safety.refuse_unsafe_namespace(identity)
         if not allow_privileged and not dry_run:
             safety.refuse_privileged(identity)
-        backstop.prewarm()
         meta = {"target": str(resolved)}
         job = run_in_netns(
             fd, apply.job_cut, identity, keeps, _nameservers(resolved), dry_run, meta

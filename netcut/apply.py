@@ -31,6 +31,7 @@ from netcut.plan import (
     DelRoute,
     Keep,
     KillFlows,
+    NamespaceState,
     Op,
     RemoveBackstop,
     Route,
@@ -167,7 +168,7 @@ def job_cut(
         if status.is_cut:
             return JobResult(status, record, changed=False)
         if status.state == "partial" and not dry_run:
-            _restore(ipr, identity, record)
+            _restore(ipr, identity, record, state)
             state = read_state(ipr, keeps, nameservers)
         cut = plan.plan_cut(state, keeps)
         if dry_run:
@@ -186,18 +187,21 @@ def job_restore(identity: tuple[int, int]) -> JobResult:
     start = time.perf_counter()
     with IPRoute() as ipr:
         record = records.load(identity)
-        before = plan.judge_status(record, read_state(ipr))
+        state = read_state(ipr)
+        before = plan.judge_status(record, state)
         if before.state == "not cut":
             records.remove(identity)
             return JobResult(before)
-        lines = _restore(ipr, identity, record)
+        lines = _restore(ipr, identity, record, state)
         after = plan.judge_status(None, read_state(ipr))
         elapsed = (time.perf_counter() - start) * 1000
         return JobResult(after, record, changed=True, lines=lines, elapsed_ms=elapsed)
 
 
-def _restore(ipr: Any, identity: tuple[int, int], record: CutPlan | None) -> tuple[str, ...]:
-    undo = plan.plan_restore(record, read_state(ipr))
+def _restore(
+    ipr: Any, identity: tuple[int, int], record: CutPlan | None, state: NamespaceState
+) -> tuple[str, ...]:
+    undo = plan.plan_restore(record, state)
     errors = []
     for op in undo.ops:
         try:

@@ -15,14 +15,17 @@ from typing import Any
 
 import iptc
 
-from netcut.plan import AF_INET6, CHAIN, FilterRule
+from netcut.plan import AF_INET, AF_INET6, CHAIN, FilterRule
 
 _FILTER = "filter"
 
 
 def _table(family: int) -> Any:
     cls = iptc.Table6 if family == AF_INET6 else iptc.Table
-    cls._cache.pop(_FILTER, None)  # a handle opened elsewhere belongs to another namespace
+    # A handle (and the Chain objects bound to it) opened by an earlier job belongs to another
+    # namespace: drop them so the table is opened afresh here.
+    cls._cache.pop(_FILTER, None)
+    iptc.Chain._cache.clear()
     table = cls(_FILTER, autocommit=False)
     table.refresh()
     return table
@@ -59,45 +62,46 @@ def install(family: int, rules: tuple[FilterRule, ...]) -> None:
     """Create (or refill) chain NETCUT with `rules` and jump to it first from OUTPUT."""
     table = _table(family)
     if table.is_chain(CHAIN):
+        _remove_jumps(table, family)
         table.flush_entries(CHAIN)
-        chain = iptc.Chain(table, CHAIN)
     else:
-        chain = table.create_chain(CHAIN)
+        table.create_chain(CHAIN)
+    chain = iptc.Chain(table, CHAIN)
     for spec in rules:
         chain.append_rule(build_rule(family, spec))
-    output = iptc.Chain(table, "OUTPUT")
-    _drop_jumps(output)
-    output.insert_rule(_jump(family))
+    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family))
     table.commit()
 
 
 def remove(family: int) -> None:
-    """Remove the jump from OUTPUT and chain NETCUT; nothing to do when absent."""
+    """Remove the jumps from OUTPUT and chain NETCUT; nothing to do when absent."""
     table = _table(family)
     if not table.is_chain(CHAIN):
         return
-    _drop_jumps(iptc.Chain(table, "OUTPUT"))
+    _remove_jumps(table, family)
     table.flush_entries(CHAIN)
     table.delete_chain(CHAIN)
     table.commit()
 
 
-def _drop_jumps(output: Any) -> None:
-    for rule in list(output.rules):
-        if rule.target is not None and rule.target.name == CHAIN:
-            output.delete_rule(rule)
+def _remove_jumps(table: Any, family: int) -> None:
+    # Delete by specification (libiptc matches the entry), which avoids decoding every rule.
+    output = iptc.Chain(table, "OUTPUT")
+    while True:
+        try:
+            output.delete_rule(_jump(family))
+        except iptc.IPTCError:
+            return
 
 
 def present_families() -> tuple[int, ...]:
     """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT."""
-    from netcut.plan import AF_INET
-
     return tuple(f for f in (AF_INET, AF_INET6) if _table(f).is_chain(CHAIN))
 
 
 def prewarm() -> None:
     """Load the xtables extensions the backstop uses, without opening any table."""
-    for family in (2, AF_INET6):
+    for family in (AF_INET, AF_INET6):
         build_rule(family, FilterRule("REJECT-RST", proto="tcp", dport=53))
         build_rule(family, FilterRule("REJECT", proto="udp", dport=53))
         build_rule(family, FilterRule("ACCEPT", out_iface="lo"))

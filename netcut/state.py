@@ -10,6 +10,7 @@ flags=0).
 from __future__ import annotations
 
 import errno
+import socket
 from typing import Any
 
 from netcut import backstop
@@ -24,21 +25,18 @@ from netcut.plan import (
     Route,
 )
 
-IFF_LOOPBACK = 0x8
+LOOPBACK_INDEX = 1
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
 
 
 def read_state(ipr: Any, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, ...] = ()) -> NamespaceState:
     """Links, addresses, routes (v4+v6, all tables), IPv6 sysctls, route lookups for the
     kept addresses, and which families hold the backstop chain."""
-    links = tuple(
-        Link(m["index"], m.get_attr("IFLA_IFNAME"), bool(m["flags"] & IFF_LOOPBACK))
-        for m in ipr.get_links()
-    )
+    links = read_links()
     names = {link.index: link.name for link in links}
     addrs = tuple(_addr(m, names) for m in ipr.get_addr())
     routes = tuple(
-        _route(m, names) for family in (AF_INET, AF_INET6) for m in ipr.route("dump", family=family)
+        _route(m, names) for m in ipr.route("dump", family=0) if m["family"] in (AF_INET, AF_INET6)
     )
     return NamespaceState(
         links=links,
@@ -49,6 +47,12 @@ def read_state(ipr: Any, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, .
         lookups=tuple(_lookup(ipr, str(k.addr), names) for k in keeps if not k.is_loopback),
         backstop=backstop.present_families(),
     )
+
+
+def read_links() -> tuple[Link, ...]:
+    """Interfaces of this process's namespace. if_nameindex() is ~100x cheaper than a netlink
+    link dump decoded by pyroute2; the loopback is always ifindex 1 in a namespace."""
+    return tuple(Link(index, name, index == LOOPBACK_INDEX) for index, name in socket.if_nameindex())
 
 
 def _addr(msg: Any, names: dict[int, str]) -> Addr:
