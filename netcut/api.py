@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from netcut import apply, probe as probe_mod, safety
+from netcut import apply, safety
+from netcut import probe as probe_mod
 from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
 from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
@@ -37,10 +38,14 @@ class CutResult:
     probe: ProbeResult | None = None
     elapsed_ms: float = 0.0
     dry_run: bool = False
+    script: str | None = None  # helper mode: the shell script the plan renders to
 
     def lines(self) -> list[str]:
         if self.dry_run and self.plan is not None:
-            return [f"plan for {self.target}", *self.plan.lines()]
+            shown = [f"plan for {self.target}", *self.plan.lines()]
+            if self.script is not None:
+                shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
+            return shown
         head = "cut" if self.changed else "already cut"
         out = [f"{head}: {self.target}"]
         if self.plan is not None and self.changed:
@@ -126,13 +131,20 @@ def cut(
         )
         if not job.changed and not dry_run and job.plan is not None:
             _same_keeps(resolved, job.plan, keeps)
-        result = CutResult(str(resolved), job.status, job.plan, job.changed,
-                           elapsed_ms=job.elapsed_ms, dry_run=dry_run)
+        result = CutResult(
+            str(resolved),
+            job.status,
+            job.plan,
+            job.changed,
+            elapsed_ms=job.elapsed_ms,
+            dry_run=dry_run,
+        )
         if probe and not dry_run:
             reachable = tuple(k for k in keeps if k.port is not None)
             found = run_in_netns(fd, probe_mod.run_probe, reachable, blocked, probe_timeout)
-            result = CutResult(result.target, result.status, result.plan, result.changed,
-                               found, result.elapsed_ms)
+            result = CutResult(
+                result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
+            )
             if not found.ok:
                 raise ProbeFailed(f"{resolved} is cut but the probe failed: {found.reason()}")
         return result

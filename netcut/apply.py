@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from iptc import IPTCError
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -52,7 +53,7 @@ def apply_op(ipr: Any, op: Op, *, tolerant: bool = False) -> None:
         raise ApplyFailed(f"{op}: {exc.args[-1] if exc.args else exc}") from None
     except OSError as exc:
         raise ApplyFailed(f"{op}: {exc.strerror or exc}") from None
-    except backstop.iptc.IPTCError as exc:
+    except IPTCError as exc:
         raise ApplyFailed(f"{op}: {exc}") from None
 
 
@@ -61,8 +62,14 @@ def _dispatch(ipr: Any, op: Op) -> None:
         ipr.route("add" if isinstance(op, AddRoute) else "del", **route_kwargs(op.route))
     elif isinstance(op, AddAddr | DelAddr):
         a = op.addr
-        ipr.addr("add" if isinstance(op, AddAddr) else "del", index=a.index, address=a.address,
-                 prefixlen=a.prefixlen, family=a.family, flags=a.flags)
+        ipr.addr(
+            "add" if isinstance(op, AddAddr) else "del",
+            index=a.index,
+            address=a.address,
+            prefixlen=a.prefixlen,
+            family=a.family,
+            flags=a.flags,
+        )
     elif isinstance(op, SetSysctl):
         with open(f"/proc/sys/{op.key}", "w") as f:
             f.write(op.value)
@@ -112,7 +119,8 @@ def apply_plan(ipr: Any, ops: tuple[Op, ...]) -> None:
         except ApplyFailed as exc:
             leftovers = rollback(ipr, done)
             note = f"; rollback incomplete: {'; '.join(leftovers)}" if leftovers else ""
-            raise ApplyFailed(f"cut failed at: {exc}; rolled back {len(done)} change(s){note}")
+            msg = f"cut failed at: {exc}; rolled back {len(done)} change(s){note}"
+            raise ApplyFailed(msg) from None
         done.append(op)
 
 
@@ -146,7 +154,7 @@ class JobResult:
 
 def job_status(identity: tuple[int, int]) -> JobResult:
     with IPRoute() as ipr:
-        record = records.load(identity)
+        record = records.load(records.ns_key(identity))
         state = read_state(ipr)
         return JobResult(plan.judge_status(record, state), record)
 
@@ -162,7 +170,7 @@ def job_cut(
     partial one is restored first."""
     start = time.perf_counter()
     with IPRoute() as ipr:
-        record = records.load(identity)
+        record = records.load(records.ns_key(identity))
         state = read_state(ipr, keeps, nameservers)
         status = plan.judge_status(record, state)
         if status.is_cut:
@@ -173,11 +181,11 @@ def job_cut(
         cut = plan.plan_cut(state, keeps)
         if dry_run:
             return JobResult(status, cut, lines=tuple(cut.lines()))
-        records.save(identity, cut, meta)
+        records.save(records.ns_key(identity), cut, meta)
         try:
             apply_plan(ipr, cut.ops)
         except ApplyFailed:
-            records.remove(identity)
+            records.remove(records.ns_key(identity))
             raise
         elapsed = (time.perf_counter() - start) * 1000
         return JobResult(CutStatus("cut", cut.keeps), cut, changed=True, elapsed_ms=elapsed)
@@ -186,11 +194,11 @@ def job_cut(
 def job_restore(identity: tuple[int, int]) -> JobResult:
     start = time.perf_counter()
     with IPRoute() as ipr:
-        record = records.load(identity)
+        record = records.load(records.ns_key(identity))
         state = read_state(ipr)
         before = plan.judge_status(record, state)
         if before.state == "not cut":
-            records.remove(identity)
+            records.remove(records.ns_key(identity))
             return JobResult(before)
         lines = _restore(ipr, identity, record, state)
         after = plan.judge_status(None, read_state(ipr))
@@ -210,9 +218,10 @@ def _restore(
             errors.append(str(exc))
     if errors:
         raise ApplyFailed("restore incomplete: " + "; ".join(errors))
-    records.remove(identity)
+    records.remove(records.ns_key(identity))
     lines = tuple(undo.lines())
     if not undo.complete:
-        lines += ("no record of the cut: removed netcut's marks only; routes it deleted are "
-                  "not put back",)
+        lines += (
+            "no record of the cut: removed netcut's marks only; routes it deleted are not put back",
+        )
     return lines

@@ -55,7 +55,7 @@ def _request(nl: socket.socket, msg_type: int, flags: int, family: int, sockid: 
 
 def _dump(nl: socket.socket, family: int) -> list[tuple[bytes, str, int]]:
     _request(nl, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, family, bytes(_SOCKID_LEN))
-    found = []
+    found: list[tuple[bytes, str, int]] = []
     while True:
         data = nl.recv(65536)
         offset = 0

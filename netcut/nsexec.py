@@ -111,7 +111,8 @@ def run_in_netns(
             worker.kill()
             _worker = None
             if isinstance(exc, TimeoutError):
-                raise ApplyFailed(f"namespace worker did not answer within {timeout:g}s; killed")
+                msg = f"namespace worker did not answer within {timeout:g}s; killed"
+                raise ApplyFailed(msg) from None
             raise ApplyFailed(f"namespace worker failed: {exc!r}") from None
     if status == "ok":
         return value  # type: ignore[no-any-return]

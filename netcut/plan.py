@@ -84,7 +84,7 @@ def parse_keep(text: str | Keep) -> Keep:
     host, port = raw, None
     if raw.startswith("["):
         end = raw.find("]")
-        if end < 0 or raw[end + 1 :] not in ("",) and not raw[end + 1 :].startswith(":"):
+        if end < 0 or (raw[end + 1 :] not in ("",) and not raw[end + 1 :].startswith(":")):
             raise InvalidInput(f"keep {text!r}: expected [IPV6]:PORT")
         host, rest = raw[1:end], raw[end + 1 :]
         port = _parse_port(text, rest[1:]) if rest else None
@@ -172,7 +172,7 @@ class Route:
         if self.flags & RTNH_F_ONLINK:
             args.append("onlink")
         for name, value in self.metrics:
-            args += [name.lower(), str(value)]
+            args += [name.removeprefix("RTAX_").lower(), str(value)]
         return args
 
     def __str__(self) -> str:
@@ -457,7 +457,9 @@ def _ipv6_off(state: NamespaceState) -> list[SetSysctl]:
     return ops
 
 
-def _allowed_flows(state: NamespaceState, keeps: tuple[Keep, ...]) -> tuple[tuple[str, int | None], ...]:
+def _allowed_flows(
+    state: NamespaceState, keeps: tuple[Keep, ...]
+) -> tuple[tuple[str, int | None], ...]:
     local = [(a.address, None) for a in state.addrs]
     kept = [(str(k.addr), k.port) for k in keeps]
     return tuple(dict.fromkeys([*kept, *local]))
@@ -601,8 +603,16 @@ def _holds(op: Op, state: NamespaceState) -> bool:
 
 _OPS: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (AddBackstop, RemoveBackstop, AddRoute, DelRoute, AddAddr, DelAddr, SetSysctl,
-                KillFlows)
+    for cls in (
+        AddBackstop,
+        RemoveBackstop,
+        AddRoute,
+        DelRoute,
+        AddAddr,
+        DelAddr,
+        SetSysctl,
+        KillFlows,
+    )
 }
 
 

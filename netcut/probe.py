@@ -102,5 +102,7 @@ def _wait(sel: selectors.BaseSelector, outcomes: dict[int, str], deadline: float
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
             code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            outcomes[key.data] = "connected" if code == 0 else errno.errorcode.get(code, os.strerror(code))
+            outcomes[key.data] = (
+                "connected" if code == 0 else errno.errorcode.get(code, os.strerror(code))
+            )
             sel.unregister(sock)

@@ -1,7 +1,8 @@
 """Where a cut is recorded so that `restore` can undo exactly it.
 
-One JSON file per namespace, `$NETCUT_STATE_DIR/<st_dev>-<st_ino>.json` (default
-/run/netcut: tmpfs, so records vanish with the boot, as do the namespaces they describe). The
+One JSON file per namespace, `$NETCUT_STATE_DIR/<st_dev>-<st_ino>.json` in direct mode and
+`container-<full id>.json` in helper mode (default directory /run/netcut: tmpfs, so records
+vanish with the boot, as do the namespaces they describe). The
 file is written atomically before the cut's first change and removed after a restore. A record
 alone proves nothing: status also checks the namespace's own marks (routes with protocol
 NETCUT_PROTO, chain NETCUT), so a stale record left by a namespace whose inode was reused is
@@ -26,13 +27,18 @@ def state_dir() -> str:
     return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
 
 
-def record_path(identity: tuple[int, int]) -> str:
+def ns_key(identity: tuple[int, int]) -> str:
+    """The record key of a namespace known by its nsfs (st_dev, st_ino)."""
     dev, ino = identity
-    return os.path.join(state_dir(), f"{dev}-{ino}.json")
+    return f"{dev}-{ino}"
 
 
-def save(identity: tuple[int, int], plan: CutPlan, meta: dict[str, str]) -> None:
-    path = record_path(identity)
+def record_path(key: str) -> str:
+    return os.path.join(state_dir(), f"{key}.json")
+
+
+def save(key: str, plan: CutPlan, meta: dict[str, str]) -> None:
+    path = record_path(key)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     data: dict[str, Any] = {**plan_to_data(plan), "meta": meta, "created": time.time()}
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -41,9 +47,9 @@ def save(identity: tuple[int, int], plan: CutPlan, meta: dict[str, str]) -> None
     os.replace(tmp, path)
 
 
-def load(identity: tuple[int, int]) -> CutPlan | None:
+def load(key: str) -> CutPlan | None:
     """The recorded plan, or None. Raises InvalidInput for a record it cannot read."""
-    path = record_path(identity)
+    path = record_path(key)
     try:
         with open(path) as f:
             data = json.load(f)
@@ -54,8 +60,8 @@ def load(identity: tuple[int, int]) -> CutPlan | None:
     return plan_from_data(data)
 
 
-def remove(identity: tuple[int, int]) -> None:
+def remove(key: str) -> None:
     try:
-        os.unlink(record_path(identity))
+        os.unlink(record_path(key))
     except FileNotFoundError:
         pass

@@ -15,8 +15,13 @@ from netcut.errors import PrivilegeError, UnsafeTarget
 CAP_NET_ADMIN = 12
 CAP_NET_RAW = 13
 CAP_SYS_ADMIN = 21
-DANGEROUS_CAPS = {CAP_NET_ADMIN: "CAP_NET_ADMIN", CAP_NET_RAW: "CAP_NET_RAW",
-                  CAP_SYS_ADMIN: "CAP_SYS_ADMIN"}
+# include/linux/proc_ns.h: the nsfs inode of init_net, fixed since Linux 3.8.
+PROC_NET_INIT_INO = 0xEFFFFFF9
+DANGEROUS_CAPS = {
+    CAP_NET_ADMIN: "CAP_NET_ADMIN",
+    CAP_NET_RAW: "CAP_NET_RAW",
+    CAP_SYS_ADMIN: "CAP_SYS_ADMIN",
+}
 
 
 def identity_of(path: str) -> tuple[int, int] | None:
@@ -27,11 +32,21 @@ def identity_of(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+def is_initial_namespace(identity: tuple[int, int]) -> bool:
+    """The host's initial namespace: PID 1's when readable (it is not always, e.g. under a
+    supervisor that denies ptrace access), and in any case the kernel's init_net, whose nsfs
+    inode is the constant PROC_NET_INIT_INO."""
+    own = identity_of("/proc/self/ns/net")
+    if own is not None and identity == (own[0], PROC_NET_INIT_INO):
+        return True
+    return identity == identity_of("/proc/1/ns/net")
+
+
 def refuse_unsafe_namespace(identity: tuple[int, int]) -> None:
     """UnsafeTarget when `identity` is the caller's own or the host's initial namespace."""
     if identity == identity_of("/proc/self/ns/net"):
         raise UnsafeTarget("refusing to cut the caller's own network namespace (use --force)")
-    if identity == identity_of("/proc/1/ns/net"):
+    if is_initial_namespace(identity):
         raise UnsafeTarget("refusing to cut the host's initial network namespace (use --force)")
 
 
@@ -79,8 +94,9 @@ def require_privilege() -> None:
     """PrivilegeError unless this process can enter a namespace and change its network."""
     fields = _status_fields("self")
     mask = int(fields.get("CapEff", "0"), 16)
-    missing = [name for bit, name in DANGEROUS_CAPS.items()
-               if bit != CAP_NET_RAW and not mask >> bit & 1]
+    missing = [
+        name for bit, name in DANGEROUS_CAPS.items() if bit != CAP_NET_RAW and not mask >> bit & 1
+    ]
     if missing:
         raise PrivilegeError(
             f"direct mode needs root or {' + '.join(missing)} (missing); use --mode helper"

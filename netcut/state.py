@@ -29,7 +29,9 @@ LOOPBACK_INDEX = 1
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
 
 
-def read_state(ipr: Any, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, ...] = ()) -> NamespaceState:
+def read_state(
+    ipr: Any, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, ...] = ()
+) -> NamespaceState:
     """Links, addresses, routes (v4+v6, all tables), IPv6 sysctls, route lookups for the
     kept addresses, and which families hold the backstop chain."""
     links = read_links()
@@ -52,7 +54,9 @@ def read_state(ipr: Any, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, .
 def read_links() -> tuple[Link, ...]:
     """Interfaces of this process's namespace. if_nameindex() is ~100x cheaper than a netlink
     link dump decoded by pyroute2; the loopback is always ifindex 1 in a namespace."""
-    return tuple(Link(index, name, index == LOOPBACK_INDEX) for index, name in socket.if_nameindex())
+    return tuple(
+        Link(index, name, index == LOOPBACK_INDEX) for index, name in socket.if_nameindex()
+    )
 
 
 def _addr(msg: Any, names: dict[int, str]) -> Addr:

@@ -130,7 +130,7 @@ def resolve_target(target: TargetRef | ResolvedTarget | str | int) -> ResolvedTa
 
 
 def _must_exist(path: str, message: str) -> None:
-    if not os.path.exists(path):
+    if not os.path.lexists(path):  # lexists: /proc/PID/ns/net may exist yet be unreadable
         raise TargetNotFound(message)
 
 
