@@ -20,6 +20,7 @@ from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
 from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
 from netcut.probe import ProbeResult
+from netcut.records import Store
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
 
 TargetLike = TargetRef | ResolvedTarget | str | int
@@ -127,7 +128,13 @@ def cut(
             safety.refuse_privileged(identity)
         meta = {"target": str(resolved)}
         job = run_in_netns(
-            fd, apply.job_cut, identity, keeps, _nameservers(resolved), dry_run, meta
+            fd,
+            apply.job_cut,
+            Store.for_namespace(identity),
+            keeps,
+            _nameservers(resolved),
+            dry_run,
+            meta,
         )
         if not job.changed and not dry_run and job.plan is not None:
             _same_keeps(resolved, job.plan, keeps)
@@ -167,7 +174,7 @@ def restore(target: TargetLike) -> RestoreResult:
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
-        job = run_in_netns(fd, apply.job_restore, identity)
+        job = run_in_netns(fd, apply.job_restore, Store.for_namespace(identity))
         return RestoreResult(str(resolved), job.changed, job.status, job.lines, job.elapsed_ms)
     finally:
         os.close(fd)
@@ -179,7 +186,7 @@ def status(target: TargetLike) -> CutStatus:
     safety.require_privilege()
     _, fd, identity = _open(target)
     try:
-        job: apply.JobResult = run_in_netns(fd, apply.job_status, identity)
+        job: apply.JobResult = run_in_netns(fd, apply.job_status, Store.for_namespace(identity))
         return job.status
     finally:
         os.close(fd)

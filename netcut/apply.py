@@ -20,7 +20,7 @@ from iptc import IPTCError
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netcut import backstop, flows, plan, records
+from netcut import backstop, flows, plan
 from netcut.errors import ApplyFailed
 from netcut.plan import (
     AddAddr,
@@ -38,6 +38,7 @@ from netcut.plan import (
     Route,
     SetSysctl,
 )
+from netcut.records import Store
 from netcut.state import read_state
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
@@ -152,15 +153,15 @@ class JobResult:
     elapsed_ms: float = 0.0
 
 
-def job_status(identity: tuple[int, int]) -> JobResult:
+def job_status(store: Store) -> JobResult:
     with IPRoute() as ipr:
-        record = records.load(records.ns_key(identity))
+        record = store.load()
         state = read_state(ipr)
         return JobResult(plan.judge_status(record, state), record)
 
 
 def job_cut(
-    identity: tuple[int, int],
+    store: Store,
     keeps: tuple[Keep, ...],
     nameservers: tuple[str, ...],
     dry_run: bool,
@@ -170,44 +171,44 @@ def job_cut(
     partial one is restored first."""
     start = time.perf_counter()
     with IPRoute() as ipr:
-        record = records.load(records.ns_key(identity))
+        record = store.load()
         state = read_state(ipr, keeps, nameservers)
         status = plan.judge_status(record, state)
         if status.is_cut:
             return JobResult(status, record, changed=False)
         if status.state == "partial" and not dry_run:
-            _restore(ipr, identity, record, state)
+            _restore(ipr, store, record, state)
             state = read_state(ipr, keeps, nameservers)
         cut = plan.plan_cut(state, keeps)
         if dry_run:
             return JobResult(status, cut, lines=tuple(cut.lines()))
-        records.save(records.ns_key(identity), cut, meta)
+        store.save(cut, meta)
         try:
             apply_plan(ipr, cut.ops)
         except ApplyFailed:
-            records.remove(records.ns_key(identity))
+            store.remove()
             raise
         elapsed = (time.perf_counter() - start) * 1000
         return JobResult(CutStatus("cut", cut.keeps), cut, changed=True, elapsed_ms=elapsed)
 
 
-def job_restore(identity: tuple[int, int]) -> JobResult:
+def job_restore(store: Store) -> JobResult:
     start = time.perf_counter()
     with IPRoute() as ipr:
-        record = records.load(records.ns_key(identity))
+        record = store.load()
         state = read_state(ipr)
         before = plan.judge_status(record, state)
         if before.state == "not cut":
-            records.remove(records.ns_key(identity))
+            store.remove()
             return JobResult(before)
-        lines = _restore(ipr, identity, record, state)
+        lines = _restore(ipr, store, record, state)
         after = plan.judge_status(None, read_state(ipr))
         elapsed = (time.perf_counter() - start) * 1000
         return JobResult(after, record, changed=True, lines=lines, elapsed_ms=elapsed)
 
 
 def _restore(
-    ipr: Any, identity: tuple[int, int], record: CutPlan | None, state: NamespaceState
+    ipr: Any, store: Store, record: CutPlan | None, state: NamespaceState
 ) -> tuple[str, ...]:
     undo = plan.plan_restore(record, state)
     errors = []
@@ -218,7 +219,7 @@ def _restore(
             errors.append(str(exc))
     if errors:
         raise ApplyFailed("restore incomplete: " + "; ".join(errors))
-    records.remove(records.ns_key(identity))
+    store.remove()
     lines = tuple(undo.lines())
     if not undo.complete:
         lines += (

@@ -24,11 +24,11 @@ import time
 from typing import Any
 
 from netcut import plan as plan_mod
-from netcut import records
 from netcut.api import CutResult, KeepLike, RestoreResult, parse_keeps
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, TargetNotFound, UnsafeTarget
 from netcut.plan import CutStatus, Keep
 from netcut.probe import ProbeItem, ProbeResult
+from netcut.records import Store
 from netcut.render import parse_state_dump, render_script, state_script
 from netcut.target import TargetRef, find_runtime, parse_nameservers
 
@@ -141,7 +141,7 @@ class _Helper:
         if pid == 0:
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: not running")
         self.pid = pid
-        self.key = f"container-{self.id}"
+        self.store = Store.for_container(self.id)
         self.image = ensure_image(self.runtime, image) if build else (image or "")
 
     def __str__(self) -> str:
@@ -211,7 +211,7 @@ def cut(
             findings,
         )
     start = time.perf_counter()
-    record = records.load(h.key)
+    record = h.store.load()
     state = h.state(keeps)
     status = plan_mod.judge_status(record, state)
     if status.is_cut:
@@ -228,13 +228,13 @@ def cut(
         return CutResult(
             str(h), status, planned, False, dry_run=True, script=render_script(planned.ops)
         )
-    records.save(h.key, planned, {"target": str(h), "container": h.id})
+    h.store.save(planned, {"target": str(h), "container": h.id})
     try:
         h.run(render_script(planned.ops))
     except ApplyFailed as exc:
         rollback = tuple(i for op in reversed(planned.ops) if (i := plan_mod.invert(op)))
         h.run(render_script(rollback, tolerant=True))
-        records.remove(h.key)
+        h.store.remove()
         raise ApplyFailed(f"cut via helper failed and was rolled back: {exc}") from None
     elapsed = (time.perf_counter() - start) * 1000
     result = CutResult(str(h), CutStatus("cut", keeps), planned, True, elapsed_ms=elapsed)
@@ -265,17 +265,17 @@ def _undo(
 ) -> tuple[str, ...]:
     undo = plan_mod.plan_restore(record, state)
     h.run(render_script(undo.ops, tolerant=True))
-    records.remove(h.key)
+    h.store.remove()
     return tuple(undo.lines())
 
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
     """Helper-mode twin of api.restore."""
     h = _Helper(target, image)
-    record = records.load(h.key)
+    record = h.store.load()
     state = h.state()
     if plan_mod.judge_status(record, state).state == "not cut":
-        records.remove(h.key)
+        h.store.remove()
         return RestoreResult(str(h), False, CutStatus("not cut"))
     lines = _undo(h, record, state)
     return RestoreResult(str(h), True, plan_mod.judge_status(None, h.state()), lines)
@@ -284,4 +284,4 @@ def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
 def status(target: TargetRef, *, image: str | None = None) -> CutStatus:
     """Helper-mode twin of api.status."""
     h = _Helper(target, image)
-    return plan_mod.judge_status(records.load(h.key), h.state())
+    return plan_mod.judge_status(h.store.load(), h.state())

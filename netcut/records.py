@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from netcut.errors import InvalidInput
@@ -27,41 +28,49 @@ def state_dir() -> str:
     return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
 
 
-def ns_key(identity: tuple[int, int]) -> str:
-    """The record key of a namespace known by its nsfs (st_dev, st_ino)."""
-    dev, ino = identity
-    return f"{dev}-{ino}"
+@dataclass(frozen=True)
+class Store:
+    """Where one namespace's record lives. Built by the caller (so the namespace worker, forked
+    earlier, follows the caller's current $NETCUT_STATE_DIR) and passed to the jobs."""
 
+    directory: str
+    key: str
 
-def record_path(key: str) -> str:
-    return os.path.join(state_dir(), f"{key}.json")
+    @classmethod
+    def for_namespace(cls, identity: tuple[int, int]) -> Store:
+        dev, ino = identity
+        return cls(state_dir(), f"{dev}-{ino}")
 
+    @classmethod
+    def for_container(cls, container_id: str) -> Store:
+        return cls(state_dir(), f"container-{container_id}")
 
-def save(key: str, plan: CutPlan, meta: dict[str, str]) -> None:
-    path = record_path(key)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    data: dict[str, Any] = {**plan_to_data(plan), "meta": meta, "created": time.time()}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-    os.replace(tmp, path)
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, f"{self.key}.json")
 
+    def save(self, plan: CutPlan, meta: dict[str, str]) -> None:
+        """Write atomically (temporary file, then rename)."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        data: dict[str, Any] = {**plan_to_data(plan), "meta": meta, "created": time.time()}
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, sort_keys=True)
+        os.replace(tmp, self.path)
 
-def load(key: str) -> CutPlan | None:
-    """The recorded plan, or None. Raises InvalidInput for a record it cannot read."""
-    path = record_path(key)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise InvalidInput(f"netcut record {path}: {exc}") from None
-    return plan_from_data(data)
+    def load(self) -> CutPlan | None:
+        """The recorded plan, or None. Raises InvalidInput for a record it cannot read."""
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"netcut record {self.path}: {exc}") from None
+        return plan_from_data(data)
 
-
-def remove(key: str) -> None:
-    try:
-        os.unlink(record_path(key))
-    except FileNotFoundError:
-        pass
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
