@@ -127,15 +127,9 @@ def cut(
         if not allow_privileged and not dry_run:
             safety.refuse_privileged(identity)
         meta = {"target": str(resolved)}
-        job = run_in_netns(
-            fd,
-            apply.job_cut,
-            Store.for_namespace(identity),
-            keeps,
-            _nameservers(resolved),
-            dry_run,
-            meta,
-        )
+        store = Store.for_namespace(identity)
+        args = (store, keeps, _nameservers(resolved), dry_run, meta)
+        job: apply.JobResult = run_in_netns(fd, apply.job_cut, *args)
         if not job.changed and not dry_run and job.plan is not None:
             _same_keeps(resolved, job.plan, keeps)
         result = CutResult(
@@ -146,8 +140,8 @@ def cut(
             elapsed_ms=job.elapsed_ms,
             dry_run=dry_run,
         )
-        if probe and not dry_run:
-            reachable = tuple(k for k in keeps if k.port is not None)
+        reachable = tuple(k for k in keeps if k.port is not None)
+        if probe and not dry_run and (reachable or blocked):
             found = run_in_netns(fd, probe_mod.run_probe, reachable, blocked, probe_timeout)
             result = CutResult(
                 result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
