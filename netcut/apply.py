@@ -153,6 +153,12 @@ class JobResult:
     elapsed_ms: float = 0.0
 
 
+def job_apply(ops: tuple[Op, ...]) -> None:
+    """Apply arbitrary ops with rollback (tests use it to inject a failure midway)."""
+    with IPRoute() as ipr:
+        apply_plan(ipr, ops)
+
+
 def job_status(store: Store) -> JobResult:
     with IPRoute() as ipr:
         record = store.load()
