@@ -50,16 +50,18 @@ class Servers:
 
     def tcp_echo(self, ns: str, addr: str, port: int, family: int = socket.AF_INET) -> None:
         srv = ns_socket(ns, family)
+        self.socks.append(srv)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         srv.bind((addr, port))
         srv.listen(64)
-        self.socks.append(srv)
         threading.Thread(target=self._accept, args=(srv,), daemon=True).start()
 
     def udp_echo(self, ns: str, addr: str, port: int) -> None:
         srv = ns_socket(ns, socket.AF_INET, socket.SOCK_DGRAM)
-        srv.bind((addr, port))
         self.socks.append(srv)
+        srv.bind((addr, port))
         threading.Thread(target=self._udp, args=(srv,), daemon=True).start()
 
     def _accept(self, srv: socket.socket) -> None:
@@ -84,6 +86,8 @@ class Servers:
         while True:
             try:
                 data, peer = srv.recvfrom(2048)
+                if peer is None:  # shut down
+                    return
                 srv.sendto(data, peer)
             except OSError:
                 return
@@ -119,11 +123,15 @@ class Topology:
     def connect(self, addr: str, port: int, timeout: float = 2.0) -> socket.socket:
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         sock = ns_socket(self.sandbox, family)
-        sock.settimeout(timeout)
-        if family == socket.AF_INET6:
-            sock.connect((addr, port, 0, ifindex_in(self.sandbox, "eth0")))
-        else:
-            sock.connect((addr, port))
+        try:
+            sock.settimeout(timeout)
+            if family == socket.AF_INET6:
+                sock.connect((addr, port, 0, ifindex_in(self.sandbox, "eth0")))
+            else:
+                sock.connect((addr, port))
+        except BaseException:
+            sock.close()
+            raise
         return sock
 
     def reaches(self, addr: str, port: int, timeout: float = 1.0) -> bool:

@@ -24,11 +24,13 @@ def ns_path(ns: str) -> str:
     return f"/run/netns/{ns}"
 
 
-def netfilter(ns: str) -> str:
-    out = ""
+def netfilter(ns: str) -> list[str]:
+    """Chains and rules of the namespace's legacy tables (a table that a cut instantiated
+    stays registered, empty, after restore: only its content is compared)."""
+    out = []
     for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
         text = sh("ip", "netns", "exec", ns, tool).stdout
-        out += "\n".join(x for x in text.splitlines() if not x.startswith(("#", ":")))
+        out += [f"{tool}: {x}" for x in text.splitlines() if x.startswith(("-", ":NETCUT"))]
     return out
 
 
