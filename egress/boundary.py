@@ -104,12 +104,14 @@ async def prepare_execution(
         framework_routes=[*policy.framework_routes, *routes],
     )  # fmt: skip
     spec = ClientSpec(cid, sandbox_policy, token=tok)
+    keeps: list[str] = []
+    netns: str | None = sandbox
     try:
         if mode == "loopback":
-            listen_host, keeps, netns = "127.0.0.1", [], sandbox
+            listen_host = "127.0.0.1"
         else:
             listen_host = gateway or await _gateway_of(sandbox)
-            keeps, netns = [], None
+            netns = None
         listeners = await _listeners(proxy, spec, routes, listen_host, proxy_port, netns)
         if mode == "gateway":
             keeps = [f"{li.host}:{li.port}" for li in listeners]
@@ -189,10 +191,7 @@ async def _cut_and_prove(
 
 
 def _is_cut(status: Any) -> bool:
-    state = getattr(status, "state", None)
-    if state is not None:
-        return str(state) == "cut"
-    return bool(getattr(status, "cut", False))
+    return bool(getattr(status, "is_cut", False))
 
 
 async def _gateway_of(sandbox: str) -> str:
