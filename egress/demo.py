@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import json
 import os
 import subprocess
 import sys
@@ -127,12 +126,14 @@ def world() -> Iterator[World]:
             ip("route", "del", "prohibit", SAFETY_NET, check=False)
 
 
-async def run(*argv: str, timeout: float = 20) -> tuple[int, str, str]:
+async def run(*argv: str) -> tuple[int, str, str]:
+    """Run a command off the loop's thread (the proxy keeps serving); 20 s at most."""
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(20):
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -200,7 +201,8 @@ async def story(w: World, audit_path: str) -> int:
                 expect_blocked=[f"{w.upstream_direct}:80", f"{w.addr(1)}:53"],
             )  # fmt: skip
             say(
-                f"cut in {execution.cut.elapsed_ms:.1f} ms; probe: {execution.probe.reason() or 'ok'}"
+                f"cut in {execution.cut.elapsed_ms:.1f} ms; "
+                f"probe: {execution.probe.reason() or 'ok'}"
             )
             say(
                 f"agent env: HTTPS_PROXY=http://{execution.client_id}:***@127.0.0.1:"
