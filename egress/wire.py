@@ -542,6 +542,11 @@ _CHUNK_LINE = re.compile(
     % (MAX_CHUNK_SIZE_DIGITS, _TOKEN_RE, _TOKEN_RE, _QUOTED_RE)
 )
 
+# Fields that must not appear as trailers (RFC 9110 6.5.1: framing, routing, and the
+# hop-by-hop fields we could not remove from relayed bytes); a next hop that merges trailers
+# into the header section would otherwise let a client reframe or reroute after our checks.
+_FORBIDDEN_TRAILERS = frozenset(name.encode() for name in _HOP_BY_HOP | _NEVER_HOP_BY_HOP)
+
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
 _LineHandler = Callable[[bytes], None]
 
@@ -556,7 +561,9 @@ class ChunkedScanner:
 
     Strict, per RFC 9112 7.1: chunk-size is 1 to 16 hex digits with nothing around it;
     extensions are `;name` or `;name=token-or-quoted-string` with no whitespace; chunk data is
-    followed by exactly CRLF; trailer fields obey the head's field rules. Anything else raises
+    followed by exactly CRLF; trailer fields obey the head's field rules, and framing, routing
+    and hop-by-hop fields (Content-Length, Host, Connection, ...) are refused as trailers,
+    since a next hop might merge them into the header section. Anything else raises
     `ProtocolError(..., error_status)` (400 by default; pass 502 for upstream responses); the
     scanner is then unusable and the connection must be closed.
     """
@@ -649,6 +656,8 @@ class ChunkedScanner:
             self._fail("trailer " + _bad_field_line(field, colon))
         if value.translate(None, _FIELD_TEXT):
             self._fail("control character in trailer field")
+        if name.lower() in _FORBIDDEN_TRAILERS:
+            self._fail(f"{name.decode('ascii')} is not allowed in a trailer section")
 
     def _fail(self, message: str) -> NoReturn:
         raise ProtocolError(message, self._error_status)

@@ -794,6 +794,11 @@ CHUNKED_BAD: list[tuple[str, bytes]] = [
     ("trailer_too_large", b"0\r\nX: " + b"a" * 8192 + b"\r\n\r\n"),
     ("trailer_too_many_fields", b"0\r\n" + b"X: a\r\n" * 101 + b"\r\n"),
     ("head_smuggled_as_trailer", b"0\r\nGET / HTTP/1.1\r\n\r\n"),
+    ("trailer_content_length", b"0\r\nContent-Length: 5\r\n\r\n"),
+    ("trailer_transfer_encoding", b"0\r\ntransfer-encoding: chunked\r\n\r\n"),
+    ("trailer_host", b"0\r\nHOST: evil.example\r\n\r\n"),
+    ("trailer_connection", b"0\r\nConnection: close\r\n\r\n"),
+    ("trailer_proxy_authorization", b"0\r\nProxy-Authorization: Basic eA==\r\n\r\n"),
 ]
 
 
