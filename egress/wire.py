@@ -363,7 +363,10 @@ def _parse_fields(
     return tuple(headers), special
 
 
-_WATCHED = frozenset({"content-length", "transfer-encoding", "connection", "host"})
+_WATCHED = frozenset(
+    {"content-length", "transfer-encoding", "connection", "host"}
+    | {"content_length", "transfer_encoding"}
+)
 _FIELD_BLOCK = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*")
 
 
@@ -406,8 +409,13 @@ def _keep_alive(version: str, special: dict[str, list[str]]) -> bool:
     return "keep-alive" in tokens and "close" not in tokens
 
 
-def _tokens(values: Iterable[str]) -> frozenset[str]:
-    return frozenset(t.strip(" \t").lower() for v in values for t in v.split(",")) - {""}
+def _tokens(values: list[str]) -> frozenset[str]:
+    if len(values) == 1 and "," not in values[0]:  # the usual `Connection: keep-alive`
+        return frozenset((values[0].lower(),)) - _EMPTY
+    return frozenset([t.strip(" \t").lower() for v in values for t in v.split(",")]) - _EMPTY
+
+
+_EMPTY = frozenset({""})
 
 
 def _content_length(values: list[str], status: int) -> int:
@@ -425,6 +433,9 @@ def _request_framing(version: str, special: dict[str, list[str]]) -> BodyFraming
     # RFC 9112 6.1-6.3, refusing every shape that two parsers could read differently.
     cl = special.get("content-length")
     te = special.get("transfer-encoding")
+    if "content_length" in special or "transfer_encoding" in special:
+        # CGI-style servers (WSGI, PHP) map '_' to '-', and would frame by this field.
+        raise ProtocolError("underscore spelling of a framing header field", 400)
     if te:
         if version == "HTTP/1.0":
             raise ProtocolError("Transfer-Encoding in an HTTP/1.0 request", 400)

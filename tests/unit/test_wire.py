@@ -238,6 +238,8 @@ REQUEST_BAD: list[tuple[str, bytes, int]] = [
     ("te_empty", req("Transfer-Encoding:"), 400),
     ("te_quoted", req('Transfer-Encoding: "chunked"'), 400),
     ("te_in_http10", req("Transfer-Encoding: chunked", start=b"POST http://a/ HTTP/1.0"), 400),
+    ("cl_underscore", req("Content_Length: 5"), 400),
+    ("te_underscore", req("transfer_encoding: chunked", "Content-Length: 3"), 400),
     ("duplicate_host", req("Host: a", "Host: b"), 400),
     ("duplicate_host_any_case", req("Host: a", "HOST: a"), 400),
     # --- field syntax
