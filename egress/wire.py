@@ -16,8 +16,14 @@ one framing header, and `Transfer-Encoding` on a request must be exactly `chunke
 
 DoS bounds: a head is searched only within its size limit (16 KiB for requests, 64 KiB for
 responses) and has a bounded number of field lines; the chunk scanner keeps at most one line
-(4 KiB for a chunk-size line, 8 KiB of trailer section in all) whatever the body size. Hot path
-work is done by bytes methods (find, count, split, translate) rather than per-byte Python loops.
+(4 KiB for a chunk-size line, 8 KiB of trailer section in all) whatever the body size.
+Being stateless, a head parser rescans the buffer on each call: at most `max_size` bytes, in C
+(`bytes.find`/`count`), so a client trickling its head byte by byte costs little more than
+the head timeout it is subject to anyway.
+
+Speed: no per-byte Python loops. One `find` locates the end of the head, one precompiled
+regular expression validates the request line and another the whole field block; only then
+are lines split, and per field there is just a partition, a strip and a lower.
 """
 
 from __future__ import annotations
