@@ -177,6 +177,7 @@ def parse_request_head(
     *,
     max_size: int = MAX_REQUEST_HEAD_SIZE,
     max_headers: int = MAX_REQUEST_HEADERS,
+    searched: int = 0,
 ) -> tuple[RequestHead, int] | None:
     """Parse the request head at the start of `buf`.
 
@@ -184,12 +185,18 @@ def parse_request_head(
     line (and up to two skipped leading empty lines); whatever follows is the body or a
     pipelined request and is left to the caller. Returns None while the head is incomplete.
 
+    `searched` is optional: pass `len(buf)` as it was when the previous call for this same
+    head returned None, and only the new bytes are searched (h11's ReceiveBuffer does the
+    same); otherwise a client trickling its head byte by byte makes each call rescan up to
+    `max_size` bytes. A wrong hint cannot make a bad head pass: it at worst delays or changes
+    the error.
+
     Raises `ProtocolError` with status 400 for a malformed or smuggling-prone head (see
     docs/wire.md), 431 when no complete head fits in `max_size` bytes or it has more than
     `max_headers` fields, and 505 for an HTTP version other than 1.0 and 1.1.
     """
     data = _as_bytes(buf, max_size)
-    split = _split_head(data, _skip_empty_lines(data), max_size, max_headers, 400)
+    split = _split_head(data, _skip_empty_lines(data), max_size, max_headers, 400, searched)
     if split is None:
         return None
     first, block, consumed = split
@@ -208,13 +215,14 @@ def parse_response_head(
     request_method: str,
     max_size: int = MAX_RESPONSE_HEAD_SIZE,
     max_headers: int = MAX_RESPONSE_HEADERS,
+    searched: int = 0,
 ) -> tuple[ResponseHead, int] | None:
     """Parse the response head at the start of `buf`, sent in answer to `request_method`.
 
-    Same contract as `parse_request_head`. The framing follows RFC 9112 6.3: a response to
-    HEAD, a 1xx, 204 or 304 has no body; then `Transfer-Encoding` whose final coding is
-    `chunked`, then `Content-Length`; otherwise (including a non-chunked transfer coding) the
-    body runs until the server closes, and `keep_alive` is False.
+    Same contract as `parse_request_head` (including `searched`). The framing follows
+    RFC 9112 6.3: a response to HEAD, a 1xx, 204 or 304 has no body; then `Transfer-Encoding`
+    whose final coding is `chunked`, then `Content-Length`; otherwise (including a non-chunked
+    transfer coding) the body runs until the server closes, and `keep_alive` is False.
 
     A 1xx other than 101 is informational: relay (or drop) it and parse again, the final
     response follows on the same connection. A 101, or a 2xx to CONNECT, turns the connection
@@ -224,7 +232,7 @@ def parse_response_head(
     upstream) for a malformed head, an over-long head or too many fields.
     """
     data = _as_bytes(buf, max_size)
-    split = _split_head(data, 0, max_size, max_headers, 502)
+    split = _split_head(data, 0, max_size, max_headers, 502, searched)
     if split is None:
         return None
     first, block, consumed = split
@@ -258,15 +266,22 @@ def _skip_empty_lines(data: bytes | bytearray) -> int:
 
 
 def _split_head(
-    data: bytes | bytearray, start: int, max_size: int, max_headers: int, status: int
+    data: bytes | bytearray,
+    start: int,
+    max_size: int,
+    max_headers: int,
+    status: int,
+    searched: int,
 ) -> tuple[bytes, bytes, int] | None:
     """(start line, field block, bytes consumed), or None if the head is incomplete.
 
     The field block is every field line, each preceded by its CRLF (see `_parse_fields`).
+    Bytes before `searched` were seen incomplete and valid so far, and are not searched again.
     """
-    end = data.find(b"\r\n\r\n", start, max_size)
+    searched = min(searched, len(data), max_size)
+    end = data.find(b"\r\n\r\n", max(start, searched - 3), max_size)
     if end < 0:
-        _check_partial(data, start, max_size, status)
+        _check_partial(data, max(start, searched), max_size, status)
         if len(data) >= max_size:
             raise ProtocolError(f"no complete head within {max_size} bytes", _431(status))
         return None
@@ -280,7 +295,9 @@ def _split_head(
 def _check_partial(data: bytes | bytearray, start: int, max_size: int, status: int) -> None:
     # Fail fast on an incomplete head that can never become valid (a bare CR or LF), rather
     # than waiting for more bytes until the size limit or a timeout. A final CR may still be
-    # followed by its LF.
+    # followed by its LF; so when resuming, a CR just before `start` is checked again.
+    if start and data[start - 1 : start] == b"\r":
+        start -= 1
     part = bytes(data[start:max_size])
     if part.endswith(b"\r"):
         part = part[:-1]

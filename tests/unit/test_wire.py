@@ -325,6 +325,69 @@ def test_request_head_refused_byte_by_byte(raw: bytes, status: int) -> None:
             parse_request_head(raw[:j])
 
 
+def feed_with_hint(raw: bytes, step: int = 1) -> tuple[str, object]:
+    """Grow a buffer `step` bytes at a time, passing `searched` as a careful caller would."""
+    buf, searched = bytearray(), 0
+    for i in range(0, len(raw), step):
+        buf += raw[i : i + step]
+        try:
+            result = parse_request_head(buf, searched=searched)
+        except ProtocolError as err:
+            return ("error", err.status)
+        if result is not None:
+            return ("ok", result)
+        searched = len(buf)
+    return ("incomplete", None)
+
+
+def outcome(raw: bytes) -> tuple[str, object]:
+    try:
+        result = parse_request_head(raw)
+    except ProtocolError as err:
+        return ("error", err.status)
+    return ("incomplete", None) if result is None else ("ok", result)
+
+
+ALL_REQUESTS = [r for _, r, _ in REQUEST_OK] + [r for _, r, _ in REQUEST_BAD]
+ALL_IDS = [i for i, _, _ in REQUEST_OK] + [i for i, _, _ in REQUEST_BAD]
+
+
+@pytest.mark.parametrize("step", [1, 2, 7])
+@pytest.mark.parametrize("raw", ALL_REQUESTS, ids=ALL_IDS)
+def test_searched_hint_gives_the_same_outcome(raw: bytes, step: int) -> None:
+    expected = outcome(raw)
+    got = feed_with_hint(raw, step)
+    if expected[0] == "error" and got[0] == "error":
+        assert got[1] in (expected[1], 400)  # a bare CR/LF may be refused earlier
+    else:
+        assert got == expected
+
+
+def test_searched_hint_makes_a_trickled_head_linear() -> None:
+    raw = b"GET http://a/ HTTP/1.1\r\nX: " + b"a" * MAX_REQUEST_HEAD_SIZE
+    assert feed_with_hint(raw) == ("error", 431)
+
+
+def test_wrong_searched_hint_cannot_make_a_bad_head_pass() -> None:
+    """A lying hint only delays (None) or changes the verdict; it never yields a head."""
+    raw = req("Host: a", "X-A: a\rb", "Y: c")
+    assert outcome(raw) == ("error", 400)
+    for searched in range(len(raw) + 5):
+        verdict = feed_once(raw, searched)
+        assert verdict[0] in ("error", "incomplete"), searched
+    # a hint past a blank line makes the head look like it has an empty field line
+    early = b"GET http://a/ HTTP/1.1\r\n\r\n" + req("Host: b")
+    assert feed_once(early, len(early) - 10) == ("error", 400)
+
+
+def feed_once(raw: bytes, searched: int) -> tuple[str, object]:
+    try:
+        result = parse_request_head(raw, searched=searched)
+    except ProtocolError as err:
+        return ("error", err.status)
+    return ("incomplete", None) if result is None else ("ok", result)
+
+
 @pytest.mark.parametrize(
     "raw",
     [b"GET http://a/ HTTP/1.1\n", b"GET http://a/ HTTP/1.1\r\nHost: a\rx", b"\r\n\n"],
@@ -500,6 +563,8 @@ def test_response_head_ok(raw: bytes, method: str, expected: dict[str, Any]) -> 
         assert getattr(head, name) == value, name
     for i in range(len(raw)):
         assert parse_response_head(raw[:i], request_method=method) is None, i
+        assert parse_response_head(raw[:i], request_method=method, searched=i - 1) is None
+    assert parse_response_head(raw, request_method=method, searched=len(raw) - 1) == result
     assert parse_response_head(bytearray(raw + b"body"), request_method=method) == result
     assert parse_response_head(memoryview(raw + b"\r\n"), request_method=method) == result
 
@@ -896,6 +961,16 @@ def test_request_parser_returns_or_raises_protocol_error(data: bytes) -> None:
         assert 0 < consumed <= len(data)
         assert parse_request_head(data[:consumed]) == result
         assert head.framing.kind in ("none", "length", "chunked")
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(http_like, st.integers(1, 10))
+def test_request_parser_searched_hint_is_equivalent(data: bytes, step: int) -> None:
+    expected, got = outcome(data), feed_with_hint(data, step)
+    if expected[0] == "error" and got[0] == "error":
+        assert got[1] in (expected[1], 400)
+    else:
+        assert got == expected
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
