@@ -144,10 +144,26 @@ class _Fields:
         """Lowercased tokens of all `Connection` fields (`close`, `keep-alive`, field names)."""
         return _tokens(self.get_all("connection"))
 
+    def __repr__(self) -> str:
+        # Credentials never reach a log through a repr (SPEC 4: tokens are never logged).
+        parts = []
+        for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            value = getattr(self, name)
+            if name == "headers":
+                value = tuple((n, "<redacted>" if n.lower() in _SECRETS else v) for n, v in value)
+            parts.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
-@dataclass(frozen=True, slots=True)
+
+_SECRETS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class RequestHead(_Fields):
-    """A parsed request head. `target` is exactly as sent; `headers` keep order and case."""
+    """A parsed request head. `target` is exactly as sent; `headers` keep order and case.
+
+    Its repr hides the values of Authorization, Proxy-Authorization, Cookie and Set-Cookie.
+    """
 
     method: str
     target: str
@@ -157,9 +173,12 @@ class RequestHead(_Fields):
     framing: BodyFraming
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class ResponseHead(_Fields):
-    """A parsed response head; `framing` already accounts for the request method."""
+    """A parsed response head; `framing` already accounts for the request method.
+
+    Its repr hides credential and cookie values, like `RequestHead`'s.
+    """
 
     version: str
     status: int

@@ -418,6 +418,28 @@ def test_head_helpers() -> None:
     assert head.connection_tokens == frozenset({"keep-alive", "x-secret", "upgrade"})
 
 
+def test_repr_hides_credentials() -> None:
+    raw = req(
+        "Host: a", "Proxy-Authorization: Basic c2VjcmV0", "authorization: Bearer tok", "Cookie: s=1"
+    )
+    head = _head(raw)
+    text = repr(head)
+    assert "c2VjcmV0" not in text
+    assert "tok" not in text
+    assert "s=1" not in text
+    assert text.startswith("RequestHead(method='GET', target='http://example.com/'")
+    assert "('Host', 'a')" in text
+    assert "headers=(('Host', 'a'), ('Proxy-Authorization', '<redacted>'), " in text
+    assert text.endswith("keep_alive=True, framing=BodyFraming(kind='none', length=0))")
+    assert head.get("proxy-authorization") == "Basic c2VjcmV0"  # the value itself is intact
+    result = parse_response_head(
+        resp("Set-Cookie: id=42", "Content-Length: 0"), request_method="GET"
+    )
+    assert result is not None
+    assert "id=42" not in repr(result[0])
+    assert "status=200" in repr(result[0])
+
+
 def test_heads_are_frozen() -> None:
     result = parse_request_head(req("Host: a"))
     assert result is not None
