@@ -34,7 +34,6 @@ from .server import EgressProxy
 AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
          "--bounding-set=-all", "--"]  # fmt: skip
 SAFETY_NET = "198.18.0.0/15"
-MODEL_PORT = 8089  # the example policy's framework route
 
 
 def say(text: str = "", *, step: str | None = None) -> None:
@@ -178,9 +177,12 @@ async def story(w: World, audit_path: str) -> int:
     resolve = [f"{h}={w.upstream_addr}" for h in ("pypi.demo", "evil.pythonhosted.demo")]
     # an allowed name whose DNS answer points at loopback: the address guard's job
     resolve.append("files.pythonhosted.demo=127.0.0.1")
-    settings = build_settings(data, resolve=resolve)
     upstream_app = await start_app("upstream", listen_in_netns(w.upstream, "0.0.0.0", 80))
-    model_app = await start_app("model-api", "127.0.0.1", MODEL_PORT)
+    # the framework's model API on this host's loopback (any free port; the example policy's
+    # 8089 may be taken on a busy machine)
+    model_app = await start_app("model-api", "127.0.0.1", 0)
+    route = f"http://127.0.0.1:{model_app.addresses[0][1]}/v1"
+    settings = build_settings({**data, "framework_routes": [route]}, resolve=resolve)
     try:
         say("The sandbox (an agent's container) and the upstream (the internet) exist.",
             step="1. Setup, online")  # fmt: skip
@@ -197,7 +199,7 @@ async def story(w: World, audit_path: str) -> int:
                 "stays, where the proxy listens.", step="2. The cut")  # fmt: skip
             policy: Policy = settings.policy
             execution = await prepare_execution(
-                w.sandbox, policy, proxy, framework_routes=[f"http://127.0.0.1:{MODEL_PORT}/v1"],
+                w.sandbox, policy, proxy, framework_routes=[route],
                 expect_blocked=[f"{w.upstream_direct}:80", f"{w.addr(1)}:53"],
             )  # fmt: skip
             say(
@@ -251,7 +253,7 @@ async def story(w: World, audit_path: str) -> int:
                 "destination_ip_prohibited" in out or "reserved" in out,
                 "the name resolving to loopback was not refused by the address guard",
             )
-            model_url = execution.framework_urls[f"http://127.0.0.1:{MODEL_PORT}/v1"]
+            model_url = execution.framework_urls[route]
             rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--max-time", "5",
                                             model_url + "/chat")  # fmt: skip
             show(f"framework route: the model API at {model_url} (expected: works)", rc, out, err)

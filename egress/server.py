@@ -84,9 +84,10 @@ class _Conn:
 
     side: Side
     client: str
-    source: IPAddress | None
+    peer: object  # the socket's peername; parsed only when a source rule needs it
     listener: Listener
     phase: str = "head"  # head | idle | active
+    raw_head: bytes = b""  # the bytes of the request head being served
     phase_since: float = 0.0
     upstream: Side | None = None
     end: str | None = None
@@ -194,6 +195,7 @@ class EgressProxy:
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
         self._cache: dict[tuple[int, str, str, int], Decision] = {}
         self._targets: dict[str, tuple[Target, bool]] = {}
+        self._authorities: dict[str, Target] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -410,10 +412,8 @@ class EgressProxy:
         assert self._loop is not None
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
-        source = source_address(peer)
-        client = _fmt_addr(peer)
         listener = side.listener  # type: ignore[attr-defined]
-        conn = _Conn(side, client, source, listener, phase_since=self._loop.time())
+        conn = _Conn(side, _fmt_addr(peer), peer, listener, phase_since=self._loop.time())
         self._conns.add(conn)
         conn.task = self._loop.create_task(self._serve(conn))
 
@@ -446,17 +446,21 @@ class EgressProxy:
     async def _read_head(self, conn: _Conn) -> wire.RequestHead | None:
         side = conn.side
         assert self._loop is not None
+        searched = 0  # bytes already scanned for the end of the head (no quadratic rescans)
         while True:
             if side.buf:
                 if conn.phase == "idle":
                     conn.phase, conn.phase_since = "head", self._loop.time()
                 parsed = wire.parse_request_head(
-                    side.buf, max_size=self.limits.max_head, max_headers=self.limits.max_headers
-                )
+                    side.buf, max_size=self.limits.max_head,
+                    max_headers=self.limits.max_headers, searched=searched,
+                )  # fmt: skip
                 if parsed is not None:
                     head, used = parsed
+                    conn.raw_head = bytes(side.buf[:used])
                     side.consume(used)
                     return head
+                searched = len(side.buf)
             if not await side.read_more():
                 if side.buf:
                     raise ProtocolError("connection closed inside a request head", 400)
@@ -490,7 +494,8 @@ class EgressProxy:
         if self.clients.trivial:
             return self.clients.default
         try:
-            return self.clients.identify(conn.source, head.get("proxy-authorization"))
+            source = source_address(conn.peer) if self.clients.by_source else None
+            return self.clients.identify(source, head.get("proxy-authorization"))
         except AuthError as exc:
             raise _Refused(exc.reason, str(exc), status=407) from None
 
@@ -555,10 +560,7 @@ class EgressProxy:
         event = self._event(conn, "CONNECT", "https", head.target, 0)
         upstream: Side | None = None
         try:
-            try:
-                target = parse_authority(head.target)
-            except TargetError as exc:
-                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            target = self._authority_target(head.target)
             event["host"], event["port"] = target.host, target.port
             identity = self._identify(conn, head)
             event["client_id"] = identity.client_id
@@ -699,6 +701,19 @@ class EgressProxy:
         finally:
             conn.upstream = None
 
+    def _authority_target(self, authority: str) -> Target:
+        """A CONNECT target, parsed once per distinct authority (parsing is pure)."""
+        cached = self._authorities.get(authority)
+        if cached is None:
+            try:
+                cached = parse_authority(authority)
+            except TargetError as exc:
+                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            if len(self._authorities) > 65536:
+                self._authorities.clear()
+            self._authorities[authority] = cached
+        return cached
+
     def _absolute_target(self, raw: str) -> tuple[Target, str, bool]:
         """Split an absolute-form target; the authority's `Target` is cached (it is pure)."""
         if raw[:7].lower() != "http://":
@@ -752,9 +767,14 @@ class EgressProxy:
         """Send the request, relay the response; True if the client connection may go on."""
         assert self._loop is not None
         head = req.head
-        fields = wire.forward_headers(head, host_header(req.target, req.explicit_port))
+        host = host_header(req.target, req.explicit_port)
         try:
-            out = wire.serialize_request_head(head.method, req.path, fields, version=head.version)
+            out = wire.passthrough_request_head(head, conn.raw_head, req.path, host)
+            if out is None:
+                fields = wire.forward_headers(head, host)
+                out = wire.serialize_request_head(
+                    head.method, req.path, fields, version=head.version
+                )
         except (ValueError, UnicodeEncodeError) as exc:
             raise _Refused(
                 "bad_request", f"cannot forward request: {exc}", "error", status=400
@@ -766,19 +786,24 @@ class EgressProxy:
             # a malformed or truncated request body ends the exchange at once
             req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
         try:
-            resp = await self._read_response(conn, head, upstream)
+            resp, resp_raw = await self._read_response(conn, head, upstream)
         except _Refused:
             if req_done is not None:
                 _raise_body_error(req_done)
             raise
         event["status"] = resp.status
         keep = head.keep_alive and resp.keep_alive and not self._closing
-        fields = wire.forward_response_headers(resp)
-        if not keep:
-            fields.append(("Connection", "close"))
-        elif head.version == "HTTP/1.0":
-            fields.append(("Connection", "keep-alive"))
-        out = wire.serialize_response_head(resp.status, resp.reason, fields)
+        passthrough = keep and head.version == "HTTP/1.1"
+        raw = wire.passthrough_response_head(resp, resp_raw) if passthrough else None
+        if raw is not None:
+            out = raw
+        else:
+            rfields = wire.forward_response_headers(resp)
+            if not keep:
+                rfields.append(("Connection", "close"))
+            elif head.version == "HTTP/1.0":
+                rfields.append(("Connection", "keep-alive"))
+            out = wire.serialize_response_head(resp.status, resp.reason, rfields)
         ok = await self._relay_response(conn, resp, upstream, out, event)
         if req_done is not None:
             if not req_done.done():
@@ -823,24 +848,30 @@ class EgressProxy:
 
     async def _read_response(
         self, conn: _Conn, head: wire.RequestHead, upstream: Side
-    ) -> wire.ResponseHead:
+    ) -> tuple[wire.ResponseHead, bytes]:
+        """The final response head (1xx relayed on the way) and its exact bytes."""
+        searched = 0
         while True:
             try:
-                parsed = wire.parse_response_head(upstream.buf, request_method=head.method)
+                parsed = wire.parse_response_head(
+                    upstream.buf, request_method=head.method, searched=searched
+                )
             except ProtocolError as exc:
                 raise _Refused("upstream_error", f"malformed response: {exc}", "error",
                                status=502) from None  # fmt: skip
             if parsed is not None:
                 resp, used = parsed
-                if 100 <= resp.status < 200 and resp.status != 101:
-                    conn.side.write(bytes(upstream.buf[:used]))
-                    upstream.consume(used)
-                    continue
+                raw = bytes(upstream.buf[:used])
                 upstream.consume(used)
+                if 100 <= resp.status < 200 and resp.status != 101:
+                    conn.side.write(raw)
+                    searched = 0
+                    continue
                 if resp.status == 101:
                     raise _Refused("upstream_error", "upstream switched protocols (Upgrade is "
                                    "not forwarded)", "error", status=502)  # fmt: skip
-                return resp
+                return resp, raw
+            searched = len(upstream.buf)
             if not await upstream.read_more():
                 raise _Refused("upstream_error", "upstream closed before a response", "error",
                                status=502)  # fmt: skip

@@ -546,6 +546,42 @@ def forward_response_headers(head: ResponseHead) -> list[tuple[str, str]]:
     return [(n, v) for n, v in head.headers if n.lower() not in drop]
 
 
+def _needs_rewrite(headers: tuple[tuple[str, str], ...]) -> bool:
+    return any(name.lower() in _HOP_BY_HOP for name, _ in headers)
+
+
+def passthrough_request_head(
+    head: RequestHead, raw: bytes, path: str, host_header: str
+) -> bytes | None:
+    """The upstream head built from the client's own bytes, or None if it needs rewriting.
+
+    Fast path for the common request: no hop-by-hop field, exactly one Host that already says
+    `host_header`. Then the validated field block is forwarded byte for byte after a new
+    request line (origin-form `path`); otherwise use `forward_headers` and
+    `serialize_request_head`. `raw` is the exact head `parse_request_head` consumed.
+    """
+    if _needs_rewrite(head.headers):
+        return None
+    hosts = [v for n, v in head.headers if len(n) == 4 and n.lower() == "host"]
+    if hosts != [host_header]:
+        return None
+    body = raw.lstrip(b"\r\n")
+    start = body.find(b"\r\n") + 2
+    line = f"{head.method} {path} {head.version}\r\n".encode("latin-1")
+    return line + body[start:]
+
+
+def passthrough_response_head(head: ResponseHead, raw: bytes) -> bytes | None:
+    """`raw` itself when the response head can be relayed unchanged, else None.
+
+    True for an HTTP/1.1 response without hop-by-hop fields; the caller must also not need
+    to add a field of its own (such as `Connection: close`).
+    """
+    if head.version != "HTTP/1.1" or _needs_rewrite(head.headers):
+        return None
+    return raw
+
+
 def serialize_request_head(
     method: str,
     target: str,
