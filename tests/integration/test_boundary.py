@@ -139,3 +139,32 @@ async def test_fails_closed_when_the_cut_cannot_be_proven(scene: Scene) -> None:
             expect_blocked=[f"127.0.0.1:{3128}"],  # the proxy itself answers: not blocked
         )  # fmt: skip
     await netcut.restore_async(scene.sandbox.ns)
+
+
+async def test_gateway_mode_keeps_only_the_proxy_on_the_gateway(scene: Scene) -> None:
+    up = scene.direct.addr_b
+    policy = Policy(allow=["pypi.test"])
+    route = f"http://127.0.0.1:{scene.route_port}/v1"
+    execution = await prepare_execution(
+        scene.sandbox.ns, policy, scene.proxy, framework_routes=[route], mode="gateway",
+        proxy_port=0, expect_blocked=[f"{up}:80"],
+    )  # fmt: skip
+    gateway = scene.sandbox.addr_root
+    assert f"@{gateway}:" in execution.proxy_url
+    assert execution.framework_urls[route].startswith(f"http://{gateway}:")
+    env = dict(execution.env)
+    assert env["NO_PROXY"] == gateway
+    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
+                                    "http://pypi.test/gw")  # fmt: skip
+    assert rc == 0, err
+    assert json.loads(out)["path"] == "/gw"
+    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
+                                    execution.framework_urls[route] + "/m")  # fmt: skip
+    assert rc == 0, err
+    assert json.loads(out)["path"] == "/v1/m"
+    # without the token, the shared gateway listener gives the proxy's default policy (deny)
+    rc, out, _ = await in_sandbox(scene, {}, "curl", "-sS", "-i", "--max-time", "5", "-x",
+                                  f"http://{gateway}:{execution.listeners[0].port}",
+                                  "http://pypi.test/")  # fmt: skip
+    assert " 403 " in out.splitlines()[0]
+    await release_execution(scene.proxy, execution, restore=True)
