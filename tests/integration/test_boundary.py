@@ -14,8 +14,14 @@ import pytest
 from aiohttp import web
 
 import netcut
-from egress import EgressProxy, Policy, build_settings
-from egress.boundary import ExecutionNotReady, prepare_execution, release_execution
+from egress import (
+    EgressProxy,
+    ExecutionNotReady,
+    Policy,
+    build_settings,
+    prepare_execution,
+    release_execution,
+)
 
 import harness
 from servers import Origin, run, start_origin
