@@ -32,7 +32,9 @@ setup() {
     if [[ ! -x "$VENV/bin/python" ]]; then
         python3 -m venv "$VENV"
     fi
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev${EXTRAS:-}]"
+    # (this machine's pip config names optional local indexes; their warnings are noise)
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev${EXTRAS:-}]" \
+        2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
 
 cmd="${1:-help}"
@@ -45,7 +47,7 @@ case "$cmd" in
         ;;
     test)
         setup
-        echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
+        echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests $( [[ -d bench ]] && echo bench )
         echo "== mypy"; "$VENV/bin/mypy"
         echo "== pytest"; exec "$VENV/bin/python" -m pytest "$@"
         ;;

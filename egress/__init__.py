@@ -8,6 +8,8 @@ Public API (everything else is internal)::
 
 from .addrs import AddressGuard, classify
 from .audit import AuditLog
+from .boundary import Execution, ExecutionNotReady, prepare_execution, release_execution
+from .compose import compose, from_harbor, from_verifiers
 from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
 from .judge import judge
@@ -24,6 +26,8 @@ __all__ = [
     "Decision",
     "EgressError",
     "EgressProxy",
+    "Execution",
+    "ExecutionNotReady",
     "Limits",
     "NamespaceError",
     "Policy",
@@ -36,6 +40,9 @@ __all__ = [
     "TargetError",
     "build_settings",
     "classify",
+    "compose",
+    "from_harbor",
+    "from_verifiers",
     "judge",
     "listen_in_netns",
     "load_policy_file",
@@ -44,4 +51,6 @@ __all__ = [
     "parse_authority",
     "parse_rule",
     "parse_url",
+    "prepare_execution",
+    "release_execution",
 ]

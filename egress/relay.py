@@ -192,20 +192,29 @@ class Side(asyncio.Protocol):
             self.transport.abort()
 
     # --- relay mode -----------------------------------------------------------------------
-    def start_relay(self, sink: Side, framer: Framer | None) -> asyncio.Future[None]:
-        """Relay bytes from this side into `sink` until `framer` is done (or EOF for None)."""
+    def start_relay(
+        self, sink: Side, framer: Framer | None, prefix: bytes = b""
+    ) -> asyncio.Future[None]:
+        """Relay bytes from this side into `sink` until `framer` is done (or EOF for None).
+
+        `prefix` (a response head) is written first, in the same write as whatever part of
+        the message is already buffered, saving a system call per small response.
+        """
         fut: asyncio.Future[None] = self.loop.create_future()
         self.relay_done = fut
         self.sink = sink
         self.framer = framer
         sink.feeder = self
         if framer is not None and framer.done:
+            sink.write(prefix)
             self._finish(None)
             return fut
         if self.buf:
             data = bytes(self.buf)
             self.buf.clear()
-            self._forward(data)
+            self._forward(data, prefix)
+        elif prefix:
+            sink.write(prefix)
         if self.sink is None:
             return fut
         if self._read_paused_full:
@@ -220,7 +229,7 @@ class Side(asyncio.Protocol):
             self.eof_received()
         return fut
 
-    def _forward(self, data: bytes) -> None:
+    def _forward(self, data: bytes, prefix: bytes = b"") -> None:
         sink = self.sink
         assert sink is not None
         framer = self.framer
@@ -232,8 +241,9 @@ class Side(asyncio.Protocol):
             except ProtocolError as exc:
                 self._finish(RelayEnded("protocol", str(exc)))
                 return
-        if n:
-            if not sink.write(data if n == len(data) else data[:n]):
+        if n or prefix:
+            chunk = data if n == len(data) else data[:n]
+            if not sink.write(prefix + chunk if prefix else chunk):
                 self._finish(RelayEnded("lost", "peer connection closed"))
                 return
             self.bytes_relayed += n

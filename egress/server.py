@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from . import wire
 from .addrs import AddressGuard
@@ -42,7 +42,6 @@ from .sni import parse_client_hello
 from .target import (
     IPAddress,
     Target,
-    canonical_ip,
     host_header,
     parse_authority,
     parse_ip_literal,
@@ -85,12 +84,43 @@ class _Conn:
 
     side: Side
     client: str
-    source: IPAddress | None
+    peer: object  # the socket's peername; parsed only when a source rule needs it
+    listener: Listener
     phase: str = "head"  # head | idle | active
+    raw_head: bytes = b""  # the bytes of the request head being served
     phase_since: float = 0.0
     upstream: Side | None = None
     end: str | None = None
     task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
+class Listener:
+    """One listening socket. `identity` binds every connection on it to one client (a
+    sandbox's own in-namespace listener); `forward_to` makes it a plain TCP forwarder to a
+    framework route instead of a proxy."""
+
+    host: str
+    port: int
+    netns: str | None = None
+    identity: Identity | None = None
+    forward_to: tuple[str, int] | None = None
+    server: asyncio.base_events.Server | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """An absolute-form request being forwarded: the head and what was judged and dialed."""
+
+    head: wire.RequestHead
+    target: Target
+    path: str
+    explicit_port: bool
+    addr: IPAddress
 
 
 class _Refused(Exception):
@@ -160,10 +190,12 @@ class EgressProxy:
         self._fixed_host_local = None if host_local is None else frozenset(host_local)
         self.guard: AddressGuard = self.settings.guard
         self.addresses: list[tuple[str, int]] = []
-        self._servers: list[asyncio.base_events.Server] = []
+        self.listeners: list[Listener] = []
         self._conns: set[_Conn] = set()
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
         self._cache: dict[tuple[int, str, str, int], Decision] = {}
+        self._targets: dict[str, tuple[Target, bool]] = {}
+        self._authorities: dict[str, Target] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -199,17 +231,62 @@ class EgressProxy:
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         for host, port in self.listen_specs:
-            sock = (
-                listen_in_netns(self.listen_netns, host, port)
-                if self.listen_netns
-                else self._listen_here(host, port)
-            )
-            server = await loop.create_server(self._make_side, sock=sock, backlog=1024)
-            self._servers.append(server)
-            bound = sock.getsockname()
-            self.addresses.append((str(bound[0]), int(bound[1])))
+            listener = await self._open_listener(Listener(host, port, self.listen_netns))
+            self.addresses.append(listener.address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+
+    async def _open_listener(self, listener: Listener) -> Listener:
+        assert self._loop is not None, "start() the proxy first"
+        if listener.netns:
+            sock = listen_in_netns(listener.netns, listener.host, listener.port)
+        else:
+            sock = self._listen_here(listener.host, listener.port)
+        listener.server = await self._loop.create_server(
+            lambda: self._make_side(listener), sock=sock, backlog=1024
+        )
+        bound = sock.getsockname()
+        listener.host, listener.port = str(bound[0]), int(bound[1])
+        self.listeners.append(listener)
+        return listener
+
+    async def add_listener(
+        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None
+    ) -> Listener:
+        """Listen on `HOST:PORT` (inside `netns` if given) while running.
+
+        With `client`, every connection on this listener is that client (its policy and
+        id), whatever credentials it presents: a listener on a sandbox's own loopback can
+        only be reached from inside that sandbox. Raises OSError / NamespaceError.
+        """
+        host, port = parse_listen(listen)
+        identity = Identity(client.client_id, client.policy) if client is not None else None
+        return await self._open_listener(Listener(host, port, netns, identity))
+
+    async def add_forwarder(
+        self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
+    ) -> Listener:
+        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
+
+        Lets a sandbox reach a framework service on the host's loopback at an address of its
+        own (its loopback, or its gateway) without any proxy setting. Every connection is
+        audited (method `FORWARD`, reason `framework_route`).
+        """
+        from .policy import parse_framework_route
+
+        dest = parse_framework_route(route)
+        host, port = parse_listen(listen)
+        policy = Policy(framework_routes=[dest])
+        return await self._open_listener(
+            Listener(host, port, netns, Identity(client_id, policy), (dest.host, dest.port))
+        )
+
+    async def remove_listeners(self, netns: str) -> None:
+        """Stop every listener opened inside `netns` (a sandbox being released)."""
+        for listener in [li for li in self.listeners if li.netns == netns]:
+            self.listeners.remove(listener)
+            if listener.server is not None:
+                listener.server.close()
 
     @staticmethod
     def _listen_here(host: str, port: int) -> socket.socket:
@@ -241,8 +318,9 @@ class EgressProxy:
         if self._closing:
             return
         self._closing = True
-        for server in self._servers:
-            server.close()
+        for listener in self.listeners:
+            if listener.server is not None:
+                listener.server.close()
         tasks = [c.task for c in self._conns if c.task is not None]
         for conn in list(self._conns):
             if conn.phase != "active":
@@ -257,9 +335,10 @@ class EgressProxy:
                     conn.upstream.abort()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+        for listener in self.listeners:
+            if listener.server is not None:
+                with contextlib.suppress(Exception):
+                    await listener.server.wait_closed()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -322,19 +401,19 @@ class EgressProxy:
                 del self._pool[key]
 
     # --- per connection ---------------------------------------------------------------------
-    def _make_side(self) -> Side:
+    def _make_side(self, listener: Listener) -> Side:
         assert self._loop is not None
         side = _ClientSide(self._loop, max_buffer=self.limits.max_head)
         side.proxy = self
+        side.listener = listener
         return side
 
     def _accepted(self, side: Side) -> None:
         assert self._loop is not None
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
-        source = source_address(peer)
-        client = _fmt_addr(peer)
-        conn = _Conn(side, client, source, phase_since=self._loop.time())
+        listener = side.listener  # type: ignore[attr-defined]
+        conn = _Conn(side, _fmt_addr(peer), peer, listener, phase_since=self._loop.time())
         self._conns.add(conn)
         conn.task = self._loop.create_task(self._serve(conn))
 
@@ -345,6 +424,9 @@ class EgressProxy:
                 return
             if self.audit is not None and not self.audit.accepting:
                 self._refuse_now(conn, "audit_unavailable", "audit log cannot be written")
+                return
+            if conn.listener.forward_to is not None:
+                await self._forward_raw(conn, conn.listener)
                 return
             while await self._one_request(conn):
                 pass
@@ -364,17 +446,21 @@ class EgressProxy:
     async def _read_head(self, conn: _Conn) -> wire.RequestHead | None:
         side = conn.side
         assert self._loop is not None
+        searched = 0  # bytes already scanned for the end of the head (no quadratic rescans)
         while True:
             if side.buf:
                 if conn.phase == "idle":
                     conn.phase, conn.phase_since = "head", self._loop.time()
                 parsed = wire.parse_request_head(
-                    side.buf, max_size=self.limits.max_head, max_headers=self.limits.max_headers
-                )
+                    side.buf, max_size=self.limits.max_head,
+                    max_headers=self.limits.max_headers, searched=searched,
+                )  # fmt: skip
                 if parsed is not None:
                     head, used = parsed
+                    conn.raw_head = bytes(side.buf[:used])
                     side.consume(used)
                     return head
+                searched = len(side.buf)
             if not await side.read_more():
                 if side.buf:
                     raise ProtocolError("connection closed inside a request head", 400)
@@ -403,10 +489,13 @@ class EgressProxy:
 
     # --- decisions ----------------------------------------------------------------------------
     def _identify(self, conn: _Conn, head: wire.RequestHead) -> Identity:
+        if conn.listener.identity is not None:
+            return conn.listener.identity
         if self.clients.trivial:
             return self.clients.default
         try:
-            return self.clients.identify(conn.source, head.get("proxy-authorization"))
+            source = source_address(conn.peer) if self.clients.by_source else None
+            return self.clients.identify(source, head.get("proxy-authorization"))
         except AuthError as exc:
             raise _Refused(exc.reason, str(exc), status=407) from None
 
@@ -471,10 +560,7 @@ class EgressProxy:
         event = self._event(conn, "CONNECT", "https", head.target, 0)
         upstream: Side | None = None
         try:
-            try:
-                target = parse_authority(head.target)
-            except TargetError as exc:
-                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            target = self._authority_target(head.target)
             event["host"], event["port"] = target.host, target.port
             identity = self._identify(conn, head)
             event["client_id"] = identity.client_id
@@ -557,6 +643,31 @@ class EgressProxy:
         event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
         self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, 200)  # type: ignore[arg-type]
 
+    async def _forward_raw(self, conn: _Conn, listener: Listener) -> None:
+        """A forwarder connection: relay it to the listener's framework route."""
+        assert self._loop is not None
+        assert listener.forward_to is not None
+        t0 = self._loop.time()
+        host, port = listener.forward_to
+        event = self._event(conn, "FORWARD", "tcp", host, port)
+        event["client_id"] = listener.identity.client_id if listener.identity else None
+        conn.phase = "active"
+        try:
+            ip = parse_ip_literal(host)
+            try:
+                addrs = (ip,) if ip is not None else await self.resolver.resolve(host)
+            except ResolveError as exc:
+                raise _Refused("dns_error", str(exc), "error") from None
+            upstream, addr = await self._dial(addrs, port)
+        except _Refused as refused:
+            event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
+            self._emit(event, refused.decision, refused.reason, None, refused.detail, None)
+            return
+        conn.upstream = upstream
+        event["addr"] = str(addr)
+        event["reason"], event["rule"] = "framework_route", f"http://{host}:{port}"
+        await self._relay_tunnel(conn, upstream, event, t0)
+
     # --- absolute-form HTTP -----------------------------------------------------------------
     async def _http(self, conn: _Conn, head: wire.RequestHead) -> bool:
         assert self._loop is not None
@@ -564,24 +675,16 @@ class EgressProxy:
         event = self._event(conn, head.method, "http", "", 0)
         upstream: Side | None = None
         try:
-            if (
-                not head.target.startswith(("http://", "HTTP://", "Http://"))
-                or "://" not in head.target
-            ):
-                raise _Refused("bad_request", _form_error(head.target), "error", status=400)
-            try:
-                parsed = parse_url(head.target)
-            except TargetError as exc:
-                raise _Refused("bad_request", str(exc), "error", status=400) from None
-            target = parsed.target
-            event["host"], event["port"], event["path"] = target.host, target.port, parsed.path
+            target, path, explicit_port = self._absolute_target(head.target)
+            event["host"], event["port"], event["path"] = target.host, target.port, path
             identity = self._identify(conn, head)
             event["client_id"] = identity.client_id
             _, addrs = await self._authorize(identity, target, event)
-            upstream, addr, reused = await self._acquire(addrs, target.port)
+            upstream, addr = await self._acquire(addrs, target.port)
             conn.upstream = upstream
             event["addr"] = str(addr)
-            return await self._exchange(conn, head, parsed, upstream, reused, event, t0)
+            request = _Request(head, target, path, explicit_port, addr)
+            return await self._exchange(conn, request, upstream, event, t0)
         except _Refused as refused:
             if upstream is not None:
                 upstream.close()
@@ -598,45 +701,80 @@ class EgressProxy:
         finally:
             conn.upstream = None
 
-    async def _acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress, bool]:
+    def _authority_target(self, authority: str) -> Target:
+        """A CONNECT target, parsed once per distinct authority (parsing is pure)."""
+        cached = self._authorities.get(authority)
+        if cached is None:
+            try:
+                cached = parse_authority(authority)
+            except TargetError as exc:
+                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            if len(self._authorities) > 65536:
+                self._authorities.clear()
+            self._authorities[authority] = cached
+        return cached
+
+    def _absolute_target(self, raw: str) -> tuple[Target, str, bool]:
+        """Split an absolute-form target; the authority's `Target` is cached (it is pure)."""
+        if raw[:7].lower() != "http://":
+            raise _Refused("bad_request", _form_error(raw), "error", status=400)
+        end = len(raw)
+        for ch in "/?#":
+            pos = raw.find(ch, 7)
+            if 0 <= pos < end:
+                end = pos
+        authority, path = raw[7:end], raw[end:]
+        if "#" in path:
+            path = path.split("#", 1)[0]
+        if not path.startswith("/"):
+            path = "/" + path
+        cached = self._targets.get(authority)
+        if cached is None:
+            try:
+                parsed = parse_url("http://" + authority)
+            except TargetError as exc:
+                raise _Refused("bad_request", str(exc), "error", status=400) from None
+            if len(self._targets) > 65536:
+                self._targets.clear()
+            cached = self._targets[authority] = (parsed.target, parsed.explicit_port)
+        return cached[0], path, cached[1]
+
+    async def _acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
+        """An idle pooled connection to one of the checked `addrs`, or a new one."""
         for addr in addrs:
             idle = self._pool.get((addr, port))
             while idle:
                 side = idle.pop()
-                if (
-                    not side.eof
-                    and not side.buf
-                    and side.transport is not None
-                    and not side.transport.is_closing()
-                ):
-                    return side, addr, True
+                t = side.transport
+                if not side.eof and not side.buf and t is not None and not t.is_closing():
+                    return side, addr
                 side.close()
-        side, addr = await self._dial(addrs, port)
-        return side, addr, False
+        return await self._dial(addrs, port)
 
-    def _release(self, upstream: Side, addr: str, port: int) -> None:
-        ip = parse_ip_literal(addr)
-        if ip is None or upstream.eof or upstream.buf or self._closing:
+    def _release(self, upstream: Side, ip: IPAddress, port: int) -> None:
+        if upstream.eof or upstream.buf or self._closing:
             upstream.close()
             return
-        idle = self._pool.setdefault((canonical_ip(ip), port), [])
+        idle = self._pool.setdefault((ip, port), [])
         if len(idle) >= self.limits.pool_per_key:
             upstream.close()
             return
         idle.append(upstream)
 
     async def _exchange(
-        self, conn: _Conn, head: wire.RequestHead, parsed: Any, upstream: Side, reused: bool,
-        event: dict[str, object], t0: float,
-    ) -> bool:  # fmt: skip
+        self, conn: _Conn, req: _Request, upstream: Side, event: dict[str, object], t0: float
+    ) -> bool:
         """Send the request, relay the response; True if the client connection may go on."""
         assert self._loop is not None
-        target: Target = parsed.target
-        fields = wire.forward_headers(head, host_header(target, parsed.explicit_port))
+        head = req.head
+        host = host_header(req.target, req.explicit_port)
         try:
-            out = wire.serialize_request_head(
-                head.method, parsed.path, fields, version=head.version
-            )
+            out = wire.passthrough_request_head(head, conn.raw_head, req.path, host)
+            if out is None:
+                fields = wire.forward_headers(head, host)
+                out = wire.serialize_request_head(
+                    head.method, req.path, fields, version=head.version
+                )
         except (ValueError, UnicodeEncodeError) as exc:
             raise _Refused(
                 "bad_request", f"cannot forward request: {exc}", "error", status=400
@@ -648,78 +786,92 @@ class EgressProxy:
             # a malformed or truncated request body ends the exchange at once
             req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
         try:
-            resp = await self._read_response(conn, head, upstream)
+            resp, resp_raw = await self._read_response(conn, head, upstream)
         except _Refused:
-            if req_done is not None and req_done.done() and not _settle(req_done):
-                body_exc = req_done.exception() if not req_done.cancelled() else None
-                if isinstance(body_exc, RelayEnded) and body_exc.reason == "protocol":
-                    raise _Refused("bad_request", f"malformed request body: {body_exc}", "error",
-                                   status=400) from None  # fmt: skip
-                raise _Refused("bad_request", "client closed inside the request body", "error",
-                               status=400) from None  # fmt: skip
             if req_done is not None:
-                _settle(req_done)
+                _raise_body_error(req_done)
             raise
         event["status"] = resp.status
         keep = head.keep_alive and resp.keep_alive and not self._closing
-        extra: list[tuple[str, str]] = []
-        headers = wire.forward_response_headers(resp)
-        if not keep:
-            extra.append(("Connection", "close"))
-        elif head.version == "HTTP/1.0":
-            extra.append(("Connection", "keep-alive"))
-        conn.side.write(wire.serialize_response_head(resp.status, resp.reason, [*headers, *extra]))
-        framer = _framer(resp.framing, 502)
-        ok = True
-        if resp.framing.kind == "close":
-            with contextlib.suppress(RelayEnded):
-                await upstream.start_relay(conn.side, None)
-            keep = False
-        elif framer is not None:
-            try:
-                await upstream.start_relay(conn.side, framer)
-            except RelayEnded as exc:
-                ok, keep = False, False
-                event["end"] = f"upstream_{exc.reason}"
+        passthrough = keep and head.version == "HTTP/1.1"
+        raw = wire.passthrough_response_head(resp, resp_raw) if passthrough else None
+        if raw is not None:
+            out = raw
+        else:
+            rfields = wire.forward_response_headers(resp)
+            if not keep:
+                rfields.append(("Connection", "close"))
+            elif head.version == "HTTP/1.0":
+                rfields.append(("Connection", "keep-alive"))
+            out = wire.serialize_response_head(resp.status, resp.reason, rfields)
+        ok = await self._relay_response(conn, resp, upstream, out, event)
         if req_done is not None:
             if not req_done.done():
-                keep = False  # the upstream answered before the body ended: stop both
-                conn.side.close()
+                conn.side.close()  # the upstream answered before the body ended: stop both
             ok = _settle(req_done) and ok
-            if not ok:
-                keep = False
+        keep = keep and ok and resp.framing.kind != "close"
         event["bytes_up"] = conn.side.bytes_relayed
         event["bytes_down"] = upstream.bytes_relayed
-        conn.side.bytes_relayed = 0
-        upstream.bytes_relayed = 0
+        conn.side.bytes_relayed = upstream.bytes_relayed = 0
         event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
-        self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, resp.status)  # type: ignore[arg-type]
-        if ok and resp.keep_alive and (req_done is None or req_done.done()):
-            self._release(upstream, str(event["addr"]), target.port)
+        self._emit(event, "allow", event["reason"], event["rule"], None, resp.status)  # type: ignore[arg-type]
+        if ok and resp.keep_alive:
+            self._release(upstream, req.addr, req.target.port)
         else:
             upstream.close()
         return keep
 
+    async def _relay_response(
+        self, conn: _Conn, resp: wire.ResponseHead, upstream: Side, head_bytes: bytes,
+        event: dict[str, object],
+    ) -> bool:  # fmt: skip
+        """Write the response head and relay its body (one write when it is all buffered)."""
+        kind = resp.framing.kind
+        if kind == "none":
+            conn.side.write(head_bytes)
+            return True
+        if kind == "close":
+            conn.side.write(head_bytes)
+            with contextlib.suppress(RelayEnded):
+                await upstream.start_relay(conn.side, None)
+            return True
+        framer = _framer(resp.framing, 502)
+        if framer is None:  # Content-Length: 0
+            conn.side.write(head_bytes)
+            return True
+        try:
+            await upstream.start_relay(conn.side, framer, prefix=head_bytes)
+        except RelayEnded as exc:
+            event["end"] = f"upstream_{exc.reason}"
+            return False
+        return True
+
     async def _read_response(
         self, conn: _Conn, head: wire.RequestHead, upstream: Side
-    ) -> wire.ResponseHead:
+    ) -> tuple[wire.ResponseHead, bytes]:
+        """The final response head (1xx relayed on the way) and its exact bytes."""
+        searched = 0
         while True:
             try:
-                parsed = wire.parse_response_head(upstream.buf, request_method=head.method)
+                parsed = wire.parse_response_head(
+                    upstream.buf, request_method=head.method, searched=searched
+                )
             except ProtocolError as exc:
                 raise _Refused("upstream_error", f"malformed response: {exc}", "error",
                                status=502) from None  # fmt: skip
             if parsed is not None:
                 resp, used = parsed
-                if 100 <= resp.status < 200 and resp.status != 101:
-                    conn.side.write(bytes(upstream.buf[:used]))
-                    upstream.consume(used)
-                    continue
+                raw = bytes(upstream.buf[:used])
                 upstream.consume(used)
+                if 100 <= resp.status < 200 and resp.status != 101:
+                    conn.side.write(raw)
+                    searched = 0
+                    continue
                 if resp.status == 101:
                     raise _Refused("upstream_error", "upstream switched protocols (Upgrade is "
                                    "not forwarded)", "error", status=502)  # fmt: skip
-                return resp
+                return resp, raw
+            searched = len(upstream.buf)
             if not await upstream.read_more():
                 raise _Refused("upstream_error", "upstream closed before a response", "error",
                                status=502)  # fmt: skip
@@ -766,6 +918,7 @@ class EgressProxy:
 
 class _ClientSide(Side):
     proxy: EgressProxy
+    listener: Listener
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -778,6 +931,18 @@ def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:
     if framing.kind == "chunked":
         return wire.ChunkedScanner(error_status=status)
     return None
+
+
+def _raise_body_error(req_done: asyncio.Future[None]) -> None:
+    """If the request body relay failed, answer that (400) rather than the upstream's fate."""
+    if not req_done.done() or _settle(req_done):
+        if not req_done.done():
+            _settle(req_done)
+        return
+    exc = req_done.exception() if not req_done.cancelled() else None
+    if isinstance(exc, RelayEnded) and exc.reason == "protocol":
+        raise _Refused("bad_request", f"malformed request body: {exc}", "error", status=400)
+    raise _Refused("bad_request", "client closed inside the request body", "error", status=400)
 
 
 def _abort_on_error(fut: asyncio.Future[None], upstream: Side) -> None:

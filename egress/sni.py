@@ -22,6 +22,7 @@ a few hundred iterations whatever the input, and the caller never needs to buffe
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,7 +41,7 @@ _CLIENT_HELLO = 0x01
 _EXT_SERVER_NAME = 0x0000
 _EXT_ECH = 0xFE0D  # encrypted_client_hello (draft-ietf-tls-esni): the SNI we see is public
 _HOST_NAME = 0x00
-_HOSTNAME_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
+_HOSTNAME_BYTES = b"abcdefghijklmnopqrstuvwxyz0123456789-_."  # after lowercasing
 _MAX_HOSTNAME = 255  # the DNS limit, with a trailing dot
 
 HelloKind = Literal["tls", "not_tls", "malformed"]
@@ -200,17 +201,26 @@ def _parse_hello_body(body: bytes) -> ClientHelloResult:
 
 
 def _parse_extensions(r: _Reader) -> ClientHelloResult:
+    # A flat loop over `Extension extensions<...>` (type(2) data<0..2^16-1>): a hello
+    # carries a dozen or two, so this is the hot part of the parse.
+    data, pos, end = r.data, r.pos, len(r.data)
     seen: set[int] = set()
     sni: str | None = None
-    while r.left:
-        ext_type = r.uint(2)
-        ext = r.vector(2)
-        if ext_type in seen:
-            raise _Malformed  # RFC 8446 4.2: at most one extension of each type
+    while pos < end:
+        if end - pos < 4:
+            raise _Malformed
+        ext_type, length = _EXT_HEADER.unpack_from(data, pos)
+        pos += 4
+        if end - pos < length or ext_type in seen:
+            raise _Malformed  # overrun, or a duplicate (RFC 8446 4.2: at most one of each)
         seen.add(ext_type)
         if ext_type == _EXT_SERVER_NAME:
-            sni = _parse_server_name(ext)
+            sni = _parse_server_name(_Reader(data[pos : pos + length]))
+        pos += length
     return ClientHelloResult("tls", sni, _EXT_ECH in seen)
+
+
+_EXT_HEADER = struct.Struct("!HH")
 
 
 def _parse_server_name(ext: _Reader) -> str:
@@ -225,7 +235,7 @@ def _parse_server_name(ext: _Reader) -> str:
     raw = names.vector(2, minimum=1, maximum=_MAX_HOSTNAME).data.lower()
     if names.left:
         raise _Malformed
-    if not _HOSTNAME_BYTES.issuperset(raw):
+    if raw.translate(None, _HOSTNAME_BYTES):
         raise _Malformed
     if raw.endswith(b"."):
         raw = raw[:-1]

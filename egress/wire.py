@@ -16,8 +16,14 @@ one framing header, and `Transfer-Encoding` on a request must be exactly `chunke
 
 DoS bounds: a head is searched only within its size limit (16 KiB for requests, 64 KiB for
 responses) and has a bounded number of field lines; the chunk scanner keeps at most one line
-(4 KiB for a chunk-size line, 8 KiB of trailer section in all) whatever the body size. Hot path
-work is done by bytes methods (find, count, split, translate) rather than per-byte Python loops.
+(4 KiB for a chunk-size line, 8 KiB of trailer section in all) whatever the body size.
+Being stateless, a head parser rescans the buffer on each call: at most `max_size` bytes, in C
+(`bytes.find`/`count`), so a client trickling its head byte by byte costs little more than
+the head timeout it is subject to anyway.
+
+Speed: no per-byte Python loops. One `find` locates the end of the head, one precompiled
+regular expression validates the request line and another the whole field block; only then
+are lines split, and per field there is just a partition, a strip and a lower.
 """
 
 from __future__ import annotations
@@ -138,10 +144,26 @@ class _Fields:
         """Lowercased tokens of all `Connection` fields (`close`, `keep-alive`, field names)."""
         return _tokens(self.get_all("connection"))
 
+    def __repr__(self) -> str:
+        # Credentials never reach a log through a repr (SPEC 4: tokens are never logged).
+        parts = []
+        for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            value = getattr(self, name)
+            if name == "headers":
+                value = tuple((n, "<redacted>" if n.lower() in _SECRETS else v) for n, v in value)
+            parts.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
-@dataclass(frozen=True, slots=True)
+
+_SECRETS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class RequestHead(_Fields):
-    """A parsed request head. `target` is exactly as sent; `headers` keep order and case."""
+    """A parsed request head. `target` is exactly as sent; `headers` keep order and case.
+
+    Its repr hides the values of Authorization, Proxy-Authorization, Cookie and Set-Cookie.
+    """
 
     method: str
     target: str
@@ -151,9 +173,12 @@ class RequestHead(_Fields):
     framing: BodyFraming
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class ResponseHead(_Fields):
-    """A parsed response head; `framing` already accounts for the request method."""
+    """A parsed response head; `framing` already accounts for the request method.
+
+    Its repr hides credential and cookie values, like `RequestHead`'s.
+    """
 
     version: str
     status: int
@@ -171,6 +196,7 @@ def parse_request_head(
     *,
     max_size: int = MAX_REQUEST_HEAD_SIZE,
     max_headers: int = MAX_REQUEST_HEADERS,
+    searched: int = 0,
 ) -> tuple[RequestHead, int] | None:
     """Parse the request head at the start of `buf`.
 
@@ -178,12 +204,18 @@ def parse_request_head(
     line (and up to two skipped leading empty lines); whatever follows is the body or a
     pipelined request and is left to the caller. Returns None while the head is incomplete.
 
+    `searched` is optional: pass `len(buf)` as it was when the previous call for this same
+    head returned None, and only the new bytes are searched (h11's ReceiveBuffer does the
+    same); otherwise a client trickling its head byte by byte makes each call rescan up to
+    `max_size` bytes. A wrong hint cannot make a bad head pass: it at worst delays or changes
+    the error.
+
     Raises `ProtocolError` with status 400 for a malformed or smuggling-prone head (see
     docs/wire.md), 431 when no complete head fits in `max_size` bytes or it has more than
     `max_headers` fields, and 505 for an HTTP version other than 1.0 and 1.1.
     """
     data = _as_bytes(buf, max_size)
-    split = _split_head(data, _skip_empty_lines(data), max_size, max_headers, 400)
+    split = _split_head(data, _skip_empty_lines(data), max_size, max_headers, 400, searched)
     if split is None:
         return None
     first, block, consumed = split
@@ -202,13 +234,14 @@ def parse_response_head(
     request_method: str,
     max_size: int = MAX_RESPONSE_HEAD_SIZE,
     max_headers: int = MAX_RESPONSE_HEADERS,
+    searched: int = 0,
 ) -> tuple[ResponseHead, int] | None:
     """Parse the response head at the start of `buf`, sent in answer to `request_method`.
 
-    Same contract as `parse_request_head`. The framing follows RFC 9112 6.3: a response to
-    HEAD, a 1xx, 204 or 304 has no body; then `Transfer-Encoding` whose final coding is
-    `chunked`, then `Content-Length`; otherwise (including a non-chunked transfer coding) the
-    body runs until the server closes, and `keep_alive` is False.
+    Same contract as `parse_request_head` (including `searched`). The framing follows
+    RFC 9112 6.3: a response to HEAD, a 1xx, 204 or 304 has no body; then `Transfer-Encoding`
+    whose final coding is `chunked`, then `Content-Length`; otherwise (including a non-chunked
+    transfer coding) the body runs until the server closes, and `keep_alive` is False.
 
     A 1xx other than 101 is informational: relay (or drop) it and parse again, the final
     response follows on the same connection. A 101, or a 2xx to CONNECT, turns the connection
@@ -218,7 +251,7 @@ def parse_response_head(
     upstream) for a malformed head, an over-long head or too many fields.
     """
     data = _as_bytes(buf, max_size)
-    split = _split_head(data, 0, max_size, max_headers, 502)
+    split = _split_head(data, 0, max_size, max_headers, 502, searched)
     if split is None:
         return None
     first, block, consumed = split
@@ -252,15 +285,22 @@ def _skip_empty_lines(data: bytes | bytearray) -> int:
 
 
 def _split_head(
-    data: bytes | bytearray, start: int, max_size: int, max_headers: int, status: int
+    data: bytes | bytearray,
+    start: int,
+    max_size: int,
+    max_headers: int,
+    status: int,
+    searched: int,
 ) -> tuple[bytes, bytes, int] | None:
     """(start line, field block, bytes consumed), or None if the head is incomplete.
 
     The field block is every field line, each preceded by its CRLF (see `_parse_fields`).
+    Bytes before `searched` were seen incomplete and valid so far, and are not searched again.
     """
-    end = data.find(b"\r\n\r\n", start, max_size)
+    searched = min(searched, len(data), max_size)
+    end = data.find(b"\r\n\r\n", max(start, searched - 3), max_size)
     if end < 0:
-        _check_partial(data, start, max_size, status)
+        _check_partial(data, max(start, searched), max_size, status)
         if len(data) >= max_size:
             raise ProtocolError(f"no complete head within {max_size} bytes", _431(status))
         return None
@@ -274,7 +314,9 @@ def _split_head(
 def _check_partial(data: bytes | bytearray, start: int, max_size: int, status: int) -> None:
     # Fail fast on an incomplete head that can never become valid (a bare CR or LF), rather
     # than waiting for more bytes until the size limit or a timeout. A final CR may still be
-    # followed by its LF.
+    # followed by its LF; so when resuming, a CR just before `start` is checked again.
+    if start and data[start - 1 : start] == b"\r":
+        start -= 1
     part = bytes(data[start:max_size])
     if part.endswith(b"\r"):
         part = part[:-1]
@@ -363,7 +405,10 @@ def _parse_fields(
     return tuple(headers), special
 
 
-_WATCHED = frozenset({"content-length", "transfer-encoding", "connection", "host"})
+_WATCHED = frozenset(
+    {"content-length", "transfer-encoding", "connection", "host"}
+    | {"content_length", "transfer_encoding"}
+)
 _FIELD_BLOCK = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*")
 
 
@@ -406,8 +451,13 @@ def _keep_alive(version: str, special: dict[str, list[str]]) -> bool:
     return "keep-alive" in tokens and "close" not in tokens
 
 
-def _tokens(values: Iterable[str]) -> frozenset[str]:
-    return frozenset(t.strip(" \t").lower() for v in values for t in v.split(",")) - {""}
+def _tokens(values: list[str]) -> frozenset[str]:
+    if len(values) == 1 and "," not in values[0]:  # the usual `Connection: keep-alive`
+        return frozenset((values[0].lower(),)) - _EMPTY
+    return frozenset([t.strip(" \t").lower() for v in values for t in v.split(",")]) - _EMPTY
+
+
+_EMPTY = frozenset({""})
 
 
 def _content_length(values: list[str], status: int) -> int:
@@ -425,6 +475,9 @@ def _request_framing(version: str, special: dict[str, list[str]]) -> BodyFraming
     # RFC 9112 6.1-6.3, refusing every shape that two parsers could read differently.
     cl = special.get("content-length")
     te = special.get("transfer-encoding")
+    if "content_length" in special or "transfer_encoding" in special:
+        # CGI-style servers (WSGI, PHP) map '_' to '-', and would frame by this field.
+        raise ProtocolError("underscore spelling of a framing header field", 400)
     if te:
         if version == "HTTP/1.0":
             raise ProtocolError("Transfer-Encoding in an HTTP/1.0 request", 400)
@@ -493,6 +546,42 @@ def forward_response_headers(head: ResponseHead) -> list[tuple[str, str]]:
     return [(n, v) for n, v in head.headers if n.lower() not in drop]
 
 
+def _needs_rewrite(headers: tuple[tuple[str, str], ...]) -> bool:
+    return any(name.lower() in _HOP_BY_HOP for name, _ in headers)
+
+
+def passthrough_request_head(
+    head: RequestHead, raw: bytes, path: str, host_header: str
+) -> bytes | None:
+    """The upstream head built from the client's own bytes, or None if it needs rewriting.
+
+    Fast path for the common request: no hop-by-hop field, exactly one Host that already says
+    `host_header`. Then the validated field block is forwarded byte for byte after a new
+    request line (origin-form `path`); otherwise use `forward_headers` and
+    `serialize_request_head`. `raw` is the exact head `parse_request_head` consumed.
+    """
+    if _needs_rewrite(head.headers):
+        return None
+    hosts = [v for n, v in head.headers if len(n) == 4 and n.lower() == "host"]
+    if hosts != [host_header]:
+        return None
+    body = raw.lstrip(b"\r\n")
+    start = body.find(b"\r\n") + 2
+    line = f"{head.method} {path} {head.version}\r\n".encode("latin-1")
+    return line + body[start:]
+
+
+def passthrough_response_head(head: ResponseHead, raw: bytes) -> bytes | None:
+    """`raw` itself when the response head can be relayed unchanged, else None.
+
+    True for an HTTP/1.1 response without hop-by-hop fields; the caller must also not need
+    to add a field of its own (such as `Connection: close`).
+    """
+    if head.version != "HTTP/1.1" or _needs_rewrite(head.headers):
+        return None
+    return raw
+
+
 def serialize_request_head(
     method: str,
     target: str,
@@ -533,14 +622,21 @@ def _serialize(start_line: str, headers: Iterable[tuple[str, str]]) -> bytes:
 # ---------------------------------------------------------------------------- chunked bodies
 
 _TOKEN_RE = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_QUOTED_RE = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t -~\x80-\xff])*"'
+_QUOTED_RE = rb'"(?:[\t !#-\[\]-~\x80-\xff]++|\\[\t -~\x80-\xff])*+"'
 # chunk = chunk-size [ chunk-ext ] CRLF (RFC 9112 7.1), without the optional whitespace (BWS)
 # the grammar permits around ';' and '=': no real sender emits it, and whitespace in chunk
-# lines is a classic source of parser disagreement.
+# lines is a classic source of parser disagreement. Possessive quantifiers: the alternatives
+# are disjoint, so nothing is lost, and a failing match never backtracks (at most ~0.3 ms for
+# a worst-case 4 KiB line).
 _CHUNK_LINE = re.compile(
-    rb"([0-9A-Fa-f]{1,%d})(?:;%s(?:=(?:%s|%s))?)*\r\n"
+    rb"([0-9A-Fa-f]{1,%d})(?:;%s(?:=(?:%s|%s))?)*+\r\n"
     % (MAX_CHUNK_SIZE_DIGITS, _TOKEN_RE, _TOKEN_RE, _QUOTED_RE)
 )
+
+# Fields that must not appear as trailers (RFC 9110 6.5.1: framing, routing, and the
+# hop-by-hop fields we could not remove from relayed bytes); a next hop that merges trailers
+# into the header section would otherwise let a client reframe or reroute after our checks.
+_FORBIDDEN_TRAILERS = frozenset(name.encode() for name in _HOP_BY_HOP | _NEVER_HOP_BY_HOP)
 
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
 _LineHandler = Callable[[bytes], None]
@@ -556,7 +652,9 @@ class ChunkedScanner:
 
     Strict, per RFC 9112 7.1: chunk-size is 1 to 16 hex digits with nothing around it;
     extensions are `;name` or `;name=token-or-quoted-string` with no whitespace; chunk data is
-    followed by exactly CRLF; trailer fields obey the head's field rules. Anything else raises
+    followed by exactly CRLF; trailer fields obey the head's field rules, and framing, routing
+    and hop-by-hop fields (Content-Length, Host, Connection, ...) are refused as trailers,
+    since a next hop might merge them into the header section. Anything else raises
     `ProtocolError(..., error_status)` (400 by default; pass 502 for upstream responses); the
     scanner is then unusable and the connection must be closed.
     """
@@ -649,6 +747,8 @@ class ChunkedScanner:
             self._fail("trailer " + _bad_field_line(field, colon))
         if value.translate(None, _FIELD_TEXT):
             self._fail("control character in trailer field")
+        if name.lower() in _FORBIDDEN_TRAILERS:
+            self._fail(f"{name.decode('ascii')} is not allowed in a trailer section")
 
     def _fail(self, message: str) -> NoReturn:
         raise ProtocolError(message, self._error_status)

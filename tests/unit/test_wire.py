@@ -238,6 +238,8 @@ REQUEST_BAD: list[tuple[str, bytes, int]] = [
     ("te_empty", req("Transfer-Encoding:"), 400),
     ("te_quoted", req('Transfer-Encoding: "chunked"'), 400),
     ("te_in_http10", req("Transfer-Encoding: chunked", start=b"POST http://a/ HTTP/1.0"), 400),
+    ("cl_underscore", req("Content_Length: 5"), 400),
+    ("te_underscore", req("transfer_encoding: chunked", "Content-Length: 3"), 400),
     ("duplicate_host", req("Host: a", "Host: b"), 400),
     ("duplicate_host_any_case", req("Host: a", "HOST: a"), 400),
     # --- field syntax
@@ -323,6 +325,69 @@ def test_request_head_refused_byte_by_byte(raw: bytes, status: int) -> None:
             parse_request_head(raw[:j])
 
 
+def feed_with_hint(raw: bytes, step: int = 1) -> tuple[str, object]:
+    """Grow a buffer `step` bytes at a time, passing `searched` as a careful caller would."""
+    buf, searched = bytearray(), 0
+    for i in range(0, len(raw), step):
+        buf += raw[i : i + step]
+        try:
+            result = parse_request_head(buf, searched=searched)
+        except ProtocolError as err:
+            return ("error", err.status)
+        if result is not None:
+            return ("ok", result)
+        searched = len(buf)
+    return ("incomplete", None)
+
+
+def outcome(raw: bytes) -> tuple[str, object]:
+    try:
+        result = parse_request_head(raw)
+    except ProtocolError as err:
+        return ("error", err.status)
+    return ("incomplete", None) if result is None else ("ok", result)
+
+
+ALL_REQUESTS = [r for _, r, _ in REQUEST_OK] + [r for _, r, _ in REQUEST_BAD]
+ALL_IDS = [i for i, _, _ in REQUEST_OK] + [i for i, _, _ in REQUEST_BAD]
+
+
+@pytest.mark.parametrize("step", [1, 2, 7])
+@pytest.mark.parametrize("raw", ALL_REQUESTS, ids=ALL_IDS)
+def test_searched_hint_gives_the_same_outcome(raw: bytes, step: int) -> None:
+    expected = outcome(raw)
+    got = feed_with_hint(raw, step)
+    if expected[0] == "error" and got[0] == "error":
+        assert got[1] in (expected[1], 400)  # a bare CR/LF may be refused earlier
+    else:
+        assert got == expected
+
+
+def test_searched_hint_makes_a_trickled_head_linear() -> None:
+    raw = b"GET http://a/ HTTP/1.1\r\nX: " + b"a" * MAX_REQUEST_HEAD_SIZE
+    assert feed_with_hint(raw) == ("error", 431)
+
+
+def test_wrong_searched_hint_cannot_make_a_bad_head_pass() -> None:
+    """A lying hint only delays (None) or changes the verdict; it never yields a head."""
+    raw = req("Host: a", "X-A: a\rb", "Y: c")
+    assert outcome(raw) == ("error", 400)
+    for searched in range(len(raw) + 5):
+        verdict = feed_once(raw, searched)
+        assert verdict[0] in ("error", "incomplete"), searched
+    # a hint past a blank line makes the head look like it has an empty field line
+    early = b"GET http://a/ HTTP/1.1\r\n\r\n" + req("Host: b")
+    assert feed_once(early, len(early) - 10) == ("error", 400)
+
+
+def feed_once(raw: bytes, searched: int) -> tuple[str, object]:
+    try:
+        result = parse_request_head(raw, searched=searched)
+    except ProtocolError as err:
+        return ("error", err.status)
+    return ("incomplete", None) if result is None else ("ok", result)
+
+
 @pytest.mark.parametrize(
     "raw",
     [b"GET http://a/ HTTP/1.1\n", b"GET http://a/ HTTP/1.1\r\nHost: a\rx", b"\r\n\n"],
@@ -351,6 +416,28 @@ def test_head_helpers() -> None:
     assert head.get_all("X-SECRET") == ["1", "2"]
     assert head.get_all("missing") == []
     assert head.connection_tokens == frozenset({"keep-alive", "x-secret", "upgrade"})
+
+
+def test_repr_hides_credentials() -> None:
+    raw = req(
+        "Host: a", "Proxy-Authorization: Basic c2VjcmV0", "authorization: Bearer tok", "Cookie: s=1"
+    )
+    head = _head(raw)
+    text = repr(head)
+    assert "c2VjcmV0" not in text
+    assert "tok" not in text
+    assert "s=1" not in text
+    assert text.startswith("RequestHead(method='GET', target='http://example.com/'")
+    assert "('Host', 'a')" in text
+    assert "headers=(('Host', 'a'), ('Proxy-Authorization', '<redacted>'), " in text
+    assert text.endswith("keep_alive=True, framing=BodyFraming(kind='none', length=0))")
+    assert head.get("proxy-authorization") == "Basic c2VjcmV0"  # the value itself is intact
+    result = parse_response_head(
+        resp("Set-Cookie: id=42", "Content-Length: 0"), request_method="GET"
+    )
+    assert result is not None
+    assert "id=42" not in repr(result[0])
+    assert "status=200" in repr(result[0])
 
 
 def test_heads_are_frozen() -> None:
@@ -498,6 +585,8 @@ def test_response_head_ok(raw: bytes, method: str, expected: dict[str, Any]) -> 
         assert getattr(head, name) == value, name
     for i in range(len(raw)):
         assert parse_response_head(raw[:i], request_method=method) is None, i
+        assert parse_response_head(raw[:i], request_method=method, searched=i - 1) is None
+    assert parse_response_head(raw, request_method=method, searched=len(raw) - 1) == result
     assert parse_response_head(bytearray(raw + b"body"), request_method=method) == result
     assert parse_response_head(memoryview(raw + b"\r\n"), request_method=method) == result
 
@@ -783,6 +872,9 @@ CHUNKED_BAD: list[tuple[str, bytes]] = [
     ("data_then_lf", b"1\r\nx\n0\r\n\r\n"),
     ("data_then_cr_only", b"1\r\nx\r0\r\n\r\n"),
     ("data_then_nothing", b"1\r\nx0\r\n\r\n"),
+    ("data_then_lf_lf", b"1\r\nx\n\n0\r\n\r\n"),
+    ("data_then_lf_cr", b"1\r\nx\n\r0\r\n\r\n"),
+    ("data_then_cr_cr", b"1\r\nx\r\r0\r\n\r\n"),
     ("last_chunk_then_lf", b"0\r\n\n"),
     ("last_chunk_bare_lf", b"0\n\r\n"),
     ("trailer_obs_fold", b"0\r\nX: a\r\n b\r\n\r\n"),
@@ -794,6 +886,11 @@ CHUNKED_BAD: list[tuple[str, bytes]] = [
     ("trailer_too_large", b"0\r\nX: " + b"a" * 8192 + b"\r\n\r\n"),
     ("trailer_too_many_fields", b"0\r\n" + b"X: a\r\n" * 101 + b"\r\n"),
     ("head_smuggled_as_trailer", b"0\r\nGET / HTTP/1.1\r\n\r\n"),
+    ("trailer_content_length", b"0\r\nContent-Length: 5\r\n\r\n"),
+    ("trailer_transfer_encoding", b"0\r\ntransfer-encoding: chunked\r\n\r\n"),
+    ("trailer_host", b"0\r\nHOST: evil.example\r\n\r\n"),
+    ("trailer_connection", b"0\r\nConnection: close\r\n\r\n"),
+    ("trailer_proxy_authorization", b"0\r\nProxy-Authorization: Basic eA==\r\n\r\n"),
 ]
 
 
@@ -886,6 +983,16 @@ def test_request_parser_returns_or_raises_protocol_error(data: bytes) -> None:
         assert 0 < consumed <= len(data)
         assert parse_request_head(data[:consumed]) == result
         assert head.framing.kind in ("none", "length", "chunked")
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(http_like, st.integers(1, 10))
+def test_request_parser_searched_hint_is_equivalent(data: bytes, step: int) -> None:
+    expected, got = outcome(data), feed_with_hint(data, step)
+    if expected[0] == "error" and got[0] == "error":
+        assert got[1] in (expected[1], 400)
+    else:
+        assert got == expected
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,233 @@
+"""The execution boundary: the one call a framework makes right before its agent starts.
+
+`prepare_execution` joins the proxy (`egress`) and the cut (`netcut`):
+
+ 1. The sandbox gets a proxy listener on its *own loopback* (a socket created inside its
+    namespace, served by this process's event loop), bound to its client id and policy, and a
+    forwarder on its loopback for each framework route. No host port is exposed to any
+    container, and the cut keeps nothing but loopback. (`mode="gateway"` instead listens on
+    the host address the sandbox reaches the host by, and the cut keeps those ports.)
+ 2. The namespace is cut (`netcut.cut`) and probed: the proxy and forwarders must answer from
+    inside, and every `expect_blocked` address must not. The namespace must then report `cut`.
+ 3. Only then is the agent's environment returned. **Fail closed**: any failure raises
+    `ExecutionNotReady` and no environment is handed out.
+
+Calling it twice for the same sandbox is safe (listeners are reused, the cut is idempotent).
+One shared proxy serves many sandboxes, each with its own listener, policy and token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .config import ClientSpec
+from .errors import EgressError
+from .policy import FrameworkRoute, Policy, parse_framework_route
+from .server import EgressProxy, Listener
+
+Mode = Literal["loopback", "gateway"]
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+class ExecutionNotReady(EgressError):
+    """The boundary could not be proven (cut, probe or listener failed): do not run the agent."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What the agent needs: its environment and the framework URLs as it must use them."""
+
+    sandbox: str
+    client_id: str
+    proxy_url: str
+    env: Mapping[str, str]
+    framework_urls: Mapping[str, str]
+    token: str
+    cut: Any = None  # netcut.CutResult
+    probe: Any = None  # netcut.ProbeResult
+    listeners: tuple[Listener, ...] = field(default=(), repr=False)
+
+
+def _client_id(sandbox: str) -> str:
+    return sandbox.rstrip("/").rsplit("/", 1)[-1]
+
+
+def agent_env(proxy_url: str, no_proxy: Sequence[str]) -> dict[str, str]:
+    """HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY, upper and lower case."""
+    env: dict[str, str] = {}
+    for name in PROXY_ENV:
+        env[name] = env[name.lower()] = proxy_url
+    joined = ",".join(dict.fromkeys(no_proxy))
+    env["NO_PROXY"] = env["no_proxy"] = joined
+    return env
+
+
+def _rewrite(route: FrameworkRoute, host: str, port: int) -> str:
+    """`route`'s URL with its authority replaced by `host:port` (path and scheme kept)."""
+    scheme, rest = route.text.split("://", 1)
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}{rest[cut:]}"
+
+
+async def prepare_execution(
+    sandbox: str,
+    policy: Policy,
+    proxy: EgressProxy,
+    *,
+    framework_routes: Iterable[str] = (),
+    mode: Mode = "loopback",
+    proxy_port: int = 3128,
+    client_id: str | None = None,
+    token: str | None = None,
+    expect_blocked: Iterable[str] = (),
+    gateway: str | None = None,
+    force: bool = False,
+    allow_privileged: bool = False,
+) -> Execution:
+    """Make `sandbox` (a namespace name, path or PID) reachable only through `proxy`.
+
+    `policy` is the composed policy for this sandbox (see `egress.compose`); the framework
+    routes are added to it. Returns the agent's `Execution`. Raises `ExecutionNotReady` if
+    any step fails, with the cause chained; nothing is handed out then.
+    """
+    routes = [parse_framework_route(r) for r in framework_routes]
+    cid = client_id or _client_id(sandbox)
+    tok = token or secrets.token_urlsafe(24)
+    sandbox_policy = Policy(
+        allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
+        framework_routes=[*policy.framework_routes, *routes],
+    )  # fmt: skip
+    spec = ClientSpec(cid, sandbox_policy, token=tok)
+    keeps: list[str] = []
+    netns: str | None = sandbox
+    try:
+        if mode == "loopback":
+            listen_host = "127.0.0.1"
+        else:
+            listen_host = gateway or await _gateway_of(sandbox)
+            netns = None
+        listeners = await _listeners(proxy, spec, routes, listen_host, proxy_port, netns)
+        if mode == "gateway":
+            keeps = [f"{li.host}:{li.port}" for li in listeners]
+            proxy.add_client(
+                ClientSpec(cid, sandbox_policy, token=tok)
+            )  # gateway listener is shared: identify by token
+        cut, probe = await _cut_and_prove(
+            sandbox, keeps, [f"{li.host}:{li.port}" for li in listeners], expect_blocked,
+            force=force, allow_privileged=allow_privileged,
+        )  # fmt: skip
+    except ExecutionNotReady:
+        raise
+    except Exception as exc:
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+    proxy_listener = listeners[0]
+    host = proxy_listener.host
+    shown = f"[{host}]" if ":" in host else host
+    proxy_url = f"http://{cid}:{tok}@{shown}:{proxy_listener.port}"
+    urls = {
+        r.text: _rewrite(r, li.host, li.port) for r, li in zip(routes, listeners[1:], strict=True)
+    }
+    no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
+    return Execution(
+        sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
+        tuple(listeners),
+    )  # fmt: skip
+
+
+async def _listeners(
+    proxy: EgressProxy, spec: ClientSpec, routes: Sequence[FrameworkRoute], host: str,
+    proxy_port: int, netns: str | None,
+) -> list[Listener]:  # fmt: skip
+    """The proxy listener then one forwarder per route; reused when already open."""
+    existing = [li for li in proxy.listeners if li.netns == netns and li.host == host]
+    by_port = {li.port: li for li in existing}
+    out: list[Listener] = []
+    main = by_port.get(proxy_port)
+    if main is None or main.forward_to is not None:
+        main = await proxy.add_listener(f"{_hp(host)}:{proxy_port}", netns=netns,
+                                        client=spec if netns else None)  # fmt: skip
+    out.append(main)
+    used = {main.port}
+    for route in routes:
+        found = next((li for li in existing if li.forward_to == (route.host, route.port)), None)
+        if found is None:
+            port = route.port if route.port not in used and route.port not in by_port else 0
+            found = await proxy.add_forwarder(f"{_hp(host)}:{port}", route.text, netns=netns,
+                                              client_id=spec.client_id)  # fmt: skip
+        used.add(found.port)
+        out.append(found)
+    return out
+
+
+def _hp(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def _cut_and_prove(
+    sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
+    force: bool, allow_privileged: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    import netcut
+
+    try:
+        cut = await netcut.cut_async(
+            sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged
+        )
+        probe = await netcut.probe_async(sandbox, reachable, list(blocked))
+        status = await netcut.status_async(sandbox)
+    except netcut.NetcutError as exc:
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+    if not probe.ok:
+        raise ExecutionNotReady(f"sandbox {sandbox}: probe failed: {probe.reason()}")
+    if not _is_cut(status):
+        raise ExecutionNotReady(f"sandbox {sandbox}: status after the cut is {status}")
+    return cut, probe
+
+
+def _is_cut(status: Any) -> bool:
+    return bool(getattr(status, "is_cut", False))
+
+
+async def _gateway_of(sandbox: str) -> str:
+    """The IPv4 gateway of the sandbox's default route (the host as the sandbox sees it)."""
+    import asyncio
+
+    from .netns import run_in_netns
+
+    def read() -> str | None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            for route in ipr.get_default_routes(family=2):
+                gw = route.get_attr("RTA_GATEWAY")
+                if gw:
+                    return str(gw)
+        return None
+
+    gw = await asyncio.to_thread(run_in_netns, sandbox, read)
+    if gw is None:
+        raise ExecutionNotReady(f"sandbox {sandbox}: no IPv4 default route to find the host by")
+    ipaddress.ip_address(gw)
+    return gw
+
+
+async def release_execution(
+    proxy: EgressProxy, execution: Execution, *, restore: bool = False
+) -> None:
+    """Close the sandbox's listeners (and, with `restore`, undo the cut)."""
+    for listener in execution.listeners:
+        if listener in proxy.listeners:
+            proxy.listeners.remove(listener)
+            if listener.server is not None:
+                listener.server.close()
+    if restore:
+        import netcut
+
+        with contextlib.suppress(netcut.NetcutError):
+            await netcut.restore_async(execution.sandbox)

@@ -1,0 +1,240 @@
+"""The public operations: cut, restore, status, probe (and their async wrappers).
+
+Each resolves the target, opens the namespace file once (the fd names the namespace for the
+whole operation, so a name re-pointed meanwhile cannot redirect it), applies the safety rails,
+then runs one job in a forked child inside the namespace (nsexec.py). The caller's own
+namespace, netfilter tables and event loop are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from netcut import apply, safety
+from netcut import probe as probe_mod
+from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
+from netcut.nsexec import ns_identity, run_in_netns
+from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
+from netcut.probe import ProbeResult
+from netcut.records import Store
+from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
+
+TargetLike = TargetRef | ResolvedTarget | str | int
+KeepLike = str | Keep
+
+
+@dataclass(frozen=True)
+class CutResult:
+    """What a cut did. `changed` is False when the namespace was already cut (then nothing
+    was touched) or for a dry run; `probe` is None when probing was disabled."""
+
+    target: str
+    status: CutStatus
+    plan: CutPlan | None
+    changed: bool
+    probe: ProbeResult | None = None
+    elapsed_ms: float = 0.0
+    dry_run: bool = False
+    script: str | None = None  # helper mode: the shell script the plan renders to
+
+    def lines(self) -> list[str]:
+        if self.dry_run and self.plan is not None:
+            shown = [f"plan for {self.target}", *self.plan.lines()]
+            if self.script is not None:
+                shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
+            return shown
+        head = "cut" if self.changed else "already cut"
+        out = [f"{head}: {self.target}"]
+        if self.plan is not None and self.changed:
+            out += self.plan.lines()
+        if self.probe is not None:
+            out += ["probe:", *(f"  {line}" for line in self.probe.lines())]
+        return out
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    target: str
+    changed: bool  # False: the namespace was not cut
+    status: CutStatus
+    lines: tuple[str, ...] = ()
+    elapsed_ms: float = 0.0
+
+
+def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
+    if isinstance(keep, str):
+        raise InvalidInput("keep must be a list of ADDR[:PORT], not one string")
+    return tuple(dict.fromkeys(parse_keep(k) for k in keep))
+
+
+def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
+    resolved = resolve_target(target)
+    try:
+        fd = os.open(resolved.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise TargetNotFound(f"{resolved}: vanished") from None
+    except PermissionError:
+        from netcut.errors import PrivilegeError
+
+        raise PrivilegeError(f"{resolved}: permission denied opening the namespace") from None
+    return resolved, fd, ns_identity(fd)
+
+
+def _nameservers(resolved: ResolvedTarget) -> tuple[str, ...]:
+    if not resolved.resolv_conf:
+        return ()
+    try:
+        with open(resolved.resolv_conf) as f:
+            return parse_nameservers(f.read())
+    except OSError:
+        return ()
+
+
+def cut(
+    target: TargetLike,
+    keep: Iterable[KeepLike] = (),
+    *,
+    probe: bool = True,
+    expect_blocked: Iterable[KeepLike] = (),
+    force: bool = False,
+    allow_privileged: bool = False,
+    dry_run: bool = False,
+    probe_timeout: float = probe_mod.DEFAULT_TIMEOUT_S,
+) -> CutResult:
+    """Cut `target` down to loopback and `keep` (ADDR[:PORT]), then probe it.
+
+    Why: right before an agent runs, the namespace must lose every way out but the proxy. The
+    cut is idempotent: a namespace already cut with the same keeps is left alone (changed is
+    False). The probe (kept ADDR:PORTs connect, `expect_blocked` ones do not) fails closed:
+    the cut stays in place and ProbeFailed is raised.
+
+    Raises InvalidInput (bad keep, or already cut with other keeps), TargetNotFound,
+    UnsafeTarget (own/host namespace unless `force`; a process holding NET_ADMIN, NET_RAW or
+    SYS_ADMIN in it unless `allow_privileged`), PrivilegeError, ApplyFailed (rolled back),
+    ProbeFailed.
+    """
+    keeps = parse_keeps(keep)
+    blocked = parse_keeps(expect_blocked)
+    safety.require_privilege()
+    resolved, fd, identity = _open(target)
+    try:
+        if not force:
+            safety.refuse_unsafe_namespace(identity)
+        if not allow_privileged and not dry_run:
+            safety.refuse_privileged(identity)
+        meta = {"target": str(resolved)}
+        store = Store.for_namespace(identity)
+        args = (store, keeps, _nameservers(resolved), dry_run, meta)
+        job: apply.JobResult = run_in_netns(fd, apply.job_cut, *args)
+        if not job.changed and not dry_run and job.plan is not None:
+            _same_keeps(resolved, job.plan, keeps)
+        result = CutResult(
+            str(resolved),
+            job.status,
+            job.plan,
+            job.changed,
+            elapsed_ms=job.elapsed_ms,
+            dry_run=dry_run,
+        )
+        reachable = tuple(k for k in keeps if k.port is not None)
+        if probe and not dry_run and (reachable or blocked):
+            found = run_in_netns(fd, probe_mod.run_probe, reachable, blocked, probe_timeout)
+            result = CutResult(
+                result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
+            )
+            if not found.ok:
+                raise ProbeFailed(f"{resolved} is cut but the probe failed: {found.reason()}")
+        return result
+    finally:
+        os.close(fd)
+
+
+def _same_keeps(resolved: ResolvedTarget, plan: CutPlan, keeps: tuple[Keep, ...]) -> None:
+    if set(plan.keeps) != set(keeps):
+        had = ", ".join(str(k) for k in plan.keeps) or "loopback only"
+        raise InvalidInput(f"{resolved} is already cut keeping {had}; restore it first")
+
+
+def restore(target: TargetLike) -> RestoreResult:
+    """Undo a cut: put back exactly what it removed, remove exactly what it added.
+
+    Restoring a namespace that is not cut changes nothing (changed is False). Raises
+    TargetNotFound, PrivilegeError, ApplyFailed (restore incomplete; run it again).
+    """
+    safety.require_privilege()
+    resolved, fd, identity = _open(target)
+    try:
+        job = run_in_netns(fd, apply.job_restore, Store.for_namespace(identity))
+        return RestoreResult(str(resolved), job.changed, job.status, job.lines, job.elapsed_ms)
+    finally:
+        os.close(fd)
+
+
+def status(target: TargetLike) -> CutStatus:
+    """Whether `target` is cut (every effect of the recorded cut holds), partially cut, or
+    not cut. Raises TargetNotFound, PrivilegeError."""
+    safety.require_privilege()
+    _, fd, identity = _open(target)
+    try:
+        job: apply.JobResult = run_in_netns(fd, apply.job_status, Store.for_namespace(identity))
+        return job.status
+    finally:
+        os.close(fd)
+
+
+def probe(
+    target: TargetLike,
+    expect_reachable: Iterable[KeepLike] = (),
+    expect_blocked: Iterable[KeepLike] = (),
+    *,
+    timeout: float = probe_mod.DEFAULT_TIMEOUT_S,
+) -> ProbeResult:
+    """Connect from inside `target` to each ADDR:PORT; report which behaved as expected.
+
+    Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
+    target without a port, TargetNotFound, PrivilegeError.
+    """
+    reachable, blocked = parse_keeps(expect_reachable), parse_keeps(expect_blocked)
+    for keep in (*reachable, *blocked):
+        if keep.port is None:
+            raise InvalidInput(f"probe target {keep}: give ADDR:PORT")
+    safety.require_privilege()
+    _, fd, _ = _open(target)
+    try:
+        result: ProbeResult = run_in_netns(
+            fd, probe_mod.run_probe, reachable, blocked, timeout, timeout=timeout + 10
+        )
+        return result
+    finally:
+        os.close(fd)
+
+
+async def cut_async(target: TargetLike, keep: Iterable[KeepLike] = (), **kwargs: Any) -> CutResult:
+    """`cut` in a worker thread, so the caller's event loop keeps running."""
+    return await asyncio.to_thread(cut, target, list(keep), **kwargs)
+
+
+async def restore_async(target: TargetLike) -> RestoreResult:
+    return await asyncio.to_thread(restore, target)
+
+
+async def status_async(target: TargetLike) -> CutStatus:
+    return await asyncio.to_thread(status, target)
+
+
+async def probe_async(
+    target: TargetLike,
+    expect_reachable: Iterable[KeepLike] = (),
+    expect_blocked: Iterable[KeepLike] = (),
+    **kwargs: Any,
+) -> ProbeResult:
+    return await asyncio.to_thread(
+        probe, target, list(expect_reachable), list(expect_blocked), **kwargs
+    )
+
+
+Mode = Literal["direct", "helper"]

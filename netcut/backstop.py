@@ -1,0 +1,107 @@
+"""The netfilter backstop: chain NETCUT in the filter table, jumped to first from OUTPUT.
+
+Runs *inside* the target namespace only (a forked child, see nsexec.py): python-iptables has
+no namespace support and caches Table objects process-wide, and libiptc binds a table handle
+to the namespace of the socket it opened. Each function here therefore drops the cached table
+and opens a fresh one, and each install/remove is a single commit (atomic per family).
+
+`prewarm()` is the one exception that runs in the caller: it builds rules without touching any
+table, so the xtables extensions (tcp, udp, REJECT) are loaded once and inherited by children.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import iptc
+
+from netcut.plan import AF_INET, AF_INET6, CHAIN, FilterRule
+
+_FILTER = "filter"
+
+
+def _table(family: int) -> Any:
+    cls = iptc.Table6 if family == AF_INET6 else iptc.Table
+    # A handle (and the Chain objects bound to it) opened by an earlier job belongs to another
+    # namespace: drop them so the table is opened afresh here.
+    cls._cache.pop(_FILTER, None)
+    iptc.Chain._cache.clear()
+    table = cls(_FILTER, autocommit=False)
+    table.refresh()
+    return table
+
+
+def _new_rule(family: int) -> Any:
+    return iptc.Rule6() if family == AF_INET6 else iptc.Rule()
+
+
+def build_rule(family: int, spec: FilterRule) -> Any:
+    rule = _new_rule(family)
+    if spec.out_iface:
+        rule.out_interface = spec.out_iface
+    if spec.dst:
+        rule.dst = spec.dst
+    if spec.proto:
+        rule.protocol = spec.proto
+    if spec.dport is not None:
+        match = rule.create_match(spec.proto or "tcp")
+        match.dport = str(spec.dport)
+    target = rule.create_target("REJECT" if spec.verdict.startswith("REJECT") else spec.verdict)
+    if spec.verdict == "REJECT-RST":
+        target.reject_with = "tcp-reset"
+    return rule
+
+
+def _jump(family: int) -> Any:
+    rule = _new_rule(family)
+    rule.create_target(CHAIN)
+    return rule
+
+
+def install(family: int, rules: tuple[FilterRule, ...]) -> None:
+    """Create (or refill) chain NETCUT with `rules` and jump to it first from OUTPUT."""
+    table = _table(family)
+    if table.is_chain(CHAIN):
+        _remove_jumps(table, family)
+        table.flush_entries(CHAIN)
+    else:
+        table.create_chain(CHAIN)
+    chain = iptc.Chain(table, CHAIN)
+    for spec in rules:
+        chain.append_rule(build_rule(family, spec))
+    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family))
+    table.commit()
+
+
+def remove(family: int) -> None:
+    """Remove the jumps from OUTPUT and chain NETCUT; nothing to do when absent."""
+    table = _table(family)
+    if not table.is_chain(CHAIN):
+        return
+    _remove_jumps(table, family)
+    table.flush_entries(CHAIN)
+    table.delete_chain(CHAIN)
+    table.commit()
+
+
+def _remove_jumps(table: Any, family: int) -> None:
+    # Delete by specification (libiptc matches the entry), which avoids decoding every rule.
+    output = iptc.Chain(table, "OUTPUT")
+    while True:
+        try:
+            output.delete_rule(_jump(family))
+        except iptc.IPTCError:
+            return
+
+
+def present_families() -> tuple[int, ...]:
+    """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT."""
+    return tuple(f for f in (AF_INET, AF_INET6) if _table(f).is_chain(CHAIN))
+
+
+def prewarm() -> None:
+    """Load the xtables extensions the backstop uses, without opening any table."""
+    for family in (AF_INET, AF_INET6):
+        build_rule(family, FilterRule("REJECT-RST", proto="tcp", dport=53))
+        build_rule(family, FilterRule("REJECT", proto="udp", dport=53))
+        build_rule(family, FilterRule("ACCEPT", out_iface="lo"))

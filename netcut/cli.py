@@ -1,0 +1,227 @@
+"""`netcut cut|probe|status|restore` (SPEC 6).
+
+Exit codes: 0 success; 1 a check failed (probe, or a cut that could not be applied and was
+rolled back); 2 bad usage or bad input, with a one-line error naming the culprit and no
+traceback. `--json` prints one JSON object on stdout for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from netcut import api, helper, target
+from netcut.errors import NetcutError, ProbeFailed
+from netcut.plan import CutStatus, plan_to_data
+from netcut.probe import ProbeResult
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--netns", metavar="NAME", help="a named namespace (/run/netns/NAME)")
+    group.add_argument("--netns-path", metavar="PATH", help="a namespace file")
+    group.add_argument("--pid", metavar="PID", help="the namespace of a process")
+    group.add_argument("--container", metavar="ID", help="a docker or podman container")
+    p.add_argument(
+        "--runtime",
+        choices=target.RUNTIMES,
+        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, docker, podman)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="netcut", description="Cut a network namespace at execution time.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    cut = sub.add_parser("cut", help="cut the namespace down to loopback and --keep")
+    _add_target(cut)
+    cut.add_argument("--keep", action="append", default=[], metavar="ADDR[:PORT]")
+    cut.add_argument(
+        "--expect-blocked",
+        action="append",
+        default=[],
+        metavar="ADDR:PORT",
+        help="probe after the cut that this is not reachable",
+    )
+    cut.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    cut.add_argument("--mode", choices=("direct", "helper"), default="direct")
+    cut.add_argument(
+        "--helper-image",
+        metavar="IMAGE",
+        help=f"helper image (default: ${helper.IMAGE_ENV}, else built once)",
+    )
+    cut.add_argument("--no-probe", action="store_true", help="do not probe after the cut")
+    cut.add_argument("--probe-timeout", type=float, default=1.0, metavar="SECONDS")
+    cut.add_argument(
+        "--force",
+        action="store_true",
+        help="allow cutting the caller's own or the host's namespace",
+    )
+    cut.add_argument(
+        "--allow-privileged",
+        action="store_true",
+        help="cut although a process in the namespace holds NET_ADMIN/RAW/SYS_ADMIN",
+    )
+    cut.add_argument("--json", action="store_true")
+
+    probe = sub.add_parser("probe", help="check reachability from inside the namespace")
+    _add_target(probe)
+    probe.add_argument("--expect-reachable", action="append", default=[], metavar="ADDR:PORT")
+    probe.add_argument("--expect-blocked", action="append", default=[], metavar="ADDR:PORT")
+    probe.add_argument("--timeout", type=float, default=1.0, metavar="SECONDS")
+    probe.add_argument("--json", action="store_true")
+
+    status = sub.add_parser("status", help="say whether and how the namespace is cut")
+    _add_target(status)
+    status.add_argument("--mode", choices=("direct", "helper"), default="direct")
+    status.add_argument("--helper-image", metavar="IMAGE")
+    status.add_argument("--json", action="store_true")
+
+    restore = sub.add_parser("restore", help="undo a cut exactly")
+    _add_target(restore)
+    restore.add_argument("--mode", choices=("direct", "helper"), default="direct")
+    restore.add_argument("--helper-image", metavar="IMAGE")
+    restore.add_argument("--json", action="store_true")
+    return parser
+
+
+def _target(args: argparse.Namespace) -> target.TargetRef:
+    if args.runtime and not args.container:
+        raise NetcutError("--runtime applies to --container only")
+    if args.netns is not None:
+        return target.netns(args.netns)
+    if args.netns_path is not None:
+        return target.netns_path(args.netns_path)
+    if args.pid is not None:
+        return target.pid(args.pid)
+    return target.container(args.container, args.runtime)
+
+
+def _emit(args: argparse.Namespace, lines: list[str], data: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(data, sort_keys=True))
+    else:
+        print("\n".join(lines))
+
+
+def _status_data(status: CutStatus) -> dict[str, Any]:
+    return {
+        "cut": status.is_cut,
+        "state": status.state,
+        "keeps": [str(k) for k in status.keeps],
+        "details": list(status.details),
+    }
+
+
+def _probe_data(result: ProbeResult | None) -> dict[str, Any] | None:
+    if result is None:
+        return None
+    items = [
+        {"target": i.target, "expect": i.expect, "outcome": i.outcome, "ok": i.ok}
+        for i in result.items
+    ]
+    return {"ok": result.ok, "items": items, "reason": result.reason() or None}
+
+
+def _cmd_cut(args: argparse.Namespace) -> int:
+    ref = _target(args)
+    options = dict(
+        probe=not args.no_probe,
+        expect_blocked=args.expect_blocked,
+        force=args.force,
+        allow_privileged=args.allow_privileged,
+        dry_run=args.dry_run,
+        probe_timeout=args.probe_timeout,
+    )
+    if args.mode == "helper":
+        result = helper.cut(ref, args.keep, image=args.helper_image, **options)
+    else:
+        result = api.cut(ref, args.keep, **options)
+    head = "dry-run" if result.dry_run else ("cut" if result.changed else "already cut")
+    data = {
+        "result": head,
+        "target": result.target,
+        "changed": result.changed,
+        "status": _status_data(result.status),
+        "elapsed_ms": round(result.elapsed_ms, 3),
+        "plan": plan_to_data(result.plan) if result.plan else None,
+        "plan_lines": result.plan.lines() if result.plan else [],
+        "probe": _probe_data(result.probe),
+    }
+    _emit(args, result.lines(), data)
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    result = api.probe(
+        _target(args), args.expect_reachable, args.expect_blocked, timeout=args.timeout
+    )
+    lines = result.lines() + ([f"probe failed: {result.reason()}"] if not result.ok else [])
+    _emit(args, lines or ["nothing to probe"], _probe_data(result) or {})
+    return 0 if result.ok else 1
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    ref = _target(args)
+    if args.mode == "helper":
+        status = helper.status(ref, image=args.helper_image)
+    else:
+        status = api.status(ref)
+    _emit(args, status.lines(), _status_data(status))
+    return 0
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    ref = _target(args)
+    if args.mode == "helper":
+        result = helper.restore(ref, image=args.helper_image)
+    else:
+        result = api.restore(ref)
+    head = "restored" if result.changed else "not cut: nothing to restore"
+    lines = [f"{head}: {result.target}", *result.lines]
+    _emit(
+        args,
+        lines,
+        {
+            "result": "restored" if result.changed else "not cut",
+            "target": result.target,
+            "changed": result.changed,
+            "status": _status_data(result.status),
+            "lines": list(result.lines),
+        },
+    )
+    return 0
+
+
+_COMMANDS = {"cut": _cmd_cut, "probe": _cmd_probe, "status": _cmd_status, "restore": _cmd_restore}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ProbeFailed as exc:
+        print(f"netcut: probe failed: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except NetcutError as exc:
+        print(f"netcut: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:  # `netcut ... | head`: the reader left; not our failure
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("netcut: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

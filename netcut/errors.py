@@ -1,0 +1,50 @@
+"""The few error types a caller of `netcut` branches on.
+
+Each carries the CLI exit code it maps to: 1 when a check failed (a probe, or a cut that could
+not be applied and was rolled back), 2 for bad input (a target that does not exist, a refused
+target, a missing privilege or runtime, a malformed keep entry).
+"""
+
+from __future__ import annotations
+
+
+class NetcutError(Exception):
+    """Base class of every error raised by `netcut`; the message names the culprit."""
+
+    exit_code = 2
+
+
+class InvalidInput(NetcutError):
+    """A malformed argument (keep entry, target reference, probe target)."""
+
+
+class TargetNotFound(NetcutError):
+    """The namespace, process, container or container runtime does not exist."""
+
+
+class PrivilegeError(NetcutError):
+    """The caller lacks a privilege the operation needs (root, CAP_NET_ADMIN, CAP_SYS_ADMIN)."""
+
+
+class UnsafeTarget(NetcutError):
+    """Refused: the target is the caller's own or the host's namespace, or a process in it
+    holds a capability that could undo the cut (`findings` lists them)."""
+
+    def __init__(self, message: str, findings: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.findings = findings
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.findings))
+
+
+class ApplyFailed(NetcutError):
+    """A change could not be applied; what was done before it has been rolled back."""
+
+    exit_code = 1
+
+
+class ProbeFailed(NetcutError):
+    """A probe found a kept address unreachable or an expected-blocked one reachable."""
+
+    exit_code = 1

@@ -1,0 +1,657 @@
+"""The cut as data: a namespace's state in, a plan of small operations out. Pure.
+
+Strategy. `read_state` (state.py) turns netlink, sysctl and netfilter answers into the frozen
+dataclasses below; `plan_cut` turns a `NamespaceState` and the keep list into a `CutPlan`, a
+tuple of ops in the order they must run; `plan_restore` turns the recorded plan (and what the
+namespace holds now) into the ops that undo it. The executor (apply.py) is a single dispatcher
+over these ops, and the helper renderer (render.py) turns the same ops into shell commands.
+
+Order of a cut, chosen so that the namespace is never more open than before and is closed
+from the first step: (1) the netfilter backstop (v4 and v6) goes in first, so the moment it is
+committed only loopback and the kept ADDR:PORTs can be reached; (2) /32 keep routes are added
+(marked with `NETCUT_PROTO`); (3) every other unicast route outside the local table is deleted,
+gateway routes before the connected routes they depend on; (4) IPv6 addresses are removed and
+IPv6 disabled per interface, router advertisements ignored; (5) TCP flows to anything not kept
+are destroyed. Restore runs the inverse ops in reverse order.
+
+No I/O here: this module imports neither socket, asyncio, pyroute2 nor iptc.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, TypeAlias
+
+from netcut.errors import InvalidInput
+
+# Route protocol number that marks routes netcut added (`ip route ... proto 110`). The value
+# is unassigned in iproute2's rt_protos and by IANA-registered routing daemons.
+NETCUT_PROTO = 110
+# Name of the netfilter chain that holds the backstop (filter table, iptables and ip6tables).
+CHAIN = "NETCUT"
+# Format version of the JSON record written before a cut (records.py).
+RECORD_VERSION = 1
+
+AF_INET = 2
+AF_INET6 = 10
+RTN_UNICAST = 1
+RTN_LOCAL = 2
+RT_TABLE_MAIN = 254
+RT_TABLE_LOCAL = 255
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+RTNH_F_ONLINK = 4
+IFA_F_NODAD = 0x02
+
+_PROTO_NAMES = {2: "kernel", 3: "boot", 4: "static", 16: "dhcp", NETCUT_PROTO: "netcut"}
+_SCOPE_NAMES = {0: "global", 200: "site", 253: "link", 254: "host", 255: "nowhere"}
+
+Address: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A destination the cut leaves reachable: an address, and optionally one TCP port."""
+
+    addr: Address
+    port: int | None = None
+
+    def __str__(self) -> str:
+        host = f"[{self.addr}]" if self.addr.version == 6 else str(self.addr)
+        if self.port is None:
+            return str(self.addr)
+        return f"{host}:{self.port}"
+
+    @property
+    def family(self) -> int:
+        return AF_INET6 if self.addr.version == 6 else AF_INET
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.addr.is_loopback
+
+
+def parse_keep(text: str | Keep) -> Keep:
+    """Parse `ADDR`, `ADDR:PORT`, `IPV6` or `[IPV6]:PORT`; raise InvalidInput otherwise."""
+    if isinstance(text, Keep):
+        return text
+    raw = text.strip()
+    host, port = raw, None
+    if raw.startswith("["):
+        end = raw.find("]")
+        if end < 0 or (raw[end + 1 :] not in ("",) and not raw[end + 1 :].startswith(":")):
+            raise InvalidInput(f"keep {text!r}: expected [IPV6]:PORT")
+        host, rest = raw[1:end], raw[end + 1 :]
+        port = _parse_port(text, rest[1:]) if rest else None
+    elif raw.count(":") == 1:
+        host, port_text = raw.split(":")
+        port = _parse_port(text, port_text)
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise InvalidInput(f"keep {text!r}: not an IP address (names are not resolved)") from None
+    return Keep(addr, port)
+
+
+def _parse_port(original: str, text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidInput(f"keep {original!r}: port must be 1-65535")
+    return int(text)
+
+
+# ---------------------------------------------------------------- namespace state
+
+
+@dataclass(frozen=True)
+class Link:
+    index: int
+    name: str
+    loopback: bool = False
+
+
+@dataclass(frozen=True)
+class Addr:
+    family: int
+    address: str
+    prefixlen: int
+    index: int
+    ifname: str
+    flags: int = 0
+    scope: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.address}/{self.prefixlen} dev {self.ifname}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One kernel route with every attribute `ip route` shows, so it can be put back as it was."""
+
+    family: int
+    dst: str | None
+    dst_len: int
+    oif: int | None
+    ifname: str | None
+    table: int = RT_TABLE_MAIN
+    type: int = RTN_UNICAST
+    gateway: str | None = None
+    proto: int = 4
+    scope: int = RT_SCOPE_UNIVERSE
+    prefsrc: str | None = None
+    priority: int | None = None
+    tos: int = 0
+    flags: int = 0
+    pref: int | None = None
+    metrics: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What the kernel treats as the same route (for EEXIST and `ip route del`)."""
+        return (self.family, self.table, self.dst, self.dst_len, self.tos, self.priority)
+
+    def ip_args(self) -> list[str]:
+        """This route as `ip route` arguments (numbers for proto, table and scope)."""
+        dst = "default" if self.dst is None else f"{self.dst}/{self.dst_len}"
+        args = [dst]
+        if self.gateway:
+            args += ["via", self.gateway]
+        if self.ifname:
+            args += ["dev", self.ifname]
+        args += ["table", str(self.table), "proto", str(self.proto), "scope", str(self.scope)]
+        if self.prefsrc:
+            args += ["src", self.prefsrc]
+        if self.priority is not None:
+            args += ["metric", str(self.priority)]
+        if self.tos:
+            args += ["tos", str(self.tos)]
+        if self.flags & RTNH_F_ONLINK:
+            args.append("onlink")
+        for name, value in self.metrics:
+            args += [name.removeprefix("RTAX_").lower(), str(value)]
+        return args
+
+    def __str__(self) -> str:
+        dst = "default" if self.dst is None else f"{self.dst}/{self.dst_len}"
+        text = f"{dst}"
+        if self.gateway:
+            text += f" via {self.gateway}"
+        if self.ifname:
+            text += f" dev {self.ifname}"
+        if self.table != RT_TABLE_MAIN:
+            text += f" table {self.table}"
+        text += f" proto {_PROTO_NAMES.get(self.proto, self.proto)}"
+        if self.scope != RT_SCOPE_UNIVERSE:
+            text += f" scope {_SCOPE_NAMES.get(self.scope, self.scope)}"
+        return text
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The kernel's answer to `ip route get ADDR` for a kept address before the cut."""
+
+    addr: str
+    type: int | None  # None: no route at all
+    oif: int | None = None
+    ifname: str | None = None
+    gateway: str | None = None
+    prefsrc: str | None = None
+
+
+@dataclass(frozen=True)
+class NamespaceState:
+    links: tuple[Link, ...]
+    addrs: tuple[Addr, ...]
+    routes: tuple[Route, ...]
+    sysctls: tuple[tuple[str, str], ...] = ()
+    nameservers: tuple[str, ...] = ()
+    lookups: tuple[Lookup, ...] = ()
+    backstop: tuple[int, ...] = ()  # families whose filter table holds the NETCUT chain
+
+    def sysctl(self, key: str) -> str | None:
+        return dict(self.sysctls).get(key)
+
+    @property
+    def loopback_indexes(self) -> frozenset[int]:
+        return frozenset(link.index for link in self.links if link.loopback)
+
+    @property
+    def marked_routes(self) -> tuple[Route, ...]:
+        return tuple(r for r in self.routes if r.proto == NETCUT_PROTO)
+
+
+# ---------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    """One backstop rule; `verdict` is ACCEPT, REJECT, or REJECT-RST (REJECT with tcp-reset)."""
+
+    verdict: Literal["ACCEPT", "REJECT", "REJECT-RST"]
+    proto: Literal["tcp", "udp"] | None = None
+    dst: str | None = None  # CIDR
+    dport: int | None = None
+    out_iface: str | None = None
+
+    def iptables_args(self) -> list[str]:
+        args: list[str] = []
+        if self.out_iface:
+            args += ["-o", self.out_iface]
+        if self.dst:
+            args += ["-d", self.dst]
+        if self.proto:
+            args += ["-p", self.proto]
+        if self.dport is not None:
+            args += ["-m", self.proto or "tcp", "--dport", str(self.dport)]
+        if self.verdict == "REJECT-RST":
+            return [*args, "-j", "REJECT", "--reject-with", "tcp-reset"]
+        return [*args, "-j", self.verdict]
+
+
+@dataclass(frozen=True)
+class AddBackstop:
+    family: int
+    rules: tuple[FilterRule, ...]
+
+    def __str__(self) -> str:
+        tool = "ip6tables" if self.family == AF_INET6 else "iptables"
+        body = "; ".join(" ".join(r.iptables_args()) for r in self.rules)
+        return f"{tool}: chain {CHAIN} jumped to first from OUTPUT: {body}"
+
+
+@dataclass(frozen=True)
+class RemoveBackstop:
+    family: int
+
+    def __str__(self) -> str:
+        tool = "ip6tables" if self.family == AF_INET6 else "iptables"
+        return f"{tool}: remove chain {CHAIN} and its jump from OUTPUT"
+
+
+@dataclass(frozen=True)
+class AddRoute:
+    route: Route
+
+    def __str__(self) -> str:
+        return f"add route {self.route}"
+
+
+@dataclass(frozen=True)
+class DelRoute:
+    route: Route
+
+    def __str__(self) -> str:
+        return f"delete route {self.route}"
+
+
+@dataclass(frozen=True)
+class AddAddr:
+    addr: Addr
+
+    def __str__(self) -> str:
+        return f"add address {self.addr}"
+
+
+@dataclass(frozen=True)
+class DelAddr:
+    addr: Addr
+
+    def __str__(self) -> str:
+        return f"delete address {self.addr}"
+
+
+@dataclass(frozen=True)
+class SetSysctl:
+    key: str  # under /proc/sys, with slashes: net/ipv6/conf/eth0/disable_ipv6
+    value: str
+    old: str
+
+    def __str__(self) -> str:
+        return f"sysctl {self.key.replace('/', '.')} = {self.value} (was {self.old})"
+
+
+@dataclass(frozen=True)
+class KillFlows:
+    """Destroy TCP sockets whose peer is not loopback, local, or an `allowed` (addr, port)."""
+
+    allowed: tuple[tuple[str, int | None], ...]
+
+    def __str__(self) -> str:
+        kept = ", ".join(a if p is None else f"{a}:{p}" for a, p in self.allowed) or "none"
+        return f"destroy TCP flows except loopback and {kept}"
+
+
+Op: TypeAlias = (
+    AddBackstop | RemoveBackstop | AddRoute | DelRoute | AddAddr | DelAddr | SetSysctl | KillFlows
+)
+
+
+@dataclass(frozen=True)
+class CutPlan:
+    keeps: tuple[Keep, ...]
+    ops: tuple[Op, ...]
+    nameservers: tuple[str, ...] = field(default=())
+
+    def lines(self) -> list[str]:
+        kept = ", ".join(str(k) for k in self.keeps) or "nothing but loopback"
+        return [f"keep: {kept}", *(f"  {op}" for op in self.ops)]
+
+    def to_json(self) -> str:
+        return json.dumps(plan_to_data(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    ops: tuple[Op, ...]
+    complete: bool  # False when no record existed: what the cut removed cannot be put back
+
+    def lines(self) -> list[str]:
+        return [f"  {op}" for op in self.ops]
+
+
+# ---------------------------------------------------------------- planning
+
+
+def plan_cut(state: NamespaceState, keeps: tuple[Keep, ...]) -> CutPlan:
+    """Compute the ops that cut `state` down to loopback and `keeps`.
+
+    Raises InvalidInput for a keep that cannot be honoured: an IPv6 address other than
+    loopback (the cut disables IPv6), a port-53 keep (the DNS drop wins), or an address the
+    namespace has no route to.
+    """
+    keeps = tuple(dict.fromkeys(keeps))
+    _check_keeps(keeps)
+    keep_routes = _keep_routes(state, keeps)
+    doomed = _routes_to_delete(state)
+    clashing = {r.key for r in keep_routes}
+    first = [DelRoute(r) for r in doomed if r.key in clashing]
+    rest = [DelRoute(r) for r in doomed if r.key not in clashing]
+    ops: list[Op] = [
+        AddBackstop(AF_INET, backstop_rules(AF_INET, keeps, state.nameservers)),
+        AddBackstop(AF_INET6, backstop_rules(AF_INET6, keeps, state.nameservers)),
+        *first,
+        *(AddRoute(r) for r in keep_routes),
+        *rest,
+        *(DelAddr(a) for a in _ipv6_addrs(state)),
+        *_ipv6_off(state),
+        KillFlows(_allowed_flows(state, keeps)),
+    ]
+    return CutPlan(keeps, tuple(ops), state.nameservers)
+
+
+def _check_keeps(keeps: tuple[Keep, ...]) -> None:
+    for keep in keeps:
+        if keep.addr.version == 6 and not keep.is_loopback:
+            raise InvalidInput(
+                f"keep {keep}: a cut disables IPv6 in the namespace; keep an IPv4 address"
+                " or loopback"
+            )
+        if keep.port == 53:
+            raise InvalidInput(f"keep {keep}: port 53 is always dropped (DNS)")
+        if keep.addr.is_unspecified or keep.addr.is_multicast:
+            raise InvalidInput(f"keep {keep}: not a unicast address")
+
+
+def _keep_routes(state: NamespaceState, keeps: tuple[Keep, ...]) -> list[Route]:
+    lookups = {lk.addr: lk for lk in state.lookups}
+    routes: dict[str, Route] = {}
+    for keep in keeps:
+        addr = str(keep.addr)
+        if keep.is_loopback or addr in routes:
+            continue
+        lookup = lookups.get(addr)
+        if lookup is None or lookup.type is None or lookup.oif is None:
+            raise InvalidInput(f"keep {keep}: the namespace has no route to {addr}")
+        if lookup.type == RTN_LOCAL or lookup.oif in state.loopback_indexes:
+            continue  # an address of the namespace itself: delivered locally
+        routes[addr] = Route(
+            family=AF_INET,
+            dst=addr,
+            dst_len=32,
+            oif=lookup.oif,
+            ifname=lookup.ifname,
+            gateway=lookup.gateway,
+            proto=NETCUT_PROTO,
+            scope=RT_SCOPE_UNIVERSE if lookup.gateway else RT_SCOPE_LINK,
+            prefsrc=lookup.prefsrc,
+            flags=RTNH_F_ONLINK if lookup.gateway else 0,
+        )
+    return list(routes.values())
+
+
+def _routes_to_delete(state: NamespaceState) -> list[Route]:
+    """Unicast routes outside the local table that leave by a real interface."""
+    loopbacks = state.loopback_indexes
+    doomed = [
+        r
+        for r in state.routes
+        if r.table != RT_TABLE_LOCAL
+        and r.type == RTN_UNICAST
+        and r.proto != NETCUT_PROTO
+        and r.oif not in loopbacks
+    ]
+    # Gateway routes first: they depend on the connected routes deleted after them.
+    return sorted(doomed, key=lambda r: r.gateway is None)
+
+
+def _ipv6_addrs(state: NamespaceState) -> list[Addr]:
+    loopbacks = state.loopback_indexes
+    return [a for a in state.addrs if a.family == AF_INET6 and a.index not in loopbacks]
+
+
+def _ipv6_off(state: NamespaceState) -> list[SetSysctl]:
+    """accept_ra=0 everywhere, disable_ipv6=1 on every interface but loopback (keeps ::1)."""
+    wanted: list[tuple[str, str]] = [("net/ipv6/conf/all/accept_ra", "0")]
+    for name in ["default", *(link.name for link in state.links if not link.loopback)]:
+        wanted.append((f"net/ipv6/conf/{name}/accept_ra", "0"))
+        wanted.append((f"net/ipv6/conf/{name}/disable_ipv6", "1"))
+    ops = []
+    for key, value in wanted:
+        old = state.sysctl(key)
+        if old is not None and old != value:
+            ops.append(SetSysctl(key, value, old))
+    return ops
+
+
+def _allowed_flows(
+    state: NamespaceState, keeps: tuple[Keep, ...]
+) -> tuple[tuple[str, int | None], ...]:
+    local = [(a.address, None) for a in state.addrs]
+    kept = [(str(k.addr), k.port) for k in keeps]
+    return tuple(dict.fromkeys([*kept, *local]))
+
+
+def backstop_rules(
+    family: int, keeps: tuple[Keep, ...], nameservers: tuple[str, ...] = ()
+) -> tuple[FilterRule, ...]:
+    """The NETCUT chain for one family, first match wins.
+
+    DNS goes first so that even a resolver on loopback (Docker's embedded 127.0.0.11, whose
+    NAT rule rewrites the port before the filter table sees it) is refused; then loopback and
+    the kept destinations are accepted; everything else is rejected, TCP with a reset so a
+    client fails at once instead of waiting for a timeout.
+    """
+    host_len = 128 if family == AF_INET6 else 32
+    version = 6 if family == AF_INET6 else 4
+    kept = {str(k.addr) for k in keeps}
+    rules = [
+        FilterRule("REJECT", proto="udp", dport=53),
+        FilterRule("REJECT-RST", proto="tcp", dport=53),
+    ]
+    for ns in nameservers:
+        addr = _ip_or_none(ns)
+        if addr and addr.version == version and addr.is_loopback and ns not in kept:
+            if str(addr) not in ("127.0.0.1", "::1"):
+                rules.append(FilterRule("REJECT", dst=f"{addr}/{host_len}"))
+    rules.append(FilterRule("ACCEPT", out_iface="lo"))
+    for keep in keeps:
+        if keep.addr.version != version or keep.is_loopback:
+            continue
+        dst = f"{keep.addr}/{host_len}"
+        if keep.port is None:
+            rules.append(FilterRule("ACCEPT", dst=dst))
+        else:
+            rules.append(FilterRule("ACCEPT", proto="tcp", dst=dst, dport=keep.port))
+    rules.append(FilterRule("REJECT-RST", proto="tcp"))
+    rules.append(FilterRule("REJECT"))
+    return tuple(rules)
+
+
+def _ip_or_none(text: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- undo
+
+
+def invert(op: Op) -> Op | None:
+    """The op that undoes `op`, or None when it cannot be undone (destroyed flows)."""
+    if isinstance(op, AddBackstop):
+        return RemoveBackstop(op.family)
+    if isinstance(op, AddRoute):
+        return DelRoute(op.route)
+    if isinstance(op, DelRoute):
+        return AddRoute(op.route)
+    if isinstance(op, DelAddr):
+        return AddAddr(replace(op.addr, flags=op.addr.flags | IFA_F_NODAD))
+    if isinstance(op, AddAddr):
+        return DelAddr(op.addr)
+    if isinstance(op, SetSysctl):
+        return SetSysctl(op.key, op.old, op.value)
+    if isinstance(op, RemoveBackstop | KillFlows):
+        return None
+    raise RuntimeError(f"unexpected {op!r}")
+
+
+def plan_restore(record: CutPlan | None, state: NamespaceState) -> RestorePlan:
+    """Undo `record` (the plan of the cut, as recorded before it ran), then remove whatever
+    still carries netcut's marks. Without a record only the marked additions are removed."""
+    ops: list[Op] = []
+    if record is not None:
+        ops += [inv for op in reversed(record.ops) if (inv := invert(op)) is not None]
+    undone = {op.route.key for op in ops if isinstance(op, DelRoute)}
+    ops += [DelRoute(r) for r in state.marked_routes if r.key not in undone]
+    for family in state.backstop:
+        if RemoveBackstop(family) not in ops:
+            ops.append(RemoveBackstop(family))
+    return RestorePlan(tuple(ops), complete=record is not None)
+
+
+# ---------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class CutStatus:
+    """Whether a namespace is cut. `state` is "cut" (every op of the recorded plan holds),
+    "not cut" (no record, no marks), or "partial" (marks or a record, but not all of it holds:
+    not a cut; `restore` undoes it)."""
+
+    state: Literal["cut", "not cut", "partial"]
+    keeps: tuple[Keep, ...] = ()
+    details: tuple[str, ...] = ()
+
+    @property
+    def is_cut(self) -> bool:
+        return self.state == "cut"
+
+    def lines(self) -> list[str]:
+        first = "cut" if self.is_cut else "not cut"
+        extra = ["partial cut: run `netcut restore`"] if self.state == "partial" else []
+        if self.is_cut:
+            extra.append("keep: " + (", ".join(str(k) for k in self.keeps) or "loopback only"))
+        return [first, *extra, *self.details]
+
+
+def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
+    """Compare the namespace with the recorded plan: which of its effects still hold."""
+    if record is None:
+        if state.marked_routes or state.backstop:
+            marks = [f"marked route {r}" for r in state.marked_routes]
+            marks += [f"backstop chain {CHAIN} (family {f})" for f in state.backstop]
+            return CutStatus("partial", details=("no restore record", *marks))
+        return CutStatus("not cut")
+    missing = [str(op) for op in record.ops if not _holds(op, state)]
+    if missing:
+        return CutStatus("partial", record.keeps, tuple(f"not in effect: {m}" for m in missing))
+    return CutStatus("cut", record.keeps)
+
+
+def _holds(op: Op, state: NamespaceState) -> bool:
+    keys = {r.key for r in state.routes}
+    if isinstance(op, AddBackstop):
+        return op.family in state.backstop
+    if isinstance(op, AddRoute):
+        return op.route.key in keys
+    if isinstance(op, DelRoute):
+        return op.route.key not in keys
+    if isinstance(op, DelAddr):
+        return all(a.address != op.addr.address for a in state.addrs)
+    if isinstance(op, SetSysctl):
+        current = state.sysctl(op.key)
+        return current is None or current == op.value
+    return True
+
+
+# ---------------------------------------------------------------- (de)serialization
+
+_OPS: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (
+        AddBackstop,
+        RemoveBackstop,
+        AddRoute,
+        DelRoute,
+        AddAddr,
+        DelAddr,
+        SetSysctl,
+        KillFlows,
+    )
+}
+
+
+def plan_to_data(plan: CutPlan) -> dict[str, Any]:
+    return {
+        "version": RECORD_VERSION,
+        "keeps": [str(k) for k in plan.keeps],
+        "nameservers": list(plan.nameservers),
+        "ops": [{"op": type(op).__name__, **asdict(op)} for op in plan.ops],
+    }
+
+
+def plan_from_data(data: dict[str, Any]) -> CutPlan:
+    """Inverse of `plan_to_data`; raises InvalidInput for a record it does not understand."""
+    try:
+        if data["version"] != RECORD_VERSION:
+            raise InvalidInput(f"record version {data['version']!r} is not {RECORD_VERSION}")
+        ops = tuple(_op_from_data(dict(item)) for item in data["ops"])
+        keeps = tuple(parse_keep(k) for k in data["keeps"])
+        return CutPlan(keeps, ops, tuple(data.get("nameservers", ())))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"unreadable netcut record: {exc!r}") from None
+
+
+def _op_from_data(item: dict[str, Any]) -> Op:
+    cls = _OPS[item.pop("op")]
+    if "route" in item:
+        item["route"] = _route_from_data(item["route"])
+    if "addr" in item:
+        item["addr"] = Addr(**item["addr"])
+    if "rules" in item:
+        item["rules"] = tuple(FilterRule(**r) for r in item["rules"])
+    if "allowed" in item:
+        item["allowed"] = tuple((a, p) for a, p in item["allowed"])
+    op: Op = cls(**item)
+    return op
+
+
+def _route_from_data(data: dict[str, Any]) -> Route:
+    data = dict(data)
+    data["metrics"] = tuple((str(k), int(v)) for k, v in data.get("metrics", ()))
+    return Route(**data)

@@ -1,0 +1,103 @@
+"""Safety rails (SPEC 7): which namespaces must not be cut, and who could undo a cut.
+
+Reads /proc only. A process whose /proc/PID/ns/net is the target namespace and whose effective
+capabilities include CAP_NET_ADMIN (it could re-add routes), CAP_NET_RAW (raw frames bypass
+routes and netfilter) or CAP_SYS_ADMIN (it could enter another namespace) is reported; cutting
+such a namespace would be theatre.
+"""
+
+from __future__ import annotations
+
+import os
+
+from netcut.errors import PrivilegeError, UnsafeTarget
+
+CAP_NET_ADMIN = 12
+CAP_NET_RAW = 13
+CAP_SYS_ADMIN = 21
+# include/linux/proc_ns.h: the nsfs inode of init_net, fixed since Linux 3.8.
+PROC_NET_INIT_INO = 0xEFFFFFF9
+DANGEROUS_CAPS = {
+    CAP_NET_ADMIN: "CAP_NET_ADMIN",
+    CAP_NET_RAW: "CAP_NET_RAW",
+    CAP_SYS_ADMIN: "CAP_SYS_ADMIN",
+}
+
+
+def identity_of(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def is_initial_namespace(identity: tuple[int, int]) -> bool:
+    """The host's initial namespace: PID 1's when readable (it is not always, e.g. under a
+    supervisor that denies ptrace access), and in any case the kernel's init_net, whose nsfs
+    inode is the constant PROC_NET_INIT_INO."""
+    own = identity_of("/proc/self/ns/net")
+    if own is not None and identity == (own[0], PROC_NET_INIT_INO):
+        return True
+    return identity == identity_of("/proc/1/ns/net")
+
+
+def refuse_unsafe_namespace(identity: tuple[int, int]) -> None:
+    """UnsafeTarget when `identity` is the caller's own or the host's initial namespace."""
+    if identity == identity_of("/proc/self/ns/net"):
+        raise UnsafeTarget("refusing to cut the caller's own network namespace (use --force)")
+    if is_initial_namespace(identity):
+        raise UnsafeTarget("refusing to cut the host's initial network namespace (use --force)")
+
+
+def cap_names(cap_eff_hex: str) -> list[str]:
+    mask = int(cap_eff_hex, 16)
+    return [name for bit, name in sorted(DANGEROUS_CAPS.items()) if mask >> bit & 1]
+
+
+def _status_fields(pid: str) -> dict[str, str]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def privileged_processes(identity: tuple[int, int]) -> tuple[str, ...]:
+    """'pid 123 (comm): CAP_NET_ADMIN, ...' for each process in the namespace holding one."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or identity_of(f"/proc/{pid}/ns/net") != identity:
+            continue
+        try:
+            fields = _status_fields(pid)
+        except OSError:
+            continue  # exited meanwhile
+        names = cap_names(fields.get("CapEff", "0"))
+        if names:
+            found.append(f"pid {pid} ({fields.get('Name', '?')}): {', '.join(names)}")
+    return tuple(found)
+
+
+def refuse_privileged(identity: tuple[int, int]) -> None:
+    found = privileged_processes(identity)
+    if found:
+        raise UnsafeTarget(
+            "refusing to cut: a process in the namespace could undo it"
+            f" ({'; '.join(found)}); pass --allow-privileged to cut anyway",
+            found,
+        )
+
+
+def require_privilege() -> None:
+    """PrivilegeError unless this process can enter a namespace and change its network."""
+    fields = _status_fields("self")
+    mask = int(fields.get("CapEff", "0"), 16)
+    missing = [
+        name for bit, name in DANGEROUS_CAPS.items() if bit != CAP_NET_RAW and not mask >> bit & 1
+    ]
+    if missing:
+        raise PrivilegeError(
+            f"direct mode needs root or {' + '.join(missing)} (missing); use --mode helper"
+        )

@@ -1,0 +1,37 @@
+"""netcut CLI: bad usage and bad input exit 2 with a one-line error, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from netcut.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "required"),
+        (["cut"], "one of the arguments"),
+        (["cut", "--netns", "a", "--pid", "1"], "not allowed with"),
+        (["cut", "--netns", "a/b"], "--netns 'a/b'"),
+        (["cut", "--netns", "x", "--keep", "example.com:80"], "not an IP address"),
+        (["cut", "--netns", "x", "--keep", "1.2.3.4:99999"], "port must be"),
+        (["probe", "--pid", "nope"], "--pid 'nope'"),
+        (["status", "--netns", "x", "--runtime", "docker"], "--runtime applies to --container"),
+        (["cut", "--container", "c", "--runtime", "lxc"], "invalid choice"),
+        (["restore", "--netns-path", "rel/path"], "absolute path"),
+        (["probe", "--netns", "x", "--expect-reachable", "1.2.3.4"], "give ADDR:PORT"),
+    ],
+    ids=["no-command", "no-target", "two-targets", "slash-name", "name-keep", "big-port",
+         "bad-pid", "runtime-without-container", "bad-runtime", "relative-path", "portless"],
+)  # fmt: skip
+def test_usage_errors_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(argv))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
