@@ -255,10 +255,21 @@ def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Nam
         rec = {"target": name, "version": run.version, "error": f"{type(exc).__name__}: {exc}"}
     finally:
         run.stop()
+        audit = _count_lines(workdir / "audit.jsonl")
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    if audit is not None:
+        rec["audit_lines"] = audit  # the audit log really was on (and how much it wrote)
     rec["wall_s"] = round(time.monotonic() - started, 2)
     rec["quiet_wait_s"], rec["other_work_pct_at_start"] = round(waited, 1), round(other, 1)
     return rec
+
+
+def _count_lines(path: Path) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return None
 
 
 def machine() -> dict[str, Any]:

@@ -205,8 +205,9 @@ def _flow_ratios(run: Run) -> list[tuple[str, float, bool]]:
 def checks_table(result: dict[str, Any]) -> list[str]:
     lines = [
         "| target | version | forwarded (reps) | origin ÷ client count | "
-        "2nd request on a kept-alive connection, other origin | problems |",
-        "|---|---|---|---|---|---|",
+        "2nd request on a kept-alive connection, other origin | audit lines for measured "
+        "requests + tunnels | problems |",
+        "|---|---|---|---|---|---|---|",
     ]
     by_target: dict[str, list[Run]] = {}
     for r in result["runs"]:
@@ -225,10 +226,11 @@ def checks_table(result: dict[str, Any]) -> list[str]:
         problems = [r.get("skipped") or r.get("error") for r in runs]
         problems += [n for r in runs for n in r.get("notes", [])]
         problems += _error_counts(runs)
+        audit = "; ".join(_audit_note(r) for r in runs if "audit_lines" in r) or "n/a"
         probs = "; ".join(sorted({p for p in problems if p})) or "none"
         lines.append(
             f"| {target} | {version} | {fwd_s} | {ratio_s} | "
-            f"{', '.join(routing) or 'n/a'} | {probs} |"
+            f"{', '.join(routing) or 'n/a'} | {audit} | {probs} |"
         )
     return lines
 
@@ -245,6 +247,12 @@ def _noise(runs: list[Run]) -> list[str]:
                 where = f"load core {load}%" + (f", proxy core {proxy}%" if "cpu_s" in m else "")
                 out.append(f"rep {r['rep'] + 1} {name}: other work took {where}")
     return out
+
+
+def _audit_note(r: Run) -> str:
+    served = sum(h["requests"] for h in r.get("http", {}).values())
+    served += r.get("tunnels", {}).get("tunnels", 0)
+    return f"{r['audit_lines']:,} for {served:,}"
 
 
 def noise_summary(result: dict[str, Any]) -> str:
