@@ -394,10 +394,11 @@ def plots(result: dict[str, Any], outdir: Path) -> list[Path]:
     for t in targets:
         med, err = series(t, "http_c{c}_rps")
         ax.errorbar(conc, med, yerr=err, marker="o", capsize=3, label=t)
-    ax.set(xscale="log", xlabel="concurrent keep-alive connections", ylabel="requests/s")
+    ax.set(xscale="log", yscale="log", xlabel="concurrent keep-alive connections")
+    ax.set_ylabel("requests/s (log scale)")
     ax.set_xticks(conc, [str(c) for c in conc])
     ax.set_title("Absolute-form HTTP throughput (median, min/max)")
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both")
     ax.legend()
     paths.append(_save(fig, outdir / "throughput.png"))
 
