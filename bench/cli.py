@@ -131,7 +131,7 @@ def profile_target(
     args: argparse.Namespace,
 ) -> list[str]:
     """Extra, unrecorded runs under py-spy: HTTP c64, tunnels c16, bulk through 1 tunnel."""
-    loads = {
+    loads: dict[str, Callable[[], object]] = {
         "http-c64": lambda: measure.run_wrk(target, origin, 64, args.seconds, args.workdir),
         "tunnels-c16": lambda: measure.run_tunnels(
             loadgen, target, origin, TUNNEL_CONCURRENCY, args.seconds
@@ -179,7 +179,7 @@ def costed(
 
 
 def _noise(r: dict[str, Any]) -> float:
-    return max(r["proxy_core_other_pct"], r["load_core_other_pct"])
+    return float(max(r["proxy_core_other_pct"], r["load_core_other_pct"]))
 
 
 class RetryBudget:
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         origin.close()
     extra = {} if args.no_extras else extras.run_all()
-    result = {
+    result: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - t0, 1),
         "settings": {

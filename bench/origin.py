@@ -75,7 +75,7 @@ class ByteSource(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        transport.set_write_buffer_limits(high=4 << 20)
+        self.transport.set_write_buffer_limits(high=4 << 20)
 
     def data_received(self, data: bytes) -> None:
         if self.left >= 0:

@@ -15,7 +15,7 @@ import uvloop
 def main() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     asyncio.set_event_loop(asyncio.new_event_loop())
-    uvloop.install = lambda: None  # type: ignore[assignment]
+    uvloop.install = lambda: None
     from pproxy import server  # type: ignore[import-untyped]
 
     sys.argv[0] = "pproxy"
