@@ -158,10 +158,11 @@ def root_changes(before: dict[str, list[str]], after: dict[str, list[str]]) -> l
 
     changed = []
     for key in before:
-        if key != "links" and [x for x in before[key] if mine(x)] != [
-            x for x in after[key] if mine(x)
-        ]:
-            changed.append(key)
+        old = [x for x in before[key] if mine(x)]
+        new = [x for x in after[key] if mine(x)]
+        if key != "links" and old != new:
+            gone, came = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+            changed.append(f"{key}: gone {gone} came {came}")
     return changed
 
 
