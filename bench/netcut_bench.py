@@ -7,7 +7,9 @@ Builds its own two namespaces (a "host" with a TCP listener standing in for the 
 `netcut.cut(sandbox, keep=[proxy], probe=False)` and `netcut.restore(sandbox)` as a caller
 sees them (public API, wall clock, including the hand-off to the namespace worker) over many
 cycles, plus the probe on its own. The first cycle (worker fork, imports) is reported apart as
-`first_cut_ms`. Everything it creates is removed whatever happens. Needs root.
+`first_cut_ms`; `cpu_ms_per_cycle` is the CPU time (caller + worker) of one cut, probe and
+restore, a figure that the machine's load does not inflate. Everything it creates is removed
+whatever happens. Needs root.
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ def listener(ns: str, addr: str, port: int) -> Iterator[None]:
         sock.close()
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of netcut's namespace worker (load-independent cost)."""
+    from netcut import nsexec
+
+    total = sum(os.times()[:2])
+    worker = nsexec._worker
+    if worker is not None:
+        with open(f"/proc/{worker.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -102,6 +117,7 @@ def run(cycles: int) -> dict[str, object]:
         first = (time.perf_counter() - start) * 1000
         netcut.restore(sandbox)
         cuts, restores, probes, inner = [], [], [], []
+        cpu_before = cpu_seconds()
         for _ in range(cycles):
             t0 = time.perf_counter()
             result = netcut.cut(sandbox, keep, probe=False)
@@ -116,6 +132,7 @@ def run(cycles: int) -> dict[str, object]:
             probes.append((t2 - t1) * 1000)
             restores.append((t3 - t2) * 1000)
             inner.append(result.elapsed_ms)
+        cpu = (cpu_seconds() - cpu_before) * 1000 / cycles
         plan = result.plan
         ops = len(plan.ops) if plan is not None else 0
     out: dict[str, object] = {"cycles": cycles, "mode": "direct", "plan_ops": ops,
@@ -124,6 +141,7 @@ def run(cycles: int) -> dict[str, object]:
     out.update(summary("restore", restores))
     out.update(summary("probe", probes))
     out.update(summary("cut_in_namespace", inner))
+    out["cpu_ms_per_cycle"] = round(cpu, 3)
     out["goal"] = {"cut_ms_p50": GOAL_P50_MS, "cut_ms_p99": GOAL_P99_MS}
     out["load_average"] = os.getloadavg()[0]
     out["cpus"] = os.cpu_count()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias
 
 from netcut.errors import InvalidInput
@@ -621,8 +621,17 @@ def plan_to_data(plan: CutPlan) -> dict[str, Any]:
         "version": RECORD_VERSION,
         "keeps": [str(k) for k in plan.keeps],
         "nameservers": list(plan.nameservers),
-        "ops": [{"op": type(op).__name__, **asdict(op)} for op in plan.ops],
+        "ops": [{"op": type(op).__name__, **_data(op)} for op in plan.ops],
     }
+
+
+def _data(obj: Any) -> Any:
+    """Like dataclasses.asdict, without its deep copies (a record is written on every cut)."""
+    if hasattr(obj, "__dataclass_fields__"):
+        return {name: _data(value) for name, value in vars(obj).items()}
+    if isinstance(obj, tuple | list):
+        return [_data(item) for item in obj]
+    return obj
 
 
 def plan_from_data(data: dict[str, Any]) -> CutPlan:
