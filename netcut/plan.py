@@ -580,7 +580,7 @@ def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
     missing = [str(op) for op in record.ops if not _holds(op, state)]
     if missing:
         return CutStatus("partial", record.keeps, tuple(f"not in effect: {m}" for m in missing))
-    return CutStatus("cut", record.keeps)
+    return CutStatus("cut", record.keeps, tuple(f"  {op}" for op in record.ops))
 
 
 def _holds(op: Op, state: NamespaceState) -> bool:

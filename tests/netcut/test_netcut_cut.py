@@ -14,7 +14,7 @@ import pytest
 from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh, wait_for
 
 import netcut
-from netcut import api, apply, nsexec
+from netcut import api, apply, nsexec, safety
 from netcut.plan import DelRoute, Route
 
 pytestmark = pytest.mark.netns
@@ -216,6 +216,17 @@ def test_cutting_own_or_host_namespace_is_refused(topo: Topology) -> None:
     assert "refusing" in done.stderr
     assert "Traceback" not in done.stderr
     assert root_changes(before, root_snapshot()) == []
+
+
+def test_host_initial_namespace_is_recognised() -> None:
+    own = os.stat("/proc/self/ns/net")
+    ident = (own.st_dev, own.st_ino)
+    expected = own.st_ino == safety.PROC_NET_INIT_INO or ident == safety.identity_of(
+        "/proc/1/ns/net"
+    )
+    assert safety.is_initial_namespace(ident) == expected
+    with pytest.raises(netcut.UnsafeTarget, match="initial network namespace"):
+        safety.refuse_unsafe_namespace((own.st_dev, safety.PROC_NET_INIT_INO))
 
 
 def test_missing_namespace_is_a_clear_error_and_is_not_created() -> None:
