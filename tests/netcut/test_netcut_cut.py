@@ -225,7 +225,7 @@ def test_host_initial_namespace_is_recognised() -> None:
         "/proc/1/ns/net"
     )
     assert safety.is_initial_namespace(ident) == expected
-    with pytest.raises(netcut.UnsafeTarget, match="initial network namespace"):
+    with pytest.raises(netcut.UnsafeTarget, match="refusing to cut"):
         safety.refuse_unsafe_namespace((own.st_dev, safety.PROC_NET_INIT_INO))
 
 
