@@ -12,7 +12,7 @@ import asyncio
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from netcut import apply, safety
 from netcut import probe as probe_mod
@@ -235,6 +235,3 @@ async def probe_async(
     return await asyncio.to_thread(
         probe, target, list(expect_reachable), list(expect_blocked), **kwargs
     )
-
-
-Mode = Literal["direct", "helper"]

@@ -14,6 +14,7 @@ import socket
 from typing import Any
 
 from netcut import backstop
+from netcut.errors import InvalidInput
 from netcut.plan import (
     AF_INET,
     AF_INET6,
@@ -72,8 +73,6 @@ def _addr(msg: Any, names: dict[int, str]) -> Addr:
 
 def _route(msg: Any, names: dict[int, str]) -> Route:
     if msg.get_attr("RTA_MULTIPATH") is not None:
-        from netcut.errors import InvalidInput
-
         raise InvalidInput("the namespace has a multipath route; netcut cannot record it")
     oif = msg.get_attr("RTA_OIF")
     metrics = msg.get_attr("RTA_METRICS")
