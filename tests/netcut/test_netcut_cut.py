@@ -356,3 +356,27 @@ def test_sync_api_inside_running_loop_thread(topo: Topology) -> None:
         return netcut.cut(topo.sandbox, [topo.proxy])  # blocking, but must not break
 
     assert asyncio.run(main()).changed
+
+
+def test_keep_behind_the_gateway_gets_a_host_route_via_it(topo: Topology) -> None:
+    framework = f"{topo.upstream_ip}:{topo.echo_port}"
+    result = netcut.cut(topo.sandbox, [framework], expect_blocked=[topo.proxy])
+    assert result.probe is not None
+    assert result.probe.ok
+    routes = sh("ip", "-n", topo.sandbox, "route").stdout
+    assert f"{topo.upstream_ip} via {topo.gateway} dev eth0 proto 110 " in routes
+    assert "onlink" in routes
+    assert topo.reaches(topo.upstream_ip, topo.echo_port)
+    assert not topo.reaches(topo.peer_ip, topo.echo_port)
+
+
+def test_a_wedged_worker_is_killed_and_replaced() -> None:
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        start = time.monotonic()
+        with pytest.raises(netcut.ApplyFailed, match="did not answer"):
+            nsexec.run_in_netns(fd, time.sleep, 30, timeout=0.3)
+        assert time.monotonic() - start < 5
+        assert nsexec.run_in_netns(fd, os.getpid) != os.getpid(), "a fresh worker answers"
+    finally:
+        os.close(fd)
