@@ -43,7 +43,8 @@ class CutResult:
 
     def lines(self) -> list[str]:
         if self.dry_run and self.plan is not None:
-            shown = [f"plan for {self.target}", *self.plan.lines()]
+            head = "already cut:" if self.status.is_cut else "plan for"
+            shown = [f"{head} {self.target}", *self.plan.lines()]
             if self.script is not None:
                 shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
             return shown
@@ -147,7 +148,9 @@ def cut(
                 result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
             )
             if not found.ok:
-                raise ProbeFailed(f"{resolved} is cut but the probe failed: {found.reason()}")
+                raise ProbeFailed(
+                    f"{resolved} is cut but the probe failed: {found.reason()}", found
+                )
         return result
     finally:
         os.close(fd)

@@ -138,7 +138,7 @@ def job_cut(
     """Plan and (unless `dry_run`) apply a cut. An existing complete cut is left as it is; a
     partial one is restored first."""
     start = time.perf_counter()
-    with Rtnl() as rt:
+    with store.locked(), Rtnl() as rt:
         record = store.load()
         state = read_state(rt, keeps, nameservers)
         status = plan.judge_status(record, state)
@@ -162,7 +162,7 @@ def job_cut(
 
 def job_restore(store: Store) -> JobResult:
     start = time.perf_counter()
-    with Rtnl() as rt:
+    with store.locked(), Rtnl() as rt:
         record = store.load()
         state = read_state(rt)
         before = plan.judge_status(record, state)

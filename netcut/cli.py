@@ -209,11 +209,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except ProbeFailed as exc:
-        print(f"netcut: probe failed: {exc}", file=sys.stderr)
-        return exc.exit_code
     except NetcutError as exc:
-        print(f"netcut: error: {exc}", file=sys.stderr)
+        failed = isinstance(exc, ProbeFailed)
+        print(f"netcut: {'probe failed' if failed else 'error'}: {exc}", file=sys.stderr)
+        if args.json:  # machines get an answer on stdout too
+            probe = exc.probe if isinstance(exc, ProbeFailed) else None
+            data = {
+                "result": "probe failed" if failed else "error",
+                "error": str(exc),
+                "kind": type(exc).__name__,
+                "exit_code": exc.exit_code,
+                "probe": _probe_data(probe if isinstance(probe, ProbeResult) else None),
+            }
+            print(json.dumps(data, sort_keys=True))
         return exc.exit_code
     except BrokenPipeError:  # `netcut ... | head`: the reader left; not our failure
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -45,6 +45,15 @@ class ApplyFailed(NetcutError):
 
 
 class ProbeFailed(NetcutError):
-    """A probe found a kept address unreachable or an expected-blocked one reachable."""
+    """A probe found a kept address unreachable or an expected-blocked one reachable.
+
+    `probe` is the ProbeResult (None when unknown); the namespace stays cut."""
 
     exit_code = 1
+
+    def __init__(self, message: str, probe: object = None) -> None:
+        super().__init__(message)
+        self.probe = probe
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.probe))

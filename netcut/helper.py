@@ -210,24 +210,29 @@ def cut(
             f"refusing to cut {h}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
             findings,
         )
+    with h.store.locked():
+        result = _cut_locked(h, keeps, dry_run)
+    if result.dry_run:
+        return result
+    return _probed(h, result, keeps, blocked, probe, probe_timeout)
+
+
+def _cut_locked(h: _Helper, keeps: tuple[Keep, ...], dry_run: bool) -> CutResult:
     start = time.perf_counter()
     record = h.store.load()
     state = h.state(keeps)
     status = plan_mod.judge_status(record, state)
     if status.is_cut:
-        if record is not None and set(record.keeps) != set(keeps):
+        if record is not None and set(record.keeps) != set(keeps) and not dry_run:
             raise InvalidInput(f"{h} is already cut with other keeps; restore it first")
-        return _probed(
-            h, CutResult(str(h), status, record, False), keeps, blocked, probe, probe_timeout
-        )
+        return CutResult(str(h), status, record, False, dry_run=dry_run)
     if status.state == "partial" and not dry_run:
         _undo(h, record, state)
         state = h.state(keeps)
     planned = plan_mod.plan_cut(state, keeps)
     if dry_run:
-        return CutResult(
-            str(h), status, planned, False, dry_run=True, script=render_script(planned.ops)
-        )
+        script = render_script(planned.ops)
+        return CutResult(str(h), status, planned, False, dry_run=True, script=script)
     h.store.save(planned, {"target": str(h), "container": h.id})
     try:
         h.run(render_script(planned.ops))
@@ -237,8 +242,7 @@ def cut(
         h.store.remove()
         raise ApplyFailed(f"cut via helper failed and was rolled back: {exc}") from None
     elapsed = (time.perf_counter() - start) * 1000
-    result = CutResult(str(h), CutStatus("cut", keeps), planned, True, elapsed_ms=elapsed)
-    return _probed(h, result, keeps, blocked, probe, probe_timeout)
+    return CutResult(str(h), CutStatus("cut", keeps), planned, True, elapsed_ms=elapsed)
 
 
 def _probed(
@@ -254,7 +258,7 @@ def _probed(
         return result
     found = parse_probe(h.run(probe_script(reachable, blocked, timeout)), reachable, blocked)
     if not found.ok:
-        raise ProbeFailed(f"{h} is cut but the probe failed: {found.reason()}")
+        raise ProbeFailed(f"{h} is cut but the probe failed: {found.reason()}", found)
     return CutResult(
         result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
     )
@@ -272,13 +276,14 @@ def _undo(
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
     """Helper-mode twin of api.restore."""
     h = _Helper(target, image)
-    record = h.store.load()
-    state = h.state()
-    if plan_mod.judge_status(record, state).state == "not cut":
-        h.store.remove()
-        return RestoreResult(str(h), False, CutStatus("not cut"))
-    lines = _undo(h, record, state)
-    return RestoreResult(str(h), True, plan_mod.judge_status(None, h.state()), lines)
+    with h.store.locked():
+        record = h.store.load()
+        state = h.state()
+        if plan_mod.judge_status(record, state).state == "not cut":
+            h.store.remove()
+            return RestoreResult(str(h), False, CutStatus("not cut"))
+        lines = _undo(h, record, state)
+        return RestoreResult(str(h), True, plan_mod.judge_status(None, h.state()), lines)
 
 
 def status(target: TargetRef, *, image: str | None = None) -> CutStatus:

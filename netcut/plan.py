@@ -216,6 +216,11 @@ class NamespaceState:
         return dict(self.sysctls).get(key)
 
     @property
+    def has_ipv6(self) -> bool:
+        """False on a kernel booted with ipv6.disable=1 (no net/ipv6 sysctls, no ip6tables)."""
+        return any(key.startswith("net/ipv6/") for key, _ in self.sysctls)
+
+    @property
     def loopback_indexes(self) -> frozenset[int]:
         return frozenset(link.index for link in self.links if link.loopback)
 
@@ -370,9 +375,9 @@ def plan_cut(state: NamespaceState, keeps: tuple[Keep, ...]) -> CutPlan:
     clashing = {r.key for r in keep_routes}
     first = [DelRoute(r) for r in doomed if r.key in clashing]
     rest = [DelRoute(r) for r in doomed if r.key not in clashing]
+    families = (AF_INET, AF_INET6) if state.has_ipv6 else (AF_INET,)
     ops: list[Op] = [
-        AddBackstop(AF_INET, backstop_rules(AF_INET, keeps, state.nameservers)),
-        AddBackstop(AF_INET6, backstop_rules(AF_INET6, keeps, state.nameservers)),
+        *(AddBackstop(f, backstop_rules(f, keeps, state.nameservers)) for f in families),
         *first,
         *(AddRoute(r) for r in keep_routes),
         *rest,

@@ -35,3 +35,15 @@ def test_usage_errors_exit_2(
     assert needle in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_json_errors_are_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["status", "--netns", "ncnope-json", "--json"]) == 2
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert data["result"] == "error"
+    assert data["exit_code"] == 2
+    assert data["kind"] in ("TargetNotFound", "PrivilegeError")
+    assert "netcut: error:" in out.err

@@ -294,3 +294,9 @@ def test_family_constants_match_the_socket_module() -> None:
 def test_filter_rule_reject_rst() -> None:
     assert FilterRule("REJECT-RST", proto="tcp").iptables_args() == [
         "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]  # fmt: skip
+
+
+def test_no_ipv6_in_the_kernel_means_no_ip6tables_backstop() -> None:
+    v4_only = state(sysctls=(), routes=(DEFAULT, CONNECTED, LOCAL), addrs=ADDRS[:2])
+    families = [op.family for op in plan_cut(v4_only, (PROXY,)).ops if isinstance(op, AddBackstop)]
+    assert families == [AF_INET]
