@@ -582,6 +582,11 @@ def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
             marks += [f"backstop chain {CHAIN} (family {f})" for f in state.backstop]
             return CutStatus("partial", details=("no restore record", *marks))
         return CutStatus("not cut")
+    if not state.marked_routes and not state.backstop:
+        # The backstop is a cut's first change: a record without any mark in the namespace
+        # belongs to a cut that never started, or to an earlier namespace whose inode was
+        # reused. Undoing it here would add another namespace's routes.
+        return CutStatus("not cut", details=("stale record ignored",))
     missing = [str(op) for op in record.ops if not _holds(op, state)]
     if missing:
         return CutStatus("partial", record.keeps, tuple(f"not in effect: {m}" for m in missing))

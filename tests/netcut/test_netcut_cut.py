@@ -299,6 +299,9 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     status = netcut.status(topo.sandbox)
     assert status.state == "partial"
     assert status.lines()[0] == "not cut"
+    again = netcut.cut(topo.sandbox, [topo.proxy])  # restores the partial cut, then cuts
+    assert again.changed
+    assert netcut.status(topo.sandbox).is_cut
     netcut.restore(topo.sandbox)
     assert wait_for(lambda: topo.routes() == routes)
 

@@ -300,3 +300,10 @@ def test_no_ipv6_in_the_kernel_means_no_ip6tables_backstop() -> None:
     v4_only = state(sysctls=(), routes=(DEFAULT, CONNECTED, LOCAL), addrs=ADDRS[:2])
     families = [op.family for op in plan_cut(v4_only, (PROXY,)).ops if isinstance(op, AddBackstop)]
     assert families == [AF_INET]
+
+
+def test_a_record_without_marks_is_stale() -> None:
+    plan = plan_cut(state(), (PROXY,))
+    status = judge_status(plan, state())
+    assert status.state == "not cut"
+    assert status.details == ("stale record ignored",)
