@@ -3,8 +3,8 @@ plus the jobs that run inside the namespace (nsexec.run_in_netns) for cut, statu
 
 Strategy. A cut writes its record (records.py) *before* the first change, then applies ops one
 by one, remembering each that succeeded; when one fails, the inverses of the done ops run in
-reverse order (best effort, each one tolerant) and ApplyFailed is raised, and the record is
-removed only when the rollback itself completed. Restore ops are tolerant by design: putting
+reverse order (best effort, each one tolerant) and ApplyFailed is raised; the record is
+removed only when the rollback itself completed, else it stays for `restore`. Restore ops are tolerant by design: putting
 back a route that exists, or removing one that is gone, is not an error, so restore can finish
 a rollback or a cut that was killed midway.
 """
@@ -83,7 +83,7 @@ def apply_plan(rt: Rtnl, ops: tuple[Op, ...]) -> None:
             leftovers = rollback(rt, done)
             note = f"; rollback incomplete: {'; '.join(leftovers)}" if leftovers else ""
             msg = f"cut failed at: {exc}; rolled back {len(done)} change(s){note}"
-            raise ApplyFailed(msg) from None
+            raise ApplyFailed(msg, rolled_back=not leftovers) from None
         done.append(op)
 
 
@@ -153,8 +153,9 @@ def job_cut(
         store.save(cut, meta)
         try:
             apply_plan(rt, cut.ops)
-        except ApplyFailed:
-            store.remove()
+        except ApplyFailed as exc:
+            if exc.rolled_back:
+                store.remove()  # else keep it: `restore` finishes what the rollback could not
             raise
         elapsed = (time.perf_counter() - start) * 1000
         return JobResult(CutStatus("cut", cut.keeps), cut, changed=True, elapsed_ms=elapsed)
