@@ -4,9 +4,9 @@ plus the jobs that run inside the namespace (nsexec.run_in_netns) for cut, statu
 Strategy. A cut writes its record (records.py) *before* the first change, then applies ops one
 by one, remembering each that succeeded; when one fails, the inverses of the done ops run in
 reverse order (best effort, each one tolerant) and ApplyFailed is raised; the record is
-removed only when the rollback itself completed, else it stays for `restore`. Restore ops are tolerant by design: putting
-back a route that exists, or removing one that is gone, is not an error, so restore can finish
-a rollback or a cut that was killed midway.
+removed only when the rollback itself completed, else it stays for `restore`. Restore ops are
+tolerant by design: putting back a route that exists, or removing one that is gone, is not an
+error, so restore can finish a rollback or a cut that was killed midway.
 """
 
 from __future__ import annotations
