@@ -17,8 +17,9 @@ from typing import Any
 from netcut import apply, safety
 from netcut import probe as probe_mod
 from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
+from netcut.model import Keep, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
-from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
+from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeResult
 from netcut.records import Store
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target

@@ -19,12 +19,10 @@ from iptc import IPTCError
 
 from netcut import backstop, flows, plan
 from netcut.errors import ApplyFailed
-from netcut.plan import (
+from netcut.model import (
     AddAddr,
     AddBackstop,
     AddRoute,
-    CutPlan,
-    CutStatus,
     DelAddr,
     DelRoute,
     Keep,
@@ -34,6 +32,7 @@ from netcut.plan import (
     RemoveBackstop,
     SetSysctl,
 )
+from netcut.plan import CutPlan, CutStatus
 from netcut.records import Store
 from netcut.rtnl import NetlinkError, Rtnl
 from netcut.state import read_state

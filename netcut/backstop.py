@@ -15,7 +15,7 @@ from typing import Any
 
 import iptc
 
-from netcut.plan import AF_INET, AF_INET6, CHAIN, FilterRule
+from netcut.model import AF_INET, AF_INET6, CHAIN, FilterRule
 
 _FILTER = "filter"
 

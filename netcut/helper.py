@@ -26,7 +26,8 @@ from typing import Any
 from netcut import plan as plan_mod
 from netcut.api import CutResult, KeepLike, RestoreResult, parse_keeps
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, TargetNotFound, UnsafeTarget
-from netcut.plan import CutStatus, Keep
+from netcut.model import Keep, NamespaceState
+from netcut.plan import CutStatus
 from netcut.probe import ProbeItem, ProbeResult
 from netcut.records import Store
 from netcut.render import parse_state_dump, render_script, state_script
@@ -153,7 +154,7 @@ class _Helper:
             raise ApplyFailed(f"helper container failed: {_why(done)}")
         return done.stdout
 
-    def state(self, keeps: tuple[Keep, ...] = ()) -> plan_mod.NamespaceState:
+    def state(self, keeps: tuple[Keep, ...] = ()) -> NamespaceState:
         return parse_state_dump(self.run(state_script(keeps)), self.nameservers())
 
     def nameservers(self) -> tuple[str, ...]:
@@ -265,7 +266,7 @@ def _probed(
 
 
 def _undo(
-    h: _Helper, record: plan_mod.CutPlan | None, state: plan_mod.NamespaceState
+    h: _Helper, record: plan_mod.CutPlan | None, state: NamespaceState
 ) -> tuple[str, ...]:
     undo = plan_mod.plan_restore(record, state)
     h.run(render_script(undo.ops, tolerant=True))

@@ -14,7 +14,7 @@ import shlex
 from typing import Any
 
 from netcut.errors import InvalidInput
-from netcut.plan import (
+from netcut.model import (
     AF_INET,
     AF_INET6,
     CHAIN,

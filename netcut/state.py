@@ -1,4 +1,4 @@
-"""Read a namespace's state into plan.NamespaceState. Runs *inside* the namespace.
+"""Read a namespace's state into model.NamespaceState. Runs *inside* the namespace.
 
 Call these only from a process that has entered the target namespace (nsexec.run_in_netns):
 an `Rtnl` (rtnl.py) opened there talks to that namespace's netlink, /proc/sys/net shows its
@@ -15,16 +15,7 @@ from typing import Any
 
 from netcut import backstop
 from netcut.errors import InvalidInput
-from netcut.plan import (
-    AF_INET,
-    AF_INET6,
-    Addr,
-    Keep,
-    Link,
-    Lookup,
-    NamespaceState,
-    Route,
-)
+from netcut.model import AF_INET, AF_INET6, Addr, Keep, Link, Lookup, NamespaceState, Route
 from netcut.rtnl import NetlinkError, Rtnl
 
 LOOPBACK_INDEX = 1

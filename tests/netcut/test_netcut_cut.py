@@ -15,7 +15,7 @@ from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh
 
 import netcut
 from netcut import api, apply, nsexec, safety
-from netcut.plan import DelRoute, Route
+from netcut.model import DelRoute, Route
 
 pytestmark = pytest.mark.netns
 

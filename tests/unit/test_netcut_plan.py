@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput
-from netcut.plan import (
+from netcut.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -20,7 +20,6 @@ from netcut.plan import (
     AddBackstop,
     Addr,
     AddRoute,
-    CutPlan,
     DelAddr,
     DelRoute,
     FilterRule,
@@ -32,10 +31,13 @@ from netcut.plan import (
     RemoveBackstop,
     Route,
     SetSysctl,
+    parse_keep,
+)
+from netcut.plan import (
+    CutPlan,
     backstop_rules,
     invert,
     judge_status,
-    parse_keep,
     plan_cut,
     plan_from_data,
     plan_restore,
