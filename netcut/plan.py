@@ -3,8 +3,9 @@
 Strategy. `read_state` (state.py) turns netlink, sysctl and netfilter answers into the frozen
 dataclasses of model.py; `plan_cut` turns a `NamespaceState` and the keep list into a
 `CutPlan`, a tuple of ops in the order they must run; `plan_restore` turns the recorded plan
-(and what the namespace holds now) into the ops that undo it. The executor (apply.py) is a single dispatcher
-over these ops, and the helper renderer (render.py) turns the same ops into shell commands.
+(and what the namespace holds now) into the ops that undo it. The executor (apply.py) is a
+single dispatcher over these ops, and the helper renderer (render.py) turns the same ops into
+shell commands.
 
 Order of a cut, chosen so that the namespace is never more open than before and is closed
 from the first step: (1) the netfilter backstop (v4 and v6) goes in first, so the moment it is
