@@ -265,9 +265,7 @@ def _probed(
     )
 
 
-def _undo(
-    h: _Helper, record: plan_mod.CutPlan | None, state: NamespaceState
-) -> tuple[str, ...]:
+def _undo(h: _Helper, record: plan_mod.CutPlan | None, state: NamespaceState) -> tuple[str, ...]:
     undo = plan_mod.plan_restore(record, state)
     h.run(render_script(undo.ops, tolerant=True))
     h.store.remove()
