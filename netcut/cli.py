@@ -20,6 +20,16 @@ from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds, more than 0 and at most 60")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -60,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"helper image (default: ${helper.IMAGE_ENV}, else built once)",
     )
     cut.add_argument("--no-probe", action="store_true", help="do not probe after the cut")
-    cut.add_argument("--probe-timeout", type=float, default=1.0, metavar="SECONDS")
+    cut.add_argument("--probe-timeout", type=_seconds, default=1.0, metavar="SECONDS")
     cut.add_argument(
         "--force",
         action="store_true",
@@ -77,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(probe)
     probe.add_argument("--expect-reachable", action="append", default=[], metavar="ADDR:PORT")
     probe.add_argument("--expect-blocked", action="append", default=[], metavar="ADDR:PORT")
-    probe.add_argument("--timeout", type=float, default=1.0, metavar="SECONDS")
+    probe.add_argument("--timeout", type=_seconds, default=1.0, metavar="SECONDS")
     probe.add_argument("--json", action="store_true")
 
     status = sub.add_parser("status", help="say whether and how the namespace is cut")

@@ -21,9 +21,12 @@ from netcut.cli import main
         (["cut", "--container", "c", "--runtime", "lxc"], "invalid choice"),
         (["restore", "--netns-path", "rel/path"], "absolute path"),
         (["probe", "--netns", "x", "--expect-reachable", "1.2.3.4"], "give ADDR:PORT"),
+        (["probe", "--netns", "x", "--timeout", "-1"], "more than 0"),
+        (["cut", "--netns", "x", "--probe-timeout", "soon"], "give seconds"),
     ],
     ids=["no-command", "no-target", "two-targets", "slash-name", "name-keep", "big-port",
-         "bad-pid", "runtime-without-container", "bad-runtime", "relative-path", "portless"],
+         "bad-pid", "runtime-without-container", "bad-runtime", "relative-path", "portless",
+         "negative-timeout", "text-timeout"],
 )  # fmt: skip
 def test_usage_errors_exit_2(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
