@@ -334,9 +334,11 @@ class Follower:
         if data:
             return self._split(data)
         if self._rotated():
+            # Lines may have landed in the old file between our read and the rename.
+            rest = self._split(self._stream.read())
             self._close()
             self._open()
-            return self.read()
+            return rest + self.read()
         return []
 
     def _split(self, data: bytes) -> list[bytes]:
