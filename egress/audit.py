@@ -625,7 +625,9 @@ def _shift_rotated(path: str) -> None:
 
 def _gzip_file(source: str) -> None:
     temporary = f"{source}.gz.tmp"
-    with open(source, "rb") as reader, gzip.open(temporary, "wb", compresslevel=6) as writer:
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with (open(source, "rb") as reader, open(fd, "wb") as raw,
+          gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as writer):
         shutil.copyfileobj(reader, writer, 1024 * 1024)
     os.rename(temporary, f"{source}.gz")
     os.unlink(source)

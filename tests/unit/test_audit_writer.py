@@ -193,6 +193,7 @@ async def test_rotation_keeps_the_chain_across_files(tmp_path: Path) -> None:
     files = [*rotated, path]
     for file in files:
         assert file.stat().st_size <= 2000
+        assert file.stat().st_mode & 0o777 == 0o600  # audit logs are not world-readable
     assert verify(*files) == []
     records = [r for file in files for r in read_records(file)]
     assert [r["seq"] for r in records] == list(range(len(records)))
