@@ -543,7 +543,7 @@ class _Writer:
                     if self.owner.fail_mode == "closed"
                     else "still serving (--audit-fail open)")
             logger.error("%s [%d write errors, %d lines waiting; %s]", message,
-                         self.write_errors, len(self.pending), mode)
+                         self.write_errors, sum(c.count(b"\n") for c in self.pending), mode)
             self._last_error_log = now
         self.writable = False
 
@@ -626,8 +626,9 @@ def _shift_rotated(path: str) -> None:
 def _gzip_file(source: str) -> None:
     temporary = f"{source}.gz.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    # Level 1: JSON lines still shrink several times over, at a fraction of level 6's CPU.
     with (open(source, "rb") as reader, open(fd, "wb") as raw,
-          gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as writer):
+          gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as writer):
         shutil.copyfileobj(reader, writer, 1024 * 1024)
     os.rename(temporary, f"{source}.gz")
     os.unlink(source)
