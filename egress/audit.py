@@ -148,6 +148,8 @@ class AuditLog:
         Raises OSError when the file cannot be opened at all: a configuration error found
         before any traffic. Failures after start follow `fail_mode`.
         """
+        if self._loop is not None:
+            raise RuntimeError("AuditLog.start() called twice")
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         if self.path is None:
@@ -173,7 +175,9 @@ class AuditLog:
         if self._thread is not None:
             self._queue.put(STOP)
             await asyncio.to_thread(self._thread.join)
-        for subscriber in self._subscribers:
+        elif self._serialize:  # never started: whatever was recorded is not written
+            self._writer.lines_abandoned += self._enqueued
+        for subscriber in list(self._subscribers):
             subscriber.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -231,6 +235,8 @@ class AuditLog:
         `events_maxlen` behind loses the oldest ones (counted in `events_dropped`)."""
         subscriber = _Subscriber(self)
         self._subscribers.append(subscriber)
+        if self._closed:
+            subscriber.close()
         return subscriber.iterate()
 
     def _deliver(self, rec: dict[str, object]) -> None:

@@ -470,7 +470,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         for data, record in last:
             _emit(args, data, record)
         while follower is not None:
-            for data, record in _selected(args, chooser, follower.read()):
+            for data, record in _selected(args, chooser, _drain(follower)):
                 _emit(args, data, record)
             time.sleep(args.interval)
     except KeyboardInterrupt:
@@ -580,8 +580,12 @@ def audit_main(argv: list[str]) -> int:
     except InputError as exc:
         print(f"egress audit: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:  # `| head`: the reader left; not an error
-        sys.stderr.close()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again
+        os.close(devnull)
         return 0
 
 

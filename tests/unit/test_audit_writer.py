@@ -271,6 +271,17 @@ async def test_record_after_close_is_counted(tmp_path: Path) -> None:
     assert log.lines_dropped == 1
 
 
+async def test_never_started_and_started_twice(tmp_path: Path) -> None:
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    log.record(EVENT)
+    await log.aclose()
+    assert log.lines_dropped == 1  # counted, not silently gone
+    assert [e async for e in log.events()] == []  # a closed log's events() ends at once
+    async with AuditLog(None) as again:
+        with pytest.raises(RuntimeError, match="twice"):
+            await again.start()
+
+
 async def test_start_raises_when_the_file_cannot_be_opened(tmp_path: Path) -> None:
     log = AuditLog(str(tmp_path / "missing-dir" / "audit.jsonl"))
     with pytest.raises(OSError, match="No such file"):
