@@ -18,8 +18,9 @@ import pytest
 from audit_samples import SAMPLE, sample_events, write_sample
 
 from egress.audit import AuditLog
-from egress.auditcli import Follower, audit_main, client_ip, host_matches, order_paths
+from egress.auditcli import audit_main
 from egress.auditfmt import canonical_ts
+from egress.auditread import Follower, client_ip, host_matches, order_paths
 
 
 @pytest.fixture(scope="module")
