@@ -202,8 +202,7 @@ class AuditLog:
         if self._closed:
             self._writer.lines_abandoned += 1
             return
-        rec: dict[str, object] = {"ts": None}
-        rec.update(event)
+        rec: dict[str, object] = {"ts": None, **event}
         if rec["ts"] is None:
             rec["ts"] = self._clock.now()
         self._redactor.redact(rec)

@@ -21,7 +21,6 @@ import logging
 import os
 import queue
 import shutil
-import sys
 import time
 from collections import deque
 from typing import Final
@@ -77,7 +76,7 @@ class LogWriter:
     def open_initial(self) -> None:
         """Open the file (raises OSError), link the start record to its last line."""
         if self.path == "-":
-            self.fd = os.dup(sys.stdout.fileno())
+            self.fd = os.dup(1)  # the process stdout, whatever sys.stdout was replaced by
             return
         assert self.path is not None
         self._open()
