@@ -175,6 +175,7 @@ class AuditLog:
         if self._thread is not None:
             self._queue.put(STOP)
             await asyncio.to_thread(self._thread.join)
+            self._writer.drain_after_stop(self._queue)  # if the thread died early
         elif self._serialize:  # never started: whatever was recorded is not written
             self._writer.lines_abandoned += self._enqueued
         for subscriber in list(self._subscribers):

@@ -68,6 +68,8 @@ class LogWriter:
         self.lines_abandoned = 0  # recorded after close, or never written at close
         self.loss_reported = 0  # lines_dropped already told in a loss record
         self.writable = True
+        self.crashed = False
+        self.cursor = 0  # index in the batch being processed
         self.close_timeout = close_timeout
         self._last_error_log = 0.0
 
@@ -113,15 +115,40 @@ class LogWriter:
     # -- the thread ------------------------------------------------------------------------
 
     def run(self, source: queue.SimpleQueue[object]) -> None:
-        self._control({"type": "start", "run": self.run_id, "format": FORMAT,
-                       "pid": os.getpid(), "fail_mode": self.fail_mode,
-                       "keep_query": self.keep_query,
-                       "rotate_bytes": self.rotate_bytes})
-        self._flush()
-        stopping = False
-        while not stopping:
-            stopping = self._run_batch(source)
-        self._finish()
+        try:
+            self._control({"type": "start", "run": self.run_id, "format": FORMAT,
+                           "pid": os.getpid(), "fail_mode": self.fail_mode,
+                           "keep_query": self.keep_query,
+                           "rotate_bytes": self.rotate_bytes})
+            self._flush()
+            stopping = False
+            while not stopping:
+                stopping = self._run_batch(source)
+            if not self.crashed:
+                self._finish()
+        except Exception:
+            self._crash()
+        finally:
+            self.drain_after_stop(source)
+
+    def _crash(self) -> None:
+        # A bug must not pass for a healthy log: say so loudly, and fail closed.
+        self.writable = False
+        self.crashed = True
+        logger.critical("audit writer thread crashed; the audit log is no longer written",
+                        exc_info=True)
+
+    def drain_after_stop(self, source: queue.SimpleQueue[object]) -> None:
+        # Lines that raced with aclose() are counted, and flush() waiters released.
+        while True:
+            try:
+                item = source.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, concurrent.futures.Future):
+                item.set_result(None)
+            elif item is not STOP:
+                self.lines_abandoned += 1
 
     def _run_batch(self, source: queue.SimpleQueue[object]) -> bool:
         watch = bool(self.pending) or self.fail_mode == "closed"
@@ -136,20 +163,38 @@ class LogWriter:
                 batch.append(source.get_nowait())
             except queue.Empty:
                 break
-        barriers: list[concurrent.futures.Future[None]] = []
-        for item in batch:
+        self.cursor = 0
+        try:
+            return self._process(batch)
+        except Exception:
+            # Lines chained before the failure are still written; the rest are counted.
+            late = batch[self.cursor:]
+            self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
+            with contextlib.suppress(Exception):
+                self._flush()
+            self._crash()
+            return True
+        finally:  # flush() waiters are released even if processing failed
+            for item in batch:
+                if isinstance(item, concurrent.futures.Future) and not item.done():
+                    item.set_result(None)
+
+    def _process(self, batch: list[object]) -> bool:
+        """Chain the batch's lines and write them; True when it held STOP."""
+        stopping = False
+        for index, item in enumerate(batch):
+            self.cursor = index
             if isinstance(item, str):
                 self._line(item)
             elif item is DROPPED:
                 self._lose_next()
-            elif isinstance(item, concurrent.futures.Future):
-                barriers.append(item)
             elif item is STOP:
-                return True
+                stopping = True
+                late = batch[index + 1:]  # raced with aclose(): counted, not written
+                self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
+                break
         self._flush()
-        for barrier in barriers:
-            barrier.set_result(None)
-        return False
+        return stopping
 
     def _idle_check(self) -> None:
         # Retry pending lines; in closed mode also notice a removed file while idle, so
@@ -294,7 +339,7 @@ class LogWriter:
         self._control({"type": "rotate", "run": self.run_id, "part": self.rotations})
         try:
             _gzip_file(f"{self.path}.1")
-        except OSError as exc:  # the uncompressed PATH.1 stays; readers accept both
+        except Exception as exc:  # the uncompressed PATH.1 stays; readers accept both
             logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
 
     def _finish(self) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from egress.audit import AuditLog
 from egress.auditfmt import GENESIS, ChainVerifier, line_hash
+from egress.auditwriter import LogWriter
 
 EVENT: dict[str, object] = {
     "client": "198.18.0.2:41000", "method": "CONNECT", "scheme": "https",
@@ -361,6 +362,23 @@ async def test_closed_mode_notices_a_removed_directory_while_idle(tmp_path: Path
         await wait_for(lambda: not log.accepting)
         directory.mkdir()
         await wait_for(lambda: log.accepting)
+
+
+async def test_a_crashed_writer_thread_fails_closed_and_loudly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    def broken(self: LogWriter, body: str) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(LogWriter, "_line", broken)
+    with caplog.at_level(logging.CRITICAL, logger="egress.audit"):
+        async with AuditLog(str(tmp_path / "audit.jsonl"), fail_mode="closed") as log:
+            log.record(EVENT)
+            await log.flush()  # released even though the thread died
+            assert not log.accepting
+            log.record(EVENT)
+    assert "audit writer thread crashed" in caplog.text
+    assert log.lines_dropped == 2  # the one that hit the bug, and the one after
 
 
 async def test_backlog_overflow_loses_lines_visibly(tmp_path: Path) -> None:
