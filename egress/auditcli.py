@@ -247,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "reason and rule")
     _add_window(summarize)
     summarize.add_argument("--json", action="store_true", help="JSON for tooling")
-    summarize.add_argument("--top", type=int, metavar="N",
+    summarize.add_argument("--top", type=_positive(int), metavar="N",
                            help=f"rows per table (default {DEFAULT_TOP}; all with --json)")
     summarize.add_argument("paths", nargs="+", metavar="PATH")
     for name, help_text in (("filter", "print the events that match"),
@@ -256,10 +256,11 @@ def _parser() -> argparse.ArgumentParser:
         _add_window(sub)
         _add_selectors(sub)
         if name == "tail":
-            sub.add_argument("-n", "--lines", type=int, default=DEFAULT_TAIL, metavar="N")
+            sub.add_argument("-n", "--lines", type=_positive(int, zero=True), default=DEFAULT_TAIL,
+                             metavar="N")
             sub.add_argument("-f", "--follow", action="store_true",
                              help="keep reading as the log grows; survives rotation")
-            sub.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
+            sub.add_argument("--interval", type=_positive(float), default=DEFAULT_INTERVAL,
                              metavar="SECONDS", help="poll interval with --follow")
         sub.add_argument("paths", nargs="+", metavar="PATH")
     verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
@@ -269,6 +270,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="the head hash kept out of band; the chain must end there")
     verify.add_argument("paths", nargs="+", metavar="PATH")
     return parser
+
+
+def _positive(kind: type[int] | type[float], zero: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else '> 0'}: {text}")
+        return value
+
+    return parse
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:

@@ -259,9 +259,12 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         (["explode", "x"], "invalid choice"),
         ([], "required"),
         (["tail", "/nonexistent/audit.jsonl"], "cannot read"),
+        (["tail", "-f", "--interval", "-1", "x"], "must be > 0"),
+        (["summarize", "--top", "0", "x"], "must be > 0"),
+        (["tail", "-n", "ten", "x"], "not a number"),
     ],
     ids=["missing-file", "bad-since", "bad-decision", "bad-command", "no-command",
-         "tail-missing"],
+         "tail-missing", "bad-interval", "bad-top", "bad-lines"],
 )
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
                              message: str) -> None:
