@@ -71,7 +71,9 @@ RESERVED_KINDS: Final = (
 )
 
 # A field whose name contains one of these (case-insensitive) is dropped from the record.
-_SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key", re.IGNORECASE)
+# Bodies too: a body is never logged, whatever its field is called.
+_SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key|body|payload",
+                         re.IGNORECASE)
 # Fields that may hold a URL or a request target; their query string is redacted.
 URL_FIELDS: Final = frozenset({"path", "url", "target", "uri"})
 _URL_FIELDS_TUPLE: Final = tuple(sorted(URL_FIELDS))

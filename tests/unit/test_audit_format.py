@@ -185,3 +185,20 @@ def test_pure_module_imports_no_io() -> None:
                  if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "hashlib", "json", "re", "time", "collections",
                         "dataclasses", "datetime", "typing"}
+
+
+SECRET_NAMES = ["Proxy-Authorization", "cookie", "X-Auth-Token", "password", "body",
+                "api_key", "client_secret"]
+
+
+@given(st.dictionaries(st.one_of(st.sampled_from(SECRET_NAMES), st.text(max_size=12)),
+                       st.one_of(st.none(), st.integers(), st.text(max_size=20)),
+                       max_size=12))
+def test_redacted_records_never_keep_secret_fields(event: dict[str, object]) -> None:
+    record = {"ts": "2026-11-30T05:00:00.000Z", **event}
+    Redactor().redact(record)
+    assert not set(record) & set(SECRET_NAMES)
+    assert not set(record) & {"seq", "prev"}
+    line = chain_line(encode_record(record), 1, GENESIS)
+    assert line.isascii()
+    assert json.loads(line)["seq"] == 1

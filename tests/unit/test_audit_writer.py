@@ -115,9 +115,10 @@ async def test_odd_values_never_raise(tmp_path: Path) -> None:
         ({"authorization": "Bearer x", "cookie": "a=b", "Set-Cookie": "c"}, {}),
         ({"token": "t", "client_token": "t", "api_key": "k", "password": "p"}, {}),
         ({"seq": 99, "prev": "forged"}, {}),
+        ({"body": "secret data", "request_body": "x", "Payload": "y"}, {}),
     ],
     ids=["query", "no-query", "url-userinfo", "proxy-authorization", "auth-cookie",
-         "token-like", "chain-fields"],
+         "token-like", "chain-fields", "bodies"],
 )
 async def test_redaction(tmp_path: Path, event: dict[str, object],
                          expected: dict[str, object]) -> None:
@@ -133,7 +134,7 @@ async def test_redaction(tmp_path: Path, event: dict[str, object],
         assert extra == expected
     assert written["seq"] == 1
     raw = path.read_text()
-    for secret in ("s3cret", "eDp5", "Bearer", "pw@", "forged"):
+    for secret in ("s3cret", "eDp5", "Bearer", "pw@", "forged", "secret data"):
         assert secret not in raw
 
 
@@ -410,3 +411,14 @@ async def test_hot_path_cost(tmp_path: Path) -> None:
             log.record(event)
         best = min(best, (time.perf_counter() - started) / 2000)
     assert best < 50e-6
+
+
+async def test_record_from_another_thread(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    seen: list[dict[str, object]] = []
+    async with AuditLog(str(path)) as log:
+        log.add_hook(seen.append)
+        await asyncio.to_thread(log.record, EVENT)
+        await asyncio.sleep(0.01)  # the hook runs on the loop, via call_soon_threadsafe
+    assert [r.get("host") for r in read_records(path)] == [None, "pypi.org", None]
+    assert [e["host"] for e in seen] == ["pypi.org"]
