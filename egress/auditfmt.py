@@ -332,7 +332,8 @@ class ChainVerifier:
                 self._fail(where, "run start does not link to the line before it "
                            "(lines deleted or edited before this run)")
         elif prev != GENESIS:
-            self._warn(where, "this run continued a log whose earlier lines were not given")
+            self._fail(where, "run start links to earlier lines that were not given "
+                       "(deleted, or older files not passed)")
         self._run = _Run(run_id=str(record.get("run", "?")), where=where)
         self._remember(0, line_hash(line), where)
 

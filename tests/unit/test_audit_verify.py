@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from audit_samples import write_sample
 
+from egress.audit import AuditLog
 from egress.auditcli import audit_main
 
 
@@ -150,6 +151,25 @@ def test_deleted_first_lines(clean_log: list[Path], tmp_path: Path,
     assert code == 1
     assert out[0] == (f"{path}:1: chain does not begin with a start record "
                       "(earlier lines or files missing?)")
+
+
+async def test_deleted_whole_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "audit.jsonl"
+    for host in ("one.example", "two.example", "three.example"):
+        async with AuditLog(str(path)) as log:
+            log.record({"host": host, "decision": "allow"})
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 9
+    assert run(capsys, str(path))[0] == 0
+    path.write_bytes(b"".join(lines[:3] + lines[6:]))  # the middle run
+    code, out = run(capsys, str(path))
+    assert code == 1
+    assert out[0] == (f"{path}:4: run start does not link to the line before it "
+                      "(lines deleted or edited before this run)")
+    path.write_bytes(b"".join(lines[3:]))  # the first run
+    code, out = run(capsys, str(path))
+    assert code == 1
+    assert out[0].startswith(f"{path}:1: run start links to earlier lines that were not given")
 
 
 def test_duplicated_line(clean_log: list[Path], tmp_path: Path,
