@@ -32,6 +32,7 @@ from egress.auditread import (
     DIMENSIONS,
     EventFilter,
     Follower,
+    GapFiller,
     InputError,
     Summary,
     is_request,
@@ -186,16 +187,17 @@ def cmd_tail(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
     history, live = (paths[:-1], paths[-1]) if args.follow else (paths, None)
     follower = Follower(live) if live is not None else None
+    gaps = GapFiller(live, _warn) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     try:
         last.extend(_selected(args, chooser, (line.data for line in read_lines(
             history, lambda p, why: _warn(f"{p}: {why}")))))
-        if follower is not None:
-            last.extend(_selected(args, chooser, _drain(follower)))
+        if follower is not None and gaps is not None:
+            last.extend(_selected(args, chooser, gaps.feed(_drain(follower))))
         for data, record in last:
             _emit(args, data, record)
-        while follower is not None:
-            for data, record in _selected(args, chooser, _drain(follower)):
+        while follower is not None and gaps is not None:
+            for data, record in _selected(args, chooser, gaps.feed(_drain(follower))):
                 _emit(args, data, record)
             time.sleep(args.interval)
     except KeyboardInterrupt:

@@ -305,3 +305,75 @@ class Follower:
 
     def close(self) -> None:
         self._close()
+
+
+def rotated_files(path: str, limit: int = 1000) -> Iterator[str]:
+    """`PATH.1.gz` (or `PATH.1`), `PATH.2.gz`, ...: the rotated files, newest first."""
+    for index in range(1, limit):
+        name = next((n for n in (f"{path}.{index}.gz", f"{path}.{index}")
+                     if os.path.exists(n)), None)
+        if name is None:
+            return
+        yield name
+
+
+def _first_seq(name: str) -> int | None:
+    with open_log(name) as stream:
+        record = parse_record(stream.readline().rstrip(b"\n"))
+    seq = record.get("seq") if record else None
+    return seq if isinstance(seq, int) else None
+
+
+def recover_rotated(path: str, lo: int, hi: int) -> list[bytes]:
+    """The lines with `lo <= seq <= hi` from PATH's rotated files, oldest first.
+
+    For a follower that was too slow: the log rotated more than once between two polls, so
+    whole files went by unread. Best effort (the writer may be renaming files meanwhile);
+    the caller compares what came back with what it expected.
+    """
+    needed: list[str] = []
+    try:
+        for name in rotated_files(path):
+            needed.append(name)
+            first = _first_seq(name)
+            if first is None or first <= lo:
+                break
+        lines = []
+        for line in read_lines(reversed(needed), lambda _path, _why: None):
+            record = parse_record(line.data)
+            seq = record.get("seq") if record else None
+            if isinstance(seq, int) and lo <= seq <= hi:
+                lines.append(line.data)
+        return lines
+    except (InputError, OSError, EOFError, zlib.error):
+        return []
+
+
+class GapFiller:
+    """Keeps a followed log continuous: when a `rotate` record arrives with a `seq` past the
+    next one expected, the lines in between are fetched from the rotated files first."""
+
+    def __init__(self, path: str, warn: Callable[[str], None]) -> None:
+        self.path = path
+        self.warn = warn
+        self.last: int | None = None
+
+    def feed(self, lines: Iterable[bytes]) -> Iterator[bytes]:
+        for data in lines:
+            record = parse_record(data)
+            seq = record.get("seq") if record else None
+            if not isinstance(seq, int):
+                yield data
+                continue
+            if record and record.get("type") == "rotate" and self.last is not None \
+                    and seq > self.last + 1:
+                yield from self._fill(self.last + 1, seq - 1)
+            self.last = seq
+            yield data
+
+    def _fill(self, lo: int, hi: int) -> list[bytes]:
+        found = recover_rotated(self.path, lo, hi)
+        if len(found) != hi - lo + 1:
+            self.warn(f"{self.path} rotated faster than it was read: "
+                      f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown")
+        return found

@@ -20,7 +20,7 @@ from audit_samples import SAMPLE, sample_events, write_sample
 from egress.audit import AuditLog
 from egress.auditcli import audit_main
 from egress.auditfmt import canonical_ts
-from egress.auditread import Follower, client_ip, host_matches, order_paths
+from egress.auditread import Follower, GapFiller, client_ip, host_matches, order_paths
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +215,27 @@ def test_follower_survives_rename_rotation_and_truncation(tmp_path: Path) -> Non
     path.write_bytes(b"six\n")
     assert follower.read() == [b"six"]
     follower.close()
+
+
+async def test_follower_with_gap_filler_survives_rotation_faster_than_polls(
+        tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    warnings: list[str] = []
+    follower, gaps = Follower(str(path)), GapFiller(str(path), warnings.append)
+    seen: list[dict[str, object]] = []
+    async with AuditLog(str(path), rotate_bytes=1000) as log:
+        for port in range(60):
+            log.record({"client": "198.18.0.2:1", "host": "a.example", "port": port,
+                        "decision": "allow", "reason": "x", "rule": None})
+            await log.flush()
+            if port % 15 == 0:  # a slow reader: several rotations go by between polls
+                seen += [json.loads(line) for line in gaps.feed(follower.read())]
+    while lines := follower.read():
+        seen += [json.loads(line) for line in gaps.feed(lines)]
+    follower.close()
+    assert len(list(tmp_path.glob("audit.jsonl.*.gz"))) > 10
+    assert [r["port"] for r in seen if r.get("type") is None] == list(range(60))
+    assert warnings == []
 
 
 async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
