@@ -24,6 +24,7 @@ from typing import IO, Final
 from egress.auditfmt import REQUEST_TYPES, normalize_ts
 
 READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
+MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix
 _GZIP_MAGIC: Final = b"\x1f\x8b"
 _ROTATED = re.compile(r"^(?P<base>.+)\.(?P<index>\d+)(?:\.gz)?$")
 
@@ -53,13 +54,14 @@ def open_log(path: str) -> IO[bytes]:
     """Open a log file, plain or gzip, for binary reading; raises InputError."""
     try:
         raw = open(path, "rb")
+        compressed = raw.peek(2)[:2] == _GZIP_MAGIC
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with raw:
-        compressed = raw.peek(2)[:2] == _GZIP_MAGIC
-        if not compressed:
-            return open(path, "rb")  # a fresh handle: `raw` closes with this block
-    return gzip.open(path, "rb")  # type: ignore[return-value]
+    if not compressed:
+        return raw
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # type: ignore[assignment]  # closed with it, like gzip.open
+    return unzipped  # type: ignore[return-value]
 
 
 @dataclass
@@ -80,10 +82,15 @@ def read_lines(paths: Iterable[str], damaged: Callable[[str, str], None]) -> Ite
         with open_log(path) as stream:
             number = 0
             try:
-                for raw in stream:
+                while raw := stream.readline(MAX_LINE):
                     number += 1
                     complete = raw.endswith(b"\n")
-                    yield Line(path, number, raw[:-1] if complete else raw, complete)
+                    if not complete and len(raw) == MAX_LINE:  # not one of ours: skip the rest
+                        while (more := stream.readline(MAX_LINE)) and not more.endswith(b"\n"):
+                            pass
+                        complete = bool(more)
+                    yield Line(path, number, raw[:-1] if raw.endswith(b"\n") else raw,
+                               complete)
             except (EOFError, OSError, zlib.error) as exc:
                 damaged(path, f"compressed data is damaged or ends early after line "
                               f"{number} ({exc})")

@@ -307,6 +307,23 @@ def test_bad_lines_are_counted_not_fatal(tmp_path: Path,
     assert "3 line(s) were not JSON objects" in err
 
 
+def test_an_overlong_line_is_one_bad_line(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b"x" * 3_000_000 + b"\n" + b'{"host":"a.example","decision":"allow"}\n')
+    code, out, _ = run(capsys, "summarize", "--json", str(path))
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["bad_lines"] == 1
+    assert summary["totals"]["allow"] == 1
+
+
+def test_a_directory_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "verify", str(tmp_path))
+    assert code == 2
+    assert "cannot read" in err
+
+
 @pytest.mark.parametrize(
     ("given", "ordered"),
     [
