@@ -75,12 +75,26 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
     columns = ("block", "allow", "error", "total")
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     head = "  " + "  ".join(c.upper().rjust(widths[c]) for c in columns) + "  " + key_title
-    body = ["  " + "  ".join(str(r[c]).rjust(widths[c]) for c in columns) + f"  {r['key']}"
-            for r in rows]
+    body = ["  " + "  ".join(str(r[c]).rjust(widths[c]) for c in columns)
+            + f"  {printable(str(r['key']))}" for r in rows]
     return [head, *body]
 
 
 # ---- one readable line an event ------------------------------------------------------------
+
+# What an agent controls (a path, an SNI in `detail`) must not drive the reviewer's terminal:
+# control characters (C0, DEL, C1: ANSI escapes, newlines that forge lines) and the Unicode
+# bidi controls that reorder text are shown as escapes.
+_UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+           *range(0x2066, 0x206A)]
+_ESCAPES: Final = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+                   for code in _UNSAFE}
+
+
+def printable(text: str) -> str:
+    """`text` with terminal control and bidi characters escaped; one line, always."""
+    return text.translate(_ESCAPES)
+
 
 def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
@@ -88,7 +102,7 @@ def format_event(record: dict[str, object]) -> str:
     if kind in CONTROL_TYPES:
         extras = " ".join(f"{k}={v}" for k, v in record.items()
                           if k not in ("type", "ts", "prev"))
-        return f"{record.get('ts', '-')} --- {kind} {extras}"
+        return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
     host, port = record.get("host", "-"), record.get("port")
     target = f"{host}:{port}" if port is not None else str(host)
     if record.get("path") is not None:
@@ -105,7 +119,7 @@ def format_event(record: dict[str, object]) -> str:
             parts.append(f"{key}={record[key]}")
     if record.get("detail"):
         parts.append(f"-- {record['detail']}")
-    return " ".join(parts)
+    return printable(" ".join(parts))
 
 
 # ---- the commands ------------------------------------------------------------------------
@@ -148,7 +162,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
                **summary.to_json(args.top)}
         print(json.dumps(out, indent=2))
     else:
-        header = [f"files: {' '.join(paths)}"]
+        header = [printable(f"files: {' '.join(paths)}")]
         if window.since or window.until:
             header.append(f"window: {window.since or '-'} .. {window.until or '-'}")
         print(render_summary(summary, args.top or DEFAULT_TOP, header))

@@ -174,6 +174,25 @@ def test_filter_line_format(sample_log: list[str], capsys: pytest.CaptureFixture
                          "-- 169.254.169.254 is reserved (link_local)")
 
 
+async def test_agent_controlled_text_cannot_drive_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        log.record({"client": "198.18.0.2:1", "method": "GET", "host": "a.example",
+                    "port": 80, "path": "/x\x1b[2J\n2026-01-01T00:00:00.000Z allow FAKE",
+                    "decision": "block", "reason": "default_deny", "rule": None,
+                    "client_id": "evil\u202etxt.exe", "detail": "bell\x07 csi\x9b"})
+    _, out, _ = run(capsys, "filter", str(path))
+    assert out.count("\n") == 1
+    assert "\x1b" not in out
+    assert "\\x1b[2J\\x0a2026" in out
+    assert "evil\\u202etxt.exe" in out
+    assert "bell\\x07 csi\\x9b" in out
+    _, out, _ = run(capsys, "summarize", str(path))
+    assert "\u202e" not in out
+    assert "evil\\u202etxt.exe" in out
+
+
 def test_filter_json_and_control(sample_log: list[str],
                                  capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run(capsys, "filter", "--json", "--control", *sample_log)
