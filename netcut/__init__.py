@@ -27,7 +27,8 @@ from netcut.errors import (
     TargetNotFound,
     UnsafeTarget,
 )
-from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
+from netcut.model import Keep, parse_keep
+from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeItem, ProbeResult
 from netcut.target import TargetRef, container, netns, netns_path, pid
 

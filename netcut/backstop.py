@@ -15,7 +15,7 @@ from typing import Any
 
 import iptc
 
-from netcut.plan import AF_INET, AF_INET6, CHAIN, FilterRule
+from netcut.model import AF_INET, AF_INET6, CHAIN, FilterRule
 
 _FILTER = "filter"
 
@@ -26,9 +26,7 @@ def _table(family: int) -> Any:
     # namespace: drop them so the table is opened afresh here.
     cls._cache.pop(_FILTER, None)
     iptc.Chain._cache.clear()
-    table = cls(_FILTER, autocommit=False)
-    table.refresh()
-    return table
+    return cls(_FILTER, autocommit=False)  # a new Table opens (iptc_init) its handle
 
 
 def _new_rule(family: int) -> Any:

@@ -91,6 +91,15 @@ _worker: _Worker | None = None
 _lock = threading.Lock()
 
 
+def _forget_worker_in_child() -> None:
+    """A child forked from the caller must not talk to the caller's worker: it gets its own."""
+    global _worker, _lock
+    _worker, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_worker_in_child)
+
+
 def run_in_netns(
     fd: int, func: Callable[..., T], *args: Any, timeout: float = DEFAULT_TIMEOUT_S
 ) -> T:

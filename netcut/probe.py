@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from netcut.plan import Keep
+from netcut.model import Keep
 
 # Container-to-host on one machine answers in well under a millisecond; a second leaves room
 # for a loaded CI machine while keeping a failed fail-closed check short.

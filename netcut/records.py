@@ -11,9 +11,12 @@ reported as a partial cut and cleaned up by restore or the next cut.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +71,20 @@ class Store:
         except (OSError, ValueError) as exc:
             raise InvalidInput(f"netcut record {self.path}: {exc}") from None
         return plan_from_data(data)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialize cuts and restores of one namespace across processes (flock; released
+        when the holder exits, however it exits)."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        fd = os.open(
+            os.path.join(self.directory, f"{self.key}.lock"), os.O_RDWR | os.O_CREAT, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def remove(self) -> None:
         try:

@@ -14,10 +14,12 @@ import shlex
 from typing import Any
 
 from netcut.errors import InvalidInput
-from netcut.plan import (
+from netcut.model import (
     AF_INET,
     AF_INET6,
     CHAIN,
+    RTN_LOCAL,
+    RTN_UNICAST,
     RTNH_F_ONLINK,
     AddAddr,
     AddBackstop,
@@ -234,11 +236,8 @@ def _lookup(addr: str, items: list[dict[str, Any]], index: dict[str, int]) -> Lo
         return Lookup(addr, None)
     x = items[0]
     dev = x.get("dev")
-    rtype = (
-        int(x["type"])
-        if str(x.get("type", "1")).isdigit()
-        else (2 if x.get("type") == "local" else 1)
-    )
+    kind = str(x.get("type", "1"))  # numeric with -N; a name from older iproute2
+    rtype = int(kind) if kind.isdigit() else (RTN_LOCAL if kind == "local" else RTN_UNICAST)
     return Lookup(
         addr, rtype, index.get(dev) if dev else None, dev, x.get("gateway"), x.get("prefsrc")
     )

@@ -11,11 +11,11 @@ import sys
 import time
 
 import pytest
-from netcut_testlib import Topology, ifindex_in, sh, wait_for
+from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh, wait_for
 
 import netcut
-from netcut import api, apply, nsexec
-from netcut.plan import DelRoute, Route
+from netcut import api, apply, nsexec, safety
+from netcut.model import DelRoute, Route
 
 pytestmark = pytest.mark.netns
 
@@ -208,15 +208,25 @@ def _capless(pid: int) -> bool:
 
 
 def test_cutting_own_or_host_namespace_is_refused(topo: Topology) -> None:
-    routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
+    before = root_snapshot()
     with pytest.raises(netcut.UnsafeTarget, match="own network namespace"):
         netcut.cut("/proc/self/ns/net", [])
     done = cli("cut", "--pid", str(os.getpid()))
     assert done.returncode == 2
     assert "refusing" in done.stderr
     assert "Traceback" not in done.stderr
-    after = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
-    assert after == routes
+    assert root_changes(before, root_snapshot()) == []
+
+
+def test_host_initial_namespace_is_recognised() -> None:
+    own = os.stat("/proc/self/ns/net")
+    ident = (own.st_dev, own.st_ino)
+    expected = own.st_ino == safety.PROC_NET_INIT_INO or ident == safety.identity_of(
+        "/proc/1/ns/net"
+    )
+    assert safety.is_initial_namespace(ident) == expected
+    with pytest.raises(netcut.UnsafeTarget, match="refusing to cut"):
+        safety.refuse_unsafe_namespace((own.st_dev, safety.PROC_NET_INIT_INO))
 
 
 def test_missing_namespace_is_a_clear_error_and_is_not_created() -> None:
@@ -289,6 +299,9 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     status = netcut.status(topo.sandbox)
     assert status.state == "partial"
     assert status.lines()[0] == "not cut"
+    again = netcut.cut(topo.sandbox, [topo.proxy])  # restores the partial cut, then cuts
+    assert again.changed
+    assert netcut.status(topo.sandbox).is_cut
     netcut.restore(topo.sandbox)
     assert wait_for(lambda: topo.routes() == routes)
 
@@ -346,3 +359,27 @@ def test_sync_api_inside_running_loop_thread(topo: Topology) -> None:
         return netcut.cut(topo.sandbox, [topo.proxy])  # blocking, but must not break
 
     assert asyncio.run(main()).changed
+
+
+def test_keep_behind_the_gateway_gets_a_host_route_via_it(topo: Topology) -> None:
+    framework = f"{topo.upstream_ip}:{topo.echo_port}"
+    result = netcut.cut(topo.sandbox, [framework], expect_blocked=[topo.proxy])
+    assert result.probe is not None
+    assert result.probe.ok
+    routes = sh("ip", "-n", topo.sandbox, "route").stdout
+    assert f"{topo.upstream_ip} via {topo.gateway} dev eth0 proto 110 " in routes
+    assert "onlink" in routes
+    assert topo.reaches(topo.upstream_ip, topo.echo_port)
+    assert not topo.reaches(topo.peer_ip, topo.echo_port)
+
+
+def test_a_wedged_worker_is_killed_and_replaced() -> None:
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        start = time.monotonic()
+        with pytest.raises(netcut.ApplyFailed, match="did not answer"):
+            nsexec.run_in_netns(fd, time.sleep, 30, timeout=0.3)
+        assert time.monotonic() - start < 5
+        assert nsexec.run_in_netns(fd, os.getpid) != os.getpid(), "a fresh worker answers"
+    finally:
+        os.close(fd)
