@@ -86,6 +86,7 @@ class AuditLog:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._max_backlog = max_backlog
         self._enqueued = 0
+        self._batch: list[object] = []  # lines of the current loop iteration
         self._writer = LogWriter(path, fail_mode=fail_mode, keep_query=keep_query,
                                  rotate_bytes=self.rotate_bytes, retry_interval=retry_interval,
                                  max_pending_bytes=max_pending_bytes,
@@ -159,8 +160,14 @@ class AuditLog:
                                         name="egress-audit-writer", daemon=True)
         self._thread.start()
 
+    def _hand_over(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._queue.put(batch)
+
     async def flush(self) -> None:
         """Wait until every line recorded so far has been handed to the OS (or failed)."""
+        self._hand_over()
         if self._thread is None or not self._thread.is_alive():
             return
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -172,6 +179,7 @@ class AuditLog:
         if self._closed:
             return
         self._closed = True
+        self._hand_over()
         if self._thread is not None:
             self._queue.put(STOP)
             await asyncio.to_thread(self._thread.join)
@@ -208,14 +216,23 @@ class AuditLog:
             rec["ts"] = self._clock.now()
         self._redactor.redact(rec)
         if self._serialize:  # inline, not a method: this runs tens of thousands of times/s
+            item: object
             if self._enqueued - self._writer.dequeued < self._max_backlog:
                 try:
-                    self._queue.put(encode_record(rec))
+                    item = encode_record(rec)
                 except (ValueError, TypeError, RecursionError):
-                    self._queue.put(json.dumps(_plain(rec), separators=(",", ":")))
+                    item = json.dumps(_plain(rec), separators=(",", ":"))
             else:
-                self._queue.put(DROPPED)  # keeps its place in the chain: verify shows the gap
+                item = DROPPED  # keeps its place in the chain: verify shows the gap
             self._enqueued += 1
+            if threading.get_ident() == self._loop_thread and self._loop is not None:
+                # Batch per loop iteration: one queue hand-over (one writer wake-up) for all
+                # the lines of an iteration, instead of one per line.
+                if not self._batch:
+                    self._loop.call_soon(self._hand_over)
+                self._batch.append(item)
+            else:
+                self._queue.put(item)
         if self._hooks or self._subscribers:
             self._deliver(rec)
 

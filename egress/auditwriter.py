@@ -147,6 +147,8 @@ class LogWriter:
                 return
             if isinstance(item, concurrent.futures.Future):
                 item.set_result(None)
+            elif isinstance(item, list):  # a loop-side batch of lines
+                self.lines_abandoned += len(item)
             elif item is not STOP:
                 self.lines_abandoned += 1
 
@@ -157,10 +159,17 @@ class LogWriter:
         except queue.Empty:
             self._idle_check()
             return False
-        batch = [item]
-        while len(batch) < BATCH_LINES:
+        batch: list[object] = []
+        while True:
+            # the event loop hands over a list of lines per loop iteration (one wake-up)
+            if isinstance(item, list):
+                batch.extend(item)
+            else:
+                batch.append(item)
+            if len(batch) >= BATCH_LINES:
+                break
             try:
-                batch.append(source.get_nowait())
+                item = source.get_nowait()
             except queue.Empty:
                 break
         self.cursor = 0
