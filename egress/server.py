@@ -596,6 +596,8 @@ class EgressProxy:
             if hello is not None or not await side.read_more():
                 break
         conn.phase = "active"
+        if hello is not None and hello.kind == "malformed":
+            raise _Refused("sni_mismatch", "malformed TLS ClientHello")
         if hello is None or hello.kind != "tls" or hello.sni is None:
             kind = "no ClientHello" if hello is None else f"{hello.kind} first bytes"
             if hello is not None and hello.kind == "tls":

@@ -589,3 +589,30 @@ async def test_tokens_select_client_policy(world: World) -> None:
             ).encode(),
         )
         assert reply.startswith(b"HTTP/1.1 403 ")
+
+
+async def test_malformed_client_hello_is_cut(tls_world: World) -> None:
+    reader, writer, head = await open_tunnel(tls_world, "tls.test:443")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    writer.write(b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00")  # a record that is no ClientHello
+    assert await asyncio.wait_for(reader.read(-1), 5) == b""
+    writer.close()
+    event = await tls_world.audit.wait_for(reason="sni_mismatch")
+    assert "malformed" in str(event["detail"])
+
+
+async def test_non_tls_on_443_follows_sni_missing_option(tls_world: World) -> None:
+    # a named, allowed CONNECT host: the default ("if-named") lets it through
+    reader, writer, head = await open_tunnel(tls_world, "tls.test:443")
+    writer.write(b"plain bytes, not TLS")
+    await writer.drain()
+    writer.close()
+    # an IP literal carries no name to vouch for it: refused without SNI
+    reader, writer, head = await open_tunnel(tls_world, f"{tls_world.addr}:443")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    writer.write(b"plain bytes, not TLS")
+    assert await asyncio.wait_for(reader.read(-1), 5) == b""
+    writer.close()
+    event = await tls_world.audit.wait_for(reason="sni_missing")
+    assert event["host"] == tls_world.addr
+    assert not tls_world.audit.find(reason="sni_missing", host="tls.test")
