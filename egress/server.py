@@ -196,6 +196,7 @@ class EgressProxy:
         self._cache: dict[tuple[int, str, str, int], Decision] = {}
         self._targets: dict[str, tuple[Target, bool]] = {}
         self._authorities: dict[str, Target] = {}
+        self._addr_texts: dict[IPAddress, str] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -567,7 +568,7 @@ class EgressProxy:
             decision, addrs = await self._authorize(identity, target, event)
             upstream, addr = await self._dial(addrs, target.port)
             conn.upstream = upstream
-            event["addr"] = str(addr)
+            event["addr"] = self._addr_text(addr)
             conn.side.write(CONNECT_OK)
             event["status"] = 200
             if self._wants_sni_check(identity.policy, target):
@@ -666,7 +667,7 @@ class EgressProxy:
             self._emit(event, refused.decision, refused.reason, None, refused.detail, None)
             return
         conn.upstream = upstream
-        event["addr"] = str(addr)
+        event["addr"] = self._addr_text(addr)
         event["reason"], event["rule"] = "framework_route", f"http://{host}:{port}"
         await self._relay_tunnel(conn, upstream, event, t0)
 
@@ -684,7 +685,7 @@ class EgressProxy:
             _, addrs = await self._authorize(identity, target, event)
             upstream, addr = await self._acquire(addrs, target.port)
             conn.upstream = upstream
-            event["addr"] = str(addr)
+            event["addr"] = self._addr_text(addr)
             request = _Request(head, target, path, explicit_port, addr)
             return await self._exchange(conn, request, upstream, event, t0)
         except _Refused as refused:
@@ -702,6 +703,14 @@ class EgressProxy:
             return keep
         finally:
             conn.upstream = None
+
+    def _addr_text(self, addr: IPAddress) -> str:
+        text = self._addr_texts.get(addr)
+        if text is None:
+            if len(self._addr_texts) > 65536:
+                self._addr_texts.clear()
+            text = self._addr_texts[addr] = str(addr)
+        return text
 
     def _authority_target(self, authority: str) -> Target:
         """A CONNECT target, parsed once per distinct authority (parsing is pure)."""
