@@ -7,9 +7,11 @@ agent reading the body, or a human reading curl's output, sees why.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PROXY_NAME = "egress"
+_NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,7 @@ _REASON_PHRASES = {
 
 def _sf_string(text: str) -> str:
     """An RFC 8941 sf-string: printable ASCII, `\\` and `"` escaped."""
-    clean = "".join(c if 0x20 <= ord(c) < 0x7F else "?" for c in text)
+    clean = _NOT_PRINTABLE.sub("?", text)
     return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
