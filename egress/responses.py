@@ -44,7 +44,7 @@ REFUSALS: dict[str, Refusal] = {
 _REASON_PHRASES = {
     400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
     408: "Request Timeout", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
-    503: "Service Unavailable", 504: "Gateway Timeout",
+    503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported",
 }  # fmt: skip
 
 

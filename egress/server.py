@@ -38,7 +38,7 @@ from .policy import Decision, Policy
 from .relay import Framer, LengthFramer, RelayEnded, Side
 from .resolve import ResolveError, Resolver
 from .responses import CONNECT_OK, error_response
-from .sni import parse_client_hello
+from .sni import MAX_HELLO_INPUT, parse_client_hello
 from .target import (
     IPAddress,
     Target,
@@ -225,8 +225,9 @@ class EgressProxy:
     def add_client(self, spec: ClientSpec) -> None:
         """Serve another client (sandbox) with its own policy; takes effect at once."""
         settings = self.settings
+        others = tuple(c for c in settings.clients if c.client_id != spec.client_id)
         self.settings = Settings(settings.policy, settings.guard, settings.resolve,
-                                 (*settings.clients, spec))  # fmt: skip
+                                 (*others, spec))  # fmt: skip
         self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
 
     async def start(self) -> None:
@@ -373,6 +374,12 @@ class EgressProxy:
 
     def _sweep_one(self, conn: _Conn, now: float) -> None:
         lim = self.limits
+        if conn.phase == "hello" and now - conn.phase_since > lim.head_timeout:
+            conn.end = "hello_timeout"  # inside an open tunnel: nothing to answer, just close
+            conn.side.close()
+            if conn.upstream is not None:
+                conn.upstream.close()
+            return
         if conn.phase == "head" and now - conn.phase_since > lim.head_timeout:
             conn.end = "head_timeout"
             if conn.side.buf:
@@ -591,11 +598,13 @@ class EgressProxy:
     ) -> None:  # fmt: skip
         assert self._loop is not None
         side = conn.side
-        conn.phase, conn.phase_since = "head", self._loop.time()
+        conn.phase, conn.phase_since = "hello", self._loop.time()
+        side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
         while True:
             hello = parse_client_hello(side.buf)
             if hello is not None or not await side.read_more():
                 break
+        side.max_buffer = self.limits.max_head
         conn.phase = "active"
         if hello is not None and hello.kind == "malformed":
             raise _Refused("sni_mismatch", "malformed TLS ClientHello")
@@ -624,7 +633,9 @@ class EgressProxy:
             return True
         if self.sni_missing == "deny":
             return False
-        return target.ip is None and decision.reason in ("allow_rule", "framework_route")
+        return target.ip is None and decision.reason in (
+            "allow_rule", "default_allow", "framework_route"
+        )
 
     async def _relay_tunnel(
         self, conn: _Conn, upstream: Side | None, event: dict[str, object], t0: float
