@@ -16,6 +16,7 @@ from typing import Any
 import iptc
 
 from netcut.model import AF_INET, AF_INET6, CHAIN, FilterRule
+from netcut.plan import backstop_rules
 
 _FILTER = "filter"
 
@@ -31,6 +32,18 @@ def _table(family: int) -> Any:
 
 def _new_rule(family: int) -> Any:
     return iptc.Rule6() if family == AF_INET6 else iptc.Rule()
+
+
+_built: dict[tuple[int, FilterRule], Any] = {}
+
+
+def cached_rule(family: int, spec: FilterRule) -> Any:
+    """A rule depends on no namespace: build it once per process (xtables option parsing
+    through ctypes is most of a backstop commit's cost), append copies of it anywhere."""
+    key = (family, spec)
+    if key not in _built:
+        _built[key] = build_rule(family, spec)
+    return _built[key]
 
 
 def build_rule(family: int, spec: FilterRule) -> Any:
@@ -51,9 +64,12 @@ def build_rule(family: int, spec: FilterRule) -> Any:
 
 
 def _jump(family: int) -> Any:
-    rule = _new_rule(family)
-    rule.create_target(CHAIN)
-    return rule
+    key = (family, FilterRule("ACCEPT", out_iface="\0jump"))  # a key no real rule has
+    if key not in _built:
+        rule = _new_rule(family)
+        rule.create_target(CHAIN)
+        _built[key] = rule
+    return _built[key]
 
 
 def install(family: int, rules: tuple[FilterRule, ...]) -> None:
@@ -66,7 +82,7 @@ def install(family: int, rules: tuple[FilterRule, ...]) -> None:
         table.create_chain(CHAIN)
     chain = iptc.Chain(table, CHAIN)
     for spec in rules:
-        chain.append_rule(build_rule(family, spec))
+        chain.append_rule(cached_rule(family, spec))
     iptc.Chain(table, "OUTPUT").insert_rule(_jump(family))
     table.commit()
 
@@ -98,8 +114,9 @@ def present_families() -> tuple[int, ...]:
 
 
 def prewarm() -> None:
-    """Load the xtables extensions the backstop uses, without opening any table."""
+    """Load the xtables extensions the backstop uses and build its fixed rules, without
+    opening any table."""
     for family in (AF_INET, AF_INET6):
-        build_rule(family, FilterRule("REJECT-RST", proto="tcp", dport=53))
-        build_rule(family, FilterRule("REJECT", proto="udp", dport=53))
-        build_rule(family, FilterRule("ACCEPT", out_iface="lo"))
+        for spec in backstop_rules(family, ()):
+            cached_rule(family, spec)
+        _jump(family)
