@@ -63,13 +63,32 @@ def build_rule(family: int, spec: FilterRule) -> Any:
     return rule
 
 
-def _jump(family: int) -> Any:
-    key = (family, FilterRule("ACCEPT", out_iface="\0jump"))  # a key no real rule has
-    if key not in _built:
-        rule = _new_rule(family)
-        rule.create_target(CHAIN)
-        _built[key] = rule
-    return _built[key]
+class _OnlyTable:
+    """Mixin for a rule whose target is chain NETCUT. python-iptables resolves a chain-name
+    target by asking `rule.tables`, which opens every table (filter, mangle, raw, nat,
+    security), so registering them all in the namespace, and caches them process-wide: here
+    only the filter table being edited is asked."""
+
+    only: Any = None
+
+    @property
+    def tables(self) -> list[Any]:
+        return [self.only]
+
+
+class _Jump4(_OnlyTable, iptc.Rule):  # type: ignore[misc]
+    pass
+
+
+class _Jump6(_OnlyTable, iptc.Rule6):  # type: ignore[misc]
+    pass
+
+
+def _jump(family: int, table: Any) -> Any:
+    rule = (_Jump6 if family == AF_INET6 else _Jump4)()
+    rule.only = table
+    rule.create_target(CHAIN)
+    return rule
 
 
 def install(family: int, rules: tuple[FilterRule, ...]) -> None:
@@ -83,7 +102,7 @@ def install(family: int, rules: tuple[FilterRule, ...]) -> None:
     chain = iptc.Chain(table, CHAIN)
     for spec in rules:
         chain.append_rule(cached_rule(family, spec))
-    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family))
+    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family, table))
     table.commit()
 
 
@@ -103,7 +122,7 @@ def _remove_jumps(table: Any, family: int) -> None:
     output = iptc.Chain(table, "OUTPUT")
     while True:
         try:
-            output.delete_rule(_jump(family))
+            output.delete_rule(_jump(family, table))
         except iptc.IPTCError:
             return
 
@@ -119,4 +138,3 @@ def prewarm() -> None:
     for family in (AF_INET, AF_INET6):
         for spec in backstop_rules(family, ()):
             cached_rule(family, spec)
-        _jump(family)

@@ -31,7 +31,7 @@ def netfilter(ns: str) -> list[str]:
     stays registered, empty, after restore: only its content is compared)."""
     out = []
     for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
-        text = sh("ip", "netns", "exec", ns, tool).stdout
+        text = sh("ip", "netns", "exec", ns, tool, "-t", "filter").stdout
         out += [f"{tool}: {x}" for x in text.splitlines() if x.startswith(("-", ":NETCUT"))]
     return out
 
@@ -100,6 +100,9 @@ def test_restore_puts_routes_back_byte_for_byte(topo: Topology) -> None:
     # IPv6 link-local routes come back as the kernel regenerates the address: poll.
     assert wait_for(lambda: topo.routes() == routes), (routes, topo.routes())
     assert netfilter(topo.sandbox) == rules
+    for names in ("ip_tables_names", "ip6_tables_names"):  # no other table was registered
+        listed = sh("ip", "netns", "exec", topo.sandbox, "cat", f"/proc/net/{names}").stdout
+        assert listed.split() == ["filter"]
     assert netcut.status(topo.sandbox).state == "not cut"
     assert topo.reaches(topo.upstream_ip, topo.echo_port)
     assert topo.reaches(topo.peer_ip, topo.echo_port)
