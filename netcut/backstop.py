@@ -128,8 +128,21 @@ def _remove_jumps(table: Any, family: int) -> None:
 
 
 def present_families() -> tuple[int, ...]:
-    """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT."""
-    return tuple(f for f in (AF_INET, AF_INET6) if _table(f).is_chain(CHAIN))
+    """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT. A table that is not
+    registered in this namespace is not opened (opening one would register it)."""
+    return tuple(
+        f
+        for f, names in ((AF_INET, "ip_tables_names"), (AF_INET6, "ip6_tables_names"))
+        if _FILTER in _registered(names) and _table(f).is_chain(CHAIN)
+    )
+
+
+def _registered(names: str) -> list[str]:
+    try:
+        with open(f"/proc/self/net/{names}") as f:
+            return f.read().split()
+    except FileNotFoundError:  # no (IPv6) xtables in this kernel
+        return []
 
 
 def prewarm() -> None:

@@ -277,6 +277,7 @@ def test_probe_command_ok(topo: Topology) -> None:
 
 def test_dry_run_and_status_cli(topo: Topology) -> None:
     routes = topo.routes()
+    tables = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
     dry = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--dry-run")
     assert dry.returncode == 0
     assert f"add route {topo.gateway}/32 dev eth0 proto netcut" in dry.stdout
@@ -286,6 +287,8 @@ def test_dry_run_and_status_cli(topo: Topology) -> None:
     st = cli("status", "--netns", topo.sandbox)
     assert st.returncode == 0
     assert st.stdout.splitlines()[0] == "not cut"
+    after = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
+    assert after == tables, "a dry run and a status change nothing, not even table registration"
     cut = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--json")
     assert cut.returncode == 0, cut.stderr
     assert json.loads(cut.stdout)["result"] == "cut"
