@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -161,7 +162,9 @@ def main() -> int:
     if os.geteuid() != 0:
         print("netcut_bench: needs root (it creates network namespaces)", file=sys.stderr)
         return 2
-    result = run(args.cycles)
+    with tempfile.TemporaryDirectory(prefix="netcut-bench-") as state:
+        os.environ["NETCUT_STATE_DIR"] = state  # records and lock: nothing left behind
+        result = run(args.cycles)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
