@@ -165,6 +165,15 @@ def _json(sections: dict[str, str], name: str) -> list[dict[str, Any]]:
 
 def parse_state_dump(text: str, nameservers: tuple[str, ...] = ()) -> NamespaceState:
     """The helper's `state_script` output as a NamespaceState; InvalidInput if malformed."""
+    try:
+        return _parse_state_dump(text, nameservers)
+    except InvalidInput:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"helper state dump: unexpected content ({exc!r})") from None
+
+
+def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState:
     s = _sections(text)
     links = tuple(
         Link(int(x["ifindex"]), str(x["ifname"]), "LOOPBACK" in x.get("flags", ()))
