@@ -1,12 +1,13 @@
 """The netfilter backstop: chain NETCUT in the filter table, jumped to first from OUTPUT.
 
-Runs *inside* the target namespace only (a forked child, see nsexec.py): python-iptables has
-no namespace support and caches Table objects process-wide, and libiptc binds a table handle
-to the namespace of the socket it opened. Each function here therefore drops the cached table
-and opens a fresh one, and each install/remove is a single commit (atomic per family).
+Runs *inside* the target namespace only (netcut's worker process, see nsexec.py):
+python-iptables has no namespace support and caches Table objects process-wide, and libiptc
+binds a table handle to the namespace of the socket it opened. Each function here therefore
+drops the cached table and opens a fresh one, and each install/remove is a single commit
+(atomic per family). Only the filter tables are ever opened: opening a table registers it.
 
-`prewarm()` is the one exception that runs in the caller: it builds rules without touching any
-table, so the xtables extensions (tcp, udp, REJECT) are loaded once and inherited by children.
+`prewarm()` runs once when the worker starts, in its own namespace: it loads the xtables
+extensions (tcp, udp, REJECT) and builds the fixed rules without opening any table.
 """
 
 from __future__ import annotations

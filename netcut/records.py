@@ -33,8 +33,8 @@ def state_dir() -> str:
 
 @dataclass(frozen=True)
 class Store:
-    """Where one namespace's record lives. Built by the caller (so the namespace worker, forked
-    earlier, follows the caller's current $NETCUT_STATE_DIR) and passed to the jobs."""
+    """Where one namespace's record lives. Built by the caller (so the namespace worker, a
+    long-lived process, follows the caller's current $NETCUT_STATE_DIR) and passed to jobs."""
 
     directory: str
     key: str
