@@ -2,7 +2,7 @@
 
 Each resolves the target, opens the namespace file once (the fd names the namespace for the
 whole operation, so a name re-pointed meanwhile cannot redirect it), applies the safety rails,
-then runs one job in a forked child inside the namespace (nsexec.py). The caller's own
+then runs one job inside the namespace in netcut's worker process (nsexec.py). The caller's own
 namespace, netfilter tables and event loop are never touched.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from netcut import apply, safety
 from netcut import probe as probe_mod
-from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
+from netcut.errors import InvalidInput, PrivilegeError, ProbeFailed, TargetNotFound
 from netcut.model import Keep, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus
@@ -80,8 +80,6 @@ def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
     except FileNotFoundError:
         raise TargetNotFound(f"{resolved}: vanished") from None
     except PermissionError:
-        from netcut.errors import PrivilegeError
-
         raise PrivilegeError(f"{resolved}: permission denied opening the namespace") from None
     return resolved, fd, ns_identity(fd)
 

@@ -124,7 +124,7 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
 class _Helper:
     """One container target: its runtime, full id, inspect data, and the helper image."""
 
-    def __init__(self, ref: TargetRef, image: str | None, *, build: bool = True) -> None:
+    def __init__(self, ref: TargetRef, image: str | None) -> None:
         if ref.kind != "container":
             raise InvalidInput(f"{ref}: helper mode needs --container")
         self.ref = ref
@@ -143,7 +143,7 @@ class _Helper:
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: not running")
         self.pid = pid
         self.store = Store.for_container(self.id)
-        self.image = ensure_image(self.runtime, image) if build else (image or "")
+        self.image = ensure_image(self.runtime, image)
 
     def __str__(self) -> str:
         return f"{self.ref} (helper via {os.path.basename(self.runtime)})"

@@ -33,8 +33,8 @@ def state_dir() -> str:
 
 @dataclass(frozen=True)
 class Store:
-    """Where one namespace's record lives. Built by the caller (so the namespace worker, forked
-    earlier, follows the caller's current $NETCUT_STATE_DIR) and passed to the jobs."""
+    """Where one namespace's record lives. Built by the caller (so the namespace worker, a
+    long-lived process, follows the caller's current $NETCUT_STATE_DIR) and passed to jobs."""
 
     directory: str
     key: str
@@ -74,12 +74,11 @@ class Store:
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Serialize cuts and restores of one namespace across processes (flock; released
-        when the holder exits, however it exits)."""
+        """Serialize cuts and restores across processes (flock, released when the holder
+        exits, however it exits). One lock for the directory, not one per namespace: a cut
+        takes milliseconds, and a per-namespace lock file could never be removed safely."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        fd = os.open(
-            os.path.join(self.directory, f"{self.key}.lock"), os.O_RDWR | os.O_CREAT, 0o600
-        )
+        fd = os.open(os.path.join(self.directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

@@ -131,8 +131,12 @@ def state_script(keeps: tuple[Keep, ...]) -> str:
         "echo '### sysctls'; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
         ' /proc/sys/net/ipv6/conf/*/accept_ra; do [ -e "$f" ] && echo "$f $(cat "$f")"; done'
     )
-    for family, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6")):
-        check = _q([_tool(family), "-w", "-S", CHAIN])
+    for family, name, names in ((AF_INET, "backstop4", "ip_tables_names"),
+                                (AF_INET6, "backstop6", "ip6_tables_names")):  # fmt: skip
+        # Look at the table only if it is registered: listing it would register it.
+        check = f"grep -qx filter /proc/net/{names} 2>/dev/null && " + _q(
+            [_tool(family), "-w", "-S", CHAIN]
+        )
         lines.append(f"echo '### {name}'; {check} >/dev/null 2>&1 && echo yes || echo no")
     return "\n".join(lines) + "\n"
 
@@ -161,6 +165,15 @@ def _json(sections: dict[str, str], name: str) -> list[dict[str, Any]]:
 
 def parse_state_dump(text: str, nameservers: tuple[str, ...] = ()) -> NamespaceState:
     """The helper's `state_script` output as a NamespaceState; InvalidInput if malformed."""
+    try:
+        return _parse_state_dump(text, nameservers)
+    except InvalidInput:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"helper state dump: unexpected content ({exc!r})") from None
+
+
+def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState:
     s = _sections(text)
     links = tuple(
         Link(int(x["ifindex"]), str(x["ifname"]), "LOOPBACK" in x.get("flags", ()))

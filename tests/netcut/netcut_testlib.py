@@ -194,6 +194,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
     return predicate()
 
 
+def legacy_tables(names: str) -> list[str]:
+    """Legacy xtables tables registered in this process's namespace (reading registers none)."""
+    try:
+        with open(f"/proc/self/net/{names}") as f:
+            return sorted(f.read().split())
+    except FileNotFoundError:
+        return []
+
+
 def root_snapshot() -> dict[str, list[str]]:
     """What the suite must not change in the machine's root namespace: routes (v4, v6, all
     tables), forwarding, and netfilter (legacy and nft)."""
@@ -204,9 +213,15 @@ def root_snapshot() -> dict[str, list[str]]:
     for key in ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"):
         with open(f"/proc/sys/{key}") as f:
             snap[key] = [f.read().strip()]
-    for tool in ("iptables-legacy-save", "ip6tables-legacy-save", "iptables-save"):
-        out = sh(tool, check=False).stdout
-        snap[tool] = [line for line in out.splitlines() if not line.startswith(("#", ":"))]
+    for tool, names in (("iptables-legacy-save", "ip_tables_names"),
+                        ("ip6tables-legacy-save", "ip6_tables_names")):  # fmt: skip
+        snap[names] = legacy_tables(names)
+        snap[tool] = []
+        for table in snap[names]:  # only tables that exist: saving "all" would register them
+            out = sh(tool, "-t", table, check=False).stdout
+            snap[tool] += [line for line in out.splitlines() if not line.startswith(("#", ":"))]
+    out = sh("iptables-save", check=False).stdout  # nft: reading creates nothing
+    snap["iptables-save"] = [line for line in out.splitlines() if not line.startswith(("#", ":"))]
     return snap
 
 

@@ -6,6 +6,8 @@ import asyncio
 import errno
 import json
 import os
+import pathlib
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +31,7 @@ def netfilter(ns: str) -> list[str]:
     stays registered, empty, after restore: only its content is compared)."""
     out = []
     for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
-        text = sh("ip", "netns", "exec", ns, tool).stdout
+        text = sh("ip", "netns", "exec", ns, tool, "-t", "filter").stdout
         out += [f"{tool}: {x}" for x in text.splitlines() if x.startswith(("-", ":NETCUT"))]
     return out
 
@@ -98,6 +100,9 @@ def test_restore_puts_routes_back_byte_for_byte(topo: Topology) -> None:
     # IPv6 link-local routes come back as the kernel regenerates the address: poll.
     assert wait_for(lambda: topo.routes() == routes), (routes, topo.routes())
     assert netfilter(topo.sandbox) == rules
+    for names in ("ip_tables_names", "ip6_tables_names"):  # no other table was registered
+        listed = sh("ip", "netns", "exec", topo.sandbox, "cat", f"/proc/net/{names}").stdout
+        assert listed.split() == ["filter"]
     assert netcut.status(topo.sandbox).state == "not cut"
     assert topo.reaches(topo.upstream_ip, topo.echo_port)
     assert topo.reaches(topo.peer_ip, topo.echo_port)
@@ -272,6 +277,7 @@ def test_probe_command_ok(topo: Topology) -> None:
 
 def test_dry_run_and_status_cli(topo: Topology) -> None:
     routes = topo.routes()
+    tables = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
     dry = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--dry-run")
     assert dry.returncode == 0
     assert f"add route {topo.gateway}/32 dev eth0 proto netcut" in dry.stdout
@@ -281,6 +287,8 @@ def test_dry_run_and_status_cli(topo: Topology) -> None:
     st = cli("status", "--netns", topo.sandbox)
     assert st.returncode == 0
     assert st.stdout.splitlines()[0] == "not cut"
+    after = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
+    assert after == tables, "a dry run and a status change nothing, not even table registration"
     cut = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--json")
     assert cut.returncode == 0, cut.stderr
     assert json.loads(cut.stdout)["result"] == "cut"
@@ -383,3 +391,22 @@ def test_a_wedged_worker_is_killed_and_replaced() -> None:
         assert nsexec.run_in_netns(fd, os.getpid) != os.getpid(), "a fresh worker answers"
     finally:
         os.close(fd)
+
+
+def test_worker_inherits_none_of_the_callers_descriptors(tmp_path: pathlib.Path) -> None:
+    with nsexec._lock:  # start from no worker
+        if nsexec._worker is not None:
+            nsexec._worker.kill()
+            nsexec._worker = None
+    marker = tmp_path / "caller-only"
+    with open(marker, "w"), socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        netcut.start_worker()
+        worker = nsexec._worker
+        assert worker is not None
+        fd_dir = f"/proc/{worker.pid}/fd"
+        links = {os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)}
+        listening = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
+    assert str(marker) not in links
+    assert listening not in links

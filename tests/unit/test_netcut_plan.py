@@ -309,3 +309,12 @@ def test_a_record_without_marks_is_stale() -> None:
     status = judge_status(plan, state())
     assert status.state == "not cut"
     assert status.details == ("stale record ignored",)
+
+
+@given(st.text(max_size=60))
+def test_parse_keep_parses_or_raises_invalid_input(text: str) -> None:
+    try:
+        keep = parse_keep(text)
+    except InvalidInput:
+        return
+    assert parse_keep(str(keep)) == keep

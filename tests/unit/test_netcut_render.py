@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from netcut import helper
 from netcut.model import (
@@ -153,3 +155,59 @@ def test_probe_output_parsing() -> None:
     )
     assert result.ok
     assert not helper.parse_probe("failed 198.19.1.1:3128\n", (keep,), ()).ok
+
+
+@given(st.text(max_size=400))
+def test_state_dump_parses_or_raises_invalid_input(text: str) -> None:
+    from netcut.errors import InvalidInput
+
+    try:
+        parse_state_dump(text)
+    except InvalidInput:
+        pass
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+@given(
+    st.sampled_from(["links", "addrs", "routes4", "routes6", "get 1.2.3.4"]),
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "ifindex",
+                    "ifname",
+                    "dst",
+                    "dev",
+                    "type",
+                    "metric",
+                    "flags",
+                    "addr_info",
+                    "table",
+                    "protocol",
+                    "metrics",
+                    "pref",
+                ]
+            ),
+            _json_values,
+            max_size=6,
+        ),
+        max_size=3,
+    ),
+)
+def test_state_dump_sections_of_any_shape(section: str, items: list[object]) -> None:
+    import json
+
+    from netcut.errors import InvalidInput
+
+    try:
+        parse_state_dump(f"### {section}\n{json.dumps(items)}\n")
+    except InvalidInput:
+        pass
