@@ -20,6 +20,8 @@ caller. The worker exits when the caller's end of the socket closes (the caller 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import os
 import pickle
@@ -115,6 +117,18 @@ def _forget_worker_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_worker_in_child)
+
+
+def _stop_worker_at_exit() -> None:
+    """Reap the worker when the caller exits (no orphan, no unclosed socket)."""
+    global _worker
+    worker, _worker = _worker, None
+    if worker is not None and not worker.dead():
+        with contextlib.suppress(OSError):
+            worker.kill()
+
+
+atexit.register(_stop_worker_at_exit)
 
 
 def start_worker() -> None:
