@@ -76,7 +76,9 @@ RESERVED_KINDS: Final = (
 )
 
 # A field whose name contains one of these (case-insensitive) is dropped from the record.
-_SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key", re.IGNORECASE)
+# Bodies too: a body is never logged, whatever its field is called.
+_SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key|body|payload",
+                         re.IGNORECASE)
 # Fields that may hold a URL or a request target; their query string is redacted.
 URL_FIELDS: Final = frozenset({"path", "url", "target", "uri"})
 _URL_FIELDS_TUPLE: Final = tuple(sorted(URL_FIELDS))
@@ -341,7 +343,8 @@ class ChainVerifier:
                     "(lines deleted or edited before this run)",
                 )
         elif prev != GENESIS:
-            self._warn(where, "this run continued a log whose earlier lines were not given")
+            self._fail(where, "run start links to earlier lines that were not given "
+                       "(deleted, or older files not passed)")
         self._run = _Run(run_id=str(record.get("run", "?")), where=where)
         self._remember(0, line_hash(line), where)
 

@@ -138,8 +138,10 @@ def build_settings(
     guard = AddressGuard(
         extra=extra, reserve_private=bool(data.get("reserve_private", False)) or reserve_private
     )
+    top_blocks = [*_str_list(data, "block", where), *block]
     clients = tuple(
-        _client(cid, spec, routes, where) for cid, spec in dict(data.get("clients", {})).items()
+        _client(cid, spec, routes, top_blocks, where)
+        for cid, spec in dict(data.get("clients", {})).items()
     )
     return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
 
@@ -152,7 +154,11 @@ def _resolve_entries(value: object, where: str) -> list[str]:
     raise PolicyError(f"{where}: 'resolve' must be a table or a list of 'NAME=ADDR'")
 
 
-def _client(cid: str, spec: object, routes: list[str], where: str) -> ClientSpec:
+def _client(
+    cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str
+) -> ClientSpec:
+    """A per-client policy: its own allow rules and posture; the top-level block rules and
+    framework routes apply to every client too (blocks compose, as in `compose`)."""
     here = f"{where}: client {cid!r}"
     if not isinstance(spec, dict):
         raise PolicyError(f"{here}: must be a table")
@@ -174,7 +180,7 @@ def _client(cid: str, spec: object, routes: list[str], where: str) -> ClientSpec
         raise PolicyError(f"{here}: needs a token, token_env or sources")
     policy = Policy(
         allow=_str_list(spec, "allow", here),
-        block=_str_list(spec, "block", here),
+        block=[*top_blocks, *_str_list(spec, "block", here)],
         default=_posture(spec.get("default", "deny"), here),
         framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
     )

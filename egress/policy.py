@@ -384,4 +384,9 @@ def _first_network(
 
 
 def _network_rules_hit(rules: list[Rule], ips: Sequence[IPAddress]) -> bool:
-    return any(rule.network is not None and ip in rule.network for rule in rules for ip in ips)
+    """Some address rule covers every address (so only its port or scheme did not match)."""
+    if not ips:
+        return False
+    return any(
+        rule.network is not None and all(ip in rule.network for ip in ips) for rule in rules
+    )

@@ -7,9 +7,11 @@ agent reading the body, or a human reading curl's output, sees why.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PROXY_NAME = "egress"
+_NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +44,13 @@ REFUSALS: dict[str, Refusal] = {
 _REASON_PHRASES = {
     400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
     408: "Request Timeout", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
-    503: "Service Unavailable", 504: "Gateway Timeout",
+    503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported",
 }  # fmt: skip
 
 
 def _sf_string(text: str) -> str:
     """An RFC 8941 sf-string: printable ASCII, `\\` and `"` escaped."""
-    clean = "".join(c if 0x20 <= ord(c) < 0x7F else "?" for c in text)
+    clean = _NOT_PRINTABLE.sub("?", text)
     return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

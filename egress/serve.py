@@ -94,8 +94,13 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     if not args.quiet:
         for finding in lint_policy(settings.policy):
             print(f"egress serve: warning: {finding}", file=sys.stderr)
-    audit = _open_audit(args)
-    await audit.start()
+    try:
+        audit = _open_audit(args)
+        await audit.start()
+    except (OSError, ValueError) as exc:
+        print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     proxy = EgressProxy(
         settings, listen=args.listen or ["127.0.0.1:3128"], listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,

@@ -38,7 +38,7 @@ from .policy import Decision, Policy
 from .relay import Framer, LengthFramer, RelayEnded, Side
 from .resolve import ResolveError, Resolver
 from .responses import CONNECT_OK, error_response
-from .sni import parse_client_hello
+from .sni import MAX_HELLO_INPUT, parse_client_hello
 from .target import (
     IPAddress,
     Target,
@@ -196,6 +196,7 @@ class EgressProxy:
         self._cache: dict[tuple[int, str, str, int], Decision] = {}
         self._targets: dict[str, tuple[Target, bool]] = {}
         self._authorities: dict[str, Target] = {}
+        self._addr_texts: dict[IPAddress, str] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -224,8 +225,9 @@ class EgressProxy:
     def add_client(self, spec: ClientSpec) -> None:
         """Serve another client (sandbox) with its own policy; takes effect at once."""
         settings = self.settings
+        others = tuple(c for c in settings.clients if c.client_id != spec.client_id)
         self.settings = Settings(settings.policy, settings.guard, settings.resolve,
-                                 (*settings.clients, spec))  # fmt: skip
+                                 (*others, spec))  # fmt: skip
         self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
 
     async def start(self) -> None:
@@ -372,6 +374,12 @@ class EgressProxy:
 
     def _sweep_one(self, conn: _Conn, now: float) -> None:
         lim = self.limits
+        if conn.phase == "hello" and now - conn.phase_since > lim.head_timeout:
+            conn.end = "hello_timeout"  # inside an open tunnel: nothing to answer, just close
+            conn.side.close()
+            if conn.upstream is not None:
+                conn.upstream.close()
+            return
         if conn.phase == "head" and now - conn.phase_since > lim.head_timeout:
             conn.end = "head_timeout"
             if conn.side.buf:
@@ -567,7 +575,7 @@ class EgressProxy:
             decision, addrs = await self._authorize(identity, target, event)
             upstream, addr = await self._dial(addrs, target.port)
             conn.upstream = upstream
-            event["addr"] = str(addr)
+            event["addr"] = self._addr_text(addr)
             conn.side.write(CONNECT_OK)
             event["status"] = 200
             if self._wants_sni_check(identity.policy, target):
@@ -590,12 +598,16 @@ class EgressProxy:
     ) -> None:  # fmt: skip
         assert self._loop is not None
         side = conn.side
-        conn.phase, conn.phase_since = "head", self._loop.time()
+        conn.phase, conn.phase_since = "hello", self._loop.time()
+        side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
         while True:
             hello = parse_client_hello(side.buf)
             if hello is not None or not await side.read_more():
                 break
+        side.max_buffer = self.limits.max_head
         conn.phase = "active"
+        if hello is not None and hello.kind == "malformed":
+            raise _Refused("sni_mismatch", "malformed TLS ClientHello")
         if hello is None or hello.kind != "tls" or hello.sni is None:
             kind = "no ClientHello" if hello is None else f"{hello.kind} first bytes"
             if hello is not None and hello.kind == "tls":
@@ -621,7 +633,9 @@ class EgressProxy:
             return True
         if self.sni_missing == "deny":
             return False
-        return target.ip is None and decision.reason in ("allow_rule", "framework_route")
+        return target.ip is None and decision.reason in (
+            "allow_rule", "default_allow", "framework_route"
+        )
 
     async def _relay_tunnel(
         self, conn: _Conn, upstream: Side | None, event: dict[str, object], t0: float
@@ -664,7 +678,7 @@ class EgressProxy:
             self._emit(event, refused.decision, refused.reason, None, refused.detail, None)
             return
         conn.upstream = upstream
-        event["addr"] = str(addr)
+        event["addr"] = self._addr_text(addr)
         event["reason"], event["rule"] = "framework_route", f"http://{host}:{port}"
         await self._relay_tunnel(conn, upstream, event, t0)
 
@@ -682,7 +696,7 @@ class EgressProxy:
             _, addrs = await self._authorize(identity, target, event)
             upstream, addr = await self._acquire(addrs, target.port)
             conn.upstream = upstream
-            event["addr"] = str(addr)
+            event["addr"] = self._addr_text(addr)
             request = _Request(head, target, path, explicit_port, addr)
             return await self._exchange(conn, request, upstream, event, t0)
         except _Refused as refused:
@@ -700,6 +714,14 @@ class EgressProxy:
             return keep
         finally:
             conn.upstream = None
+
+    def _addr_text(self, addr: IPAddress) -> str:
+        text = self._addr_texts.get(addr)
+        if text is None:
+            if len(self._addr_texts) > 65536:
+                self._addr_texts.clear()
+            text = self._addr_texts[addr] = str(addr)
+        return text
 
     def _authority_target(self, authority: str) -> Target:
         """A CONNECT target, parsed once per distinct authority (parsing is pure)."""

@@ -166,6 +166,11 @@ def normalize_label(label: str, raw: str) -> str:
             raise TargetError(
                 f"invalid host {raw!r}: only letters, digits, '-', '_' and '.' allowed"
             )
+        if out.startswith("xn--"):
+            try:  # an A-label must decode, or two spellings could name one host
+                idna.decode(out)
+            except (idna.IDNAError, UnicodeError) as exc:
+                raise TargetError(f"invalid host {raw!r}: bad IDNA A-label ({exc})") from exc
     else:
         try:
             out = idna.encode(label, uts46=True).decode("ascii")

@@ -27,7 +27,9 @@ from netcut.errors import (
     TargetNotFound,
     UnsafeTarget,
 )
-from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
+from netcut.model import Keep, parse_keep
+from netcut.nsexec import start_worker
+from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeItem, ProbeResult
 from netcut.target import TargetRef, container, netns, netns_path, pid
 
@@ -58,6 +60,7 @@ __all__ = [
     "probe_async",
     "restore",
     "restore_async",
+    "start_worker",
     "status",
     "status_async",
 ]

@@ -2,7 +2,7 @@
 
 Each resolves the target, opens the namespace file once (the fd names the namespace for the
 whole operation, so a name re-pointed meanwhile cannot redirect it), applies the safety rails,
-then runs one job in a forked child inside the namespace (nsexec.py). The caller's own
+then runs one job inside the namespace in netcut's worker process (nsexec.py). The caller's own
 namespace, netfilter tables and event loop are never touched.
 """
 
@@ -12,13 +12,14 @@ import asyncio
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from netcut import apply, safety
 from netcut import probe as probe_mod
-from netcut.errors import InvalidInput, ProbeFailed, TargetNotFound
+from netcut.errors import InvalidInput, PrivilegeError, ProbeFailed, TargetNotFound
+from netcut.model import Keep, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
-from netcut.plan import CutPlan, CutStatus, Keep, parse_keep
+from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeResult
 from netcut.records import Store
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
@@ -43,7 +44,8 @@ class CutResult:
 
     def lines(self) -> list[str]:
         if self.dry_run and self.plan is not None:
-            shown = [f"plan for {self.target}", *self.plan.lines()]
+            head = "already cut:" if self.status.is_cut else "plan for"
+            shown = [f"{head} {self.target}", *self.plan.lines()]
             if self.script is not None:
                 shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
             return shown
@@ -78,8 +80,6 @@ def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
     except FileNotFoundError:
         raise TargetNotFound(f"{resolved}: vanished") from None
     except PermissionError:
-        from netcut.errors import PrivilegeError
-
         raise PrivilegeError(f"{resolved}: permission denied opening the namespace") from None
     return resolved, fd, ns_identity(fd)
 
@@ -147,7 +147,9 @@ def cut(
                 result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
             )
             if not found.ok:
-                raise ProbeFailed(f"{resolved} is cut but the probe failed: {found.reason()}")
+                raise ProbeFailed(
+                    f"{resolved} is cut but the probe failed: {found.reason()}", found
+                )
         return result
     finally:
         os.close(fd)
@@ -235,6 +237,3 @@ async def probe_async(
     return await asyncio.to_thread(
         probe, target, list(expect_reachable), list(expect_blocked), **kwargs
     )
-
-
-Mode = Literal["direct", "helper"]

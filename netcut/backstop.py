@@ -1,12 +1,13 @@
 """The netfilter backstop: chain NETCUT in the filter table, jumped to first from OUTPUT.
 
-Runs *inside* the target namespace only (a forked child, see nsexec.py): python-iptables has
-no namespace support and caches Table objects process-wide, and libiptc binds a table handle
-to the namespace of the socket it opened. Each function here therefore drops the cached table
-and opens a fresh one, and each install/remove is a single commit (atomic per family).
+Runs *inside* the target namespace only (netcut's worker process, see nsexec.py):
+python-iptables has no namespace support and caches Table objects process-wide, and libiptc
+binds a table handle to the namespace of the socket it opened. Each function here therefore
+drops the cached table and opens a fresh one, and each install/remove is a single commit
+(atomic per family). Only the filter tables are ever opened: opening a table registers it.
 
-`prewarm()` is the one exception that runs in the caller: it builds rules without touching any
-table, so the xtables extensions (tcp, udp, REJECT) are loaded once and inherited by children.
+`prewarm()` runs once when the worker starts, in its own namespace: it loads the xtables
+extensions (tcp, udp, REJECT) and builds the fixed rules without opening any table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import iptc
 
-from netcut.plan import AF_INET, AF_INET6, CHAIN, FilterRule
+from netcut.model import AF_INET, AF_INET6, CHAIN, FilterRule
+from netcut.plan import backstop_rules
 
 _FILTER = "filter"
 
@@ -26,13 +28,23 @@ def _table(family: int) -> Any:
     # namespace: drop them so the table is opened afresh here.
     cls._cache.pop(_FILTER, None)
     iptc.Chain._cache.clear()
-    table = cls(_FILTER, autocommit=False)
-    table.refresh()
-    return table
+    return cls(_FILTER, autocommit=False)  # a new Table opens (iptc_init) its handle
 
 
 def _new_rule(family: int) -> Any:
     return iptc.Rule6() if family == AF_INET6 else iptc.Rule()
+
+
+_built: dict[tuple[int, FilterRule], Any] = {}
+
+
+def cached_rule(family: int, spec: FilterRule) -> Any:
+    """A rule depends on no namespace: build it once per process (xtables option parsing
+    through ctypes is most of a backstop commit's cost), append copies of it anywhere."""
+    key = (family, spec)
+    if key not in _built:
+        _built[key] = build_rule(family, spec)
+    return _built[key]
 
 
 def build_rule(family: int, spec: FilterRule) -> Any:
@@ -52,8 +64,30 @@ def build_rule(family: int, spec: FilterRule) -> Any:
     return rule
 
 
-def _jump(family: int) -> Any:
-    rule = _new_rule(family)
+class _OnlyTable:
+    """Mixin for a rule whose target is chain NETCUT. python-iptables resolves a chain-name
+    target by asking `rule.tables`, which opens every table (filter, mangle, raw, nat,
+    security), so registering them all in the namespace, and caches them process-wide: here
+    only the filter table being edited is asked."""
+
+    only: Any = None
+
+    @property
+    def tables(self) -> list[Any]:
+        return [self.only]
+
+
+class _Jump4(_OnlyTable, iptc.Rule):  # type: ignore[misc]
+    pass
+
+
+class _Jump6(_OnlyTable, iptc.Rule6):  # type: ignore[misc]
+    pass
+
+
+def _jump(family: int, table: Any) -> Any:
+    rule = (_Jump6 if family == AF_INET6 else _Jump4)()
+    rule.only = table
     rule.create_target(CHAIN)
     return rule
 
@@ -68,8 +102,8 @@ def install(family: int, rules: tuple[FilterRule, ...]) -> None:
         table.create_chain(CHAIN)
     chain = iptc.Chain(table, CHAIN)
     for spec in rules:
-        chain.append_rule(build_rule(family, spec))
-    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family))
+        chain.append_rule(cached_rule(family, spec))
+    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family, table))
     table.commit()
 
 
@@ -89,19 +123,32 @@ def _remove_jumps(table: Any, family: int) -> None:
     output = iptc.Chain(table, "OUTPUT")
     while True:
         try:
-            output.delete_rule(_jump(family))
+            output.delete_rule(_jump(family, table))
         except iptc.IPTCError:
             return
 
 
 def present_families() -> tuple[int, ...]:
-    """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT."""
-    return tuple(f for f in (AF_INET, AF_INET6) if _table(f).is_chain(CHAIN))
+    """Families (AF_INET, AF_INET6) whose filter table holds chain NETCUT. A table that is not
+    registered in this namespace is not opened (opening one would register it)."""
+    return tuple(
+        f
+        for f, names in ((AF_INET, "ip_tables_names"), (AF_INET6, "ip6_tables_names"))
+        if _FILTER in _registered(names) and _table(f).is_chain(CHAIN)
+    )
+
+
+def _registered(names: str) -> list[str]:
+    try:
+        with open(f"/proc/self/net/{names}") as f:
+            return f.read().split()
+    except FileNotFoundError:  # no (IPv6) xtables in this kernel
+        return []
 
 
 def prewarm() -> None:
-    """Load the xtables extensions the backstop uses, without opening any table."""
+    """Load the xtables extensions the backstop uses and build its fixed rules, without
+    opening any table."""
     for family in (AF_INET, AF_INET6):
-        build_rule(family, FilterRule("REJECT-RST", proto="tcp", dport=53))
-        build_rule(family, FilterRule("REJECT", proto="udp", dport=53))
-        build_rule(family, FilterRule("ACCEPT", out_iface="lo"))
+        for spec in backstop_rules(family, ()):
+            cached_rule(family, spec)

@@ -20,6 +20,16 @@ from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds, more than 0 and at most 60")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -60,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"helper image (default: ${helper.IMAGE_ENV}, else built once)",
     )
     cut.add_argument("--no-probe", action="store_true", help="do not probe after the cut")
-    cut.add_argument("--probe-timeout", type=float, default=1.0, metavar="SECONDS")
+    cut.add_argument("--probe-timeout", type=_seconds, default=1.0, metavar="SECONDS")
     cut.add_argument(
         "--force",
         action="store_true",
@@ -77,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(probe)
     probe.add_argument("--expect-reachable", action="append", default=[], metavar="ADDR:PORT")
     probe.add_argument("--expect-blocked", action="append", default=[], metavar="ADDR:PORT")
-    probe.add_argument("--timeout", type=float, default=1.0, metavar="SECONDS")
+    probe.add_argument("--timeout", type=_seconds, default=1.0, metavar="SECONDS")
     probe.add_argument("--json", action="store_true")
 
     status = sub.add_parser("status", help="say whether and how the namespace is cut")
@@ -209,11 +219,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except ProbeFailed as exc:
-        print(f"netcut: probe failed: {exc}", file=sys.stderr)
-        return exc.exit_code
     except NetcutError as exc:
-        print(f"netcut: error: {exc}", file=sys.stderr)
+        failed = isinstance(exc, ProbeFailed)
+        print(f"netcut: {'probe failed' if failed else 'error'}: {exc}", file=sys.stderr)
+        if args.json:  # machines get an answer on stdout too
+            probe = exc.probe if isinstance(exc, ProbeFailed) else None
+            data = {
+                "result": "probe failed" if failed else "error",
+                "error": str(exc),
+                "kind": type(exc).__name__,
+                "exit_code": exc.exit_code,
+                "probe": _probe_data(probe if isinstance(probe, ProbeResult) else None),
+            }
+            print(json.dumps(data, sort_keys=True))
         return exc.exit_code
     except BrokenPipeError:  # `netcut ... | head`: the reader left; not our failure
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -39,12 +39,29 @@ class UnsafeTarget(NetcutError):
 
 
 class ApplyFailed(NetcutError):
-    """A change could not be applied; what was done before it has been rolled back."""
+    """A change could not be applied; what was done before it has been rolled back, unless
+    `rolled_back` is False (then `netcut restore` finishes the job from the record)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, rolled_back: bool = True) -> None:
+        super().__init__(message)
+        self.rolled_back = rolled_back
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.rolled_back))
 
 
 class ProbeFailed(NetcutError):
-    """A probe found a kept address unreachable or an expected-blocked one reachable."""
+    """A probe found a kept address unreachable or an expected-blocked one reachable.
+
+    `probe` is the ProbeResult (None when unknown); the namespace stays cut."""
 
     exit_code = 1
+
+    def __init__(self, message: str, probe: object = None) -> None:
+        super().__init__(message)
+        self.probe = probe
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.probe))

@@ -36,9 +36,28 @@ def _allowed(peer: str, port: int, allowed: tuple[tuple[str, int | None], ...]) 
     return any(a == str(addr) and p in (None, port) for a, p in allowed)
 
 
+def tcp_sockets_in_use() -> int:
+    """TCP sockets (v4 + v6, any state but TIME_WAIT) of this process's namespace, from
+    /proc/net/sockstat{,6}: per-namespace counters, far cheaper than a sock_diag dump, which
+    walks the machine-wide connection table."""
+    total = 0
+    for name, label in (("sockstat", "TCP:"), ("sockstat6", "TCP6:")):
+        try:
+            with open(f"/proc/self/net/{name}") as f:
+                for line in f:
+                    fields = line.split()
+                    if fields[:2] == [label, "inuse"]:
+                        total += int(fields[2])
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+    return total
+
+
 def kill_flows(allowed: tuple[tuple[str, int | None], ...]) -> int:
     """Abort every TCP socket in this namespace whose peer is not loopback or allowed;
     return how many were destroyed."""
+    if tcp_sockets_in_use() == 0:
+        return 0
     killed = 0
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
         for family in (socket.AF_INET, socket.AF_INET6):

@@ -26,7 +26,8 @@ from typing import Any
 from netcut import plan as plan_mod
 from netcut.api import CutResult, KeepLike, RestoreResult, parse_keeps
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, TargetNotFound, UnsafeTarget
-from netcut.plan import CutStatus, Keep
+from netcut.model import Keep, NamespaceState
+from netcut.plan import CutStatus
 from netcut.probe import ProbeItem, ProbeResult
 from netcut.records import Store
 from netcut.render import parse_state_dump, render_script, state_script
@@ -123,7 +124,7 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
 class _Helper:
     """One container target: its runtime, full id, inspect data, and the helper image."""
 
-    def __init__(self, ref: TargetRef, image: str | None, *, build: bool = True) -> None:
+    def __init__(self, ref: TargetRef, image: str | None) -> None:
         if ref.kind != "container":
             raise InvalidInput(f"{ref}: helper mode needs --container")
         self.ref = ref
@@ -142,7 +143,7 @@ class _Helper:
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: not running")
         self.pid = pid
         self.store = Store.for_container(self.id)
-        self.image = ensure_image(self.runtime, image) if build else (image or "")
+        self.image = ensure_image(self.runtime, image)
 
     def __str__(self) -> str:
         return f"{self.ref} (helper via {os.path.basename(self.runtime)})"
@@ -153,7 +154,7 @@ class _Helper:
             raise ApplyFailed(f"helper container failed: {_why(done)}")
         return done.stdout
 
-    def state(self, keeps: tuple[Keep, ...] = ()) -> plan_mod.NamespaceState:
+    def state(self, keeps: tuple[Keep, ...] = ()) -> NamespaceState:
         return parse_state_dump(self.run(state_script(keeps)), self.nameservers())
 
     def nameservers(self) -> tuple[str, ...]:
@@ -210,24 +211,29 @@ def cut(
             f"refusing to cut {h}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
             findings,
         )
+    with h.store.locked():
+        result = _cut_locked(h, keeps, dry_run)
+    if result.dry_run:
+        return result
+    return _probed(h, result, keeps, blocked, probe, probe_timeout)
+
+
+def _cut_locked(h: _Helper, keeps: tuple[Keep, ...], dry_run: bool) -> CutResult:
     start = time.perf_counter()
     record = h.store.load()
     state = h.state(keeps)
     status = plan_mod.judge_status(record, state)
     if status.is_cut:
-        if record is not None and set(record.keeps) != set(keeps):
+        if record is not None and set(record.keeps) != set(keeps) and not dry_run:
             raise InvalidInput(f"{h} is already cut with other keeps; restore it first")
-        return _probed(
-            h, CutResult(str(h), status, record, False), keeps, blocked, probe, probe_timeout
-        )
+        return CutResult(str(h), status, record, False, dry_run=dry_run)
     if status.state == "partial" and not dry_run:
         _undo(h, record, state)
         state = h.state(keeps)
     planned = plan_mod.plan_cut(state, keeps)
     if dry_run:
-        return CutResult(
-            str(h), status, planned, False, dry_run=True, script=render_script(planned.ops)
-        )
+        script = render_script(planned.ops)
+        return CutResult(str(h), status, planned, False, dry_run=True, script=script)
     h.store.save(planned, {"target": str(h), "container": h.id})
     try:
         h.run(render_script(planned.ops))
@@ -237,8 +243,7 @@ def cut(
         h.store.remove()
         raise ApplyFailed(f"cut via helper failed and was rolled back: {exc}") from None
     elapsed = (time.perf_counter() - start) * 1000
-    result = CutResult(str(h), CutStatus("cut", keeps), planned, True, elapsed_ms=elapsed)
-    return _probed(h, result, keeps, blocked, probe, probe_timeout)
+    return CutResult(str(h), CutStatus("cut", keeps), planned, True, elapsed_ms=elapsed)
 
 
 def _probed(
@@ -254,15 +259,13 @@ def _probed(
         return result
     found = parse_probe(h.run(probe_script(reachable, blocked, timeout)), reachable, blocked)
     if not found.ok:
-        raise ProbeFailed(f"{h} is cut but the probe failed: {found.reason()}")
+        raise ProbeFailed(f"{h} is cut but the probe failed: {found.reason()}", found)
     return CutResult(
         result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
     )
 
 
-def _undo(
-    h: _Helper, record: plan_mod.CutPlan | None, state: plan_mod.NamespaceState
-) -> tuple[str, ...]:
+def _undo(h: _Helper, record: plan_mod.CutPlan | None, state: NamespaceState) -> tuple[str, ...]:
     undo = plan_mod.plan_restore(record, state)
     h.run(render_script(undo.ops, tolerant=True))
     h.store.remove()
@@ -272,13 +275,14 @@ def _undo(
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
     """Helper-mode twin of api.restore."""
     h = _Helper(target, image)
-    record = h.store.load()
-    state = h.state()
-    if plan_mod.judge_status(record, state).state == "not cut":
-        h.store.remove()
-        return RestoreResult(str(h), False, CutStatus("not cut"))
-    lines = _undo(h, record, state)
-    return RestoreResult(str(h), True, plan_mod.judge_status(None, h.state()), lines)
+    with h.store.locked():
+        record = h.store.load()
+        state = h.state()
+        if plan_mod.judge_status(record, state).state == "not cut":
+            h.store.remove()
+            return RestoreResult(str(h), False, CutStatus("not cut"))
+        lines = _undo(h, record, state)
+        return RestoreResult(str(h), True, plan_mod.judge_status(None, h.state()), lines)
 
 
 def status(target: TargetRef, *, image: str | None = None) -> CutStatus:

@@ -1,23 +1,27 @@
-"""Run a function inside a network namespace, in a forked worker process, and return its result.
+"""Run a function inside a network namespace, in netcut's worker process, and return its result.
 
 Why another process: setns(2) changes the calling thread only, python-iptables keeps its Table
 and Chain objects (and libiptc its handles) process-wide, and pyroute2's synchronous API runs
 an event loop of its own. A worker process that enters the namespace, does the work and answers
-through a pipe leaves the caller's namespace, netfilter state and event loop untouched.
+through a socket leaves the caller's namespace, netfilter state and event loop untouched.
 
-Why one long-lived worker rather than a fork per call: a fork of an interpreter that has
-loaded pyroute2 and python-iptables costs ~4 ms, and the child then pays copy-on-write faults
-on every page it touches (a cut took ~30 ms that way, ~5 ms in a warm worker). The worker is
-forked once, on first use, from the caller; it serves one job at a time (a lock serializes
-callers), enters the job's namespace by the fd passed with SCM_RIGHTS, and drops python-iptables'
-cached tables before each job. A job that overruns `timeout` gets the worker killed (the next
-call forks a fresh one), so a wedged kernel call cannot hang the caller. Between jobs the worker
-sits in the caller's namespace again. It exits when the caller's end of the socket closes.
+Why one long-lived worker, started as a fresh interpreter: a fork per call costs ~4 ms for an
+interpreter that has loaded pyroute2 and python-iptables, plus copy-on-write faults on every
+page the child touches (a cut took ~30 ms that way, ~5 ms in a warm worker). A *forked* worker
+would also inherit the caller's file descriptors (an embedding proxy's client sockets would not
+close while the worker held copies), locks held by other threads, and garbage whose finalizers
+could close the wrong fd. So the worker is a new `python` (exec, close_fds) started on first use
+or by `start_worker()`; it serves one job at a time (a lock serializes callers), enters the
+job's namespace by the fd passed with SCM_RIGHTS, drops python-iptables' cached tables before
+each job, and goes back to its own namespace after it. A job that overruns `timeout` gets the
+worker killed (the next call starts a fresh one), so a wedged kernel call cannot hang the
+caller. The worker exits when the caller's end of the socket closes (the caller exited).
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
+import contextlib
 import ctypes
 import os
 import pickle
@@ -25,9 +29,10 @@ import select
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -36,6 +41,9 @@ from netcut.errors import ApplyFailed, NetcutError, PrivilegeError
 CLONE_NEWNET = 0x40000000
 # A cut is a few dozen netlink and netfilter calls (~10 ms); 20 s means something is wedged.
 DEFAULT_TIMEOUT_S = 20.0
+# Starting the worker is an interpreter start plus pyroute2 and python-iptables imports:
+# ~0.5 s, a few seconds on a loaded machine.
+READY_TIMEOUT_S = 30.0
 _LEN = struct.Struct("!I")
 
 T = TypeVar("T")
@@ -56,39 +64,86 @@ def setns(fd: int) -> None:
 class _Worker:
     def __init__(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - the worker; reports through the socket
-            parent.close()
-            _serve(child)
-        child.close()
-        self.pid, self.sock = pid, parent
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        code = f"from netcut.nsexec import serve; serve({child.fileno()})"
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a Ctrl-C meant for the caller does not hit a job
+            )
+        finally:
+            child.close()
+        self.sock = parent
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """The worker says `R` once it has imported what jobs need."""
+        if not self.ready:
+            if _recv_exact(self.sock, 1, time.monotonic() + READY_TIMEOUT_S) != b"R":
+                raise EOFError("namespace worker sent garbage instead of ready")
+            self.ready = True
 
     def call(self, fd: int, func: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
+        self.wait_ready()
         payload = pickle.dumps((func, args))
         socket.send_fds(self.sock, [_LEN.pack(len(payload))], [fd])
         self.sock.sendall(payload)
         return _recv_msg(self.sock, time.monotonic() + timeout)
 
-    def pid_dead(self) -> bool:
-        try:
-            done, _ = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        return done != 0
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def dead(self) -> bool:
+        return self.proc.poll() is not None
 
     def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
+        self.proc.kill()
+        self.proc.wait()
         self.sock.close()
 
 
 _worker: _Worker | None = None
 _lock = threading.Lock()
+
+
+def _forget_worker_in_child() -> None:
+    """A child forked from the caller must not talk to the caller's worker: it gets its own."""
+    global _worker, _lock
+    _worker, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_worker_in_child)
+
+
+def _stop_worker_at_exit() -> None:
+    """Reap the worker when the caller exits (no orphan, no unclosed socket)."""
+    global _worker
+    worker, _worker = _worker, None
+    if worker is not None and not worker.dead():
+        with contextlib.suppress(OSError):
+            worker.kill()
+
+
+atexit.register(_stop_worker_at_exit)
+
+
+def start_worker() -> None:
+    """Start the worker now (it takes ~0.5 s to import pyroute2 and python-iptables), so
+    that the first cut does not pay for it."""
+    global _worker
+    with _lock:
+        if _worker is None or _worker.dead():
+            _worker = _Worker()
+        try:
+            _worker.wait_ready()
+        except (OSError, EOFError, TimeoutError) as exc:
+            _worker.kill()
+            _worker = None
+            raise ApplyFailed(f"namespace worker did not start: {exc!r}") from None
 
 
 def run_in_netns(
@@ -102,7 +157,7 @@ def run_in_netns(
     """
     global _worker
     with _lock:
-        if _worker is None or _worker.pid_dead():
+        if _worker is None or _worker.dead():
             _worker = _Worker()
         worker = _worker
         try:
@@ -141,13 +196,15 @@ def _recv_msg(sock: socket.socket, deadline: float) -> Any:
     return pickle.loads(_recv_exact(sock, size, deadline))
 
 
-def _serve(sock: socket.socket) -> None:  # pragma: no cover - runs in the worker
+def serve(fileno: int) -> None:  # pragma: no cover - the worker's main, reports via the socket
+    """The worker: answer jobs from the caller on socket `fileno` until it closes."""
+    sock = socket.socket(fileno=fileno)
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides; we follow EOF
-        asyncio.events._set_running_loop(None)  # the caller's loop is not ours
         home = os.open("/proc/self/ns/net", os.O_RDONLY)
         _warm_up()
+        sock.sendall(b"R")
         while True:
             try:
                 msg, fds, _, _ = socket.recv_fds(sock, _LEN.size, 1)
@@ -173,7 +230,7 @@ def _serve(sock: socket.socket) -> None:  # pragma: no cover - runs in the worke
 def _warm_up() -> None:  # pragma: no cover - runs in the worker
     """Load, once per worker, what every job needs: the executor's modules and the xtables
     extensions of the backstop (building rules opens no table)."""
-    from netcut import backstop
+    from netcut import apply, backstop  # noqa: F401 - imported for the jobs
 
     backstop.prewarm()
 

@@ -1,6 +1,6 @@
 """Probe a namespace from inside: do kept ADDR:PORTs accept TCP, do blocked ones refuse?
 
-Runs in a forked child that entered the namespace (nsexec.run_in_netns). All connects start at
+Runs in netcut's worker after it entered the namespace (nsexec.run_in_netns). All connects start at
 once (non-blocking) and share one deadline, so a probe of any size takes at most `timeout`
 seconds: a silently dropped SYN is a timeout, never a hang. A reachable target must complete
 the handshake; a blocked one must not (refused, unreachable, reset, or timed out all count).
@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from netcut.plan import Keep
+from netcut.model import Keep
 
 # Container-to-host on one machine answers in well under a millisecond; a second leaves room
 # for a loaded CI machine while keeping a failed fail-closed check short.

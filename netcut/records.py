@@ -11,9 +11,12 @@ reported as a partial cut and cleaned up by restore or the next cut.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +33,8 @@ def state_dir() -> str:
 
 @dataclass(frozen=True)
 class Store:
-    """Where one namespace's record lives. Built by the caller (so the namespace worker, forked
-    earlier, follows the caller's current $NETCUT_STATE_DIR) and passed to the jobs."""
+    """Where one namespace's record lives. Built by the caller (so the namespace worker, a
+    long-lived process, follows the caller's current $NETCUT_STATE_DIR) and passed to jobs."""
 
     directory: str
     key: str
@@ -68,6 +71,19 @@ class Store:
         except (OSError, ValueError) as exc:
             raise InvalidInput(f"netcut record {self.path}: {exc}") from None
         return plan_from_data(data)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialize cuts and restores across processes (flock, released when the holder
+        exits, however it exits). One lock for the directory, not one per namespace: a cut
+        takes milliseconds, and a per-namespace lock file could never be removed safely."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(self.directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def remove(self) -> None:
         try:

@@ -14,10 +14,12 @@ import shlex
 from typing import Any
 
 from netcut.errors import InvalidInput
-from netcut.plan import (
+from netcut.model import (
     AF_INET,
     AF_INET6,
     CHAIN,
+    RTN_LOCAL,
+    RTN_UNICAST,
     RTNH_F_ONLINK,
     AddAddr,
     AddBackstop,
@@ -129,8 +131,12 @@ def state_script(keeps: tuple[Keep, ...]) -> str:
         "echo '### sysctls'; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
         ' /proc/sys/net/ipv6/conf/*/accept_ra; do [ -e "$f" ] && echo "$f $(cat "$f")"; done'
     )
-    for family, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6")):
-        check = _q([_tool(family), "-w", "-S", CHAIN])
+    for family, name, names in ((AF_INET, "backstop4", "ip_tables_names"),
+                                (AF_INET6, "backstop6", "ip6_tables_names")):  # fmt: skip
+        # Look at the table only if it is registered: listing it would register it.
+        check = f"grep -qx filter /proc/net/{names} 2>/dev/null && " + _q(
+            [_tool(family), "-w", "-S", CHAIN]
+        )
         lines.append(f"echo '### {name}'; {check} >/dev/null 2>&1 && echo yes || echo no")
     return "\n".join(lines) + "\n"
 
@@ -159,6 +165,15 @@ def _json(sections: dict[str, str], name: str) -> list[dict[str, Any]]:
 
 def parse_state_dump(text: str, nameservers: tuple[str, ...] = ()) -> NamespaceState:
     """The helper's `state_script` output as a NamespaceState; InvalidInput if malformed."""
+    try:
+        return _parse_state_dump(text, nameservers)
+    except InvalidInput:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"helper state dump: unexpected content ({exc!r})") from None
+
+
+def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState:
     s = _sections(text)
     links = tuple(
         Link(int(x["ifindex"]), str(x["ifname"]), "LOOPBACK" in x.get("flags", ()))
@@ -234,11 +249,8 @@ def _lookup(addr: str, items: list[dict[str, Any]], index: dict[str, int]) -> Lo
         return Lookup(addr, None)
     x = items[0]
     dev = x.get("dev")
-    rtype = (
-        int(x["type"])
-        if str(x.get("type", "1")).isdigit()
-        else (2 if x.get("type") == "local" else 1)
-    )
+    kind = str(x.get("type", "1"))  # numeric with -N; a name from older iproute2
+    rtype = int(kind) if kind.isdigit() else (RTN_LOCAL if kind == "local" else RTN_UNICAST)
     return Lookup(
         addr, rtype, index.get(dev) if dev else None, dev, x.get("gateway"), x.get("prefsrc")
     )

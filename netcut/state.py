@@ -1,7 +1,7 @@
-"""Read a namespace's state into plan.NamespaceState. Runs *inside* the namespace.
+"""Read a namespace's state into model.NamespaceState. Runs *inside* the namespace.
 
 Call these only from a process that has entered the target namespace (nsexec.run_in_netns):
-pyroute2's `IPRoute()` then talks to that namespace's netlink, /proc/sys/net shows its
+an `Rtnl` (rtnl.py) opened there talks to that namespace's netlink, /proc/sys/net shows its
 sysctls, and python-iptables opens its tables. Nothing here opens a namespace by name, so
 nothing can be created by accident (pyroute2 creates a missing named namespace unless told
 flags=0).
@@ -14,39 +14,30 @@ import socket
 from typing import Any
 
 from netcut import backstop
-from netcut.plan import (
-    AF_INET,
-    AF_INET6,
-    Addr,
-    Keep,
-    Link,
-    Lookup,
-    NamespaceState,
-    Route,
-)
+from netcut.errors import InvalidInput
+from netcut.model import AF_INET, AF_INET6, Addr, Keep, Link, Lookup, NamespaceState, Route
+from netcut.rtnl import NetlinkError, Rtnl
 
 LOOPBACK_INDEX = 1
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
 
 
 def read_state(
-    ipr: Any, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, ...] = ()
+    rt: Rtnl, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, ...] = ()
 ) -> NamespaceState:
     """Links, addresses, routes (v4+v6, all tables), IPv6 sysctls, route lookups for the
     kept addresses, and which families hold the backstop chain."""
     links = read_links()
     names = {link.index: link.name for link in links}
-    addrs = tuple(_addr(m, names) for m in ipr.get_addr())
-    routes = tuple(
-        _route(m, names) for m in ipr.route("dump", family=0) if m["family"] in (AF_INET, AF_INET6)
-    )
+    addrs = tuple(_addr(m, names) for m in rt.dump_addrs())
+    routes = tuple(_route(m, names) for m in rt.dump_routes() if m["family"] in (AF_INET, AF_INET6))
     return NamespaceState(
         links=links,
         addrs=addrs,
         routes=routes,
         sysctls=read_sysctls(links),
         nameservers=nameservers,
-        lookups=tuple(_lookup(ipr, str(k.addr), names) for k in keeps if not k.is_loopback),
+        lookups=tuple(_lookup(rt, str(k.addr), names) for k in keeps if not k.is_loopback),
         backstop=backstop.present_families(),
     )
 
@@ -73,8 +64,6 @@ def _addr(msg: Any, names: dict[int, str]) -> Addr:
 
 def _route(msg: Any, names: dict[int, str]) -> Route:
     if msg.get_attr("RTA_MULTIPATH") is not None:
-        from netcut.errors import InvalidInput
-
         raise InvalidInput("the namespace has a multipath route; netcut cannot record it")
     oif = msg.get_attr("RTA_OIF")
     metrics = msg.get_attr("RTA_METRICS")
@@ -98,11 +87,11 @@ def _route(msg: Any, names: dict[int, str]) -> Route:
     )
 
 
-def _lookup(ipr: Any, addr: str, names: dict[int, str]) -> Lookup:
+def _lookup(rt: Rtnl, addr: str, names: dict[int, str]) -> Lookup:
     try:
-        (msg,) = ipr.route("get", dst=addr)
-    except Exception as exc:  # NetlinkError: ENETUNREACH / EHOSTUNREACH
-        if getattr(exc, "code", None) in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES):
+        msg = rt.route_get(addr)
+    except NetlinkError as exc:
+        if exc.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EACCES, errno.EINVAL):
             return Lookup(addr, None)
         raise
     oif = msg.get_attr("RTA_OIF")

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from proxykit import MemoryAudit, raw_exchange, read_response
 
 from egress.config import ClientSpec, Settings, build_settings
 from egress.policy import Policy
 from egress.server import EgressProxy, Limits
 
 import harness
+from proxykit import MemoryAudit, raw_exchange, read_response
 from servers import Origin, echo, run, start_origin, start_tcp
 
 pytestmark = pytest.mark.netns
@@ -567,8 +567,11 @@ async def test_curl_https_through_connect(tls_world: World, cert: tuple[str, str
 async def test_tokens_select_client_policy(world: World) -> None:
     settings = make_settings(world.addr)
     limited = ClientSpec("sandbox-a", Policy(allow=[f"http://{world.addr}"]), token="s3cret-a")
+    audit = MemoryAudit()
     async with EgressProxy(
-        Settings(settings.policy, settings.guard, settings.resolve, (limited,)), require_auth=True
+        Settings(settings.policy, settings.guard, settings.resolve, (limited,)),
+        require_auth=True,
+        audit=audit,
     ) as proxy:
         url = f"http://{world.addr}/tok"
         _, out, _ = await run("curl", "-sS", "-i", "--max-time", "5", "-x", proxy.url, url)
@@ -589,3 +592,38 @@ async def test_tokens_select_client_policy(world: World) -> None:
             ).encode(),
         )
         assert reply.startswith(b"HTTP/1.1 403 ")
+    assert [e["reason"] for e in audit.events] == [
+        "auth_required",
+        "auth_failed",
+        "allow_rule",
+        "port_not_allowed",
+    ]
+    assert [e.get("client_id") for e in audit.events][2:] == ["sandbox-a", "sandbox-a"]
+    assert not any("s3cret" in repr(e) for e in audit.events)  # the token is never logged
+
+
+async def test_malformed_client_hello_is_cut(tls_world: World) -> None:
+    reader, writer, head = await open_tunnel(tls_world, "tls.test:443")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    writer.write(b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00")  # a record that is no ClientHello
+    assert await asyncio.wait_for(reader.read(-1), 5) == b""
+    writer.close()
+    event = await tls_world.audit.wait_for(reason="sni_mismatch")
+    assert "malformed" in str(event["detail"])
+
+
+async def test_non_tls_on_443_follows_sni_missing_option(tls_world: World) -> None:
+    # a named, allowed CONNECT host: the default ("if-named") lets it through
+    reader, writer, head = await open_tunnel(tls_world, "tls.test:443")
+    writer.write(b"plain bytes, not TLS")
+    await writer.drain()
+    writer.close()
+    # an IP literal carries no name to vouch for it: refused without SNI
+    reader, writer, head = await open_tunnel(tls_world, f"{tls_world.addr}:443")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    writer.write(b"plain bytes, not TLS")
+    assert await asyncio.wait_for(reader.read(-1), 5) == b""
+    writer.close()
+    event = await tls_world.audit.wait_for(reason="sni_missing")
+    assert event["host"] == tls_world.addr
+    assert not tls_world.audit.find(reason="sni_missing", host="tls.test")

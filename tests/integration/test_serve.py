@@ -125,6 +125,7 @@ async def test_serve_with_curl_and_sigterm_leaves_complete_audit(
         (["--listen", "nope"], "--listen"),
         (["--allow", "a[b]"], "'['"),
         (["--listen", "127.0.0.1:0", "--max-connections", "0"], "max-connections"),
+        (["--listen", "127.0.0.1:0", "--audit-log", "/nonexistent/dir/a.jsonl"], "audit log"),
     ],
 )
 async def test_serve_bad_input_exits_2(args: list[str], needle: str) -> None:

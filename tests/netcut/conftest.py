@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import socket
 from collections.abc import Callable, Iterator
 
 import pytest
-from netcut_testlib import Topology, link_local, next_subnet, sh, sysctl, unique, veth
+from netcut_testlib import (
+    Topology,
+    link_local,
+    next_subnet,
+    root_changes,
+    root_snapshot,
+    sh,
+    sysctl,
+    unique,
+    veth,
+)
 
 _created: set[str] = set()
 REQUIRE_ENV = "EGRESS_REQUIRE_NETNS"
@@ -129,42 +138,6 @@ def _netcut_state_dir(
 # ------------------------------------------------ the root namespace stays as it was
 
 
-def _root_snapshot() -> dict[str, list[str]]:
-    """What the suite must not change in the machine's root namespace: routes (v4, v6, all
-    tables), forwarding, and netfilter (legacy and nft)."""
-    snap: dict[str, list[str]] = {"links": sorted(name for _, name in socket.if_nameindex())}
-    for fam in ("-4", "-6"):
-        out = sh("ip", fam, "route", "show", "table", "all", check=False).stdout
-        snap[f"routes{fam}"] = sorted(out.splitlines())
-    for key in ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"):
-        with open(f"/proc/sys/{key}") as f:
-            snap[key] = [f.read().strip()]
-    for tool in ("iptables-legacy-save", "ip6tables-legacy-save", "iptables-save"):
-        out = sh(tool, check=False).stdout
-        snap[tool] = [line for line in out.splitlines() if not line.startswith(("#", ":"))]
-    return snap
-
-
-def root_changes(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
-    """Keys that differ. Other engineers' concurrent test hosts (198.18.0.0/15 and links that
-    exist in only one snapshot) come and go on their own and are left out."""
-    stable_links = set(before["links"]) & set(after["links"])
-
-    def mine(line: str) -> bool:
-        if "198.18." in line or "198.19." in line:
-            return False
-        dev = re.search(r"\bdev (\S+)", line)
-        return dev is None or dev.group(1) in stable_links
-
-    changed = []
-    for key in before:
-        if key != "links" and [x for x in before[key] if mine(x)] != [
-            x for x in after[key] if mine(x)
-        ]:
-            changed.append(key)
-    return changed
-
-
 @pytest.fixture(scope="session", autouse=True)
 def root_namespace_unchanged() -> Iterator[None]:
     """The machine's root namespace (routes, forwarding, netfilter) is identical before and
@@ -172,7 +145,7 @@ def root_namespace_unchanged() -> Iterator[None]:
     if not _is_root():
         yield
         return
-    before = _root_snapshot()
+    before = root_snapshot()
     yield
-    changed = root_changes(before, _root_snapshot())
+    changed = root_changes(before, root_snapshot())
     assert not changed, f"the netcut suite changed the root namespace: {changed}"

@@ -192,3 +192,55 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def legacy_tables(names: str) -> list[str]:
+    """Legacy xtables tables registered in this process's namespace (reading registers none)."""
+    try:
+        with open(f"/proc/self/net/{names}") as f:
+            return sorted(f.read().split())
+    except FileNotFoundError:
+        return []
+
+
+def root_snapshot() -> dict[str, list[str]]:
+    """What the suite must not change in the machine's root namespace: routes (v4, v6, all
+    tables), forwarding, and netfilter (legacy and nft)."""
+    snap: dict[str, list[str]] = {"links": sorted(name for _, name in socket.if_nameindex())}
+    for fam in ("-4", "-6"):
+        out = sh("ip", fam, "route", "show", "table", "all", check=False).stdout
+        snap[f"routes{fam}"] = sorted(out.splitlines())
+    for key in ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"):
+        with open(f"/proc/sys/{key}") as f:
+            snap[key] = [f.read().strip()]
+    for tool, names in (("iptables-legacy-save", "ip_tables_names"),
+                        ("ip6tables-legacy-save", "ip6_tables_names")):  # fmt: skip
+        snap[names] = legacy_tables(names)
+        snap[tool] = []
+        for table in snap[names]:  # only tables that exist: saving "all" would register them
+            out = sh(tool, "-t", table, check=False).stdout
+            snap[tool] += [line for line in out.splitlines() if not line.startswith(("#", ":"))]
+    out = sh("iptables-save", check=False).stdout  # nft: reading creates nothing
+    snap["iptables-save"] = [line for line in out.splitlines() if not line.startswith(("#", ":"))]
+    return snap
+
+
+def root_changes(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
+    """Keys that differ. Other engineers' concurrent test hosts (198.18.0.0/15 and links that
+    exist in only one snapshot) come and go on their own and are left out."""
+    stable_links = set(before["links"]) & set(after["links"])
+
+    def mine(line: str) -> bool:
+        if "198.18." in line or "198.19." in line:
+            return False
+        dev = re.search(r"\bdev (\S+)", line)
+        return dev is None or dev.group(1) in stable_links
+
+    changed = []
+    for key in before:
+        old = [x for x in before[key] if mine(x)]
+        new = [x for x in after[key] if mine(x)]
+        if key != "links" and old != new:
+            gone, came = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+            changed.append(f"{key}: gone {gone} came {came}")
+    return changed

@@ -6,16 +6,18 @@ import asyncio
 import errno
 import json
 import os
+import pathlib
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from netcut_testlib import Topology, ifindex_in, sh, wait_for
+from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh, wait_for
 
 import netcut
-from netcut import api, apply, nsexec
-from netcut.plan import DelRoute, Route
+from netcut import api, apply, nsexec, safety
+from netcut.model import DelRoute, Route
 
 pytestmark = pytest.mark.netns
 
@@ -29,7 +31,7 @@ def netfilter(ns: str) -> list[str]:
     stays registered, empty, after restore: only its content is compared)."""
     out = []
     for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
-        text = sh("ip", "netns", "exec", ns, tool).stdout
+        text = sh("ip", "netns", "exec", ns, tool, "-t", "filter").stdout
         out += [f"{tool}: {x}" for x in text.splitlines() if x.startswith(("-", ":NETCUT"))]
     return out
 
@@ -98,6 +100,9 @@ def test_restore_puts_routes_back_byte_for_byte(topo: Topology) -> None:
     # IPv6 link-local routes come back as the kernel regenerates the address: poll.
     assert wait_for(lambda: topo.routes() == routes), (routes, topo.routes())
     assert netfilter(topo.sandbox) == rules
+    for names in ("ip_tables_names", "ip6_tables_names"):  # no other table was registered
+        listed = sh("ip", "netns", "exec", topo.sandbox, "cat", f"/proc/net/{names}").stdout
+        assert listed.split() == ["filter"]
     assert netcut.status(topo.sandbox).state == "not cut"
     assert topo.reaches(topo.upstream_ip, topo.echo_port)
     assert topo.reaches(topo.peer_ip, topo.echo_port)
@@ -208,15 +213,25 @@ def _capless(pid: int) -> bool:
 
 
 def test_cutting_own_or_host_namespace_is_refused(topo: Topology) -> None:
-    routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
+    before = root_snapshot()
     with pytest.raises(netcut.UnsafeTarget, match="own network namespace"):
         netcut.cut("/proc/self/ns/net", [])
     done = cli("cut", "--pid", str(os.getpid()))
     assert done.returncode == 2
     assert "refusing" in done.stderr
     assert "Traceback" not in done.stderr
-    after = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
-    assert after == routes
+    assert root_changes(before, root_snapshot()) == []
+
+
+def test_host_initial_namespace_is_recognised() -> None:
+    own = os.stat("/proc/self/ns/net")
+    ident = (own.st_dev, own.st_ino)
+    expected = own.st_ino == safety.PROC_NET_INIT_INO or ident == safety.identity_of(
+        "/proc/1/ns/net"
+    )
+    assert safety.is_initial_namespace(ident) == expected
+    with pytest.raises(netcut.UnsafeTarget, match="refusing to cut"):
+        safety.refuse_unsafe_namespace((own.st_dev, safety.PROC_NET_INIT_INO))
 
 
 def test_missing_namespace_is_a_clear_error_and_is_not_created() -> None:
@@ -262,6 +277,7 @@ def test_probe_command_ok(topo: Topology) -> None:
 
 def test_dry_run_and_status_cli(topo: Topology) -> None:
     routes = topo.routes()
+    tables = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
     dry = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--dry-run")
     assert dry.returncode == 0
     assert f"add route {topo.gateway}/32 dev eth0 proto netcut" in dry.stdout
@@ -271,6 +287,8 @@ def test_dry_run_and_status_cli(topo: Topology) -> None:
     st = cli("status", "--netns", topo.sandbox)
     assert st.returncode == 0
     assert st.stdout.splitlines()[0] == "not cut"
+    after = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
+    assert after == tables, "a dry run and a status change nothing, not even table registration"
     cut = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--json")
     assert cut.returncode == 0, cut.stderr
     assert json.loads(cut.stdout)["result"] == "cut"
@@ -289,6 +307,9 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     status = netcut.status(topo.sandbox)
     assert status.state == "partial"
     assert status.lines()[0] == "not cut"
+    again = netcut.cut(topo.sandbox, [topo.proxy])  # restores the partial cut, then cuts
+    assert again.changed
+    assert netcut.status(topo.sandbox).is_cut
     netcut.restore(topo.sandbox)
     assert wait_for(lambda: topo.routes() == routes)
 
@@ -346,3 +367,46 @@ def test_sync_api_inside_running_loop_thread(topo: Topology) -> None:
         return netcut.cut(topo.sandbox, [topo.proxy])  # blocking, but must not break
 
     assert asyncio.run(main()).changed
+
+
+def test_keep_behind_the_gateway_gets_a_host_route_via_it(topo: Topology) -> None:
+    framework = f"{topo.upstream_ip}:{topo.echo_port}"
+    result = netcut.cut(topo.sandbox, [framework], expect_blocked=[topo.proxy])
+    assert result.probe is not None
+    assert result.probe.ok
+    routes = sh("ip", "-n", topo.sandbox, "route").stdout
+    assert f"{topo.upstream_ip} via {topo.gateway} dev eth0 proto 110 " in routes
+    assert "onlink" in routes
+    assert topo.reaches(topo.upstream_ip, topo.echo_port)
+    assert not topo.reaches(topo.peer_ip, topo.echo_port)
+
+
+def test_a_wedged_worker_is_killed_and_replaced() -> None:
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        start = time.monotonic()
+        with pytest.raises(netcut.ApplyFailed, match="did not answer"):
+            nsexec.run_in_netns(fd, time.sleep, 30, timeout=0.3)
+        assert time.monotonic() - start < 5
+        assert nsexec.run_in_netns(fd, os.getpid) != os.getpid(), "a fresh worker answers"
+    finally:
+        os.close(fd)
+
+
+def test_worker_inherits_none_of_the_callers_descriptors(tmp_path: pathlib.Path) -> None:
+    with nsexec._lock:  # start from no worker
+        if nsexec._worker is not None:
+            nsexec._worker.kill()
+            nsexec._worker = None
+    marker = tmp_path / "caller-only"
+    with open(marker, "w"), socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        netcut.start_worker()
+        worker = nsexec._worker
+        assert worker is not None
+        fd_dir = f"/proc/{worker.pid}/fd"
+        links = {os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)}
+        listening = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
+    assert str(marker) not in links
+    assert listening not in links

@@ -21,9 +21,12 @@ from netcut.cli import main
         (["cut", "--container", "c", "--runtime", "lxc"], "invalid choice"),
         (["restore", "--netns-path", "rel/path"], "absolute path"),
         (["probe", "--netns", "x", "--expect-reachable", "1.2.3.4"], "give ADDR:PORT"),
+        (["probe", "--netns", "x", "--timeout", "-1"], "more than 0"),
+        (["cut", "--netns", "x", "--probe-timeout", "soon"], "give seconds"),
     ],
     ids=["no-command", "no-target", "two-targets", "slash-name", "name-keep", "big-port",
-         "bad-pid", "runtime-without-container", "bad-runtime", "relative-path", "portless"],
+         "bad-pid", "runtime-without-container", "bad-runtime", "relative-path", "portless",
+         "negative-timeout", "text-timeout"],
 )  # fmt: skip
 def test_usage_errors_exit_2(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
@@ -35,3 +38,15 @@ def test_usage_errors_exit_2(
     assert needle in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_json_errors_are_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["status", "--netns", "ncnope-json", "--json"]) == 2
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert data["result"] == "error"
+    assert data["exit_code"] == 2
+    assert data["kind"] in ("TargetNotFound", "PrivilegeError")
+    assert "netcut: error:" in out.err

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput
-from netcut.plan import (
+from netcut.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -20,7 +20,6 @@ from netcut.plan import (
     AddBackstop,
     Addr,
     AddRoute,
-    CutPlan,
     DelAddr,
     DelRoute,
     FilterRule,
@@ -32,10 +31,13 @@ from netcut.plan import (
     RemoveBackstop,
     Route,
     SetSysctl,
+    parse_keep,
+)
+from netcut.plan import (
+    CutPlan,
     backstop_rules,
     invert,
     judge_status,
-    parse_keep,
     plan_cut,
     plan_from_data,
     plan_restore,
@@ -294,3 +296,25 @@ def test_family_constants_match_the_socket_module() -> None:
 def test_filter_rule_reject_rst() -> None:
     assert FilterRule("REJECT-RST", proto="tcp").iptables_args() == [
         "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]  # fmt: skip
+
+
+def test_no_ipv6_in_the_kernel_means_no_ip6tables_backstop() -> None:
+    v4_only = state(sysctls=(), routes=(DEFAULT, CONNECTED, LOCAL), addrs=ADDRS[:2])
+    families = [op.family for op in plan_cut(v4_only, (PROXY,)).ops if isinstance(op, AddBackstop)]
+    assert families == [AF_INET]
+
+
+def test_a_record_without_marks_is_stale() -> None:
+    plan = plan_cut(state(), (PROXY,))
+    status = judge_status(plan, state())
+    assert status.state == "not cut"
+    assert status.details == ("stale record ignored",)
+
+
+@given(st.text(max_size=60))
+def test_parse_keep_parses_or_raises_invalid_input(text: str) -> None:
+    try:
+        keep = parse_keep(text)
+    except InvalidInput:
+        return
+    assert parse_keep(str(keep)) == keep

@@ -208,3 +208,12 @@ def test_rule_normalization_is_idempotent(host: str, prefix: str) -> None:
     scheme = prefix if "://" in prefix else ""
     again = parse_rule(scheme + (rule.pattern or ""), "allow")
     assert again.pattern == rule.pattern
+
+
+def test_partial_address_allow_is_default_deny_not_port() -> None:
+    policy = Policy(allow=["203.0.113.0/24"])
+    t = connect("example.com")
+    mixed = [ipaddress.ip_address("203.0.113.1"), ipaddress.ip_address("198.51.100.1")]
+    assert policy.decide(t, mixed).reason == "default_deny"
+    inside = [ipaddress.ip_address("203.0.113.1")]
+    assert policy.decide(connect("example.com", 22), inside).reason == "port_not_allowed"

@@ -1,0 +1,319 @@
+"""The data netcut plans with: keep entries, a namespace's state, and the plan's ops. Pure.
+
+Frozen dataclasses with readable `str`s (what `netcut cut --dry-run` prints). A `Route` carries
+every attribute `ip route` shows, so a deleted route can be put back exactly. No I/O here: this
+module imports neither socket, asyncio, pyroute2 nor iptc.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from netcut.errors import InvalidInput
+
+# is unassigned in iproute2's rt_protos and by IANA-registered routing daemons.
+NETCUT_PROTO = 110
+# Name of the netfilter chain that holds the backstop (filter table, iptables and ip6tables).
+CHAIN = "NETCUT"
+
+AF_INET = 2
+AF_INET6 = 10
+RTN_UNICAST = 1
+RTN_LOCAL = 2
+RT_TABLE_MAIN = 254
+RT_TABLE_LOCAL = 255
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+RTNH_F_ONLINK = 4
+IFA_F_NODAD = 0x02
+
+_PROTO_NAMES = {2: "kernel", 3: "boot", 4: "static", 16: "dhcp", NETCUT_PROTO: "netcut"}
+_SCOPE_NAMES = {0: "global", 200: "site", 253: "link", 254: "host", 255: "nowhere"}
+
+Address: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A destination the cut leaves reachable: an address, and optionally one TCP port."""
+
+    addr: Address
+    port: int | None = None
+
+    def __str__(self) -> str:
+        host = f"[{self.addr}]" if self.addr.version == 6 else str(self.addr)
+        if self.port is None:
+            return str(self.addr)
+        return f"{host}:{self.port}"
+
+    @property
+    def family(self) -> int:
+        return AF_INET6 if self.addr.version == 6 else AF_INET
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.addr.is_loopback
+
+
+def parse_keep(text: str | Keep) -> Keep:
+    """Parse `ADDR`, `ADDR:PORT`, `IPV6` or `[IPV6]:PORT`; raise InvalidInput otherwise."""
+    if isinstance(text, Keep):
+        return text
+    raw = text.strip()
+    host, port = raw, None
+    if raw.startswith("["):
+        end = raw.find("]")
+        if end < 0 or (raw[end + 1 :] not in ("",) and not raw[end + 1 :].startswith(":")):
+            raise InvalidInput(f"keep {text!r}: expected [IPV6]:PORT")
+        host, rest = raw[1:end], raw[end + 1 :]
+        port = _parse_port(text, rest[1:]) if rest else None
+    elif raw.count(":") == 1:
+        host, port_text = raw.split(":")
+        port = _parse_port(text, port_text)
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise InvalidInput(f"keep {text!r}: not an IP address (names are not resolved)") from None
+    return Keep(addr, port)
+
+
+def _parse_port(original: str, text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidInput(f"keep {original!r}: port must be 1-65535")
+    return int(text)
+
+
+# ---------------------------------------------------------------- namespace state
+
+
+@dataclass(frozen=True)
+class Link:
+    index: int
+    name: str
+    loopback: bool = False
+
+
+@dataclass(frozen=True)
+class Addr:
+    family: int
+    address: str
+    prefixlen: int
+    index: int
+    ifname: str
+    flags: int = 0
+    scope: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.address}/{self.prefixlen} dev {self.ifname}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One kernel route with every attribute `ip route` shows, so it can be put back as it was."""
+
+    family: int
+    dst: str | None
+    dst_len: int
+    oif: int | None
+    ifname: str | None
+    table: int = RT_TABLE_MAIN
+    type: int = RTN_UNICAST
+    gateway: str | None = None
+    proto: int = 4
+    scope: int = RT_SCOPE_UNIVERSE
+    prefsrc: str | None = None
+    priority: int | None = None
+    tos: int = 0
+    flags: int = 0
+    pref: int | None = None
+    metrics: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What the kernel treats as the same route (for EEXIST and `ip route del`)."""
+        return (self.family, self.table, self.dst, self.dst_len, self.tos, self.priority)
+
+    def ip_args(self) -> list[str]:
+        """This route as `ip route` arguments (numbers for proto, table and scope)."""
+        dst = "default" if self.dst is None else f"{self.dst}/{self.dst_len}"
+        args = [dst]
+        if self.gateway:
+            args += ["via", self.gateway]
+        if self.ifname:
+            args += ["dev", self.ifname]
+        args += ["table", str(self.table), "proto", str(self.proto), "scope", str(self.scope)]
+        if self.prefsrc:
+            args += ["src", self.prefsrc]
+        if self.priority is not None:
+            args += ["metric", str(self.priority)]
+        if self.tos:
+            args += ["tos", str(self.tos)]
+        if self.flags & RTNH_F_ONLINK:
+            args.append("onlink")
+        for name, value in self.metrics:
+            args += [name.removeprefix("RTAX_").lower(), str(value)]
+        return args
+
+    def __str__(self) -> str:
+        dst = "default" if self.dst is None else f"{self.dst}/{self.dst_len}"
+        text = f"{dst}"
+        if self.gateway:
+            text += f" via {self.gateway}"
+        if self.ifname:
+            text += f" dev {self.ifname}"
+        if self.table != RT_TABLE_MAIN:
+            text += f" table {self.table}"
+        text += f" proto {_PROTO_NAMES.get(self.proto, self.proto)}"
+        if self.scope != RT_SCOPE_UNIVERSE:
+            text += f" scope {_SCOPE_NAMES.get(self.scope, self.scope)}"
+        return text
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The kernel's answer to `ip route get ADDR` for a kept address before the cut."""
+
+    addr: str
+    type: int | None  # None: no route at all
+    oif: int | None = None
+    ifname: str | None = None
+    gateway: str | None = None
+    prefsrc: str | None = None
+
+
+@dataclass(frozen=True)
+class NamespaceState:
+    links: tuple[Link, ...]
+    addrs: tuple[Addr, ...]
+    routes: tuple[Route, ...]
+    sysctls: tuple[tuple[str, str], ...] = ()
+    nameservers: tuple[str, ...] = ()
+    lookups: tuple[Lookup, ...] = ()
+    backstop: tuple[int, ...] = ()  # families whose filter table holds the NETCUT chain
+
+    def sysctl(self, key: str) -> str | None:
+        return dict(self.sysctls).get(key)
+
+    @property
+    def has_ipv6(self) -> bool:
+        """False on a kernel booted with ipv6.disable=1 (no net/ipv6 sysctls, no ip6tables)."""
+        return any(key.startswith("net/ipv6/") for key, _ in self.sysctls)
+
+    @property
+    def loopback_indexes(self) -> frozenset[int]:
+        return frozenset(link.index for link in self.links if link.loopback)
+
+    @property
+    def marked_routes(self) -> tuple[Route, ...]:
+        return tuple(r for r in self.routes if r.proto == NETCUT_PROTO)
+
+
+# ---------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    """One backstop rule; `verdict` is ACCEPT, REJECT, or REJECT-RST (REJECT with tcp-reset)."""
+
+    verdict: Literal["ACCEPT", "REJECT", "REJECT-RST"]
+    proto: Literal["tcp", "udp"] | None = None
+    dst: str | None = None  # CIDR
+    dport: int | None = None
+    out_iface: str | None = None
+
+    def iptables_args(self) -> list[str]:
+        args: list[str] = []
+        if self.out_iface:
+            args += ["-o", self.out_iface]
+        if self.dst:
+            args += ["-d", self.dst]
+        if self.proto:
+            args += ["-p", self.proto]
+        if self.dport is not None:
+            args += ["-m", self.proto or "tcp", "--dport", str(self.dport)]
+        if self.verdict == "REJECT-RST":
+            return [*args, "-j", "REJECT", "--reject-with", "tcp-reset"]
+        return [*args, "-j", self.verdict]
+
+
+@dataclass(frozen=True)
+class AddBackstop:
+    family: int
+    rules: tuple[FilterRule, ...]
+
+    def __str__(self) -> str:
+        tool = "ip6tables" if self.family == AF_INET6 else "iptables"
+        body = "; ".join(" ".join(r.iptables_args()) for r in self.rules)
+        return f"{tool}: chain {CHAIN} jumped to first from OUTPUT: {body}"
+
+
+@dataclass(frozen=True)
+class RemoveBackstop:
+    family: int
+
+    def __str__(self) -> str:
+        tool = "ip6tables" if self.family == AF_INET6 else "iptables"
+        return f"{tool}: remove chain {CHAIN} and its jump from OUTPUT"
+
+
+@dataclass(frozen=True)
+class AddRoute:
+    route: Route
+
+    def __str__(self) -> str:
+        return f"add route {self.route}"
+
+
+@dataclass(frozen=True)
+class DelRoute:
+    route: Route
+
+    def __str__(self) -> str:
+        return f"delete route {self.route}"
+
+
+@dataclass(frozen=True)
+class AddAddr:
+    addr: Addr
+
+    def __str__(self) -> str:
+        return f"add address {self.addr}"
+
+
+@dataclass(frozen=True)
+class DelAddr:
+    addr: Addr
+
+    def __str__(self) -> str:
+        return f"delete address {self.addr}"
+
+
+@dataclass(frozen=True)
+class SetSysctl:
+    key: str  # under /proc/sys, with slashes: net/ipv6/conf/eth0/disable_ipv6
+    value: str
+    old: str
+
+    def __str__(self) -> str:
+        return f"sysctl {self.key.replace('/', '.')} = {self.value} (was {self.old})"
+
+
+@dataclass(frozen=True)
+class KillFlows:
+    """Destroy TCP sockets whose peer is not loopback, local, or an `allowed` (addr, port)."""
+
+    allowed: tuple[tuple[str, int | None], ...]
+
+    def __str__(self) -> str:
+        kept = ", ".join(a if p is None else f"{a}:{p}" for a, p in self.allowed) or "none"
+        return f"destroy TCP flows except loopback and {kept}"
+
+
+Op: TypeAlias = (
+    AddBackstop | RemoveBackstop | AddRoute | DelRoute | AddAddr | DelAddr | SetSysctl | KillFlows
+)

@@ -1,0 +1,213 @@
+"""Helper mode's pure parts: plan ops as shell, the state dump parsed back, helper argv."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from netcut import helper
+from netcut.model import (
+    AF_INET,
+    AF_INET6,
+    NETCUT_PROTO,
+    RTNH_F_ONLINK,
+    AddBackstop,
+    AddRoute,
+    FilterRule,
+    KillFlows,
+    RemoveBackstop,
+    Route,
+    SetSysctl,
+    parse_keep,
+)
+from netcut.plan import plan_cut
+from netcut.render import parse_state_dump, render_op, render_script, state_script
+
+DUMP = """\
+### links
+[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifindex":9,"ifname":"eth0","flags":["BROADCAST","UP"]}]
+### addrs
+[{"ifindex":1,"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8,"scope":"254"}]},{"ifindex":9,"ifname":"eth0","addr_info":[{"family":"inet","local":"198.19.7.2","prefixlen":24,"scope":"0"},{"family":"inet6","local":"fe80::1","prefixlen":64,"scope":"253"}]}]
+### routes4
+[{"type":"1","dst":"default","gateway":"198.19.7.1","dev":"eth0","table":"254","protocol":"3","scope":"0","flags":[]},{"type":"1","dst":"198.19.7.0/24","dev":"eth0","table":"254","protocol":"2","scope":"253","prefsrc":"198.19.7.2","flags":[]},{"type":"2","dst":"198.19.7.2","dev":"eth0","table":"255","protocol":"2","scope":"254","prefsrc":"198.19.7.2","flags":[]},{"type":"1","dst":"198.19.9.9","gateway":"198.19.7.1","dev":"eth0","table":"254","protocol":"110","scope":"0","flags":["onlink"],"metrics":[{"mtu":1400}]}]
+### routes6
+[{"type":"1","dst":"fe80::/64","dev":"eth0","table":"254","protocol":"2","scope":"0","metric":256,"flags":[],"pref":"medium"}]
+### get 198.19.7.1
+[{"dst":"198.19.7.1","dev":"eth0","prefsrc":"198.19.7.2","flags":[],"uid":0,"cache":[]}]
+### sysctls
+/proc/sys/net/ipv6/conf/eth0/disable_ipv6 0
+/proc/sys/net/ipv6/conf/eth0/accept_ra 1
+### backstop4
+yes
+### backstop6
+no
+"""
+
+
+def test_parse_state_dump() -> None:
+    state = parse_state_dump(DUMP, ("127.0.0.11",))
+    assert [(link.index, link.name, link.loopback) for link in state.links] == [
+        (1, "lo", True), (9, "eth0", False)]  # fmt: skip
+    assert [a.address for a in state.addrs] == ["127.0.0.1", "198.19.7.2", "fe80::1"]
+    default, connected, local, marked, v6 = state.routes
+    assert (default.dst, default.dst_len, default.gateway, default.oif, default.proto) == (
+        None, 0, "198.19.7.1", 9, 3)  # fmt: skip
+    assert (connected.dst, connected.dst_len, connected.scope) == ("198.19.7.0", 24, 253)
+    assert (local.table, local.type, local.dst_len) == (255, 2, 32)
+    assert marked.proto == NETCUT_PROTO
+    assert marked.flags == RTNH_F_ONLINK
+    assert marked.metrics == (("RTAX_MTU", 1400),)
+    assert (v6.family, v6.priority, v6.pref) == (AF_INET6, 256, 0)
+    assert state.lookups[0].oif == 9
+    assert state.sysctl("net/ipv6/conf/eth0/disable_ipv6") == "0"
+    assert state.backstop == (AF_INET,)
+    assert state.nameservers == ("127.0.0.11",)
+
+
+def test_dump_parses_into_a_plan() -> None:
+    plan = plan_cut(parse_state_dump(DUMP), (parse_keep("198.19.7.1:3128"),))
+    script = render_script(plan.ops)
+    assert script.startswith("set -e\n")
+    assert "ip -4 route add 198.19.7.1/32 dev eth0 table 254 proto 110 scope 253" in script
+    assert "ip -4 route del default via 198.19.7.1 dev eth0 table 254 proto 3 scope 0" in script
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["### links\nnot json\n", "### routes4\n{}\n"],
+    ids=["not-json", "not-a-list"],
+)
+def test_malformed_dump_is_invalid_input(text: str) -> None:
+    from netcut.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="helper state dump"):
+        parse_state_dump(text)
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [
+        (AddRoute(Route(AF_INET, "198.19.1.1", 32, 2, "eth0", proto=110, scope=253,
+                        metrics=(("RTAX_MTU", 1400),))),
+         ["ip -4 route add 198.19.1.1/32 dev eth0 table 254 proto 110 scope 253 mtu 1400"]),
+        (SetSysctl("net/ipv6/conf/eth0/disable_ipv6", "1", "0"),
+         ["echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6"]),
+        (AddBackstop(AF_INET6, (FilterRule("ACCEPT", out_iface="lo"),)),
+         ["ip6tables-legacy -w -N NETCUT", "ip6tables-legacy -w -A NETCUT -o lo -j ACCEPT",
+          "ip6tables-legacy -w -I OUTPUT 1 -j NETCUT"]),
+        (KillFlows((("198.19.1.1", 3128), ("198.19.1.2", None))),
+         ["ss -K -t state connected 'not ( dst 127.0.0.0/8 or dst [::1] or dst "
+          "198.19.1.1:3128 or dst 198.19.1.2 )' >/dev/null 2>/dev/null || true"]),
+    ],
+    ids=["route", "sysctl", "backstop6", "flows"],
+)  # fmt: skip
+def test_render_op(op: object, expected: list[str]) -> None:
+    assert render_op(op) == expected  # type: ignore[arg-type]
+
+
+def test_tolerant_script_never_stops() -> None:
+    script = render_script((RemoveBackstop(AF_INET),), tolerant=True)
+    assert "set -e" not in script
+    assert all(line.endswith("|| true") for line in script.splitlines())
+
+
+def test_state_script_asks_for_each_kept_route() -> None:
+    script = state_script((parse_keep("198.19.7.1:3128"), parse_keep("127.0.0.1:8080")))
+    assert "ip -d -N -j route get 198.19.7.1" in script
+    assert "127.0.0.1" not in script
+
+
+@pytest.mark.parametrize(
+    ("runtime", "unmask"),
+    [("/usr/bin/docker", "systempaths=unconfined"), ("/usr/bin/podman", "unmask=/proc/sys")],
+    ids=["docker", "podman"],
+)
+def test_helper_argv(runtime: str, unmask: str) -> None:
+    argv = helper.helper_argv(runtime, "abc", "img:1", "true")
+    assert argv == [runtime, "run", "--rm", "--network", "container:abc", "--cap-drop", "ALL",
+                    "--cap-add", "NET_ADMIN", "--security-opt", unmask, "--entrypoint",
+                    "/bin/sh", "img:1", "-c", "true"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("host_config", "findings"),
+    [
+        ({"CapDrop": ["ALL"]}, ()),
+        ({"CapDrop": ["NET_RAW"]}, ()),
+        ({}, ("container may hold CAP_NET_RAW",)),
+        ({"CapDrop": ["ALL"], "CapAdd": ["CAP_NET_ADMIN"]}, ("container may hold CAP_NET_ADMIN",)),
+        ({"CapDrop": ["ALL"], "CapAdd": ["ALL"]},
+         ("container may hold CAP_NET_ADMIN", "container may hold CAP_NET_RAW",
+          "container may hold CAP_SYS_ADMIN")),
+        ({"Privileged": True}, ("container is privileged (all capabilities)",)),
+    ],
+    ids=["drop-all", "drop-raw", "default-set", "add-admin", "add-all", "privileged"],
+)  # fmt: skip
+def test_container_findings(host_config: dict[str, object], findings: tuple[str, ...]) -> None:
+    assert helper.container_findings({"HostConfig": host_config}) == findings
+
+
+def test_probe_output_parsing() -> None:
+    keep, blocked = parse_keep("198.19.1.1:3128"), parse_keep("198.19.1.3:7000")
+    result = helper.parse_probe(
+        "connected 198.19.1.1:3128\nfailed 198.19.1.3:7000\n", (keep,), (blocked,)
+    )
+    assert result.ok
+    assert not helper.parse_probe("failed 198.19.1.1:3128\n", (keep,), ()).ok
+
+
+@given(st.text(max_size=400))
+def test_state_dump_parses_or_raises_invalid_input(text: str) -> None:
+    from netcut.errors import InvalidInput
+
+    try:
+        parse_state_dump(text)
+    except InvalidInput:
+        pass
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+@given(
+    st.sampled_from(["links", "addrs", "routes4", "routes6", "get 1.2.3.4"]),
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "ifindex",
+                    "ifname",
+                    "dst",
+                    "dev",
+                    "type",
+                    "metric",
+                    "flags",
+                    "addr_info",
+                    "table",
+                    "protocol",
+                    "metrics",
+                    "pref",
+                ]
+            ),
+            _json_values,
+            max_size=6,
+        ),
+        max_size=3,
+    ),
+)
+def test_state_dump_sections_of_any_shape(section: str, items: list[object]) -> None:
+    import json
+
+    from netcut.errors import InvalidInput
+
+    try:
+        parse_state_dump(f"### {section}\n{json.dumps(items)}\n")
+    except InvalidInput:
+        pass
