@@ -318,7 +318,10 @@ def extras_lines(extras: dict[str, Any]) -> list[str]:
             lines.append("`python bench/netcut_bench.py --json`: ")
             lines.append("")
             lines += ["| field | value |", "|---|---|"]
-            lines += [f"| {k} | {v} |" for k, v in nc["result"].items()]
+            lines += [
+                f"| {k} | {json.dumps(v) if isinstance(v, dict | list) else v} |"
+                for k, v in nc["result"].items()
+            ]
     return lines
 
 
