@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import json
 import os
 import platform
 import subprocess
@@ -56,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="py-spy flame graphs (bench/profile.md)")
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
     p.add_argument("--docs", action="store_true", help="write docs/bench/ even for a partial run")
+    p.add_argument(
+        "--render", metavar="JSON", type=Path, help="only re-render tables and plots of a result"
+    )
     args = p.parse_args(argv)
     args.reps = args.reps or (1 if args.quick else 3)
     args.seconds = args.seconds or (1 if args.quick else 3)
@@ -293,8 +297,21 @@ def _loadavg() -> str:
         return " ".join(f.read().split()[:3])
 
 
+def render(path: Path, docs: bool) -> int:
+    """Re-render the tables, plots (and with docs, docs/bench and the page) of a saved run."""
+    result = json.loads(path.read_text())
+    result["summary"] = report.summarize(result["runs"])
+    started = dt.datetime.fromisoformat(result["started"])
+    for p in report.write_all(result, started, docs=docs):
+        print(f"bench: wrote {p}", file=sys.stderr)
+    print(report.markdown(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return render(args.render, args.docs)
     if (os.cpu_count() or 1) < 2:
         print("bench: needs 2 CPUs (proxy on CPU 1, load on CPU 0)", file=sys.stderr)
         return 2
