@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["machine"]["loadavg_at_end"] = _loadavg()
     result["summary"] = report.summarize(runs)
-    full = not args.quick and not args.only
+    full = not args.quick and not args.only and args.log_mode == "quiet"
     paths = report.write_all(result, started, docs=full or args.docs)
     print(report.markdown(result))
     for p in paths:
