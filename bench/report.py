@@ -375,83 +375,10 @@ def one_line(rec: Run) -> str:
     return ", ".join(parts) + f" ({rec.get('wall_s', 0)} s)"
 
 
-def plots(result: dict[str, Any], outdir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = result["summary"]
-    targets = [t for t in summary if summary[t]]
-    conc = [1, 16, 64]
-    paths = []
-
-    def series(t: str, key: str) -> tuple[list[float], list[list[float]]]:
-        stats = [summary[t].get(key.format(c=c)) for c in conc]
-        med = [s["median"] if s else float("nan") for s in stats]
-        err = [
-            [s["median"] - s["min"] if s else 0 for s in stats],
-            [s["max"] - s["median"] if s else 0 for s in stats],
-        ]
-        return med, err
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for t in targets:
-        med, err = series(t, "http_c{c}_rps")
-        ax.errorbar(conc, med, yerr=err, marker="o", capsize=3, label=t)
-    ax.set(xscale="log", yscale="log", xlabel="concurrent keep-alive connections")
-    ax.set_ylabel("requests/s (log scale)")
-    ax.set_xticks(conc, [str(c) for c in conc])
-    ax.set_title("Absolute-form HTTP throughput (median, min/max)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    paths.append(_save(fig, outdir / "throughput.png"))
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    for ax, pct in zip(axes, ("p50", "p99"), strict=True):
-        for t in targets:
-            med, err = series(t, "http_c{c}_" + pct)
-            ax.errorbar(conc, med, yerr=err, marker="o", capsize=3, label=t)
-        ax.set(xscale="log", yscale="log", xlabel="concurrent connections", title=f"{pct}")
-        ax.set_xticks(conc, [str(c) for c in conc])
-        ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel("latency, ms")
-    axes[1].legend()
-    fig.suptitle("Absolute-form HTTP latency (median, min/max)")
-    paths.append(_save(fig, outdir / "latency.png"))
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.5))
-    for ax, key, title in zip(
-        axes,
-        ("tunnel_per_s", "bulk_1", "bulk_8"),
-        ("CONNECT tunnels/s, c16", "bulk MB/s, 1 tunnel", "bulk MB/s, 8 tunnels"),
-        strict=True,
-    ):
-        stats = [summary[t].get(key) for t in targets]
-        med = [s["median"] if s else 0 for s in stats]
-        err = [
-            [s["median"] - s["min"] if s else 0 for s in stats],
-            [s["max"] - s["median"] if s else 0 for s in stats],
-        ]
-        ax.bar(targets, med, yerr=err, capsize=3, color=[f"C{i}" for i in range(len(targets))])
-        ax.set_title(title)
-        ax.tick_params(axis="x", rotation=30)
-        ax.grid(alpha=0.3, axis="y")
-    paths.append(_save(fig, outdir / "tunnels_bulk.png"))
-    return paths
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
-
-
 def write_all(result: dict[str, Any], started: dt.datetime, docs: bool) -> list[Path]:
     """bench/out/results-<timestamp>.{json,md} + plots; with docs, also docs/bench/."""
+    from bench import plots  # matplotlib is imported only when there is something to plot
+
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     OUT.mkdir(exist_ok=True)
     text = json.dumps(result, indent=1, sort_keys=False) + "\n"
@@ -461,12 +388,12 @@ def write_all(result: dict[str, Any], started: dt.datetime, docs: bool) -> list[
     paths[1].write_text(md)
     plot_dir = OUT / f"plots-{stamp}"
     plot_dir.mkdir(exist_ok=True)
-    paths += plots(result, plot_dir)
+    paths += plots.write(result["summary"], plot_dir)
     if docs:
         DOCS.mkdir(parents=True, exist_ok=True)
         (DOCS / "results.json").write_text(text)
         (DOCS / "results.md").write_text(md)
-        paths += [DOCS / "results.json", DOCS / "results.md", *plots(result, DOCS)]
+        paths += [DOCS / "results.json", DOCS / "results.md", *plots.write(result["summary"], DOCS)]
         if embed_in_page(md):
             paths.append(PAGE)
     return paths
