@@ -90,7 +90,6 @@ class Side(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._read_paused_full = False
         self._read_paused_sink = False
-        self.made: asyncio.Future[None] = loop.create_future()
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -103,8 +102,6 @@ class Side(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        if not self.made.done():
-            self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self.last_active = self.loop.time()

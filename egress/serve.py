@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -88,12 +90,36 @@ def _open_audit(args: argparse.Namespace) -> Any:
     return AuditLog(args.audit_log, fail_mode=args.audit_fail, keep_query=args.audit_keep_query)
 
 
-async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from .lint import lint_policy
+def _lint_in_child(settings: Settings) -> None:
+    """Print lint warnings from a short-lived child process.
 
+    Lint needs tldextract's suffix list (~10 MB resident); computing it in a child keeps the
+    long-running proxy from ever holding it. A failure to lint is itself only a warning.
+    """
+    rules = [*(r.text for r in settings.policy.allow_rules)]
+    blocks = [*(r.text for r in settings.policy.block_rules)]
+    code = (
+        "import sys, json\n"
+        "from egress.lint import lint_policy\n"
+        "from egress.policy import Policy\n"
+        "a, b = json.load(sys.stdin)\n"
+        "for f in lint_policy(Policy(allow=a, block=b)): print(f)\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], input=json.dumps([rules, blocks]), text=True,
+            capture_output=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"egress serve: warning: policy lint did not run: {exc}", file=sys.stderr)
+        return
+    for line in out.splitlines():
+        print(f"egress serve: warning: {line}", file=sys.stderr)
+
+
+async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     if not args.quiet:
-        for finding in lint_policy(settings.policy):
-            print(f"egress serve: warning: {finding}", file=sys.stderr)
+        await asyncio.to_thread(_lint_in_child, settings)
     try:
         audit = _open_audit(args)
         await audit.start()

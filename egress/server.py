@@ -644,7 +644,7 @@ class EgressProxy:
         assert self._loop is not None
         up = conn.side.start_relay(upstream, None)
         down = upstream.start_relay(conn.side, None)
-        _done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_EXCEPTION)
+        await _both_or_failure(up, down)
         if not (up.done() and down.done()):
             conn.side.close()
             upstream.close()
@@ -980,6 +980,25 @@ def _settle(fut: asyncio.Future[None]) -> bool:
     if fut.cancelled():
         return False
     return fut.exception() is None
+
+
+async def _both_or_failure(a: asyncio.Future[None], b: asyncio.Future[None]) -> None:
+    """Wait until both futures are done, or one failed (cheaper than `asyncio.wait`)."""
+    if a.done() and b.done():
+        return
+    waiter: asyncio.Future[None] = a.get_loop().create_future()
+
+    def check(_: object) -> None:
+        if waiter.done():
+            return
+        failed = any(f.done() and (f.cancelled() or f.exception()) for f in (a, b))
+        if failed or (a.done() and b.done()):
+            waiter.set_result(None)
+
+    a.add_done_callback(check)
+    b.add_done_callback(check)
+    check(None)
+    await waiter
 
 
 def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:

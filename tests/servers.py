@@ -119,10 +119,10 @@ def describe(resp_body: bytes) -> dict[str, object]:
     return json.loads(resp_body)  # type: ignore[no-any-return]
 
 
-async def run(*argv: str, timeout: float = 30) -> tuple[int, str, str]:
+async def run(*argv: str, timeout: float = 30, cwd: str | None = None) -> tuple[int, str, str]:
     """Run a command without blocking the event loop (servers in this loop keep serving)."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
