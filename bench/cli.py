@@ -42,17 +42,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME",
         help=f"of {', '.join([*px.TARGETS, *px.EXTRA_TARGETS])} (repeatable)",
     )
-    p.add_argument("--reps", type=int, help="repetitions (default 3; --quick 1)")
-    p.add_argument("--seconds", type=int, help="per wrk/tunnel run (default 3; --quick 1)")
-    p.add_argument("--bulk-bytes", type=int, help="per bulk run (default 1 GiB; --quick 128 MiB)")
-    p.add_argument("--log-mode", choices=("quiet", "default"), default="quiet")
-    p.add_argument("--rules", type=int, default=rulesmod.DEFAULT_ALLOW, help="allow rules")
-    p.add_argument("--retries", type=int, default=2, help="re-runs of a noisy measurement")
+    p.add_argument("--reps", type=int, metavar="N", help="repetitions (default 3; --quick 1)")
+    p.add_argument(
+        "--seconds", type=int, metavar="S", help="per wrk/tunnel run (default 3; --quick 1)"
+    )
+    p.add_argument(
+        "--bulk-bytes",
+        type=int,
+        metavar="BYTES",
+        help="per bulk run (default 1 GiB; --quick 128 MiB)",
+    )
+    p.add_argument(
+        "--log-mode",
+        choices=("quiet", "default"),
+        default="quiet",
+        help="peers without access log (quiet) or with their shipped logging; egress always "
+        "writes its audit log",
+    )
+    p.add_argument(
+        "--rules",
+        type=int,
+        default=rulesmod.DEFAULT_ALLOW,
+        metavar="N",
+        help=f"allow rules in every proxy's rule set (default {rulesmod.DEFAULT_ALLOW}, "
+        f"plus {rulesmod.DEFAULT_BLOCK} block rules)",
+    )
+    p.add_argument(
+        "--retries", type=int, default=2, help="re-runs of a noisy measurement (default 2)"
+    )
     p.add_argument(
         "--retry-budget", type=float, help="seconds for all re-runs (default 120; --quick 15)"
     )
     p.add_argument(
-        "--quiet-budget", type=float, help="seconds to wait for a quiet machine (default 90)"
+        "--quiet-budget",
+        type=float,
+        help="seconds to wait for a quiet machine (default 90; --quick 15)",
     )
     p.add_argument("--profile", action="store_true", help="py-spy flame graphs (bench/profile.md)")
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
