@@ -284,6 +284,10 @@ class Policy:
             self._block.add(rule)
         self._routes = {(r.host, r.port): r for r in self.framework_routes}
         self.has_ip_rules = bool(self._allow.networks or self._block.networks)
+        # ports named by an `https://` allow rule: tunnels there get the TLS SNI check too
+        self.https_ports = frozenset(
+            r.port for r in self.allow_rules if r.scheme == "https" and r.port is not None
+        )
 
     def __repr__(self) -> str:
         return (

@@ -590,7 +590,7 @@ class EgressProxy:
     def _wants_sni_check(self, policy: Policy, target: Target) -> bool:
         if target.port == 443:
             return policy.framework_route(target.host, target.port) is None
-        return any(r.scheme == "https" and r.port == target.port for r in policy.allow_rules)
+        return target.port in policy.https_ports
 
     async def _check_sni(
         self, conn: _Conn, identity: Identity, target: Target, decision: Decision,
