@@ -23,7 +23,6 @@ connection closes only when both directions have ended.
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Protocol, cast
 
 from .errors import ProtocolError
@@ -95,13 +94,8 @@ class Side(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement the interface without subclassing asyncio.Transport
         self.transport = transport = cast(asyncio.Transport, transport)
+        # (TCP_NODELAY: both asyncio and uvloop already set it on every TCP transport)
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
 
     def data_received(self, data: bytes) -> None:
         self.last_active = self.loop.time()
