@@ -207,6 +207,34 @@ def parse_framework_route(text: str) -> FrameworkRoute:
 # Compiled rule sets
 
 
+class _NetIndex:
+    """Address rules indexed by prefix length: which rules contain an address, in
+    O(distinct prefix lengths) dict lookups instead of a scan of every CIDR rule."""
+
+    __slots__ = ("_tables",)
+
+    def __init__(self) -> None:
+        # version -> prefix length -> network number -> rules
+        self._tables: dict[int, dict[int, dict[int, list[Rule]]]] = {4: {}, 6: {}}
+
+    def add(self, rule: Rule) -> None:
+        net = rule.network
+        assert net is not None
+        bits = net.max_prefixlen
+        key = int(net.network_address) >> (bits - net.prefixlen)
+        self._tables[net.version].setdefault(net.prefixlen, {}).setdefault(key, []).append(rule)
+
+    def containing(self, ip: IPAddress) -> list[Rule]:
+        """Every rule whose network contains `ip` (unordered)."""
+        n, bits = int(ip), ip.max_prefixlen
+        found: list[Rule] = []
+        for plen, table in self._tables[ip.version].items():
+            hit = table.get(n >> (bits - plen))
+            if hit:
+                found.extend(hit)
+        return found
+
+
 @dataclass(slots=True)
 class _RuleSet:
     """Rules of one action, indexed for fast host matching."""
@@ -215,12 +243,14 @@ class _RuleSet:
     suffix: dict[str, list[Rule]] = field(default_factory=dict)  # "*.x" -> under "x"
     regex: list[tuple[re.Pattern[str], Rule]] = field(default_factory=list)
     networks: list[Rule] = field(default_factory=list)
+    net_index: _NetIndex = field(default_factory=_NetIndex)
     order: dict[Rule, int] = field(default_factory=dict)
 
     def add(self, rule: Rule) -> None:
         self.order.setdefault(rule, len(self.order))
         if rule.network is not None:
             self.networks.append(rule)
+            self.net_index.add(rule)
             return
         assert rule.pattern is not None
         pat = rule.pattern
@@ -234,6 +264,15 @@ class _RuleSet:
             if pat.startswith("*."):
                 # a leading "*." also matches the apex
                 self.regex.append((re.compile(fnmatch.translate(pat[2:])), rule))
+
+    def network_matches(self, ips: Sequence[IPAddress], *, every: bool) -> list[Rule]:
+        """Address rules containing any (`every=False`) or every (`every=True`) of `ips`, in
+        definition order."""
+        if not ips or not self.networks:
+            return []
+        sets = [set(self.net_index.containing(ip)) for ip in ips]
+        chosen = set.intersection(*sets) if every else set.union(*sets)
+        return sorted(chosen, key=self.order.__getitem__)
 
     def host_matches(self, host: str) -> list[Rule]:
         """Every host-form rule whose pattern matches `host`, in definition order."""
@@ -330,7 +369,7 @@ def decide(policy: Policy, target: Target, addrs: Sequence[IPAddress] = ()) -> D
 
     block = _first_covering(policy._block.host_matches(target.host), target)
     if block is None:
-        block = _first_network(policy._block.networks, target, ips, every=False)
+        block = _first_covering(policy._block.network_matches(ips, every=False), target)
     if block is not None:
         return Decision(False, "block_rule", block.text, f"blocked by rule {block.text!r}")
     pending_block = bool(policy._block.networks) and not resolved
@@ -338,7 +377,7 @@ def decide(policy: Policy, target: Target, addrs: Sequence[IPAddress] = ()) -> D
     host_allows = policy._allow.host_matches(target.host)
     allow = _first_covering(host_allows, target)
     if allow is None:
-        allow = _first_network(policy._allow.networks, target, ips, every=True)
+        allow = _first_covering(policy._allow.network_matches(ips, every=True), target)
     if allow is not None:
         return Decision(
             True, "allow_rule", allow.text, f"allowed by rule {allow.text!r}", pending_block
@@ -346,7 +385,8 @@ def decide(policy: Policy, target: Target, addrs: Sequence[IPAddress] = ()) -> D
     if policy.default == "allow":
         return Decision(True, "default_allow", None, "default posture allow", pending_block)
     pending = (pending_block or bool(policy._allow.networks)) and not resolved
-    if host_allows or _network_rules_hit(policy._allow.networks, ips):
+    # some address rule covers every address, so only its port or scheme did not match
+    if host_allows or policy._allow.network_matches(ips, every=True):
         names = ", ".join(repr(r.text) for r in host_allows) or "an address rule"
         return Decision(
             False,
@@ -369,28 +409,3 @@ def _first_covering(rules: list[Rule], target: Target) -> Rule | None:
             return rule
     return None
 
-
-def _first_network(
-    rules: list[Rule], target: Target, ips: Sequence[IPAddress], *, every: bool
-) -> Rule | None:
-    """A block network rule matches if ANY address is inside; an allow one if EVERY is."""
-    if not ips:
-        return None
-    for rule in rules:
-        if not rule.covers_port(target.scheme, target.port):
-            continue
-        net = rule.network
-        assert net is not None
-        hits = (ip in net for ip in ips)
-        if all(hits) if every else any(hits):
-            return rule
-    return None
-
-
-def _network_rules_hit(rules: list[Rule], ips: Sequence[IPAddress]) -> bool:
-    """Some address rule covers every address (so only its port or scheme did not match)."""
-    if not ips:
-        return False
-    return any(
-        rule.network is not None and all(ip in rule.network for ip in ips) for rule in rules
-    )

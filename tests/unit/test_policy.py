@@ -217,3 +217,31 @@ def test_partial_address_allow_is_default_deny_not_port() -> None:
     assert policy.decide(t, mixed).reason == "default_deny"
     inside = [ipaddress.ip_address("203.0.113.1")]
     assert policy.decide(connect("example.com", 22), inside).reason == "port_not_allowed"
+
+
+NETS = st.one_of(
+    st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False),
+              st.integers(0, 2**32 - 1), st.integers(0, 32)),
+    st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False),
+              st.integers(0, 2**128 - 1), st.integers(0, 128)),
+)  # fmt: skip
+ADDRS = st.one_of(
+    st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address),
+    st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address),
+)
+
+
+@given(st.lists(NETS, max_size=12), st.lists(ADDRS, min_size=1, max_size=4), st.booleans())
+def test_address_index_agrees_with_a_scan(
+    nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network],
+    ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address],
+    every: bool,
+) -> None:
+    policy = Policy(allow=[str(n) for n in nets])
+    rules = policy._allow.network_matches(ips, every=every)
+    naive = [
+        r for r in policy.allow_rules
+        if (all if every else any)(ip in r.network for ip in ips)  # type: ignore[operator]
+    ]  # fmt: skip
+    # identical rules are one rule (the first of them decides either way)
+    assert [r.text for r in rules] == list(dict.fromkeys(r.text for r in naive))
