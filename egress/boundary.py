@@ -115,9 +115,10 @@ async def prepare_execution(
         listeners = await _listeners(proxy, spec, routes, listen_host, proxy_port, netns)
         if mode == "gateway":
             keeps = [f"{li.host}:{li.port}" for li in listeners]
-            proxy.add_client(
-                ClientSpec(cid, sandbox_policy, token=tok)
-            )  # gateway listener is shared: identify by token
+            # the gateway listener is shared: identify by token, or by the sandbox's own
+            # addresses (the agent holds no CAP_NET_RAW to spoof another sandbox's)
+            sources = await _sandbox_sources(sandbox)
+            proxy.add_client(ClientSpec(cid, sandbox_policy, token=tok, sources=sources))
         cut, probe = await _cut_and_prove(
             sandbox, keeps, [f"{li.host}:{li.port}" for li in listeners], expect_blocked,
             force=force, allow_privileged=allow_privileged,
@@ -192,6 +193,24 @@ async def _cut_and_prove(
 
 def _is_cut(status: Any) -> bool:
     return bool(getattr(status, "is_cut", False))
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
+    """The sandbox's own non-loopback addresses, as /32 (/128) source networks."""
+    import asyncio
+
+    from .hostaddrs import local_addresses
+    from .netns import run_in_netns
+
+    found = await asyncio.to_thread(run_in_netns, sandbox, local_addresses)
+    return tuple(
+        ipaddress.ip_network(a)
+        for a in sorted(found, key=str)
+        if not (a.is_loopback or a.is_link_local or a.is_unspecified)
+    )
 
 
 async def _gateway_of(sandbox: str) -> str:

@@ -168,9 +168,18 @@ async def test_gateway_mode_keeps_only_the_proxy_on_the_gateway(scene: Scene) ->
                                     execution.framework_urls[route] + "/m")  # fmt: skip
     assert rc == 0, err
     assert json.loads(out)["path"] == "/v1/m"
-    # without the token, the shared gateway listener gives the proxy's default policy (deny)
+    # without the token, the shared gateway listener knows the sandbox by its address
+    proxy_at = f"http://{gateway}:{execution.listeners[0].port}"
+    rc, out, err = await in_sandbox(scene, {}, "curl", "-sS", "--max-time", "5", "-x",
+                                    proxy_at, "http://pypi.test/anon")  # fmt: skip
+    assert rc == 0, err
+    assert json.loads(out)["path"] == "/anon"
+    # a wrong token is refused, and another host without a token gets the proxy's own policy
     rc, out, _ = await in_sandbox(scene, {}, "curl", "-sS", "-i", "--max-time", "5", "-x",
-                                  f"http://{gateway}:{execution.listeners[0].port}",
+                                  proxy_at.replace("http://", "http://x:wrong@"),
                                   "http://pypi.test/")  # fmt: skip
+    assert " 407 " in out.splitlines()[0]
+    rc, out, _ = await run("ip", "netns", "exec", scene.upstream.ns, "curl", "-sS", "-i",
+                           "--max-time", "5", "-x", proxy_at, "http://pypi.test/")  # fmt: skip
     assert " 403 " in out.splitlines()[0]
     await release_execution(scene.proxy, execution, restore=True)
