@@ -15,7 +15,7 @@ from .config import Settings
 from .errors import TargetError
 from .judge import judge
 from .policy import Decision
-from .target import IPAddress, Target, canonical_ip, make_target, parse_url, split_host_port
+from .target import IPAddress, Target, canonical_addresses, make_target, parse_url, split_host_port
 
 Resolver = Callable[[str], Sequence[IPAddress]]
 
@@ -48,14 +48,8 @@ def parse_check_target(text: str) -> Target:
 
 def system_resolver(host: str) -> tuple[IPAddress, ...]:
     """Resolve with the C library (only with --resolve-names)."""
-    import ipaddress
-
     infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    seen: dict[IPAddress, None] = {}
-    for info in infos:
-        addr = str(info[4][0]).split("%", 1)[0]
-        seen[canonical_ip(ipaddress.ip_address(addr))] = None
-    return tuple(seen)
+    return canonical_addresses(info[4][0] for info in infos)
 
 
 def check_target(settings: Settings, text: str, resolver: Resolver | None = None) -> CheckResult:

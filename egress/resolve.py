@@ -10,12 +10,11 @@ checked again on every use like fresh ones.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import time
 from collections.abc import Mapping
 
-from .target import IPAddress, canonical_ip
+from .target import IPAddress, canonical_addresses
 
 
 class ResolveError(Exception):
@@ -49,13 +48,9 @@ class Resolver:
             infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError, OSError) as exc:
             raise ResolveError(f"cannot resolve {host!r}: {exc}") from None
-        seen: dict[IPAddress, None] = {}
-        for info in infos:
-            raw = str(info[4][0]).split("%", 1)[0]
-            seen[canonical_ip(ipaddress.ip_address(raw))] = None
-        if not seen:
+        addrs = canonical_addresses(info[4][0] for info in infos)
+        if not addrs:
             raise ResolveError(f"cannot resolve {host!r}: no address")
-        addrs = tuple(seen)
         if len(self._cache) >= self.max_entries:
             self._cache.clear()
         self._cache[host] = (now + self.ttl, addrs)

@@ -446,8 +446,11 @@ class EgressProxy:
             if conn.upstream is not None:
                 conn.upstream.close()
 
-    def _refuse_now(self, conn: _Conn, reason: str, detail: str) -> None:
-        status, data = error_response(reason, detail)
+    def _refuse_now(
+        self, conn: _Conn, reason: str, detail: str, status: int | None = None
+    ) -> None:
+        """Answer and audit a refusal that comes before any request was understood."""
+        status, data = error_response(reason, detail, status=status)
         conn.side.write(data)
         self._emit(self._event(conn, "-", "", "", 0), "error", reason, None, detail, status)
 
@@ -480,9 +483,7 @@ class EgressProxy:
             head = await self._read_head(conn)
         except ProtocolError as exc:
             reason = "head_too_large" if exc.status == 431 else "bad_request"
-            status, data = error_response(reason, str(exc), status=exc.status)
-            conn.side.write(data)
-            self._emit(self._event(conn, "-", "", "", 0), "error", reason, None, str(exc), status)
+            self._refuse_now(conn, reason, str(exc), exc.status)
             return False
         if head is None:
             return False

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -109,6 +110,15 @@ def canonical_ip(addr: IPAddress) -> IPAddress:
         if addr.scope_id is not None:
             return ipaddress.IPv6Address(str(addr).split("%", 1)[0])
     return addr
+
+
+def canonical_addresses(raw_addrs: Iterable[object]) -> tuple[IPAddress, ...]:
+    """`getaddrinfo` sockaddr hosts -> canonical addresses, deduplicated, order kept."""
+    seen: dict[IPAddress, None] = {}
+    for raw in raw_addrs:
+        text = str(raw).split("%", 1)[0]
+        seen[canonical_ip(ipaddress.ip_address(text))] = None
+    return tuple(seen)
 
 
 def parse_ip_literal(host: str) -> IPAddress | None:

@@ -190,3 +190,10 @@ def test_url(url: str, host: str, port: int, path: str) -> None:
 def test_url_refused(url: str) -> None:
     with pytest.raises(TargetError):
         parse_url(url)
+
+
+def test_canonical_addresses_from_getaddrinfo() -> None:
+    from egress.target import canonical_addresses
+
+    got = canonical_addresses(["127.0.0.1", "::ffff:127.0.0.1", "fe80::1%eth0", "::1", "::1"])
+    assert [str(a) for a in got] == ["127.0.0.1", "fe80::1", "::1"]
