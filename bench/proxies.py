@@ -183,12 +183,12 @@ def framework_routes(env: Env) -> list[str]:
     return [f"http://{HOST}:{p}" for p in [*env.http_ports, env.source_port]]
 
 
-def start_egress(env: Env) -> Running:
+def start_egress(env: Env, more: list[str] | None = None) -> Running:
     """The production shape: the generated policy file and the audit log to a file."""
     policy = env.workdir / "policy.toml"
     policy.write_text(rulesmod.egress_toml(env.rules))
     extra = ["--policy", str(policy), "--audit-log", str(env.workdir / "audit.jsonl")]
-    return _start_egress(env, "egress", extra)
+    return _start_egress(env, "egress", [*extra, *(more or [])])
 
 
 def start_egress_bare(env: Env) -> Running:
