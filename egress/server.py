@@ -48,6 +48,7 @@ from .target import (
     parse_url,
     split_host_port,
 )
+from .validate import as_choice, as_count, as_instance, as_timeout
 
 log = logging.getLogger("egress")
 
@@ -76,6 +77,14 @@ class Limits:
     shutdown_grace: float = 5.0
     pool_idle: float = 30.0  # idle upstream keep-alive connections are closed after this
     pool_per_key: int = 64
+
+    def __post_init__(self) -> None:
+        """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
+        for name in ("head_timeout", "connect_timeout", "idle_timeout", "shutdown_grace",
+                     "pool_idle"):  # fmt: skip
+            as_timeout(getattr(self, name), f"Limits {name}")
+        for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
+            as_count(getattr(self, name), f"Limits {name}")
 
 
 @dataclass(slots=True, eq=False)
@@ -179,6 +188,11 @@ class EgressProxy:
         host_local: Iterable[IPAddress] | None = None,
         resolver: Resolver | None = None,
     ) -> None:
+        as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
+        if audit is not None and not callable(getattr(audit, "record", None)):
+            raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
+        as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
+        as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in listen]
         self.listen_netns = listen_netns
@@ -222,13 +236,25 @@ class EgressProxy:
             return self.url
         return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
 
-    def add_client(self, spec: ClientSpec) -> None:
-        """Serve another client (sandbox) with its own policy; takes effect at once."""
-        settings = self.settings
-        others = tuple(c for c in settings.clients if c.client_id != spec.client_id)
-        self.settings = Settings(settings.policy, settings.guard, settings.resolve,
-                                 (*others, spec))  # fmt: skip
-        self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        identity = self.clients.put(spec)
+        self._sync_settings()
+        return identity
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        spec = self.clients.remove(client_id)
+        self._sync_settings()
+        return spec
+
+    def _sync_settings(self) -> None:
+        s = self.settings
+        specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
+        self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -286,9 +312,22 @@ class EgressProxy:
     async def remove_listeners(self, netns: str) -> None:
         """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.listeners if li.netns == netns]:
-            self.listeners.remove(listener)
-            if listener.server is not None:
-                listener.server.close()
+            self.remove_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        if listener not in self.listeners:
+            return False
+        self.listeners.remove(listener)
+        if listener.server is not None:
+            listener.server.close()
+        for conn in [c for c in self._conns if c.listener is listener]:
+            conn.end = "released"
+            conn.side.abort()
+            if conn.upstream is not None:
+                conn.upstream.abort()
+        return True
 
     @staticmethod
     def _listen_here(host: str, port: int) -> socket.socket:
