@@ -23,6 +23,7 @@ from egress.policy import Policy
 
 IDS = ["a", "b", "c", "d"]
 TOKENS = ["t1", "t2", "t3", "t4", "t5"]
+Net = ipaddress.IPv4Network | ipaddress.IPv6Network
 NETS = [ipaddress.ip_network(f"198.18.{i}.0/24") for i in range(4)]
 
 
@@ -34,7 +35,7 @@ def basic(token: str) -> str:
 class Entry:
     policy: Policy
     token: str | None
-    sources: tuple[ipaddress.IPv4Network, ...]
+    sources: tuple[Net, ...]
 
 
 class ClientMachine(RuleBasedStateMachine):
