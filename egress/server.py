@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -207,7 +208,10 @@ class EgressProxy:
         self.listeners: list[Listener] = []
         self._conns: set[_Conn] = set()
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
-        self._cache: dict[tuple[int, str, str, int], Decision] = {}
+        # verdicts per policy *object* (never its id, which a later policy can reuse once
+        # this one is freed): the entry dies with the policy (docs/threat-model.md)
+        self._cache: weakref.WeakKeyDictionary[Policy, dict[tuple[str, str, int], Decision]]
+        self._cache = weakref.WeakKeyDictionary()
         self._targets: dict[str, tuple[Target, bool]] = {}
         self._authorities: dict[str, Target] = {}
         self._addr_texts: dict[IPAddress, str] = {}
@@ -548,13 +552,16 @@ class EgressProxy:
             raise _Refused(exc.reason, str(exc), status=407) from None
 
     def _decide_name(self, identity: Identity, target: Target) -> Decision:
-        key = (id(identity.policy), target.scheme, target.host, target.port)
-        decision = self._cache.get(key)
+        per_policy = self._cache.get(identity.policy)
+        if per_policy is None:
+            per_policy = self._cache[identity.policy] = {}
+        key = (target.scheme, target.host, target.port)
+        decision = per_policy.get(key)
         if decision is None:
             decision = judge(identity.policy, self.guard, target)
-            if len(self._cache) > 65536:
-                self._cache.clear()
-            self._cache[key] = decision
+            if len(per_policy) > 65536:
+                per_policy.clear()
+            per_policy[key] = decision
         return decision
 
     async def _authorize(
