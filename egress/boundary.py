@@ -175,6 +175,7 @@ async def prepare_execution(
     cid = client_id or (prior.client_id if prior else _client_id(sandbox))
     tok = token or (prior.token if prior else secrets.token_urlsafe(24))
     _refuse_taken(proxy, reg, sandbox, cid, mode, prior)
+    _refuse_new_keeps(sandbox, prior, routes, proxy_port)
     sandbox_policy = Policy(
         allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
         framework_routes=[*policy.framework_routes, *routes],
@@ -218,6 +219,22 @@ def _refuse_taken(
                                 "release it first")  # fmt: skip
 
 
+def _refuse_new_keeps(sandbox: str, prior: _Sandbox | None, routes: Sequence[FrameworkRoute],
+                      proxy_port: int) -> None:  # fmt: skip
+    """In gateway mode the cut keeps the listeners' ports, and a cut namespace is never
+    re-cut with other keeps (that would open it in between): a second prepare may change
+    the policy, not the routes or the port (docs/user-guide.md#sandbox-lifecycle)."""
+    if prior is None or prior.mode != "gateway":
+        return
+    if set(prior.forwarders) != {(r.host, r.port) for r in routes} or (
+        proxy_port != prior.proxy_port
+    ):
+        raise ExecutionNotReady(
+            f"sandbox {sandbox}: a gateway sandbox keeps its framework routes and proxy port; "
+            "release it with restore=True first"
+        )
+
+
 async def _bind(
     proxy: EgressProxy, reg: _Registry, sandbox: str, cid: str, tok: str, policy: Policy,
     routes: Sequence[FrameworkRoute], mode: Mode, proxy_port: int, gateway: str | None,
@@ -227,7 +244,9 @@ async def _bind(
     if mode == "loopback":
         host, netns = "127.0.0.1", sandbox
     else:
-        host, netns = gateway or await _gateway_of(sandbox), None
+        # once cut, the sandbox has no default route left to find the host by: keep the first
+        known = prior.main.host if prior and prior.main else None
+        host, netns = gateway or known or await _gateway_of(sandbox), None
     box = _Sandbox(sandbox, cid, mode, tok, proxy_port, prior.main if prior else None, {})
     if prior is None:
         reg.sandboxes[sandbox] = box
