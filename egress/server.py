@@ -392,6 +392,7 @@ class EgressProxy:
             for side in sides:
                 side.close()
         self._pool.clear()
+        self.resolver.close()
 
     async def serve_forever(self) -> None:
         """Serve until cancelled (for standalone use)."""
@@ -577,7 +578,7 @@ class EgressProxy:
             try:
                 addrs = await self.resolver.resolve(target.host)
             except ResolveError as exc:
-                raise _Refused("dns_error", str(exc), "error") from None
+                raise _Refused(exc.reason, str(exc), "error") from None
             if decision.reason != "framework_route":
                 decision = judge(identity.policy, self.guard, target, addrs)
                 if not decision.allowed:
@@ -718,7 +719,7 @@ class EgressProxy:
             try:
                 addrs = (ip,) if ip is not None else await self.resolver.resolve(host)
             except ResolveError as exc:
-                raise _Refused("dns_error", str(exc), "error") from None
+                raise _Refused(exc.reason, str(exc), "error") from None
             upstream, addr = await self._dial(addrs, port)
         except _Refused as refused:
             event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
