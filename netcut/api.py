@@ -87,6 +87,16 @@ def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
     return tuple(dict.fromkeys(parse_keep(k) for k in keep))
 
 
+def probe_targets(items: Iterable[KeepLike], field: str) -> tuple[Keep, ...]:
+    """ADDR:PORTs to probe; one without a port is refused before anything is applied (a probe
+    connects, so `cut --expect-blocked 1.2.3.4` must not be accepted and silently skipped)."""
+    found = parse_keeps(items)
+    for keep in found:
+        if keep.port is None:
+            raise InvalidInput(f"{field} {keep}: give ADDR:PORT (a probe needs a port)")
+    return found
+
+
 def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
     resolved = resolve_target(target)
     try:
@@ -132,7 +142,7 @@ def cut(
     ProbeFailed.
     """
     keeps = parse_keeps(keep)
-    blocked = parse_keeps(expect_blocked)
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -214,10 +224,8 @@ def probe(
     Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
     target without a port, TargetNotFound, PrivilegeError.
     """
-    reachable, blocked = parse_keeps(expect_reachable), parse_keeps(expect_blocked)
-    for keep in (*reachable, *blocked):
-        if keep.port is None:
-            raise InvalidInput(f"probe target {keep}: give ADDR:PORT")
+    reachable = probe_targets(expect_reachable, "expect_reachable")
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     _, fd, _ = _open(target)
     try:
