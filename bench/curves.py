@@ -60,14 +60,15 @@ def raise_nofile() -> int:
 
 @contextlib.contextmanager
 def started(
-    name: str, origin: measure.Origin, n_rules: int, extra: list[str] | None = None
-) -> Iterator[tuple[px.Running, float]]:
+    name: str, origin: measure.Origin, n_rules: int, extra: list[str] | None = None,
+    cpus: int | str = px.PROXY_CPU,
+) -> Iterator[tuple[px.Running, float]]:  # fmt: skip
     """A fresh target in its own temp dir; yields it with its start-up time in seconds."""
     workdir = Path(tempfile.mkdtemp(prefix=f"curve-{name}-"))
     env = px.Env(origin.http_ports, origin.source_port, rulesmod.generate(n_rules), workdir,
                  "quiet")  # fmt: skip
     t0 = time.monotonic()
-    run = px.start_egress(env, extra) if name == "egress" else px.TARGETS[name](env)
+    run = px.start_egress(env, extra, cpus) if name == "egress" else px.TARGETS[name](env)
     try:
         yield run, time.monotonic() - t0
     finally:
@@ -186,6 +187,41 @@ def tunnel_curve(
     return rows
 
 
+WORKER_SETUPS = (  # (workers, CPUs the proxy may use): the load stays pinned to CPU 0
+    (1, str(px.PROXY_CPU)),
+    (2, str(px.PROXY_CPU)),
+    (2, f"{px.LOAD_CPU},{px.PROXY_CPU}"),
+)
+
+
+def workers_curve(
+    origin: measure.Origin, loadgen: Path, costed: Costed, seconds: int
+) -> list[dict[str, Any]]:
+    """`egress serve --workers N`: HTTP c64 and tunnels c16 with 1 or 2 workers, on the
+    proxy's core only, or on both cores (then sharing CPU 0 with the load generators).
+    """
+    rows = []
+    for workers, cpus in WORKER_SETUPS:
+        extra = ["--workers", str(workers), "--quiet"]
+        with started("egress", origin, rulesmod.DEFAULT_ALLOW, extra, cpus) as (run, _):
+            target = measure.Target(run.port)
+            with tempfile.TemporaryDirectory() as d:
+                wrk = functools.partial(measure.run_wrk, target, origin, 64, seconds, Path(d))
+                wrk()  # warm-up (each worker)
+                http = costed(wrk, run.pid, "requests", "cpu_us_per_request")
+            tun = functools.partial(measure.run_tunnels, loadgen, target, origin, 16, seconds)
+            tunnels = costed(tun, run.pid, "tunnels", "cpu_us_per_tunnel")
+            rows.append({
+                "workers": workers, "cpus": cpus, "rps": http["rps"],
+                "cpu_us_per_request": http.get("cpu_us_per_request"), "p99_ms": http["p99_ms"],
+                "tunnels_per_s": tunnels["per_s"],
+                "cpu_us_per_tunnel": tunnels.get("cpu_us_per_tunnel"),
+                "noisy": http["noisy"] or tunnels["noisy"],
+                "ratio_ok": http["ratio_ok"] and tunnels["ratio_ok"],
+            })  # fmt: skip
+    return rows
+
+
 def _json_child(argv: list[str], timeout: float = 300) -> dict[str, Any]:
     try:
         out = subprocess.run(
@@ -219,6 +255,7 @@ def run_all(
         "rules": lambda: rules_curve(origin, costed, seconds),
         "idle": lambda: idle_curve(origin),
         "tunnels": lambda: tunnel_curve(origin, loadgen, costed, seconds),
+        "workers": lambda: workers_curve(origin, loadgen, costed, seconds),
         "audit": audit_rate,
         "loop_lag": lambda: loop_lag(origin),
     }
@@ -295,6 +332,23 @@ def markdown(curves: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {r['target']} | {r['concurrency']} | {_f(r['per_s'])} | {_f(r['p99_ms'], 2)} "
                 f"| {_f(r.get('cpu_us_per_tunnel'), 0)} | {r['errors']} |"
+                + (" noisy" if r.get("noisy") else "")
+            )
+        lines.append("")
+    workers = curves.get("workers")
+    if isinstance(workers, list):
+        lines += [
+            "`egress serve --workers N` (load generators pinned to CPU 0):",
+            "",
+            "| workers | proxy CPUs | HTTP c64 req/s | CPU µs/request | p99 ms | tunnels/s c16 "
+            "| CPU µs/tunnel |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in workers:
+            lines.append(
+                f"| {r['workers']} | {r['cpus']} | {_f(r['rps'])} "
+                f"| {_f(r.get('cpu_us_per_request'), 1)} | {_f(r['p99_ms'], 2)} "
+                f"| {_f(r['tunnels_per_s'])} | {_f(r.get('cpu_us_per_tunnel'))} |"
                 + (" noisy" if r.get("noisy") else "")
             )
         lines.append("")

@@ -78,15 +78,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pinned(argv: list[str], cpu: int) -> list[str]:
+def pinned(argv: list[str], cpu: int | str) -> list[str]:
     return ["taskset", "-c", str(cpu), *argv]
 
 
-def launch(argv: list[str], workdir: Path, name: str) -> subprocess.Popen[bytes]:
+def launch(
+    argv: list[str], workdir: Path, name: str, cpus: int | str = PROXY_CPU
+) -> subprocess.Popen[bytes]:
     out = open(workdir / f"{name}.out", "wb")  # the child gets its own copy
     try:
         return subprocess.Popen(
-            pinned(argv, PROXY_CPU),
+            pinned(argv, cpus),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -183,12 +185,14 @@ def framework_routes(env: Env) -> list[str]:
     return [f"http://{HOST}:{p}" for p in [*env.http_ports, env.source_port]]
 
 
-def start_egress(env: Env, more: list[str] | None = None) -> Running:
+def start_egress(
+    env: Env, more: list[str] | None = None, cpus: int | str = PROXY_CPU
+) -> Running:
     """The production shape: the generated policy file and the audit log to a file."""
     policy = env.workdir / "policy.toml"
     policy.write_text(rulesmod.egress_toml(env.rules))
     extra = ["--policy", str(policy), "--audit-log", str(env.workdir / "audit.jsonl")]
-    return _start_egress(env, "egress", [*extra, *(more or [])])
+    return _start_egress(env, "egress", [*extra, *(more or [])], cpus)
 
 
 def start_egress_bare(env: Env) -> Running:
@@ -196,14 +200,16 @@ def start_egress_bare(env: Env) -> Running:
     return _start_egress(env, "egress-bare", [])
 
 
-def _start_egress(env: Env, name: str, extra: list[str]) -> Running:
+def _start_egress(
+    env: Env, name: str, extra: list[str], cpus: int | str = PROXY_CPU
+) -> Running:
     exe = egress_command()
     if exe is None:
         raise StartError("`egress serve` is not available in this checkout yet")
     argv = [*exe, "serve", "--listen", f"{HOST}:0", *extra]
     for route in framework_routes(env):
         argv += ["--framework-route", route]
-    proc = launch(argv, env.workdir, name)
+    proc = launch(argv, env.workdir, name, cpus)
     with stop_on_error(proc):
         port = wait_listening_line(proc, env.workdir / f"{name}.out")
     git = subprocess.run(
