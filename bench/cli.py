@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench:   {report.one_line(rec)}", file=sys.stderr, flush=True)
         if run_curves:
             costed_quiet = functools.partial(costed, retries=args.retries)
-            curve_s = min(args.seconds, 2)  # keeps a full run within ~8 minutes
+            curve_s = max(1, args.seconds // 2)  # shapes, not points: keeps a full run ~8 min
             curve_results = curves.run_all(origin, loadgen, costed_quiet, curve_s)
     finally:
         origin.close()

@@ -29,7 +29,7 @@ from typing import Any
 from bench import rules as rulesmod
 from bench.proxies import HOST, LOAD_CPU, pinned
 
-SECONDS = 3.0
+SECONDS = 2.0
 TICK_S = 0.001
 IDLE_CONNECTIONS = 1000
 OUT = Path(__file__).resolve().parent / "out"
