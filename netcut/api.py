@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import netcut.probe as probe_mod
 from netcut import apply, safety
-from netcut import probe as probe_mod
 from netcut.errors import InvalidInput, PrivilegeError, ProbeFailed, TargetNotFound
-from netcut.model import Keep, parse_keep
+from netcut.model import Keep, parse_addr_port, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeResult
@@ -87,6 +87,13 @@ def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
     return tuple(dict.fromkeys(parse_keep(k) for k in keep))
 
 
+def parse_probe_targets(targets: Iterable[KeepLike]) -> tuple[Keep, ...]:
+    """ADDR:PORT each (model.parse_addr_port), for `probe` and for `cut --expect-blocked`."""
+    if isinstance(targets, str):
+        raise InvalidInput("probe targets must be a list of ADDR:PORT, not one string")
+    return tuple(dict.fromkeys(parse_addr_port(t) for t in targets))
+
+
 def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
     resolved = resolve_target(target)
     try:
@@ -132,7 +139,7 @@ def cut(
     ProbeFailed.
     """
     keeps = parse_keeps(keep)
-    blocked = parse_keeps(expect_blocked)
+    blocked = parse_probe_targets(expect_blocked)
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -214,10 +221,8 @@ def probe(
     Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
     target without a port, TargetNotFound, PrivilegeError.
     """
-    reachable, blocked = parse_keeps(expect_reachable), parse_keeps(expect_blocked)
-    for keep in (*reachable, *blocked):
-        if keep.port is None:
-            raise InvalidInput(f"probe target {keep}: give ADDR:PORT")
+    reachable = parse_probe_targets(expect_reachable)
+    blocked = parse_probe_targets(expect_blocked)
     safety.require_privilege()
     _, fd, _ = _open(target)
     try:

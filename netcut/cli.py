@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from netcut import api, helper, target
-from netcut.errors import NetcutError, ProbeFailed
+from netcut.errors import InvalidInput, NetcutError, ProbeFailed
+from netcut.model import parse_addr_port
 from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
 
@@ -30,6 +31,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _addr_port(text: str) -> str:
+    """argparse type of --expect-reachable/--expect-blocked: the same validator as the API."""
+    try:
+        parse_addr_port(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -40,11 +50,19 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     group.add_argument("--netns", metavar="NAME", help="a named namespace (/run/netns/NAME)")
     group.add_argument("--netns-path", metavar="PATH", help="a namespace file")
     group.add_argument("--pid", metavar="PID", help="the namespace of a process")
-    group.add_argument("--container", metavar="ID", help="a docker or podman container")
+    group.add_argument(
+        "--container", metavar="ID", help="a docker or podman container, or a containerd task"
+    )
     p.add_argument(
         "--runtime",
         choices=target.RUNTIMES,
-        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, docker, podman)",
+        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, else the first engine"
+        " that answers of docker, podman, containerd)",
+    )
+    p.add_argument(
+        "--namespace",
+        metavar="NS",
+        help=f"containerd namespace of --container (default: {target.CONTAINERD_NAMESPACE})",
     )
 
 
@@ -59,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--expect-blocked",
         action="append",
         default=[],
+        type=_addr_port,
         metavar="ADDR:PORT",
         help="probe after the cut that this is not reachable",
     )
@@ -85,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     probe = sub.add_parser("probe", help="check reachability from inside the namespace")
     _add_target(probe)
-    probe.add_argument("--expect-reachable", action="append", default=[], metavar="ADDR:PORT")
-    probe.add_argument("--expect-blocked", action="append", default=[], metavar="ADDR:PORT")
+    for flag in ("--expect-reachable", "--expect-blocked"):
+        probe.add_argument(flag, action="append", default=[], type=_addr_port, metavar="ADDR:PORT")
     probe.add_argument("--timeout", type=_seconds, default=1.0, metavar="SECONDS")
     probe.add_argument("--json", action="store_true")
 
@@ -105,15 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _target(args: argparse.Namespace) -> target.TargetRef:
-    if args.runtime and not args.container:
-        raise NetcutError("--runtime applies to --container only")
+    if (args.runtime or args.namespace) and not args.container:
+        raise NetcutError("--runtime and --namespace apply to --container only")
     if args.netns is not None:
         return target.netns(args.netns)
     if args.netns_path is not None:
         return target.netns_path(args.netns_path)
     if args.pid is not None:
         return target.pid(args.pid)
-    return target.container(args.container, args.runtime)
+    runtime = args.runtime or ("containerd" if args.namespace else None)
+    return target.container(args.container, runtime, args.namespace)
 
 
 def _emit(args: argparse.Namespace, lines: list[str], data: dict[str, Any]) -> None:
