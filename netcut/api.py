@@ -17,7 +17,7 @@ from typing import Any
 import netcut.probe as probe_mod
 from netcut import apply, safety
 from netcut.errors import InvalidInput, PrivilegeError, ProbeFailed, TargetNotFound
-from netcut.model import Keep, parse_addr_port, parse_keep
+from netcut.model import Keep, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeResult
@@ -87,11 +87,14 @@ def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
     return tuple(dict.fromkeys(parse_keep(k) for k in keep))
 
 
-def parse_probe_targets(targets: Iterable[KeepLike]) -> tuple[Keep, ...]:
-    """ADDR:PORT each (model.parse_addr_port), for `probe` and for `cut --expect-blocked`."""
-    if isinstance(targets, str):
-        raise InvalidInput("probe targets must be a list of ADDR:PORT, not one string")
-    return tuple(dict.fromkeys(parse_addr_port(t) for t in targets))
+def probe_targets(items: Iterable[KeepLike], field: str) -> tuple[Keep, ...]:
+    """ADDR:PORTs to probe; one without a port is refused before anything is applied (a probe
+    connects, so `cut --expect-blocked 1.2.3.4` must not be accepted and silently skipped)."""
+    found = parse_keeps(items)
+    for keep in found:
+        if keep.port is None:
+            raise InvalidInput(f"{field} {keep}: give ADDR:PORT (a probe needs a port)")
+    return found
 
 
 def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
@@ -139,7 +142,7 @@ def cut(
     ProbeFailed.
     """
     keeps = parse_keeps(keep)
-    blocked = parse_probe_targets(expect_blocked)
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -221,8 +224,8 @@ def probe(
     Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
     target without a port, TargetNotFound, PrivilegeError.
     """
-    reachable = parse_probe_targets(expect_reachable)
-    blocked = parse_probe_targets(expect_blocked)
+    reachable = probe_targets(expect_reachable, "expect_reachable")
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     _, fd, _ = _open(target)
     try:

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from netcut import api, helper, target
-from netcut.errors import InvalidInput, NetcutError, ProbeFailed
-from netcut.model import parse_addr_port
+from netcut.errors import NetcutError, ProbeFailed
 from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
 
@@ -29,15 +28,6 @@ def _seconds(text: str) -> float:
     if not 0 < value <= 60:
         raise argparse.ArgumentTypeError(f"{text!r}: give seconds, more than 0 and at most 60")
     return value
-
-
-def _addr_port(text: str) -> str:
-    """argparse type of --expect-reachable/--expect-blocked: the same validator as the API."""
-    try:
-        parse_addr_port(text)
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,7 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--expect-blocked",
         action="append",
         default=[],
-        type=_addr_port,
         metavar="ADDR:PORT",
         help="probe after the cut that this is not reachable",
     )
@@ -104,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     probe = sub.add_parser("probe", help="check reachability from inside the namespace")
     _add_target(probe)
-    for flag in ("--expect-reachable", "--expect-blocked"):
-        probe.add_argument(flag, action="append", default=[], type=_addr_port, metavar="ADDR:PORT")
+    probe.add_argument("--expect-reachable", action="append", default=[], metavar="ADDR:PORT")
+    probe.add_argument("--expect-blocked", action="append", default=[], metavar="ADDR:PORT")
     probe.add_argument("--timeout", type=_seconds, default=1.0, metavar="SECONDS")
     probe.add_argument("--json", action="store_true")
 

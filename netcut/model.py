@@ -83,16 +83,6 @@ def parse_keep(text: str | Keep) -> Keep:
     return Keep(addr, port)
 
 
-def parse_addr_port(text: str | Keep) -> Keep:
-    """A probe target: `ADDR:PORT` or `[IPV6]:PORT`, the port required (a probe connects to
-    it). The one validator of `--expect-reachable` and `--expect-blocked`, for `probe` and
-    for `cut`; raises InvalidInput."""
-    keep = parse_keep(text)
-    if keep.port is None:
-        raise InvalidInput(f"probe target {keep}: give ADDR:PORT")
-    return keep
-
-
 def _parse_port(original: str, text: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise InvalidInput(f"keep {original!r}: port must be 1-65535")
