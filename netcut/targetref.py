@@ -136,6 +136,23 @@ def _prefixed(prefix: str, rest: str) -> TargetRef:
     return container(rest, prefix)
 
 
+def canonical(ref: TargetRef) -> str:
+    """The one spelling of `ref` that `parse_target` reads back as `ref`: a name as itself
+    (or `netns:NAME` where the bare name would read otherwise), `pid:N`, the path, or
+    `RUNTIME:ID` / `containerd:NAMESPACE/ID` / `container:ID`. egress keys its sandboxes by
+    it, so `1234`, `"1234"` and `"pid:1234"` are one sandbox."""
+    if ref.kind == "pid":
+        return f"pid:{ref.value}"
+    if ref.kind == "path":
+        return ref.value
+    if ref.kind == "netns":
+        plain = parse_target(ref.value) if ref.value[:1] != "/" else None
+        return ref.value if plain == ref else f"netns:{ref.value}"
+    if ref.runtime == "containerd" and ref.namespace is not None:
+        return f"containerd:{ref.namespace}/{ref.value}"
+    return f"{ref.runtime or 'container'}:{ref.value}"
+
+
 def default_client_id(ref: TargetRef, inode: int | None = None) -> str:
     """A client id that tells sandboxes apart in the audit log: the namespace's name, `pid-N`,
     the container's runtime and id, or `netns-INODE` for any other namespace file (whose last

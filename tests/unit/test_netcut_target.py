@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from netcut import target
 from netcut.errors import InvalidInput, TargetNotFound
-from netcut.targetref import TargetRef, default_client_id, parse_target
+from netcut.targetref import TargetRef, canonical, default_client_id, parse_target
 
 
 @pytest.mark.parametrize(
@@ -181,3 +181,24 @@ def test_missing_namespace_names_the_path() -> None:
 def test_parse_nameservers() -> None:
     text = "# c\nnameserver 127.0.0.11\noptions ndots:0\nnameserver  10.0.0.1 \nnameserver\n"
     assert target.parse_nameservers(text) == ("127.0.0.11", "10.0.0.1")
+
+
+@given(st.one_of(st.text(max_size=40), st.integers()))
+def test_canonical_reads_back_as_the_same_target(value: str | int) -> None:
+    try:
+        ref = parse_target(value)
+    except InvalidInput:
+        return
+    assert parse_target(canonical(ref)) == ref
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(1234, "pid:1234"), ("1234", "pid:1234"), ("pid:1234", "pid:1234"), ("sbx", "sbx"),
+     ("netns:1234", "netns:1234"), ("netns:pid:1", "netns:pid:1"), ("docker:abc", "docker:abc"),
+     ("containerd:k8s.io/abc", "containerd:k8s.io/abc"), ("/proc/1/ns/net", "/proc/1/ns/net")],
+    ids=["int", "digits", "pid", "name", "digit-name", "prefix-like-name", "docker",
+         "containerd", "path"],
+)  # fmt: skip
+def test_canonical_spelling(value: str | int, expected: str) -> None:
+    assert canonical(parse_target(value)) == expected
