@@ -31,6 +31,8 @@ from netcut.targetref import (
 )
 
 RUNTIME_ENV = "NETCUT_CONTAINER_RUNTIME"
+# ctr's own variable for its namespace; `--namespace` wins, k8s.io (the kubelet's) otherwise.
+CONTAINERD_NAMESPACE_ENV = "CONTAINERD_NAMESPACE"
 # `docker inspect` answers in well under a second; a hung engine must not hang a cut.
 INSPECT_TIMEOUT_S = 10.0
 # `docker version` against a live daemon takes ~0.1 s, `podman info` ~0.7 s; an engine that
@@ -186,7 +188,8 @@ def _pid_target(ref: TargetRef, number: int, **extra: str) -> ResolvedTarget:
 def _container_target(ref: TargetRef) -> ResolvedTarget:
     name, runtime = choose_runtime(ref.runtime)
     if name == "containerd":
-        return _containerd_target(ref, runtime, ref.namespace or CONTAINERD_NAMESPACE)
+        env = os.environ.get(CONTAINERD_NAMESPACE_ENV, "").strip()
+        return _containerd_target(ref, runtime, ref.namespace or env or CONTAINERD_NAMESPACE)
     argv = [runtime, "inspect", "--format", "{{.State.Pid}}", ref.value]
     done = _ask(argv)
     out = done.stdout.strip()
