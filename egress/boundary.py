@@ -172,7 +172,8 @@ async def prepare_execution(
     force: bool = False,
     allow_privileged: bool = False,
 ) -> Execution:
-    """Make `sandbox` (a namespace name, path or PID) reachable only through `proxy`.
+    """Make `sandbox` (a namespace name, path, PID or container: docs/netcut.md#targets)
+    reachable only through `proxy`.
 
     `policy` is the composed policy for this sandbox (see `egress.compose`); the framework
     routes are added to it. Returns the agent's `Execution`. A second call for a prepared
