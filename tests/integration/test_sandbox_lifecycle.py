@@ -13,13 +13,16 @@ failed prepare leaving its listener open, and a failed restore swallowed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import hypothesis.strategies as st
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
 
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
@@ -223,3 +226,80 @@ async def test_failed_restore_raises(scene: Scene, test_host_factory: object) ->
         await release_execution(scene.proxy, execution, restore=True)
     # the proxy side was released all the same
     assert execution.listeners[0] not in scene.proxy.listeners
+
+
+# --- random lifecycles against a model, in real namespaces --------------------------------
+
+KINDS = ["allow_ip", "nothing", "route"]
+_HOSTS: dict[int, list[harness.TestHost]] = {}
+OPS = st.one_of(
+    st.tuples(st.just("prepare"), st.integers(0, 1), st.sampled_from(KINDS)),
+    st.tuples(st.just("release"), st.integers(0, 1), st.just("")),
+    st.tuples(st.just("request"), st.integers(0, 1), st.just("")),
+)
+
+
+@pytest.mark.netns
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(ops=st.lists(OPS, min_size=1, max_size=8))
+def test_random_lifecycles_follow_the_model(
+    test_host_factory: object, ops: list[tuple[str, int, str]]
+) -> None:
+    """Random prepare (any of three policies) / release / request sequences on two sandboxes
+    sharing one proxy: every request gets exactly the policy the model says, and a released
+    sandbox's listener answers nothing."""
+    # two sandboxes and an upstream, made once per test (each example restores them)
+    hosts = _HOSTS.get(id(test_host_factory))
+    if hosts is None:
+        _HOSTS.clear()
+        hosts = _HOSTS[id(test_host_factory)] = [test_host_factory() for _ in range(3)]  # type: ignore[operator]
+    asyncio.run(_random_lifecycle(hosts, ops))
+
+
+async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, int, str]]) -> None:
+    boxes, upstream = hosts[:2], hosts[2]
+    origin = await start_origin(upstream, 0)  # a fresh port for every example
+    at = f"{upstream.addr_ns}:{origin.runner.addresses[0][1]}"
+    async def service(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", service)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    route = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
+    await proxy.start()
+    model: dict[int, str | None] = {0: None, 1: None}
+    urls: dict[int, str] = {}
+    live: dict[int, object] = {}
+    try:
+        for op, box, kind in ops:
+            if op == "prepare":
+                policy = Policy(allow=[at]) if kind == "allow_ip" else Policy()
+                routes = [route] if kind == "route" else []
+                execution = await prepare_execution(boxes[box].ns, policy, proxy,
+                                                    framework_routes=routes)  # fmt: skip
+                live[box], urls[box], model[box] = execution, execution.proxy_url, kind
+            elif op == "release" and box in live:
+                await release_execution(proxy, live.pop(box))  # type: ignore[arg-type]
+                model[box] = None
+            elif op == "request" and box in urls:
+                got = await codes(boxes[box], urls[box], f"http://{at}/r", f"{route}/r")
+                want = {None: ["000", "000"], "allow_ip": ["200", "403"],
+                        "nothing": ["403", "403"], "route": ["403", "200"]}[model[box]]  # fmt: skip
+                assert got == want, (ops, box, model)
+                gc.collect()
+        for execution in live.values():
+            await release_execution(proxy, execution, restore=True)  # type: ignore[arg-type]
+        assert proxy.clients.client_ids == ()
+        assert len(proxy.listeners) == 1
+    finally:
+        await proxy.stop()
+        await runner.cleanup()
+        await origin.close()
+        for host in boxes:
+            with contextlib.suppress(netcut.NetcutError):
+                await netcut.restore_async(host.ns)
