@@ -157,6 +157,8 @@ async def test_gateway_release_forgets_token_and_source_and_keeps_shared_listene
 
     await release_execution(scene.proxy, b)
     assert shared not in scene.proxy.listeners
+    await release_execution(scene.proxy, b)  # twice is harmless
+    await release_execution(scene.proxy, a)
     assert_nothing_left(scene, before)
     assert scene.lifecycle() == [(scene.sandbox.ns, "sandbox_added"),
                                  (scene.other.ns, "sandbox_added"),
