@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import _REGISTRIES, ExecutionNotReady, ReleaseFailed
+from egress.netns import run_in_netns
 
 import harness
 from servers import Origin, run, start_origin
@@ -305,3 +307,28 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
         for host in boxes:
             with contextlib.suppress(netcut.NetcutError):
                 await netcut.restore_async(host.ns)
+
+
+async def test_release_closes_connections_open_on_the_sandbox_listener(scene: Scene) -> None:
+    """A tunnel opened before the release does not outlive it with the old policy."""
+    execution = await prepare_execution(scene.sandbox.ns, Policy(allow=[f"{scene.ip}:80"]),
+                                        scene.proxy)  # fmt: skip
+    port = execution.listeners[0].port
+
+    def connect() -> socket.socket:  # a socket made inside the sandbox stays in it
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.setblocking(False)
+        return sock
+
+    tunnel_logged = asyncio.Event()
+    scene.proxy.hooks.append(lambda e: tunnel_logged.set() if e["method"] == "CONNECT" else None)
+    reader, writer = await asyncio.open_connection(sock=run_in_netns(scene.sandbox.ns, connect))
+    writer.write(f"CONNECT {scene.ip}:80 HTTP/1.1\r\nHost: {scene.ip}:80\r\n\r\n".encode())
+    async with asyncio.timeout(5):
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        await release_execution(scene.proxy, execution)
+        assert await reader.read() == b""  # closed by the release
+        await tunnel_logged.wait()  # the tunnel's record is written as its task ends
+    writer.close()
+    (record,) = [e for e in scene.events if e.get("method") == "CONNECT"]
+    assert record["end"] == "released"
