@@ -365,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.targets[rep % len(args.targets) :] + args.targets[: rep % len(args.targets)]
             )
             for name in order:
+                if rep and name in px.ONE_REP and not args.only:
+                    continue  # secondary peers: one repetition keeps a full run near 8 min
                 print(f"bench: rep {rep + 1}/{args.reps} {name} ...", file=sys.stderr, flush=True)
                 args.rep = rep
                 rec = run_one(name, origin, loadgen, args)

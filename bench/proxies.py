@@ -434,6 +434,9 @@ TARGETS: dict[str, Launcher] = {
     "proxy.py": start_proxy_py,
     "mitmproxy": start_mitmproxy,
 }
+# Far from every bar (bench/anchors.py) or variants of a peer already measured: in a full run
+# they get the first repetition only (all of them with --only).
+ONE_REP = frozenset({"pproxy-asyncio", "proxy.py", "mitmproxy"})
 # Measured only when asked for by name (--only egress-bare).
 EXTRA_TARGETS: dict[str, Launcher] = {"egress-bare": start_egress_bare}
 SUBJECT = "egress"  # the proxy the ratios are about
