@@ -280,6 +280,13 @@ def _f(v: Any, digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
+def _noise(r: dict[str, Any]) -> str:
+    flags = (["other work > 5%"] if r.get("noisy") else []) + (
+        ["origin count off"] if r.get("ratio_ok") is False else []
+    )
+    return ", ".join(flags) or "–"
+
+
 def markdown(curves: dict[str, Any]) -> list[str]:
     lines: list[str] = ["", "### Cost curves", ""]
     rules = curves.get("rules")
@@ -287,14 +294,14 @@ def markdown(curves: dict[str, Any]) -> list[str]:
         lines += [
             "`egress`, HTTP c64 keep-alive, by policy size (allow rules + 200 block rules):",
             "",
-            "| rules | start s | idle RSS MB | req/s | CPU µs/request | p99 ms |",
-            "|---|---|---|---|---|---|",
+            "| rules | start s | idle RSS MB | req/s | CPU µs/request | p99 ms | noise |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in rules:
             lines.append(
                 f"| {r['rules']:,} | {_f(r.get('start_s'), 2)} | {_f(r.get('idle_rss_mb'), 1)} "
                 f"| {_f(r.get('rps'))} | {_f(r.get('cpu_us_per_request'), 1)} "
-                f"| {_f(r.get('p99_ms'), 2)} |" + (" noisy" if r.get("noisy") else "")
+                f"| {_f(r.get('p99_ms'), 2)} | {_noise(r)} |"
             )
         lines.append("")
     idle = curves.get("idle")
@@ -322,17 +329,16 @@ def markdown(curves: dict[str, Any]) -> list[str]:
         lines += [
             "CONNECT tunnels (connect, CONNECT, one GET, close) by concurrency:",
             "",
-            "| target | concurrency | tunnels/s | p99 ms | CPU µs/tunnel | errors |",
-            "|---|---|---|---|---|---|",
+            "| target | concurrency | tunnels/s | p99 ms | CPU µs/tunnel | errors | noise |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in tun:
             if "skipped" in r:
-                lines.append(f"| {r['target']} | skipped: {r['skipped']} | | | | |")
+                lines.append(f"| {r['target']} | skipped: {r['skipped']} | | | | | |")
                 continue
             lines.append(
                 f"| {r['target']} | {r['concurrency']} | {_f(r['per_s'])} | {_f(r['p99_ms'], 2)} "
-                f"| {_f(r.get('cpu_us_per_tunnel'), 0)} | {r['errors']} |"
-                + (" noisy" if r.get("noisy") else "")
+                f"| {_f(r.get('cpu_us_per_tunnel'), 0)} | {r['errors']} | {_noise(r)} |"
             )
         lines.append("")
     workers = curves.get("workers")
@@ -341,15 +347,14 @@ def markdown(curves: dict[str, Any]) -> list[str]:
             "`egress serve --workers N` (load generators pinned to CPU 0):",
             "",
             "| workers | proxy CPUs | HTTP c64 req/s | CPU µs/request | p99 ms | tunnels/s c16 "
-            "| CPU µs/tunnel |",
-            "|---|---|---|---|---|---|---|",
+            "| CPU µs/tunnel | noise |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in workers:
             lines.append(
                 f"| {r['workers']} | {r['cpus']} | {_f(r['rps'])} "
                 f"| {_f(r.get('cpu_us_per_request'), 1)} | {_f(r['p99_ms'], 2)} "
-                f"| {_f(r['tunnels_per_s'])} | {_f(r.get('cpu_us_per_tunnel'))} |"
-                + (" noisy" if r.get("noisy") else "")
+                f"| {_f(r['tunnels_per_s'])} | {_f(r.get('cpu_us_per_tunnel'))} | {_noise(r)} |"
             )
         lines.append("")
     audit = curves.get("audit")
