@@ -281,3 +281,16 @@ def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
         assert "\n" not in message
     else:
         assert isinstance(settings.guard.reserve_private, bool)
+
+
+@given(st.dictionaries(st.sampled_from(["network_mode", "allow_internet", "allowed_hosts",
+                                        "network_access", "allow", "block"]), _VALUES))  # fmt: skip
+def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, object]) -> None:
+    for mapping in (from_harbor, from_verifiers):
+        try:
+            policy = mapping(task)
+        except PolicyError:
+            continue
+        assert policy.default in ("deny", "allow")
+        if mapping is from_verifiers:
+            assert (policy.default == "allow") == (task.get("network_access") is True)
