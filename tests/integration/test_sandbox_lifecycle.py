@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -117,6 +118,7 @@ async def test_no_verdict_survives_its_sandbox_over_many_rounds(scene: Scene) ->
     named = scene.route.replace("127.0.0.1", "svc.test")
     target, service, by_name = f"http://{scene.ip}/leak", f"{scene.route}/leak", f"{named}/leak"
     leaks: list[tuple[int, str, str]] = []
+    kept: list[int] = []
     for i in range(ROUNDS):
         allow_ip, with_route = i % 2 == 0, (i // 2) % 2 == 0
         policy = Policy(allow=[scene.ip]) if allow_ip else Policy()
@@ -128,10 +130,16 @@ async def test_no_verdict_survives_its_sandbox_over_many_rounds(scene: Scene) ->
         want = ["200" if allow_ip else "403", *(["200" if with_route else "403"] * 2)]
         if got != want:
             leaks.append((i, str(got), str(want)))
+        identity = execution.listeners[0].identity
+        assert identity is not None
+        bound = weakref.ref(identity.policy)
         await release_execution(scene.proxy, execution)
-        del execution, policy
+        del execution, policy, identity
         gc.collect()
+        if bound() is not None:  # the proxy kept something of a released sandbox
+            kept.append(i)
     assert leaks == []
+    assert kept == []
     assert_nothing_left(scene, before)
 
 
