@@ -5,6 +5,14 @@ The helper image carries iproute2 (`ip`, `ss`) and iptables' legacy backend (the
 python-iptables drives in direct mode, so either mode sees the other's backstop). A cut script
 runs under `set -e` and stops at the first failure; the caller then runs the rollback script,
 whose commands, like restore's, tolerate what is already undone.
+
+No busybox is assumed (docs/netcut.md#helper-mode): `PRELUDE` finds every tool by absolute
+path, skipping busybox applets (Debian's busybox ash runs its own `ip` applet ahead of PATH,
+and that applet has no `-j`), and the scripts call them through `ncut_*` functions, whose names
+no shell has a builtin or applet for. Every state dump proves itself: each tool's exit status is
+printed after its output, and `parse_state_dump` refuses a dump with a failed tool, without the
+loopback interface, or with output that does not parse, so a broken helper can never make an
+empty namespace look cut.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from netcut.model import (
     AF_INET,
     AF_INET6,
     CHAIN,
+    RT_TABLE_LOCAL,
     RTN_LOCAL,
     RTN_UNICAST,
     RTNH_F_ONLINK,
@@ -33,6 +42,8 @@ from netcut.model import (
     Lookup,
     NamespaceState,
     Op,
+    ProbeItem,
+    ProbeResult,
     RemoveBackstop,
     Route,
     SetSysctl,
@@ -42,8 +53,31 @@ _PREFS = {"medium": 0, "high": 1, "low": 3}
 _TOLERANT = " 2>/dev/null || true"
 
 
+# Where the helper looks for its tools, in order: the default image's own directory first
+# (helperimage.py), then the usual places of a user-supplied image.
+TOOL_DIRS = ("/netcut/bin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
+_TOOLS = {
+    "ip": "ip",
+    "ss": "ss",
+    "iptables": "iptables-legacy",
+    "ip6tables": "ip6tables-legacy",
+    "timeout": "timeout",
+    "nc": "nc",
+}
+PRELUDE = (
+    "exec 2>&1\n"
+    "ncut_find() { for d in " + " ".join(TOOL_DIRS) + '; do f=$d/$1; [ -x "$f" ] || continue;'
+    ' case "$(readlink "$f" 2>/dev/null)" in *busybox*) continue;; esac;'
+    ' echo "$f"; return 0; done; echo "/missing/$1"; }\n'
+    + "".join(
+        f'NCUT_{n.upper()}=$(ncut_find {tool}); ncut_{n}() {{ "$NCUT_{n.upper()}" "$@"; }}\n'
+        for n, tool in _TOOLS.items()
+    )
+)
+
+
 def _tool(family: int) -> str:
-    return "ip6tables-legacy" if family == AF_INET6 else "iptables-legacy"
+    return "ncut_ip6tables" if family == AF_INET6 else "ncut_iptables"
 
 
 def _q(args: list[str]) -> str:
@@ -72,11 +106,11 @@ def render_op(op: Op) -> list[str]:
         ]
     if isinstance(op, AddRoute | DelRoute):
         verb = "add" if isinstance(op, AddRoute) else "del"
-        return [_q(["ip", _fam(op.route.family), "route", verb, *op.route.ip_args()])]
+        return [_q(["ncut_ip", _fam(op.route.family), "route", verb, *op.route.ip_args()])]
     if isinstance(op, AddAddr | DelAddr):
         a = op.addr
         args = [
-            "ip",
+            "ncut_ip",
             _fam(a.family),
             "addr",
             "add" if isinstance(op, AddAddr) else "del",
@@ -98,7 +132,7 @@ def _kill_flows(op: KillFlows) -> str:
         host = f"[{addr}]" if ":" in addr else addr
         terms.append(f"dst {host}" if port is None else f"dst {host}:{port}")
     expr = "not ( " + " or ".join(terms) + " )"
-    return f"ss -K -t state connected {shlex.quote(expr)} >/dev/null" + _TOLERANT
+    return f"ncut_ss -K -t state connected {shlex.quote(expr)} >/dev/null" + _TOLERANT
 
 
 def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
@@ -114,42 +148,99 @@ def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
 
 
 def state_script(keeps: tuple[Keep, ...]) -> str:
-    """A script whose output `parse_state_dump` reads: JSON from `ip`, sysctls, chain marks."""
+    """A script whose output `parse_state_dump` reads: JSON from `ip`, sysctls, chain marks.
+
+    Each section is followed by `### rc N`, the exit status of the command that produced it."""
     lines = [
-        "echo '### links'; ip -j link show",
-        "echo '### addrs'; ip -j -N addr show",
-        "echo '### routes4'; ip -d -N -j -4 route show table all",
-        "echo '### routes6'; ip -d -N -j -6 route show table all 2>/dev/null || echo '[]'",
+        "echo '### links'; ncut_ip -j link show; echo \"### rc $?\"",
+        "echo '### addrs'; ncut_ip -j -N addr show; echo \"### rc $?\"",
+        "echo '### routes4'; ncut_ip -d -N -j -4 route show table all; echo \"### rc $?\"",
+        "echo '### routes6'; if [ -d /proc/sys/net/ipv6 ]; then"
+        " ncut_ip -d -N -j -6 route show table all; else echo '[]'; fi; echo \"### rc $?\"",
     ]
     for keep in keeps:
         if not keep.is_loopback:
+            # No route at all is an answer (an error exit), not a broken tool.
             addr = shlex.quote(str(keep.addr))
             lines.append(
-                f"echo '### get {keep.addr}'; ip -d -N -j route get {addr} 2>/dev/null || echo '[]'"
+                f"echo '### get {keep.addr}'; ncut_ip -d -N -j route get {addr} 2>/dev/null"
+                " || echo '[]'; echo '### rc 0'"
             )
     lines.append(
-        "echo '### sysctls'; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
-        ' /proc/sys/net/ipv6/conf/*/accept_ra; do [ -e "$f" ] && echo "$f $(cat "$f")"; done'
+        "echo '### sysctls'; r=0; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
+        ' /proc/sys/net/ipv6/conf/*/accept_ra; do [ -e "$f" ] || continue;'
+        ' read -r v < "$f" || r=1; echo "$f $v"; done; echo "### rc $r"'
     )
     for family, name, names in ((AF_INET, "backstop4", "ip_tables_names"),
                                 (AF_INET6, "backstop6", "ip6_tables_names")):  # fmt: skip
         # Look at the table only if it is registered: listing it would register it.
-        check = f"grep -qx filter /proc/net/{names} 2>/dev/null && " + _q(
-            [_tool(family), "-w", "-S", CHAIN]
+        lines.append(
+            f"echo '### {name}'; t=no; while read -r n; do [ \"$n\" = filter ] && t=yes;"
+            f" done < /proc/net/{names} 2>/dev/null; r=0;"
+            f" if [ $t = yes ]; then out=$({_tool(family)} -w -S {CHAIN} 2>&1); r=$?;"
+            ' if [ $r = 0 ]; then echo yes; r=0; else case "$out" in'
+            ' *"No chain"*|*"does not exist"*) echo no; r=0;; *) echo "$out";; esac; fi;'
+            ' else echo no; fi; echo "### rc $r"'
         )
-        lines.append(f"echo '### {name}'; {check} >/dev/null 2>&1 && echo yes || echo no")
     return "\n".join(lines) + "\n"
 
 
+def probe_script(reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float) -> str:
+    """Connect to every target at once; one `connected T` or `failed T` line each.
+
+    bash's /dev/tcp under `timeout` when the helper shell is bash (the default image), else
+    `nc -z -w` (an Alpine-style image); both bounded by `timeout` seconds."""
+    secs = str(max(1, round(timeout)))
+    lines = [
+        'ncut_probe() { if [ -n "$BASH_VERSION" ] && [ -x "$NCUT_TIMEOUT" ]; then'
+        ' ncut_timeout "$3" "$BASH" -c \'exec 3<>"/dev/tcp/$0/$1"\' "$1" "$2";'
+        ' else ncut_nc -z -w "$3" "$1" "$2"; fi </dev/null >/dev/null 2>&1'
+        ' && echo "connected $4" || echo "failed $4"; }'
+    ]
+    for keep in (*reachable, *blocked):
+        args = _q([str(keep.addr), str(keep.port), secs, str(keep)])
+        lines.append(f"ncut_probe {args} &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def parse_probe(text: str, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...]) -> ProbeResult:
+    """Read `probe_script` output: one `connected TARGET` or `failed TARGET` line each."""
+    outcomes: dict[str, str] = {}
+    for line in text.splitlines():
+        outcome, _, name = line.partition(" ")
+        outcomes[name.strip()] = outcome
+    items = [ProbeItem(str(k), "reachable", outcomes.get(str(k), "no answer")) for k in reachable]
+    items += [ProbeItem(str(k), "blocked", outcomes.get(str(k), "no answer")) for k in blocked]
+    return ProbeResult(tuple(items))
+
+
+REQUIRED_SECTIONS = ("links", "addrs", "routes4", "routes6", "sysctls", "backstop4", "backstop6")
+
+
 def _sections(text: str) -> dict[str, str]:
+    """Sections by name. Each must end with `### rc 0`: a tool that failed, a section cut
+    short, or a missing one is InvalidInput naming the section and what the tool said."""
     out: dict[str, list[str]] = {}
+    codes: dict[str, str] = {}
     current = None
     for line in text.splitlines():
-        if line.startswith("### "):
+        if line.startswith("### rc "):
+            if current is not None:
+                codes[current] = line[7:].strip()
+        elif line.startswith("### "):
             current = line[4:].strip()
             out[current] = []
         elif current is not None:
             out[current].append(line)
+    for name in (*REQUIRED_SECTIONS, *out):
+        if name not in out:
+            raise InvalidInput(f"helper state dump: no {name!r} section")
+        if codes.get(name) != "0":
+            said = " ".join(out[name])[:300] or "no output"
+            raise InvalidInput(
+                f"helper state dump: {name!r} failed (exit {codes.get(name, 'missing')}): {said}"
+            )
     return {k: "\n".join(v) for k, v in out.items()}
 
 
@@ -191,11 +282,20 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
     )
     sysctls = tuple(_sysctl(line) for line in s.get("sysctls", "").splitlines() if line.strip())
     backstop = tuple(
-        f
-        for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))
-        if s.get(name, "").strip() == "yes"
+        f for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6")) if _yes(s, name)
     )
+    if not any(link.loopback and link.name == "lo" for link in links):
+        raise InvalidInput("helper state dump: no loopback interface (`ip` answered nothing)")
+    if not any(r.table == RT_TABLE_LOCAL for r in routes):
+        raise InvalidInput("helper state dump: no local routes (`ip route` answered nothing)")
     return NamespaceState(links, addrs, routes, sysctls, nameservers, lookups, backstop)
+
+
+def _yes(sections: dict[str, str], name: str) -> bool:
+    answer = sections[name].strip()
+    if answer not in ("yes", "no"):
+        raise InvalidInput(f"helper state dump: {name!r} answered {answer[:200]!r}")
+    return answer == "yes"
 
 
 def _addr(link: dict[str, Any], info: dict[str, Any]) -> Addr:
