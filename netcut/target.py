@@ -18,6 +18,8 @@ from netcut.errors import InvalidInput, TargetNotFound
 
 NETNS_RUN_DIR = "/run/netns"
 RUNTIMES = ("docker", "podman")
+# Runtimes `--runtime` accepts; containerd is never autodetected (netcut/containerd.py).
+KNOWN_RUNTIMES = (*RUNTIMES, "containerd")
 RUNTIME_ENV = "NETCUT_CONTAINER_RUNTIME"
 # `docker inspect` answers in well under a second; a hung engine must not hang a cut.
 INSPECT_TIMEOUT_S = 10.0
@@ -75,8 +77,8 @@ def pid(value: str | int) -> TargetRef:
 def container(ident: str, runtime: str | None = None) -> TargetRef:
     if not ident or ident.startswith("-"):
         raise InvalidInput(f"--container {ident!r}: not a container name or id")
-    if runtime is not None and runtime not in RUNTIMES:
-        raise InvalidInput(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if runtime is not None and runtime not in KNOWN_RUNTIMES:
+        raise InvalidInput(f"--runtime {runtime!r}: expected one of {', '.join(KNOWN_RUNTIMES)}")
     return TargetRef("container", ident, runtime)
 
 
@@ -142,6 +144,10 @@ def _pid_target(ref: TargetRef, number: int, **extra: str) -> ResolvedTarget:
 
 
 def _container_target(ref: TargetRef) -> ResolvedTarget:
+    if ref.runtime == "containerd":
+        from netcut.containerd import task_pid
+
+        return _pid_target(ref, task_pid(ref.value), container_id=ref.value, runtime="ctr")
     runtime = find_runtime(ref.runtime)
     argv = [runtime, "inspect", "--format", "{{.State.Pid}}", ref.value]
     try:
