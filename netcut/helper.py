@@ -31,7 +31,9 @@ import os
 import secrets
 import select
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -137,6 +139,17 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"container may hold CAP_{name}" for name in sorted(held))
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        with contextlib.suppress(OSError):
+            proc.stderr.close()
+
+
 class _Container:
     """One container target: its runtime, full id, PID, inspect data."""
 
@@ -181,13 +194,20 @@ class _Container:
 
 
 class HelperExecutor:
-    """flow.Executor over one long-lived helper container (started on first use)."""
+    """flow.Executor over one helper container per operation.
 
-    def __init__(self, container: _Container, image: str | None) -> None:
-        self.container = container
+    `start()` launches it at once, before the target's `inspect` (both take a docker/podman
+    client start and an engine round trip, so they overlap); nothing is sent to it until the
+    target passed the checks, and a refused target's helper just sees its stdin close."""
+
+    def __init__(self, runtime: str, container: str, image: str | None) -> None:
+        self.runtime = runtime
+        self.target = container  # name or id, as the caller gave it
+        self.nameservers: tuple[str, ...] = ()
         self.chosen = image or os.environ.get(IMAGE_ENV, "").strip() or None
         self.proc: subprocess.Popen[bytes] | None = None
         self.buffer = b""
+        self.started = False  # the prelude answered
         self.runs = 0  # containers started (the goal is one per operation)
 
     def __enter__(self) -> HelperExecutor:
@@ -196,26 +216,35 @@ class HelperExecutor:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        self.close(wait=False)
 
     # -------------------------------------------------------------- the session
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Launch the helper container (returns at once)."""
+        if self.proc is None:
+            self._spawn(self.chosen or default_image())
+
+    def _ready(self) -> None:
+        """Wait for the helper's shell; import the default image once when it is missing."""
         image = self.chosen or default_image()
         for attempt in (1, 2):
-            self._spawn(image)
+            if self.proc is None:
+                self._spawn(image)
             try:
+                self.started = True
                 self.send(PRELUDE, subshell=False)
                 return
             except ApplyFailed as exc:
+                self.started = False
                 missing = any(s in str(exc).lower() for s in _NO_IMAGE)
                 if attempt == 2 or self.chosen is not None or not missing:
                     raise
-                helperimage.build(self.container.runtime, image)
+                helperimage.build(self.runtime, image)
 
     def _spawn(self, image: str) -> None:
         self.close()
-        argv = helper_argv(self.container.runtime, self.container.id, image)
+        argv = helper_argv(self.runtime, self.target, image)
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -230,8 +259,8 @@ class HelperExecutor:
     ) -> tuple[int, str]:
         """Run `script` in a subshell of the helper's shell (in the shell itself for the
         prelude, whose functions must persist); (exit status, its output)."""
-        if self.proc is None:
-            self._start()
+        if not self.started:
+            self._ready()
         proc = self.proc
         assert proc is not None
         assert proc.stdin is not None
@@ -275,24 +304,22 @@ class HelperExecutor:
         self.close()
         return _why(text, proc.returncode)
 
-    def close(self) -> None:
-        """End the session: close the shell's stdin, wait for the container to go."""
+    def close(self, wait: bool = True) -> None:
+        """End the session: close the shell's stdin (the shell exits, the engine removes the
+        `--rm` container). `wait=False` leaves waiting for the client to a thread: the
+        removal (~100 ms) is not on the caller's path, and nothing depends on it."""
         proc, self.proc = self.proc, None
+        self.started = False
         if proc is None:
             return
-        try:
-            if proc.stdin is not None:
-                with contextlib.suppress(BrokenPipeError):
-                    proc.stdin.close()
-            proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        finally:
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                if pipe is not None:
-                    with contextlib.suppress(OSError):
-                        pipe.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        if wait:
+            _reap(proc)
+        else:
+            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
 
     # -------------------------------------------------------------- flow.Executor
 
@@ -301,7 +328,7 @@ class HelperExecutor:
         if code != 0:
             raise ApplyFailed(f"helper state dump failed (exit {code}): {_why(out, code)}")
         try:
-            return parse_state_dump(out, nameservers or self.container.nameservers())
+            return parse_state_dump(out, nameservers or self.nameservers)
         except InvalidInput as exc:
             raise ApplyFailed(f"{exc}; nothing was changed") from None
 
@@ -357,35 +384,46 @@ def cut(
     accepted for symmetry: a container's namespace is never the host's."""
     del force
     keeps, blocked = parse_keeps(keep), parse_keeps(expect_blocked)
-    c = _Container(target)
-    findings = container_findings(c.info)
-    if findings and not allow_privileged and not dry_run:
-        raise UnsafeTarget(
-            f"refusing to cut {c}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
-            findings,
+    with _session(target, image) as (c, ex):
+        findings = container_findings(c.info)
+        if findings and not allow_privileged and not dry_run:
+            raise UnsafeTarget(
+                f"refusing to cut {c}: {'; '.join(findings)};"
+                " pass --allow-privileged to cut anyway",
+                findings,
+            )
+        request = flow.CutRequest(
+            keeps,
+            ex.nameservers,
+            dry_run,
+            {"target": str(c), "container": c.id},
+            probe,
+            blocked,
+            probe_timeout,
         )
-    request = flow.CutRequest(
-        keeps,
-        c.nameservers(),
-        dry_run,
-        {"target": str(c), "container": c.id},
-        probe,
-        blocked,
-        probe_timeout,
-    )
-    with HelperExecutor(c, image) as ex:
         return flow.cut(ex, c.store(), str(c), request, render=render_script)
+
+
+@contextlib.contextmanager
+def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container, HelperExecutor]]:
+    """The helper started first, the target inspected while it starts (one container run and
+    one inspect per operation, overlapped: docs/netcut.md#helper-mode)."""
+    if target.kind != "container":
+        raise InvalidInput(f"{target}: helper mode needs --container")
+    with HelperExecutor(find_runtime(target.runtime), target.value, image) as ex:
+        ex.start()
+        c = _Container(target)
+        ex.nameservers = c.nameservers()
+        yield c, ex
 
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
     """Helper-mode twin of api.restore."""
-    c = _Container(target)
-    with HelperExecutor(c, image) as ex:
+    with _session(target, image) as (c, ex):
         return flow.restore(ex, c.store(), str(c))
 
 
 def status(target: TargetRef, *, image: str | None = None) -> CutStatus:
     """Helper-mode twin of api.status."""
-    c = _Container(target)
-    with HelperExecutor(c, image) as ex:
+    with _session(target, image) as (c, ex):
         return flow.status(ex, c.store())
