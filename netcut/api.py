@@ -37,8 +37,12 @@ class DirectExecutor:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def read_state(self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...]) -> NamespaceState:
-        state: NamespaceState = run_in_netns(self.fd, apply.job_read_state, keeps, nameservers)
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        state: NamespaceState = run_in_netns(
+            self.fd, apply.job_read_state, keeps, nameservers, verify
+        )
         return state
 
     def apply(self, ops: tuple[Op, ...]) -> None:
@@ -61,6 +65,16 @@ def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
     if isinstance(keep, str):
         raise InvalidInput("keep must be a list of ADDR[:PORT], not one string")
     return tuple(dict.fromkeys(parse_keep(k) for k in keep))
+
+
+def probe_targets(items: Iterable[KeepLike], field: str) -> tuple[Keep, ...]:
+    """ADDR:PORTs to probe; one without a port is refused before anything is applied (a probe
+    connects, so `cut --expect-blocked 1.2.3.4` must not be accepted and silently skipped)."""
+    found = parse_keeps(items)
+    for keep in found:
+        if keep.port is None:
+            raise InvalidInput(f"{field} {keep}: give ADDR:PORT (a probe needs a port)")
+    return found
 
 
 def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
@@ -108,7 +122,7 @@ def cut(
     ProbeFailed.
     """
     keeps = parse_keeps(keep)
-    blocked = parse_keeps(expect_blocked)
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -168,10 +182,8 @@ def probe(
     Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
     target without a port, TargetNotFound, PrivilegeError.
     """
-    reachable, blocked = parse_keeps(expect_reachable), parse_keeps(expect_blocked)
-    for keep in (*reachable, *blocked):
-        if keep.port is None:
-            raise InvalidInput(f"probe target {keep}: give ADDR:PORT")
+    reachable = probe_targets(expect_reachable, "expect_reachable")
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     _, fd, _ = _open(target)
     try:

@@ -100,10 +100,12 @@ def rollback(rt: Rtnl, done: list[Op]) -> list[str]:
 # ---------------------------------------------------------------- jobs run inside the namespace
 
 
-def job_read_state(keeps: tuple[Keep, ...], nameservers: tuple[str, ...]) -> NamespaceState:
+def job_read_state(
+    keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+) -> NamespaceState:
     """The namespace's state (flow.Executor.read_state, direct mode)."""
     with Rtnl() as rt:
-        return read_state(rt, keeps, nameservers)
+        return read_state(rt, keeps, nameservers, verify=verify)
 
 
 def job_apply(ops: tuple[Op, ...]) -> None:

@@ -11,10 +11,11 @@ namespace itself (records.py), never by mode or container (docs/netcut.md#one-al
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from netcut import plan as plan_mod
+from netcut import verify
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed
 from netcut.model import Keep, NamespaceState, Op, ProbeResult
 from netcut.plan import CutPlan, CutStatus
@@ -25,15 +26,18 @@ class Executor(Protocol):
     """What a mode must provide. Every method acts on the one namespace the executor names."""
 
     def read_state(
-        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...]
-    ) -> NamespaceState: ...
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        """With `verify` also what status compares (policy rules, the backstop's rules and
+        hook: docs/netcut.md#status); a mode that cannot read them leaves them None."""
 
     def apply(self, ops: tuple[Op, ...]) -> None:
         """Apply in order; on a failure undo what was done and raise ApplyFailed
         (`rolled_back` False when the undo itself failed)."""
 
     def undo(self, ops: tuple[Op, ...]) -> list[str]:
-        """Apply tolerantly (what is already undone passes); return the errors."""
+        """Apply tolerantly, every op even after one failed (an add of what exists or a
+        delete of what is gone passes): undo and repair. Return the errors."""
 
     def probe(
         self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
@@ -53,16 +57,30 @@ class CutResult:
     elapsed_ms: float = 0.0
     dry_run: bool = False
     script: str | None = None  # helper mode: the shell script the plan renders to
+    # A partial cut brought back to its recorded plan; `plan` holds the repair's ops and
+    # `found` the differences that were repaired (docs/netcut.md#status).
+    repaired: bool = False
+    found: tuple[str, ...] = ()
+
+    @property
+    def head(self) -> str:
+        """The first word of the answer: dry-run, repaired, cut or already cut."""
+        if self.dry_run:
+            return "dry-run"
+        if self.repaired:
+            return "repaired"
+        return "cut" if self.changed else "already cut"
 
     def lines(self) -> list[str]:
         if self.dry_run and self.plan is not None:
             head = "already cut:" if self.status.is_cut else "plan for"
+            head = "repair plan for" if self.repaired else head
             shown = [f"{head} {self.target}", *self.plan.lines()]
             if self.script is not None:
                 shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
             return shown
-        head = "cut" if self.changed else "already cut"
-        out = [f"{head}: {self.target}"]
+        out = [f"{self.head}: {self.target}"]
+        out += [f"  found: {line}" for line in self.found]
         if self.plan is not None and self.changed:
             out += self.plan.lines()
         if self.probe is not None:
@@ -94,13 +112,17 @@ def cut(
     ex: Executor, store: Store, label: str, req: CutRequest, render: RenderHook | None = None
 ) -> CutResult:
     """Cut (or find cut) the namespace, then probe it. An existing complete cut with the same
-    keeps is left alone; with other keeps it is InvalidInput; a partial one is undone first."""
+    keeps is left alone; with other keeps it is InvalidInput; a partial one with the same
+    keeps is repaired to its recorded plan, any other partial one is undone first."""
     start = time.perf_counter()
     with store.locked():
         record = store.load()
-        state = ex.read_state(req.keeps, req.nameservers)
+        state = ex.read_state(req.keeps, req.nameservers, verify=record is not None)
         status = plan_mod.judge_status(record, state)
-        if status.is_cut:
+        same = record is not None and set(record.keeps) == set(req.keeps)
+        if status.state == "partial" and record is not None and same:
+            result = _repair(ex, label, record, state, req, render, start)
+        elif status.is_cut:
             if record is not None and set(record.keeps) != set(req.keeps) and not req.dry_run:
                 had = ", ".join(str(k) for k in record.keeps) or "loopback only"
                 raise InvalidInput(f"{label} is already cut keeping {had}; restore it first")
@@ -132,6 +154,35 @@ class RenderHook(Protocol):
     def __call__(self, ops: tuple[Op, ...]) -> str: ...
 
 
+def _repair(
+    ex: Executor,
+    label: str,
+    record: CutPlan,
+    state: NamespaceState,
+    req: CutRequest,
+    render: RenderHook | None,
+    start: float,
+) -> CutResult:
+    """Bring a tampered cut back to its recorded plan (docs/netcut.md#status). The record is
+    kept as it is, so a later restore puts back the state from before the cut, never what
+    was added meanwhile. No rollback: every step closes the namespace further, so a failed
+    step is reported (ApplyFailed, not rolled back) and the rest still runs."""
+    ops = verify.repair_ops(record.ops, state)
+    fix = CutPlan(record.keeps, ops, record.nameservers)
+    before = plan_mod.judge_status(record, state)
+    if req.dry_run:
+        script = render(ops) if render else None
+        return CutResult(label, before, fix, False, dry_run=True, script=script, repaired=True)
+    errors = ex.undo(ops)
+    after = plan_mod.judge_status(record, ex.read_state((), (), verify=True))
+    if errors or not after.is_cut:
+        left = "; ".join([*errors, *after.details])
+        raise ApplyFailed(f"repair of the partial cut incomplete: {left}", rolled_back=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    return CutResult(label, after, fix, True, elapsed_ms=elapsed, repaired=True,
+                     found=before.details)  # fmt: skip
+
+
 def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:
     reachable = tuple(k for k in req.keeps if k.port is not None)
     if not req.probe or not (reachable or req.expect_blocked):
@@ -139,9 +190,7 @@ def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> Cut
     found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
     if not found.ok:
         raise ProbeFailed(f"{label} is cut but the probe failed: {found.reason()}", found)
-    return CutResult(
-        result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
-    )
+    return replace(result, probe=found)
 
 
 def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
@@ -161,7 +210,7 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
 
 
 def status(ex: Executor, store: Store) -> CutStatus:
-    return plan_mod.judge_status(store.load(), ex.read_state((), ()))
+    return plan_mod.judge_status(store.load(), ex.read_state((), (), verify=True))
 
 
 def _restore(

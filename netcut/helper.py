@@ -39,7 +39,7 @@ from typing import Any
 
 from netcut import flow, helperimage
 from netcut import plan as plan_mod
-from netcut.api import KeepLike, parse_keeps
+from netcut.api import KeepLike, parse_keeps, probe_targets
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
 from netcut.model import Keep, NamespaceState, Op, ProbeResult
@@ -137,6 +137,17 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
     if "NET_RAW" not in dropped and "ALL" not in dropped:
         held.add("NET_RAW")
     return tuple(f"container may hold CAP_{name}" for name in sorted(held))
+
+
+def _drain(fd: int, deadline: float) -> None:
+    """Read `fd` to its end (the helper's shell and container are gone) or the deadline."""
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        try:
+            if ready and not os.read(fd, 65536):
+                return
+        except OSError:
+            return
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
@@ -305,17 +316,21 @@ class HelperExecutor:
         return _why(text, proc.returncode)
 
     def close(self, wait: bool = True) -> None:
-        """End the session: close the shell's stdin (the shell exits, the engine removes the
-        `--rm` container). `wait=False` leaves waiting for the client to a thread: the
-        removal (~100 ms) is not on the caller's path, and nothing depends on it."""
+        """End the session: close the shell's stdin and wait until the container's process
+        is gone (its output stream ends), so no helper holding NET_ADMIN/NET_RAW is left in
+        the namespace when this returns. `wait=False` leaves only the engine's removal of the
+        `--rm` container (~100 ms, nothing depends on it) to a thread."""
         proc, self.proc = self.proc, None
         self.started = False
         if proc is None:
             return
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if proc.stdout is not None:
+            _drain(proc.stdout.fileno(), time.monotonic() + RUN_TIMEOUT_S)
+            with contextlib.suppress(OSError):
+                proc.stdout.close()
         if wait:
             _reap(proc)
         else:
@@ -323,7 +338,12 @@ class HelperExecutor:
 
     # -------------------------------------------------------------- flow.Executor
 
-    def read_state(self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...]) -> NamespaceState:
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        """`verify` is not honoured yet: the dump has no policy rules or decoded filter
+        rules, so `status` lists them as not verified (docs/netcut.md#status)."""
+        del verify
         code, out = self.send(state_script(keeps))
         if code != 0:
             raise ApplyFailed(f"helper state dump failed (exit {code}): {_why(out, code)}")
@@ -383,7 +403,7 @@ def cut(
     """The helper-mode twin of api.cut (same algorithm, result and errors). `force` is
     accepted for symmetry: a container's namespace is never the host's."""
     del force
-    keeps, blocked = parse_keeps(keep), parse_keeps(expect_blocked)
+    keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
         findings = container_findings(c.info)
         if findings and not allow_privileged and not dry_run:

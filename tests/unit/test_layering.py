@@ -19,6 +19,7 @@ PURE = [
     "config",
     "clients",
     "auditfmt",
+    "validate",
 ]
 FORBIDDEN = {
     "asyncio",
