@@ -341,10 +341,7 @@ class HelperExecutor:
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
     ) -> NamespaceState:
-        """`verify` is not honoured yet: the dump has no policy rules or decoded filter
-        rules, so `status` lists them as not verified (docs/netcut.md#status)."""
-        del verify
-        code, out = self.send(state_script(keeps))
+        code, out = self.send(state_script(keeps, verify))
         if code != 0:
             raise ApplyFailed(f"helper state dump failed (exit {code}): {_why(out, code)}")
         try:

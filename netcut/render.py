@@ -17,6 +17,7 @@ empty namespace look cut.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shlex
 from typing import Any
@@ -26,6 +27,7 @@ from netcut.model import (
     AF_INET,
     AF_INET6,
     CHAIN,
+    FR_ACT_TO_TBL,
     RT_TABLE_LOCAL,
     RTN_LOCAL,
     RTN_UNICAST,
@@ -36,20 +38,25 @@ from netcut.model import (
     AddRoute,
     DelAddr,
     DelRoute,
+    FilterDump,
     Keep,
     KillFlows,
     Link,
     Lookup,
     NamespaceState,
     Op,
+    PolicyRule,
     ProbeItem,
     ProbeResult,
     RemoveBackstop,
     Route,
+    SeenRule,
     SetSysctl,
 )
 
 _PREFS = {"medium": 0, "high": 1, "low": 3}
+# The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
+_HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
 _TOLERANT = " 2>/dev/null || true"
 
 
@@ -91,16 +98,23 @@ def _fam(family: int) -> str:
 def render_op(op: Op) -> list[str]:
     """Shell commands equivalent to `op` (apply.py's dispatcher, in iproute2/iptables)."""
     if isinstance(op, AddBackstop):
+        # Like backstop.install: (re)fill the chain, one jump first in OUTPUT. A chain that
+        # exists (a repair) is rebuilt behind a temporary REJECT, so the namespace never
+        # opens while it is empty.
         t = _tool(op.family)
         return [
-            _q([t, "-w", "-N", CHAIN]),
+            _q([t, "-w", "-I", "OUTPUT", "1", *_HOLD]),
+            f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
+            f"{_q([t, '-w', '-N', CHAIN])} 2>/dev/null || {_q([t, '-w', '-F', CHAIN])}",
             *(_q([t, "-w", "-A", CHAIN, *rule.iptables_args()]) for rule in op.rules),
             _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
+            _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
         ]
     if isinstance(op, RemoveBackstop):
         t = _tool(op.family)
         return [
             f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
+            f"while {_q([t, '-w', '-D', 'OUTPUT', *_HOLD])} 2>/dev/null; do :; done",
             _q([t, "-w", "-F", CHAIN]) + _TOLERANT,
             _q([t, "-w", "-X", CHAIN]) + _TOLERANT,
         ]
@@ -147,8 +161,10 @@ def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
 # ---------------------------------------------------------------- state dump
 
 
-def state_script(keeps: tuple[Keep, ...]) -> str:
-    """A script whose output `parse_state_dump` reads: JSON from `ip`, sysctls, chain marks.
+def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
+    """A script whose output `parse_state_dump` reads: JSON from `ip`, sysctls, chain marks;
+    with `verify` also the policy rules and, where the chain exists, OUTPUT's and NETCUT's
+    rules (`iptables -S`), which status compares with the plan (docs/netcut.md#status).
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
     lines = [
@@ -181,6 +197,19 @@ def state_script(keeps: tuple[Keep, ...]) -> str:
             ' if [ $r = 0 ]; then echo yes; r=0; else case "$out" in'
             ' *"No chain"*|*"does not exist"*) echo no; r=0;; *) echo "$out";; esac; fi;'
             ' else echo no; fi; echo "### rc $r"'
+        )
+        if verify:
+            tool, v = _tool(family), name[-1]
+            lines.append(
+                f"if [ $t = yes ] && [ $r = 0 ] && {tool} -w -S {CHAIN} >/dev/null 2>&1; then"
+                f" echo '### output{v}'; {tool} -w -S OUTPUT; echo \"### rc $?\";"
+                f" echo '### chain{v}'; {tool} -w -S {CHAIN}; echo \"### rc $?\"; fi"
+            )
+    if verify:
+        lines.append("echo '### rules4'; ncut_ip -j -N -4 rule show; echo \"### rc $?\"")
+        lines.append(
+            "echo '### rules6'; if [ -d /proc/sys/net/ipv6 ]; then"
+            " ncut_ip -j -N -6 rule show; else echo '[]'; fi; echo \"### rc $?\""
         )
     return "\n".join(lines) + "\n"
 
@@ -284,11 +313,115 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
     backstop = tuple(
         f for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6")) if _yes(s, name)
     )
+    filters = None
+    if "rules4" in s:  # a verify dump (state_script(verify=True))
+        filters = tuple(
+            FilterDump(
+                f, _rule_specs(s[f"output{v}"], "OUTPUT"), _rule_specs(s[f"chain{v}"], CHAIN)
+            )
+            for f, v in ((AF_INET, "4"), (AF_INET6, "6"))
+            if f in backstop and f"output{v}" in s
+        )
+    policy_rules = None
+    if "rules4" in s:
+        policy_rules = tuple(
+            _policy_rule(family, x)
+            for family, name in ((AF_INET, "rules4"), (AF_INET6, "rules6"))
+            for x in _json(s, name)
+        )
     if not any(link.loopback and link.name == "lo" for link in links):
         raise InvalidInput("helper state dump: no loopback interface (`ip` answered nothing)")
     if not any(r.table == RT_TABLE_LOCAL for r in routes):
         raise InvalidInput("helper state dump: no local routes (`ip route` answered nothing)")
-    return NamespaceState(links, addrs, routes, sysctls, nameservers, lookups, backstop)
+    return NamespaceState(
+        links, addrs, routes, sysctls, nameservers, lookups, backstop, filters, policy_rules
+    )
+
+
+# `iptables -S` options and the SeenRule fields they fill (python-iptables' names).
+_RULE_FIELDS = {"-p": "proto", "-s": "src", "-d": "dst", "-i": "in_iface", "-o": "out_iface"}
+
+
+def _rule_specs(text: str, chain: str) -> tuple[SeenRule, ...]:
+    """`iptables -S CHAIN` lines (`-A CHAIN ...`) as SeenRules, in order; the policy line
+    (`-P`) and the chain's own (`-N`) are skipped."""
+    return tuple(
+        parse_rule_spec(line) for line in text.splitlines() if line.startswith(f"-A {chain} ")
+    )
+
+
+def _chain_specs(text: str) -> tuple[SeenRule, ...]:
+    return _rule_specs(text, CHAIN)
+
+
+def parse_rule_spec(line: str) -> SeenRule:
+    """One `-A CHAIN ...` line as the SeenRule python-iptables would decode for it (direct
+    mode's `backstop.dump`), so verify.py compares both modes' dumps the same way. A negated
+    option (`! -d X`, `! --dport N`) keeps its `!`, which never equals a planned rule."""
+    words = shlex.split(line)[2:]
+    fields: dict[str, str] = {}
+    matches: list[tuple[str, list[tuple[str, str]]]] = []
+    target, params = "", list[tuple[str, str]]()
+    i, negate, in_target = 0, "", False
+    while i < len(words):
+        word = words[i]
+        if word == "!":
+            negate, i = "!", i + 1
+            continue
+        value = words[i + 1] if i + 1 < len(words) else ""
+        if word in _RULE_FIELDS and not in_target and not matches:
+            fields[_RULE_FIELDS[word]] = negate + value
+        elif word == "-m":
+            matches.append((value, []))
+        elif word == "-j":
+            target, in_target = value, True
+        elif word.startswith("--"):
+            (params if in_target else matches[-1][1] if matches else params).append(
+                (word[2:], negate + value)
+            )
+        else:
+            raise InvalidInput(f"helper state dump: unreadable rule {line!r}")
+        negate, i = "", i + 2
+    return SeenRule(
+        target=target,
+        proto=fields.get("proto", "ip"),  # python-iptables' "any protocol"
+        src=_masked(fields.get("src")),
+        dst=_masked(fields.get("dst")),
+        in_iface=fields.get("in_iface"),
+        out_iface=fields.get("out_iface"),
+        matches=tuple((name, tuple(sorted(opts))) for name, opts in matches),
+        target_params=tuple(sorted(params)),
+    )
+
+
+def _masked(cidr: str | None) -> str | None:
+    """`addr/len` as python-iptables shows it, `addr/netmask`; anything else unchanged."""
+    if cidr is None or cidr.startswith("!"):
+        return cidr
+    try:
+        net = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return cidr
+    return f"{cidr.partition('/')[0]}/{net.netmask}"
+
+
+def _policy_rule(family: int, x: dict[str, Any]) -> PolicyRule:
+    """One `ip -j -N rule show` entry; `action` is a table lookup when a table is named."""
+    parts = []
+    for key, word, length in (("src", "from", "srclen"), ("dst", "to", "dstlen")):
+        if key in x and x[key] != "all":
+            parts.append(f"{word} {x[key]}/{x.get(length, 32 if family == AF_INET else 128)}")
+    for key, word in (("iif", "iif"), ("oif", "oif"), ("fwmark", "fwmark")):
+        if key in x:
+            parts.append(f"{word} {x[key]}")
+    table = str(x.get("table", "0"))
+    return PolicyRule(
+        family=family,
+        priority=int(x.get("priority", 0)),
+        table=int(table) if table.isdigit() else 0,
+        action=FR_ACT_TO_TBL if "table" in x and "action" not in x else 0,
+        selector=" ".join(parts) or "from all",
+    )
 
 
 def _yes(sections: dict[str, str], name: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -66,12 +67,14 @@ class FakeRuntime:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
-    def add(self, name: str, netns: str, cap_drop: tuple[str, ...] = ("ALL",)) -> str:
+    def add(
+        self, name: str, netns: str, cap_drop: tuple[str, ...] = ("ALL",), pid: int = 0
+    ) -> str:
         table = json.loads(self.containers.read_text())
         cid = (name.encode().hex() * 8)[:64]
         table[name] = table[cid] = {
             "Id": cid,
-            "State": {"Pid": os.getpid(), "Running": True},
+            "State": {"Pid": pid or os.getpid(), "Running": True},
             "HostConfig": {"CapDrop": list(cap_drop), "CapAdd": None, "Privileged": False},
             "_netns": netns,
         }
@@ -228,3 +231,59 @@ def test_missing_container_and_missing_runtime_are_clear_errors(
     monkeypatch.setenv("NETCUT_CONTAINER_RUNTIME", "nerdctl")
     assert main(["status", "--container", "ghost"]) == 2
     assert "tried nerdctl" in capsys.readouterr().err
+
+
+def _netns_ino(pid: int) -> int:
+    """The namespace inode of `pid` once it runs `sleep` (after `ip netns exec`, setpriv)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "sleep":
+                return 0
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return 0
+
+
+def test_helper_and_direct_read_the_same_state_and_both_see_tampering(
+    topo: Topology, fake_runtime: FakeRuntime, request: pytest.FixtureRequest
+) -> None:
+    """Status in helper mode verifies the whole state like direct mode: the helper's dump
+    (`iptables -S`, `ip -j rule`) parses to the same filters and policy rules that direct
+    mode decodes, a tampered cut is `partial` in both, and a helper `cut` repairs it."""
+    from netcut import api
+    from netcut.render import PRELUDE, parse_state_dump, state_script
+
+    # The container's process lives in the sandbox namespace, so both modes key one record.
+    unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                    "--inh-caps=-all", "--bounding-set=-all"]  # fmt: skip
+    inside = subprocess.Popen(["ip", "netns", "exec", topo.sandbox, *unprivileged, "sleep", "120"])
+    request.addfinalizer(lambda: (inside.kill(), inside.wait()))
+    fake_runtime.add("sandbox", topo.sandbox, pid=inside.pid)
+    ref = target.container("sandbox")
+    want = os.stat(f"/run/netns/{topo.sandbox}").st_ino
+    assert wait_for(lambda: _netns_ino(inside.pid) == want), "sleep entered the namespace"
+    api.cut(topo.sandbox, [topo.proxy], probe=False)
+    script = PRELUDE + state_script((), verify=True)
+    dumped = subprocess.run(["ip", "netns", "exec", topo.sandbox, "bash"], input=script,
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    via_helper = parse_state_dump(dumped)
+    fd = os.open(f"/run/netns/{topo.sandbox}", os.O_RDONLY)
+    try:
+        direct = api.DirectExecutor(fd).read_state((), (), verify=True)
+    finally:
+        os.close(fd)
+    assert via_helper.filters == direct.filters
+    unicast = [r for r in direct.policy_rules or () if r.family in (2, 10)]  # not ipmr/ip6mr
+    assert via_helper.policy_rules == tuple(unicast)
+    assert helper.status(ref).is_cut
+    assert not [d for d in helper.status(ref).details if d.startswith("not verified")]
+
+    tamper = ["iptables-legacy", "-I", "OUTPUT", "-j", "ACCEPT"]
+    subprocess.run(["ip", "netns", "exec", topo.sandbox, *tamper], check=True)
+    assert api.status(topo.sandbox).state == "partial"
+    assert helper.status(ref).state == "partial"
+    repaired = helper.cut(ref, [topo.proxy], probe=False)
+    assert repaired.repaired
+    assert api.status(topo.sandbox).is_cut
+    assert not topo.reaches(topo.upstream_ip, topo.echo_port)
+    assert helper.restore(ref).changed
