@@ -358,7 +358,10 @@ def parse_rule_spec(line: str) -> SeenRule:
     """One `-A CHAIN ...` line as the SeenRule python-iptables would decode for it (direct
     mode's `backstop.dump`), so verify.py compares both modes' dumps the same way. A negated
     option (`! -d X`, `! --dport N`) keeps its `!`, which never equals a planned rule."""
-    words = shlex.split(line)[2:]
+    try:
+        words = shlex.split(line)[2:]
+    except ValueError:
+        raise InvalidInput(f"helper state dump: unreadable rule {line!r}") from None
     fields: dict[str, str] = {}
     matches: list[tuple[str, list[tuple[str, str]]]] = []
     target, params = "", list[tuple[str, str]]()

@@ -276,3 +276,31 @@ def test_containerd_cli_cut_by_container_id(
     assert api.status(target.pid(box.pid)).is_cut
     assert main(["restore", *args]) == 0
     assert not api.status(target.pid(box.pid)).is_cut
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [pytest.param(e, marks=pytest.mark.engine(e)) for e in ("docker", "podman")],
+)
+def test_a_tampered_helper_cut_is_partial_in_both_modes_and_a_cut_repairs_it(
+    engine: str, make_box: Callable[..., Box]
+) -> None:
+    """Root in the namespace undoes the cut (a default route back, an ACCEPT ahead of the
+    backstop): status says partial in both modes, and a second helper cut repairs it."""
+    box = make_box(engine)
+    routes = box.routes()
+    keep = [f"{box.gateway}:3128"]
+    helper.cut(ref(box), keep, probe=False)
+    inside = ["nsenter", f"--net={box.netns}"]
+    sh(*inside, "ip", "route", "add", "default", "via", box.gateway, "metric", "50")
+    sh(*inside, "iptables-legacy", "-I", "OUTPUT", "-j", "ACCEPT")
+    assert api.status(ref(box)).state == "partial"
+    found = helper.status(ref(box))
+    assert found.state == "partial"
+    assert any("default" in d for d in found.details), found.details
+    repaired = helper.cut(ref(box), keep, probe=False)
+    assert repaired.repaired
+    assert api.status(ref(box)).is_cut
+    assert "default" not in box.routes()
+    assert helper.restore(ref(box)).changed
+    assert box.routes() == routes

@@ -21,11 +21,18 @@ from netcut.model import (
     KillFlows,
     RemoveBackstop,
     Route,
+    SeenRule,
     SetSysctl,
     parse_keep,
 )
 from netcut.plan import plan_cut
-from netcut.render import parse_state_dump, render_op, render_script, state_script
+from netcut.render import (
+    parse_rule_spec,
+    parse_state_dump,
+    render_op,
+    render_script,
+    state_script,
+)
 
 DUMP = """\
 ### links
@@ -250,5 +257,36 @@ def test_state_dump_sections_of_any_shape(section: str, items: list[object]) -> 
 
     try:
         parse_state_dump(f"### {section}\n{json.dumps(items)}\n")
+    except InvalidInput:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ("-A OUTPUT -j NETCUT", SeenRule("NETCUT", proto="ip")),
+        ("-A NETCUT -d 198.19.1.1/32 -p tcp -m tcp --dport 3128 -j ACCEPT",
+         SeenRule("ACCEPT", proto="tcp", dst="198.19.1.1/255.255.255.255",
+                  matches=(("tcp", (("dport", "3128"),)),))),
+        ("-A NETCUT -p tcp -j REJECT --reject-with tcp-reset",
+         SeenRule("REJECT", proto="tcp", target_params=(("reject-with", "tcp-reset"),))),
+        ("-A OUTPUT ! -d 198.19.1.1/32 -o lo -j ACCEPT",
+         SeenRule("ACCEPT", proto="ip", dst="!198.19.1.1/32", out_iface="lo")),
+        ("-A OUTPUT -p tcp -m tcp ! --dport 53 -j ACCEPT",
+         SeenRule("ACCEPT", proto="tcp", matches=(("tcp", (("dport", "!53"),)),))),
+    ],
+    ids=["jump", "keep", "reset", "negated-dst", "negated-port"],
+)  # fmt: skip
+def test_parse_rule_spec(line: str, want: SeenRule) -> None:
+    """`iptables -S` lines parse to what python-iptables decodes in direct mode."""
+    assert parse_rule_spec(line) == want
+
+
+@given(st.text(max_size=120))
+def test_rule_spec_parses_or_raises_invalid_input(text: str) -> None:
+    from netcut.errors import InvalidInput
+
+    try:
+        parse_rule_spec("-A OUTPUT " + text)
     except InvalidInput:
         pass
