@@ -189,14 +189,15 @@ def engine_box(engine: str) -> Iterator[tuple[netcut.TargetRef, str]]:
 
 @contextmanager
 def _ctr_box(name: str) -> Iterator[str]:
-    from netcut.containerd import task_pid
+    from netcut.target import parse_ctr_tasks
 
     ctr = ["ctr", "-n", "default"]
     drop = [a for c in ("NET_RAW", "NET_ADMIN", "SYS_ADMIN") for a in ("--cap-drop", f"CAP_{c}")]
     link = f"ncbc{os.getpid() % 100000}"
     try:
         sh(*ctr, "run", "-d", *drop, f"docker.io/library/{BOX}", name, "sleep", "3600")
-        pid = str(task_pid(name, "default"))
+        tasks = subprocess.run([*ctr, "task", "ls"], capture_output=True, text=True, check=True)
+        pid = str(parse_ctr_tasks(tasks.stdout)[name][0])
         sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", pid)
         sh("ip", "addr", "add", "198.19.253.253/30", "dev", link)
         sh("ip", "link", "set", link, "up")

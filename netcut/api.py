@@ -13,8 +13,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import netcut.probe as probe_mod
 from netcut import apply, flow, safety
-from netcut import probe as probe_mod
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
 from netcut.model import Keep, NamespaceState, Op, parse_keep

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from conftest import BOX, Box, sh
+from enginelib import BOX, Box, sh
 from pyroute2.netns import create_socket
 
 from egress import EgressProxy, build_settings
