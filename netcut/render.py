@@ -73,11 +73,14 @@ _TOOLS = {
 }
 PRELUDE = (
     "exec 2>&1\n"
-    "ncut_find() { for d in " + " ".join(TOOL_DIRS) + '; do f=$d/$1; [ -x "$f" ] || continue;'
-    ' case "$(readlink "$f" 2>/dev/null)" in *busybox*) continue;; esac;'
-    ' echo "$f"; return 0; done; echo "/missing/$1"; }\n'
+    # ncut_find VAR TOOL: VAR=the first executable TOOL in TOOL_DIRS that is not a busybox
+    # applet (no subshell, no fork for the default image's own /netcut/bin).
+    "ncut_find() { for d in " + " ".join(TOOL_DIRS) + "; do f=$d/$2; [ -x \"$f\" ] || continue;"
+    ' if [ "$d" != /netcut/bin ] && [ -L "$f" ]; then'
+    ' case "$(readlink "$f" 2>/dev/null)" in *busybox*) continue;; esac; fi;'
+    ' eval "$1=\\$f"; return 0; done; eval "$1=/missing/$2"; }\n'
     + "".join(
-        f'NCUT_{n.upper()}=$(ncut_find {tool}); ncut_{n}() {{ "$NCUT_{n.upper()}" "$@"; }}\n'
+        f'ncut_find NCUT_{n.upper()} {tool}; ncut_{n}() {{ "$NCUT_{n.upper()}" "$@"; }}\n'
         for n, tool in _TOOLS.items()
     )
 )
