@@ -97,6 +97,7 @@ def serve_workers(
                 for s in reserved:
                     s.close()
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                _die_with_parent()
                 _exit_worker(run_worker, _worker_args(args, bound, index), settings, w)
             os.close(w)
             pids.append(pid)
@@ -146,6 +147,18 @@ def _exit_worker(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _die_with_parent() -> None:
+    """A worker gets SIGTERM if the parent dies without stopping it (SIGKILL, crash), so no
+    orphan keeps serving the port (Linux prctl PR_SET_PDEATHSIG; best effort elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _wait_ready(fd: int) -> bool:

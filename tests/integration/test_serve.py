@@ -302,3 +302,30 @@ async def test_serve_workers_bad_input_exits_2(args: list[str], needle: str) -> 
     assert rc == 2
     assert needle in err
     assert "Traceback" not in err
+
+
+async def test_serve_workers_exit_when_the_parent_is_killed() -> None:
+    """No orphan keeps serving the port after the parent died without stopping it."""
+    proc, lines = await start_serve("--quiet", "--workers", "2", "--listen", "127.0.0.1:0")
+    try:
+        assert lines[0].startswith("listening on 127.0.0.1:")
+        children = await _children(proc.pid)
+        assert len(children) == 2
+        proc.kill()
+        await proc.wait()
+        deadline = asyncio.get_running_loop().time() + 10
+        while any(_running(pid) for pid in children):
+            assert asyncio.get_running_loop().time() < deadline, "a worker outlived its parent"
+            await asyncio.sleep(0.05)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
