@@ -79,7 +79,8 @@ RESERVED_KINDS: Final = (
 # Bodies too: a body is never logged, whatever its field is called.
 _SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key|body|payload",
                          re.IGNORECASE)
-# Fields that may hold a URL or a request target; their query string is redacted.
+# Fields that may hold a URL or a request target; their query string is redacted. `detail`
+# is free text that may quote one: its URLs are redacted by `redact_text`.
 URL_FIELDS: Final = frozenset({"path", "url", "target", "uri"})
 _URL_FIELDS_TUPLE: Final = tuple(sorted(URL_FIELDS))
 # The writer appends these; a caller's own are dropped so a line never carries two.
@@ -164,6 +165,9 @@ class Redactor:
             value = record.get(key)
             if value.__class__ is str:
                 record[key] = redact_url(value)
+        detail = record.get("detail")
+        if detail.__class__ is str and ("?" in detail or "@" in detail):
+            record["detail"] = redact_text(detail)
 
 
 def redact_url(value: str) -> str:
@@ -179,6 +183,18 @@ def redact_url(value: str) -> str:
         if at >= 0 and (slash < 0 or at < slash):
             value = value[: scheme_end + 3] + rest[at + 1 :]
     return value
+
+
+# In free text (`detail` quotes the request target it refuses): a query string runs to the
+# next space or quote; userinfo is what sits between `://` and `@`.
+_TEXT_QUERY = re.compile(r"\?[^\s'\"]+")
+_TEXT_USERINFO = re.compile(r"://[^/\s'\"@]*@")
+
+
+def redact_text(value: str) -> str:
+    """Redact every URL inside free text: `GET ftp://u:p@x/?key=1 'y'` -> `ftp://x/?REDACTED`."""
+    value = _TEXT_USERINFO.sub("://", value)
+    return _TEXT_QUERY.sub(REDACTED_QUERY, value)
 
 
 def line_hash(line: bytes) -> str:

@@ -9,7 +9,6 @@ configured token so the loop's length does not depend on which one matched) and 
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import ipaddress
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ def basic_token(header: str) -> str | None:
         return None
     try:
         decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error, UnicodeDecodeError, and non-ASCII input (`Basic \xe9`)
         return None
     user, sep, password = decoded.partition(":")
     if not sep:

@@ -1,11 +1,11 @@
 """Open a socket inside another network namespace without moving the caller.
 
-Strategy (SPEC 4, "listening inside a namespace"): a short-lived thread enters the target
-namespace with `setns(2)` — which changes the namespace of that one thread only — creates and
-binds the socket there, and hands it back. A socket keeps the namespace it was created in, so
-the host process's event loop can then serve it while every other thread stays where it was.
-The thread exits right after, so no code of ours ever runs in the sandbox's namespace longer
-than a `bind()`.
+Strategy (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders): a
+short-lived thread enters the target namespace with `setns(2)` — which changes the namespace
+of that one thread only — creates and binds the socket there (`listener.listen_socket`), and
+hands it back. A socket keeps the namespace it was created in, so the host process's event
+loop can then serve it while every other thread stays where it was. The thread exits right
+after, so no code of ours ever runs in the sandbox's namespace longer than a `bind()`.
 
 Python 3.11 has no `os.setns`, so libc's is called through ctypes. Needs CAP_SYS_ADMIN.
 """
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .errors import EgressError
+from .listener import BACKLOG, listen_socket
 
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
@@ -80,20 +81,6 @@ def run_in_netns(ns: str, fn: Callable[[], T]) -> T:
     return result[0]
 
 
-def listen_in_netns(ns: str, host: str, port: int, *, backlog: int = 1024) -> socket.socket:
+def listen_in_netns(ns: str, host: str, port: int, *, backlog: int = BACKLOG) -> socket.socket:
     """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
-
-    def make() -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(backlog)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    return run_in_netns(ns, make)
+    return run_in_netns(ns, lambda: listen_socket(host, port, backlog))

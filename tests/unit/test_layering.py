@@ -1,4 +1,4 @@
-"""Dependencies point inward: the pure core imports no I/O (STYLE.md, "pure core")."""
+"""Dependencies point inward: the pure core imports no I/O (docs/architecture.md)."""
 
 import ast
 from pathlib import Path
@@ -19,6 +19,10 @@ PURE = [
     "config",
     "clients",
     "auditfmt",
+    "reasons",
+    "gate",
+    "record",
+    "sni",
 ]
 FORBIDDEN = {
     "asyncio",
