@@ -9,6 +9,7 @@ and idle timeouts from the server's one sweeper task, so no timer is armed per o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from . import wire
@@ -18,6 +19,7 @@ from .listener import Listener
 from .reasons import End
 from .relay import Side
 from .responses import error_response
+from .validate import as_count, as_timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,16 @@ class Limits:
     # connections one client (client id, else source address) may hold; None = a quarter
     # of max_connections (at least 1)
     max_client_connections: int | None = None
+
+    def __post_init__(self) -> None:
+        """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
+        for name in ("head_timeout", "connect_timeout", "idle_timeout", "shutdown_grace",
+                     "pool_idle"):  # fmt: skip
+            as_timeout(getattr(self, name), f"Limits {name}")
+        for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
+            as_count(getattr(self, name), f"Limits {name}")
+        if self.max_client_connections is not None:
+            as_count(self.max_client_connections, "Limits max_client_connections")
 
     @property
     def client_cap(self) -> int:
@@ -110,4 +122,14 @@ def sweep(conn: Conn, now: float, lim: Limits) -> None:
             conn.upstream.close()
 
 
-__all__ = ["Conn", "Limits", "read_head", "sweep"]
+def reclaim_idle(conns: Iterable[Conn]) -> bool:
+    """At the global cap: close the longest-idle kept-alive connection (one between
+    requests) to make room for a new one; False if there is none (docs/proxy.md#limits)."""
+    idle = [c for c in conns if c.phase == "idle" and not c.side.buf]
+    if not idle:
+        return False
+    min(idle, key=lambda c: c.phase_since).side.close()
+    return True
+
+
+__all__ = ["Conn", "Limits", "read_head", "reclaim_idle", "sweep"]

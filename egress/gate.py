@@ -109,9 +109,10 @@ def refuse_head(exc: ProtocolError) -> Refuse:
 
 
 def refuse_resolve(exc: BaseException, host: str) -> Refuse:
-    """A failed name resolution: `dns_timeout` for a lookup that ran out of time."""
+    """A failed name resolution: `dns_timeout` for a lookup that ran out of time (the
+    resolver's `ResolveTimeout`, or a bare TimeoutError), else `dns_error`."""
     if isinstance(exc, TimeoutError) or getattr(exc, "reason", None) == "dns_timeout":
-        return Refuse(Reason.DNS_TIMEOUT, f"resolving {host!r} timed out")
+        return Refuse(Reason.DNS_TIMEOUT, str(exc) or f"resolving {host!r} timed out")
     return Refuse(Reason.DNS_ERROR, str(exc))
 
 

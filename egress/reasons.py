@@ -100,6 +100,19 @@ class Reason(StrEnum):
         "audit_unavailable", 503, "proxy_internal_error", "error",
         "refused because the audit log cannot be written and `--audit-fail closed`",
     )
+    # the sandbox lifecycle (method SANDBOX, docs/audit-log.md#sandbox-records): not refusals
+    SANDBOX_ADDED = (
+        "sandbox_added", 0, "", "allow",
+        "prepare_execution bound a sandbox to the proxy (method SANDBOX)",
+    )
+    SANDBOX_REPLACED = (
+        "sandbox_replaced", 0, "", "allow",
+        "a second prepare_execution replaced a sandbox's policy (method SANDBOX)",
+    )
+    SANDBOX_REMOVED = (
+        "sandbox_removed", 0, "", "block",
+        "a sandbox was released, or its prepare failed (method SANDBOX)",
+    )
 
     status: int
     error: str
@@ -133,6 +146,7 @@ class End(StrEnum):
     HELLO_TIMEOUT = (
         "hello_timeout", "no complete TLS ClientHello within the head timeout (SNI check)"
     )
+    RELEASED = "released", "the sandbox was released (its listener closed with its connections)"
     UPSTREAM_EOF = "upstream_eof", "the upstream closed inside a response body"
     UPSTREAM_LOST = "upstream_lost", "the upstream reset or vanished inside a response body"
     UPSTREAM_PROTOCOL = "upstream_protocol", "the upstream sent a malformed response body"

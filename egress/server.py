@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .addrs import AddressGuard
 from .clients import ClientTable, Identity
 from .config import ClientSpec, Settings
-from .conn import Conn, Limits, read_head, sweep
+from .conn import Conn, Limits, read_head, reclaim_idle, sweep
 from .errors import ProtocolError
 from .forward import serve_request
 from .gate import (
@@ -49,6 +49,7 @@ from .resolve import Resolver
 from .steps import AuditSink, Steps
 from .target import IPAddress, join_host_port, parse_ip_literal
 from .tunnel import serve_forwarder, serve_tunnel
+from .validate import as_choice, as_instance
 
 log = logging.getLogger("egress")
 
@@ -88,6 +89,11 @@ class EgressProxy:
         host_local: Iterable[IPAddress] | None = None,
         resolver: Resolver | None = None,
     ) -> None:
+        as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
+        if audit is not None and not callable(getattr(audit, "record", None)):
+            raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
+        as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
+        as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in listen]
         self.listen_netns = listen_netns
@@ -105,6 +111,9 @@ class EgressProxy:
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
         self.closing = False
+        # callbacks given every audit event as written (the sandbox lifecycle's too); they see
+        # the event before the audit log's redaction, so treat it as sensitive
+        self.hooks: list[Callable[[dict[str, object]], object]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> EgressProxy:
@@ -129,13 +138,25 @@ class EgressProxy:
             return self.url
         return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
 
-    def add_client(self, spec: ClientSpec) -> None:
-        """Serve another client (sandbox) with its own policy; takes effect at once."""
-        settings = self.settings
-        others = tuple(c for c in settings.clients if c.client_id != spec.client_id)
-        self.settings = Settings(settings.policy, settings.guard, settings.resolve,
-                                 (*others, spec))  # fmt: skip
-        self.gate.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        identity = self.clients.put(spec)
+        self._sync_settings()
+        return identity
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        spec = self.clients.remove(client_id)
+        self._sync_settings()
+        return spec
+
+    def _sync_settings(self) -> None:
+        s = self.settings
+        specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
+        self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         self.loop = loop = asyncio.get_running_loop()
@@ -144,7 +165,7 @@ class EgressProxy:
         self.pool = UpstreamPool(
             loop, connect_timeout=lim.connect_timeout, idle=lim.pool_idle, per_key=lim.pool_per_key
         )
-        self.steps = Steps(loop, self.gate, self.pool, self.resolver, self.audit, lim)
+        self.steps = Steps(loop, self.gate, self.pool, self.resolver, self.audit, lim, self.hooks)
         for host, port in self.listen_specs:
             listener = await self._open_listener(Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
@@ -198,8 +219,21 @@ class EgressProxy:
     async def remove_listeners(self, netns: str) -> None:
         """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.listeners if li.netns == netns]:
-            self.listeners.remove(listener)
-            listener.close()
+            self.remove_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        if listener not in self.listeners:
+            return False
+        self.listeners.remove(listener)
+        listener.close()
+        for conn in [c for c in self._conns if c.listener is listener]:
+            conn.end = End.RELEASED.value
+            conn.side.abort()
+            if conn.upstream is not None:
+                conn.upstream.abort()
+        return True
 
     async def refresh_host_local(self) -> None:
         """Re-read this host's interface addresses into the guard (also done periodically)."""
@@ -249,6 +283,7 @@ class EgressProxy:
                 await self._sweeper
         if self._started:
             self.pool.close()
+        self.resolver.close()
 
     # --- the sweeper: timeouts without per-operation timers --------------------------------
     async def _sweep(self) -> None:
@@ -278,7 +313,7 @@ class EgressProxy:
     async def _serve(self, conn: Conn) -> None:
         try:
             open_now, cap = len(self._conns), self.limits.max_connections
-            if open_now > cap and self._reclaim_idle():
+            if open_now > cap and reclaim_idle(self._conns):
                 open_now -= 1  # the reclaimed connection is on its way out
             audit_ok = self.audit is None or self.audit.accepting
             refusal = admit_connection(open_now, cap, closing=self.closing, audit_ok=audit_ok)
@@ -299,15 +334,6 @@ class EgressProxy:
             conn.side.close()
             if conn.upstream is not None:
                 conn.upstream.close()
-
-    def _reclaim_idle(self) -> bool:
-        """At the global cap: close the longest-idle kept-alive connection to make room."""
-        idle = [c for c in self._conns if c.phase == "idle" and not c.side.buf]
-        if not idle:
-            return False
-        oldest = min(idle, key=lambda c: c.phase_since)
-        oldest.side.close()
-        return True
 
     async def _one_request(self, conn: Conn) -> bool:
         """Serve one request; True if the client connection stays open for another."""

@@ -9,6 +9,7 @@ error response and its audit record (docs/architecture.md#one-request).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 from . import wire
@@ -38,8 +39,8 @@ class Steps:
     """The shared steps of one running proxy (built by `EgressProxy.start`)."""
 
     __slots__ = (
-        "_addr_texts", "_per_client", "audit", "closing", "gate", "limits", "loop", "pool",
-        "resolver",
+        "_addr_texts", "_per_client", "audit", "closing", "gate", "hooks", "limits", "loop",
+        "pool", "resolver",
     )
 
     def __init__(
@@ -50,6 +51,7 @@ class Steps:
         resolver: Resolver,
         audit: AuditSink | None,
         limits: Limits,
+        hooks: list[Callable[[dict[str, object]], object]],
     ) -> None:
         self.loop = loop
         self.gate = gate
@@ -57,6 +59,7 @@ class Steps:
         self.resolver = resolver
         self.audit = audit
         self.limits = limits
+        self.hooks = hooks
         self.closing = False
         self._per_client: dict[object, int] = {}
         self._addr_texts: dict[IPAddress, str] = {}
@@ -141,8 +144,11 @@ class Steps:
         self, rec: AccessRecord, decision: str, reason: str, rule: str | None,
         detail: str | None, status: int | None,
     ) -> None:  # fmt: skip
+        event = rec.event(decision, reason, rule, detail, status)
         if self.audit is not None:
-            self.audit.record(rec.event(decision, reason, rule, detail, status))
+            self.audit.record(event)
+        for hook in self.hooks:
+            hook(event)
 
     def release(self, conn: Conn) -> None:
         """A connection ended: it no longer counts against its client's cap."""

@@ -22,7 +22,7 @@ PURE = [
     "reasons",
     "gate",
     "record",
-    "sni",
+    "validate",
 ]
 FORBIDDEN = {
     "asyncio",
