@@ -244,8 +244,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     if len(result.problems) > MAX_PROBLEMS_SHOWN:
         print(f"... and {len(result.problems) - MAX_PROBLEMS_SHOWN} more problems")
-    for warning in result.warnings:
-        print(f"{warning} (warning)")
     verdict = "FAILED" if result.problems else "OK"
     problems = f", {len(result.problems)} problem(s)" if result.problems else ""
     print(f"{verdict}: {result.lines} lines in {len(paths)} file(s), {result.runs} run(s), "

@@ -38,46 +38,7 @@ FORMAT: Final = "egress-audit/1"
 REQUEST_TYPES: Final = frozenset({None, "request"})
 CONTROL_TYPES: Final = frozenset({"start", "end", "rotate", "loss"})
 
-DECISIONS: Final = ("allow", "block", "error")
-
-# Reason codes the proxy writes, with a one-line meaning (docs/audit-log.md lists them too).
-REASONS: Final[dict[str, str]] = {
-    "allow_rule": "an allow rule matched (rule names it)",
-    "default_allow": "no rule matched and the default posture is allow",
-    "framework_route": "the destination is a framework route",
-    "block_rule": "a block rule matched (rule names it)",
-    "default_deny": "no rule matched and the default posture is deny",
-    "port_not_allowed": "the host is allowed but not on this port or scheme",
-    "reserved_address": "the destination resolved to a reserved address (detail says which)",
-    "sni_mismatch": "the TLS ClientHello named a server the policy does not allow",
-    "sni_missing": "no SNI (or not TLS) and the CONNECT host was not an allowed name",
-    "dns_error": "the name did not resolve",
-    "dns_timeout": "the resolver did not answer in time (or is saturated by names that do not)",
-    "connection_refused": "the upstream refused the connection",
-    "connection_timeout": "the upstream did not answer within the connect timeout",
-    "upstream_error": "the upstream connection failed otherwise",
-    "bad_request": "a malformed request (400)",
-    "head_too_large": "a request head over the size or header-count limit (431)",
-    "auth_required": "no proxy credentials were presented (407)",
-    "auth_failed": "proxy credentials were presented but not accepted (407)",
-    "too_many_connections": "over the concurrent connection limit (503)",
-    "audit_unavailable": "refused because the audit log cannot be written (--audit-fail closed)",
-    "idle_timeout": "the connection was closed for inactivity",
-    "shutdown": "the connection was closed because the proxy stopped",
-    "sandbox_added": "prepare_execution bound a sandbox to the proxy (method SANDBOX)",
-    "sandbox_replaced": "a second prepare_execution replaced a sandbox's policy (method SANDBOX)",
-    "sandbox_removed": "a sandbox was released, or its prepare failed (method SANDBOX)",
-}
-
-# Sub-reasons the proxy puts in `detail` for reason "reserved_address".
-RESERVED_KINDS: Final = (
-    "loopback",
-    "link_local",
-    "host_local",
-    "metadata",
-    "private",
-    "reserved_extra",
-)
+# The reason codes, decisions and tunnel ends are one vocabulary: `egress.reasons`.
 
 # A field whose name contains one of these (case-insensitive) is dropped from the record.
 # Bodies too: a body is never logged, whatever its field is called.
@@ -85,8 +46,7 @@ _SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key|body|p
                          re.IGNORECASE)
 # Fields that may hold a URL or a request target; their query string is redacted. `detail`
 # is free text that may quote one: its URLs are redacted by `redact_text`.
-URL_FIELDS: Final = frozenset({"path", "url", "target", "uri"})
-_URL_FIELDS_TUPLE: Final = tuple(sorted(URL_FIELDS))
+_URL_FIELDS: Final = ("path", "target", "uri", "url")
 # The writer appends these; a caller's own are dropped so a line never carries two.
 CHAIN_FIELDS: Final = frozenset({"seq", "prev"})
 REDACTED_QUERY: Final = "?REDACTED"
@@ -165,7 +125,7 @@ class Redactor:
                 del record[key]
         if self.keep_query:
             return
-        for key in _URL_FIELDS_TUPLE:
+        for key in _URL_FIELDS:
             value = record.get(key)
             if value.__class__ is str:
                 record[key] = redact_url(value)
@@ -285,7 +245,6 @@ class _Run:
 @dataclass
 class VerifyResult:
     problems: list[Problem]
-    warnings: list[Problem]
     lines: int
     runs: int
     requests: int
@@ -301,7 +260,6 @@ class ChainVerifier:
     def __init__(self, *, live: bool = False) -> None:
         self.live = live
         self.problems: list[Problem] = []
-        self.warnings: list[Problem] = []
         self._run: _Run | None = None
         self._prev_line: bytes | None = None
         self._prev_bad = False
@@ -467,14 +425,11 @@ class ChainVerifier:
         if self._lines == 0:
             self._fail("input", "no lines")
         return VerifyResult(
-            self.problems, self.warnings, self._lines, self._runs, self._requests, head
+            self.problems, self._lines, self._runs, self._requests, head
         )
 
     def _fail(self, where: str, message: str) -> None:
         self.problems.append(Problem(where, message))
-
-    def _warn(self, where: str, message: str) -> None:
-        self.warnings.append(Problem(where, message))
 
 
 def utc_now() -> datetime:
