@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from egress.audit import AuditLog
+from egress.audit.log import AuditLog
 
 EVENT: dict[str, object] = {
     "client": "10.0.0.2:51234", "method": "CONNECT", "scheme": "https",

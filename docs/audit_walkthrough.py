@@ -36,7 +36,7 @@ def sh(command: str, cwd: Path, shown: str | None = None) -> str:
 
 DEV_FULL = """
 import asyncio
-from egress.audit import AuditLog
+from egress.audit.log import AuditLog
 async def main():
     log = AuditLog("/dev/full", fail_mode="closed", retry_interval=0.2, close_timeout=0.5)
     await log.start()

@@ -29,11 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .clients import Identity, Leases
 from .config import ClientSpec
 from .errors import EgressError
-from .policy import FrameworkRoute, Policy, parse_framework_route
-from .server import EgressProxy, Listener
+from .policy.rules import FrameworkRoute, Policy, parse_framework_route
+from .proxy.clients import Identity, Leases
+from .proxy.server import EgressProxy, Listener
 from .validate import as_bool, as_choice, as_count, as_instance, as_str, as_str_list
 
 Mode = Literal["loopback", "gateway"]
@@ -395,8 +395,8 @@ async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
     """The sandbox's own non-loopback addresses, as /32 (/128) source networks."""
     import asyncio
 
-    from .hostaddrs import local_addresses
-    from .netns import run_in_netns
+    from .proxy.hostaddrs import local_addresses
+    from .proxy.netns import run_in_netns
 
     found = await asyncio.to_thread(run_in_netns, sandbox, local_addresses)
     return tuple(
@@ -410,7 +410,7 @@ async def _gateway_of(sandbox: str) -> str:
     """The IPv4 gateway of the sandbox's default route (the host as the sandbox sees it)."""
     import asyncio
 
-    from .netns import run_in_netns
+    from .proxy.netns import run_in_netns
 
     def read() -> str | None:
         from pyroute2 import IPRoute

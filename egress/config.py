@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from .addrs import AddressGuard, IPNetwork, parse_cidr
 from .errors import PolicyError, TargetError
-from .policy import Policy, Posture
-from .target import IPAddress, normalize_host, parse_ip_literal
+from .policy.addrs import AddressGuard, IPNetwork, parse_cidr
+from .policy.rules import Policy, Posture
+from .policy.target import IPAddress, normalize_host, parse_ip_literal
 from .validate import as_bool, as_instance, as_str, as_str_list, as_table
 
 T = TypeVar("T")

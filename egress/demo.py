@@ -23,12 +23,12 @@ from importlib import resources
 
 from aiohttp import web
 
-from .audit import AuditLog
+from .audit.log import AuditLog
 from .boundary import prepare_execution, release_execution
 from .config import build_settings, load_policy_file
-from .netns import listen_in_netns
-from .policy import Policy
-from .server import EgressProxy
+from .policy.rules import Policy
+from .proxy.netns import listen_in_netns
+from .proxy.server import EgressProxy
 
 # Capabilities dropped and an unprivileged user: what a well-run agent process looks like.
 AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
@@ -266,7 +266,7 @@ async def story(w: World, audit_path: str) -> int:
 
 
 def summarize(audit_path: str) -> int:
-    from .auditcli import audit_main
+    from .audit.cli import audit_main
 
     say("What a security reviewer sees (egress audit summarize):", step="4. The audit")
     buf = io.StringIO()

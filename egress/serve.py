@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from .config import Settings
-from .server import EgressProxy, Limits, parse_listen
+from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 
 
@@ -86,7 +86,7 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 
 
 def _open_audit(args: argparse.Namespace) -> Any:
-    from .audit import AuditLog
+    from .audit.log import AuditLog
 
     return AuditLog(args.audit_log, fail_mode=args.audit_fail, keep_query=args.audit_keep_query)
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from egress.audit import AuditLog
+from egress.audit.log import AuditLog
 from egress.config import ClientSpec, Settings
-from egress.policy import Policy
-from egress.server import EgressProxy, Limits
+from egress.policy.rules import Policy
+from egress.proxy.server import EgressProxy, Limits
 
 from proxykit import MemoryAudit, read_response
 

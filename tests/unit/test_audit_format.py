@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import egress.auditfmt as auditfmt
-from egress.auditfmt import (
+import egress.audit.format as auditfmt
+from egress.audit.format import (
     GENESIS,
     ChainVerifier,
     Clock,

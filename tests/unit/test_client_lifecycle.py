@@ -17,9 +17,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from egress.clients import AuthError, ClientError, ClientTable, Leases
 from egress.config import ClientSpec, Settings
-from egress.policy import Policy
+from egress.policy.rules import Policy
+from egress.proxy.clients import AuthError, ClientError, ClientTable, Leases
 
 IDS = ["a", "b", "c", "d"]
 TOKENS = ["t1", "t2", "t3", "t4", "t5"]

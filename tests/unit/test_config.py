@@ -6,7 +6,7 @@ import pytest
 
 from egress.config import build_settings, load_policy_file
 from egress.errors import PolicyError
-from egress.target import make_target
+from egress.policy.target import make_target
 
 FILE = """
 default = "deny"

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from egress.addrs import AddressGuard
-from egress.clients import ClientTable, Identity
 from egress.config import ClientSpec, Settings
 from egress.errors import ProtocolError
-from egress.gate import (
+from egress.policy.addrs import AddressGuard
+from egress.policy.rules import Policy
+from egress.policy.target import IPAddress, Target, parse_authority
+from egress.proxy.clients import ClientTable, Identity
+from egress.proxy.gate import (
     HEAD_TIMEOUT,
     Admit,
     Gate,
@@ -33,11 +35,9 @@ from egress.gate import (
     refuse_resolve,
     response_step,
 )
-from egress.policy import Policy
+from egress.proxy.resolve import ResolveError
+from egress.proxy.sni import MALFORMED, NOT_TLS, ClientHelloResult
 from egress.reasons import End, Reason
-from egress.resolve import ResolveError
-from egress.sni import MALFORMED, NOT_TLS, ClientHelloResult
-from egress.target import IPAddress, Target, parse_authority
 
 WORLD = ipaddress.ip_address("198.18.7.10")
 LOOP = ipaddress.ip_address("127.0.0.1")

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from egress.errors import PolicyError
-from egress.policy import Policy, parse_rule
-from egress.target import Target, make_target
+from egress.policy.rules import Policy, parse_rule
+from egress.policy.target import Target, make_target
 
 
 def connect(host: str, port: int = 443) -> Target:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from egress.proxy.responses import REFUSALS, error_response, refusal_for
 from egress.reasons import DECISIONS, End, Reason
-from egress.responses import REFUSALS, error_response, refusal_for
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 ROW = re.compile(r"^\| `([a-z0-9_]+)` \|(.*)\|$")

@@ -16,8 +16,8 @@ from hypothesis import given
 
 from egress import EgressProxy, Limits, Policy, PolicyError, prepare_execution
 from egress.cli import main as egress_main
-from egress.compose import from_harbor, from_verifiers
 from egress.config import ClientSpec, build_settings, load_policy_file
+from egress.policy.compose import from_harbor, from_verifiers
 from egress.validate import as_bool, as_count, as_str_list, as_timeout
 from netcut.cli import main as netcut_main
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from egress.errors import ProtocolError
-from egress.wire import (
+from egress.proxy.wire import (
     MAX_REQUEST_HEAD_SIZE,
     BodyFraming,
     ChunkedScanner,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ..policy.target import parse_ip_literal
+from ..reasons import End, Reason
 from . import wire
 from .gate import Refuse, Refused
-from .reasons import End, Reason
 from .record import AccessRecord
 from .relay import RelayEnded, Side
 from .responses import CONNECT_OK
 from .sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
-from .target import parse_ip_literal
 
 if TYPE_CHECKING:
     from .conn import Conn

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from ..policy.target import IPAddress
 from .gate import Refuse, Refused, refuse_dial
 from .relay import Side
-from .target import IPAddress
 
 
 class UpstreamPool:

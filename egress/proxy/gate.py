@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from typing import Final, Literal
 from weakref import WeakKeyDictionary
 
-from .addrs import AddressGuard
+from ..errors import ProtocolError, TargetError
+from ..policy.addrs import AddressGuard
+from ..policy.judge import judge
+from ..policy.rules import Decision, Policy
+from ..policy.target import IPAddress, Target, parse_authority, split_url, url_target
+from ..reasons import DecisionWord, Reason, reason_of
 from .clients import AuthError, ClientTable, Identity, source_address
-from .errors import ProtocolError, TargetError
-from .judge import judge
-from .policy import Decision, Policy
-from .reasons import DecisionWord, Reason, reason_of
 from .sni import ClientHelloResult
-from .target import IPAddress, Target, parse_authority, split_url, url_target
 
 SniMissing = Literal["if-named", "allow", "deny"]
 CACHE_MAX: Final = 65536  # entries per cache before it is cleared (docs/architecture.md)

@@ -14,12 +14,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..errors import ProtocolError
+from ..policy.target import IPAddress, Target, host_header
 from . import wire
-from .errors import ProtocolError
 from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
 from .record import AccessRecord
 from .relay import Framer, LengthFramer, RelayEnded, Side
-from .target import IPAddress, Target, host_header
 
 if TYPE_CHECKING:
     from .conn import Conn

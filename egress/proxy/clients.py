@@ -14,9 +14,9 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .config import ClientSpec, Settings
-from .policy import Policy
-from .target import IPAddress
+from ..config import ClientSpec, Settings
+from ..policy.rules import Policy
+from ..policy.target import IPAddress
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 R = TypeVar("R")

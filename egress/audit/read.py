@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import IO, Final
 
-from egress.auditfmt import REQUEST_TYPES, normalize_ts
+from egress.audit.format import REQUEST_TYPES, normalize_ts
 
 READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
 MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix

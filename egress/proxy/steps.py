@@ -12,16 +12,16 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
+from ..policy.rules import Policy
+from ..policy.target import IPAddress, Target
 from . import wire
 from .clients import Identity
 from .conn import Conn, Limits
 from .gate import Admit, Gate, Refuse, Refused, admit_client, refuse_resolve
-from .policy import Policy
 from .pool import UpstreamPool
 from .record import AccessRecord
 from .resolve import ResolveError, Resolver
 from .responses import error_response
-from .target import IPAddress, Target
 
 CACHE_MAX = 65536
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from .errors import PolicyError
-from .policy import FrameworkRoute, Policy, Posture, Rule
+from ..errors import PolicyError
+from ..validate import as_bool, as_str_list
+from .rules import FrameworkRoute, Policy, Posture, Rule
 from .target import DEFAULT_PORTS, Scheme, make_target
-from .validate import as_bool, as_str_list
 
 T = TypeVar("T")
 

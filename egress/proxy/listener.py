@@ -11,9 +11,9 @@ import asyncio
 import socket
 from dataclasses import dataclass
 
+from ..errors import TargetError
+from ..policy.target import split_host_port
 from .clients import Identity
-from .errors import TargetError
-from .target import split_host_port
 
 BACKLOG = 1024
 

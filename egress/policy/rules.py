@@ -30,7 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import PolicyError, TargetError
+from ..errors import PolicyError, TargetError
+from ..validate import as_list
 from .target import (
     DEFAULT_PORTS,
     IPAddress,
@@ -42,7 +43,6 @@ from .target import (
     parse_url,
     split_host_port,
 )
-from .validate import as_list
 
 Action = Literal["allow", "block"]
 Posture = Literal["deny", "allow"]

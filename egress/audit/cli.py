@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from egress.auditfmt import (
+from egress.audit.format import (
     CONTROL_TYPES,
     ChainVerifier,
     Problem,
@@ -28,7 +28,7 @@ from egress.auditfmt import (
     parse_time_bound,
     utc_now,
 )
-from egress.auditread import (
+from egress.audit.read import (
     DIMENSIONS,
     EventFilter,
     Follower,

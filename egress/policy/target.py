@@ -25,7 +25,7 @@ from typing import Literal
 
 import idna
 
-from .errors import TargetError
+from ..errors import TargetError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

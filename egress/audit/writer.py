@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import Final
 
-from egress.auditfmt import FORMAT, GENESIS, Clock, chain_line, encode_record, line_hash
+from egress.audit.format import FORMAT, GENESIS, Clock, chain_line, encode_record, line_hash
 
 logger = logging.getLogger("egress.audit")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policy import Policy, Rule
 from .psl import is_public_suffix
+from .rules import Policy, Rule
 
 
 @dataclass(frozen=True, slots=True)

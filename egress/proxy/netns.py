@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import EgressError
+from ..errors import EgressError
 from .listener import BACKLOG, listen_socket
 
 CLONE_NEWNET = 0x40000000

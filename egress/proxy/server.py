@@ -25,11 +25,15 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from .addrs import AddressGuard
+from ..config import ClientSpec, Settings
+from ..errors import ProtocolError
+from ..policy.addrs import AddressGuard
+from ..policy.rules import Policy
+from ..policy.target import IPAddress, join_host_port, parse_ip_literal
+from ..reasons import End
+from ..validate import as_choice, as_instance
 from .clients import ClientTable, Identity
-from .config import ClientSpec, Settings
 from .conn import Conn, Limits, read_head, reclaim_idle, sweep
-from .errors import ProtocolError
 from .forward import serve_request
 from .gate import (
     HEAD_TIMEOUT,
@@ -41,15 +45,11 @@ from .gate import (
 from .hostaddrs import local_addresses_async
 from .listener import BACKLOG, Listener, listen_socket, parse_listen
 from .netns import listen_in_netns
-from .policy import Policy
 from .pool import UpstreamPool
-from .reasons import End
 from .relay import Side
 from .resolve import Resolver
 from .steps import AuditSink, Steps
-from .target import IPAddress, join_host_port, parse_ip_literal
 from .tunnel import serve_forwarder, serve_tunnel
-from .validate import as_choice, as_instance
 
 log = logging.getLogger("egress")
 
@@ -207,7 +207,7 @@ class EgressProxy:
         own (its loopback, or its gateway) without any proxy setting. Every connection is
         audited (method `FORWARD`, reason `framework_route`).
         """
-        from .policy import parse_framework_route
+        from ..policy.rules import parse_framework_route
 
         dest = parse_framework_route(route)
         host, port = parse_listen(listen)

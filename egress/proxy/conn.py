@@ -12,14 +12,14 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import ProtocolError
+from ..reasons import End
+from ..validate import as_count, as_timeout
 from . import wire
-from .errors import ProtocolError
 from .gate import HEAD_TIMEOUT
 from .listener import Listener
-from .reasons import End
 from .relay import Side
 from .responses import error_response
-from .validate import as_count, as_timeout
 
 
 @dataclass(frozen=True, slots=True)
