@@ -7,7 +7,13 @@ Public API (everything else is internal)::
 """
 
 from .audit.log import AuditLog
-from .boundary import Execution, ExecutionNotReady, prepare_execution, release_execution
+from .boundary import (
+    Execution,
+    ExecutionNotReady,
+    ReleaseFailed,
+    prepare_execution,
+    release_execution,
+)
 from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
 from .policy.addrs import AddressGuard, classify
@@ -34,6 +40,7 @@ __all__ = [
     "PolicyError",
     "ProtocolError",
     "ProxyThread",
+    "ReleaseFailed",
     "Rule",
     "Settings",
     "Target",

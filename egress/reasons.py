@@ -58,7 +58,7 @@ class Reason(StrEnum):
     DNS_ERROR = "dns_error", 502, "dns_error", "error", "the name did not resolve"
     DNS_TIMEOUT = (
         "dns_timeout", 504, "dns_timeout", "error",
-        "the name did not resolve within the resolver's timeout (504)",
+        "the resolver did not answer in time, or is saturated by names that do not (504)",
     )
     CONNECTION_REFUSED = (
         "connection_refused", 502, "connection_refused", "error",
@@ -103,15 +103,15 @@ class Reason(StrEnum):
     # the sandbox lifecycle (method SANDBOX, docs/audit-log.md#sandbox-records): not refusals
     SANDBOX_ADDED = (
         "sandbox_added", 0, "", "allow",
-        "prepare_execution bound a sandbox to the proxy (method SANDBOX)",
+        "`prepare_execution` bound a sandbox (a sandbox record, method SANDBOX)",
     )
     SANDBOX_REPLACED = (
         "sandbox_replaced", 0, "", "allow",
-        "a second prepare_execution replaced a sandbox's policy (method SANDBOX)",
+        "a second `prepare_execution` replaced the sandbox's policy",
     )
     SANDBOX_REMOVED = (
         "sandbox_removed", 0, "", "block",
-        "a sandbox was released, or its prepare failed (method SANDBOX)",
+        "the sandbox was released, or its prepare failed (`detail` says which)",
     )
 
     status: int
@@ -146,7 +146,7 @@ class End(StrEnum):
     HELLO_TIMEOUT = (
         "hello_timeout", "no complete TLS ClientHello within the head timeout (SNI check)"
     )
-    RELEASED = "released", "the sandbox was released (its listener closed with its connections)"
+    RELEASED = "released", "its sandbox was released while it was open"
     UPSTREAM_EOF = "upstream_eof", "the upstream closed inside a response body"
     UPSTREAM_LOST = "upstream_lost", "the upstream reset or vanished inside a response body"
     UPSTREAM_PROTOCOL = "upstream_protocol", "the upstream sent a malformed response body"

@@ -31,7 +31,7 @@ from ..policy.addrs import AddressGuard
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port, parse_ip_literal
 from ..reasons import End
-from ..validate import as_choice, as_instance
+from ..validate import as_choice, as_instance, as_str_list
 from .clients import ClientTable, Identity
 from .conn import Conn, Limits, read_head, reclaim_idle, sweep
 from .forward import serve_request
@@ -95,7 +95,7 @@ class EgressProxy:
         as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
-        self.listen_specs = [parse_listen(s) for s in listen]
+        self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.listen_netns = listen_netns
         self.audit = audit
         self.limits = limits or Limits()
