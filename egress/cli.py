@@ -1,4 +1,4 @@
-"""The `egress` command line (SPEC 6): serve, check, audit.
+"""The `egress` command line: serve, check, audit (docs/proxy.md#standalone-egress-serve).
 
 Exit codes: 0 success, 1 the check failed (a target blocked), 2 bad usage or bad input (a
 short error naming the culprit, never a traceback).

@@ -1,4 +1,4 @@
-"""`egress serve`: the proxy as a standalone process (SPEC 6).
+"""`egress serve`: the proxy as a standalone process (docs/proxy.md#standalone-egress-serve).
 
 Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts.
 SIGTERM/SIGINT: stop accepting, give open tunnels up to 5 s, close them, flush the audit log,

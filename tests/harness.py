@@ -1,4 +1,4 @@
-"""Test hosts in network namespaces (SPEC 8): real kernel networking, always removed.
+"""Test hosts in network namespaces: real kernel networking, always removed.
 
 A `TestHost` is a namespace `egt-<pid>-<n>` joined to the root namespace by a veth pair, the
 root side holding 198.18.X.1/30 and the namespace side 198.18.X.2/30 — addresses only from
@@ -143,7 +143,7 @@ SAFETY_NET = "198.18.0.0/15"
 
 @contextlib.contextmanager
 def safety_net() -> Iterator[bool]:
-    """A `prohibit 198.18.0.0/15` route in the root namespace while tests run (SPEC 8).
+    """A `prohibit 198.18.0.0/15` route in the root namespace while tests run.
 
     Test hosts' connected /30 routes are more specific and still win; a packet to any other
     198.18/15 address fails locally instead of following the default route off the machine.

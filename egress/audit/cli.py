@@ -342,7 +342,7 @@ def audit_main(argv: list[str]) -> int:
         return 0
 
 
-def main() -> None:  # pragma: no cover - `python -m egress.auditcli`
+def main() -> None:  # pragma: no cover - `python -m egress.audit.cli`
     sys.exit(audit_main(sys.argv[1:]))
 
 

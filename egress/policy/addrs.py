@@ -29,7 +29,7 @@ def _nets(*cidrs: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(c) for c in cidrs)
 
 
-# Always reserved (SPEC 3). Order matters only for which reason is named.
+# Always reserved (docs/proxy.md#the-address-guard). Order matters only for which reason is named.
 _ALWAYS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
     ("loopback", _nets("127.0.0.0/8", "::1/128")),
     ("unspecified", _nets("0.0.0.0/8", "::/128")),

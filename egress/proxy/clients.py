@@ -1,4 +1,4 @@
-"""Client identity: which policy applies to a connection or request (SPEC 4).
+"""Client identity: which policy applies to a request (docs/proxy.md#clients-tokens-and-407).
 
 Pure. A client is identified by a proxy token (`Proxy-Authorization: Basic`, the token being
 the password of the proxy URL's userinfo, or the username when the password is empty) or by

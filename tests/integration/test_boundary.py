@@ -1,4 +1,4 @@
-"""The execution boundary end to end, through the public API only (SPEC 1, issue 5).
+"""The execution boundary end to end, through the public API only (docs/user-guide.md#the-flow).
 
 Topology: `sandbox` and `upstream` are test hosts; a direct veth joins them (setup traffic
 goes that way), and the proxy in this process reaches `upstream` through its own veth.
