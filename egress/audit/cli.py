@@ -20,14 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from egress.audit.format import (
-    CONTROL_TYPES,
-    ChainVerifier,
-    Problem,
-    canonical_ts,
-    parse_time_bound,
-    utc_now,
-)
+from egress.audit.format import CONTROL_TYPES
 from egress.audit.read import (
     DIMENSIONS,
     EventFilter,
@@ -41,6 +34,8 @@ from egress.audit.read import (
     parse_record,
     read_lines,
 )
+from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
+from egress.audit.verify import ChainVerifier, Problem
 
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)

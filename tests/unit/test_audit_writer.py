@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from egress.audit.format import GENESIS, ChainVerifier, line_hash
+from egress.audit.format import GENESIS, line_hash
 from egress.audit.log import AuditLog
+from egress.audit.verify import ChainVerifier
 from egress.audit.writer import LogWriter
 
 EVENT: dict[str, object] = {

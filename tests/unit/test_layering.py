@@ -23,6 +23,9 @@ PURE = [
     "proxy.sni",
     "proxy.clients",
     "audit.format",
+    "audit.redact",
+    "audit.timebounds",
+    "audit.verify",
 ]
 FORBIDDEN = {
     "asyncio",
