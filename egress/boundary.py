@@ -132,7 +132,7 @@ def _registry(proxy: EgressProxy) -> _Registry:
 def _check_args(
     sandbox: object, policy: object, proxy: object, mode: object, proxy_port: object,
     client_id: object, token: object, gateway: object, force: object, allow_privileged: object,
-) -> str:  # fmt: skip
+) -> str:
     """Typed arguments (docs/policy.md#types): a wrong one is a TypeError/ValueError naming
     it, raised before anything is opened or cut. Returns the sandbox in its one spelling
     (netcut.targetref.canonical: `1234`, "1234" and "pid:1234" are one sandbox), which egress
@@ -186,7 +186,7 @@ async def prepare_execution(
     released; the cut, if applied, stays (fail closed).
     """
     sandbox = _check_args(sandbox, policy, proxy, mode, proxy_port, client_id, token, gateway,
-                          force, allow_privileged)  # fmt: skip
+                          force, allow_privileged)
     route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
     blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
     routes = [parse_framework_route(r) for r in route_texts]
@@ -199,17 +199,17 @@ async def prepare_execution(
     sandbox_policy = Policy(
         allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
         framework_routes=[*policy.framework_routes, *routes],
-    )  # fmt: skip
+    )
     try:
         box = await _bind(proxy, reg, sandbox, cid, tok, sandbox_policy, routes, mode,
-                          proxy_port, gateway, prior)  # fmt: skip
+                          proxy_port, gateway, prior)
         assert box.main is not None
         listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
         keeps = [f"{li.host}:{li.port}" for li in listeners] if mode == "gateway" else []
         cut, probe = await _cut_and_prove(
             sandbox, keeps, [f"{li.host}:{li.port}" for li in listeners], blocked,
             force=force, allow_privileged=allow_privileged,
-        )  # fmt: skip
+        )
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
@@ -218,7 +218,7 @@ async def prepare_execution(
             raise
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
     _audit(proxy, sandbox, cid, "sandbox_replaced" if prior else "sandbox_added",
-           f"policy {sandbox_policy!r}")  # fmt: skip
+           f"policy {sandbox_policy!r}")
     return _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
 
 
@@ -230,17 +230,17 @@ def _refuse_taken(
     for other in reg.sandboxes.values():
         if other.client_id == cid and other.key != sandbox:
             raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is already used by "
-                                    f"sandbox {other.key}")  # fmt: skip
+                                    f"sandbox {other.key}")
     owned = prior is not None and prior.client_id == cid
     if mode == "gateway" and not owned and proxy.clients.spec(cid) is not None:
         raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is a configured client")
     if prior is not None and prior.mode != mode:
         raise ExecutionNotReady(f"sandbox {sandbox}: already prepared in {prior.mode} mode; "
-                                "release it first")  # fmt: skip
+                                "release it first")
 
 
 def _refuse_new_keeps(sandbox: str, prior: _Sandbox | None, routes: Sequence[FrameworkRoute],
-                      proxy_port: int) -> None:  # fmt: skip
+                      proxy_port: int) -> None:
     """In gateway mode the cut keeps the listeners' ports, and a cut namespace is never
     re-cut with other keeps (that would open it in between): a second prepare may change
     the policy, not the routes or the port (docs/user-guide.md#sandbox-lifecycle)."""
@@ -259,7 +259,7 @@ async def _bind(
     proxy: EgressProxy, reg: _Registry, sandbox: str, cid: str, tok: str, policy: Policy,
     routes: Sequence[FrameworkRoute], mode: Mode, proxy_port: int, gateway: str | None,
     prior: _Sandbox | None,
-) -> _Sandbox:  # fmt: skip
+) -> _Sandbox:
     """Open (or reuse) the sandbox's listeners and bind its policy to them in one step."""
     if mode == "loopback":
         host, netns = "127.0.0.1", sandbox
@@ -289,7 +289,7 @@ async def _bind(
 async def _main_listener(
     proxy: EgressProxy, reg: _Registry, box: _Sandbox, host: str, netns: str | None,
     prior: _Sandbox | None,
-) -> Listener:  # fmt: skip
+) -> Listener:
     """The sandbox's proxy listener: its own (loopback) or a shared one (gateway)."""
     port = box.proxy_port
     if prior and prior.main and prior.proxy_port == port and prior.main.host == host:
@@ -311,7 +311,7 @@ async def _main_listener(
 async def _forwarders(
     proxy: EgressProxy, reg: _Registry, box: _Sandbox, routes: Sequence[FrameworkRoute],
     host: str, netns: str | None, prior: _Sandbox | None,
-) -> dict[tuple[str, int], Listener]:  # fmt: skip
+) -> dict[tuple[str, int], Listener]:
     """One forwarder per route, reused from this sandbox (or, on a gateway, any sandbox)."""
     out: dict[tuple[str, int], Listener] = {}
     mine = dict(prior.forwarders) if prior else {}
@@ -321,12 +321,12 @@ async def _forwarders(
         found = mine.get(key)
         if found is None and box.mode == "gateway":
             found = next((li for li in proxy.listeners if li.netns is None and li.host == host
-                          and li.forward_to == key and reg.leases.holders(li)), None)  # fmt: skip
+                          and li.forward_to == key and reg.leases.holders(li)), None)
         if found is None or found not in proxy.listeners:
             port = route.port if route.port not in used else 0
             cid = box.client_id if box.mode == "loopback" else None  # a shared one is nobody's
             found = await proxy.add_forwarder(f"{_hp(host)}:{port}", route.text, netns=netns,
-                                              client_id=cid)  # fmt: skip
+                                              client_id=cid)
         reg.leases.hold(box.key, found)
         used.add(found.port)
         out[key] = found
@@ -336,7 +336,7 @@ async def _forwarders(
 def _execution(
     sandbox: str, cid: str, tok: str, mode: Mode, routes: Sequence[FrameworkRoute],
     listeners: Sequence[Listener], cut: Any, probe: Any,
-) -> Execution:  # fmt: skip
+) -> Execution:
     proxy_listener = listeners[0]
     host = proxy_listener.host
     proxy_url = f"http://{cid}:{tok}@{_hp(host)}:{proxy_listener.port}"
@@ -347,7 +347,7 @@ def _execution(
     return Execution(
         sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
         tuple(listeners),
-    )  # fmt: skip
+    )
 
 
 def _release_sandbox(proxy: EgressProxy, reg: _Registry, sandbox: str, *, why: str) -> bool:
@@ -372,7 +372,7 @@ def _audit(proxy: EgressProxy, sandbox: str, cid: str, reason: str, detail: str)
         "client": "-", "method": "SANDBOX", "scheme": "", "host": sandbox, "port": 0,
         "client_id": cid, "decision": "block" if reason == "sandbox_removed" else "allow",
         "reason": reason, "rule": None, "detail": detail,
-    }  # fmt: skip
+    }
     if proxy.audit is not None:
         proxy.audit.record(event)
     for hook in proxy.hooks:
@@ -386,7 +386,7 @@ def _hp(host: str) -> str:
 async def _cut_and_prove(
     sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
     force: bool, allow_privileged: bool,
-) -> tuple[Any, Any]:  # fmt: skip
+) -> tuple[Any, Any]:
     import netcut
 
     try:

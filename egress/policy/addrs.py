@@ -42,11 +42,11 @@ _ALWAYS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
     # PCP anycast, AWS IPv6 IMDS).
     ("metadata", _nets("100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32",
                        "fd00:ec2::254/128")),
-)  # fmt: skip
+)
 
 # Opt-in with `--reserve-private`: RFC 1918, CGNAT (RFC 6598), IPv6 ULA (RFC 4193).
 PRIVATE_NETWORKS = _nets("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
-                         "fc00::/7")  # fmt: skip
+                         "fc00::/7")
 
 _NAT64_WKP = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")

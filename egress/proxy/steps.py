@@ -143,7 +143,7 @@ class Steps:
     def emit(
         self, rec: AccessRecord, decision: str, reason: str, rule: str | None,
         detail: str | None, status: int | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         event = rec.event(decision, reason, rule, detail, status)
         if self.audit is not None:
             self.audit.record(event)

@@ -81,7 +81,7 @@ def seen(rule: FilterRule, family: int) -> SeenRule:
     target = "REJECT" if rule.verdict.startswith("REJECT") else rule.verdict
     anywhere = "0.0.0.0/0.0.0.0" if family == AF_INET else "::/0"
     return SeenRule(target, rule.proto or "ip", anywhere, dst or anywhere, None, rule.out_iface,
-                    matches, params)  # fmt: skip
+                    matches, params)
 
 
 def before() -> NamespaceState:
@@ -130,7 +130,7 @@ TABLE_100 = replace(GW_METRIC_50, table=100, priority=None)
 
 
 def with_filter(family: int, *, output: tuple[SeenRule, ...] | None = None,
-                chain: tuple[SeenRule, ...] | str | None = "same") -> NamespaceState:  # fmt: skip
+                chain: tuple[SeenRule, ...] | str | None = "same") -> NamespaceState:
     dumps = []
     for d in CUT.filters or ():
         if d.family == family:
@@ -245,7 +245,7 @@ def test_repair_ops_leave_no_difference(name: str) -> None:
     [(SeenRule("DROP", "ip", dst="198.18.0.1/255.255.255.255"), JUMP),
      (SeenRule("REJECT", "ip"), JUMP), (JUMP, ACCEPT_ALL)],
     ids=["drop-ahead", "reject-ahead", "accept-after-jump"],
-)  # fmt: skip
+)
 def test_harmless_output_rules_are_not_differences(output: tuple[SeenRule, ...]) -> None:
     assert differences(PLAN.ops, with_filter(AF_INET, output=output)) == ()
 
@@ -286,7 +286,7 @@ def test_every_backstop_rule_reads_back_as_itself(family: int) -> None:
      SeenRule("ACCEPT", "ip", dst="bogus/32")],
     ids=["negated-dst", "in-iface", "src", "icmp", "other-reject", "port-range",
          "match-mismatch", "negated-oif", "log", "bad-dst"],
-)  # fmt: skip
+)
 def test_rules_netcut_never_writes_are_not_read_as_its_own(rule: SeenRule) -> None:
     assert as_filter_rule(rule, AF_INET) is None
 
@@ -299,11 +299,11 @@ _text = st.one_of(st.none(), st.text(max_size=20))
     st.lists(st.tuples(st.text(max_size=6), st.lists(
         st.tuples(st.text(max_size=6), st.text(max_size=8)), max_size=2).map(tuple)),
         max_size=2).map(tuple),
-)  # fmt: skip
+)
 def test_as_filter_rule_reads_or_refuses_never_raises(
     target: str, proto: str | None, src: str | None, dst: str | None, iif: str | None,
     oif: str | None, matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
-) -> None:  # fmt: skip
+) -> None:
     rule = SeenRule(target, proto, src, dst, iif, oif, matches)
     found = as_filter_rule(rule, AF_INET)
     assert found is None or isinstance(found, FilterRule)
