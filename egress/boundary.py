@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import os
 import secrets
+import socket
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from netcut.targetref import TargetRef, canonical, default_client_id, parse_targ
 from .config import ClientSpec
 from .errors import EgressError
 from .policy.rules import FrameworkRoute, Policy, parse_framework_route
+from .policy.target import IPNetwork, bracket, join_host_port
 from .proxy.clients import Identity, Leases
 from .proxy.server import EgressProxy, Listener
 from .validate import as_bool, as_choice, as_count, as_instance, as_str, as_str_list
@@ -94,8 +96,7 @@ def _rewrite(route: FrameworkRoute, host: str, port: int) -> str:
     """`route`'s URL with its authority replaced by `host:port` (path and scheme kept)."""
     scheme, rest = route.text.split("://", 1)
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-    shown = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{shown}:{port}{rest[cut:]}"
+    return f"{scheme}://{join_host_port(host, port)}{rest[cut:]}"
 
 
 @dataclass(eq=False)
@@ -303,7 +304,7 @@ async def _main_listener(
                     return li
                 if not ours and li.identity is None and li.port == port:
                     return li  # the proxy's own listener: shared, never closed by a release
-    li = await proxy.add_listener(f"{_hp(host)}:{port}", netns=netns)
+    li = await proxy.add_listener(f"{bracket(host)}:{port}", netns=netns)
     reg.leases.hold(box.key, li)
     return li
 
@@ -325,7 +326,7 @@ async def _forwarders(
         if found is None or found not in proxy.listeners:
             port = route.port if route.port not in used else 0
             cid = box.client_id if box.mode == "loopback" else None  # a shared one is nobody's
-            found = await proxy.add_forwarder(f"{_hp(host)}:{port}", route.text, netns=netns,
+            found = await proxy.add_forwarder(f"{bracket(host)}:{port}", route.text, netns=netns,
                                               client_id=cid)
         reg.leases.hold(box.key, found)
         used.add(found.port)
@@ -339,7 +340,7 @@ def _execution(
 ) -> Execution:
     proxy_listener = listeners[0]
     host = proxy_listener.host
-    proxy_url = f"http://{cid}:{tok}@{_hp(host)}:{proxy_listener.port}"
+    proxy_url = f"http://{cid}:{tok}@{bracket(host)}:{proxy_listener.port}"
     urls = {
         r.text: _rewrite(r, li.host, li.port) for r, li in zip(routes, listeners[1:], strict=True)
     }
@@ -379,10 +380,6 @@ def _audit(proxy: EgressProxy, sandbox: str, cid: str, reason: str, detail: str)
         hook(event)
 
 
-def _hp(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 async def _cut_and_prove(
     sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
     force: bool, allow_privileged: bool,
@@ -408,7 +405,7 @@ def _is_cut(status: Any) -> bool:
     return bool(getattr(status, "is_cut", False))
 
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Network = IPNetwork
 
 
 async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
@@ -416,9 +413,9 @@ async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
     import asyncio
 
     from .proxy.hostaddrs import local_addresses
-    from .proxy.netns import run_in_netns
+    from .proxy.netns import call_in_netns_thread
 
-    found = await asyncio.to_thread(run_in_netns, sandbox, local_addresses)
+    found = await asyncio.to_thread(call_in_netns_thread, sandbox, local_addresses)
     return tuple(
         ipaddress.ip_network(a)
         for a in sorted(found, key=str)
@@ -430,19 +427,22 @@ async def _gateway_of(sandbox: str) -> str:
     """The IPv4 gateway of the sandbox's default route (the host as the sandbox sees it)."""
     import asyncio
 
-    from .proxy.netns import run_in_netns
+    from .proxy.netns import call_in_netns_thread
 
     def read() -> str | None:
-        from pyroute2 import IPRoute
+        # netcut's rtnetlink client, not pyroute2.IPRoute (netcut/rtnl.py says why)
+        from netcut.rtnl import Rtnl
 
-        with IPRoute() as ipr:
-            for route in ipr.get_default_routes(family=2):
-                gw = route.get_attr("RTA_GATEWAY")
-                if gw:
-                    return str(gw)
+        with Rtnl() as rtnl:
+            for route in rtnl.dump_routes():
+                main = route.get_attr("RTA_TABLE") in (None, 254)
+                if route["family"] == socket.AF_INET and route["dst_len"] == 0 and main:
+                    gw = route.get_attr("RTA_GATEWAY")
+                    if gw:
+                        return str(gw)
         return None
 
-    gw = await asyncio.to_thread(run_in_netns, sandbox, read)
+    gw = await asyncio.to_thread(call_in_netns_thread, sandbox, read)
     if gw is None:
         raise ExecutionNotReady(f"sandbox {sandbox}: no IPv4 default route to find the host by")
     ipaddress.ip_address(gw)

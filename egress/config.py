@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from .errors import PolicyError, TargetError
-from .policy.addrs import AddressGuard, IPNetwork, parse_cidr
+from .policy.addrs import AddressGuard, parse_cidr
 from .policy.rules import Policy, Posture
-from .policy.target import IPAddress, normalize_host, parse_ip_literal
+from .policy.target import IPAddress, IPNetwork, normalize_host, parse_ip_literal
 from .validate import as_bool, as_instance, as_str, as_str_list, as_table
 
 T = TypeVar("T")

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from .config import Settings
+from .policy.target import join_host_port
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 
@@ -140,8 +141,7 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         await proxy.start()
         for host, port in proxy.addresses:
-            shown = f"[{host}]" if ":" in host else host
-            print(f"listening on {shown}:{port}", flush=True)
+            print(f"listening on {join_host_port(host, port)}", flush=True)
         await stop.wait()
     finally:
         await proxy.stop()

@@ -20,9 +20,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .target import IPAddress
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from .target import IPAddress, IPNetwork
 
 
 def _nets(*cidrs: str) -> tuple[IPNetwork, ...]:

@@ -35,6 +35,7 @@ from ..validate import as_list
 from .target import (
     DEFAULT_PORTS,
     IPAddress,
+    IPNetwork,
     Scheme,
     Target,
     normalize_host,
@@ -46,7 +47,6 @@ from .target import (
 
 Action = Literal["allow", "block"]
 Posture = Literal["deny", "allow"]
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _PATTERN_CHARS = re.compile(r"[a-z0-9_.*?-]+")
 

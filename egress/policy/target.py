@@ -28,6 +28,7 @@ import idna
 from ..errors import TargetError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # RFC 1035 2.3.4: a label is at most 63 octets and a name at most 253 (255 on the wire, less
 # the length byte and the root label).
@@ -58,7 +59,7 @@ class Target:
     ip: IPAddress | None = None
 
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = bracket(self.host)
         return f"{self.scheme}://{host}:{self.port}"
 
 
@@ -292,14 +293,19 @@ def parse_url(url: str, *, schemes: tuple[str, ...] = ("http",)) -> ParsedURL:
     return ParsedURL(target=target, path=path, explicit_port=explicit_port)
 
 
+def bracket(host: str) -> str:
+    """`host` as it appears in an authority: an IPv6 literal in brackets (`[::1]`)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def join_host_port(host: str, port: int | str) -> str:
     """`host:port`, with an IPv6 literal in brackets (`[::1]:8080`)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{bracket(host)}:{port}"
 
 
 def host_header(target: Target, explicit_port: bool = False) -> str:
     """The `Host` header value for a request to `target` (port omitted when default)."""
-    host = f"[{target.host}]" if ":" in target.host else target.host
+    host = bracket(target.host)
     if target.port == DEFAULT_PORTS[target.scheme] and not explicit_port:
         return host
     return f"{host}:{target.port}"

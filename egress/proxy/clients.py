@@ -16,9 +16,9 @@ from typing import Generic, TypeVar
 
 from ..config import ClientSpec, Settings
 from ..policy.rules import Policy
-from ..policy.target import IPAddress
+from ..policy.target import IPAddress, IPNetwork
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Network = IPNetwork
 R = TypeVar("R")
 
 

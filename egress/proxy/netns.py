@@ -52,7 +52,7 @@ def namespace_path(ns: NamespaceLike) -> str:
         raise NamespaceError(f"network namespace {ns!r}: {exc}") from None
 
 
-def run_in_netns(ns: NamespaceLike, fn: Callable[[], T]) -> T:
+def call_in_netns_thread(ns: NamespaceLike, fn: Callable[[], T]) -> T:
     """Run `fn` in a fresh thread that has entered namespace `ns`; return its result.
 
     Raises `NamespaceError` if the namespace cannot be opened or entered; re-raises whatever
@@ -93,4 +93,4 @@ def listen_in_netns(
     ns: NamespaceLike, host: str, port: int, *, backlog: int = BACKLOG
 ) -> socket.socket:
     """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
-    return run_in_netns(ns, lambda: listen_socket(host, port, backlog))
+    return call_in_netns_thread(ns, lambda: listen_socket(host, port, backlog))

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import _REGISTRIES, ExecutionNotReady, ReleaseFailed
-from egress.proxy.netns import run_in_netns
+from egress.proxy.netns import call_in_netns_thread
 
 import harness
 from servers import Origin, run, start_origin
@@ -333,7 +333,8 @@ async def test_release_closes_connections_open_on_the_sandbox_listener(scene: Sc
 
     tunnel_logged = asyncio.Event()
     scene.proxy.hooks.append(lambda e: tunnel_logged.set() if e["method"] == "CONNECT" else None)
-    reader, writer = await asyncio.open_connection(sock=run_in_netns(scene.sandbox.ns, connect))
+    sock = call_in_netns_thread(scene.sandbox.ns, connect)
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(f"CONNECT {scene.ip}:80 HTTP/1.1\r\nHost: {scene.ip}:80\r\n\r\n".encode())
     async with asyncio.timeout(5):
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
