@@ -206,6 +206,16 @@ TAMPERS: dict[str, tuple[NamespaceState, str]] = {
         replace(CUT, routes=(*CUT.routes, Route(AF_INET, "198.18.0.0", 15, None, None))),
         "route out not in the plan: 198.18.0.0/15 proto static",
     ),
+    "broadcast-route-in-main": (
+        replace(
+            CUT,
+            routes=(
+                *CUT.routes,
+                Route(AF_INET, "198.19.1.255", 32, 2, "eth0", type=3, proto=4, scope=253),
+            ),
+        ),
+        "route out not in the plan: 198.19.1.255/32 dev eth0 proto static scope link",
+    ),
     "connected-route-back": (
         replace(CUT, routes=(*CUT.routes, CONNECTED)),
         "route out not in the plan: 198.19.1.0/24 dev eth0 proto kernel scope link",
@@ -248,6 +258,15 @@ def test_repair_ops_leave_no_difference(name: str) -> None:
 )  # fmt: skip
 def test_harmless_output_rules_are_not_differences(output: tuple[SeenRule, ...]) -> None:
     assert differences(PLAN.ops, with_filter(AF_INET, output=output)) == ()
+
+
+def test_the_kernels_own_broadcast_and_local_routes_are_not_differences() -> None:
+    own = (
+        Route(AF_INET, "198.19.1.255", 32, 2, "eth0", table=255, type=3, proto=2, scope=253),
+        LOCAL,
+        Route(AF_INET, "127.0.0.0", 8, 1, "lo", table=255, type=RTN_LOCAL, proto=2),
+    )
+    assert differences(PLAN.ops, replace(CUT, routes=(*CUT.routes, *own))) == ()
 
 
 def test_rule_to_an_empty_table_is_not_a_difference() -> None:
