@@ -293,7 +293,7 @@ async def _namespace_file(sandbox: str) -> str:
     runtime off the event loop (`docker inspect` takes ~0.1 s, `podman info` ~0.7 s)."""
     if parse_target(sandbox).kind != "container":
         return sandbox
-    from .netns import namespace_path
+    from .proxy.netns import namespace_path
 
     return await asyncio.to_thread(namespace_path, sandbox)
 
