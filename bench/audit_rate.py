@@ -33,7 +33,7 @@ BURST = 64  # records per loop iteration (like 64 connections answering in one i
 
 
 def record_alone(directory: Path, count: int = 50_000) -> float:
-    from egress.audit import AuditLog
+    from egress import AuditLog
 
     best = float("inf")
     for _ in range(5):
@@ -46,7 +46,7 @@ def record_alone(directory: Path, count: int = 50_000) -> float:
 
 
 async def end_to_end(directory: Path, rotate: int | None, seconds: float) -> dict[str, Any]:
-    from egress.audit import AuditLog
+    from egress import AuditLog
 
     path = directory / f"e2e-{rotate}.jsonl"
     async with AuditLog(str(path), rotate_bytes=rotate) as log:

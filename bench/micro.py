@@ -43,9 +43,18 @@ EVENT: dict[str, object] = {
 
 
 def cases() -> dict[str, Callable[[], object]]:
-    from egress import wire
-    from egress.audit import AuditLog
-    from egress.auditfmt import chain_line, encode_record, line_hash
+    from egress import AuditLog
+
+    try:  # the package layout (egress.proxy, egress.audit.format), or the flat one before it
+        from egress.audit.format import chain_line, encode_record, line_hash
+        from egress.proxy import wire
+    except ImportError:
+        from egress import wire  # type: ignore[attr-defined,no-redef]
+        from egress.auditfmt import (  # type: ignore[import-not-found,no-redef]
+            chain_line,
+            encode_record,
+            line_hash,
+        )
 
     req_head, _ = wire.parse_request_head(REQUEST) or (None, 0)
     resp_head, _ = wire.parse_response_head(RESPONSE, request_method="GET") or (None, 0)

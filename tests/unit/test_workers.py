@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from egress.auditread import chains, order_paths
+from egress.audit.read import chains, order_paths
 from egress.workers import worker_audit_path
 
 

@@ -20,16 +20,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from egress.auditfmt import (
-    CONTROL_TYPES,
-    ChainVerifier,
-    Problem,
-    VerifyResult,
-    canonical_ts,
-    parse_time_bound,
-    utc_now,
-)
-from egress.auditread import (
+from egress.audit.format import CONTROL_TYPES
+from egress.audit.read import (
     DIMENSIONS,
     EventFilter,
     Follower,
@@ -43,6 +35,8 @@ from egress.auditread import (
     parse_record,
     read_lines,
 )
+from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
+from egress.audit.verify import ChainVerifier, Problem, VerifyResult
 
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
@@ -247,8 +241,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     if len(problems) > MAX_PROBLEMS_SHOWN:
         print(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
-    for warning in (w for r in results for w in r.warnings):
-        print(f"{warning} (warning)")
     if len(groups) > 1:  # one head per worker's chain
         for group, r in zip(groups, results, strict=True):
             print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {r.head}")
@@ -361,7 +353,7 @@ def audit_main(argv: list[str]) -> int:
         return 0
 
 
-def main() -> None:  # pragma: no cover - `python -m egress.auditcli`
+def main() -> None:  # pragma: no cover - `python -m egress.audit.cli`
     sys.exit(audit_main(sys.argv[1:]))
 
 
