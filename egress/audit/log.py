@@ -52,11 +52,6 @@ DEFAULT_MAX_BACKLOG: Final = 1_000_000
 DEFAULT_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024  # lines kept while the file is unwritable
 DEFAULT_RETRY_INTERVAL: Final = 0.5  # seconds between attempts to write an unwritable log
 DEFAULT_EVENTS_MAXLEN: Final = 1024  # events buffered per events() consumer
-# Lines recorded on the loop are handed to the writer thread at most this often: one queue
-# put, one thread wake-up (a GIL hand-off on the proxy's core) and one write() per interval
-# instead of per loop turn (bench/profile.md, second round). flush() and aclose() hand over
-# at once; only an unclean kill loses the lines of the last interval, as it loses the queue.
-HAND_OVER_INTERVAL: Final = 0.002
 
 
 class AuditLog:
@@ -232,10 +227,11 @@ class AuditLog:
                 item = DROPPED  # keeps its place in the chain: verify shows the gap
             self._enqueued += 1
             if threading.get_ident() == self._loop_thread and self._loop is not None:
-                # Batch per HAND_OVER_INTERVAL: one queue hand-over (one writer wake-up) for
-                # all the lines of the interval, instead of one per line or per loop turn.
+                # Batch per loop iteration: one queue hand-over (one writer wake-up) for all
+                # the lines of an iteration, instead of one per line. Never later than that:
+                # a crash may lose only what is being written (docs/audit-log.md).
                 if not self._batch:
-                    self._loop.call_later(HAND_OVER_INTERVAL, self._hand_over)
+                    self._loop.call_soon(self._hand_over)
                 self._batch.append(item)
             else:
                 self._queue.put(item)
