@@ -14,19 +14,18 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import IO, Final
 
-from egress.auditfmt import REQUEST_TYPES, normalize_ts
+from egress.audit.format import REQUEST_TYPES, rotated_name, rotation_of
+from egress.audit.timebounds import normalize_ts
 
 READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
 MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix
 _GZIP_MAGIC: Final = b"\x1f\x8b"
-_ROTATED = re.compile(r"^(?P<base>.+)\.(?P<index>\d+)(?:\.gz)?$")
 
 
 class InputError(Exception):
@@ -41,8 +40,7 @@ def order_paths(paths: Iterable[str]) -> list[str]:
     families: dict[str, list[tuple[int, str]]] = {}
     order: list[str] = []
     for path in paths:
-        match = _ROTATED.match(path)
-        base, index = (match["base"], int(match["index"])) if match else (path, 0)
+        base, index = rotation_of(path) or (path, 0)
         if base not in families:
             families[base] = []
             order.append(base)
@@ -317,8 +315,8 @@ class Follower:
 def rotated_files(path: str, limit: int = 1000) -> Iterator[str]:
     """`PATH.1.gz` (or `PATH.1`), `PATH.2.gz`, ...: the rotated files, newest first."""
     for index in range(1, limit):
-        name = next((n for n in (f"{path}.{index}.gz", f"{path}.{index}")
-                     if os.path.exists(n)), None)
+        names = (rotated_name(path, index), rotated_name(path, index, compressed=False))
+        name = next((n for n in names if os.path.exists(n)), None)
         if name is None:
             return
         yield name

@@ -1,11 +1,11 @@
 """Open a socket inside another network namespace without moving the caller.
 
-Strategy (SPEC 4, "listening inside a namespace"): a short-lived thread enters the target
-namespace with `setns(2)` — which changes the namespace of that one thread only — creates and
-binds the socket there, and hands it back. A socket keeps the namespace it was created in, so
-the host process's event loop can then serve it while every other thread stays where it was.
-The thread exits right after, so no code of ours ever runs in the sandbox's namespace longer
-than a `bind()`.
+Strategy (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders): a
+short-lived thread enters the target namespace with `setns(2)` — which changes the namespace
+of that one thread only — creates and binds the socket there (`listener.listen_socket`), and
+hands it back. A socket keeps the namespace it was created in, so the host process's event
+loop can then serve it while every other thread stays where it was. The thread exits right
+after, so no code of ours ever runs in the sandbox's namespace longer than a `bind()`.
 
 Python 3.11 has no `os.setns`, so libc's is called through ctypes. Needs CAP_SYS_ADMIN.
 """
@@ -18,17 +18,17 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
-from netcut.errors import NetcutError
-from netcut.target import resolve_target
-from netcut.targetref import TargetRef
+from ..errors import EgressError
+from .listener import BACKLOG, listen_socket
 
-from .errors import EgressError
+if TYPE_CHECKING:
+    from netcut.targetref import TargetRef
 
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
-NamespaceLike = str | int | TargetRef
+NamespaceLike: TypeAlias = "str | int | TargetRef"
 
 
 class NamespaceError(EgressError):
@@ -45,13 +45,17 @@ def namespace_path(ns: NamespaceLike) -> str:
     digit string), or a container ("docker:ID", ... : its task's PID, from its runtime).
 
     Raises NamespaceError for a value that names nothing or a target that does not exist."""
+    # Imported here: `import egress` does not load netcut until a namespace is named.
+    from netcut.errors import NetcutError
+    from netcut.target import resolve_target
+
     try:
         return resolve_target(ns).path
     except NetcutError as exc:
         raise NamespaceError(f"network namespace {ns!r}: {exc}") from None
 
 
-def run_in_netns(ns: NamespaceLike, fn: Callable[[], T]) -> T:
+def call_in_netns_thread(ns: NamespaceLike, fn: Callable[[], T]) -> T:
     """Run `fn` in a fresh thread that has entered namespace `ns`; return its result.
 
     Raises `NamespaceError` if the namespace cannot be opened or entered; re-raises whatever
@@ -89,21 +93,7 @@ def run_in_netns(ns: NamespaceLike, fn: Callable[[], T]) -> T:
 
 
 def listen_in_netns(
-    ns: NamespaceLike, host: str, port: int, *, backlog: int = 1024
+    ns: NamespaceLike, host: str, port: int, *, backlog: int = BACKLOG
 ) -> socket.socket:
     """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
-
-    def make() -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(backlog)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    return run_in_netns(ns, make)
+    return call_in_netns_thread(ns, lambda: listen_socket(host, port, backlog))

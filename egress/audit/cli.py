@@ -20,15 +20,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from egress.auditfmt import (
-    CONTROL_TYPES,
-    ChainVerifier,
-    Problem,
-    canonical_ts,
-    parse_time_bound,
-    utc_now,
-)
-from egress.auditread import (
+from egress.audit.format import CONTROL_TYPES
+from egress.audit.read import (
     DIMENSIONS,
     EventFilter,
     Follower,
@@ -41,6 +34,8 @@ from egress.auditread import (
     parse_record,
     read_lines,
 )
+from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
+from egress.audit.verify import ChainVerifier, Problem
 
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
@@ -244,8 +239,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     if len(result.problems) > MAX_PROBLEMS_SHOWN:
         print(f"... and {len(result.problems) - MAX_PROBLEMS_SHOWN} more problems")
-    for warning in result.warnings:
-        print(f"{warning} (warning)")
     verdict = "FAILED" if result.problems else "OK"
     problems = f", {len(result.problems)} problem(s)" if result.problems else ""
     print(f"{verdict}: {result.lines} lines in {len(paths)} file(s), {result.runs} run(s), "
@@ -344,7 +337,7 @@ def audit_main(argv: list[str]) -> int:
         return 0
 
 
-def main() -> None:  # pragma: no cover - `python -m egress.auditcli`
+def main() -> None:  # pragma: no cover - `python -m egress.audit.cli`
     sys.exit(audit_main(sys.argv[1:]))
 
 

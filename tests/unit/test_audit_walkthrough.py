@@ -1,8 +1,11 @@
-"""Regenerate the real output in docs/audit-log.md: `.venv/bin/python docs/audit_walkthrough.py`.
+"""The walkthrough of docs/audit-log.md, run: every shown command still does what it shows.
 
 Writes the sample log (tests/unit/audit_samples.py) with the real AuditLog in a temporary
-directory, runs the real commands there, and replaces each ```output:NAME``` block of
-docs/audit-log.md with what they printed. Long lines are not cut; nothing is edited.
+directory and runs the real commands there. As a test it checks that every
+```output:NAME``` block of docs/audit-log.md is produced and that the verifier still says
+OK for the intact log and FAILED for each tampered copy. Run as a script
+(`.venv/bin/python tests/unit/test_audit_walkthrough.py`) it replaces each block with what
+the commands printed. Long lines are not cut; nothing is edited.
 """
 
 from __future__ import annotations
@@ -15,13 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from audit_samples import write_sample
 
-from audit_samples import write_sample  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "audit-log.md"
-AUDIT = f"{sys.executable} -m egress.auditcli"
+AUDIT = f"{sys.executable} -m egress.audit.cli"
 
 
 def sh(command: str, cwd: Path, shown: str | None = None) -> str:
@@ -36,7 +37,7 @@ def sh(command: str, cwd: Path, shown: str | None = None) -> str:
 
 DEV_FULL = """
 import asyncio
-from egress.audit import AuditLog
+from egress.audit.log import AuditLog
 async def main():
     log = AuditLog("/dev/full", fail_mode="closed", retry_interval=0.2, close_timeout=0.5)
     await log.start()
@@ -68,8 +69,8 @@ def outputs(work: Path) -> dict[str, str]:
         "raw": sh("egress audit filter --json --reason port_not_allowed audit.jsonl*", work),
         "start": sh("zcat audit.jsonl.5.gz | head -2", work),
         "devfull": sh(f"{sys.executable} -c '{DEV_FULL}'", work,
-                      "python dev_full_example.py   # DEV_FULL in docs/audit_walkthrough.py; "
-                      "stdout, then stderr"),
+                      "python dev_full_example.py   # DEV_FULL in "
+                      "tests/unit/test_audit_walkthrough.py; stdout, then stderr"),
     }
     head = re.search(r"head ([0-9a-f]{64})", out["verify"])
     assert head is not None
@@ -88,6 +89,17 @@ def outputs(work: Path) -> dict[str, str]:
         out[name] = "".join(sh(step, tampered) for step in steps) + sh(
             "egress audit verify audit.jsonl*", tampered)
     return out
+
+
+def test_walkthrough_outputs(tmp_path: Path) -> None:
+    results = outputs(tmp_path)
+    blocks = set(re.findall(r"```output:(\w+)\n", DOC.read_text()))
+    assert blocks == set(results)
+    assert "OK:" in results["verify"]
+    assert "OK:" in results["head"]
+    for name in ("tamper", "missing", "truncated"):
+        assert "FAILED" in results[name], name
+    assert "accepting: False" in results["devfull"]
 
 
 def main() -> None:

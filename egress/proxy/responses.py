@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..reasons import Reason
+
 PROXY_NAME = "egress"
 _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
@@ -22,31 +24,21 @@ class Refusal:
     error: str  # RFC 9209 Proxy-Status error type
 
 
-# reason code -> answer. Audit `reason` codes are the keys (docs/audit-log.md).
-REFUSALS: dict[str, Refusal] = {
-    "block_rule": Refusal(403, "http_request_denied"),
-    "default_deny": Refusal(403, "http_request_denied"),
-    "port_not_allowed": Refusal(403, "http_request_denied"),
-    "reserved_address": Refusal(403, "destination_ip_prohibited"),
-    "dns_error": Refusal(502, "dns_error"),
-    "dns_timeout": Refusal(504, "dns_timeout"),
-    "connection_refused": Refusal(502, "connection_refused"),
-    "connection_timeout": Refusal(504, "connection_timeout"),
-    "upstream_error": Refusal(502, "proxy_internal_response"),
-    "bad_request": Refusal(400, "http_request_error"),
-    "head_too_large": Refusal(431, "http_request_error"),
-    "auth_required": Refusal(407, "http_request_denied"),
-    "auth_failed": Refusal(407, "http_request_denied"),
-    "too_many_connections": Refusal(503, "proxy_internal_error"),
-    "audit_unavailable": Refusal(503, "proxy_internal_error"),
-    "head_timeout": Refusal(408, "http_request_error"),
-}
+# reason code -> answer, from the one vocabulary (`reasons.Reason`, docs/proxy.md#error-responses).
+# The SNI reasons are in it although a tunnel refused after its `200` gets no answer.
+REFUSALS: dict[str, Refusal] = {r.value: Refusal(r.status, r.error) for r in Reason if r.answered}
 
 _REASON_PHRASES = {
-    400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
-    408: "Request Timeout", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
-    503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported",
-}  # fmt: skip
+    400: "Bad Request",
+    403: "Forbidden",
+    407: "Proxy Authentication Required",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+}
 
 
 def _sf_string(text: str) -> str:
@@ -56,12 +48,21 @@ def _sf_string(text: str) -> str:
 
 
 def refusal_for(reason: str, status: int | None = None) -> Refusal:
-    base = REFUSALS.get(reason, Refusal(502, "proxy_internal_error"))
+    """How `reason` is answered (`status` overrides, e.g. 505 for `bad_request`).
+
+    Raises KeyError for a code that is not an answered `Reason`: an unknown reason is a bug
+    to fix, not something to paper over with a guessed 502.
+    """
+    try:
+        base = REFUSALS[reason]
+    except KeyError:
+        raise KeyError(f"no error response for reason {reason!r} (see egress.reasons)") from None
     return Refusal(status, base.error) if status is not None else base
 
 
-def error_response(reason: str, detail: str, *, status: int | None = None,
-                   close: bool = True) -> tuple[int, bytes]:  # fmt: skip
+def error_response(
+    reason: str, detail: str, *, status: int | None = None, close: bool = True
+) -> tuple[int, bytes]:
     """The status and the full bytes of the response for a refusal with `reason`."""
     refusal = refusal_for(reason, status)
     body = f"egress: {refusal.status} {reason}: {detail}\n".encode("utf-8", "replace")

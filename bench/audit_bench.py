@@ -1,4 +1,4 @@
-"""Measure AuditLog.record(): `.venv/bin/python docs/audit_bench.py` (numbers in audit-log.md).
+"""Measure AuditLog.record(): `.venv/bin/python -m bench.audit_bench` (numbers in audit-log.md).
 
 record() alone: an AuditLog that was never started, so no writer thread competes for the
 GIL. End to end: a started log, timed until `flush()` says every line reached the OS, which
@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from egress.audit import AuditLog
+from egress.audit.log import AuditLog
 
 EVENT: dict[str, object] = {
     "client": "10.0.0.2:51234", "method": "CONNECT", "scheme": "https",

@@ -1,4 +1,4 @@
-"""Client identity: which policy applies to a connection or request (SPEC 4).
+"""Client identity: which policy applies to a request (docs/proxy.md#clients-tokens-and-407).
 
 Pure. A client is identified by a proxy token (`Proxy-Authorization: Basic`, the token being
 the password of the proxy URL's userinfo, or the username when the password is empty) or by
@@ -9,17 +9,16 @@ configured token so the loop's length does not depend on which one matched) and 
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import ipaddress
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .config import ClientSpec, Settings
-from .policy import Policy
-from .target import IPAddress
+from ..config import ClientSpec, Settings
+from ..policy.rules import Policy
+from ..policy.target import IPAddress, IPNetwork
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Network = IPNetwork
 R = TypeVar("R")
 
 
@@ -46,7 +45,7 @@ def basic_token(header: str) -> str | None:
         return None
     try:
         decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error, UnicodeDecodeError, and non-ASCII input (`Basic \xe9`)
         return None
     user, sep, password = decoded.partition(":")
     if not sep:
@@ -131,12 +130,12 @@ class ClientTable:
                 continue
             if spec.token and other.token and spec.token == other.token:
                 raise ClientError(f"client {spec.client_id!r}: token already used by another "
-                                  "client")  # fmt: skip
+                                  "client")
             for net in spec.sources:
                 clash = next((o for o in other.sources if _overlap(net, o)), None)
                 if clash is not None:
                     raise ClientError(f"client {spec.client_id!r}: source {net} overlaps "
-                                      f"{clash} of client {other.client_id!r}")  # fmt: skip
+                                      f"{clash} of client {other.client_id!r}")
 
     def _rebuild(self) -> None:
         """New lookup lists swapped in whole (a reader never sees a half-updated table)."""
@@ -227,4 +226,4 @@ def source_address(peername: object) -> IPAddress | None:
 
 __all__ = [
     "AuthError", "ClientError", "ClientSpec", "ClientTable", "Identity", "Leases", "basic_token",
-]  # fmt: skip
+]

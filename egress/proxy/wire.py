@@ -52,7 +52,7 @@ __all__ = [
     "serialize_response_head",
 ]
 
-# Limits. The request defaults are SPEC section 6 (16 KiB, 100 headers): h11's default
+# Limits. The request defaults are docs/proxy.md#limits (16 KiB, 100 headers): h11's default
 # max_incomplete_event_size is 16 KiB, Apache's LimitRequestFields is 100.
 MAX_REQUEST_HEAD_SIZE = 16 * 1024
 MAX_REQUEST_HEADERS = 100
@@ -82,7 +82,7 @@ _OWS = b" \t"
 _VERSIONS = {b"HTTP/1.1": "HTTP/1.1", b"HTTP/1.0": "HTTP/1.0"}
 _OTHER_VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
 
-# Hop-by-hop fields (RFC 9110 7.6.1 and SPEC section 4), removed when forwarding.
+# Hop-by-hop fields (RFC 9110 7.6.1, docs/proxy.md#requests), removed when forwarding.
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -145,7 +145,8 @@ class _Fields:
         return _tokens(self.get_all("connection"))
 
     def __repr__(self) -> str:
-        # Credentials never reach a log through a repr (SPEC 4: tokens are never logged).
+        # Credentials never reach a log through a repr: tokens are never logged
+        # (docs/audit-log.md#redaction).
         parts = []
         for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
             value = getattr(self, name)

@@ -30,10 +30,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import PolicyError, TargetError
+from ..errors import PolicyError, TargetError
+from ..validate import as_list
 from .target import (
     DEFAULT_PORTS,
     IPAddress,
+    IPNetwork,
     Scheme,
     Target,
     normalize_host,
@@ -42,11 +44,9 @@ from .target import (
     parse_url,
     split_host_port,
 )
-from .validate import as_list
 
 Action = Literal["allow", "block"]
 Posture = Literal["deny", "allow"]
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _PATTERN_CHARS = re.compile(r"[a-z0-9_.*?-]+")
 

@@ -37,8 +37,9 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Final, Literal
 
-from egress.auditfmt import Clock, Redactor, encode_record
-from egress.auditwriter import CLOSE_TIMEOUT, DROPPED, STOP, LogWriter
+from egress.audit.format import Clock, encode_record
+from egress.audit.redact import Redactor
+from egress.audit.writer import CLOSE_TIMEOUT, DROPPED, STOP, LogWriter
 
 logger = logging.getLogger("egress.audit")
 

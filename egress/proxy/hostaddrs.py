@@ -1,7 +1,8 @@
 """Thin I/O: the addresses assigned to this host's interfaces (for the address guard).
 
 The host behind a container's gateway is as sensitive as its loopback, so every address on
-every interface of the proxy's own network namespace is reserved (SPEC 3). They are read with
+every interface of the proxy's own network namespace is reserved
+(docs/proxy.md#the-address-guard). They are read with
 one netlink `RTM_GETADDR` dump over a plain `AF_NETLINK` socket: a few dozen lines of
 `struct`, where pyroute2 would cost the long-running proxy ~6 MB of resident memory and an
 event loop of its own per call. Async callers use `local_addresses_async` (a worker thread).
@@ -15,7 +16,7 @@ import os
 import socket
 import struct
 
-from .target import IPAddress, canonical_ip
+from ..policy.target import IPAddress, canonical_ip
 
 NETLINK_ROUTE = 0
 RTM_GETADDR = 22

@@ -1,6 +1,7 @@
 """Policy lint: rules that are legal but almost certainly not what the author meant.
 
-Findings (SPEC 2): a host pattern that covers a whole public suffix (`*.com`, `*.co.uk`, `*`),
+Findings (docs/policy.md#lint): a host pattern that covers a whole public suffix
+(`*.com`, `*.co.uk`, `*`),
 judged with tldextract's bundled list; a URL rule with a path (paths are ignored, so the rule
 is broader than it reads). Lint never changes a decision or an exit code.
 """
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policy import Policy, Rule
 from .psl import is_public_suffix
+from .rules import Policy, Rule
 
 
 @dataclass(frozen=True, slots=True)

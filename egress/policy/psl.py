@@ -1,7 +1,7 @@
 """Public suffix knowledge from tldextract's *bundled* snapshot — never fetched at run time.
 
 `suffix_list_urls=()` disables every HTTP fetch and `cache_dir=None` every disk cache, so the
-list comes from the snapshot shipped inside the tldextract wheel (SPEC 2).
+list comes from the snapshot shipped inside the tldextract wheel (docs/policy.md#lint).
 """
 
 from __future__ import annotations

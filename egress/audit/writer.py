@@ -25,7 +25,15 @@ import time
 from collections import deque
 from typing import Final
 
-from egress.auditfmt import FORMAT, GENESIS, Clock, chain_line, encode_record, line_hash
+from egress.audit.format import (
+    FORMAT,
+    GENESIS,
+    Clock,
+    chain_line,
+    encode_record,
+    line_hash,
+    rotated_name,
+)
 
 logger = logging.getLogger("egress.audit")
 
@@ -337,7 +345,7 @@ class LogWriter:
             os.close(self.fd)
             self.fd = None
             _shift_rotated(self.path)
-            os.rename(self.path, f"{self.path}.1")
+            os.rename(self.path, rotated_name(self.path, 1, compressed=False))
             self._open()
         except OSError as exc:
             self._failed(f"cannot rotate audit log {self.path}: {exc}")
@@ -347,7 +355,7 @@ class LogWriter:
         self.rotations += 1
         self._control({"type": "rotate", "run": self.run_id, "part": self.rotations})
         try:
-            _gzip_file(f"{self.path}.1")
+            _gzip_file(rotated_name(self.path, 1, compressed=False))
         except Exception as exc:  # the uncompressed PATH.1 stays; readers accept both
             logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
 
@@ -372,19 +380,15 @@ class LogWriter:
             self.fd = None
 
 
-def rotated_name(path: str, index: int) -> str:
-    return f"{path}.{index}.gz"
-
-
 def _shift_rotated(path: str) -> None:
     top = 1
-    while os.path.exists(rotated_name(path, top)) or os.path.exists(f"{path}.{top}"):
+    while any(os.path.exists(rotated_name(path, top, compressed=c)) for c in (True, False)):
         top += 1
     for index in range(top - 1, 0, -1):
-        for suffix in (".gz", ""):
-            source = f"{path}.{index}{suffix}"
+        for compressed in (True, False):
+            source = rotated_name(path, index, compressed=compressed)
             if os.path.exists(source):
-                os.rename(source, f"{path}.{index + 1}{suffix}")
+                os.rename(source, rotated_name(path, index + 1, compressed=compressed))
 
 
 def _gzip_file(source: str) -> None:

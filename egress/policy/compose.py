@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from .errors import PolicyError
-from .policy import FrameworkRoute, Policy, Posture, Rule
+from ..errors import PolicyError
+from ..validate import as_bool, as_str_list
+from .rules import FrameworkRoute, Policy, Posture, Rule
 from .target import DEFAULT_PORTS, Scheme, make_target
-from .validate import as_bool, as_str_list
 
 T = TypeVar("T")
 
@@ -111,7 +111,7 @@ def from_harbor(task: Mapping[str, object]) -> Policy:
     if mode is None:
         mode = "public"  # Harbor's default when a task says nothing
     hosts = _checked(as_str_list, task.get("allowed_hosts", []) or [],
-                     "harbor task: allowed_hosts")  # fmt: skip
+                     "harbor task: allowed_hosts")
     if mode == "public":
         return Policy(default="allow")
     if mode == "no-network":
@@ -130,7 +130,7 @@ def from_verifiers(settings: Mapping[str, object]) -> Policy:
     `network_access = true` is `default = "allow"` with the block rules.
     """
     access = _checked(as_bool, settings.get("network_access", False),
-                      "verifiers settings: network_access")  # fmt: skip
+                      "verifiers settings: network_access")
     allow = _checked(as_str_list, settings.get("allow", []) or [], "verifiers settings: allow")
     block = _checked(as_str_list, settings.get("block", []) or [], "verifiers settings: block")
     return Policy(allow=allow, block=block, default="allow" if access else "deny")

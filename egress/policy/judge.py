@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .addrs import AddressGuard
-from .policy import Decision, Policy
+from .rules import Decision, Policy
 from .target import IPAddress, Target
 
 

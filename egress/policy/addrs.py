@@ -20,16 +20,14 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .target import IPAddress
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from .target import IPAddress, IPNetwork
 
 
 def _nets(*cidrs: str) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(c) for c in cidrs)
 
 
-# Always reserved (SPEC 3). Order matters only for which reason is named.
+# Always reserved (docs/proxy.md#the-address-guard). Order matters only for which reason is named.
 _ALWAYS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
     ("loopback", _nets("127.0.0.0/8", "::1/128")),
     ("unspecified", _nets("0.0.0.0/8", "::/128")),
@@ -42,11 +40,11 @@ _ALWAYS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
     # PCP anycast, AWS IPv6 IMDS).
     ("metadata", _nets("100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32",
                        "fd00:ec2::254/128")),
-)  # fmt: skip
+)
 
 # Opt-in with `--reserve-private`: RFC 1918, CGNAT (RFC 6598), IPv6 ULA (RFC 4193).
 PRIVATE_NETWORKS = _nets("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
-                         "fc00::/7")  # fmt: skip
+                         "fc00::/7")
 
 _NAT64_WKP = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")

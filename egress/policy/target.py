@@ -25,9 +25,10 @@ from typing import Literal
 
 import idna
 
-from .errors import TargetError
+from ..errors import TargetError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # RFC 1035 2.3.4: a label is at most 63 octets and a name at most 253 (255 on the wire, less
 # the length byte and the root label).
@@ -58,7 +59,7 @@ class Target:
     ip: IPAddress | None = None
 
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = bracket(self.host)
         return f"{self.scheme}://{host}:{self.port}"
 
 
@@ -248,37 +249,63 @@ class ParsedURL:
     explicit_port: bool
 
 
-def parse_url(url: str, *, schemes: tuple[str, ...] = ("http",)) -> ParsedURL:
-    """Parse an absolute-form URL `scheme://host[:port][/path]`; refuse userinfo (400)."""
+def split_url(url: str) -> tuple[str, str, str]:
+    """`scheme://authority/path` -> (lowercase scheme, authority, path); the path without a
+    fragment and never empty. Raises TargetError when `url` is not absolute."""
     scheme, sep, rest = url.partition("://")
-    scheme = scheme.lower()
-    if not sep or scheme not in schemes:
-        allowed = " or ".join(f"{s}://" for s in schemes)
-        raise TargetError(f"not an absolute {allowed} URL: {url!r}")
+    if not sep:
+        raise TargetError(f"not an absolute URL: {url!r}")
     cut = len(rest)
     for ch in "/?#":
         pos = rest.find(ch)
         if 0 <= pos < cut:
             cut = pos
     authority, path = rest[:cut], rest[cut:]
+    if path.startswith("#"):
+        path = ""
+    path = path.split("#", 1)[0] or "/"
+    if not path.startswith("/"):
+        path = "/" + path
+    return scheme.lower(), authority, path
+
+
+def url_target(scheme: str, authority: str, url: str) -> tuple[Target, bool]:
+    """The `Target` of a URL's authority and whether it named a port; refuses userinfo.
+
+    Pure and independent of the path, so the proxy caches it per authority."""
     if "@" in authority:
         raise TargetError(f"userinfo not allowed in URL {url!r}")
     if not authority:
         raise TargetError(f"URL {url!r} has no host")
     host, port_text = split_host_port(authority)
     port = DEFAULT_PORTS[scheme] if not port_text else _parse_port(port_text, url)
-    if path.startswith("#"):
-        path = ""
-    path = path.split("#", 1)[0] or "/"
-    if not path.startswith("/"):
-        path = "/" + path
-    target = make_target("https" if scheme == "https" else "http", host, port)
-    return ParsedURL(target=target, path=path, explicit_port=bool(port_text))
+    return make_target("https" if scheme == "https" else "http", host, port), bool(port_text)
+
+
+def parse_url(url: str, *, schemes: tuple[str, ...] = ("http",)) -> ParsedURL:
+    """Parse an absolute-form URL `scheme://host[:port][/path]`; refuse userinfo (400)."""
+    scheme = url.partition("://")[0].lower()
+    if "://" not in url or scheme not in schemes:
+        allowed = " or ".join(f"{s}://" for s in schemes)
+        raise TargetError(f"not an absolute {allowed} URL: {url!r}")
+    scheme, authority, path = split_url(url)
+    target, explicit_port = url_target(scheme, authority, url)
+    return ParsedURL(target=target, path=path, explicit_port=explicit_port)
+
+
+def bracket(host: str) -> str:
+    """`host` as it appears in an authority: an IPv6 literal in brackets (`[::1]`)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def join_host_port(host: str, port: int | str) -> str:
+    """`host:port`, with an IPv6 literal in brackets (`[::1]:8080`)."""
+    return f"{bracket(host)}:{port}"
 
 
 def host_header(target: Target, explicit_port: bool = False) -> str:
     """The `Host` header value for a request to `target` (port omitted when default)."""
-    host = f"[{target.host}]" if ":" in target.host else target.host
+    host = bracket(target.host)
     if target.port == DEFAULT_PORTS[target.scheme] and not explicit_port:
         return host
     return f"{host}:{target.port}"
