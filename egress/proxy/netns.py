@@ -18,18 +18,17 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TypeVar
-
-from netcut.errors import NetcutError
-from netcut.target import resolve_target
-from netcut.targetref import TargetRef
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from ..errors import EgressError
 from .listener import BACKLOG, listen_socket
 
+if TYPE_CHECKING:
+    from netcut.targetref import TargetRef
+
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
-NamespaceLike = str | int | TargetRef
+NamespaceLike: TypeAlias = "str | int | TargetRef"
 
 
 class NamespaceError(EgressError):
@@ -46,6 +45,10 @@ def namespace_path(ns: NamespaceLike) -> str:
     digit string), or a container ("docker:ID", ... : its task's PID, from its runtime).
 
     Raises NamespaceError for a value that names nothing or a target that does not exist."""
+    # Imported here: `import egress` does not load netcut until a namespace is named.
+    from netcut.errors import NetcutError
+    from netcut.target import resolve_target
+
     try:
         return resolve_target(ns).path
     except NetcutError as exc:

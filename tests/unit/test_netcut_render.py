@@ -196,6 +196,23 @@ def test_container_findings(host_config: dict[str, object], findings: tuple[str,
     assert helper.container_findings({"HostConfig": host_config}) == findings
 
 
+@pytest.mark.parametrize(
+    ("bounding", "findings"),
+    [
+        (["CAP_CHOWN", "CAP_SETUID"], ()),
+        (["CAP_CHOWN", "CAP_NET_RAW"], ("container may hold CAP_NET_RAW (bounding set)",)),
+        ([], ()),
+    ],
+    ids=["podman-default", "podman-add-raw", "podman-drop-all"],
+)
+def test_container_findings_from_podmans_bounding_set(
+    bounding: list[str], findings: tuple[str, ...]
+) -> None:
+    """podman reports the bounding set: judged as it is, whatever CapAdd/CapDrop say."""
+    info = {"HostConfig": {"CapDrop": [], "CapAdd": []}, "BoundingCaps": bounding}
+    assert helper.container_findings(info) == findings
+
+
 def test_probe_output_parsing() -> None:
     keep, blocked = parse_keep("198.19.1.1:3128"), parse_keep("198.19.1.3:7000")
     result = helper.parse_probe(

@@ -38,7 +38,7 @@ from netcut.model import (
     parse_keep,
 )
 from netcut.plan import CutPlan, backstop_rules, judge_status, plan_cut
-from netcut.verify import as_filter_rule, differences, repair_ops
+from netcut.verify import as_filter_rule, differences, ipv6_sysctls, repair_ops
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)
@@ -206,6 +206,16 @@ TAMPERS: dict[str, tuple[NamespaceState, str]] = {
         replace(CUT, routes=(*CUT.routes, Route(AF_INET, "198.18.0.0", 15, None, None))),
         "route out not in the plan: 198.18.0.0/15 proto static",
     ),
+    "broadcast-route-in-main": (
+        replace(
+            CUT,
+            routes=(
+                *CUT.routes,
+                Route(AF_INET, "198.19.1.255", 32, 2, "eth0", type=3, proto=4, scope=253),
+            ),
+        ),
+        "route out not in the plan: 198.19.1.255/32 dev eth0 proto static scope link",
+    ),
     "connected-route-back": (
         replace(CUT, routes=(*CUT.routes, CONNECTED)),
         "route out not in the plan: 198.19.1.0/24 dev eth0 proto kernel scope link",
@@ -248,6 +258,15 @@ def test_repair_ops_leave_no_difference(name: str) -> None:
 )
 def test_harmless_output_rules_are_not_differences(output: tuple[SeenRule, ...]) -> None:
     assert differences(PLAN.ops, with_filter(AF_INET, output=output)) == ()
+
+
+def test_the_kernels_own_broadcast_and_local_routes_are_not_differences() -> None:
+    own = (
+        Route(AF_INET, "198.19.1.255", 32, 2, "eth0", table=255, type=3, proto=2, scope=253),
+        LOCAL,
+        Route(AF_INET, "127.0.0.0", 8, 1, "lo", table=255, type=RTN_LOCAL, proto=2),
+    )
+    assert differences(PLAN.ops, replace(CUT, routes=(*CUT.routes, *own))) == ()
 
 
 def test_rule_to_an_empty_table_is_not_a_difference() -> None:
@@ -307,3 +326,45 @@ def test_as_filter_rule_reads_or_refuses_never_raises(
     rule = SeenRule(target, proto, src, dst, iif, oif, matches)
     found = as_filter_rule(rule, AF_INET)
     assert found is None or isinstance(found, FilterRule)
+
+
+# unicast, local, broadcast, multicast, blackhole, unreachable
+_TYPES = (1, 2, 3, 5, 6, 7)
+
+
+@st.composite
+def extra_routes(draw: st.DrawFn) -> tuple[Route, ...]:
+    routes = []
+    for i in range(draw(st.integers(0, 4))):
+        table = draw(st.sampled_from([100, 254, 255, 253, 1000]))
+        rtype = draw(st.sampled_from(_TYPES))
+        oif, ifname = draw(st.sampled_from([(1, "lo"), (2, "eth0"), (None, None)]))
+        gateway = draw(st.sampled_from([None, "198.19.1.1", "198.19.1.7"]))
+        routes.append(Route(AF_INET, f"198.18.{i}.0", draw(st.integers(0, 32)), oif, ifname,
+                            table=table, type=rtype, gateway=gateway, proto=4,
+                            priority=draw(st.sampled_from([None, 50]))))  # fmt: skip
+    return tuple(routes)
+
+
+@given(
+    extra_routes(),
+    st.lists(st.sampled_from([k for k, _ in SYSCTLS]), max_size=3, unique=True),
+    st.lists(st.integers(1, 300), max_size=2, unique=True),
+)
+def test_any_tamper_is_seen_exactly_when_it_opens_something_and_repair_clears_it(
+    routes: tuple[Route, ...], flipped: list[str], rule_tables: list[int]
+) -> None:
+    """Generated tampers: routes of every type, table and interface; sysctls flipped;
+    policy rules to any table. A difference is reported if and only if the tamper added a
+    route that sends out of eth0 (or of no single interface) or flipped a sysctl the cut
+    sets; and the repair ops leave none."""
+    want = dict(CUT.sysctls)
+    sysctls = tuple((k, ("1" if v == "0" else "0") if k in flipped else v) for k, v in want.items())
+    rules = (*RULES, *(PolicyRule(AF_INET, 100 + i, t) for i, t in enumerate(rule_tables)))
+    tampered = replace(CUT, routes=(*CUT.routes, *routes), sysctls=sysctls, policy_rules=rules)
+    sends = [r for r in routes if r.oif != 1 and (r.type == 1 or (r.type in (3, 5)
+                                                                 and r.table != 255))]  # fmt: skip
+    flips = [k for k in flipped if k in dict(ipv6_sysctls(CUT))]  # what the cut sets
+    found = differences(PLAN.ops, tampered)
+    assert bool(found) == bool(sends or flips), found
+    assert differences(PLAN.ops, apply_model(tampered, repair_ops(PLAN.ops, tampered))) == ()

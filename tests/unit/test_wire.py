@@ -1,4 +1,4 @@
-"""Tests for egress.wire: heads, framing, forwarding, and the chunked scanner.
+"""Tests for egress.proxy.wire: heads, framing, forwarding, and the chunked scanner.
 
 Parsers are fed whole, byte by byte (every prefix) and with trailing bytes, as in h11's
 tests/test_io.py; hypothesis checks the invariant "a result, None, or ProtocolError".
