@@ -112,8 +112,8 @@ def _lint_in_child(settings: Settings) -> None:
     blocks = [*(r.text for r in settings.policy.block_rules)]
     code = (
         "import sys, json\n"
-        "from egress.lint import lint_policy\n"
-        "from egress.policy import Policy\n"
+        "from egress.policy.lint import lint_policy\n"
+        "from egress.policy.rules import Policy\n"
         "a, b = json.load(sys.stdin)\n"
         "for f in lint_policy(Policy(allow=a, block=b)): print(f)\n"
     )
