@@ -14,6 +14,7 @@ from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
 from .judge import judge
 from .netns import NamespaceError, listen_in_netns
+from .observe import ExecutionSummary
 from .policy import Decision, Policy, Rule, parse_rule
 from .server import EgressProxy, Limits
 from .target import Target, make_target, normalize_host, parse_authority, parse_url
@@ -28,6 +29,7 @@ __all__ = [
     "EgressProxy",
     "Execution",
     "ExecutionNotReady",
+    "ExecutionSummary",
     "Limits",
     "NamespaceError",
     "Policy",

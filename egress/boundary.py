@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from .config import ClientSpec
 from .errors import EgressError
+from .observe import ExecutionSummary
 from .policy import FrameworkRoute, Policy, parse_framework_route
 from .server import EgressProxy, Listener
 
@@ -135,6 +136,7 @@ async def prepare_execution(
         r.text: _rewrite(r, li.host, li.port) for r, li in zip(routes, listeners[1:], strict=True)
     }
     no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
+    proxy.track_execution(cid)  # release_execution returns the summary (docs/user-guide.md)
     return Execution(
         sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
         tuple(listeners),
@@ -238,8 +240,13 @@ async def _gateway_of(sandbox: str) -> str:
 
 async def release_execution(
     proxy: EgressProxy, execution: Execution, *, restore: bool = False
-) -> None:
-    """Close the sandbox's listeners (and, with `restore`, undo the cut)."""
+) -> ExecutionSummary:
+    """Close the sandbox's listeners (and, with `restore`, undo the cut).
+
+    Returns what the execution did: its access records counted by decision, host and reason
+    (`ExecutionSummary`, e.g. `summary.blocked_hosts` for "this run tried 3 blocked hosts").
+    """
+    summary = proxy.execution_summary(execution.client_id, stop=True)
     for listener in execution.listeners:
         if listener in proxy.listeners:
             proxy.listeners.remove(listener)
@@ -250,3 +257,4 @@ async def release_execution(
 
         with contextlib.suppress(netcut.NetcutError):
             await netcut.restore_async(execution.sandbox)
+    return summary

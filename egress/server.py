@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from . import wire
 from .addrs import AddressGuard
@@ -33,7 +33,9 @@ from .config import ClientSpec, Settings
 from .errors import ProtocolError, TargetError
 from .hostaddrs import local_addresses_async
 from .judge import judge
+from .metrics import ProxyMetrics
 from .netns import listen_in_netns
+from .observe import DecisionCallback, ExecutionSummary, Observers
 from .policy import Decision, Policy
 from .relay import Framer, LengthFramer, RelayEnded, Side
 from .resolve import ResolveError, Resolver
@@ -178,6 +180,9 @@ class EgressProxy:
         sni_missing: SniMissing = "if-named",
         host_local: Iterable[IPAddress] | None = None,
         resolver: Resolver | None = None,
+        admin: str | None = None,
+        metrics: bool = True,
+        on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
     ) -> None:
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in listen]
@@ -201,6 +206,13 @@ class EgressProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self.hooks: list[Callable[[dict[str, object]], object]] = []
+        # docs/metrics.md: metrics, summaries and callbacks see the audit log's records
+        self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
+        callbacks = [on_decision] if callable(on_decision) else list(on_decision or ())
+        self.observers = Observers(self._metrics, callbacks)
+        self._observe = self.observers.record
+        self.admin_spec = None if admin is None else parse_listen(admin)
+        self.admin: Any = None  # egress.admin.AdminServer once started
 
     # --- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> EgressProxy:
@@ -237,6 +249,53 @@ class EgressProxy:
             self.addresses.append(listener.address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+        if self.admin_spec is not None:
+            await self._start_admin(*self.admin_spec)
+
+    # --- operators: metrics, admin listener, executions (docs/metrics.md) ------------------
+    def metrics(self) -> dict[str, object]:
+        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
+
+        Raises RuntimeError when the proxy was built with `metrics=False`."""
+        if self._metrics is None:
+            raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
+        return self._metrics.snapshot()
+
+    @property
+    def admin_url(self) -> str | None:
+        """`http://HOST:PORT` of the admin listener, once started (else None)."""
+        from .admin import admin_url
+
+        return None if self.admin is None else admin_url(self.admin.address)
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
+        if self._closing:
+            return False, "stopping"
+        if not self.listeners:
+            return False, "not listening"
+        if self.audit is not None and not self.audit.accepting:
+            return False, "audit log not accepting"
+        return True, "ready"
+
+    async def _start_admin(self, host: str, port: int) -> None:
+        from .admin import AdminServer
+
+        if self._metrics is None:
+            raise ValueError("the admin listener needs metrics (metrics=True)")
+        self.admin = AdminServer(self._metrics, self.ready)
+        await self.admin.start(host, port)
+
+    def track_execution(self, client_id: str) -> ExecutionSummary:
+        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
+        return self.observers.track(client_id)
+
+    def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
+        """Counts by decision, host and reason of `client_id`'s records since tracking began
+        (`stop` ends the tracking; `release_execution` does this)."""
+        if stop:
+            return self.observers.untrack(client_id)
+        return self.observers.summaries.get(client_id) or ExecutionSummary(client_id)
 
     async def _open_listener(self, listener: Listener) -> Listener:
         assert self._loop is not None, "start() the proxy first"
@@ -349,6 +408,8 @@ class EgressProxy:
             for side in sides:
                 side.close()
         self._pool.clear()
+        if self.admin is not None:
+            await self.admin.stop()
 
     async def serve_forever(self) -> None:
         """Serve until cancelled (for standalone use)."""
@@ -521,34 +582,57 @@ class EgressProxy:
     async def _authorize(
         self, identity: Identity, target: Target, event: dict[str, object]
     ) -> tuple[Decision, tuple[IPAddress, ...]]:
-        """Decide, resolve, re-judge on the addresses; raise `_Refused` for any refusal."""
-        decision = self._decide_name(identity, target)
-        if not decision.allowed and not decision.needs_addrs:
-            raise _Refused(decision.reason, decision.detail, rule=decision.rule)
-        if target.ip is not None:
-            addrs: tuple[IPAddress, ...] = (target.ip,)
-        else:
-            try:
-                addrs = await self.resolver.resolve(target.host)
-            except ResolveError as exc:
-                raise _Refused("dns_error", str(exc), "error") from None
-            if decision.reason != "framework_route":
-                decision = judge(identity.policy, self.guard, target, addrs)
-                if not decision.allowed:
-                    raise _Refused(decision.reason, decision.detail, rule=decision.rule)
+        """Decide, resolve, re-judge on the addresses; raise `_Refused` for any refusal.
+
+        Times the verdict and the resolution for the metrics (docs/metrics.md)."""
+        assert self._loop is not None
+        metrics = self._metrics
+        t0 = self._loop.time() if metrics is not None else 0.0
+        try:
+            decision = self._decide_name(identity, target)
+            if not decision.allowed and not decision.needs_addrs:
+                raise _Refused(decision.reason, decision.detail, rule=decision.rule)
+            if target.ip is not None:
+                addrs: tuple[IPAddress, ...] = (target.ip,)
+            else:
+                addrs = await self._resolve(target.host)
+                if decision.reason != "framework_route":
+                    decision = judge(identity.policy, self.guard, target, addrs)
+                    if not decision.allowed:
+                        raise _Refused(decision.reason, decision.detail, rule=decision.rule)
+        finally:
+            if metrics is not None:
+                metrics.decision.observe(self._loop.time() - t0)
         event["rule"] = decision.rule
         event["reason"] = decision.reason
         return decision, addrs
+
+    async def _resolve(self, host: str) -> tuple[IPAddress, ...]:
+        """The resolver's addresses for `host` (timed for the metrics); `_Refused` if none."""
+        assert self._loop is not None
+        metrics = self._metrics
+        t0 = self._loop.time() if metrics is not None else 0.0
+        try:
+            return await self.resolver.resolve(host)
+        except ResolveError as exc:
+            raise _Refused("dns_error", str(exc), "error") from None
+        finally:
+            if metrics is not None:
+                metrics.dns.observe(self._loop.time() - t0)
 
     async def _dial(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
         """Connect to the first reachable checked address; raise `_Refused` on failure."""
         loop = self._loop
         assert loop is not None
         last: _Refused | None = None
+        metrics = self._metrics
         for addr in addrs:
+            t0 = loop.time()
             try:
                 async with asyncio.timeout(self.limits.connect_timeout):
                     _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
+                if metrics is not None:
+                    metrics.connect.observe(loop.time() - t0)
                 return side, addr
             except TimeoutError:
                 last = _Refused("connection_timeout", f"connecting to {addr} port {port} timed out",
@@ -643,9 +727,16 @@ class EgressProxy:
     ) -> None:
         assert upstream is not None
         assert self._loop is not None
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.open_tunnels += 1
         up = conn.side.start_relay(upstream, None)
         down = upstream.start_relay(conn.side, None)
-        await _both_or_failure(up, down)
+        try:
+            await _both_or_failure(up, down)
+        finally:
+            if metrics is not None:
+                metrics.open_tunnels -= 1
         if not (up.done() and down.done()):
             conn.side.close()
             upstream.close()
@@ -669,10 +760,7 @@ class EgressProxy:
         conn.phase = "active"
         try:
             ip = parse_ip_literal(host)
-            try:
-                addrs = (ip,) if ip is not None else await self.resolver.resolve(host)
-            except ResolveError as exc:
-                raise _Refused("dns_error", str(exc), "error") from None
+            addrs = (ip,) if ip is not None else await self._resolve(host)
             upstream, addr = await self._dial(addrs, port)
         except _Refused as refused:
             event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
@@ -935,6 +1023,7 @@ class EgressProxy:
             event["detail"] = detail
         if self.audit is not None:
             self.audit.record(event)
+        self._observe(event)
         for hook in self.hooks:
             hook(event)
 
