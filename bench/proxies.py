@@ -200,7 +200,7 @@ def _start_egress(env: Env, name: str, extra: list[str]) -> Running:
     exe = egress_command()
     if exe is None:
         raise StartError("`egress serve` is not available in this checkout yet")
-    argv = [*exe, "serve", "--listen", f"{HOST}:0", *extra]
+    argv = [*exe, "serve", "--quiet", "--listen", f"{HOST}:0", *extra]  # no stderr lines
     for route in framework_routes(env):
         argv += ["--framework-route", route]
     proc = launch(argv, env.workdir, name)

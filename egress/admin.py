@@ -46,12 +46,13 @@ class _ProxyCollector(Collector):
             "request, tunnel or refusal; equal to the audit log's count)",
             labels=["client", "decision", "reason"],
         )  # fmt: skip
-        for (client, decision, reason), n in m.requests.items():
+        for client, decision, reason, n in m.request_series():
             req.add_metric([client, decision, reason], n)
         yield req
+        up, down = m.byte_series()
         for name, table, text in (
-            ("egress_bytes_up", m.bytes_up, "Bytes relayed from clients to upstreams"),
-            ("egress_bytes_down", m.bytes_down, "Bytes relayed from upstreams to clients"),
+            ("egress_bytes_up", up, "Bytes relayed from clients to upstreams"),
+            ("egress_bytes_down", down, "Bytes relayed from upstreams to clients"),
         ):
             fam = CounterMetricFamily(name, text, labels=["client"])
             for client, n in table.items():
@@ -65,8 +66,7 @@ class _ProxyCollector(Collector):
             value=m.open_tunnels,
         )  # fmt: skip
         for name, hist in m.histograms():
-            cumulative = hist.cumulative()
-            buckets = [(_le(b), n) for b, n in cumulative]
+            buckets = [(_le(b), n) for b, n in hist.cumulative()]
             yield HistogramMetricFamily(
                 f"egress_{name}_seconds", HISTOGRAM_HELP[name], buckets=buckets,
                 sum_value=hist.total,

@@ -1,4 +1,4 @@
-"""The `egress` command line (SPEC 6): serve, check, audit.
+"""The `egress` command line: serve, check, audit.
 
 Exit codes: 0 success, 1 the check failed (a target blocked), 2 bad usage or bad input (a
 short error naming the culprit, never a traceback).
@@ -20,9 +20,20 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow", action="append", default=[], metavar="RULE", help="allow rule")
     g.add_argument("--block", action="append", default=[], metavar="RULE", help="block rule")
     g.add_argument("--default", choices=["deny", "allow"], help="posture (default: deny)")
-    g.add_argument("--framework-route", action="append", default=[], metavar="URL")
-    g.add_argument("--resolve", action="append", default=[], metavar="NAME=ADDR")
-    g.add_argument("--reserve", action="append", default=[], metavar="CIDR")
+    g.add_argument(
+        "--framework-route", action="append", default=[], metavar="URL",
+        help="a framework service the sandbox may reach even on a reserved address, exactly "
+        "this host and port (e.g. http://127.0.0.1:8000); repeatable",
+    )
+    g.add_argument(
+        "--resolve", action="append", default=[], metavar="NAME=ADDR",
+        help="pin NAME to ADDR instead of asking DNS (repeatable; repeating a NAME gives it "
+        "several addresses)",
+    )
+    g.add_argument(
+        "--reserve", action="append", default=[], metavar="CIDR",
+        help="also refuse destinations in CIDR, whatever the rules say (repeatable)",
+    )  # fmt: skip
     g.add_argument("--reserve-private", action="store_true", help="also refuse RFC 1918/CGNAT/ULA")
     g.add_argument("--policy", metavar="FILE.toml", help="policy file (rules are merged)")
 
@@ -50,7 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_options(check)
     check.add_argument("--lint", action="store_true", help="report suspicious rules")
     check.add_argument("--resolve-names", action="store_true", help="resolve names via DNS")
-    check.add_argument("targets", nargs="*", metavar="TARGET")
+    check.add_argument(
+        "--client", metavar="NAME",
+        help="judge with the policy of [clients.NAME] (top-level blocks included), as the "
+        "proxy does for that client",
+    )  # fmt: skip
+    check.add_argument(
+        "targets", nargs="*", metavar="TARGET",
+        help="a URL (http://h/ = absolute-form request, https://h/ = CONNECT) or host[:port] "
+        "(a CONNECT; port 443 when omitted)",
+    )  # fmt: skip
 
     serve = sub.add_parser("serve", help="run the proxy")
     add_policy_options(serve)
@@ -68,6 +88,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .lint import lint_policy
 
     settings = settings_from_args(args)
+    if args.client is not None:
+        spec = next((c for c in settings.clients if c.client_id == args.client), None)
+        if spec is None:
+            known = ", ".join(c.client_id for c in settings.clients) or "none configured"
+            print(f"egress check: no client {args.client!r} ([clients.*]: {known})",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        settings = Settings(spec.policy, settings.guard, settings.resolve, settings.clients)
     if args.lint:
         for finding in lint_policy(settings.policy):
             print(finding)

@@ -61,6 +61,7 @@ class Observers:
         self, metrics: ProxyMetrics | None, callbacks: Iterable[DecisionCallback] = ()
     ) -> None:
         self.metrics = metrics
+        self._count = None if metrics is None else metrics.record
         self.callbacks: list[DecisionCallback] = list(callbacks)
         self.summaries: dict[str, ExecutionSummary] = {}
         self.callback_errors = 0
@@ -69,8 +70,9 @@ class Observers:
 
     def record(self, event: dict[str, object]) -> None:
         """Called once per access record, after the audit log got it."""
-        if self.metrics is not None:
-            self.metrics.record(event)
+        count = self._count
+        if count is not None:
+            count(event)
         if self.summaries:
             summary = self.summaries.get(event.get("client_id"))  # type: ignore[call-overload]
             if summary is not None:

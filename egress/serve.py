@@ -66,8 +66,9 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         "--sni-missing",
         choices=["if-named", "allow", "deny"],
         default="if-named",
-        help="tunnels to 443 without a TLS SNI: allow only if the CONNECT host was an "
-        "allowed name (default), always, or never",
+        help="tunnels to 443 without a TLS SNI (no ClientHello, none with SNI, or non-TLS "
+        "bytes): allow only if the CONNECT host was a name (not an IP) the policy allowed "
+        "(default), always, or never; a malformed ClientHello is always refused",
     )
     lim = Limits()
     g.add_argument("--max-head", type=int, default=lim.max_head, metavar="BYTES",

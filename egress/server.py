@@ -138,6 +138,7 @@ class _Refused(Exception):
         self.decision = decision
         self.status = status
         self.rule = rule
+        self.where: tuple[str, int] | None = None  # host, port when the target was not http
 
 
 def parse_listen(spec: str) -> tuple[str, int]:
@@ -523,15 +524,20 @@ class EgressProxy:
             if side.buf:
                 if conn.phase == "idle":
                     conn.phase, conn.phase_since = "head", self._loop.time()
-                parsed = wire.parse_request_head(
-                    side.buf, max_size=self.limits.max_head,
-                    max_headers=self.limits.max_headers, searched=searched,
-                )  # fmt: skip
+                try:
+                    parsed = wire.parse_request_head(
+                        side.buf, max_size=self.limits.max_head,
+                        max_headers=self.limits.max_headers, searched=searched,
+                    )  # fmt: skip
+                except ProtocolError:
+                    _refuse_tls(side.buf)
+                    raise
                 if parsed is not None:
                     head, used = parsed
                     conn.raw_head = bytes(side.buf[:used])
                     side.consume(used)
                     return head
+                _refuse_tls(side.buf)
                 searched = len(side.buf)
             if not await side.read_more():
                 if side.buf:
@@ -737,11 +743,15 @@ class EgressProxy:
         finally:
             if metrics is not None:
                 metrics.open_tunnels -= 1
+        # who went away first, read before we close either side (docs/audit-log.md#end)
+        gone = "client" if conn.side.lost else "upstream" if upstream.lost else None
         if not (up.done() and down.done()):
             conn.side.close()
             upstream.close()
             await asyncio.wait((up, down), timeout=1.0)
         end = conn.end or _how_ended(up, down)
+        if end == "lost" and gone is not None:
+            end = f"{gone}_closed"
         upstream.close()
         event["bytes_up"] = conn.side.bytes_relayed
         event["bytes_down"] = upstream.bytes_relayed
@@ -791,6 +801,8 @@ class EgressProxy:
         except _Refused as refused:
             if upstream is not None:
                 upstream.close()
+            if refused.where is not None:
+                event["host"], event["port"] = refused.where
             # a policy refusal of a bodiless request leaves the connection usable
             keep = (
                 head.framing.kind == "none"
@@ -828,7 +840,7 @@ class EgressProxy:
     def _absolute_target(self, raw: str) -> tuple[Target, str, bool]:
         """Split an absolute-form target; the authority's `Target` is cached (it is pure)."""
         if raw[:7].lower() != "http://":
-            raise _Refused("bad_request", _form_error(raw), "error", status=400)
+            raise _form_refusal(raw)
         end = len(raw)
         for ch in "/?#":
             pos = raw.find(ch, 7)
@@ -1104,6 +1116,34 @@ def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
     return reasons[0] if reasons else "eof"
 
 
+TLS_TO_PLAIN_PORT = (
+    "TLS to a plain-HTTP proxy port: the proxy URL must be http://, not https:// "
+    "(HTTPS destinations still get TLS end to end, inside CONNECT)"
+)
+
+
+def _refuse_tls(buf: bytearray) -> None:
+    """A TLS handshake record (0x16) can never start a request line: a client was given an
+    https:// proxy URL (`curl -x https://...`). Say so (docs/proxy.md#refusals)."""
+    if buf[:1] == b"\x16":
+        raise ProtocolError(TLS_TO_PLAIN_PORT, 400)
+
+
+def _form_refusal(raw: str) -> _Refused:
+    """The refusal of a non-http:// absolute target; ws:// and wss:// name the destination
+    in the record (docs/proxy.md#websocket)."""
+    refused = _Refused("bad_request", _form_error(raw), "error", status=400)
+    scheme = raw.split("://", 1)[0].lower() if "://" in raw[:7] else ""
+    if scheme in ("ws", "wss"):
+        with contextlib.suppress(TargetError):
+            rest = raw.split("://", 1)[1]
+            cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+            url = parse_url("http://" + rest[:cut])
+            port = url.target.port if url.explicit_port else (443 if scheme == "wss" else 80)
+            refused.where = (url.target.host, port)
+    return refused
+
+
 def _form_error(target: str) -> str:
     if target.startswith("/"):
         return "origin-form request: this is a forward proxy, send absolute-form (http://host/)"
@@ -1111,6 +1151,9 @@ def _form_error(target: str) -> str:
         return "asterisk-form request is not supported by a forward proxy"
     if target.lower().startswith("https://"):
         return "absolute-form https:// request: use CONNECT for TLS"
+    if target[:5].lower() == "ws://" or target[:6].lower() == "wss://":
+        return ("WebSocket over plain HTTP through the proxy is not supported: use wss:// "
+                "(the client tunnels it with CONNECT), or reach ws:// without the proxy")
     return f"unsupported request target {target[:100]!r}"
 
 
