@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,7 +47,14 @@ class _Target:
         return f"http://{HOST}:{self.port}"
 
 
-def one(mode: str, origin: Origin, seconds: int, workdir: Path) -> float:
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(mode: str, origin: Origin, seconds: int, workdir: Path) -> tuple[float, float]:
+    """(req/s, proxy CPU microseconds per request) of one wrk run."""
     ports = ",".join(str(p) for p in origin.http_ports)
     argv = [sys.executable, "-c", CHILD, mode, ports, str(workdir / f"audit-{mode}.jsonl")]
     proc = subprocess.Popen(pinned(argv, PROXY_CPU), stdin=subprocess.PIPE,
@@ -54,7 +62,10 @@ def one(mode: str, origin: Origin, seconds: int, workdir: Path) -> float:
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        return float(run_wrk(_Target(port), origin, 64, seconds, workdir)["rps"])  # type: ignore[arg-type]
+        cpu0 = cpu_seconds(proc.pid)
+        result = run_wrk(_Target(port), origin, 64, seconds, workdir)  # type: ignore[arg-type]
+        cpu = cpu_seconds(proc.pid) - cpu0
+        return float(result["rps"]), cpu / max(1, int(result["requests"])) * 1e6
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
@@ -68,18 +79,28 @@ def main() -> int:
     args = p.parse_args()
     origin = Origin()
     got: dict[str, list[float]] = {"on": [], "off": []}
+    cpu: dict[str, list[float]] = {"on": [], "off": []}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.rounds):
                 order = ("on", "off") if i % 2 == 0 else ("off", "on")
                 for mode in order:
-                    got[mode].append(one(mode, origin, args.seconds, Path(tmp)))
-                print(json.dumps({"round": i, "on": got["on"][-1], "off": got["off"][-1]}))
+                    rps, us = one(mode, origin, args.seconds, Path(tmp))
+                    got[mode].append(rps)
+                    cpu[mode].append(us)
+                print(json.dumps({"round": i, "rps_on": round(got["on"][-1]),
+                                  "rps_off": round(got["off"][-1]),
+                                  "cpu_us_per_req_on": round(cpu["on"][-1], 2),
+                                  "cpu_us_per_req_off": round(cpu["off"][-1], 2)}), flush=True)
     finally:
         origin.close()
     on, off = statistics.median(got["on"]), statistics.median(got["off"])
-    print(json.dumps({"median_on": round(on), "median_off": round(off),
-                      "cost_percent": round((off - on) / off * 100, 2)}))  # fmt: skip
+    con, coff = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+    print(json.dumps({"median_rps_on": round(on), "median_rps_off": round(off),
+                      "rps_cost_percent": round((off - on) / off * 100, 2),
+                      "median_cpu_us_per_req_on": round(con, 2),
+                      "median_cpu_us_per_req_off": round(coff, 2),
+                      "cpu_cost_percent": round((con - coff) / coff * 100, 2)}))  # fmt: skip
     return 0
 
 

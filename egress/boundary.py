@@ -102,7 +102,7 @@ async def prepare_execution(
     tok = token or secrets.token_urlsafe(24)
     sandbox_policy = Policy(
         allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
-        framework_routes=[*policy.framework_routes, *routes],
+        framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
     )  # fmt: skip
     spec = ClientSpec(cid, sandbox_policy, token=tok)
     keeps: list[str] = []

@@ -36,6 +36,11 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--reserve-private", action="store_true", help="also refuse RFC 1918/CGNAT/ULA")
     g.add_argument("--policy", metavar="FILE.toml", help="policy file (rules are merged)")
+    g.add_argument(
+        "--report-only", action="store_true",
+        help="report mode for every policy: refusals are let through and recorded as "
+        "`would: block` (the address guard still refuses reserved addresses)",
+    )  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -49,6 +54,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         resolve=args.resolve,
         reserve=args.reserve,
         reserve_private=args.reserve_private,
+        report_only=args.report_only,
         where=f"policy file {args.policy!r}" if args.policy else "policy",
     )
 
@@ -78,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_options(serve)
 
-    audit = sub.add_parser("audit", help="read audit logs (summarize|tail|filter|verify)")
+    audit = sub.add_parser("audit", help="read audit logs (summarize|tail|filter|verify|suggest)")
     audit.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 

@@ -37,9 +37,11 @@ from .target import IPAddress, normalize_host, parse_ip_literal
 
 _TOP_KEYS = {
     "default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private",
-    "clients",
+    "mode", "clients",
 }  # fmt: skip
-_CLIENT_KEYS = {"token", "token_env", "sources", "default", "allow", "block", "framework_routes"}
+_CLIENT_KEYS = {
+    "token", "token_env", "sources", "default", "allow", "block", "framework_routes", "mode",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,13 @@ def _posture(value: object, where: str) -> Posture:
     return value
 
 
+def _report_only(value: object, where: str) -> bool:
+    """`mode = "enforce" | "report"` (docs/policy.md#report-only-mode)."""
+    if value not in ("enforce", "report"):
+        raise PolicyError(f"{where}: mode must be 'enforce' or 'report', not {value!r}")
+    return value == "report"
+
+
 def build_settings(
     file_data: Mapping[str, Any] | None = None,
     *,
@@ -118,10 +127,15 @@ def build_settings(
     resolve: Sequence[str] = (),
     reserve: Sequence[str] = (),
     reserve_private: bool = False,
+    report_only: bool = False,
     where: str = "policy",
 ) -> Settings:
-    """Merge a policy file's data with command-line options into `Settings`."""
+    """Merge a policy file's data with command-line options into `Settings`.
+
+    `report_only` (`--report-only`) puts the top-level policy and every client in report
+    mode, whatever the file's `mode` keys say."""
     data = file_data or {}
+    top_report = report_only or _report_only(data.get("mode", "enforce"), where)
     posture = _posture(default if default is not None else data.get("default", "deny"), where)
     routes = [*_str_list(data, "framework_routes", where), *framework_routes]
     policy = Policy(
@@ -129,6 +143,7 @@ def build_settings(
         block=[*_str_list(data, "block", where), *block],
         default=posture,
         framework_routes=routes,
+        report_only=top_report,
     )
     pins = parse_resolve([*_resolve_entries(data.get("resolve", []), where), *resolve])
     try:
@@ -140,7 +155,7 @@ def build_settings(
     )
     top_blocks = [*_str_list(data, "block", where), *block]
     clients = tuple(
-        _client(cid, spec, routes, top_blocks, where)
+        _client(cid, spec, routes, top_blocks, where, top_report, report_only)
         for cid, spec in dict(data.get("clients", {})).items()
     )
     return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
@@ -155,10 +170,12 @@ def _resolve_entries(value: object, where: str) -> list[str]:
 
 
 def _client(
-    cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str
-) -> ClientSpec:
+    cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str,
+    top_report: bool = False, force_report: bool = False,
+) -> ClientSpec:  # fmt: skip
     """A per-client policy: its own allow rules and posture; the top-level block rules and
-    framework routes apply to every client too (blocks compose, as in `compose`)."""
+    framework routes apply to every client too (blocks compose, as in `compose`). Its `mode`
+    defaults to the top-level one; `--report-only` forces report mode."""
     here = f"{where}: client {cid!r}"
     if not isinstance(spec, dict):
         raise PolicyError(f"{here}: must be a table")
@@ -183,5 +200,7 @@ def _client(
         block=[*top_blocks, *_str_list(spec, "block", here)],
         default=_posture(spec.get("default", "deny"), here),
         framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
+        report_only=force_report
+        or _report_only(spec.get("mode", "report" if top_report else "enforce"), here),
     )
     return ClientSpec(cid, policy, None if token is None else str(token), tuple(sources))

@@ -16,8 +16,10 @@ the tables cannot grow with traffic. A guard (`MAX_SERIES`) folds anything beyon
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from operator import itemgetter, methodcaller
 
 # Bucket bounds in seconds: 100 us .. 30 s covers a cached decision up to a connect timeout.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -39,10 +41,11 @@ class Histogram:
     tens of nanoseconds instead of a Python-level bucket search.
     """
 
-    __slots__ = ("_raw", "bounds", "count", "counts", "observe", "total")
+    __slots__ = ("_raw", "bounds", "count", "counts", "observe", "scale", "total")
 
-    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS, scale: float = 1.0) -> None:
         self.bounds = bounds
+        self.scale = scale  # observations are in seconds * scale (1000: milliseconds)
         self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
         self.total = 0.0
         self.count = 0
@@ -55,6 +58,12 @@ class Histogram:
         if len(raw) >= FOLD_AT:
             self.fold()
 
+    def extend(self, values: Iterable[float]) -> None:
+        raw = self._raw
+        raw.extend(values)
+        if len(raw) >= FOLD_AT:
+            self.fold()
+
     def fold(self) -> None:
         """Move the raw observations into the buckets."""
         raw = self._raw
@@ -63,12 +72,11 @@ class Histogram:
         raw.sort()
         below = 0
         for i, bound in enumerate(self.bounds):
-            upto = bisect_left(raw, bound, below)  # le semantics: bound itself is inside
-            upto = bisect_right(raw, bound, upto)
+            upto = bisect_right(raw, bound * self.scale, below)  # le: the bound is inside
             self.counts[i] += upto - below
             below = upto
         self.counts[-1] += len(raw) - below
-        self.total += sum(raw)
+        self.total += sum(raw) / self.scale
         self.count += len(raw)
         raw.clear()
 
@@ -83,16 +91,27 @@ class Histogram:
         return out
 
 
+_CLIENT = methodcaller("get", "client_id")
+_VERDICT = itemgetter("decision", "reason")
+_UP = methodcaller("get", "bytes_up")
+_DOWN = methodcaller("get", "bytes_down", 0)
+_MS = methodcaller("get", "duration_ms")
+BATCH = 256  # records held before they are counted (each read counts them first)
+
+
 class ProxyMetrics:
     """The proxy's numbers. `record(event)` is called once per access record.
 
-    `open_connections` is a callable the server supplies (the size of its connection set),
-    so that gauge costs nothing per connection.
+    `record` only appends the record to a batch; `fold` counts a batch at a time with
+    C-level `map`/`zip`/`Counter.update` (a few hundred nanoseconds per record instead of a
+    Python-level update per field), and every read folds first, so what is read is always
+    complete. `open_connections` is a callable the server supplies (the size of its
+    connection set), so that gauge costs nothing per connection.
     """
 
     def __init__(self, open_connections: Callable[[], int] = lambda: 0) -> None:
         # keyed by the record's own values (client_id None included): no work to label them
-        self.requests: dict[tuple[str | None, str, str], int] = {}
+        self.requests: Counter[tuple[str | None, tuple[str, str]]] = Counter()
         self.bytes_up: dict[str | None, int] = {}
         self.bytes_down: dict[str | None, int] = {}
         self.open_tunnels = 0
@@ -100,35 +119,43 @@ class ProxyMetrics:
         self.decision = Histogram()
         self.dns = Histogram()
         self.connect = Histogram()
-        self.request = Histogram()
+        self.request = Histogram(scale=1000.0)  # fed the records' duration_ms
+        self.pending: list[dict[str, object]] = []
 
     # -- the hot path ---------------------------------------------------------------------
     def record(self, event: dict[str, object]) -> None:
-        """Count one access record (the dict the audit log gets, before it is written)."""
-        client = event.get("client_id")  # None (no client) is shown as "-" when read
-        key = (client, event["decision"], event["reason"])
-        requests = self.requests
-        n = requests.get(key)  # type: ignore[arg-type]
-        if n is None:
-            n = 0
-            if len(requests) >= MAX_SERIES:
-                key = (NO_CLIENT, "other", "other")
-                n = requests.get(key, 0)
-        requests[key] = n + 1  # type: ignore[index]
-        up = event.get("bytes_up")
-        if up is not None:
-            table = self.bytes_up
-            table[client] = table.get(client, 0) + up  # type: ignore[index, call-overload]
-            table = self.bytes_down
-            down = event.get("bytes_down", 0)
-            table[client] = table.get(client, 0) + down  # type: ignore[index, call-overload]
-            if len(table) > MAX_SERIES:
-                self._fold_bytes()
-        ms = event.get("duration_ms")
-        if ms is not None:
-            self.request.observe(ms / 1000.0)  # type: ignore[operator]
+        """Count one access record (the dict the audit log gets, before it is written).
 
-    def _fold_bytes(self) -> None:
+        The record is kept until the batch is folded: it must not change afterwards (the
+        server makes a new dict per request)."""
+        pending = self.pending
+        pending.append(event)
+        if len(pending) >= BATCH:
+            self.fold()
+
+    def fold(self) -> None:
+        """Count the pending records."""
+        batch = self.pending
+        if not batch:
+            return
+        clients = list(map(_CLIENT, batch))
+        self.requests.update(zip(clients, map(_VERDICT, batch), strict=True))
+        up_t, down_t = self.bytes_up, self.bytes_down
+        for client, up, down in zip(clients, map(_UP, batch), map(_DOWN, batch), strict=True):
+            if up is not None:
+                up_t[client] = up_t.get(client, 0) + up
+                down_t[client] = down_t.get(client, 0) + down
+        self.request.extend(ms for ms in map(_MS, batch) if ms is not None)
+        batch.clear()
+        if len(self.requests) > MAX_SERIES or len(up_t) > MAX_SERIES:
+            self._fold_overflow()
+
+    def _fold_overflow(self) -> None:
+        """Bound the tables (module docstring): fold the excess into `other` series."""
+        requests = self.requests
+        while len(requests) > MAX_SERIES:
+            key = next(k for k in requests if k[0] != "other")
+            requests[("other", key[1])] += requests.pop(key)
         for table in (self.bytes_up, self.bytes_down):
             while len(table) > MAX_SERIES:
                 client = next(k for k in table if k != "other")
@@ -137,10 +164,12 @@ class ProxyMetrics:
     # -- reading ----------------------------------------------------------------------------
     def request_series(self) -> list[tuple[str, str, str, int]]:
         """(client, decision, reason, count), client `-` for records without a client_id."""
-        return sorted((c or NO_CLIENT, d, r, n) for (c, d, r), n in list(self.requests.items()))
+        self.fold()
+        return sorted((c or NO_CLIENT, d, r, n) for (c, (d, r)), n in self.requests.items())
 
     def byte_series(self) -> tuple[dict[str, int], dict[str, int]]:
         """Bytes up and down by client label."""
+        self.fold()
         up = {c or NO_CLIENT: n for c, n in list(self.bytes_up.items())}
         down = {c or NO_CLIENT: n for c, n in list(self.bytes_down.items())}
         return up, down
@@ -162,6 +191,7 @@ class ProxyMetrics:
         }
 
     def histograms(self) -> Iterator[tuple[str, Histogram]]:
+        self.fold()
         yield "decision", self.decision
         yield "dns", self.dns
         yield "connect", self.connect

@@ -85,6 +85,9 @@ class Decision:
     detail: str = ""
     # True when resolved addresses could still change the outcome (IP/CIDR rules exist).
     needs_addrs: bool = False
+    # report-only mode (docs/policy.md#report-only-mode): "block" when the policy would have
+    # refused; the decision is then an allow that keeps the refusal's reason, rule and detail
+    would: str | None = None
 
     @property
     def action(self) -> Action:
@@ -305,10 +308,15 @@ class Policy:
         block: Iterable[str | Rule] = (),
         default: Posture = "deny",
         framework_routes: Iterable[str | FrameworkRoute] = (),
+        *,
+        report_only: bool = False,
     ) -> None:
         if default not in ("deny", "allow"):
             raise PolicyError(f"default posture {default!r}: must be 'deny' or 'allow'")
         self.default: Posture = default
+        # docs/policy.md#report-only-mode: refusals become allows that say what would have
+        # happened; the address guard still refuses
+        self.report_only = report_only
         self.allow_rules = tuple(_as_rule(r, "allow") for r in allow)
         self.block_rules = tuple(_as_rule(r, "block") for r in block)
         self.framework_routes = tuple(
@@ -331,7 +339,8 @@ class Policy:
     def __repr__(self) -> str:
         return (
             f"Policy(default={self.default!r}, allow={len(self.allow_rules)}, "
-            f"block={len(self.block_rules)}, routes={len(self.framework_routes)})"
+            f"block={len(self.block_rules)}, routes={len(self.framework_routes)}"
+            + (", report_only=True)" if self.report_only else ")")
         )
 
     def framework_route(self, host: str, port: int) -> FrameworkRoute | None:

@@ -611,6 +611,9 @@ class EgressProxy:
                 metrics.decision.observe(self._loop.time() - t0)
         event["rule"] = decision.rule
         event["reason"] = decision.reason
+        if decision.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
+            event["would"] = decision.would
+            event["detail"] = decision.detail
         return decision, addrs
 
     async def _resolve(self, host: str) -> tuple[IPAddress, ...]:
@@ -670,7 +673,14 @@ class EgressProxy:
             conn.side.write(CONNECT_OK)
             event["status"] = 200
             if self._wants_sni_check(identity.policy, target):
-                await self._check_sni(conn, identity, target, decision, event)
+                try:
+                    await self._check_sni(conn, identity, target, decision, event)
+                except _Refused as refused:
+                    if not identity.policy.report_only:
+                        raise
+                    # report-only: the tunnel goes on; the record says what would have happened
+                    event["would"], event["reason"], event["rule"] = "block", refused.reason, None
+                    event["detail"] = f"report-only, would block: {refused.detail}"
         except _Refused as refused:
             self._answer(conn, event, refused, t0)
             if upstream is not None:

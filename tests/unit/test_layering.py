@@ -19,6 +19,8 @@ PURE = [
     "config",
     "clients",
     "auditfmt",
+    "metrics",
+    "suggest",
 ]
 FORBIDDEN = {
     "asyncio",
