@@ -238,6 +238,21 @@ async def _gateway_of(sandbox: str) -> str:
     return gw
 
 
+def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -> None:
+    """Replace a running execution's policy at once (docs/user-guide.md#live-policy).
+
+    `policy` is the new composed policy; the execution's framework routes are added as in
+    `prepare_execution`. From the next request on, the sandbox is judged by it; requests and
+    tunnels already decided keep their decision. The audit log records the new policy's
+    hash. Raises KeyError when the execution is no longer served by `proxy`."""
+    routes = [parse_framework_route(r) for r in execution.framework_urls]
+    sandbox_policy = Policy(
+        allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
+        framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
+    )  # fmt: skip
+    proxy.set_client_policy(execution.client_id, sandbox_policy)
+
+
 async def release_execution(
     proxy: EgressProxy, execution: Execution, *, restore: bool = False
 ) -> ExecutionSummary:

@@ -24,7 +24,9 @@ only the rest to compiled regular expressions; decisions can therefore be cached
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -317,6 +319,7 @@ class Policy:
         # docs/policy.md#report-only-mode: refusals become allows that say what would have
         # happened; the address guard still refuses
         self.report_only = report_only
+        self._digest: str | None = None  # docs/policy.md#policy-hash, computed on first use
         self.allow_rules = tuple(_as_rule(r, "allow") for r in allow)
         self.block_rules = tuple(_as_rule(r, "block") for r in block)
         self.framework_routes = tuple(
@@ -342,6 +345,27 @@ class Policy:
             f"block={len(self.block_rules)}, routes={len(self.framework_routes)}"
             + (", report_only=True)" if self.report_only else ")")
         )
+
+    def canonical(self) -> dict[str, object]:
+        """The policy as plain data, rules in their given order (docs/policy.md#policy-hash).
+
+        Two policies with the same canonical form decide every request the same way."""
+        return {
+            "default": self.default,
+            "allow": [r.text for r in self.allow_rules],
+            "block": [r.text for r in self.block_rules],
+            "framework_routes": [r.text for r in self.framework_routes],
+            "mode": "report" if self.report_only else "enforce",
+        }
+
+    @property
+    def digest(self) -> str:
+        """`sha256:` + the first 16 hex digits of the SHA-256 of the canonical form's
+        compact, key-sorted JSON; the `policy` field of every request record it decides."""
+        if self._digest is None:
+            text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+            self._digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._digest
 
     def framework_route(self, host: str, port: int) -> FrameworkRoute | None:
         return self._routes.get((host, port))

@@ -157,6 +157,14 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(reload_policy(proxy, args))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
         await proxy.start()
         for host, port in proxy.addresses:
@@ -170,9 +178,27 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         await audit.aclose()
         if not args.quiet:
             print(shutdown_summary(proxy.metrics()), file=sys.stderr)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
     return 0
+
+
+async def reload_policy(proxy: EgressProxy, args: argparse.Namespace) -> None:
+    """SIGHUP: re-read the policy file (with the same command-line options), validate it and
+    swap it in; on any error keep the policy in force and say why (docs/proxy.md#sighup)."""
+    from .cli import settings_from_args
+    from .errors import EgressError
+
+    old = proxy.settings.policy.digest
+    try:
+        settings = await asyncio.to_thread(settings_from_args, args)
+    except (EgressError, OSError, ValueError) as exc:
+        print(f"egress serve: policy reload failed, keeping policy {old}: {exc}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
+    await proxy.replace_settings(settings, source="sighup")
+    print(f"egress serve: policy reloaded: {old} -> {settings.policy.digest}",
+          file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _warn_tokens(settings: Settings, require_auth: bool) -> None:

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from . import wire
@@ -193,6 +193,8 @@ class EgressProxy:
         self.sni_missing: SniMissing = sni_missing
         self.clients = ClientTable(self.settings, require_auth=require_auth)
         self.resolver = resolver or Resolver(self.settings.resolve)
+        self._own_resolver = resolver is not None
+        self._started = False
         self._fixed_host_local = None if host_local is None else frozenset(host_local)
         self.guard: AddressGuard = self.settings.guard
         self.addresses: list[tuple[str, int]] = []
@@ -242,6 +244,56 @@ class EgressProxy:
         self.settings = Settings(settings.policy, settings.guard, settings.resolve,
                                  (*others, spec))  # fmt: skip
         self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+        self._cache.clear()
+        self._policy_applied(spec.client_id, spec.policy, "api")
+
+    # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
+    def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
+        """Replace one client's policy, atomically: every request identified from now on
+        (the next request on a kept-alive connection too) is judged by `policy`; requests
+        and tunnels already decided keep their decision. Also re-binds listeners bound to
+        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
+        specs = self.settings.clients
+        known = any(c.client_id == client_id for c in specs)
+        bound = [li for li in self.listeners if li.identity is not None
+                 and li.identity.client_id == client_id and li.forward_to is None]  # fmt: skip
+        if not known and not bound:
+            raise KeyError(f"no client {client_id!r} on this proxy")
+        if known:
+            new = tuple(replace(c, policy=policy) if c.client_id == client_id else c
+                        for c in specs)  # fmt: skip
+            st = self.settings
+            self.settings = Settings(st.policy, st.guard, st.resolve, new)
+            self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+        for listener in bound:
+            listener.identity = Identity(client_id, policy)
+        self._cache.clear()
+        self._policy_applied(client_id, policy, source)
+
+    async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
+        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
+        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
+        name get its new policy; other bound listeners keep theirs."""
+        self.settings = settings
+        self.clients = ClientTable(settings, require_auth=self.clients.require_auth)
+        if not self._own_resolver:
+            self.resolver = Resolver(settings.resolve)
+        by_id = {c.client_id: c.policy for c in settings.clients}
+        for listener in self.listeners:
+            ident = listener.identity
+            if ident is not None and listener.forward_to is None and ident.client_id in by_id:
+                listener.identity = Identity(ident.client_id, by_id[ident.client_id])
+        await self.refresh_host_local()  # the guard from the new settings; clears the cache
+        self._policy_applied(None, settings.policy, source)
+        for spec in settings.clients:
+            self._policy_applied(spec.client_id, spec.policy, source)
+
+    def _policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
+        """Audit that `policy` starts applying to `client_id` (docs/audit-log.md#policy)."""
+        if self.audit is None or not self._started:
+            return
+        self.audit.record({"type": "policy", "client_id": client_id, "policy": policy.digest,
+                           "source": source, "canonical": policy.canonical()})  # fmt: skip
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -250,6 +302,10 @@ class EgressProxy:
             self.addresses.append(listener.address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+        self._started = True
+        self._policy_applied(None, self.settings.policy, "start")
+        for spec in self.settings.clients:
+            self._policy_applied(spec.client_id, spec.policy, "start")
         if self.admin_spec is not None:
             await self._start_admin(*self.admin_spec)
 
@@ -323,7 +379,10 @@ class EgressProxy:
         """
         host, port = parse_listen(listen)
         identity = Identity(client.client_id, client.policy) if client is not None else None
-        return await self._open_listener(Listener(host, port, netns, identity))
+        listener = await self._open_listener(Listener(host, port, netns, identity))
+        if client is not None:
+            self._policy_applied(client.client_id, client.policy, "listener")
+        return listener
 
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
@@ -666,6 +725,7 @@ class EgressProxy:
             event["host"], event["port"] = target.host, target.port
             identity = self._identify(conn, head)
             event["client_id"] = identity.client_id
+            event["policy"] = identity.policy.digest  # docs/policy.md#policy-hash
             decision, addrs = await self._authorize(identity, target, event)
             upstream, addr = await self._dial(addrs, target.port)
             conn.upstream = upstream
@@ -777,6 +837,8 @@ class EgressProxy:
         host, port = listener.forward_to
         event = self._event(conn, "FORWARD", "tcp", host, port)
         event["client_id"] = listener.identity.client_id if listener.identity else None
+        if listener.identity is not None:
+            event["policy"] = listener.identity.policy.digest
         conn.phase = "active"
         try:
             ip = parse_ip_literal(host)
@@ -802,6 +864,7 @@ class EgressProxy:
             event["host"], event["port"], event["path"] = target.host, target.port, path
             identity = self._identify(conn, head)
             event["client_id"] = identity.client_id
+            event["policy"] = identity.policy.digest  # docs/policy.md#policy-hash
             _, addrs = await self._authorize(identity, target, event)
             upstream, addr = await self._acquire(addrs, target.port)
             conn.upstream = upstream

@@ -180,9 +180,15 @@ async def test_in_process_metrics_summary_and_callbacks(
     assert summary.by_host["evil.test"] == {"block": 2}
     assert summary.blocked_hosts == ["evil.test", "other.test"]
     # callbacks got every record, redacted (the query string is not passed on)
-    assert len(seen) == len(audit.events) == 5
+    requests = audit.events
+    assert len(seen) == len(requests) == 5
     assert seen[0]["path"] == "/x?REDACTED"
-    assert audit.events[0]["path"] == "/x?token=abc"  # the sink itself redacts on write
+    assert requests[0]["path"] == "/x?token=abc"  # the sink itself redacts on write
+    # the policies in force were recorded when they started applying, and each request
+    # names the one that decided it
+    applied = {e["client_id"]: e["policy"] for e in audit.policies}
+    assert applied == {None: settings.policy.digest, "exec-1": settings.clients[0].policy.digest}
+    assert {(e["client_id"], e["policy"]) for e in requests} == set(applied.items())
     rows = {(r["client_id"], r["decision"]): r["count"] for r in snapshot["requests"]}  # type: ignore[attr-defined]
     assert rows == {("-", "allow"): 1, ("exec-1", "allow"): 1, ("exec-1", "block"): 3}
 
