@@ -22,8 +22,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from . import wire
@@ -50,6 +51,7 @@ from .target import (
     parse_url,
     split_host_port,
 )
+from .validate import as_choice, as_count, as_instance, as_timeout
 
 log = logging.getLogger("egress")
 
@@ -78,6 +80,14 @@ class Limits:
     shutdown_grace: float = 5.0
     pool_idle: float = 30.0  # idle upstream keep-alive connections are closed after this
     pool_per_key: int = 64
+
+    def __post_init__(self) -> None:
+        """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
+        for name in ("head_timeout", "connect_timeout", "idle_timeout", "shutdown_grace",
+                     "pool_idle"):  # fmt: skip
+            as_timeout(getattr(self, name), f"Limits {name}")
+        for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
+            as_count(getattr(self, name), f"Limits {name}")
 
 
 @dataclass(slots=True, eq=False)
@@ -185,6 +195,11 @@ class EgressProxy:
         metrics: bool = True,
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
     ) -> None:
+        as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
+        if audit is not None and not callable(getattr(audit, "record", None)):
+            raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
+        as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
+        as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in listen]
         self.listen_netns = listen_netns
@@ -201,7 +216,10 @@ class EgressProxy:
         self.listeners: list[Listener] = []
         self._conns: set[_Conn] = set()
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
-        self._cache: dict[tuple[int, str, str, int], Decision] = {}
+        # verdicts per policy *object* (never its id, which a later policy can reuse once
+        # this one is freed): the entry dies with the policy (docs/threat-model.md)
+        self._cache: weakref.WeakKeyDictionary[Policy, dict[tuple[str, str, int], Decision]]
+        self._cache = weakref.WeakKeyDictionary()
         self._targets: dict[str, tuple[Target, bool]] = {}
         self._authorities: dict[str, Target] = {}
         self._addr_texts: dict[IPAddress, str] = {}
@@ -237,15 +255,26 @@ class EgressProxy:
             return self.url
         return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
 
-    def add_client(self, spec: ClientSpec) -> None:
-        """Serve another client (sandbox) with its own policy; takes effect at once."""
-        settings = self.settings
-        others = tuple(c for c in settings.clients if c.client_id != spec.client_id)
-        self.settings = Settings(settings.policy, settings.guard, settings.resolve,
-                                 (*others, spec))  # fmt: skip
-        self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
-        self._cache.clear()
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        identity = self.clients.put(spec)
+        self._sync_settings()
         self._policy_applied(spec.client_id, spec.policy, "api")
+        return identity
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        spec = self.clients.remove(client_id)
+        self._sync_settings()
+        return spec
+
+    def _sync_settings(self) -> None:
+        s = self.settings
+        specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
+        self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
     # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
     def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
@@ -253,18 +282,14 @@ class EgressProxy:
         (the next request on a kept-alive connection too) is judged by `policy`; requests
         and tunnels already decided keep their decision. Also re-binds listeners bound to
         that client (a sandbox's own listener). Raises KeyError for an unknown client."""
-        specs = self.settings.clients
-        known = any(c.client_id == client_id for c in specs)
+        known = self.clients.spec(client_id) is not None
         bound = [li for li in self.listeners if li.identity is not None
                  and li.identity.client_id == client_id and li.forward_to is None]  # fmt: skip
         if not known and not bound:
             raise KeyError(f"no client {client_id!r} on this proxy")
         if known:
-            new = tuple(replace(c, policy=policy) if c.client_id == client_id else c
-                        for c in specs)  # fmt: skip
-            st = self.settings
-            self.settings = Settings(st.policy, st.guard, st.resolve, new)
-            self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+            self.clients.replace(client_id, policy)
+            self._sync_settings()
         for listener in bound:
             listener.identity = Identity(client_id, policy)
         self._cache.clear()
@@ -405,9 +430,22 @@ class EgressProxy:
     async def remove_listeners(self, netns: str) -> None:
         """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.listeners if li.netns == netns]:
-            self.listeners.remove(listener)
-            if listener.server is not None:
-                listener.server.close()
+            self.remove_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        if listener not in self.listeners:
+            return False
+        self.listeners.remove(listener)
+        if listener.server is not None:
+            listener.server.close()
+        for conn in [c for c in self._conns if c.listener is listener]:
+            conn.end = "released"
+            conn.side.abort()
+            if conn.upstream is not None:
+                conn.upstream.abort()
+        return True
 
     @staticmethod
     def _listen_here(host: str, port: int) -> socket.socket:
@@ -470,6 +508,7 @@ class EgressProxy:
         self._pool.clear()
         if self.admin is not None:
             await self.admin.stop()
+        self.resolver.close()
 
     async def serve_forever(self) -> None:
         """Serve until cancelled (for standalone use)."""
@@ -635,13 +674,16 @@ class EgressProxy:
             raise _Refused(exc.reason, str(exc), status=407) from None
 
     def _decide_name(self, identity: Identity, target: Target) -> Decision:
-        key = (id(identity.policy), target.scheme, target.host, target.port)
-        decision = self._cache.get(key)
+        per_policy = self._cache.get(identity.policy)
+        if per_policy is None:
+            per_policy = self._cache[identity.policy] = {}
+        key = (target.scheme, target.host, target.port)
+        decision = per_policy.get(key)
         if decision is None:
             decision = judge(identity.policy, self.guard, target)
-            if len(self._cache) > 65536:
-                self._cache.clear()
-            self._cache[key] = decision
+            if len(per_policy) > 65536:
+                per_policy.clear()
+            per_policy[key] = decision
         return decision
 
     async def _authorize(
@@ -683,7 +725,7 @@ class EgressProxy:
         try:
             return await self.resolver.resolve(host)
         except ResolveError as exc:
-            raise _Refused("dns_error", str(exc), "error") from None
+            raise _Refused(exc.reason, str(exc), "error") from None
         finally:
             if metrics is not None:
                 metrics.dns.observe(self._loop.time() - t0)

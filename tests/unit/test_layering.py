@@ -21,6 +21,7 @@ PURE = [
     "auditfmt",
     "metrics",
     "suggest",
+    "validate",
 ]
 FORBIDDEN = {
     "asyncio",
