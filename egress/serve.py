@@ -258,7 +258,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         for spec in args.listen:
             parse_listen(spec)
         if args.admin:
-            parse_listen(args.admin)
+            parse_listen(args.admin, "--admin")
     except ValueError as exc:
         print(f"egress serve: {exc}", file=sys.stderr)
         return 2

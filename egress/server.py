@@ -151,14 +151,14 @@ class _Refused(Exception):
         self.where: tuple[str, int] | None = None  # host, port when the target was not http
 
 
-def parse_listen(spec: str) -> tuple[str, int]:
+def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT` / `[v6]:PORT` -> (host, port); ValueError naming the culprit."""
     try:
         host, port = split_host_port(spec)
     except TargetError as exc:
-        raise ValueError(f"--listen {spec!r}: {exc}") from None
+        raise ValueError(f"{flag} {spec!r}: {exc}") from None
     if port is None or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
+        raise ValueError(f"{flag} {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
     return host.strip("[]"), int(port)
 
 
@@ -232,7 +232,7 @@ class EgressProxy:
         callbacks = [on_decision] if callable(on_decision) else list(on_decision or ())
         self.observers = Observers(self._metrics, callbacks)
         self._observe = self.observers.record
-        self.admin_spec = None if admin is None else parse_listen(admin)
+        self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         self.admin: Any = None  # egress.admin.AdminServer once started
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -781,8 +781,11 @@ class EgressProxy:
                     if not identity.policy.report_only:
                         raise
                     # report-only: the tunnel goes on; the record says what would have happened
-                    event["would"], event["reason"], event["rule"] = "block", refused.reason, None
-                    event["detail"] = f"report-only, would block: {refused.detail}"
+                    # (the first would-be refusal: the policy's, else the SNI check's)
+                    if "would" not in event:
+                        event["would"], event["reason"] = "block", refused.reason
+                        event["rule"] = None
+                        event["detail"] = f"report-only, would block: {refused.detail}"
         except _Refused as refused:
             self._answer(conn, event, refused, t0)
             if upstream is not None:

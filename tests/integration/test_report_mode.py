@@ -6,7 +6,9 @@ address guard still refuses; the suggested policy, applied, allows exactly what 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 import sys
 import tomllib
 from pathlib import Path
@@ -18,7 +20,7 @@ from egress.check import parse_check_target
 from egress.config import build_settings
 
 import harness
-from proxykit import raw_exchange
+from proxykit import MemoryAudit, raw_exchange
 from servers import echo, run, start_origin, start_tcp
 
 pytestmark = pytest.mark.netns
@@ -102,3 +104,47 @@ async def test_report_mode_per_client_and_cli_flag(tmp_path: Path) -> None:
     assert lines[0].startswith("allow b.test default_deny: report-only, would block")
     assert lines[1].startswith("block http://127.0.0.1/ reserved_address")
     assert rc == 1
+
+
+def client_hello(server_hostname: str) -> bytes:
+    """The first bytes of a real TLS client (Python's), naming `server_hostname`."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def test_report_mode_sni_refusals_are_recorded_and_pass(
+    test_host: harness.TestHost,
+) -> None:
+    echo_srv = await start_tcp(test_host, 443, echo)
+    settings = build_settings(
+        {"allow": ["www.test"], "mode": "report"},
+        resolve=[f"www.test={test_host.addr_ns}", f"other.test={test_host.addr_ns}"],
+    )
+    audit = MemoryAudit()
+    hello = client_hello("evil.test")
+    try:
+        async with EgressProxy(settings, audit=audit) as proxy:
+            host, port = proxy.addresses[0]
+            for name in ("www.test", "other.test"):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(f"CONNECT {name}:443 HTTP/1.1\r\n\r\n".encode() + hello)
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+                assert await reader.readexactly(len(hello)) == hello  # relayed, not cut
+                writer.close()
+                await audit.wait_for(method="CONNECT", host=name)
+    finally:
+        echo_srv.close()
+    mismatch = audit.find(host="www.test")[0]
+    assert (mismatch["decision"], mismatch["would"], mismatch["reason"]) == (
+        "allow", "block", "sni_mismatch")  # fmt: skip
+    assert mismatch["sni"] == "evil.test"
+    # the policy's own would-be refusal is the one recorded, not the SNI check's after it
+    other = audit.find(host="other.test")[0]
+    assert (other["decision"], other["would"], other["reason"]) == (
+        "allow", "block", "default_deny")  # fmt: skip
