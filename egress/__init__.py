@@ -11,6 +11,7 @@ from .audit import AuditLog
 from .boundary import (
     Execution,
     ExecutionNotReady,
+    ReleaseFailed,
     prepare_execution,
     release_execution,
     update_execution,
@@ -42,6 +43,7 @@ __all__ = [
     "PolicyError",
     "ProtocolError",
     "ProxyThread",
+    "ReleaseFailed",
     "Rule",
     "Settings",
     "Target",

@@ -51,7 +51,7 @@ from .target import (
     parse_url,
     split_host_port,
 )
-from .validate import as_choice, as_count, as_instance, as_timeout
+from .validate import as_choice, as_count, as_instance, as_str_list, as_timeout
 
 log = logging.getLogger("egress")
 
@@ -201,7 +201,7 @@ class EgressProxy:
         as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
-        self.listen_specs = [parse_listen(s) for s in listen]
+        self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.listen_netns = listen_netns
         self.audit = audit
         self.limits = limits or Limits()

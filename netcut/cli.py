@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from netcut import api, helper, target
+from netcut import api, helper, helperimage, target
 from netcut.errors import NetcutError, ProbeFailed
 from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
@@ -47,11 +47,19 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     group.add_argument("--netns", metavar="NAME", help="a named namespace (/run/netns/NAME)")
     group.add_argument("--netns-path", metavar="PATH", help="a namespace file")
     group.add_argument("--pid", metavar="PID", help="the namespace of a process")
-    group.add_argument("--container", metavar="ID", help="a docker or podman container")
+    group.add_argument(
+        "--container", metavar="ID", help="a docker or podman container, or a containerd task"
+    )
     p.add_argument(
         "--runtime",
         choices=target.RUNTIMES,
-        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, docker, podman)",
+        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, else the first engine"
+        " that answers of docker, podman, containerd)",
+    )
+    p.add_argument(
+        "--namespace",
+        metavar="NS",
+        help=f"containerd namespace of --container (default: {target.CONTAINERD_NAMESPACE})",
     )
 
 
@@ -108,19 +116,27 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--mode", choices=("direct", "helper"), default="direct")
     restore.add_argument("--helper-image", metavar="IMAGE")
     restore.add_argument("--json", action="store_true")
+
+    image = sub.add_parser(
+        "helper-image", help="assemble the default helper image from this host's files"
+    )
+    image.add_argument("action", choices=("build", "tag"))
+    image.add_argument("--runtime", choices=target.HELPER_RUNTIMES, help="engine to import into")
+    image.add_argument("--json", action="store_true")
     return parser
 
 
 def _target(args: argparse.Namespace) -> target.TargetRef:
-    if args.runtime and not args.container:
-        raise NetcutError("--runtime applies to --container only")
+    if (args.runtime or args.namespace) and not args.container:
+        raise NetcutError("--runtime and --namespace apply to --container only")
     if args.netns is not None:
         return target.netns(args.netns)
     if args.netns_path is not None:
         return target.netns_path(args.netns_path)
     if args.pid is not None:
         return target.pid(args.pid)
-    return target.container(args.container, args.runtime)
+    runtime = args.runtime or ("containerd" if args.namespace else None)
+    return target.container(args.container, runtime, args.namespace)
 
 
 def _emit(args: argparse.Namespace, lines: list[str], data: dict[str, Any]) -> None:
@@ -219,7 +235,28 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"cut": _cmd_cut, "probe": _cmd_probe, "status": _cmd_status, "restore": _cmd_restore}
+def _cmd_helper_image(args: argparse.Namespace) -> int:
+    """`tag` prints the default image's tag; `build` imports it (docs/netcut.md#helper-mode)."""
+    if args.action == "tag":
+        tag = helperimage.image_tag()
+        _emit(args, [tag], {"tag": tag})
+        return 0
+    built = helperimage.build(target.find_runtime(args.runtime))
+    lines = [f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
+             f" {built.seconds:.2f} s"]  # fmt: skip
+    data = {"tag": built.tag, "files": built.files, "size_bytes": built.size_bytes,
+            "seconds": round(built.seconds, 3)}  # fmt: skip
+    _emit(args, lines, data)
+    return 0
+
+
+_COMMANDS = {
+    "cut": _cmd_cut,
+    "probe": _cmd_probe,
+    "status": _cmd_status,
+    "restore": _cmd_restore,
+    "helper-image": _cmd_helper_image,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

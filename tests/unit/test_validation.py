@@ -17,7 +17,7 @@ from hypothesis import given
 from egress import EgressProxy, Limits, Policy, PolicyError, prepare_execution
 from egress.cli import main as egress_main
 from egress.compose import from_harbor, from_verifiers
-from egress.config import ClientSpec, build_settings, load_policy_file
+from egress.config import ClientSpec, Settings, build_settings, load_policy_file
 from egress.validate import as_bool, as_count, as_str_list, as_timeout
 from netcut.cli import main as netcut_main
 
@@ -93,8 +93,9 @@ def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: ty
     ("args", "kwargs", "needle"),
     [(("x",), {}, "EgressProxy policy"), ((Policy(),), {"audit": "a.jsonl"}, "EgressProxy audit"),
      ((Policy(),), {"limits": {"head_timeout": 1}}, "EgressProxy limits"),
-     ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing")],
-    ids=["policy-str", "audit-path", "limits-dict", "sni-missing"],
+     ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing"),
+     ((Policy(),), {"listen": "127.0.0.1:0"}, "EgressProxy listen")],
+    ids=["policy-str", "audit-path", "limits-dict", "sni-missing", "listen-str"],
 )  # fmt: skip
 def test_proxy_construction_refuses_wrong_types(
     args: tuple[object, ...], kwargs: dict[str, object], needle: str
@@ -102,6 +103,13 @@ def test_proxy_construction_refuses_wrong_types(
     # before: these constructed, started, then answered every request with an empty reply
     with pytest.raises((TypeError, ValueError), match=needle):
         EgressProxy(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_types() -> None:
+    with pytest.raises(TypeError, match="Settings policy must be a Policy"):
+        Settings("p")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Settings clients"):
+        Settings(Policy(), clients=[ClientSpec("a", Policy(), "t")])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -238,3 +246,51 @@ def test_netcut_cut_expect_blocked_needs_a_port(capsys: pytest.CaptureFixture[st
     # before: accepted and the cut applied; probe refused the same argument
     rc = netcut_main(["cut", "--netns", "egt-none", "--expect-blocked", "1.2.3.4"])
     _one_line_error(capsys, rc, "give ADDR:PORT")
+
+
+# --- any file content: a PolicyError or Settings, nothing else ----------------------------
+
+_SCALARS = st.one_of(st.booleans(), st.integers(-3, 70000), st.text(max_size=12),
+                     st.sampled_from(["deny", "allow", "a.test", "198.18.0.0/24", "a.test=1.2.3.4",
+                                      "http://127.0.0.1:8080", "", "*"]))  # fmt: skip
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+_CLIENT_KEYS = ["token", "token_env", "sources", "default", "allow", "block", "framework_routes"]
+_TOP = ["default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private"]
+
+
+@given(
+    top=st.dictionaries(st.sampled_from(_TOP), _VALUES, max_size=4),
+    clients=st.none() | _VALUES | st.dictionaries(
+        st.sampled_from(["a", "b"]),
+        st.dictionaries(st.sampled_from(_CLIENT_KEYS), _VALUES, max_size=4) | _VALUES,
+        max_size=2,
+    ),
+)
+def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
+                                                      clients: object) -> None:  # fmt: skip
+    data = dict(top)
+    if clients is not None:
+        data["clients"] = clients
+    message = ""
+    try:
+        settings = build_settings(data)
+    except PolicyError as exc:  # the only error a file can cause: one line, naming the field
+        message = str(exc)
+    if message:
+        assert "\n" not in message
+    else:
+        assert isinstance(settings.guard.reserve_private, bool)
+
+
+@given(st.dictionaries(st.sampled_from(["network_mode", "allow_internet", "allowed_hosts",
+                                        "network_access", "allow", "block"]), _VALUES))  # fmt: skip
+def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, object]) -> None:
+    for mapping in (from_harbor, from_verifiers):
+        try:
+            policy = mapping(task)
+        except PolicyError:
+            continue
+        assert policy.default in ("deny", "allow")
+        if mapping is from_verifiers:
+            assert (policy.default == "allow") == (task.get("network_access") is True)
