@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 import pytest
 
 from .config import Settings, parse_resolve
-from .netns import listen_in_netns
-from .policy import Policy
-from .server import EgressProxy, Listener
+from .policy.rules import Policy
+from .proxy.listener import Listener
+from .proxy.netns import listen_in_netns
+from .proxy.server import EgressProxy
 from .thread import ProxyThread
 
 T = TypeVar("T")

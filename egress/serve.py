@@ -1,4 +1,4 @@
-"""`egress serve`: the proxy as a standalone process (SPEC 6).
+"""`egress serve`: the proxy as a standalone process (docs/proxy.md#standalone-egress-serve).
 
 Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts.
 SIGTERM/SIGINT: stop accepting, give open tunnels up to 5 s, close them, flush the audit log,
@@ -17,7 +17,8 @@ import sys
 from typing import Any
 
 from .config import Settings
-from .server import EgressProxy, Limits, parse_listen
+from .policy.target import join_host_port
+from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 
 
@@ -86,7 +87,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="concurrent client connections, 503 beyond (default: %(default)s)")
     g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     g.add_argument("--quiet", action="store_true",
-                   help="no warnings, request lines or shutdown summary on stderr")  # fmt: skip
+                   help="no warnings, request lines or shutdown summary on stderr")
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -100,11 +101,11 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
         max_head=args.max_head, max_headers=args.max_headers, head_timeout=args.head_timeout,
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
         max_connections=args.max_connections,
-    )  # fmt: skip
+    )
 
 
 def _open_audit(args: argparse.Namespace) -> Any:
-    from .audit import AuditLog
+    from .audit.log import AuditLog
 
     return AuditLog(args.audit_log, fail_mode=args.audit_fail, keep_query=args.audit_keep_query)
 
@@ -119,8 +120,8 @@ def _lint_in_child(settings: Settings) -> None:
     blocks = [*(r.text for r in settings.policy.block_rules)]
     code = (
         "import sys, json\n"
-        "from egress.lint import lint_policy\n"
-        "from egress.policy import Policy\n"
+        "from egress.policy.lint import lint_policy\n"
+        "from egress.policy.rules import Policy\n"
         "a, b = json.load(sys.stdin)\n"
         "for f in lint_policy(Policy(allow=a, block=b)): print(f)\n"
     )
@@ -128,7 +129,7 @@ def _lint_in_child(settings: Settings) -> None:
         out = subprocess.run(
             [sys.executable, "-c", code], input=json.dumps([rules, blocks]), text=True,
             capture_output=True, timeout=60, check=True,
-        ).stdout  # fmt: skip
+        ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"egress serve: warning: policy lint did not run: {exc}", file=sys.stderr)
         return
@@ -144,7 +145,7 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         await audit.start()
     except (OSError, ValueError) as exc:
         print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 2
     if not args.quiet:
         _warn_tokens(settings, args.require_auth)
@@ -153,7 +154,7 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings, listen=args.listen or ["127.0.0.1:3128"], listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
         sni_missing=args.sni_missing, admin=args.admin, on_decision=on_decision,
-    )  # fmt: skip
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -169,8 +170,7 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         await proxy.start()
         for host, port in proxy.addresses:
-            shown = f"[{host}]" if ":" in host else host
-            print(f"listening on {shown}:{port}", flush=True)
+            print(f"listening on {join_host_port(host, port)}", flush=True)
         if proxy.admin_url is not None and not args.quiet:
             print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
         await stop.wait()

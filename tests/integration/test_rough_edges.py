@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from egress.config import build_settings
-from egress.server import EgressProxy
+from egress.proxy.server import EgressProxy
 
 import harness
 from proxykit import MemoryAudit, raw_exchange
