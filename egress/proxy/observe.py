@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..audit.redact import Redactor
-from .metrics import BATCH, ProxyMetrics
+from .metrics import ProxyMetrics
 
 log = logging.getLogger("egress")
 
@@ -61,8 +61,6 @@ class Observers:
         self, metrics: ProxyMetrics | None, callbacks: Iterable[DecisionCallback] = ()
     ) -> None:
         self.metrics = metrics
-        # metrics.record inlined: one append and one length test per record
-        self._pending = None if metrics is None else metrics.pending
         self.callbacks: list[DecisionCallback] = list(callbacks)
         self.summaries: dict[str, ExecutionSummary] = {}
         self.callback_errors = 0
@@ -70,12 +68,8 @@ class Observers:
         self._tasks: set[asyncio.Future[object]] = set()
 
     def record(self, event: dict[str, object]) -> None:
-        """Called once per access record, after the audit log got it."""
-        pending = self._pending
-        if pending is not None:
-            pending.append(event)
-            if len(pending) >= BATCH:
-                self.metrics.fold()  # type: ignore[union-attr]
+        """Called once per access record, after the audit log got it (the metrics are fed
+        by the server directly, `Steps.emit`)."""
         if self.summaries:
             summary = self.summaries.get(event.get("client_id"))  # type: ignore[call-overload]
             if summary is not None:

@@ -18,7 +18,7 @@ from . import wire
 from .clients import Identity
 from .conn import Conn, Limits
 from .gate import Admit, Gate, Refuse, Refused, admit_client, refuse_resolve
-from .metrics import ProxyMetrics
+from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
 from .record import AccessRecord
 from .resolve import ResolveError, Resolver
@@ -169,6 +169,13 @@ class Steps:
         event = rec.event(decision, reason, rule, detail, status)
         if self.audit is not None:
             self.audit.record(event)
+        metrics = self.metrics
+        if metrics is not None:  # the same record's values (docs/metrics.md), read from slots
+            pending = metrics.pending
+            pending.append((rec.client_id, decision, reason, rec.bytes_up, rec.bytes_down,
+                            rec.duration_ms))
+            if len(pending) >= BATCH:
+                metrics.fold()
         self.observe(event)
         for hook in self.hooks:
             hook(event)
