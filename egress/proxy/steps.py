@@ -96,10 +96,9 @@ class Steps:
     ) -> tuple[Admit, tuple[IPAddress, ...]]:
         """Decide, resolve, decide on the addresses; raise `Refused` for any refusal.
 
-        Times the verdict for the metrics (docs/metrics.md)."""
+        Times head-to-verdict for the metrics (docs/metrics.md)."""
         gate = self.gate
         metrics = self.metrics
-        t0 = self.loop.time() if metrics is not None else 0.0
         try:
             first = gate.decide(policy, target)
             early = gate.refuse_early(first)
@@ -111,8 +110,8 @@ class Steps:
                 addrs = await self.resolve(target.host)
             verdict = gate.admit(policy, target, first, addrs)
         finally:
-            if metrics is not None:
-                metrics.decision.observe(self.loop.time() - t0)
+            if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
+                metrics.decision.observe(self.loop.time() - rec.t0)
         if isinstance(verdict, Refuse):
             raise Refused(verdict)
         rec.admitted(verdict.reason, verdict.rule)
