@@ -58,7 +58,7 @@ def one(mode: str, origin: Origin, seconds: int, workdir: Path) -> tuple[float, 
     ports = ",".join(str(p) for p in origin.http_ports)
     argv = [sys.executable, "-c", CHILD, mode, ports, str(workdir / f"audit-{mode}.jsonl")]
     proc = subprocess.Popen(pinned(argv, PROXY_CPU), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, cwd=REPO, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, cwd=REPO, text=True)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -100,7 +100,7 @@ def main() -> int:
                       "rps_cost_percent": round((off - on) / off * 100, 2),
                       "median_cpu_us_per_req_on": round(con, 2),
                       "median_cpu_us_per_req_off": round(coff, 2),
-                      "cpu_cost_percent": round((con - coff) / coff * 100, 2)}))  # fmt: skip
+                      "cpu_cost_percent": round((con - coff) / coff * 100, 2)}))
     return 0
 
 

@@ -475,7 +475,7 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     sandbox_policy = Policy(
         allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
         framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
-    )  # fmt: skip
+    )
     proxy.set_client_policy(execution.client_id, sandbox_policy)
 
 

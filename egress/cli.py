@@ -33,14 +33,14 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--reserve", action="append", default=[], metavar="CIDR",
         help="also refuse destinations in CIDR, whatever the rules say (repeatable)",
-    )  # fmt: skip
+    )
     g.add_argument("--reserve-private", action="store_true", help="also refuse RFC 1918/CGNAT/ULA")
     g.add_argument("--policy", metavar="FILE.toml", help="policy file (rules are merged)")
     g.add_argument(
         "--report-only", action="store_true",
         help="report mode for every policy: refusals are let through and recorded as "
         "`would: block` (the address guard still refuses reserved addresses)",
-    )  # fmt: skip
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -71,12 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--client", metavar="NAME",
         help="judge with the policy of [clients.NAME] (top-level blocks included), as the "
         "proxy does for that client",
-    )  # fmt: skip
+    )
     check.add_argument(
         "targets", nargs="*", metavar="TARGET",
         help="a URL (http://h/ = absolute-form request, https://h/ = CONNECT) or host[:port] "
         "(a CONNECT; port 443 when omitted)",
-    )  # fmt: skip
+    )
 
     serve = sub.add_parser("serve", help="run the proxy")
     add_policy_options(serve)
@@ -99,7 +99,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if spec is None:
             known = ", ".join(c.client_id for c in settings.clients) or "none configured"
             print(f"egress check: no client {args.client!r} ([clients.*]: {known})",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
             return 2
         settings = Settings(spec.policy, settings.guard, settings.resolve, settings.clients)
     if args.lint:

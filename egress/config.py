@@ -204,7 +204,7 @@ def _resolve_entries(value: object, where: str) -> list[str]:
 def _client(
     cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str,
     top_report: bool = False, force_report: bool = False,
-) -> ClientSpec:  # fmt: skip
+) -> ClientSpec:
     """A per-client policy: its own allow rules and posture; the top-level block rules and
     framework routes apply to every client too (blocks compose, as in `compose`). Its `mode`
     defaults to the top-level one; `--report-only` forces report mode."""

@@ -305,7 +305,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--audit-log", metavar="PATH",
         help="keep the demo's audit log at PATH (default: a temporary file, removed at the end)",
-    )  # fmt: skip
+    )
     return p.parse_args(argv)
 
 
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     kept = f" The audit log is kept at {args.audit_log}." if args.audit_log else ""
     say(f"Everything the demo created is gone.{kept} Details: README.md and docs/.",
-        step="Done")  # fmt: skip
+        step="Done")
     return 0
 
 

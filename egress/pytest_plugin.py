@@ -107,7 +107,7 @@ class Namespace:
 
     def exec(self, *argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", self.name, *argv], capture_output=True,
-                              text=True, timeout=timeout, check=False)  # fmt: skip
+                              text=True, timeout=timeout, check=False)
 
     def remove(self) -> None:
         for link in self.links:

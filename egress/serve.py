@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from .config import Settings
 from .policy.target import join_host_port
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
+from .workers import READY, check_worker_args, serve_workers
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -85,6 +87,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="seconds a connection may stay silent (default: %(default)s)")
     g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N",
                    help="concurrent client connections, 503 beyond (default: %(default)s)")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N proxy processes sharing each listen port (SO_REUSEPORT), each with its own "
+        "audit chain PATH.wI (default 1)",
+    )
     g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     g.add_argument("--quiet", action="store_true",
                    help="no warnings, request lines or shutdown summary on stderr")
@@ -137,8 +147,13 @@ def _lint_in_child(settings: Settings) -> None:
         print(f"egress serve: warning: {line}", file=sys.stderr)
 
 
-async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    if not args.quiet:
+async def run_serve(
+    args: argparse.Namespace, settings: Settings, ready_fd: int | None = None
+) -> int:
+    """Serve until SIGTERM/SIGINT. With `ready_fd` (a worker of `--workers`), report
+    readiness there instead of printing the `listening on` lines (the parent prints them).
+    """
+    if not args.quiet and ready_fd is None:
         await asyncio.to_thread(_lint_in_child, settings)
     try:
         audit = _open_audit(args)
@@ -153,7 +168,8 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     proxy = EgressProxy(
         settings, listen=args.listen or ["127.0.0.1:3128"], listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
-        sni_missing=args.sni_missing, admin=args.admin, on_decision=on_decision,
+        sni_missing=args.sni_missing, reuse_port=ready_fd is not None, admin=args.admin,
+        on_decision=on_decision,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -169,8 +185,12 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
         await proxy.start()
-        for host, port in proxy.addresses:
-            print(f"listening on {join_host_port(host, port)}", flush=True)
+        if ready_fd is not None:
+            os.write(ready_fd, READY)
+            os.close(ready_fd)
+        else:
+            for host, port in proxy.addresses:
+                print(f"listening on {join_host_port(host, port)}", flush=True)
         if proxy.admin_url is not None and not args.quiet:
             print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
         await stop.wait()
@@ -195,11 +215,11 @@ async def reload_policy(proxy: EgressProxy, args: argparse.Namespace) -> None:
         settings = await asyncio.to_thread(settings_from_args, args)
     except (EgressError, OSError, ValueError) as exc:
         print(f"egress serve: policy reload failed, keeping policy {old}: {exc}",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         return
     await proxy.replace_settings(settings, source="sighup")
     print(f"egress serve: policy reloaded: {old} -> {settings.policy.digest}",
-          file=sys.stderr, flush=True)  # fmt: skip
+          file=sys.stderr, flush=True)
 
 
 def _warn_tokens(settings: Settings, require_auth: bool) -> None:
@@ -255,13 +275,26 @@ def shutdown_summary(metrics: dict[str, object]) -> str:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         limits_from_args(args)
-        for spec in args.listen:
-            parse_listen(spec)
+        listens = [parse_listen(spec) for spec in args.listen or ["127.0.0.1:3128"]]
         if args.admin:
             parse_listen(args.admin, "--admin")
+            if args.workers > 1:
+                raise ValueError("--admin serves one process's numbers: not with --workers > 1")
     except ValueError as exc:
         print(f"egress serve: {exc}", file=sys.stderr)
         return 2
+    why = check_worker_args(args)
+    if why:
+        print(f"egress serve: {why}", file=sys.stderr)
+        return 2
+    if args.workers > 1:
+        if not args.quiet:
+            _lint_in_child(settings)  # once, not once per worker
+        return serve_workers(args, settings, _run_loop, listens)
+    return _run_loop(args, settings, None)
+
+
+def _run_loop(args: argparse.Namespace, settings: Settings, ready_fd: int | None) -> int:
     runner: Any = asyncio.run
     if not args.no_uvloop:
         with contextlib.suppress(ImportError):
@@ -269,7 +302,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
             runner = uvloop.run
     try:
-        return int(runner(run_serve(args, settings)))
+        return int(runner(run_serve(args, settings, ready_fd)))
     except OSError as exc:
         print(f"egress serve: cannot listen: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -115,7 +115,7 @@ def suggest(records: Iterable[dict[str, object]]) -> Suggestion:
 def render(
     s: Suggestion, domain_of: Callable[[str], str], lint: Callable[[list[str]], list[str]],
     sources: list[str],
-) -> str:  # fmt: skip
+) -> str:
     """The suggestion as TOML with comments (loadable by `--policy`)."""
     lines = [
         "# Suggested by `egress audit suggest` from " + ", ".join(sources),
@@ -158,7 +158,7 @@ def _callouts(s: Suggestion) -> list[str]:
         (s.sni, "refused by the TLS SNI check; not allowed"),
         (s.refused, "refused for want of an allow rule in an enforcing run; not allowed "
                     "(add them by hand if wanted)"),
-    )  # fmt: skip
+    )
     for table, title in sections:
         if not table:
             continue
@@ -169,7 +169,7 @@ def _callouts(s: Suggestion) -> list[str]:
             out.append(f"#   {where}  {seen.count} record(s)" + (f"  {notes}" if notes else ""))
     if s.routes:
         out += ["", f"# {s.routes} framework-route record(s): covered by framework_routes, "
-                    "not by rules"]  # fmt: skip
+                    "not by rules"]
     return out
 
 

@@ -27,7 +27,7 @@ def judge(
         decision = Decision(
             True, decision.reason, decision.rule, f"report-only, would block: {decision.detail}",
             target.ip is None and not addrs, "block",
-        )  # fmt: skip
+        )
     if not decision.allowed or decision.reason == "framework_route":
         return decision
     ips: Sequence[IPAddress] = (target.ip,) if target.ip is not None else addrs

@@ -45,7 +45,7 @@ class _ProxyCollector(Collector):
             "egress_requests", "Access records by client, decision and reason (one per "
             "request, tunnel or refusal; equal to the audit log's count)",
             labels=["client", "decision", "reason"],
-        )  # fmt: skip
+        )
         for client, decision, reason, n in m.request_series():
             req.add_metric([client, decision, reason], n)
         yield req
@@ -64,13 +64,13 @@ class _ProxyCollector(Collector):
         yield GaugeMetricFamily(
             "egress_open_tunnels", "CONNECT tunnels and forwarder relays open now",
             value=m.open_tunnels,
-        )  # fmt: skip
+        )
         for name, hist in m.histograms():
             buckets = [(_le(b), n) for b, n in hist.cumulative()]
             yield HistogramMetricFamily(
                 f"egress_{name}_seconds", HISTOGRAM_HELP[name], buckets=buckets,
                 sum_value=hist.total,
-            )  # fmt: skip
+            )
 
 
 def _le(bound: float) -> str:

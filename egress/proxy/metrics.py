@@ -25,7 +25,7 @@ from operator import itemgetter
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
+)
 MAX_SERIES = 4096  # per table; see the module docstring
 NO_CLIENT = "-"  # label value for records without a client_id (top-level policy)
 
@@ -197,14 +197,14 @@ class ProxyMetrics:
         yield "request", self.request
 
     def count(self, *, client_id: str | None = None, decision: str | None = None,
-              reason: str | None = None) -> int:  # fmt: skip
+              reason: str | None = None) -> int:
         """Sum of the request counter over the series matching the given labels."""
         want_client = None if client_id is None else client_id or NO_CLIENT
         return sum(
             n for c, d, r, n in self.request_series()
             if (want_client is None or c == want_client) and (decision is None or d == decision)
             and (reason is None or r == reason)
-        )  # fmt: skip
+        )
 
 
 def _hist_dict(h: Histogram) -> dict[str, object]:

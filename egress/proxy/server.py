@@ -94,6 +94,7 @@ class EgressProxy:
         admin: str | None = None,
         metrics: bool = True,
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
@@ -103,6 +104,7 @@ class EgressProxy:
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.listen_netns = listen_netns
+        self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
         self.audit = audit
         self.limits = limits or Limits()
         self.sni_missing: SniMissing = sni_missing
@@ -180,7 +182,7 @@ class EgressProxy:
         that client (a sandbox's own listener). Raises KeyError for an unknown client."""
         known = self.clients.spec(client_id) is not None
         bound = [li for li in self.listeners if li.identity is not None
-                 and li.identity.client_id == client_id and li.forward_to is None]  # fmt: skip
+                 and li.identity.client_id == client_id and li.forward_to is None]
         if not known and not bound:
             raise KeyError(f"no client {client_id!r} on this proxy")
         if known:
@@ -216,7 +218,7 @@ class EgressProxy:
         if self.audit is None or not self._started:
             return
         self.audit.record({"type": "policy", "client_id": client_id, "policy": policy.digest,
-                           "source": source, "canonical": policy.canonical()})  # fmt: skip
+                           "source": source, "canonical": policy.canonical()})
 
     # --- operators: metrics, admin listener, executions (docs/metrics.md) ------------------
     def metrics(self) -> dict[str, object]:
@@ -271,7 +273,7 @@ class EgressProxy:
             loop, connect_timeout=lim.connect_timeout, idle=lim.pool_idle, per_key=lim.pool_per_key
         )
         self.steps = Steps(loop, self.gate, self.pool, self.resolver, self.audit, lim, self.hooks,
-                           self.observers.record, self._metrics)  # fmt: skip
+                           self.observers.record, self._metrics)
         self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
             listener = await self._open_listener(Listener(host, port, self.listen_netns))
@@ -288,7 +290,7 @@ class EgressProxy:
         if listener.netns:
             sock = listen_in_netns(listener.netns, listener.host, listener.port)
         else:
-            sock = listen_socket(listener.host, listener.port)
+            sock = listen_socket(listener.host, listener.port, reuse_port=self.reuse_port)
         listener.server = await self.loop.create_server(
             lambda: _ClientSide(self, listener), sock=sock, backlog=BACKLOG
         )

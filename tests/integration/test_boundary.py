@@ -140,7 +140,7 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     assert summary.by_host["pypi.test"] == {"allow": 1}
     assert set(summary.blocked_hosts) == {"evil.test", "loopy.test"}
     assert summary.by_reason == {"allow_rule": 1, "block_rule": 1, "default_deny": 1,
-                                 "framework_route": 2}  # the probe's and the agent's  # fmt: skip
+                                 "framework_route": 2}  # the probe's and the agent's
     assert summary.by_decision == {"allow": 3, "block": 2}
 
 

@@ -26,7 +26,7 @@ REQUEST = b"GET http://www.test/ HTTP/1.1\r\nHost: www.test\r\n\r\n"
 
 
 async def hammer(host: str, port: int, stop: asyncio.Event,
-                 seen: list[tuple[float, int]]) -> None:  # fmt: skip
+                 seen: list[tuple[float, int]]) -> None:
     """Requests one after another on one keep-alive connection until `stop`."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -59,7 +59,7 @@ async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request
         "--policy", str(policy), "--resolve", f"www.test={test_host.addr_ns}",
         "--audit-log", str(log),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     assert proc.stderr is not None
     seen: list[list[tuple[float, int]]] = [[] for _ in range(4)]
@@ -120,7 +120,7 @@ async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request
 async def test_client_policy_replaced_from_the_api(test_host: harness.TestHost) -> None:
     origin = await start_origin(test_host, 80)
     settings = build_settings({}, resolve=[f"www.test={test_host.addr_ns}",
-                                           f"api.test={test_host.addr_ns}"])  # fmt: skip
+                                           f"api.test={test_host.addr_ns}"])
     audit = MemoryAudit()
     curl = ("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5")
     try:

@@ -62,7 +62,7 @@ async def test_serve_metrics_equal_the_audit_log(
         "--admin", "127.0.0.1:0", "--policy", str(policy),
         "--resolve", f"example.test={test_host.addr_ns}", "--audit-log", str(log),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     assert proc.stderr is not None
     try:
@@ -196,7 +196,7 @@ async def test_in_process_metrics_summary_and_callbacks(
 async def test_admin_readyz_reports_a_failing_audit_log(test_host: harness.TestHost) -> None:
     audit = MemoryAudit()
     async with EgressProxy(Policy(allow=["example.test"]), audit=audit,
-                           admin="127.0.0.1:0") as proxy:  # fmt: skip
+                           admin="127.0.0.1:0") as proxy:
         assert proxy.admin_url is not None
         _, out, _ = await run("curl", "-sS", "-w", " %{http_code}", proxy.admin_url + "/readyz")
         assert out.split() == ["ready", "200"]

@@ -21,7 +21,7 @@ def egress_policy() -> Policy:
 
 def curl(proxy: str, url: str) -> str:
     argv = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", "-x",
-            proxy, url]  # fmt: skip
+            proxy, url]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     return out.stdout
 
@@ -41,7 +41,7 @@ async def test_fixtures_work_from_async_tests(
     egress_proxy: ProxyHandle, egress_upstream: Upstream
 ) -> None:
     rc, out, err = await run("curl", "-sS", "--max-time", "5", "-x", egress_proxy.url,
-                             egress_upstream.url)  # fmt: skip
+                             egress_upstream.url)
     assert rc == 0, err
     assert '"server": "upstream"' in out
 

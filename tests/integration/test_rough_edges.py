@@ -46,7 +46,7 @@ async def scene(test_host: harness.TestHost) -> AsyncIterator[Scene]:
         {"allow": ["www.test", "echo.test:7000"], "block": ["blocked.test"]},
         resolve=[f"www.test={test_host.addr_ns}", f"echo.test={test_host.addr_ns}",
                  f"blocked.test={test_host.addr_ns}"],
-    )  # fmt: skip
+    )
     audit = MemoryAudit()
     try:
         async with EgressProxy(settings, audit=audit) as proxy:
@@ -104,7 +104,7 @@ async def test_tls_to_the_plain_port_is_named(scene: Scene) -> None:
     rc, _, err = await run(
         "curl", "-sS", "--max-time", "5", "-x", scene.proxy.url.replace("http:", "https:"),
         "http://www.test/",
-    )  # fmt: skip
+    )
     assert rc != 0, err
     record = await scene.audit.wait_for(reason="bad_request")
     assert "TLS to a plain-HTTP proxy port" in str(record["detail"])
@@ -183,7 +183,7 @@ async def test_serve_prints_request_lines_warns_about_tokens_and_summarizes(
         sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
         "--policy", str(policy), "--resolve", f"www.test={test_host.addr_ns}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     assert proc.stderr is not None
     try:

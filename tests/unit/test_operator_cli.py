@@ -20,7 +20,7 @@ def test_demo_help_prints_help_and_runs_nothing() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "egress.demo", "--help"], capture_output=True, text=True,
         timeout=60,
-    )  # fmt: skip
+    )
     assert out.returncode == 0
     assert out.stdout.startswith("usage: ./dev.sh demo")
     assert "--audit-log PATH" in out.stdout
@@ -34,10 +34,10 @@ def test_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
     help_of("serve")
     serve = capsys.readouterr().out
     for needle in ("(default: 16384)", "(default: 10.0)", "(default: 1024)", "--admin HOST:PORT",
-                   "a malformed ClientHello is always refused"):  # fmt: skip
+                   "a malformed ClientHello is always refused"):
         assert needle in " ".join(serve.split()), needle
     help_of("check")
     check = " ".join(capsys.readouterr().out.split())
     for needle in ("TARGET a URL", "--client NAME", "--framework-route URL a framework",
-                   "--resolve NAME=ADDR pin", "--reserve CIDR also refuse"):  # fmt: skip
+                   "--resolve NAME=ADDR pin", "--reserve CIDR also refuse"):
         assert needle in check, needle
