@@ -19,12 +19,14 @@ class AccessRecord:
         "bytes_up",
         "client",
         "client_id",
+        "detail",
         "duration_ms",
         "end",
         "host",
         "identified",
         "method",
         "path",
+        "policy",
         "port",
         "reason",
         "rule",
@@ -32,6 +34,7 @@ class AccessRecord:
         "sni",
         "status",
         "t0",
+        "would",
     )
 
     def __init__(
@@ -55,6 +58,9 @@ class AccessRecord:
         self.bytes_up: int | None = None
         self.bytes_down: int | None = None
         self.duration_ms: float | None = None
+        self.policy: str | None = None  # the deciding policy's hash (docs/policy.md#policy-hash)
+        self.would: str | None = None  # report-only: "block" (docs/audit-log.md)
+        self.detail: str | None = None  # report-only: the would-be refusal's detail
 
     def __repr__(self) -> str:
         return f"AccessRecord({self.method} {self.host}:{self.port} {self.reason})"
@@ -89,11 +95,15 @@ class AccessRecord:
             ev["path"] = self.path
         if self.identified:
             ev["client_id"] = self.client_id
+        if self.policy is not None:
+            ev["policy"] = self.policy
         admitted = self.reason is not None
         forward = self.method == "FORWARD"
         if admitted and not forward:
             ev["rule"] = rule
             ev["reason"] = reason
+            if self.would is not None:
+                ev["would"] = self.would
         if self.addr is not None:
             ev["addr"] = self.addr
         if admitted and forward:
@@ -119,6 +129,8 @@ class AccessRecord:
             ev["rule"] = rule
         if self.status is None and status is not None:
             ev["status"] = status
+        if detail is None:
+            detail = self.detail
         if detail is not None:
             ev["detail"] = detail
         return ev

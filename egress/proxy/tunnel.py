@@ -48,7 +48,13 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
                 rec.sni = hello.sni
             verdict = steps.gate.sni(identity.policy, target, admitted, hello)
             if isinstance(verdict, Refuse):
-                raise Refused(verdict)
+                if not identity.policy.report_only:
+                    raise Refused(verdict)
+                # report-only: the tunnel goes on; the record says what would have happened
+                # (the first would-be refusal: the policy's, else the SNI check's)
+                if rec.would is None:
+                    rec.would, rec.reason, rec.rule = "block", verdict.reason.value, None
+                    rec.detail = f"report-only, would block: {verdict.detail}"
     except Refused as refused:
         steps.answer(conn, rec, refused.refusal)
         if upstream is not None:
@@ -76,14 +82,25 @@ async def relay_tunnel(
     steps: Steps, conn: Conn, upstream: Side, rec: AccessRecord
 ) -> None:
     """Relay both directions until both end (or one fails), then write the record."""
+    metrics = steps.metrics
+    if metrics is not None:
+        metrics.open_tunnels += 1
     up = conn.side.start_relay(upstream, None)
     down = upstream.start_relay(conn.side, None)
-    await _both_or_failure(up, down)
+    try:
+        await _both_or_failure(up, down)
+    finally:
+        if metrics is not None:
+            metrics.open_tunnels -= 1
+    # who went away first, read before we close either side (docs/audit-log.md#end)
+    gone = "client" if conn.side.lost else "upstream" if upstream.lost else None
     if not (up.done() and down.done()):
         conn.side.close()
         upstream.close()
         await asyncio.wait((up, down), timeout=1.0)
     end = conn.end or _how_ended(up, down)
+    if end == End.LOST.value and gone is not None:
+        end = End.CLIENT_CLOSED.value if gone == "client" else End.UPSTREAM_CLOSED.value
     upstream.close()
     rec.bytes_up = conn.side.bytes_relayed
     rec.bytes_down = upstream.bytes_relayed
@@ -98,6 +115,8 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
     rec = AccessRecord(conn.client, "FORWARD", "tcp", host, port, steps.loop.time())
     bound = conn.listener.identity
     rec.identify(bound.client_id if bound is not None else None)
+    if bound is not None:
+        rec.policy = bound.policy.digest
     conn.phase = "active"
     try:
         ip = parse_ip_literal(host)

@@ -24,10 +24,12 @@ PURE = [
     "proxy.rewrite",
     "proxy.sni",
     "proxy.clients",
+    "proxy.metrics",
     "audit.format",
     "audit.redact",
     "audit.timebounds",
     "audit.verify",
+    "audit.suggest",
 ]
 FORBIDDEN = {
     "asyncio",
