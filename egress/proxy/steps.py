@@ -66,9 +66,7 @@ class Steps:
 
     def identify(self, conn: Conn, head: wire.RequestHead, rec: AccessRecord) -> Identity:
         """The request's client (`gate.identify`), counted against its per-client cap."""
-        found = self.gate.identify(
-            conn.listener.identity, conn.peer, head.get("proxy-authorization")
-        )
+        found = self.gate.identify(conn.listener.identity, conn.peer, head)
         if isinstance(found, Refuse):
             raise Refused(found)
         rec.identify(found.client_id)
