@@ -1,6 +1,7 @@
 """`egress serve`: the proxy as a standalone process (SPEC 6).
 
-Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts.
+Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts
+(`listening on HOST:PORT socks5` for a `--socks` listener).
 SIGTERM/SIGINT: stop accepting, give open tunnels up to 5 s, close them, flush the audit log,
 exit 0. Uses uvloop when it is installed (embedding code keeps its own loop).
 """
@@ -28,6 +29,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="HOST:PORT",
         help="listen address (repeatable; port 0 = ephemeral; default 127.0.0.1:3128)",
+    )
+    g.add_argument(
+        "--socks",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="also listen for SOCKS5 (RFC 1928 CONNECT, RFC 1929 username/password carrying "
+        "the client token) on this address (repeatable)",
     )
     g.add_argument(
         "--listen-netns",
@@ -128,7 +137,8 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     proxy = EgressProxy(
-        settings, listen=args.listen or ["127.0.0.1:3128"], listen_netns=args.listen_netns,
+        settings, listen=args.listen or ["127.0.0.1:3128"], socks=args.socks,
+        listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
         sni_missing=args.sni_missing,
     )  # fmt: skip
@@ -141,6 +151,9 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         for host, port in proxy.addresses:
             shown = f"[{host}]" if ":" in host else host
             print(f"listening on {shown}:{port}", flush=True)
+        for host, port in proxy.socks_addresses:
+            shown = f"[{host}]" if ":" in host else host
+            print(f"listening on {shown}:{port} socks5", flush=True)
         await stop.wait()
     finally:
         await proxy.stop()
@@ -153,7 +166,7 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         limits_from_args(args)
-        for spec in args.listen:
+        for spec in [*args.listen, *args.socks]:
             parse_listen(spec)
     except ValueError as exc:
         print(f"egress serve: {exc}", file=sys.stderr)

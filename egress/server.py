@@ -52,6 +52,9 @@ from .target import (
 log = logging.getLogger("egress")
 
 SniMissing = Literal["if-named", "allow", "deny"]
+# What a listening socket speaks: the HTTP forward proxy, SOCKS5, or transparent redirects
+# (docs/proxy.md#transparent-mode-and-socks5).
+ListenerKind = Literal["http", "socks5", "transparent"]
 
 
 class AuditSink(Protocol):
@@ -106,6 +109,7 @@ class Listener:
     identity: Identity | None = None
     forward_to: tuple[str, int] | None = None
     server: asyncio.base_events.Server | None = None
+    kind: ListenerKind = "http"
 
     @property
     def address(self) -> tuple[str, int]:
@@ -171,6 +175,7 @@ class EgressProxy:
         policy: Policy | Settings,
         *,
         listen: Iterable[str] = ("127.0.0.1:0",),
+        socks: Iterable[str] = (),
         listen_netns: str | None = None,
         audit: AuditSink | None = None,
         limits: Limits | None = None,
@@ -181,6 +186,8 @@ class EgressProxy:
     ) -> None:
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in listen]
+        self.socks_specs = [parse_listen(s) for s in socks]
+        self.socks_addresses: list[tuple[str, int]] = []
         self.listen_netns = listen_netns
         self.audit = audit
         self.limits = limits or Limits()
@@ -235,6 +242,9 @@ class EgressProxy:
         for host, port in self.listen_specs:
             listener = await self._open_listener(Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
+        for host, port in self.socks_specs:
+            listener = Listener(host, port, self.listen_netns, kind="socks5")
+            self.socks_addresses.append((await self._open_listener(listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
 
@@ -253,17 +263,22 @@ class EgressProxy:
         return listener
 
     async def add_listener(
-        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None
-    ) -> Listener:
+        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None,
+        kind: ListenerKind = "http",
+    ) -> Listener:  # fmt: skip
         """Listen on `HOST:PORT` (inside `netns` if given) while running.
 
         With `client`, every connection on this listener is that client (its policy and
         id), whatever credentials it presents: a listener on a sandbox's own loopback can
-        only be reached from inside that sandbox. Raises OSError / NamespaceError.
+        only be reached from inside that sandbox. `kind` says what it speaks: the HTTP
+        proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`).
+        Raises OSError / NamespaceError.
         """
         host, port = parse_listen(listen)
         identity = Identity(client.client_id, client.policy) if client is not None else None
-        return await self._open_listener(Listener(host, port, netns, identity))
+        if kind == "transparent" and identity is None:
+            raise ValueError("a transparent listener serves one sandbox: pass client=")
+        return await self._open_listener(Listener(host, port, netns, identity, kind=kind))
 
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
@@ -436,6 +451,9 @@ class EgressProxy:
             if conn.listener.forward_to is not None:
                 await self._forward_raw(conn, conn.listener)
                 return
+            if conn.listener.kind != "http":
+                await _serve_other(self, conn)
+                return
             while await self._one_request(conn):
                 pass
         except Exception:  # a bug must never take the proxy down
@@ -451,8 +469,12 @@ class EgressProxy:
     ) -> None:
         """Answer and audit a refusal that comes before any request was understood."""
         status, data = error_response(reason, detail, status=status)
-        conn.side.write(data)
-        self._emit(self._event(conn, "-", "", "", 0), "error", reason, None, detail, status)
+        event = self._event(conn, "-", "", "", 0)
+        if conn.listener.kind == "http":
+            conn.side.write(data)
+        else:  # SOCKS5 and transparent clients do not speak HTTP: close without an answer
+            event["mode"], status = conn.listener.kind, None
+        self._emit(event, "error", reason, None, detail, status)
 
     async def _read_head(self, conn: _Conn) -> wire.RequestHead | None:
         side = conn.side
@@ -639,8 +661,9 @@ class EgressProxy:
         )
 
     async def _relay_tunnel(
-        self, conn: _Conn, upstream: Side | None, event: dict[str, object], t0: float
-    ) -> None:
+        self, conn: _Conn, upstream: Side | None, event: dict[str, object], t0: float,
+        status: int | None = 200,
+    ) -> None:  # fmt: skip
         assert upstream is not None
         assert self._loop is not None
         up = conn.side.start_relay(upstream, None)
@@ -656,7 +679,7 @@ class EgressProxy:
         event["bytes_down"] = upstream.bytes_relayed
         event["end"] = end
         event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)
-        self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, 200)  # type: ignore[arg-type]
+        self._emit(event, "allow", str(event["reason"]), event.get("rule"), None, status)  # type: ignore[arg-type]
 
     async def _forward_raw(self, conn: _Conn, listener: Listener) -> None:
         """A forwarder connection: relay it to the listener's framework route."""
@@ -946,6 +969,18 @@ class _ClientSide(Side):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.proxy._accepted(self)
+
+
+async def _serve_other(proxy: EgressProxy, conn: _Conn) -> None:
+    """A SOCKS5 or transparent connection (imported late: those modules build on this one)."""
+    if conn.listener.kind == "socks5":
+        from .socksserve import serve_socks
+
+        await serve_socks(proxy, conn)
+    else:
+        from .transparent import serve_transparent
+
+        await serve_transparent(proxy, conn)
 
 
 def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:

@@ -16,6 +16,7 @@ PURE = [
     "responses",
     "wire",
     "sni",
+    "socks5",
     "config",
     "clients",
     "auditfmt",
