@@ -243,8 +243,7 @@ async def release_execution(
     for listener in execution.listeners:
         if listener in proxy.listeners:
             proxy.listeners.remove(listener)
-            if listener.server is not None:
-                listener.server.close()
+            listener.close()
     if restore:
         import netcut
 

@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from . import wire
 from .addrs import AddressGuard
@@ -49,12 +49,15 @@ from .target import (
     split_host_port,
 )
 
+if TYPE_CHECKING:
+    from .dnsanswer import FakeIPs
+
 log = logging.getLogger("egress")
 
 SniMissing = Literal["if-named", "allow", "deny"]
 # What a listening socket speaks: the HTTP forward proxy, SOCKS5, or transparent redirects
 # (docs/proxy.md#transparent-mode-and-socks5).
-ListenerKind = Literal["http", "socks5", "transparent"]
+ListenerKind = Literal["http", "socks5", "transparent", "dns"]
 
 
 class AuditSink(Protocol):
@@ -110,10 +113,21 @@ class Listener:
     forward_to: tuple[str, int] | None = None
     server: asyncio.base_events.Server | None = None
     kind: ListenerKind = "http"
+    # transparent mode: the sandbox's fake-IP map (shared with its DNS responder) and, for a
+    # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
+    fake_ips: FakeIPs | None = None
+    datagram: asyncio.DatagramTransport | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    def close(self) -> None:
+        """Stop accepting (open connections are not touched)."""
+        if self.server is not None:
+            self.server.close()
+        if self.datagram is not None:
+            self.datagram.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,8 +316,7 @@ class EgressProxy:
         """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.listeners if li.netns == netns]:
             self.listeners.remove(listener)
-            if listener.server is not None:
-                listener.server.close()
+            listener.close()
 
     @staticmethod
     def _listen_here(host: str, port: int) -> socket.socket:
@@ -318,6 +331,21 @@ class EgressProxy:
             sock.close()
             raise
         return sock
+
+    def reserve(self, network: str) -> None:
+        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
+        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
+        from dataclasses import replace
+
+        from .addrs import parse_cidr
+
+        net = parse_cidr(network)
+        guard = self.settings.guard
+        if net in guard.extra:
+            return
+        self.settings = replace(self.settings, guard=replace(guard, extra=(*guard.extra, net)))
+        self.guard = replace(self.guard, extra=self.settings.guard.extra)
+        self._cache.clear()
 
     async def refresh_host_local(self) -> None:
         """Re-read this host's interface addresses into the guard (also done periodically)."""
@@ -336,8 +364,7 @@ class EgressProxy:
             return
         self._closing = True
         for listener in self.listeners:
-            if listener.server is not None:
-                listener.server.close()
+            listener.close()
         tasks = [c.task for c in self._conns if c.task is not None]
         for conn in list(self._conns):
             if conn.phase != "active":
@@ -977,6 +1004,10 @@ async def _serve_other(proxy: EgressProxy, conn: _Conn) -> None:
         from .socksserve import serve_socks
 
         await serve_socks(proxy, conn)
+    elif conn.listener.kind == "dns":
+        from .dnsserve import serve_dns_tcp
+
+        await serve_dns_tcp(proxy, conn)
     else:
         from .transparent import serve_transparent
 

@@ -17,6 +17,7 @@ PURE = [
     "wire",
     "sni",
     "socks5",
+    "dnsanswer",
     "config",
     "clients",
     "auditfmt",
