@@ -22,6 +22,7 @@ from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutPlan, CutStatus
 from netcut.probe import ProbeResult
 from netcut.records import Store
+from netcut.redirect import Redirect
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
 
 TargetLike = TargetRef | ResolvedTarget | str | int
@@ -104,8 +105,14 @@ def cut(
     allow_privileged: bool = False,
     dry_run: bool = False,
     probe_timeout: float = probe_mod.DEFAULT_TIMEOUT_S,
+    redirect: Redirect | None = None,
 ) -> CutResult:
     """Cut `target` down to loopback and `keep` (ADDR[:PORT]), then probe it.
+
+    With `redirect` (transparent mode, docs/netcut.md#transparent-mode), every other TCP
+    connection is redirected to `redirect.port` and every DNS query to `redirect.dns_port` on
+    the namespace's loopback, where the proxy listens; `expect_blocked` cannot be probed then
+    (every TCP destination reaches the proxy, which judges it) and is refused.
 
     Why: right before an agent runs, the namespace must lose every way out but the proxy. The
     cut is idempotent: a namespace already cut with the same keeps is left alone (changed is
@@ -119,6 +126,9 @@ def cut(
     """
     keeps = parse_keeps(keep)
     blocked = parse_keeps(expect_blocked)
+    if redirect is not None and blocked:
+        raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
+                           "connection is redirected to the proxy, which judges it")  # fmt: skip
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -128,10 +138,11 @@ def cut(
             safety.refuse_privileged(identity)
         meta = {"target": str(resolved)}
         store = Store.for_namespace(identity)
-        args = (store, keeps, _nameservers(resolved), dry_run, meta)
+        args = (store, keeps, _nameservers(resolved), dry_run, meta, redirect)
         job: apply.JobResult = run_in_netns(fd, apply.job_cut, *args)
         if not job.changed and not dry_run and job.plan is not None:
             _same_keeps(resolved, job.plan, keeps)
+            _same_redirect(resolved, job.plan, redirect)
         result = CutResult(
             str(resolved),
             job.status,
@@ -159,6 +170,17 @@ def _same_keeps(resolved: ResolvedTarget, plan: CutPlan, keeps: tuple[Keep, ...]
     if set(plan.keeps) != set(keeps):
         had = ", ".join(str(k) for k in plan.keeps) or "loopback only"
         raise InvalidInput(f"{resolved} is already cut keeping {had}; restore it first")
+
+
+def _same_redirect(resolved: ResolvedTarget, plan: CutPlan, redirect: Redirect | None) -> None:
+    from netcut.model import AddRedirect
+    from netcut.redirect import redirect_rules
+
+    had = next((op.rules for op in plan.ops if isinstance(op, AddRedirect)), None)
+    want = None if redirect is None else redirect_rules(redirect, plan.keeps)
+    if had != want:
+        how = "transparently" if had is not None else "without transparent mode"
+        raise InvalidInput(f"{resolved} is already cut {how}, differently; restore it first")
 
 
 def restore(target: TargetLike) -> RestoreResult:

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 from iptc import IPTCError
 
-from netcut import backstop, flows, plan
+from netcut import backstop, flows, nat, plan
 from netcut.errors import ApplyFailed
 from netcut.model import (
     AddAddr,
     AddBackstop,
+    AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
@@ -30,10 +31,12 @@ from netcut.model import (
     NamespaceState,
     Op,
     RemoveBackstop,
+    RemoveRedirect,
     SetSysctl,
 )
 from netcut.plan import CutPlan, CutStatus
 from netcut.records import Store
+from netcut.redirect import Redirect
 from netcut.rtnl import NetlinkError, Rtnl
 from netcut.state import read_state
 
@@ -68,6 +71,10 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
         backstop.remove(op.family)
     elif isinstance(op, KillFlows):
         flows.kill_flows(op.allowed)
+    elif isinstance(op, AddRedirect):
+        nat.install(op.rules)
+    elif isinstance(op, RemoveRedirect):
+        nat.remove()
     else:
         raise RuntimeError(f"unexpected {op!r}")
 
@@ -133,6 +140,7 @@ def job_cut(
     nameservers: tuple[str, ...],
     dry_run: bool,
     meta: dict[str, str],
+    redirect: Redirect | None = None,
 ) -> JobResult:
     """Plan and (unless `dry_run`) apply a cut. An existing complete cut is left as it is; a
     partial one is restored first."""
@@ -146,7 +154,7 @@ def job_cut(
         if status.state == "partial" and not dry_run:
             _restore(rt, store, record, state)
             state = read_state(rt, keeps, nameservers)
-        cut = plan.plan_cut(state, keeps)
+        cut = plan.plan_cut(state, keeps, redirect)
         if dry_run:
             return JobResult(status, cut, lines=tuple(cut.lines()))
         store.save(cut, meta)

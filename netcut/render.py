@@ -18,12 +18,14 @@ from netcut.model import (
     AF_INET,
     AF_INET6,
     CHAIN,
+    NAT_CHAIN,
     RTN_LOCAL,
     RTN_UNICAST,
     RTNH_F_ONLINK,
     AddAddr,
     AddBackstop,
     Addr,
+    AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
@@ -34,6 +36,7 @@ from netcut.model import (
     NamespaceState,
     Op,
     RemoveBackstop,
+    RemoveRedirect,
     Route,
     SetSysctl,
 )
@@ -69,6 +72,21 @@ def render_op(op: Op) -> list[str]:
             f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
             _q([t, "-w", "-F", CHAIN]) + _TOLERANT,
             _q([t, "-w", "-X", CHAIN]) + _TOLERANT,
+        ]
+    if isinstance(op, AddRedirect):  # transparent mode: IPv4 nat table
+        t = _tool(AF_INET)
+        return [
+            _q([t, "-w", "-t", "nat", "-N", NAT_CHAIN]),
+            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *r.iptables_args()]) for r in op.rules),
+            _q([t, "-w", "-t", "nat", "-I", "OUTPUT", "1", "-j", NAT_CHAIN]),
+        ]
+    if isinstance(op, RemoveRedirect):
+        t = _tool(AF_INET)
+        return [
+            f"while {_q([t, '-w', '-t', 'nat', '-D', 'OUTPUT', '-j', NAT_CHAIN])} 2>/dev/null;"
+            " do :; done",
+            _q([t, "-w", "-t", "nat", "-F", NAT_CHAIN]) + _TOLERANT,
+            _q([t, "-w", "-t", "nat", "-X", NAT_CHAIN]) + _TOLERANT,
         ]
     if isinstance(op, AddRoute | DelRoute):
         verb = "add" if isinstance(op, AddRoute) else "del"

@@ -13,7 +13,7 @@ import errno
 import socket
 from typing import Any
 
-from netcut import backstop
+from netcut import backstop, nat
 from netcut.errors import InvalidInput
 from netcut.model import AF_INET, AF_INET6, Addr, Keep, Link, Lookup, NamespaceState, Route
 from netcut.rtnl import NetlinkError, Rtnl
@@ -39,6 +39,7 @@ def read_state(
         nameservers=nameservers,
         lookups=tuple(_lookup(rt, str(k.addr), names) for k in keeps if not k.is_loopback),
         backstop=backstop.present_families(),
+        redirect=nat.present(),
     )
 
 
