@@ -12,7 +12,10 @@
  3. Only then is the agent's environment returned. **Fail closed**: any failure raises
     `ExecutionNotReady` and no environment is handed out.
 
-Calling it twice for the same sandbox is safe (listeners are reused, the cut is idempotent).
+With `transparent=True` the sandbox also gets a transparent listener and a DNS responder on
+its loopback, and the cut redirects every other TCP connection and every DNS query to them
+(docs/proxy.md#transparent-mode-and-socks5), so tools that ignore proxy settings are judged
+too. Calling it twice for the same sandbox is safe (listeners are reused, the cut is idempotent).
 One shared proxy serves many sandboxes, each with its own listener, policy and token.
 """
 
@@ -31,6 +34,9 @@ from .policy import FrameworkRoute, Policy, parse_framework_route
 from .server import EgressProxy, Listener
 
 Mode = Literal["loopback", "gateway"]
+# Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
+TRANSPARENT_PORT = 15001
+DNS_PORT = 15053
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 
@@ -89,12 +95,20 @@ async def prepare_execution(
     gateway: str | None = None,
     force: bool = False,
     allow_privileged: bool = False,
+    transparent: bool = False,
+    transparent_port: int = TRANSPARENT_PORT,
+    dns_port: int = DNS_PORT,
+    socks_port: int | None = None,
 ) -> Execution:
     """Make `sandbox` (a namespace name, path or PID) reachable only through `proxy`.
 
     `policy` is the composed policy for this sandbox (see `egress.compose`); the framework
-    routes are added to it. Returns the agent's `Execution`. Raises `ExecutionNotReady` if
-    any step fails, with the cause chained; nothing is handed out then.
+    routes are added to it. `transparent` (loopback mode only) also redirects every TCP
+    connection and DNS query of the sandbox to the proxy; `expect_blocked` is not probed
+    then (every destination reaches the proxy by design, which judges it). `socks_port`
+    also opens a SOCKS5 listener beside the proxy listener (bound to this sandbox like it).
+    Returns the agent's `Execution`. Raises `ExecutionNotReady` if any step fails, with the
+    cause chained; nothing is handed out then.
     """
     routes = [parse_framework_route(r) for r in framework_routes]
     cid = client_id or _client_id(sandbox)
@@ -106,13 +120,25 @@ async def prepare_execution(
     spec = ClientSpec(cid, sandbox_policy, token=tok)
     keeps: list[str] = []
     netns: str | None = sandbox
+    redirect = None
     try:
+        if transparent and mode != "loopback":
+            raise ExecutionNotReady("transparent mode needs mode='loopback' (its listeners "
+                                    "live on the sandbox's own loopback)")  # fmt: skip
         if mode == "loopback":
             listen_host = "127.0.0.1"
         else:
             listen_host = gateway or await _gateway_of(sandbox)
             netns = None
         listeners = await _listeners(proxy, spec, routes, listen_host, proxy_port, netns)
+        extra: list[Listener] = []
+        if transparent:
+            extra = await _transparent_listeners(proxy, spec, sandbox, transparent_port,
+                                                 dns_port)  # fmt: skip
+            redirect = (extra[0].port, extra[1].port)
+            expect_blocked = ()
+        if socks_port is not None:
+            extra.append(await _socks_listener(proxy, spec, listen_host, socks_port, netns))
         if mode == "gateway":
             keeps = [f"{li.host}:{li.port}" for li in listeners]
             # the gateway listener is shared: identify by token, or by the sandbox's own
@@ -120,8 +146,8 @@ async def prepare_execution(
             sources = await _sandbox_sources(sandbox)
             proxy.add_client(ClientSpec(cid, sandbox_policy, token=tok, sources=sources))
         cut, probe = await _cut_and_prove(
-            sandbox, keeps, [f"{li.host}:{li.port}" for li in listeners], expect_blocked,
-            force=force, allow_privileged=allow_privileged,
+            sandbox, keeps, [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+            expect_blocked, force=force, allow_privileged=allow_privileged, redirect=redirect,
         )  # fmt: skip
     except ExecutionNotReady:
         raise
@@ -137,7 +163,7 @@ async def prepare_execution(
     no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
     return Execution(
         sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
-        tuple(listeners),
+        (*listeners, *extra),
     )  # fmt: skip
 
 
@@ -166,19 +192,54 @@ async def _listeners(
     return out
 
 
+async def _transparent_listeners(
+    proxy: EgressProxy, spec: ClientSpec, sandbox: str, port: int, dns_port: int
+) -> list[Listener]:
+    """The transparent listener and the DNS responder on the sandbox's 127.0.0.1, sharing
+    one fake-IP map; reused when already open."""
+    from .dnsanswer import FakeIPs
+    from .dnsserve import open_dns
+
+    mine = [li for li in proxy.listeners if li.netns == sandbox and li.host == "127.0.0.1"]
+    listener = next((li for li in mine if li.kind == "transparent"), None)
+    dns = next((li for li in mine if li.kind == "dns"), None)
+    if listener is None or dns is None:
+        fake_ips = FakeIPs()
+        listener = await proxy.add_listener(f"127.0.0.1:{port}", netns=sandbox, client=spec,
+                                            kind="transparent")  # fmt: skip
+        listener.fake_ips = fake_ips
+        assert listener.identity is not None
+        dns = await open_dns(proxy, f"127.0.0.1:{dns_port}", identity=listener.identity,
+                             fake_ips=fake_ips, netns=sandbox)  # fmt: skip
+    return [listener, dns]
+
+
+async def _socks_listener(
+    proxy: EgressProxy, spec: ClientSpec, host: str, port: int, netns: str | None
+) -> Listener:
+    found = next((li for li in proxy.listeners if li.netns == netns and li.host == host
+                  and li.kind == "socks5" and li.port == port), None)  # fmt: skip
+    if found is not None:
+        return found
+    return await proxy.add_listener(f"{_hp(host)}:{port}", netns=netns,
+                                    client=spec if netns else None, kind="socks5")  # fmt: skip
+
+
 def _hp(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
 async def _cut_and_prove(
     sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
-    force: bool, allow_privileged: bool,
+    force: bool, allow_privileged: bool, redirect: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     import netcut
+    from netcut.redirect import Redirect
 
     try:
         cut = await netcut.cut_async(
-            sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged
+            sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged,
+            redirect=Redirect(*redirect) if redirect is not None else None,
         )
         probe = await netcut.probe_async(sandbox, reachable, list(blocked))
         status = await netcut.status_async(sandbox)

@@ -98,6 +98,7 @@ class _Conn:
     upstream: Side | None = None
     end: str | None = None
     task: asyncio.Task[None] | None = None
+    orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
 
 
 @dataclass(eq=False)
@@ -492,15 +493,19 @@ class EgressProxy:
                 conn.upstream.close()
 
     def _refuse_now(
-        self, conn: _Conn, reason: str, detail: str, status: int | None = None
-    ) -> None:
-        """Answer and audit a refusal that comes before any request was understood."""
+        self, conn: _Conn, reason: str, detail: str, status: int | None = None,
+        *, answer: bool | None = None,
+    ) -> None:  # fmt: skip
+        """Answer and audit a refusal that comes before any request was understood.
+
+        `answer` (default: on an HTTP proxy listener) writes the HTTP error response; a SOCKS5
+        or raw transparent client does not speak HTTP and is closed without one."""
         status, data = error_response(reason, detail, status=status)
         event = self._event(conn, "-", "", "", 0)
-        if conn.listener.kind == "http":
+        if answer if answer is not None else conn.listener.kind == "http":
             conn.side.write(data)
-        else:  # SOCKS5 and transparent clients do not speak HTTP: close without an answer
-            event["mode"], status = conn.listener.kind, None
+        else:
+            status = None
         self._emit(event, "error", reason, None, detail, status)
 
     async def _read_head(self, conn: _Conn) -> wire.RequestHead | None:
@@ -969,8 +974,13 @@ class EgressProxy:
     def _event(
         self, conn: _Conn, method: str, scheme: str, host: str, port: int
     ) -> dict[str, object]:
-        return {"client": conn.client, "method": method, "scheme": scheme, "host": host,
-                "port": port}  # fmt: skip
+        event: dict[str, object] = {"client": conn.client, "method": method, "scheme": scheme,
+                                    "host": host, "port": port}  # fmt: skip
+        if conn.listener.kind != "http":  # docs/audit-log.md: SOCKS5 and transparent records
+            event["mode"] = conn.listener.kind
+            if conn.orig_dst is not None:
+                event["orig_dst"] = conn.orig_dst
+        return event
 
     def _emit(
         self, event: dict[str, object], decision: str, reason: str, rule: str | None,

@@ -46,8 +46,7 @@ async def serve_socks(proxy: EgressProxy, conn: _Conn) -> None:
     assert proxy._loop is not None
     t0 = proxy._loop.time()
     conn.phase, conn.phase_since = "hello", t0
-    event = proxy._event(conn, "CONNECT", "https", "", 0)
-    event["mode"] = "socks5"
+    event = proxy._event(conn, "CONNECT", "https", "", 0)  # with mode "socks5"
     side = conn.side
     try:
         identity = await _handshake(proxy, conn, event)
