@@ -52,6 +52,7 @@ REASONS: Final[dict[str, str]] = {
     "sni_mismatch": "the TLS ClientHello named a server the policy does not allow",
     "sni_missing": "no SNI (or not TLS) and the CONNECT host was not an allowed name",
     "dns_error": "the name did not resolve",
+    "dns_timeout": "the resolver did not answer in time (or is saturated by names that do not)",
     "connection_refused": "the upstream refused the connection",
     "connection_timeout": "the upstream did not answer within the connect timeout",
     "upstream_error": "the upstream connection failed otherwise",
@@ -63,6 +64,9 @@ REASONS: Final[dict[str, str]] = {
     "audit_unavailable": "refused because the audit log cannot be written (--audit-fail closed)",
     "idle_timeout": "the connection was closed for inactivity",
     "shutdown": "the connection was closed because the proxy stopped",
+    "sandbox_added": "prepare_execution bound a sandbox to the proxy (method SANDBOX)",
+    "sandbox_replaced": "a second prepare_execution replaced a sandbox's policy (method SANDBOX)",
+    "sandbox_removed": "a sandbox was released, or its prepare failed (method SANDBOX)",
 }
 
 # Sub-reasons the proxy puts in `detail` for reason "reserved_address".

@@ -12,36 +12,48 @@
  3. Only then is the agent's environment returned. **Fail closed**: any failure raises
     `ExecutionNotReady` and no environment is handed out.
 
+A sandbox is one object with one lifecycle (docs/user-guide.md#sandbox-lifecycle): prepared
+(listeners, forwarders, client added), prepared again (its policy replaced atomically, its
+listeners reused, the cut idempotent), released (everything it added removed; a gateway
+listener shared with another sandbox is reference-counted and stays while that one is cut).
+One shared proxy serves many sandboxes, each with its own listener, policy and token.
+
 With `transparent=True` the sandbox also gets a transparent listener and a DNS responder on
 its loopback, and the cut redirects every other TCP connection and every DNS query to them
 (docs/proxy.md#transparent-mode-and-socks5), so tools that ignore proxy settings are judged
-too. Calling it twice for the same sandbox is safe (listeners are reused, the cut is idempotent).
-One shared proxy serves many sandboxes, each with its own listener, policy and token.
+too; `socks_port` adds a SOCKS5 listener beside the proxy listener.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import ipaddress
 import secrets
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from .clients import Identity, Leases
 from .config import ClientSpec
 from .errors import EgressError
 from .policy import FrameworkRoute, Policy, parse_framework_route
 from .server import EgressProxy, Listener
+from .validate import as_bool, as_choice, as_count, as_instance, as_str, as_str_list
 
 Mode = Literal["loopback", "gateway"]
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 # Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
 TRANSPARENT_PORT = 15001
 DNS_PORT = 15053
-PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 
 class ExecutionNotReady(EgressError):
     """The boundary could not be proven (cut, probe or listener failed): do not run the agent."""
+
+
+class ReleaseFailed(EgressError):
+    """`release_execution(restore=True)` could not undo the cut (the cause is chained)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,59 @@ def _rewrite(route: FrameworkRoute, host: str, port: int) -> str:
     return f"{scheme}://{shown}:{port}{rest[cut:]}"
 
 
+@dataclass(eq=False)
+class _Sandbox:
+    """What the proxy holds for one prepared sandbox (docs/user-guide.md#sandbox-lifecycle)."""
+
+    key: str
+    client_id: str
+    mode: Mode
+    token: str
+    proxy_port: int
+    main: Listener | None
+    forwarders: dict[tuple[str, int], Listener]
+
+
+@dataclass(eq=False)
+class _Registry:
+    """The sandboxes one proxy serves, and which of them holds which listener."""
+
+    sandboxes: dict[str, _Sandbox] = field(default_factory=dict)
+    leases: Leases[Listener] = field(default_factory=Leases)
+
+
+_REGISTRIES: weakref.WeakKeyDictionary[EgressProxy, _Registry] = weakref.WeakKeyDictionary()
+
+
+def _registry(proxy: EgressProxy) -> _Registry:
+    reg = _REGISTRIES.get(proxy)
+    if reg is None:
+        reg = _REGISTRIES[proxy] = _Registry()
+    return reg
+
+
+def _check_args(
+    sandbox: object, policy: object, proxy: object, mode: object, proxy_port: object,
+    client_id: object, token: object, gateway: object, force: object, allow_privileged: object,
+) -> str:  # fmt: skip
+    """Typed arguments (docs/policy.md#types): a wrong one is a TypeError/ValueError naming
+    it, raised before anything is opened or cut. Returns the sandbox as a string."""
+    if isinstance(sandbox, int) and not isinstance(sandbox, bool):
+        sandbox = str(sandbox)
+    name = as_str(sandbox, "prepare_execution sandbox (a namespace name, path or PID)")
+    as_instance(policy, "prepare_execution policy", Policy, "a Policy")
+    as_instance(proxy, "prepare_execution proxy", EgressProxy, "an EgressProxy")
+    as_choice(mode, "prepare_execution mode", ("loopback", "gateway"))
+    if as_count(proxy_port, "prepare_execution proxy_port", minimum=0) > 65535:
+        raise ValueError(f"prepare_execution proxy_port must be at most 65535, not {proxy_port}")
+    for label, value in (("client_id", client_id), ("token", token), ("gateway", gateway)):
+        if value is not None:
+            as_str(value, f"prepare_execution {label}")
+    as_bool(force, "prepare_execution force")
+    as_bool(allow_privileged, "prepare_execution allow_privileged")
+    return name
+
+
 async def prepare_execution(
     sandbox: str,
     policy: Policy,
@@ -106,123 +171,278 @@ async def prepare_execution(
     routes are added to it. `transparent` (loopback mode only) also redirects every TCP
     connection and DNS query of the sandbox to the proxy; `expect_blocked` is not probed
     then (every destination reaches the proxy by design, which judges it). `socks_port`
-    also opens a SOCKS5 listener beside the proxy listener (bound to this sandbox like it).
-    Returns the agent's `Execution`. Raises `ExecutionNotReady` if any step fails, with the
-    cause chained; nothing is handed out then.
+    opens a SOCKS5 listener beside the proxy listener, bound to this sandbox like it.
+    Returns the agent's `Execution`. A second call for a prepared
+    sandbox replaces its policy atomically (audited `sandbox_replaced`); the token is kept
+    unless a new one is given.
+
+    Raises `TypeError`/`ValueError` for a wrong argument (nothing is touched then), and
+    `ExecutionNotReady` if any step fails, with the cause chained: nothing is handed out,
+    and everything this sandbox held in the proxy (listeners, forwarders, client) is
+    released; the cut, if applied, stays (fail closed).
     """
-    routes = [parse_framework_route(r) for r in framework_routes]
-    cid = client_id or _client_id(sandbox)
-    tok = token or secrets.token_urlsafe(24)
+    sandbox = _check_args(sandbox, policy, proxy, mode, proxy_port, client_id, token, gateway,
+                          force, allow_privileged)  # fmt: skip
+    route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
+    blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
+    _check_extra_args(mode, transparent, transparent_port, dns_port, socks_port)
+    routes = [parse_framework_route(r) for r in route_texts]
+    reg = _registry(proxy)
+    prior = reg.sandboxes.get(sandbox)
+    cid = client_id or (prior.client_id if prior else _client_id(sandbox))
+    tok = token or (prior.token if prior else secrets.token_urlsafe(24))
+    _refuse_taken(proxy, reg, sandbox, cid, mode, prior)
+    _refuse_new_keeps(sandbox, prior, routes, proxy_port)
     sandbox_policy = Policy(
         allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
         framework_routes=[*policy.framework_routes, *routes],
     )  # fmt: skip
-    spec = ClientSpec(cid, sandbox_policy, token=tok)
-    keeps: list[str] = []
-    netns: str | None = sandbox
-    redirect = None
     try:
-        if transparent and mode != "loopback":
-            raise ExecutionNotReady("transparent mode needs mode='loopback' (its listeners "
-                                    "live on the sandbox's own loopback)")  # fmt: skip
-        if mode == "loopback":
-            listen_host = "127.0.0.1"
-        else:
-            listen_host = gateway or await _gateway_of(sandbox)
-            netns = None
-        listeners = await _listeners(proxy, spec, routes, listen_host, proxy_port, netns)
-        extra: list[Listener] = []
+        box = await _bind(proxy, reg, sandbox, cid, tok, sandbox_policy, routes, mode,
+                          proxy_port, gateway, prior)  # fmt: skip
+        assert box.main is not None
+        listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
+        keeps = [f"{li.host}:{li.port}" for li in listeners] if mode == "gateway" else []
+        ports = (transparent_port, dns_port) if transparent else None
+        extra = await _extras(proxy, reg, box, ports, socks_port)
+        redirect = None
         if transparent:
-            extra = await _transparent_listeners(proxy, spec, sandbox, transparent_port,
-                                                 dns_port)  # fmt: skip
-            redirect = (extra[0].port, extra[1].port)
-            expect_blocked = ()
-        if socks_port is not None:
-            extra.append(await _socks_listener(proxy, spec, listen_host, socks_port, netns))
-        if mode == "gateway":
-            keeps = [f"{li.host}:{li.port}" for li in listeners]
-            # the gateway listener is shared: identify by token, or by the sandbox's own
-            # addresses (the agent holds no CAP_NET_RAW to spoof another sandbox's)
-            sources = await _sandbox_sources(sandbox)
-            proxy.add_client(ClientSpec(cid, sandbox_policy, token=tok, sources=sources))
+            redirect, blocked = (extra[0].port, extra[1].port), []
         cut, probe = await _cut_and_prove(
-            sandbox, keeps, [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
-            expect_blocked, force=force, allow_privileged=allow_privileged, redirect=redirect,
+            sandbox, keeps, [f"{li.host}:{li.port}" for li in (*listeners, *extra)], blocked,
+            force=force, allow_privileged=allow_privileged, redirect=redirect,
         )  # fmt: skip
-    except ExecutionNotReady:
-        raise
-    except Exception as exc:
+    except BaseException as exc:
+        _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
+        if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
+            exc, Exception
+        ):
+            raise
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+    _audit(proxy, sandbox, cid, "sandbox_replaced" if prior else "sandbox_added",
+           f"policy {sandbox_policy!r}")  # fmt: skip
+    execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
+    return replace(execution, listeners=(*execution.listeners, *extra))
+
+
+def _check_extra_args(
+    mode: str, transparent: object, transparent_port: object, dns_port: object,
+    socks_port: object,
+) -> None:  # fmt: skip
+    as_bool(transparent, "prepare_execution transparent")
+    for label, value in (("transparent_port", transparent_port), ("dns_port", dns_port),
+                         ("socks_port", socks_port)):  # fmt: skip
+        if value is not None and as_count(value, f"prepare_execution {label}", minimum=0) > 65535:
+            raise ValueError(f"prepare_execution {label} must be at most 65535, not {value}")
+    if transparent and mode != "loopback":
+        raise ValueError("prepare_execution transparent needs mode='loopback' (its listeners "
+                         "live on the sandbox's own loopback)")  # fmt: skip
+
+
+async def _extras(
+    proxy: EgressProxy, reg: _Registry, box: _Sandbox, transparent: tuple[int, int] | None,
+    socks_port: int | None,
+) -> list[Listener]:  # fmt: skip
+    """Transparent mode's listener and DNS responder (one fake-IP map between them) and the
+    SOCKS5 listener, on the sandbox's loopback (or the gateway listener's address for SOCKS5
+    in gateway mode); reused from a previous prepare, bound to the sandbox's current policy,
+    and the ones no longer asked for released."""
+    from .dnsanswer import FakeIPs
+    from .dnsserve import open_dns
+
+    assert box.main is not None
+    loopback = box.mode == "loopback"
+    netns = box.key if loopback else None
+    held = {li.kind: li for li in reg.leases.held(box.key) if li.kind != "http"}
+    identity = box.main.identity  # loopback: the sandbox's; gateway: None (token or source)
+    out: list[Listener] = []
+    if transparent is not None:
+        listener, dns = held.get("transparent"), held.get("dns")
+        if listener is None or dns is None:
+            assert identity is not None
+            fake_ips = FakeIPs()
+            listener = await proxy.add_listener(
+                f"127.0.0.1:{transparent[0]}", netns=netns, kind="transparent",
+                client=ClientSpec(box.client_id, identity.policy),
+            )  # fmt: skip
+            listener.fake_ips = fake_ips
+            reg.leases.hold(box.key, listener)
+            dns = await open_dns(proxy, f"127.0.0.1:{transparent[1]}", identity=identity,
+                                 fake_ips=fake_ips, netns=netns)  # fmt: skip
+            reg.leases.hold(box.key, dns)
+        out += [listener, dns]
+    if socks_port is not None:
+        socks = held.get("socks5")
+        if socks is None or socks.port not in (0, socks_port):
+            socks = await proxy.add_listener(f"{_hp(box.main.host)}:{socks_port}", netns=netns,
+                                             kind="socks5")  # fmt: skip
+            reg.leases.hold(box.key, socks)
+        out.append(socks)
+    for li in out:
+        li.identity = identity
+    for old in held.values():
+        if old not in out and reg.leases.let_go(box.key, old):
+            proxy.remove_listener(old)
+    return out
+
+
+def _refuse_taken(
+    proxy: EgressProxy, reg: _Registry, sandbox: str, cid: str, mode: str, prior: _Sandbox | None
+) -> None:
+    """A client id belongs to one sandbox (or one configured client), and a sandbox keeps
+    its mode: checked before anything is opened, so a refusal changes nothing."""
+    for other in reg.sandboxes.values():
+        if other.client_id == cid and other.key != sandbox:
+            raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is already used by "
+                                    f"sandbox {other.key}")  # fmt: skip
+    owned = prior is not None and prior.client_id == cid
+    if mode == "gateway" and not owned and proxy.clients.spec(cid) is not None:
+        raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is a configured client")
+    if prior is not None and prior.mode != mode:
+        raise ExecutionNotReady(f"sandbox {sandbox}: already prepared in {prior.mode} mode; "
+                                "release it first")  # fmt: skip
+
+
+def _refuse_new_keeps(sandbox: str, prior: _Sandbox | None, routes: Sequence[FrameworkRoute],
+                      proxy_port: int) -> None:  # fmt: skip
+    """In gateway mode the cut keeps the listeners' ports, and a cut namespace is never
+    re-cut with other keeps (that would open it in between): a second prepare may change
+    the policy, not the routes or the port (docs/user-guide.md#sandbox-lifecycle)."""
+    if prior is None or prior.mode != "gateway":
+        return
+    if set(prior.forwarders) != {(r.host, r.port) for r in routes} or (
+        proxy_port != prior.proxy_port
+    ):
+        raise ExecutionNotReady(
+            f"sandbox {sandbox}: a gateway sandbox keeps its framework routes and proxy port; "
+            "release it with restore=True first"
+        )
+
+
+async def _bind(
+    proxy: EgressProxy, reg: _Registry, sandbox: str, cid: str, tok: str, policy: Policy,
+    routes: Sequence[FrameworkRoute], mode: Mode, proxy_port: int, gateway: str | None,
+    prior: _Sandbox | None,
+) -> _Sandbox:  # fmt: skip
+    """Open (or reuse) the sandbox's listeners and bind its policy to them in one step."""
+    if mode == "loopback":
+        host, netns = "127.0.0.1", sandbox
+    else:
+        # once cut, the sandbox has no default route left to find the host by: keep the first
+        known = prior.main.host if prior and prior.main else None
+        host, netns = gateway or known or await _gateway_of(sandbox), None
+    box = _Sandbox(sandbox, cid, mode, tok, proxy_port, prior.main if prior else None, {})
+    if prior is None:
+        reg.sandboxes[sandbox] = box
+    box.main = await _main_listener(proxy, reg, box, host, netns, prior)
+    box.forwarders = await _forwarders(proxy, reg, box, routes, host, netns, prior)
+    # the policy switch: one assignment (loopback) or one table swap (gateway)
+    if mode == "loopback":
+        box.main.identity = Identity(cid, policy)
+    else:
+        sources = await _sandbox_sources(sandbox)
+        proxy.add_client(ClientSpec(cid, policy, token=tok, sources=sources))
+    reg.sandboxes[sandbox] = box
+    # transparent mode's and SOCKS5 listeners are _extras' to keep or let go
+    extras = {li for li in reg.leases.held(sandbox) if li.kind != "http"}
+    used = {box.main, *box.forwarders.values(), *extras}
+    for old in reg.leases.held(sandbox):
+        if old not in used and reg.leases.let_go(sandbox, old):
+            proxy.remove_listener(old)
+    return box
+
+
+async def _main_listener(
+    proxy: EgressProxy, reg: _Registry, box: _Sandbox, host: str, netns: str | None,
+    prior: _Sandbox | None,
+) -> Listener:  # fmt: skip
+    """The sandbox's proxy listener: its own (loopback) or a shared one (gateway)."""
+    port = box.proxy_port
+    if prior and prior.main and prior.proxy_port == port and prior.main.host == host:
+        return prior.main
+    if box.mode == "gateway":
+        for li in proxy.listeners:
+            if li.netns is None and li.host == host and li.forward_to is None:
+                ours = bool(reg.leases.holders(li))
+                if ours and port in (0, li.port):
+                    reg.leases.hold(box.key, li)
+                    return li
+                if not ours and li.identity is None and li.port == port:
+                    return li  # the proxy's own listener: shared, never closed by a release
+    li = await proxy.add_listener(f"{_hp(host)}:{port}", netns=netns)
+    reg.leases.hold(box.key, li)
+    return li
+
+
+async def _forwarders(
+    proxy: EgressProxy, reg: _Registry, box: _Sandbox, routes: Sequence[FrameworkRoute],
+    host: str, netns: str | None, prior: _Sandbox | None,
+) -> dict[tuple[str, int], Listener]:  # fmt: skip
+    """One forwarder per route, reused from this sandbox (or, on a gateway, any sandbox)."""
+    out: dict[tuple[str, int], Listener] = {}
+    mine = dict(prior.forwarders) if prior else {}
+    used = {li.port for li in proxy.listeners if li.netns == netns and li.host == host}
+    for route in routes:
+        key = (route.host, route.port)
+        found = mine.get(key)
+        if found is None and box.mode == "gateway":
+            found = next((li for li in proxy.listeners if li.netns is None and li.host == host
+                          and li.forward_to == key and reg.leases.holders(li)), None)  # fmt: skip
+        if found is None or found not in proxy.listeners:
+            port = route.port if route.port not in used else 0
+            cid = box.client_id if box.mode == "loopback" else None  # a shared one is nobody's
+            found = await proxy.add_forwarder(f"{_hp(host)}:{port}", route.text, netns=netns,
+                                              client_id=cid)  # fmt: skip
+        reg.leases.hold(box.key, found)
+        used.add(found.port)
+        out[key] = found
+    return out
+
+
+def _execution(
+    sandbox: str, cid: str, tok: str, mode: Mode, routes: Sequence[FrameworkRoute],
+    listeners: Sequence[Listener], cut: Any, probe: Any,
+) -> Execution:  # fmt: skip
     proxy_listener = listeners[0]
     host = proxy_listener.host
-    shown = f"[{host}]" if ":" in host else host
-    proxy_url = f"http://{cid}:{tok}@{shown}:{proxy_listener.port}"
+    proxy_url = f"http://{cid}:{tok}@{_hp(host)}:{proxy_listener.port}"
     urls = {
         r.text: _rewrite(r, li.host, li.port) for r, li in zip(routes, listeners[1:], strict=True)
     }
     no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
     return Execution(
         sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
-        (*listeners, *extra),
+        tuple(listeners),
     )  # fmt: skip
 
 
-async def _listeners(
-    proxy: EgressProxy, spec: ClientSpec, routes: Sequence[FrameworkRoute], host: str,
-    proxy_port: int, netns: str | None,
-) -> list[Listener]:  # fmt: skip
-    """The proxy listener then one forwarder per route; reused when already open."""
-    existing = [li for li in proxy.listeners if li.netns == netns and li.host == host]
-    by_port = {li.port: li for li in existing}
-    out: list[Listener] = []
-    main = by_port.get(proxy_port)
-    if main is None or main.forward_to is not None:
-        main = await proxy.add_listener(f"{_hp(host)}:{proxy_port}", netns=netns,
-                                        client=spec if netns else None)  # fmt: skip
-    out.append(main)
-    used = {main.port}
-    for route in routes:
-        found = next((li for li in existing if li.forward_to == (route.host, route.port)), None)
-        if found is None:
-            port = route.port if route.port not in used and route.port not in by_port else 0
-            found = await proxy.add_forwarder(f"{_hp(host)}:{port}", route.text, netns=netns,
-                                              client_id=spec.client_id)  # fmt: skip
-        used.add(found.port)
-        out.append(found)
-    return out
+def _release_sandbox(proxy: EgressProxy, reg: _Registry, sandbox: str, *, why: str) -> bool:
+    """Remove everything `sandbox` added: its client (token, sources), and every listener and
+    forwarder no other sandbox holds. Idempotent; False if it was not prepared."""
+    box = reg.sandboxes.pop(sandbox, None)
+    for listener in reg.leases.drop(sandbox):
+        proxy.remove_listener(listener)
+    if box is None:
+        return False
+    if box.mode == "gateway":
+        proxy.remove_client(box.client_id)
+    elif box.main is not None:
+        box.main.identity = None  # a connection still open on it is nobody's any more
+    _audit(proxy, sandbox, box.client_id, "sandbox_removed", why)
+    return True
 
 
-async def _transparent_listeners(
-    proxy: EgressProxy, spec: ClientSpec, sandbox: str, port: int, dns_port: int
-) -> list[Listener]:
-    """The transparent listener and the DNS responder on the sandbox's 127.0.0.1, sharing
-    one fake-IP map; reused when already open."""
-    from .dnsanswer import FakeIPs
-    from .dnsserve import open_dns
-
-    mine = [li for li in proxy.listeners if li.netns == sandbox and li.host == "127.0.0.1"]
-    listener = next((li for li in mine if li.kind == "transparent"), None)
-    dns = next((li for li in mine if li.kind == "dns"), None)
-    if listener is None or dns is None:
-        fake_ips = FakeIPs()
-        listener = await proxy.add_listener(f"127.0.0.1:{port}", netns=sandbox, client=spec,
-                                            kind="transparent")  # fmt: skip
-        listener.fake_ips = fake_ips
-        assert listener.identity is not None
-        dns = await open_dns(proxy, f"127.0.0.1:{dns_port}", identity=listener.identity,
-                             fake_ips=fake_ips, netns=sandbox)  # fmt: skip
-    return [listener, dns]
-
-
-async def _socks_listener(
-    proxy: EgressProxy, spec: ClientSpec, host: str, port: int, netns: str | None
-) -> Listener:
-    found = next((li for li in proxy.listeners if li.netns == netns and li.host == host
-                  and li.kind == "socks5" and li.port == port), None)  # fmt: skip
-    if found is not None:
-        return found
-    return await proxy.add_listener(f"{_hp(host)}:{port}", netns=netns,
-                                    client=spec if netns else None, kind="socks5")  # fmt: skip
+def _audit(proxy: EgressProxy, sandbox: str, cid: str, reason: str, detail: str) -> None:
+    """One lifecycle record (method `SANDBOX`, docs/audit-log.md#sandbox-records)."""
+    event: dict[str, object] = {
+        "client": "-", "method": "SANDBOX", "scheme": "", "host": sandbox, "port": 0,
+        "client_id": cid, "decision": "block" if reason == "sandbox_removed" else "allow",
+        "reason": reason, "rule": None, "detail": detail,
+    }  # fmt: skip
+    if proxy.audit is not None:
+        proxy.audit.record(event)
+    for hook in proxy.hooks:
+        hook(event)
 
 
 def _hp(host: str) -> str:
@@ -300,13 +520,24 @@ async def _gateway_of(sandbox: str) -> str:
 async def release_execution(
     proxy: EgressProxy, execution: Execution, *, restore: bool = False
 ) -> None:
-    """Close the sandbox's listeners (and, with `restore`, undo the cut)."""
-    for listener in execution.listeners:
-        if listener in proxy.listeners:
-            proxy.listeners.remove(listener)
-            listener.close()
+    """Release the sandbox: its client, token, source addresses, listeners and forwarders
+    (a listener shared with another sandbox stays until its last holder is released), and,
+    with `restore`, undo the cut.
+
+    Idempotent. Raises `ReleaseFailed` (the netcut error chained) when `restore` cannot
+    undo the cut: the caller must know the namespace is still cut, or not restored.
+    """
+    as_instance(proxy, "release_execution proxy", EgressProxy, "an EgressProxy")
+    as_instance(execution, "release_execution execution", Execution, "an Execution")
+    reg = _registry(proxy)
+    if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):
+        for listener in execution.listeners:  # an execution from before a failed re-prepare
+            if not reg.leases.holders(listener):
+                proxy.remove_listener(listener)
     if restore:
         import netcut
 
-        with contextlib.suppress(netcut.NetcutError):
+        try:
             await netcut.restore_async(execution.sandbox)
+        except netcut.NetcutError as exc:
+            raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc

@@ -13,10 +13,14 @@ import binascii
 import hmac
 import ipaddress
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from .config import ClientSpec, Settings
 from .policy import Policy
 from .target import IPAddress
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,23 +54,95 @@ def basic_token(header: str) -> str | None:
     return password or user or None
 
 
+class ClientError(ValueError):
+    """A client cannot be added: its id, token or source addresses belong to another client."""
+
+
 class ClientTable:
-    """Maps credentials and source addresses to identities; built once from `Settings`."""
+    """Maps credentials and source addresses to identities: one entry per client (sandbox).
+
+    A client has one lifecycle (docs/user-guide.md#sandbox-lifecycle): `add` it, `replace`
+    its policy (atomically: the next `identify` sees the new policy, never a mix), `remove`
+    it (its token and source addresses stop matching at once). Tokens and source networks
+    are unique across clients, so one client can never be identified as another.
+    """
 
     def __init__(self, settings: Settings, *, require_auth: bool = False) -> None:
         self.default = Identity(None, settings.policy)
-        self.by_token = [
-            (c.token.encode(), Identity(c.client_id, c.policy)) for c in settings.clients if c.token
-        ]
-        self.by_source = [
-            (net, Identity(c.client_id, c.policy)) for c in settings.clients for net in c.sources
-        ]
         self.require_auth = require_auth
+        self._specs: dict[str, ClientSpec] = {}
+        self._identities: dict[str, Identity] = {}
+        self.by_token: list[tuple[bytes, Identity]] = []
+        self.by_source: list[tuple[Network, Identity]] = []
+        for spec in settings.clients:
+            self.add(spec)
 
     @property
     def trivial(self) -> bool:
         """No per-client policy at all: every request gets the default."""
         return not self.by_token and not self.by_source and not self.require_auth
+
+    @property
+    def client_ids(self) -> tuple[str, ...]:
+        return tuple(self._specs)
+
+    def spec(self, client_id: str) -> ClientSpec | None:
+        return self._specs.get(client_id)
+
+    def identity(self, client_id: str) -> Identity | None:
+        return self._identities.get(client_id)
+
+    def add(self, spec: ClientSpec) -> Identity:
+        """Add a new client; `ClientError` if its id, token or sources are taken."""
+        if spec.client_id in self._specs:
+            raise ClientError(f"client {spec.client_id!r} already exists (replace it instead)")
+        self._check_unique(spec)
+        return self._put(spec)
+
+    def put(self, spec: ClientSpec) -> Identity:
+        """Add `spec`, or replace the client of the same id (policy, token and sources) at
+        once: the old token and sources stop matching in the same step."""
+        self._check_unique(spec)
+        return self._put(spec)
+
+    def replace(self, client_id: str, policy: Policy) -> Identity:
+        """Give an existing client a new policy (same token and sources); `KeyError` if none."""
+        old = self._specs[client_id]
+        return self._put(ClientSpec(client_id, policy, old.token, old.sources))
+
+    def remove(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and sources no longer identify anyone. Idempotent."""
+        spec = self._specs.pop(client_id, None)
+        self._identities.pop(client_id, None)
+        if spec is not None:
+            self._rebuild()
+        return spec
+
+    def _put(self, spec: ClientSpec) -> Identity:
+        identity = Identity(spec.client_id, spec.policy)
+        self._specs[spec.client_id] = spec
+        self._identities[spec.client_id] = identity
+        self._rebuild()
+        return identity
+
+    def _check_unique(self, spec: ClientSpec) -> None:
+        for other in self._specs.values():
+            if other.client_id == spec.client_id:
+                continue
+            if spec.token and other.token and spec.token == other.token:
+                raise ClientError(f"client {spec.client_id!r}: token already used by another "
+                                  "client")  # fmt: skip
+            for net in spec.sources:
+                clash = next((o for o in other.sources if _overlap(net, o)), None)
+                if clash is not None:
+                    raise ClientError(f"client {spec.client_id!r}: source {net} overlaps "
+                                      f"{clash} of client {other.client_id!r}")  # fmt: skip
+
+    def _rebuild(self) -> None:
+        """New lookup lists swapped in whole (a reader never sees a half-updated table)."""
+        specs, ids = self._specs.values(), self._identities
+        self.by_token = [(c.token.encode(), ids[c.client_id]) for c in specs if c.token]
+        self.by_source = [(net, ids[c.client_id]) for c in specs for net in c.sources]
 
     def identify(self, source: IPAddress | None, proxy_authorization: str | None) -> Identity:
         """The identity for a request; raise `AuthError` (407) for a missing or wrong token."""
@@ -100,6 +176,53 @@ class ClientTable:
         return found
 
 
+def _overlap(a: Network, b: Network) -> bool:
+    return a.version == b.version and a.overlaps(b)
+
+
+class Leases(Generic[R]):
+    """Which sandboxes hold which shared resources (listeners, forwarders): pure reference
+    counting, so releasing one sandbox never closes what another still uses
+    (docs/user-guide.md#sandbox-lifecycle)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, list[R]] = {}
+        self._holders: dict[R, set[str]] = {}
+
+    def hold(self, owner: str, resource: R) -> None:
+        """`owner` uses `resource` (idempotent)."""
+        holders = self._holders.setdefault(resource, set())
+        if owner not in holders:
+            holders.add(owner)
+            self._held.setdefault(owner, []).append(resource)
+
+    def held(self, owner: str) -> tuple[R, ...]:
+        return tuple(self._held.get(owner, ()))
+
+    def holders(self, resource: R) -> frozenset[str]:
+        return frozenset(self._holders.get(resource, ()))
+
+    def let_go(self, owner: str, resource: R) -> bool:
+        """`owner` stops using `resource`; True if nobody uses it any more (close it)."""
+        holders = self._holders.get(resource)
+        if holders is None or owner not in holders:
+            return False
+        holders.discard(owner)
+        held = self._held.get(owner, [])
+        if resource in held:
+            held.remove(resource)
+        if not held:
+            self._held.pop(owner, None)
+        if holders:
+            return False
+        del self._holders[resource]
+        return True
+
+    def drop(self, owner: str) -> list[R]:
+        """`owner` lets go of everything; the resources nobody uses any more, to close."""
+        return [r for r in self.held(owner) if self.let_go(owner, r)]
+
+
 def source_address(peername: object) -> IPAddress | None:
     if isinstance(peername, tuple) and peername:
         try:
@@ -109,4 +232,6 @@ def source_address(peername: object) -> IPAddress | None:
     return None
 
 
-__all__ = ["AuthError", "ClientSpec", "ClientTable", "Identity", "basic_token"]
+__all__ = [
+    "AuthError", "ClientError", "ClientSpec", "ClientTable", "Identity", "Leases", "basic_token",
+]  # fmt: skip

@@ -18,11 +18,15 @@ Mappings: Harbor's task `network_mode` (`public` | `no-network` | `allowlist` wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from .errors import PolicyError
 from .policy import FrameworkRoute, Policy, Posture, Rule
 from .target import DEFAULT_PORTS, Scheme, make_target
+from .validate import as_bool, as_str_list
+
+T = TypeVar("T")
 
 
 def compose(evaluator: Policy, task: Policy) -> Policy:
@@ -101,12 +105,13 @@ def from_harbor(task: Mapping[str, object]) -> Policy:
     """
     mode = task.get("network_mode")
     if mode is None and "allow_internet" in task:
-        mode = "public" if bool(task["allow_internet"]) else "no-network"
+        # the string "false" must not read as true (docs/policy.md#types)
+        allowed = _checked(as_bool, task["allow_internet"], "harbor task: allow_internet")
+        mode = "public" if allowed else "no-network"
     if mode is None:
         mode = "public"  # Harbor's default when a task says nothing
-    hosts = task.get("allowed_hosts", []) or []
-    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-        raise PolicyError("harbor task: allowed_hosts must be a list of strings")
+    hosts = _checked(as_str_list, task.get("allowed_hosts", []) or [],
+                     "harbor task: allowed_hosts")  # fmt: skip
     if mode == "public":
         return Policy(default="allow")
     if mode == "no-network":
@@ -124,14 +129,17 @@ def from_verifiers(settings: Mapping[str, object]) -> Policy:
     `network_access = false` is `default = "deny"` (allow entries still apply);
     `network_access = true` is `default = "allow"` with the block rules.
     """
-    access = settings.get("network_access", False)
-    allow = settings.get("allow", []) or []
-    block = settings.get("block", []) or []
-    for name, value in (("allow", allow), ("block", block)):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise PolicyError(f"verifiers settings: {name} must be a list of strings")
-    return Policy(
-        allow=allow,  # type: ignore[arg-type]
-        block=block,  # type: ignore[arg-type]
-        default="allow" if bool(access) else "deny",
-    )
+    access = _checked(as_bool, settings.get("network_access", False),
+                      "verifiers settings: network_access")  # fmt: skip
+    allow = _checked(as_str_list, settings.get("allow", []) or [], "verifiers settings: allow")
+    block = _checked(as_str_list, settings.get("block", []) or [], "verifiers settings: block")
+    return Policy(allow=allow, block=block, default="allow" if access else "deny")
+
+
+def _checked(check: Callable[[object, str], T], value: object, field: str) -> T:
+    """Run one of `validate`'s checks, reporting a failure as a `PolicyError` (the mappings'
+    documented error) that names the field."""
+    try:
+        return check(value, field)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(str(exc)) from None

@@ -26,14 +26,17 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from .addrs import AddressGuard, IPNetwork, parse_cidr
 from .errors import PolicyError, TargetError
 from .policy import Policy, Posture
 from .target import IPAddress, normalize_host, parse_ip_literal
+from .validate import as_bool, as_instance, as_str, as_str_list, as_table
+
+T = TypeVar("T")
 
 _TOP_KEYS = {
     "default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private",
@@ -50,6 +53,17 @@ class ClientSpec:
     policy: Policy
     token: str | None = None
     sources: tuple[IPNetwork, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Typed at construction (docs/policy.md#types): an empty token could never match."""
+        as_str(self.client_id, "ClientSpec client_id")
+        as_instance(self.policy, "ClientSpec policy", Policy, "a Policy")
+        if self.token is not None:
+            as_str(self.token, "ClientSpec token")
+        if not isinstance(self.sources, tuple) or not all(
+            isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network) for n in self.sources
+        ):
+            raise TypeError(f"ClientSpec sources must be a tuple of networks, not {self.sources!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,9 @@ def load_policy_file(path: str) -> dict[str, Any]:
         raise PolicyError(f"policy file {path!r}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"policy file {path!r}: invalid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"policy file {path!r}: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None  # fmt: skip
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise PolicyError(f"policy file {path!r}: unknown keys {sorted(unknown)}")
@@ -96,10 +113,16 @@ def load_policy_file(path: str) -> dict[str, Any]:
 
 
 def _str_list(data: Mapping[str, Any], key: str, where: str) -> list[str]:
-    value = data.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise PolicyError(f"{where}: {key!r} must be a list of strings")
-    return cast(list[str], value)
+    return _checked(as_str_list, data.get(key, []), f"{where}: {key!r}")
+
+
+def _checked(check: Callable[[object, str], T], value: object, field: str) -> T:
+    """Run one of `validate`'s checks; a failure is a one-line `PolicyError` naming the
+    field (the file's error type, reported by the CLI with exit code 2)."""
+    try:
+        return check(value, field)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def _posture(value: object, where: str) -> Posture:
@@ -135,14 +158,11 @@ def build_settings(
         extra = tuple(parse_cidr(c) for c in [*_str_list(data, "reserve", where), *reserve])
     except ValueError as exc:
         raise PolicyError(f"{where}: reserve: {exc}") from None
-    guard = AddressGuard(
-        extra=extra, reserve_private=bool(data.get("reserve_private", False)) or reserve_private
-    )
+    private = _checked(as_bool, data.get("reserve_private", False), f"{where}: 'reserve_private'")
+    guard = AddressGuard(extra=extra, reserve_private=private or reserve_private)
     top_blocks = [*_str_list(data, "block", where), *block]
-    clients = tuple(
-        _client(cid, spec, routes, top_blocks, where)
-        for cid, spec in dict(data.get("clients", {})).items()
-    )
+    table = _checked(as_table, data.get("clients", {}), f"{where}: 'clients'")
+    clients = tuple(_client(cid, spec, routes, top_blocks, where) for cid, spec in table.items())
     return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
 
 
@@ -161,15 +181,19 @@ def _client(
     framework routes apply to every client too (blocks compose, as in `compose`)."""
     here = f"{where}: client {cid!r}"
     if not isinstance(spec, dict):
-        raise PolicyError(f"{here}: must be a table")
+        raise PolicyError(f"{here}: must be a table ([clients.{cid}]), not {spec!r}")
     unknown = set(spec) - _CLIENT_KEYS
     if unknown:
         raise PolicyError(f"{here}: unknown keys {sorted(unknown)}")
-    token = spec.get("token")
+    token: str | None = None
+    if "token" in spec:
+        # an empty token could never match a credential: refuse it rather than ignore it
+        token = _checked(as_str, spec["token"], f"{here}: token")
     if "token_env" in spec:
-        token = os.environ.get(str(spec["token_env"]))
+        env = _checked(as_str, spec["token_env"], f"{here}: token_env")
+        token = os.environ.get(env)
         if not token:
-            raise PolicyError(f"{here}: environment variable {spec['token_env']!r} is empty")
+            raise PolicyError(f"{here}: environment variable {env!r} is empty")
     sources: list[IPNetwork] = []
     for text in _str_list(spec, "sources", here):
         try:
@@ -184,4 +208,4 @@ def _client(
         default=_posture(spec.get("default", "deny"), here),
         framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
     )
-    return ClientSpec(cid, policy, None if token is None else str(token), tuple(sources))
+    return ClientSpec(cid, policy, token, tuple(sources))

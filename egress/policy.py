@@ -42,6 +42,7 @@ from .target import (
     parse_url,
     split_host_port,
 )
+from .validate import as_list
 
 Action = Literal["allow", "block"]
 Posture = Literal["deny", "allow"]
@@ -306,14 +307,23 @@ class Policy:
         default: Posture = "deny",
         framework_routes: Iterable[str | FrameworkRoute] = (),
     ) -> None:
+        # one validator for every entry point (docs/policy.md#types): `allow="*"` is a
+        # TypeError, never the characters of a string taken as rules
+        if not isinstance(default, str):
+            raise TypeError(f"Policy default must be 'deny' or 'allow', not {default!r}")
         if default not in ("deny", "allow"):
             raise PolicyError(f"default posture {default!r}: must be 'deny' or 'allow'")
         self.default: Posture = default
-        self.allow_rules = tuple(_as_rule(r, "allow") for r in allow)
-        self.block_rules = tuple(_as_rule(r, "block") for r in block)
+        rules = (str, Rule)
+        self.allow_rules = tuple(
+            _as_rule(r, "allow") for r in as_list(allow, "Policy allow", rules)  # type: ignore[arg-type]
+        )
+        self.block_rules = tuple(
+            _as_rule(r, "block") for r in as_list(block, "Policy block", rules)  # type: ignore[arg-type]
+        )
         self.framework_routes = tuple(
-            r if isinstance(r, FrameworkRoute) else parse_framework_route(r)
-            for r in framework_routes
+            r if isinstance(r, FrameworkRoute) else parse_framework_route(str(r))
+            for r in as_list(framework_routes, "Policy framework_routes", (str, FrameworkRoute))
         )
         self._allow = _RuleSet()
         self._block = _RuleSet()

@@ -29,6 +29,7 @@ REFUSALS: dict[str, Refusal] = {
     "port_not_allowed": Refusal(403, "http_request_denied"),
     "reserved_address": Refusal(403, "destination_ip_prohibited"),
     "dns_error": Refusal(502, "dns_error"),
+    "dns_timeout": Refusal(504, "dns_timeout"),
     "connection_refused": Refusal(502, "connection_refused"),
     "connection_timeout": Refusal(504, "connection_timeout"),
     "upstream_error": Refusal(502, "proxy_internal_response"),

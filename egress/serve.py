@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import Settings
 from .server import EgressProxy, Limits, parse_listen
+from .validate import as_count, as_timeout
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -80,12 +81,12 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
+    """`Limits` from the options, checked by the one validator (`nan`, `inf`, 0 refused) so
+    the error names the option (docs/proxy.md#limits)."""
     for name in ("max_head", "max_headers", "max_connections"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        as_count(getattr(args, name), f"--{name.replace('_', '-')}")
     for name in ("head_timeout", "connect_timeout", "idle_timeout"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        as_timeout(getattr(args, name), f"--{name.replace('_', '-')}")
     return Limits(
         max_head=args.max_head, max_headers=args.max_headers, head_timeout=args.head_timeout,
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -48,6 +49,7 @@ from .target import (
     parse_url,
     split_host_port,
 )
+from .validate import as_choice, as_count, as_instance, as_timeout
 
 if TYPE_CHECKING:
     from .dnsanswer import FakeIPs
@@ -82,6 +84,14 @@ class Limits:
     shutdown_grace: float = 5.0
     pool_idle: float = 30.0  # idle upstream keep-alive connections are closed after this
     pool_per_key: int = 64
+
+    def __post_init__(self) -> None:
+        """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
+        for name in ("head_timeout", "connect_timeout", "idle_timeout", "shutdown_grace",
+                     "pool_idle"):  # fmt: skip
+            as_timeout(getattr(self, name), f"Limits {name}")
+        for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
+            as_count(getattr(self, name), f"Limits {name}")
 
 
 @dataclass(slots=True, eq=False)
@@ -199,6 +209,11 @@ class EgressProxy:
         host_local: Iterable[IPAddress] | None = None,
         resolver: Resolver | None = None,
     ) -> None:
+        as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
+        if audit is not None and not callable(getattr(audit, "record", None)):
+            raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
+        as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
+        as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in listen]
         self.socks_specs = [parse_listen(s) for s in socks]
@@ -215,7 +230,10 @@ class EgressProxy:
         self.listeners: list[Listener] = []
         self._conns: set[_Conn] = set()
         self._pool: dict[tuple[IPAddress, int], list[Side]] = {}
-        self._cache: dict[tuple[int, str, str, int], Decision] = {}
+        # verdicts per policy *object* (never its id, which a later policy can reuse once
+        # this one is freed): the entry dies with the policy (docs/threat-model.md)
+        self._cache: weakref.WeakKeyDictionary[Policy, dict[tuple[str, str, int], Decision]]
+        self._cache = weakref.WeakKeyDictionary()
         self._targets: dict[str, tuple[Target, bool]] = {}
         self._authorities: dict[str, Target] = {}
         self._addr_texts: dict[IPAddress, str] = {}
@@ -244,13 +262,25 @@ class EgressProxy:
             return self.url
         return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
 
-    def add_client(self, spec: ClientSpec) -> None:
-        """Serve another client (sandbox) with its own policy; takes effect at once."""
-        settings = self.settings
-        others = tuple(c for c in settings.clients if c.client_id != spec.client_id)
-        self.settings = Settings(settings.policy, settings.guard, settings.resolve,
-                                 (*others, spec))  # fmt: skip
-        self.clients = ClientTable(self.settings, require_auth=self.clients.require_auth)
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        identity = self.clients.put(spec)
+        self._sync_settings()
+        return identity
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        spec = self.clients.remove(client_id)
+        self._sync_settings()
+        return spec
+
+    def _sync_settings(self) -> None:
+        s = self.settings
+        specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
+        self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
@@ -316,8 +346,21 @@ class EgressProxy:
     async def remove_listeners(self, netns: str) -> None:
         """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.listeners if li.netns == netns]:
-            self.listeners.remove(listener)
-            listener.close()
+            self.remove_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        if listener not in self.listeners:
+            return False
+        self.listeners.remove(listener)
+        listener.close()
+        for conn in [c for c in self._conns if c.listener is listener]:
+            conn.end = "released"
+            conn.side.abort()
+            if conn.upstream is not None:
+                conn.upstream.abort()
+        return True
 
     @staticmethod
     def _listen_here(host: str, port: int) -> socket.socket:
@@ -392,6 +435,7 @@ class EgressProxy:
             for side in sides:
                 side.close()
         self._pool.clear()
+        self.resolver.close()
 
     async def serve_forever(self) -> None:
         """Serve until cancelled (for standalone use)."""
@@ -563,13 +607,16 @@ class EgressProxy:
             raise _Refused(exc.reason, str(exc), status=407) from None
 
     def _decide_name(self, identity: Identity, target: Target) -> Decision:
-        key = (id(identity.policy), target.scheme, target.host, target.port)
-        decision = self._cache.get(key)
+        per_policy = self._cache.get(identity.policy)
+        if per_policy is None:
+            per_policy = self._cache[identity.policy] = {}
+        key = (target.scheme, target.host, target.port)
+        decision = per_policy.get(key)
         if decision is None:
             decision = judge(identity.policy, self.guard, target)
-            if len(self._cache) > 65536:
-                self._cache.clear()
-            self._cache[key] = decision
+            if len(per_policy) > 65536:
+                per_policy.clear()
+            per_policy[key] = decision
         return decision
 
     async def _authorize(
@@ -585,7 +632,7 @@ class EgressProxy:
             try:
                 addrs = await self.resolver.resolve(target.host)
             except ResolveError as exc:
-                raise _Refused("dns_error", str(exc), "error") from None
+                raise _Refused(exc.reason, str(exc), "error") from None
             if decision.reason != "framework_route":
                 decision = judge(identity.policy, self.guard, target, addrs)
                 if not decision.allowed:
@@ -727,7 +774,7 @@ class EgressProxy:
             try:
                 addrs = (ip,) if ip is not None else await self.resolver.resolve(host)
             except ResolveError as exc:
-                raise _Refused("dns_error", str(exc), "error") from None
+                raise _Refused(exc.reason, str(exc), "error") from None
             upstream, addr = await self._dial(addrs, port)
         except _Refused as refused:
             event["duration_ms"] = round((self._loop.time() - t0) * 1000, 3)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from netcut import apply, safety
@@ -42,16 +42,30 @@ class CutResult:
     elapsed_ms: float = 0.0
     dry_run: bool = False
     script: str | None = None  # helper mode: the shell script the plan renders to
+    # A partial cut brought back to its recorded plan; `plan` holds the repair's ops and
+    # `found` the differences that were repaired (docs/netcut.md#status).
+    repaired: bool = False
+    found: tuple[str, ...] = ()
+
+    @property
+    def head(self) -> str:
+        """The first word of the answer: dry-run, repaired, cut or already cut."""
+        if self.dry_run:
+            return "dry-run"
+        if self.repaired:
+            return "repaired"
+        return "cut" if self.changed else "already cut"
 
     def lines(self) -> list[str]:
         if self.dry_run and self.plan is not None:
             head = "already cut:" if self.status.is_cut else "plan for"
+            head = "repair plan for" if self.repaired else head
             shown = [f"{head} {self.target}", *self.plan.lines()]
             if self.script is not None:
                 shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
             return shown
-        head = "cut" if self.changed else "already cut"
-        out = [f"{head}: {self.target}"]
+        out = [f"{self.head}: {self.target}"]
+        out += [f"  found: {line}" for line in self.found]
         if self.plan is not None and self.changed:
             out += self.plan.lines()
         if self.probe is not None:
@@ -72,6 +86,16 @@ def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
     if isinstance(keep, str):
         raise InvalidInput("keep must be a list of ADDR[:PORT], not one string")
     return tuple(dict.fromkeys(parse_keep(k) for k in keep))
+
+
+def probe_targets(items: Iterable[KeepLike], field: str) -> tuple[Keep, ...]:
+    """ADDR:PORTs to probe; one without a port is refused before anything is applied (a probe
+    connects, so `cut --expect-blocked 1.2.3.4` must not be accepted and silently skipped)."""
+    found = parse_keeps(items)
+    for keep in found:
+        if keep.port is None:
+            raise InvalidInput(f"{field} {keep}: give ADDR:PORT (a probe needs a port)")
+    return found
 
 
 def _open(target: TargetLike) -> tuple[ResolvedTarget, int, tuple[int, int]]:
@@ -125,7 +149,7 @@ def cut(
     ProbeFailed.
     """
     keeps = parse_keeps(keep)
-    blocked = parse_keeps(expect_blocked)
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     if redirect is not None and blocked:
         raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
                            "connection is redirected to the proxy, which judges it")  # fmt: skip
@@ -150,13 +174,13 @@ def cut(
             job.changed,
             elapsed_ms=job.elapsed_ms,
             dry_run=dry_run,
+            repaired=job.repaired,
+            found=job.lines if job.repaired and not dry_run else (),
         )
         reachable = tuple(k for k in keeps if k.port is not None)
         if probe and not dry_run and (reachable or blocked):
             found = run_in_netns(fd, probe_mod.run_probe, reachable, blocked, probe_timeout)
-            result = CutResult(
-                result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
-            )
+            result = replace(result, probe=found)
             if not found.ok:
                 raise ProbeFailed(
                     f"{resolved} is cut but the probe failed: {found.reason()}", found
@@ -222,10 +246,8 @@ def probe(
     Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
     target without a port, TargetNotFound, PrivilegeError.
     """
-    reachable, blocked = parse_keeps(expect_reachable), parse_keeps(expect_blocked)
-    for keep in (*reachable, *blocked):
-        if keep.port is None:
-            raise InvalidInput(f"probe target {keep}: give ADDR:PORT")
+    reachable = probe_targets(expect_reachable, "expect_reachable")
+    blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
     _, fd, _ = _open(target)
     try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from iptc import IPTCError
 
-from netcut import backstop, flows, nat, plan
+from netcut import backstop, flows, nat, plan, verify
 from netcut.errors import ApplyFailed
 from netcut.model import (
     AddAddr,
@@ -119,6 +119,7 @@ class JobResult:
     changed: bool = False
     lines: tuple[str, ...] = ()
     elapsed_ms: float = 0.0
+    repaired: bool = False  # a partial cut was brought back to its recorded plan
 
 
 def job_apply(ops: tuple[Op, ...]) -> None:
@@ -130,7 +131,7 @@ def job_apply(ops: tuple[Op, ...]) -> None:
 def job_status(store: Store) -> JobResult:
     with Rtnl() as rt:
         record = store.load()
-        state = read_state(rt)
+        state = read_state(rt, verify=True)
         return JobResult(plan.judge_status(record, state), record)
 
 
@@ -143,14 +144,17 @@ def job_cut(
     redirect: Redirect | None = None,
 ) -> JobResult:
     """Plan and (unless `dry_run`) apply a cut. An existing complete cut is left as it is; a
-    partial one is restored first."""
+    partial one with the same keeps is repaired to its recorded plan, any other partial one
+    is restored first."""
     start = time.perf_counter()
     with store.locked(), Rtnl() as rt:
         record = store.load()
-        state = read_state(rt, keeps, nameservers)
+        state = read_state(rt, keeps, nameservers, verify=record is not None)
         status = plan.judge_status(record, state)
         if status.is_cut:
             return JobResult(status, record, changed=False)
+        if status.state == "partial" and record is not None and set(record.keeps) == set(keeps):
+            return _repair(rt, record, state, dry_run, start)
         if status.state == "partial" and not dry_run:
             _restore(rt, store, record, state)
             state = read_state(rt, keeps, nameservers)
@@ -166,6 +170,33 @@ def job_cut(
             raise
         elapsed = (time.perf_counter() - start) * 1000
         return JobResult(CutStatus("cut", cut.keeps), cut, changed=True, elapsed_ms=elapsed)
+
+
+def _repair(
+    rt: Rtnl, record: CutPlan, state: NamespaceState, dry_run: bool, start: float
+) -> JobResult:
+    """Bring a tampered cut back to its recorded plan (docs/netcut.md#status). The record is
+    kept as it is, so a later restore puts back the state from before the cut, never what
+    was added meanwhile. No rollback: every step closes the namespace further, so a failed
+    step is reported (ApplyFailed, not rolled back) and the rest still runs."""
+    ops = verify.repair_ops(record.ops, state)
+    fix = CutPlan(record.keeps, ops, record.nameservers)
+    before = plan.judge_status(record, state)
+    if dry_run:
+        return JobResult(before, fix, lines=tuple(fix.lines()), repaired=True)
+    errors = []
+    for op in ops:
+        try:
+            apply_op(rt, op, tolerant=True)
+        except ApplyFailed as exc:
+            errors.append(str(exc))
+    after = plan.judge_status(record, read_state(rt, verify=True))
+    if errors or not after.is_cut:
+        left = "; ".join([*errors, *after.details])
+        raise ApplyFailed(f"repair of the partial cut incomplete: {left}", rolled_back=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    return JobResult(after, fix, changed=True, elapsed_ms=elapsed, repaired=True,
+                     lines=before.details)  # fmt: skip
 
 
 def job_restore(store: Store) -> JobResult:

@@ -16,7 +16,7 @@ from typing import Any
 
 import iptc
 
-from netcut.model import AF_INET, AF_INET6, CHAIN, FilterRule
+from netcut.model import AF_INET, AF_INET6, CHAIN, FilterDump, FilterRule, SeenRule
 from netcut.plan import backstop_rules
 
 _FILTER = "filter"
@@ -138,6 +138,43 @@ def present_families() -> tuple[int, ...]:
         for f, names in ((AF_INET, "ip_tables_names"), (AF_INET6, "ip6_tables_names"))
         if _FILTER in _registered(names) and _table(f).is_chain(CHAIN)
     )
+
+
+def dump(family: int) -> FilterDump:
+    """OUTPUT's rules and chain NETCUT's, decoded in full (every match and target option),
+    for `status` to compare with the plan. Call only for a family whose filter table is
+    registered (`present_families`): opening a table registers it."""
+    table = _table(family)
+    output = tuple(_seen(r) for r in iptc.Chain(table, "OUTPUT").rules)
+    chain = None
+    if table.is_chain(CHAIN):
+        chain = tuple(_seen(r) for r in iptc.Chain(table, CHAIN).rules)
+    return FilterDump(family, output, chain)
+
+
+def _seen(rule: Any) -> SeenRule:
+    target = rule.target
+    return SeenRule(
+        target=target.name if target is not None else "",
+        proto=rule.protocol,
+        src=_unless_any(rule.src),
+        dst=_unless_any(rule.dst),
+        in_iface=rule.in_interface,
+        out_iface=rule.out_interface,
+        matches=tuple((m.name, _params(m)) for m in rule.matches),
+        target_params=_params(target) if target is not None else (),
+    )
+
+
+def _unless_any(cidr: str | None) -> str | None:
+    """None for 0.0.0.0/0.0.0.0 or ::/0 (python-iptables' "anywhere"), else as given."""
+    if not cidr or cidr.split("/")[-1] in ("0", "0.0.0.0", "::"):
+        return None
+    return cidr
+
+
+def _params(part: Any) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, " ".join(v)) for k, v in part.get_all_parameters().items()))
 
 
 def _registered(names: str) -> list[str]:

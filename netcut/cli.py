@@ -171,9 +171,9 @@ def _cmd_cut(args: argparse.Namespace) -> int:
         result = helper.cut(ref, args.keep, image=args.helper_image, **options)
     else:
         result = api.cut(ref, args.keep, redirect=redirect, **options)
-    head = "dry-run" if result.dry_run else ("cut" if result.changed else "already cut")
     data = {
-        "result": head,
+        "result": result.head,
+        "repaired": list(result.found),
         "target": result.target,
         "changed": result.changed,
         "status": _status_data(result.status),

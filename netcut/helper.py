@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from netcut import plan as plan_mod
-from netcut.api import CutResult, KeepLike, RestoreResult, parse_keeps
+from netcut.api import CutResult, KeepLike, RestoreResult, parse_keeps, probe_targets
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, TargetNotFound, UnsafeTarget
 from netcut.model import Keep, NamespaceState
 from netcut.plan import CutStatus
@@ -203,7 +203,7 @@ def cut(
     """The helper-mode twin of api.cut (same result, same errors). `force` is accepted for
     symmetry: a container's namespace is never the host's."""
     del force
-    keeps, blocked = parse_keeps(keep), parse_keeps(expect_blocked)
+    keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     h = _Helper(target, image)
     findings = container_findings(h.info)
     if findings and not allow_privileged and not dry_run:

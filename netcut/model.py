@@ -24,6 +24,7 @@ AF_INET = 2
 AF_INET6 = 10
 RTN_UNICAST = 1
 RTN_LOCAL = 2
+FR_ACT_TO_TBL = 1  # linux/fib_rules.h: a rule whose action is a table lookup
 RT_TABLE_MAIN = 254
 RT_TABLE_LOCAL = 255
 RT_SCOPE_UNIVERSE = 0
@@ -189,6 +190,61 @@ class Lookup:
 
 
 @dataclass(frozen=True)
+class SeenRule:
+    """One netfilter rule as read back from a filter table, in neutral form (what
+    python-iptables decodes: `iptables -S` fields). `matches` and `target_params` hold every
+    option, so a rule with anything netcut never writes cannot pass for one of its own."""
+
+    target: str
+    proto: str | None = None
+    src: str | None = None
+    dst: str | None = None
+    in_iface: str | None = None
+    out_iface: str | None = None
+    matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    target_params: tuple[tuple[str, str], ...] = ()
+
+    def __str__(self) -> str:
+        parts = [f"-p {self.proto}"] if self.proto else []
+        for flag, value in (("-s", self.src), ("-d", self.dst), ("-i", self.in_iface),
+                            ("-o", self.out_iface)):  # fmt: skip
+            if value:
+                parts.append(f"{flag} {value}")
+        for name, params in self.matches:
+            parts.append(" ".join([f"-m {name}", *(f"--{k} {v}" for k, v in params)]))
+        verdict = [f"-j {self.target}", *(f"--{k} {v}" for k, v in self.target_params)]
+        parts.append(" ".join(verdict))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class FilterDump:
+    """A family's filter table as far as the backstop is concerned: OUTPUT's rules in order,
+    and chain NETCUT's (None when the chain does not exist)."""
+
+    family: int
+    output: tuple[SeenRule, ...]
+    chain: tuple[SeenRule, ...] | None
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    """One `ip rule`: which table a lookup goes to (`action` FR_ACT_TO_TBL) and for what."""
+
+    family: int
+    priority: int
+    table: int
+    action: int = 1
+    selector: str = "from all"
+
+    def __str__(self) -> str:
+        head = f"{self.priority}: {self.selector}"
+        if self.action == FR_ACT_TO_TBL:
+            return f"{head} lookup {self.table}"
+        return f"{head} action {self.action}"
+
+
+@dataclass(frozen=True)
 class NamespaceState:
     links: tuple[Link, ...]
     addrs: tuple[Addr, ...]
@@ -198,6 +254,10 @@ class NamespaceState:
     lookups: tuple[Lookup, ...] = ()
     backstop: tuple[int, ...] = ()  # families whose filter table holds the NETCUT chain
     redirect: bool = False  # the nat table holds the NETCUT_REDIRECT chain (transparent mode)
+    # Read for `status` (verify.py); None when the reader did not dump them (a plain cut's
+    # planning needs neither), and then they are reported as not verified.
+    filters: tuple[FilterDump, ...] | None = None
+    policy_rules: tuple[PolicyRule, ...] | None = None
 
     def sysctl(self, key: str) -> str | None:
         return dict(self.sysctls).get(key)

@@ -65,6 +65,7 @@ from netcut.redirect import (
     redirect_rules,
     transparent_backstop,
 )
+from netcut.verify import differences, ipv6_sysctls, unverified
 
 # Format version of the JSON record written before a cut (records.py).
 RECORD_VERSION = 1
@@ -199,13 +200,8 @@ def _ipv6_addrs(state: NamespaceState) -> list[Addr]:
 
 
 def _ipv6_off(state: NamespaceState) -> list[SetSysctl]:
-    """accept_ra=0 everywhere, disable_ipv6=1 on every interface but loopback (keeps ::1)."""
-    wanted: list[tuple[str, str]] = [("net/ipv6/conf/all/accept_ra", "0")]
-    for name in ["default", *(link.name for link in state.links if not link.loopback)]:
-        wanted.append((f"net/ipv6/conf/{name}/accept_ra", "0"))
-        wanted.append((f"net/ipv6/conf/{name}/disable_ipv6", "1"))
     ops = []
-    for key, value in wanted:
+    for key, value in ipv6_sysctls(state):
         old = state.sysctl(key)
         if old is not None and old != value:
             ops.append(SetSysctl(key, value, old))
@@ -308,9 +304,10 @@ def plan_restore(record: CutPlan | None, state: NamespaceState) -> RestorePlan:
 
 @dataclass(frozen=True)
 class CutStatus:
-    """Whether a namespace is cut. `state` is "cut" (every op of the recorded plan holds),
-    "not cut" (no record, no marks), or "partial" (marks or a record, but not all of it holds:
-    not a cut; `restore` undoes it)."""
+    """Whether a namespace is cut. `state` is "cut" (the whole live state matches the
+    recorded plan: verify.py), "not cut" (no record, no marks), or "partial" (marks or a
+    record, but the state differs: not a cut; `details` lists every difference, a second
+    `cut` repairs it and `restore` undoes it)."""
 
     state: Literal["cut", "not cut", "partial"]
     keeps: tuple[Keep, ...] = ()
@@ -321,15 +318,18 @@ class CutStatus:
         return self.state == "cut"
 
     def lines(self) -> list[str]:
-        first = "cut" if self.is_cut else "not cut"
-        extra = ["partial cut: run `netcut restore`"] if self.state == "partial" else []
-        if self.is_cut:
-            extra.append("keep: " + (", ".join(str(k) for k in self.keeps) or "loopback only"))
-        return [first, *extra, *self.details]
+        extra = []
+        if self.state == "partial":
+            extra.append("not a cut: run `netcut cut` to repair it or `netcut restore`")
+        if self.keeps:
+            extra.append("keep: " + ", ".join(str(k) for k in self.keeps))
+        elif self.is_cut:
+            extra.append("keep: loopback only")
+        return [self.state, *extra, *self.details]
 
 
 def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
-    """Compare the namespace with the recorded plan: which of its effects still hold."""
+    """Compare the whole namespace with the recorded plan (docs/netcut.md#status)."""
     if record is None:
         if state.marked_routes or state.backstop or state.redirect:
             marks = [f"marked route {r}" for r in state.marked_routes]
@@ -342,30 +342,10 @@ def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
         # belongs to a cut that never started, or to an earlier namespace whose inode was
         # reused. Undoing it here would add another namespace's routes.
         return CutStatus("not cut", details=("stale record ignored",))
-    missing = [str(op) for op in record.ops if not _holds(op, state)]
-    if missing:
-        return CutStatus("partial", record.keeps, tuple(f"not in effect: {m}" for m in missing))
-    return CutStatus("cut", record.keeps, tuple(f"  {op}" for op in record.ops))
-
-
-def _holds(op: Op, state: NamespaceState) -> bool:
-    keys = {r.key for r in state.routes}
-    if isinstance(op, AddBackstop):
-        return op.family in state.backstop
-    if isinstance(op, AddRedirect):
-        return state.redirect
-    if isinstance(op, AddRoute):
-        return op.route.key in keys
-    if isinstance(op, DelRoute):
-        # a route netcut added in its place (a keep, transparent mode's default via lo) may
-        # share its key
-        return op.route.key not in {r.key for r in state.routes if r.proto != NETCUT_PROTO}
-    if isinstance(op, DelAddr):
-        return all(a.address != op.addr.address for a in state.addrs)
-    if isinstance(op, SetSysctl):
-        current = state.sysctl(op.key)
-        return current is None or current == op.value
-    return True
+    found = differences(record.ops, state)
+    if found:
+        return CutStatus("partial", record.keeps, found)
+    return CutStatus("cut", record.keeps, (*unverified(state), *(f"  {op}" for op in record.ops)))
 
 
 # ---------------------------------------------------------------- (de)serialization

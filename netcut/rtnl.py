@@ -21,9 +21,11 @@ from pyroute2.netlink.rtnl import (
     RTM_DELROUTE,
     RTM_GETADDR,
     RTM_GETROUTE,
+    RTM_GETRULE,
     RTM_NEWADDR,
     RTM_NEWROUTE,
 )
+from pyroute2.netlink.rtnl.fibmsg import fibmsg
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
@@ -82,6 +84,12 @@ class Rtnl:
         msg = ifaddrmsg()
         msg["family"] = 0
         return self._request(msg, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP)
+
+    def dump_rules(self) -> list[Any]:
+        """Policy routing rules (`ip rule`), IPv4 and IPv6."""
+        msg = fibmsg()
+        msg["family"] = 0
+        return self._request(msg, RTM_GETRULE, NLM_F_REQUEST | NLM_F_DUMP)
 
     def route_get(self, dst: str) -> Any:
         """The kernel's route lookup for `dst` (`ip route get`); NetlinkError if none."""

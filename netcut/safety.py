@@ -1,9 +1,13 @@
-"""Safety rails (SPEC 7): which namespaces must not be cut, and who could undo a cut.
+"""Safety rails (docs/netcut.md#safety-rails): which namespaces must not be cut, and who
+could undo a cut.
 
-Reads /proc only. A process whose /proc/PID/ns/net is the target namespace and whose effective
-capabilities include CAP_NET_ADMIN (it could re-add routes), CAP_NET_RAW (raw frames bypass
-routes and netfilter) or CAP_SYS_ADMIN (it could enter another namespace) is reported; cutting
-such a namespace would be theatre.
+Reads /proc only. A process whose /proc/PID/ns/net is the target namespace and that holds
+CAP_NET_ADMIN (it could re-add routes), CAP_NET_RAW (raw frames bypass routes and netfilter)
+or CAP_SYS_ADMIN (it could enter another namespace) is reported; cutting such a namespace
+would be theatre. "Holds" means in its effective or permitted set (it can use it now), or in
+its bounding set (a setuid-root or file-capability binary, `setcap cap_net_raw+ep`, gives it
+back on execve) unless no_new_privs is set (then execve grants nothing: the bounding set is
+moot). Ambient capabilities are a subset of the permitted set, so they are covered.
 """
 
 from __future__ import annotations
@@ -50,9 +54,32 @@ def refuse_unsafe_namespace(identity: tuple[int, int]) -> None:
         raise UnsafeTarget("refusing to cut the host's initial network namespace (use --force)")
 
 
-def cap_names(cap_eff_hex: str) -> list[str]:
-    mask = int(cap_eff_hex, 16)
+# /proc/PID/status fields, in the order findings name them.
+CAP_SETS = (("CapEff", "effective"), ("CapPrm", "permitted"), ("CapBnd", "bounding"))
+
+
+def cap_names(cap_hex: str) -> list[str]:
+    """The dangerous capabilities in a /proc status mask (hex); an unreadable mask counts as
+    holding all of them (fail closed)."""
+    try:
+        mask = int(cap_hex, 16)
+    except ValueError:
+        mask = -1
     return [name for bit, name in sorted(DANGEROUS_CAPS.items()) if mask >> bit & 1]
+
+
+def dangerous_caps(fields: dict[str, str]) -> list[str]:
+    """'CAP_NET_RAW (bounding)'-style findings for one process's /proc status fields. Pure.
+
+    A missing field counts as empty, except CapBnd, which every kernel since 2.6.26 shows."""
+    nnp = fields.get("NoNewPrivs", "0").strip() == "1"
+    held: dict[str, list[str]] = {}
+    for field, label in CAP_SETS:
+        if field == "CapBnd" and nnp:
+            continue  # no_new_privs: execve cannot raise the permitted set from the bounding
+        for name in cap_names(fields.get(field, "0")):
+            held.setdefault(name, []).append(label)
+    return [f"{name} ({', '.join(sets)})" for name, sets in held.items()]
 
 
 def _status_fields(pid: str) -> dict[str, str]:
@@ -65,7 +92,8 @@ def _status_fields(pid: str) -> dict[str, str]:
 
 
 def privileged_processes(identity: tuple[int, int]) -> tuple[str, ...]:
-    """'pid 123 (comm): CAP_NET_ADMIN, ...' for each process in the namespace holding one."""
+    """'pid 123 (comm): CAP_NET_RAW (effective, permitted, bounding), ...' for each process in
+    the namespace holding one in any of those sets."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or identity_of(f"/proc/{pid}/ns/net") != identity:
@@ -74,7 +102,7 @@ def privileged_processes(identity: tuple[int, int]) -> tuple[str, ...]:
             fields = _status_fields(pid)
         except OSError:
             continue  # exited meanwhile
-        names = cap_names(fields.get("CapEff", "0"))
+        names = dangerous_caps(fields)
         if names:
             found.append(f"pid {pid} ({fields.get('Name', '?')}): {', '.join(names)}")
     return tuple(found)

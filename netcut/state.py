@@ -15,7 +15,17 @@ from typing import Any
 
 from netcut import backstop, nat
 from netcut.errors import InvalidInput
-from netcut.model import AF_INET, AF_INET6, Addr, Keep, Link, Lookup, NamespaceState, Route
+from netcut.model import (
+    AF_INET,
+    AF_INET6,
+    Addr,
+    Keep,
+    Link,
+    Lookup,
+    NamespaceState,
+    PolicyRule,
+    Route,
+)
 from netcut.rtnl import NetlinkError, Rtnl
 
 LOOPBACK_INDEX = 1
@@ -23,14 +33,25 @@ _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
 
 
 def read_state(
-    rt: Rtnl, keeps: tuple[Keep, ...] = (), nameservers: tuple[str, ...] = ()
+    rt: Rtnl,
+    keeps: tuple[Keep, ...] = (),
+    nameservers: tuple[str, ...] = (),
+    *,
+    verify: bool = False,
 ) -> NamespaceState:
     """Links, addresses, routes (v4+v6, all tables), IPv6 sysctls, route lookups for the
-    kept addresses, and which families hold the backstop chain."""
+    kept addresses, and which families hold the backstop chain. With `verify` (status, and a
+    cut of a namespace that has a record) also the policy rules and the backstop's rules and
+    hook, which a first cut's planning does not need (docs/netcut.md#status)."""
     links = read_links()
     names = {link.index: link.name for link in links}
     addrs = tuple(_addr(m, names) for m in rt.dump_addrs())
-    routes = tuple(_route(m, names) for m in rt.dump_routes() if m["family"] in (AF_INET, AF_INET6))
+    routes = tuple(
+        _route(m, names, strict=not verify)
+        for m in rt.dump_routes()
+        if m["family"] in (AF_INET, AF_INET6)
+    )
+    families = backstop.present_families()
     return NamespaceState(
         links=links,
         addrs=addrs,
@@ -38,8 +59,30 @@ def read_state(
         sysctls=read_sysctls(links),
         nameservers=nameservers,
         lookups=tuple(_lookup(rt, str(k.addr), names) for k in keeps if not k.is_loopback),
-        backstop=backstop.present_families(),
+        backstop=families,
         redirect=nat.present(),
+        filters=tuple(backstop.dump(f) for f in families) if verify else None,
+        policy_rules=tuple(_rule(m) for m in rt.dump_rules()) if verify else None,
+    )
+
+
+def _rule(msg: Any) -> PolicyRule:
+    """An `ip rule` with the selectors that matter for reading it back in a status line."""
+    parts = []
+    for attr, word, length in (("FRA_SRC", "from", "src_len"), ("FRA_DST", "to", "dst_len")):
+        value = msg.get_attr(attr)
+        if value is not None:
+            parts.append(f"{word} {value}/{msg[length]}")
+    for attr, word in (("FRA_IIFNAME", "iif"), ("FRA_OIFNAME", "oif"), ("FRA_FWMARK", "fwmark")):
+        value = msg.get_attr(attr)
+        if value is not None:
+            parts.append(f"{word} {value}")
+    return PolicyRule(
+        family=msg["family"],
+        priority=msg.get_attr("FRA_PRIORITY") or 0,
+        table=msg.get_attr("FRA_TABLE") or msg["table"],
+        action=msg["action"],
+        selector=" ".join(parts) or "from all",
     )
 
 
@@ -63,8 +106,11 @@ def _addr(msg: Any, names: dict[int, str]) -> Addr:
     )
 
 
-def _route(msg: Any, names: dict[int, str]) -> Route:
-    if msg.get_attr("RTA_MULTIPATH") is not None:
+def _route(msg: Any, names: dict[int, str], strict: bool = True) -> Route:
+    """A route as netcut records it. A multipath route cannot be recorded (a cut refuses it);
+    for verification (`strict` False) it is read with no single interface, which counts as a
+    way out (docs/netcut.md#status)."""
+    if strict and msg.get_attr("RTA_MULTIPATH") is not None:
         raise InvalidInput("the namespace has a multipath route; netcut cannot record it")
     oif = msg.get_attr("RTA_OIF")
     metrics = msg.get_attr("RTA_METRICS")

@@ -306,9 +306,11 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     sh("ip", "netns", "exec", topo.sandbox, "iptables-legacy", "-X", "NETCUT")
     status = netcut.status(topo.sandbox)
     assert status.state == "partial"
-    assert status.lines()[0] == "not cut"
-    again = netcut.cut(topo.sandbox, [topo.proxy])  # restores the partial cut, then cuts
+    assert status.lines()[0] == "partial"
+    assert "iptables: chain NETCUT is gone" in status.details
+    again = netcut.cut(topo.sandbox, [topo.proxy])  # repairs the partial cut to its plan
     assert again.changed
+    assert again.repaired
     assert netcut.status(topo.sandbox).is_cut
     netcut.restore(topo.sandbox)
     assert wait_for(lambda: topo.routes() == routes)

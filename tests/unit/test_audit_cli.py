@@ -46,21 +46,22 @@ def expected_counts(field: str) -> dict[str, Counter[str]]:
 
 
 def as_counts(rows: list[dict[str, object]]) -> dict[str, Counter[str]]:
-    return {str(row["key"]): Counter({d: int(row[d]) for d in ("allow", "block", "error")
-                                      if row[d]}) for row in rows}  # type: ignore[call-overload]
+    return {
+        str(row["key"]): Counter({d: int(row[d]) for d in ("allow", "block", "error") if row[d]})
+        for row in rows
+    }  # type: ignore[call-overload]
 
 
 # ---- summarize ---------------------------------------------------------------------------
 
-def test_summarize_json_counts(sample_log: list[str],
-                               capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_summarize_json_counts(sample_log: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "summarize", "--json", *sample_log)
     assert code == 0
     assert err == ""
     summary = json.loads(out)
     total = sum(count for count, _ in SAMPLE)
-    assert summary["totals"] == {"events": total, "allow": 77, "block": 28, "error": 2,
-                                 "other": 0}
+    assert summary["totals"] == {"events": total, "allow": 77, "block": 28, "error": 2, "other": 0}
     assert summary["runs"] == 1
     assert as_counts(summary["by_host"]) == expected_counts("host")
     assert as_counts(summary["by_reason"]) == expected_counts("reason")
@@ -73,9 +74,11 @@ def test_summarize_json_counts(sample_log: list[str],
     assert by_domain["githubusercontent.com"] == Counter(block=6)
     assert by_domain["169.254.169.254"] == Counter(block=4)
     by_client = as_counts(summary["by_client"])  # client_id, else the IP without its port
-    assert by_client == {"task-7": Counter(allow=77, block=15),
-                         "task-8": Counter(block=12, error=2),
-                         "198.18.0.3": Counter(block=1)}
+    assert by_client == {
+        "task-7": Counter(allow=77, block=15),
+        "task-8": Counter(block=12, error=2),
+        "198.18.0.3": Counter(block=1),
+    }
     hosts = [row["key"] for row in summary["by_host"]]
     assert hosts[:3] == ["github.com", "raw.githubusercontent.com", "pastebin.com"]
 
@@ -89,8 +92,9 @@ def test_summarize_table(sample_log: list[str], capsys: pytest.CaptureFixture[st
     assert "... and 5 more" in out  # 8 hosts, 3 shown
 
 
-def test_summarize_reads_plain_and_gzip_alike(sample_log: list[str], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_summarize_reads_plain_and_gzip_alike(
+    sample_log: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     renamed = tmp_path / "no-gz-suffix"
     renamed.write_bytes(Path(sample_log[0]).read_bytes())  # gzip data, no .gz name
     code, out, _ = run(capsys, "summarize", "--json", str(renamed))
@@ -101,9 +105,17 @@ def test_summarize_reads_plain_and_gzip_alike(sample_log: list[str], tmp_path: P
 async def write_at(path: Path, stamps: list[datetime]) -> None:
     async with AuditLog(str(path)) as log:
         for index, stamp in enumerate(stamps):
-            log.record({"ts": canonical_ts(stamp), "client": "198.18.0.2:1", "host":
-                        f"h{index}.example", "port": 443, "decision": "block",
-                        "reason": "default_deny", "rule": None})
+            log.record(
+                {
+                    "ts": canonical_ts(stamp),
+                    "client": "198.18.0.2:1",
+                    "host": f"h{index}.example",
+                    "port": 443,
+                    "decision": "block",
+                    "reason": "default_deny",
+                    "rule": None,
+                }
+            )
 
 
 @pytest.mark.parametrize(
@@ -111,14 +123,17 @@ async def write_at(path: Path, stamps: list[datetime]) -> None:
     [
         (["--since", "2026-11-30T01:30:00Z"], {"h1.example", "h2.example"}),
         (["--until", "2026-11-30T03:30:00+01:00"], {"h0.example", "h1.example"}),
-        (["--since", "2026-11-30T01:00:00.000Z", "--until", "2026-11-30T02:00:00Z"],
-         {"h0.example"}),
+        (
+            ["--since", "2026-11-30T01:00:00.000Z", "--until", "2026-11-30T02:00:00Z"],
+            {"h0.example"},
+        ),
         (["--since", "2026-11-30"], {"h0.example", "h1.example", "h2.example"}),
     ],
     ids=["since", "until-offset-exclusive", "both-inclusive-start", "date-only"],
 )
-def test_time_window_rfc3339(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                             window: list[str], hosts: set[str]) -> None:
+def test_time_window_rfc3339(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], window: list[str], hosts: set[str]
+) -> None:
     path = tmp_path / "audit.jsonl"
     base = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
     asyncio.run(write_at(path, [base, base + timedelta(hours=1), base + timedelta(hours=2)]))
@@ -140,6 +155,7 @@ def test_time_window_relative(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 # ---- filter and tail ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("selectors", "count"),
     [
@@ -153,11 +169,21 @@ def test_time_window_relative(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         (["--reason", "reserved_address"], 4),
         (["--reason", "sni_mismatch", "--host", "pypi.org"], 3),
     ],
-    ids=["block", "block-or-error", "host-wildcard-apex", "host-glob", "client-id",
-         "client-ip", "client-ip-port", "reason", "reason-and-host"],
+    ids=[
+        "block",
+        "block-or-error",
+        "host-wildcard-apex",
+        "host-glob",
+        "client-id",
+        "client-ip",
+        "client-ip-port",
+        "reason",
+        "reason-and-host",
+    ],
 )
-def test_filter(sample_log: list[str], capsys: pytest.CaptureFixture[str],
-                selectors: list[str], count: int) -> None:
+def test_filter(
+    sample_log: list[str], capsys: pytest.CaptureFixture[str], selectors: list[str], count: int
+) -> None:
     code, out, _ = run(capsys, "filter", *selectors, *sample_log)
     assert code == 0
     assert len(out.splitlines()) == count
@@ -168,20 +194,33 @@ def test_filter_line_format(sample_log: list[str], capsys: pytest.CaptureFixture
     line = out.splitlines()[0]
     timestamp, rest = line.split(" ", 1)
     assert timestamp.endswith("Z")
-    assert rest.startswith("block GET 169.254.169.254:80/latest/meta-data/iam?REDACTED "
-                           "from 198.18.0.3:")
-    assert rest.endswith("(task-8) reserved_address status=403 "
-                         "-- 169.254.169.254 is reserved (link_local)")
+    assert rest.startswith(
+        "block GET 169.254.169.254:80/latest/meta-data/iam?REDACTED from 198.18.0.3:"
+    )
+    assert rest.endswith(
+        "(task-8) reserved_address status=403 -- 169.254.169.254 is reserved (link_local)"
+    )
 
 
 async def test_agent_controlled_text_cannot_drive_the_terminal(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "audit.jsonl"
     async with AuditLog(str(path)) as log:
-        log.record({"client": "198.18.0.2:1", "method": "GET", "host": "a.example",
-                    "port": 80, "path": "/x\x1b[2J\n2026-01-01T00:00:00.000Z allow FAKE",
-                    "decision": "block", "reason": "default_deny", "rule": None,
-                    "client_id": "evil\u202etxt.exe", "detail": "bell\x07 csi\x9b"})
+        log.record(
+            {
+                "client": "198.18.0.2:1",
+                "method": "GET",
+                "host": "a.example",
+                "port": 80,
+                "path": "/x\x1b[2J\n2026-01-01T00:00:00.000Z allow FAKE",
+                "decision": "block",
+                "reason": "default_deny",
+                "rule": None,
+                "client_id": "evil\u202etxt.exe",
+                "detail": "bell\x07 csi\x9b",
+            }
+        )
     _, out, _ = run(capsys, "filter", str(path))
     assert out.count("\n") == 1
     assert "\x1b" not in out
@@ -193,8 +232,7 @@ async def test_agent_controlled_text_cannot_drive_the_terminal(
     assert "evil\\u202etxt.exe" in out
 
 
-def test_filter_json_and_control(sample_log: list[str],
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_filter_json_and_control(sample_log: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run(capsys, "filter", "--json", "--control", *sample_log)
     records = [json.loads(line) for line in out.splitlines()]
     kinds = Counter(record.get("type") for record in records)
@@ -236,16 +274,23 @@ def test_follower_survives_rename_rotation_and_truncation(tmp_path: Path) -> Non
     follower.close()
 
 
-async def test_follower_with_gap_filler_survives_rotation_faster_than_polls(
-        tmp_path: Path) -> None:
+async def test_follower_with_gap_filler_survives_rotation_faster_than_polls(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     warnings: list[str] = []
     follower, gaps = Follower(str(path)), GapFiller(str(path), warnings.append)
     seen: list[dict[str, object]] = []
     async with AuditLog(str(path), rotate_bytes=1000) as log:
         for port in range(60):
-            log.record({"client": "198.18.0.2:1", "host": "a.example", "port": port,
-                        "decision": "allow", "reason": "x", "rule": None})
+            log.record(
+                {
+                    "client": "198.18.0.2:1",
+                    "host": "a.example",
+                    "port": port,
+                    "decision": "allow",
+                    "reason": "x",
+                    "rule": None,
+                }
+            )
             await log.flush()
             if port % 15 == 0:  # a slow reader: several rotations go by between polls
                 seen += [json.loads(line) for line in gaps.feed(follower.read())]
@@ -265,15 +310,35 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         sys.exit(audit_main(sys.argv[1:]))
     """)
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, "tail", "-f", "--interval", "0.02", "--decision",
-        "block", str(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sys.executable,
+        "-c",
+        script,
+        "tail",
+        "-f",
+        "--interval",
+        "0.02",
+        "--decision",
+        "block",
+        str(path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         await asyncio.sleep(0.3)  # the log does not exist yet: tail -f waits for it
         async with AuditLog(str(path), rotate_bytes=1500) as log:
             for port in range(30):
                 decision = "block" if port % 3 == 0 else "allow"
-                log.record({"client": "198.18.0.2:1", "method": "CONNECT", "host": "a.example",
-                            "port": port, "decision": decision, "reason": "x", "rule": None})
+                log.record(
+                    {
+                        "client": "198.18.0.2:1",
+                        "method": "CONNECT",
+                        "host": "a.example",
+                        "port": port,
+                        "decision": decision,
+                        "reason": "x",
+                        "rule": None,
+                    }
+                )
                 await asyncio.sleep(0.03)  # a file lasts ~0.2 s, many polls (see docs)
         assert list(tmp_path.glob("audit.jsonl.*.gz"))  # it did rotate under the follower
         seen = []
@@ -290,6 +355,7 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
 
 # ---- errors and helpers ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -303,19 +369,30 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         (["summarize", "--top", "0", "x"], "must be > 0"),
         (["tail", "-n", "ten", "x"], "not a number"),
     ],
-    ids=["missing-file", "bad-since", "bad-decision", "bad-command", "no-command",
-         "tail-missing", "bad-interval", "bad-top", "bad-lines"],
+    ids=[
+        "missing-file",
+        "bad-since",
+        "bad-decision",
+        "bad-command",
+        "no-command",
+        "tail-missing",
+        "bad-interval",
+        "bad-top",
+        "bad-lines",
+    ],
 )
-def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
-                             message: str) -> None:
+def test_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert message in err
     assert "Traceback" not in err
 
 
-def test_bad_lines_are_counted_not_fatal(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_lines_are_counted_not_fatal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "audit.jsonl"
     path.write_text('{"host":"a.example","decision":"block"}\nnot json\n[1]\n{"host":"b.exa')
     code, out, err = run(capsys, "summarize", "--json", str(path))
@@ -326,8 +403,9 @@ def test_bad_lines_are_counted_not_fatal(tmp_path: Path,
     assert "3 line(s) were not JSON objects" in err
 
 
-def test_an_overlong_line_is_one_bad_line(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_overlong_line_is_one_bad_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "audit.jsonl"
     path.write_bytes(b"x" * 3_000_000 + b"\n" + b'{"host":"a.example","decision":"allow"}\n')
     code, out, _ = run(capsys, "summarize", "--json", str(path))
@@ -346,8 +424,10 @@ def test_a_directory_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize(
     ("given", "ordered"),
     [
-        (["a.log", "a.log.1.gz", "a.log.10.gz", "a.log.2.gz"],
-         ["a.log.10.gz", "a.log.2.gz", "a.log.1.gz", "a.log"]),
+        (
+            ["a.log", "a.log.1.gz", "a.log.10.gz", "a.log.2.gz"],
+            ["a.log.10.gz", "a.log.2.gz", "a.log.1.gz", "a.log"],
+        ),
         (["x.jsonl", "y.jsonl"], ["x.jsonl", "y.jsonl"]),
         (["a.log.2", "a.log.1.gz", "b.log"], ["a.log.2", "a.log.1.gz", "b.log"]),
         (["a.log", "a.log"], ["a.log"]),
@@ -360,8 +440,12 @@ def test_order_paths(given: list[str], ordered: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("client", "ip"),
-    [("198.18.0.2:41000", "198.18.0.2"), ("[2001:db8::1]:5", "2001:db8::1"),
-     ("2001:db8::1", "2001:db8::1"), ("unix", "unix")],
+    [
+        ("198.18.0.2:41000", "198.18.0.2"),
+        ("[2001:db8::1]:5", "2001:db8::1"),
+        ("2001:db8::1", "2001:db8::1"),
+        ("unix", "unix"),
+    ],
 )
 def test_client_ip(client: str, ip: str) -> None:
     assert client_ip(client) == ip
@@ -382,16 +466,28 @@ HOSTS = 200
 def write_big_log(path: Path, lines: int) -> None:
     """Writes `lines` request lines quickly: ~175 bytes each, HOSTS distinct hosts, a new
     client port on every line (ports must not count as distinct clients)."""
-    template = ('{"ts":"2026-11-30T05:%02d:%02d.000Z","client":"198.18.0.%d:%d",'
-                '"method":"CONNECT","host":"h%d.example.com","port":443,'
-                '"decision":"%s","reason":"%s","rule":null,"seq":%d,"prev":"x"}\n')
+    template = (
+        '{"ts":"2026-11-30T05:%02d:%02d.000Z","client":"198.18.0.%d:%d",'
+        '"method":"CONNECT","host":"h%d.example.com","port":443,'
+        '"decision":"%s","reason":"%s","rule":null,"seq":%d,"prev":"x"}\n'
+    )
     with path.open("w") as out:
         chunk: list[str] = []
         for n in range(lines):
             block = n % 7 == 0
-            chunk.append(template % ((n // 60) % 60, n % 60, n % 4, 1024 + n % 60000,
-                                     n % HOSTS, "block" if block else "allow",
-                                     "default_deny" if block else "allow_rule", n))
+            chunk.append(
+                template
+                % (
+                    (n // 60) % 60,
+                    n % 60,
+                    n % 4,
+                    1024 + n % 60000,
+                    n % HOSTS,
+                    "block" if block else "allow",
+                    "default_deny" if block else "allow_rule",
+                    n,
+                )
+            )
             if len(chunk) == 50_000:
                 out.write("".join(chunk))
                 chunk.clear()
@@ -408,9 +504,14 @@ PEAK_SCRIPT = textwrap.dedent("""
 
 
 def summarize_peak(path: Path) -> tuple[dict[str, object], int]:
-    done = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path)], capture_output=True,
-                          text=True, check=True, timeout=120,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     stats = json.loads(done.stderr.strip().splitlines()[-1])
     assert stats["code"] == 0
     return json.loads(done.stdout), int(stats["peak_kib"])

@@ -30,8 +30,12 @@ NOW = datetime(2026, 11, 30, 5, 0, 0, tzinfo=UTC)
 
 @pytest.mark.parametrize(
     ("t", "text"),
-    [(0.0, "1970-01-01T00:00:00.000Z"), (1795842062.1234, "2026-11-28T05:01:02.123Z"),
-     (1795842062.9999, "2026-11-28T05:01:02.999Z"), (1795842063.0, "2026-11-28T05:01:03.000Z")],
+    [
+        (0.0, "1970-01-01T00:00:00.000Z"),
+        (1795842062.1234, "2026-11-28T05:01:02.123Z"),
+        (1795842062.9999, "2026-11-28T05:01:02.999Z"),
+        (1795842063.0, "2026-11-28T05:01:03.000Z"),
+    ],
 )
 def test_clock_format(t: float, text: str) -> None:
     assert Clock().format(t) == text
@@ -60,11 +64,18 @@ def test_redact_url(value: str, redacted: str) -> None:
 
 
 def test_redactor_is_by_field_name() -> None:
-    record: dict[str, object] = {"host": "h", "X-Api-Key": "k", "reason": "auth_required",
-                                 "detail": "token mentioned in free text stays"}
+    record: dict[str, object] = {
+        "host": "h",
+        "X-Api-Key": "k",
+        "reason": "auth_required",
+        "detail": "token mentioned in free text stays",
+    }
     Redactor().redact(record)
-    assert record == {"host": "h", "reason": "auth_required",
-                      "detail": "token mentioned in free text stays"}
+    assert record == {
+        "host": "h",
+        "reason": "auth_required",
+        "detail": "token mentioned in free text stays",
+    }
 
 
 def test_chain_line_and_encoding() -> None:
@@ -118,8 +129,11 @@ def reference_verify(lines: list[bytes]) -> bool:
         if record.get("type") == "start":
             ok = record["seq"] == 0
         else:
-            ok = prev is not None and record["seq"] == seq + 1 and \
-                record["prev"] == hashlib.sha256(prev).hexdigest()
+            ok = (
+                prev is not None
+                and record["seq"] == seq + 1
+                and record["prev"] == hashlib.sha256(prev).hexdigest()
+            )
         if not ok:
             return False
         prev, seq = line, record["seq"]
@@ -162,7 +176,7 @@ def test_any_single_change_is_detected(data: st.DataObject) -> None:
     elif kind == "edit":
         position = data.draw(st.integers(0, len(lines[index]) - 1), label="byte")
         byte = data.draw(st.integers(0, 255).filter(lambda b: b != lines[index][position]))
-        lines[index] = lines[index][:position] + bytes([byte]) + lines[index][position + 1:]
+        lines[index] = lines[index][:position] + bytes([byte]) + lines[index][position + 1 :]
     else:
         lines.insert(index, lines[index])
     assert verify_lines(lines) != []
@@ -179,21 +193,48 @@ def test_verifier_never_crashes(lines: list[bytes]) -> None:
 def test_pure_module_imports_no_io() -> None:
     """auditfmt stays pure: no asyncio, sockets, threads or files (STYLE: pure core)."""
     tree = ast.parse(Path(auditfmt.__file__).read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "hashlib", "json", "re", "time", "collections",
-                        "dataclasses", "datetime", "typing"}
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        (node.module or "").split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert imported <= {
+        "__future__",
+        "hashlib",
+        "json",
+        "re",
+        "time",
+        "collections",
+        "dataclasses",
+        "datetime",
+        "typing",
+    }
 
 
-SECRET_NAMES = ["Proxy-Authorization", "cookie", "X-Auth-Token", "password", "body",
-                "api_key", "client_secret"]
+SECRET_NAMES = [
+    "Proxy-Authorization",
+    "cookie",
+    "X-Auth-Token",
+    "password",
+    "body",
+    "api_key",
+    "client_secret",
+]
 
 
-@given(st.dictionaries(st.one_of(st.sampled_from(SECRET_NAMES), st.text(max_size=12)),
-                       st.one_of(st.none(), st.integers(), st.text(max_size=20)),
-                       max_size=12))
+@given(
+    st.dictionaries(
+        st.one_of(st.sampled_from(SECRET_NAMES), st.text(max_size=12)),
+        st.one_of(st.none(), st.integers(), st.text(max_size=20)),
+        max_size=12,
+    )
+)
 def test_redacted_records_never_keep_secret_fields(event: dict[str, object]) -> None:
     record = {"ts": "2026-11-30T05:00:00.000Z", **event}
     Redactor().redact(record)

@@ -48,17 +48,20 @@ def edit_lines(path: Path, change: object) -> None:
     path.write_bytes(b"".join(line + b"\n" for line in new))
 
 
-def test_clean_multi_file_log_verifies(clean_log: list[Path],
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_clean_multi_file_log_verifies(
+    clean_log: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out = run(capsys, *map(str, clean_log))
     assert code == 0
     lines = 107 + 2 + len(clean_log) - 1  # requests, start and end, a rotate record a file
-    assert out[-1].startswith(f"OK: {lines} lines in {len(clean_log)} file(s), 1 run(s), "
-                              "107 request records")
+    assert out[-1].startswith(
+        f"OK: {lines} lines in {len(clean_log)} file(s), 1 run(s), 107 request records"
+    )
 
 
-def test_a_shell_glob_order_is_fixed(clean_log: list[Path],
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_shell_glob_order_is_fixed(
+    clean_log: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     shuffled = sorted(map(str, clean_log))  # what `audit.jsonl*` expands to
     code, _ = run(capsys, *shuffled)
     assert code == 0
@@ -73,19 +76,23 @@ def test_head_anchor(clean_log: list[Path], capsys: pytest.CaptureFixture[str]) 
     assert any("expected 0000" in line for line in out)
 
 
-def test_deleted_line(clean_log: list[Path], tmp_path: Path,
-                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_deleted_line(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: lines[:20] + lines[21:])
     code, out = run(capsys, str(path))
     assert code == 1
-    assert out[0] == (f"{path}:21: 1 line(s) missing just before this one (seq 20..20: "
-                      "deleted, lost, or a rotated file not given)")
+    assert out[0] == (
+        f"{path}:21: 1 line(s) missing just before this one (seq 20..20: "
+        "deleted, lost, or a rotated file not given)"
+    )
     assert out[-1].startswith("FAILED")
 
 
-def test_reordered_lines(clean_log: list[Path], tmp_path: Path,
-                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_reordered_lines(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: [*lines[:30], lines[31], lines[30], *lines[32:]])
     code, out = run(capsys, str(path))
@@ -94,8 +101,9 @@ def test_reordered_lines(clean_log: list[Path], tmp_path: Path,
     assert len(out) == 2  # exactly one problem, and the verdict
 
 
-def test_edited_line(clean_log: list[Path], tmp_path: Path,
-                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_edited_line(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
 
     def change(lines: list[bytes]) -> list[bytes]:
@@ -107,13 +115,15 @@ def test_edited_line(clean_log: list[Path], tmp_path: Path,
     edit_lines(path, change)
     code, out = run(capsys, str(path))
     assert code == 1
-    assert out[0].startswith(f"{path}:41: edited: this line's hash does not match the prev "
-                             f"recorded at {path}:42")
+    assert out[0].startswith(
+        f"{path}:41: edited: this line's hash does not match the prev recorded at {path}:42"
+    )
     assert len(out) == 2
 
 
-def test_edited_whitespace_only(clean_log: list[Path], tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_edited_whitespace_only(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: [*lines[:9], lines[9].replace(b",", b", ", 1), *lines[10:]])
     code, out = run(capsys, str(path))
@@ -121,8 +131,9 @@ def test_edited_whitespace_only(clean_log: list[Path], tmp_path: Path,
     assert out[0].startswith(f"{path}:10: edited")
 
 
-def test_truncated_mid_line(clean_log: list[Path], tmp_path: Path,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_mid_line(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 50])  # cut inside the end record
@@ -133,8 +144,9 @@ def test_truncated_mid_line(clean_log: list[Path], tmp_path: Path,
     assert "has no end record" in out[1]
 
 
-def test_deleted_tail_lines(clean_log: list[Path], tmp_path: Path,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_deleted_tail_lines(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: lines[:-5])
     code, out = run(capsys, str(path))
@@ -143,14 +155,16 @@ def test_deleted_tail_lines(clean_log: list[Path], tmp_path: Path,
     assert run(capsys, "--live", str(path))[0] == 0  # a log still being written
 
 
-def test_deleted_first_lines(clean_log: list[Path], tmp_path: Path,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_deleted_first_lines(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: lines[3:])
     code, out = run(capsys, str(path))
     assert code == 1
-    assert out[0] == (f"{path}:1: chain does not begin with a start record "
-                      "(earlier lines or files missing?)")
+    assert out[0] == (
+        f"{path}:1: chain does not begin with a start record (earlier lines or files missing?)"
+    )
 
 
 async def test_deleted_whole_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -164,16 +178,19 @@ async def test_deleted_whole_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path.write_bytes(b"".join(lines[:3] + lines[6:]))  # the middle run
     code, out = run(capsys, str(path))
     assert code == 1
-    assert out[0] == (f"{path}:4: run start does not link to the line before it "
-                      "(lines deleted or edited before this run)")
+    assert out[0] == (
+        f"{path}:4: run start does not link to the line before it "
+        "(lines deleted or edited before this run)"
+    )
     path.write_bytes(b"".join(lines[3:]))  # the first run
     code, out = run(capsys, str(path))
     assert code == 1
     assert out[0].startswith(f"{path}:1: run start links to earlier lines that were not given")
 
 
-def test_duplicated_line(clean_log: list[Path], tmp_path: Path,
-                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_duplicated_line(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: [*lines[:50], lines[49], *lines[50:]])
     code, out = run(capsys, str(path))
@@ -181,8 +198,9 @@ def test_duplicated_line(clean_log: list[Path], tmp_path: Path,
     assert out[0] == f"{path}:51: duplicated or replayed line: seq 49 already seen"
 
 
-def test_garbage_line(clean_log: list[Path], tmp_path: Path,
-                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_garbage_line(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = plain_copy(clean_log, tmp_path)
     edit_lines(path, lambda lines: [*lines[:5], b"not json at all", *lines[6:]])
     code, out = run(capsys, str(path))
@@ -205,8 +223,9 @@ def test_oldest_file_not_given(clean_log: list[Path], capsys: pytest.CaptureFixt
     assert "does not begin with a start record" in out[0]
 
 
-def test_damaged_gzip(clean_log: list[Path], tmp_path: Path,
-                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_damaged_gzip(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     broken = tmp_path / clean_log[0].name
     broken.write_bytes(clean_log[0].read_bytes()[:-30])
     code, out = run(capsys, str(broken), *map(str, clean_log[1:]))

@@ -19,8 +19,13 @@ from egress.auditfmt import GENESIS, ChainVerifier, line_hash
 from egress.auditwriter import LogWriter
 
 EVENT: dict[str, object] = {
-    "client": "198.18.0.2:41000", "method": "CONNECT", "scheme": "https",
-    "host": "pypi.org", "port": 443, "decision": "allow", "reason": "allow_rule",
+    "client": "198.18.0.2:41000",
+    "method": "CONNECT",
+    "scheme": "https",
+    "host": "pypi.org",
+    "port": 443,
+    "decision": "allow",
+    "reason": "allow_rule",
     "rule": "pypi.org",
 }
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -38,8 +43,9 @@ def verify(*paths: Path, live: bool = False) -> list[str]:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as stream:
             for number, raw in enumerate(stream, 1):
-                verifier.feed(f"{path.name}:{number}", raw.rstrip(b"\n"),
-                              complete=raw.endswith(b"\n"))
+                verifier.feed(
+                    f"{path.name}:{number}", raw.rstrip(b"\n"), complete=raw.endswith(b"\n")
+                )
     return [str(p) for p in verifier.finish().problems]
 
 
@@ -86,11 +92,11 @@ async def test_record_adds_ts_and_keeps_a_given_one(tmp_path: Path) -> None:
 async def test_lines_are_compact_ascii_json(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     async with AuditLog(str(path)) as log:
-        log.record({**EVENT, "detail": "bücher \u2028 \"quoted\"\nnewline"})
+        log.record({**EVENT, "detail": 'bücher \u2028 "quoted"\nnewline'})
     raw = path.read_bytes().splitlines()[1]
     assert raw.isascii()
     assert b", " not in raw
-    assert json.loads(raw)["detail"] == "bücher \u2028 \"quoted\"\nnewline"
+    assert json.loads(raw)["detail"] == 'bücher \u2028 "quoted"\nnewline'
 
 
 async def test_odd_values_never_raise(tmp_path: Path) -> None:
@@ -117,11 +123,20 @@ async def test_odd_values_never_raise(tmp_path: Path) -> None:
         ({"seq": 99, "prev": "forged"}, {}),
         ({"body": "secret data", "request_body": "x", "Payload": "y"}, {}),
     ],
-    ids=["query", "no-query", "url-userinfo", "proxy-authorization", "auth-cookie",
-         "token-like", "chain-fields", "bodies"],
+    ids=[
+        "query",
+        "no-query",
+        "url-userinfo",
+        "proxy-authorization",
+        "auth-cookie",
+        "token-like",
+        "chain-fields",
+        "bodies",
+    ],
 )
-async def test_redaction(tmp_path: Path, event: dict[str, object],
-                         expected: dict[str, object]) -> None:
+async def test_redaction(
+    tmp_path: Path, event: dict[str, object], expected: dict[str, object]
+) -> None:
     path = tmp_path / "audit.jsonl"
     seen: list[dict[str, object]] = []
     async with AuditLog(str(path)) as log:
@@ -129,8 +144,9 @@ async def test_redaction(tmp_path: Path, event: dict[str, object],
         log.record({**EVENT, **event})
     written = read_records(path)[1]
     for record in (written, seen[0]):
-        extra = {k: v for k, v in record.items()
-                 if k not in EVENT and k not in ("ts", "seq", "prev")}
+        extra = {
+            k: v for k, v in record.items() if k not in EVENT and k not in ("ts", "seq", "prev")
+        }
         assert extra == expected
     assert written["seq"] == 1
     raw = path.read_text()
@@ -189,8 +205,7 @@ async def test_rotation_keeps_the_chain_across_files(tmp_path: Path) -> None:
             log.record({**EVENT, "port": index})
             if index % 7 == 0:
                 await log.flush()
-    rotated = sorted(tmp_path.glob("audit.jsonl.*.gz"),
-                     key=lambda p: -int(p.name.split(".")[2]))
+    rotated = sorted(tmp_path.glob("audit.jsonl.*.gz"), key=lambda p: -int(p.name.split(".")[2]))
     assert len(rotated) >= 3
     files = [*rotated, path]
     for file in files:
@@ -299,14 +314,20 @@ def test_bad_options() -> None:
 
 # ---- an unwritable log: /dev/full, a removed directory -------------------------------------
 
+
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
 async def test_dev_full_is_reported_counted_and_follows_fail_mode(
-        fail_mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    fail_mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     with caplog.at_level(logging.ERROR, logger="egress.audit"):
-        log = AuditLog("/dev/full", fail_mode=fail_mode,  # type: ignore[arg-type]
-                       retry_interval=0.05, close_timeout=0.2)
+        log = AuditLog(
+            "/dev/full",
+            fail_mode=fail_mode,  # type: ignore[arg-type]
+            retry_interval=0.05,
+            close_timeout=0.2,
+        )
         await log.start()
         log.record(EVENT)
         await log.flush()
@@ -316,21 +337,24 @@ async def test_dev_full_is_reported_counted_and_follows_fail_mode(
         log.record(EVENT)  # still never raises or blocks
         await log.aclose()
     assert "cannot write audit log /dev/full" in caplog.text
-    assert ("refusing new connections" if fail_mode == "closed" else "still serving") \
-        in caplog.text
+    assert ("refusing new connections" if fail_mode == "closed" else "still serving") in caplog.text
     assert log.lines_written == 0
     assert log.lines_dropped == 4  # start, 2 requests, end: none could be written
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
-async def test_removed_directory_then_recovery(tmp_path: Path, fail_mode: str,
-                                               caplog: pytest.LogCaptureFixture) -> None:
+async def test_removed_directory_then_recovery(
+    tmp_path: Path, fail_mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     directory = tmp_path / "logs"
     directory.mkdir()
     path = directory / "audit.jsonl"
     with caplog.at_level(logging.WARNING, logger="egress.audit"):
-        async with AuditLog(str(path), fail_mode=fail_mode,  # type: ignore[arg-type]
-                            retry_interval=0.02) as log:
+        async with AuditLog(
+            str(path),
+            fail_mode=fail_mode,  # type: ignore[arg-type]
+            retry_interval=0.02,
+        ) as log:
             log.record(EVENT)
             await log.flush()
             assert log.accepting
@@ -356,8 +380,9 @@ async def test_removed_directory_then_recovery(tmp_path: Path, fail_mode: str,
 async def test_closed_mode_notices_a_removed_directory_while_idle(tmp_path: Path) -> None:
     directory = tmp_path / "logs"
     directory.mkdir()
-    async with AuditLog(str(directory / "audit.jsonl"), fail_mode="closed",
-                        retry_interval=0.02) as log:
+    async with AuditLog(
+        str(directory / "audit.jsonl"), fail_mode="closed", retry_interval=0.02
+    ) as log:
         await log.flush()
         shutil.rmtree(directory)
         await wait_for(lambda: not log.accepting)
@@ -366,8 +391,8 @@ async def test_closed_mode_notices_a_removed_directory_while_idle(tmp_path: Path
 
 
 async def test_a_crashed_writer_thread_fails_closed_and_loudly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     def broken(self: LogWriter, body: str) -> None:
         raise RuntimeError("bug")
 
@@ -402,8 +427,15 @@ async def test_backlog_overflow_loses_lines_visibly(tmp_path: Path) -> None:
 async def test_hot_path_cost(tmp_path: Path) -> None:
     """record() stays cheap: a loose bound here (shared CI machines); the docs give numbers."""
     log = AuditLog(str(tmp_path / "audit.jsonl"))
-    event = {**EVENT, "addr": "198.18.7.10", "status": 200, "bytes_up": 2210,
-             "bytes_down": 181000, "duration_ms": 840.5, "client_id": "task-7"}
+    event = {
+        **EVENT,
+        "addr": "198.18.7.10",
+        "status": 200,
+        "bytes_up": 2210,
+        "bytes_down": 181000,
+        "duration_ms": 840.5,
+        "client_id": "task-7",
+    }
     best = float("inf")
     for _ in range(5):
         started = time.perf_counter()

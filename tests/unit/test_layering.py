@@ -21,6 +21,7 @@ PURE = [
     "config",
     "clients",
     "auditfmt",
+    "validate",
 ]
 FORBIDDEN = {
     "asyncio",

@@ -268,7 +268,7 @@ def test_status_cut_partial_not_cut() -> None:
     half = NamespaceState(after.links, after.addrs, after.routes, after.sysctls, backstop=())
     partial = judge_status(plan, half)
     assert partial.state == "partial"
-    assert partial.lines()[0] == "not cut"
+    assert partial.lines()[0] == "partial"
     assert judge_status(None, after).state == "partial", "marks without a record"
 
 

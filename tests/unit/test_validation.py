@@ -1,0 +1,240 @@
+"""One validator at every entry point (issue 11): wrong types fail closed, naming the field.
+
+Each case here failed open or crashed before: a string taken as a boolean or a list, a nan
+timeout switching slow-client protection off, a traceback instead of a one-line error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given
+
+from egress import EgressProxy, Limits, Policy, PolicyError, prepare_execution
+from egress.cli import main as egress_main
+from egress.compose import from_harbor, from_verifiers
+from egress.config import ClientSpec, build_settings, load_policy_file
+from egress.validate import as_bool, as_count, as_str_list, as_timeout
+from netcut.cli import main as netcut_main
+
+# --- the validator itself -----------------------------------------------------------------
+
+
+@given(st.one_of(st.text(), st.integers(), st.none(), st.floats(), st.lists(st.booleans())))
+def test_only_real_booleans_are_booleans(value: object) -> None:
+    with pytest.raises(TypeError, match="flag"):
+        as_bool(value, "flag")
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_timeouts_are_finite_and_positive(value: float) -> None:
+    if math.isfinite(value) and value > 0:
+        assert as_timeout(value, "t") == value
+    else:
+        with pytest.raises(ValueError, match="t must be a finite number"):
+            as_timeout(value, "t")
+
+
+@given(st.text())
+def test_a_string_is_never_a_list(value: str) -> None:
+    with pytest.raises(TypeError, match="field must be a list"):
+        as_str_list(value, "field")
+
+
+@pytest.mark.parametrize("value", [True, "3", 3.0, None], ids=["bool", "str", "float", "none"])
+def test_counts_are_ints(value: object) -> None:
+    with pytest.raises(TypeError, match="n must be an integer"):
+        as_count(value, "n")
+
+
+# --- Python API ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [({"allow": "*"}, "Policy allow"), ({"block": "evil.test"}, "Policy block"),
+     ({"allow": b"x"}, "Policy allow"), ({"allow": [1]}, "Policy allow"),
+     ({"framework_routes": "http://127.0.0.1:1"}, "Policy framework_routes"),
+     ({"default": False}, "default"), ({"allow": {"a": 1}}, "Policy allow")],
+    ids=["allow-str", "block-str", "allow-bytes", "allow-int-item", "routes-str", "default-bool",
+         "allow-dict"],
+)  # fmt: skip
+def test_policy_types(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(TypeError, match=needle):
+        Policy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_policy_allow_star_string_allows_nothing_it_is_refused() -> None:
+    # before: Policy(allow="*") iterated the characters and allowed every host
+    with pytest.raises(TypeError):
+        Policy(allow="*")
+    assert Policy(allow=("a.test",)).allow_rules[0].text == "a.test"  # tuples are lists
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc"),
+    [({"head_timeout": 0}, ValueError), ({"head_timeout": math.nan}, ValueError),
+     ({"idle_timeout": math.inf}, ValueError), ({"connect_timeout": -1.0}, ValueError),
+     ({"head_timeout": "10"}, TypeError), ({"max_connections": 0}, ValueError),
+     ({"max_connections": True}, TypeError), ({"max_head": 1.5}, TypeError)],
+    ids=["zero", "nan", "inf", "negative", "str", "zero-conns", "bool-conns", "float-head"],
+)  # fmt: skip
+def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: type) -> None:
+    name = next(iter(kwargs))
+    with pytest.raises(exc, match=f"Limits {name}"):
+        Limits(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "needle"),
+    [(("x",), {}, "EgressProxy policy"), ((Policy(),), {"audit": "a.jsonl"}, "EgressProxy audit"),
+     ((Policy(),), {"limits": {"head_timeout": 1}}, "EgressProxy limits"),
+     ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing")],
+    ids=["policy-str", "audit-path", "limits-dict", "sni-missing"],
+)  # fmt: skip
+def test_proxy_construction_refuses_wrong_types(
+    args: tuple[object, ...], kwargs: dict[str, object], needle: str
+) -> None:
+    # before: these constructed, started, then answered every request with an empty reply
+    with pytest.raises((TypeError, ValueError), match=needle):
+        EgressProxy(*args, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "needle"),
+    [({"token": ""}, ValueError, "token"), ({"token": 5}, TypeError, "token"),
+     ({"client_id": ""}, ValueError, "client_id"), ({"policy": "p"}, TypeError, "policy"),
+     ({"sources": ["198.18.0.0/24"]}, TypeError, "sources")],
+    ids=["empty-token", "int-token", "empty-id", "policy-str", "sources-list"],
+)  # fmt: skip
+def test_client_spec_types(kwargs: dict[str, object], exc: type, needle: str) -> None:
+    base: dict[str, object] = {"client_id": "a", "policy": Policy()}
+    with pytest.raises(exc, match=needle):
+        ClientSpec(**{**base, **kwargs})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "needle"),
+    [({"mode": "bogus"}, ValueError, "mode"), ({"policy": {}}, TypeError, "policy"),
+     ({"sandbox": None}, TypeError, "sandbox"), ({"proxy": "p"}, TypeError, "proxy"),
+     ({"proxy_port": 70000}, ValueError, "proxy_port"),
+     ({"framework_routes": "http://127.0.0.1:1"}, TypeError, "framework_routes"),
+     ({"expect_blocked": "1.2.3.4:80"}, TypeError, "expect_blocked"),
+     ({"force": "false"}, TypeError, "force"), ({"token": ""}, ValueError, "token")],
+    ids=["mode", "policy-dict", "sandbox-none", "proxy-str", "port", "routes-str",
+         "blocked-str", "force-str", "empty-token"],
+)  # fmt: skip
+def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
+    # refused before anything is opened or cut: no namespace needed to show it
+    proxy = EgressProxy(Policy())
+    base: dict[str, object] = {"sandbox": "egt-none", "policy": Policy(), "proxy": proxy}
+    args = {**base, **kwargs}
+    with pytest.raises(exc, match=f"prepare_execution {needle}"):
+        asyncio.run(prepare_execution(**args))  # type: ignore[arg-type]
+
+
+# --- framework mappings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"network_access": "false"}, {"network_access": "true"}, {"network_access": 0},
+     {"network_access": None}],
+    ids=["str-false", "str-true", "int", "none"],
+)  # fmt: skip
+def test_verifiers_booleans_are_booleans(settings: dict[str, object]) -> None:
+    # before: {'network_access': 'false'} gave default='allow'
+    with pytest.raises(PolicyError, match="network_access must be a boolean"):
+        from_verifiers(settings)
+
+
+@pytest.mark.parametrize("value", ["false", "no", 1, None], ids=["str", "no", "int", "none"])
+def test_harbor_allow_internet_is_a_boolean(value: object) -> None:
+    with pytest.raises(PolicyError, match="allow_internet must be a boolean"):
+        from_harbor({"allow_internet": value})
+
+
+def test_mappings_still_take_real_values() -> None:
+    assert from_verifiers({"network_access": False}).default == "deny"
+    assert from_harbor({"allow_internet": False}).default == "deny"
+    assert from_harbor({"allow_internet": True}).default == "allow"
+    with pytest.raises(PolicyError, match="allowed_hosts must be a list"):
+        from_harbor({"network_mode": "allowlist", "allowed_hosts": "a.test"})
+
+
+# --- policy file and command line ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [('reserve_private = "false"', "'reserve_private' must be a boolean"),
+     ("clients = 5", "'clients' must be a table"),
+     ('clients = ["a"]', "'clients' must be a table"),
+     ('[clients.a]\ntoken = ""', "client 'a': token must not be empty"),
+     ("[clients.a]\ntoken = 5", "client 'a': token must be a string"),
+     ("[clients.a]\ntoken_env = 5", "client 'a': token_env must be a string"),
+     ('allow = "*"', "'allow' must be a list of strings"),
+     ('[clients.a]\ntoken = "t"\nsources = "198.18.0.0/24"', "'sources' must be a list"),
+     ('[clients.a]\ntoken = "t"\ndefault = true', "default must be")],
+    ids=["reserve-private-str", "clients-int", "clients-list", "empty-token", "int-token",
+         "int-token-env", "allow-str", "sources-str", "default-bool"],
+)  # fmt: skip
+def test_policy_file_types(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text(text)
+    with pytest.raises(PolicyError, match=needle):
+        build_settings(load_policy_file(str(f)))
+
+
+def test_policy_file_not_utf8(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_bytes(b'allow = ["caf\xe9.test"]\n')
+    with pytest.raises(PolicyError, match="not UTF-8"):
+        load_policy_file(str(f))
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], rc: int, needle: str) -> None:
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [(b"\xff\xfe", "not UTF-8"), (b"clients = 5", "'clients' must be a table"),
+     (b'clients = ["a"]', "'clients' must be a table"), (b'[clients.a]\ntoken=""', "token"),
+     (b'reserve_private = "false"', "reserve_private")],
+    ids=["not-utf8", "clients-int", "clients-list", "empty-token", "reserve-private-str"],
+)  # fmt: skip
+def test_cli_policy_file_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, needle: str
+) -> None:
+    f = tmp_path / "p.toml"
+    f.write_bytes(content)
+    rc = egress_main(["check", "--policy", str(f), "a.test"])
+    _one_line_error(capsys, rc, needle)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--head-timeout", "nan"), ("--idle-timeout", "nan"), ("--connect-timeout", "inf"),
+     ("--head-timeout", "0"), ("--idle-timeout", "-5")],
+    ids=["head-nan", "idle-nan", "connect-inf", "head-zero", "idle-negative"],
+)  # fmt: skip
+def test_cli_timeouts_finite_and_positive(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    rc = egress_main(["serve", "--listen", "127.0.0.1:0", flag, value])
+    _one_line_error(capsys, rc, flag)
+
+
+def test_netcut_cut_expect_blocked_needs_a_port(capsys: pytest.CaptureFixture[str]) -> None:
+    # before: accepted and the cut applied; probe refused the same argument
+    rc = netcut_main(["cut", "--netns", "egt-none", "--expect-blocked", "1.2.3.4"])
+    _one_line_error(capsys, rc, "give ADDR:PORT")
