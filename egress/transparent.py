@@ -227,7 +227,7 @@ def absolute_form(target: str, host: str | None, fallback: str, port: int) -> st
     """`http://HOST:PORT/path` for an origin-form `target` on a redirected connection to
     `port`: HOST from the `Host` field's host (its port is ignored: the connection's port is
     where the client was going), else `fallback`. None for a target that is not origin-form
-    (asterisk, authority or absolute form)."""
+    (asterisk, authority or absolute form), or a Host that cannot be a host."""
     if not target.startswith("/"):
         return None
     name = fallback
@@ -236,6 +236,8 @@ def absolute_form(target: str, host: str | None, fallback: str, port: int) -> st
             name = split_host_port(host.strip())[0]
         except TargetError:
             name = host.strip()  # judged (and refused) as written
+    if not name or any(c in name for c in "/?#@\\ \t"):
+        return None  # not a host: it would move the path (a 400, never a destination)
     if ":" in name and not name.startswith("["):
         name = f"[{name}]"
     return f"http://{name}:{port}{target}"

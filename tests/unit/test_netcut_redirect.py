@@ -88,3 +88,19 @@ def test_render_and_bad_ports() -> None:
         Redirect(0)
     with pytest.raises(InvalidInput, match="--dns-to"):
         Redirect(1, 70000)
+
+
+def test_status_verification_knows_transparent_rules() -> None:
+    from netcut.model import SeenRule
+    from netcut.verify import as_filter_rule, differences, repair_ops
+
+    seen = SeenRule("ACCEPT", out_iface="lo", matches=(("addrtype", (("dst-type", "LOCAL"),)),))
+    assert as_filter_rule(seen, AF_INET) == FilterRule("ACCEPT", out_iface="lo", dst_local=True)
+    other = SeenRule("ACCEPT", out_iface="lo", matches=(("addrtype", (("dst-type", "ANY"),)),))
+    assert as_filter_rule(other, AF_INET) is None
+    plan = plan_cut(state(), (PROXY,), REDIRECT)
+    after = _after(plan, state())
+    assert "iptables -t nat: chain NETCUT_REDIRECT is gone" in differences(plan.ops, after)
+    assert any(isinstance(op, AddRedirect) for op in repair_ops(plan.ops, after))
+    held = differences(plan.ops, replace(after, redirect=True))
+    assert not any("NETCUT_REDIRECT" in d for d in held)
