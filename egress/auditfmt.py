@@ -67,6 +67,12 @@ REASONS: Final[dict[str, str]] = {
     "sandbox_added": "prepare_execution bound a sandbox to the proxy (method SANDBOX)",
     "sandbox_replaced": "a second prepare_execution replaced a sandbox's policy (method SANDBOX)",
     "sandbox_removed": "a sandbox was released, or its prepare failed (method SANDBOX)",
+    "command_not_supported": "SOCKS5: BIND or UDP ASSOCIATE (reply 0x07)",
+    "address_type_not_supported": "SOCKS5: an unknown address type (reply 0x08)",
+    "not_redirected": "transparent: no original destination on a redirected connection",
+    "not_a_name": "DNS: the name asked is an address spelling (NXDOMAIN)",
+    "address_rules": "DNS: answered because address rules may allow the name once resolved",
+    "pool_exhausted": "DNS: the sandbox's fake-address pool is full (SERVFAIL)",
 }
 
 # Sub-reasons the proxy puts in `detail` for reason "reserved_address".
