@@ -26,9 +26,10 @@ apt_install() {
 }
 
 setup() {
-    # libip4tc (python-iptables), ip (iproute2), curl/openssl for the tests' real clients.
+    # libip4tc (python-iptables), ip (iproute2), curl/openssl for the tests' real clients,
+    # nodejs for transparent mode's test of Node's built-in fetch (it ignores proxy variables).
     if ! ldconfig -p | grep -q 'libip4tc\.so'; then apt_install iptables; fi
-    apt_install iproute2 curl openssl procps
+    apt_install iproute2 curl openssl procps nodejs
     if [[ ! -x "$VENV/bin/python" ]]; then
         python3 -m venv "$VENV"
     fi

@@ -159,6 +159,17 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
                   answer)  # fmt: skip
 
 
+def refuse_query(data: bytes, detail: str) -> DnsResult:
+    """REFUSED for any query (the audit log cannot be written: fail closed, like the proxy's
+    503 `audit_unavailable`). Never raises."""
+    try:
+        query = dns.message.from_wire(data)
+    except (dns.exception.DNSException, ValueError, UnicodeError):
+        return _formerr(data, detail)
+    return _reply(query, dns.rcode.REFUSED, "", "", "block", "audit_unavailable",
+                  detail=detail)  # fmt: skip
+
+
 def _reply(
     query: dns.message.Message, rcode: dns.rcode.Rcode, host: str, qtype: str,
     decision: str, reason: str, rule: str | None = None, answer: str | None = None,
@@ -185,4 +196,6 @@ def _formerr(data: bytes, detail: str) -> DnsResult:
                      detail=detail)  # fmt: skip
 
 
-__all__ = ["DEFAULT_FAKE_NETWORK", "DnsResult", "FakeIPs", "answer_query", "judge_name"]
+__all__ = [
+    "DEFAULT_FAKE_NETWORK", "DnsResult", "FakeIPs", "answer_query", "judge_name", "refuse_query",
+]  # fmt: skip

@@ -16,7 +16,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from .clients import Identity
-from .dnsanswer import DnsResult, FakeIPs, answer_query
+from .dnsanswer import DnsResult, FakeIPs, answer_query, refuse_query
 from .netns import run_in_netns
 from .server import Listener, _fmt_addr, parse_listen
 
@@ -54,10 +54,16 @@ class _DnsUdp(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
         identity, pool = _sandbox(self.listener)
-        result = answer_query(data, identity.policy, pool)
+        result = _answer(self.proxy, data, identity, pool)
         if result.response is not None and self.transport is not None:
             self.transport.sendto(result.response, addr)
         _emit(self.proxy, dns_event(_fmt_addr(addr), identity, result, "udp"))
+
+
+def _answer(proxy: EgressProxy, data: bytes, identity: Identity, pool: FakeIPs) -> DnsResult:
+    if proxy.audit is not None and not proxy.audit.accepting:
+        return refuse_query(data, "audit log cannot be written")
+    return answer_query(data, identity.policy, pool)
 
 
 def _sandbox(listener: Listener) -> tuple[Identity, FakeIPs]:
@@ -123,7 +129,7 @@ async def serve_dns_tcp(proxy: EgressProxy, conn: _Conn) -> None:
         data = await read_message(conn.side, _parse_tcp_message)
         if data is None:
             return
-        result = answer_query(data, identity.policy, pool)
+        result = _answer(proxy, data, identity, pool)
         if result.response is not None:
             conn.side.write(len(result.response).to_bytes(2, "big") + result.response)
         _emit(proxy, dns_event(conn.client, identity, result, "tcp"))

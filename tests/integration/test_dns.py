@@ -99,3 +99,19 @@ async def test_tcp_queries_pipelined(
     assert lines[1] == "evil.test NXDOMAIN []"
     event = await audit.wait_for(host="evil.test")
     assert (event["transport"], event["reason"]) == ("tcp", "default_deny")
+
+
+async def test_refused_when_the_audit_log_cannot_be_written(
+    resolv_conf: harness.TestHost, responder: tuple[EgressProxy, Listener, MemoryAudit]
+) -> None:
+    _proxy, _listener, audit = responder
+    audit.accepting = False
+    script = (
+        "import dns.message, dns.query, dns.rcode\n"
+        "r = dns.query.udp(dns.message.make_query('www.allowed.test', 'A'), '127.0.0.1', "
+        "timeout=5)\n"
+        "print(dns.rcode.to_text(r.rcode()), len(r.answer))\n"
+    )
+    rc, out, err = await run("ip", "netns", "exec", resolv_conf.ns, sys.executable, "-c", script)
+    assert rc == 0, err
+    assert out.strip() == "REFUSED 0"

@@ -9,6 +9,7 @@ import ssl
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -268,3 +269,42 @@ async def test_sni_mismatch_on_443_is_cut(world: World, cert: tuple[str, str]) -
     assert (event["decision"], event["sni"], event["host"]) == ("block", "evil.test", "tls.test")
     assert event["mode"] == "socks5"
     assert world.audit.find(decision="allow", host="tls.test", mode="socks5")
+
+
+async def test_egress_serve_socks_flag(test_host: harness.TestHost, tmp_path: Path) -> None:
+    """`egress serve --socks`: one `listening on HOST:PORT socks5` line after the HTTP ones,
+    curl through it, and the record in the file log after SIGTERM."""
+    import json
+    import signal
+    import sys
+
+    origin = await start_origin(test_host, 80)
+    log = tmp_path / "audit.jsonl"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
+        "--socks", "127.0.0.1:0", "--allow", "www.test:80", "--quiet",
+        "--resolve", f"www.test={test_host.addr_ns}", "--audit-log", str(log),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        lines = [(await asyncio.wait_for(proc.stdout.readline(), 20)).decode().strip()
+                 for _ in range(2)]  # fmt: skip
+        assert lines[0].startswith("listening on 127.0.0.1:")
+        assert not lines[0].endswith("socks5")
+        assert lines[1].startswith("listening on 127.0.0.1:")
+        assert lines[1].endswith(" socks5")
+        socks = lines[1].split()[2]
+        rc, out, err = await run("curl", "-sS", "--max-time", "10", "--socks5-hostname", socks,
+                                 "http://www.test/via-serve")  # fmt: skip
+        assert rc == 0, err
+        assert "/via-serve" in out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+        await origin.close()
+    assert proc.returncode == 0
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    found = [r for r in records if r.get("mode") == "socks5" and r.get("host") == "www.test"]
+    assert found
+    assert (found[0]["decision"], found[0]["rule"]) == ("allow", "www.test:80")

@@ -309,3 +309,28 @@ async def test_restore_removes_every_redirect(scene: Scene) -> None:
     routes = subprocess.run(["ip", "-n", scene.sandbox.ns, "route"], capture_output=True,
                             text=True).stdout  # fmt: skip
     assert "dev lo" not in routes
+
+
+KEEP_ALIVE = """
+import socket
+s = socket.create_connection(("www.test", 80), timeout=5)
+f = s.makefile("rb")
+for host in ("www.test", "evil.test", "www.test"):
+    s.sendall(f"GET /k HTTP/1.1\\r\\nHost: {host}\\r\\n\\r\\n".encode())
+    status = f.readline().split()[1].decode()
+    length = 0
+    while (line := f.readline()) not in (b"\\r\\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    f.read(length)
+    print(host, status)
+"""
+
+
+async def test_every_request_on_a_kept_alive_connection_is_judged(scene: Scene) -> None:
+    rc, out, err = await agent(scene, sys.executable, "-c", KEEP_ALIVE)
+    assert rc == 0, err
+    assert out.split("\n")[:3] == ["www.test 200", "evil.test 403", "www.test 200"], (out, err)
+    assert len(scene.audit.find(method="GET", host="www.test", path="/k", decision="allow")) == 2
+    event = await scene.audit.wait_for(method="GET", host="evil.test", path="/k")
+    assert (event["decision"], event["orig_dst"]) == ("block", f"{fake_ip(scene, 'www.test')}:80")
