@@ -27,6 +27,7 @@ import dns.opcode
 import dns.rcode
 import dns.rdataclass
 import dns.rdatatype
+import dns.rdtypes.IN.A
 import dns.rrset
 
 from .errors import TargetError
@@ -180,7 +181,8 @@ def _reply(
     response.set_rcode(rcode)
     if answer is not None:
         name = query.question[0].name
-        response.answer.append(dns.rrset.from_text(name, ANSWER_TTL, "IN", "A", answer))
+        rdata = dns.rdtypes.IN.A.A(dns.rdataclass.IN, dns.rdatatype.A, answer)  # type: ignore[no-untyped-call]
+        response.answer.append(dns.rrset.from_rdata(name, ANSWER_TTL, rdata))
     return DnsResult(response.to_wire(), host, qtype, dns.rcode.to_text(rcode), decision,
                      reason, rule, answer, detail)  # fmt: skip
 
