@@ -156,6 +156,11 @@ def state_script(keeps: tuple[Keep, ...]) -> str:
             [_tool(family), "-w", "-S", CHAIN]
         )
         lines.append(f"echo '### {name}'; {check} >/dev/null 2>&1 && echo yes || echo no")
+    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
+    check = "grep -qx nat /proc/net/ip_tables_names 2>/dev/null && " + _q(
+        [_tool(AF_INET), "-w", "-t", "nat", "-S", NAT_CHAIN]
+    )
+    lines.append(f"echo '### redirect'; {check} >/dev/null 2>&1 && echo yes || echo no")
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +218,9 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))
         if s.get(name, "").strip() == "yes"
     )
-    return NamespaceState(links, addrs, routes, sysctls, nameservers, lookups, backstop)
+    redirect = s.get("redirect", "").strip() == "yes"
+    return NamespaceState(links, addrs, routes, sysctls, nameservers, lookups, backstop,
+                          redirect=redirect)  # fmt: skip
 
 
 def _addr(link: dict[str, Any], info: dict[str, Any]) -> Addr:

@@ -104,3 +104,14 @@ def test_status_verification_knows_transparent_rules() -> None:
     assert any(isinstance(op, AddRedirect) for op in repair_ops(plan.ops, after))
     held = differences(plan.ops, replace(after, redirect=True))
     assert not any("NETCUT_REDIRECT" in d for d in held)
+
+
+def test_helper_state_dump_reports_the_redirect_chain() -> None:
+    from test_netcut_render import DUMP
+
+    from netcut.render import parse_state_dump, state_script
+
+    assert "-t nat -S NETCUT_REDIRECT" in state_script(())
+    assert "grep -qx nat /proc/net/ip_tables_names" in state_script(())
+    assert parse_state_dump(DUMP).redirect is False
+    assert parse_state_dump(DUMP + "### redirect\nyes\n").redirect is True
