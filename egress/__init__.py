@@ -8,7 +8,13 @@ Public API (everything else is internal)::
 
 from .addrs import AddressGuard, classify
 from .audit import AuditLog
-from .boundary import Execution, ExecutionNotReady, prepare_execution, release_execution
+from .boundary import (
+    Execution,
+    ExecutionNotReady,
+    ReleaseFailed,
+    prepare_execution,
+    release_execution,
+)
 from .compose import compose, from_harbor, from_verifiers
 from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
@@ -34,6 +40,7 @@ __all__ = [
     "PolicyError",
     "ProtocolError",
     "ProxyThread",
+    "ReleaseFailed",
     "Rule",
     "Settings",
     "Target",

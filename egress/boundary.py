@@ -27,12 +27,17 @@ too; `socks_port` adds a SOCKS5 listener beside the proxy listener.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import os
 import secrets
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+from netcut.errors import InvalidInput
+from netcut.targetref import TargetRef, canonical, default_client_id, parse_target
 
 from .clients import Identity, Leases
 from .config import ClientSpec
@@ -72,7 +77,15 @@ class Execution:
 
 
 def _client_id(sandbox: str) -> str:
-    return sandbox.rstrip("/").rsplit("/", 1)[-1]
+    """The default client id: the namespace's name, `pid-N`, `RUNTIME-ID`, or for any other
+    namespace file `netns-INODE` (netcut.targetref.default_client_id), never `net` for
+    every /proc/N/ns/net."""
+    ref = parse_target(sandbox)
+    inode = None
+    if ref.kind == "path":
+        with contextlib.suppress(OSError):
+            inode = os.stat(ref.value).st_ino
+    return default_client_id(ref, inode)
 
 
 def agent_env(proxy_url: str, no_proxy: Sequence[str]) -> dict[str, str]:
@@ -129,10 +142,16 @@ def _check_args(
     client_id: object, token: object, gateway: object, force: object, allow_privileged: object,
 ) -> str:  # fmt: skip
     """Typed arguments (docs/policy.md#types): a wrong one is a TypeError/ValueError naming
-    it, raised before anything is opened or cut. Returns the sandbox as a string."""
-    if isinstance(sandbox, int) and not isinstance(sandbox, bool):
-        sandbox = str(sandbox)
-    name = as_str(sandbox, "prepare_execution sandbox (a namespace name, path or PID)")
+    it, raised before anything is opened or cut. Returns the sandbox in its one spelling
+    (netcut.targetref.canonical: `1234`, "1234" and "pid:1234" are one sandbox), which egress
+    and netcut both read the same way (docs/netcut.md#targets)."""
+    what = "prepare_execution sandbox (a namespace name, path, PID or container)"
+    if not isinstance(sandbox, TargetRef | int) or isinstance(sandbox, bool):
+        sandbox = as_str(sandbox, what)
+    try:
+        name = canonical(parse_target(sandbox))
+    except InvalidInput as exc:
+        raise ValueError(f"{what}: {exc}") from None
     as_instance(policy, "prepare_execution policy", Policy, "a Policy")
     as_instance(proxy, "prepare_execution proxy", EgressProxy, "an EgressProxy")
     as_choice(mode, "prepare_execution mode", ("loopback", "gateway"))
@@ -147,7 +166,7 @@ def _check_args(
 
 
 async def prepare_execution(
-    sandbox: str,
+    sandbox: str | int | TargetRef,
     policy: Policy,
     proxy: EgressProxy,
     *,
@@ -165,7 +184,8 @@ async def prepare_execution(
     dns_port: int = DNS_PORT,
     socks_port: int | None = None,
 ) -> Execution:
-    """Make `sandbox` (a namespace name, path or PID) reachable only through `proxy`.
+    """Make `sandbox` (a namespace name, path, PID or container: docs/netcut.md#targets)
+    reachable only through `proxy`.
 
     `policy` is the composed policy for this sandbox (see `egress.compose`); the framework
     routes are added to it. `transparent` (loopback mode only) also redirects every TCP

@@ -75,6 +75,15 @@ class Settings:
     resolve: Mapping[str, tuple[IPAddress, ...]] = field(default_factory=dict)
     clients: tuple[ClientSpec, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Typed at construction (docs/policy.md#types)."""
+        as_instance(self.policy, "Settings policy", Policy, "a Policy")
+        as_instance(self.guard, "Settings guard", AddressGuard, "an AddressGuard")
+        if not isinstance(self.clients, tuple) or not all(
+            isinstance(c, ClientSpec) for c in self.clients
+        ):
+            raise TypeError(f"Settings clients must be a tuple of ClientSpec, not {self.clients!r}")
+
 
 def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[IPAddress, ...]]:
     """`NAME=ADDR` pins (repeatable; several ADDRs for one NAME accumulate)."""

@@ -20,10 +20,15 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from netcut.errors import NetcutError
+from netcut.target import resolve_target
+from netcut.targetref import TargetRef
+
 from .errors import EgressError
 
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
+NamespaceLike = str | int | TargetRef
 
 
 class NamespaceError(EgressError):
@@ -34,16 +39,19 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def namespace_path(ns: str) -> str:
-    """A named namespace (`ip netns`), a path, or a PID, as a path to its net ns file."""
-    if ns.isdigit():
-        return f"/proc/{ns}/ns/net"
-    if "/" not in ns:
-        return f"/run/netns/{ns}"
-    return ns
+def namespace_path(ns: NamespaceLike) -> str:
+    """The namespace file of `ns`, read by netcut's target parser so that both packages
+    agree on every form (docs/netcut.md#targets): a name, a path, a PID (int, "pid:N" or a
+    digit string), or a container ("docker:ID", ... : its task's PID, from its runtime).
+
+    Raises NamespaceError for a value that names nothing or a target that does not exist."""
+    try:
+        return resolve_target(ns).path
+    except NetcutError as exc:
+        raise NamespaceError(f"network namespace {ns!r}: {exc}") from None
 
 
-def run_in_netns(ns: str, fn: Callable[[], T]) -> T:
+def run_in_netns(ns: NamespaceLike, fn: Callable[[], T]) -> T:
     """Run `fn` in a fresh thread that has entered namespace `ns`; return its result.
 
     Raises `NamespaceError` if the namespace cannot be opened or entered; re-raises whatever
@@ -80,7 +88,9 @@ def run_in_netns(ns: str, fn: Callable[[], T]) -> T:
     return result[0]
 
 
-def listen_in_netns(ns: str, host: str, port: int, *, backlog: int = 1024) -> socket.socket:
+def listen_in_netns(
+    ns: NamespaceLike, host: str, port: int, *, backlog: int = 1024
+) -> socket.socket:
     """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
 
     def make() -> socket.socket:

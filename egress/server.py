@@ -49,7 +49,7 @@ from .target import (
     parse_url,
     split_host_port,
 )
-from .validate import as_choice, as_count, as_instance, as_timeout
+from .validate import as_choice, as_count, as_instance, as_str_list, as_timeout
 
 if TYPE_CHECKING:
     from .dnsanswer import FakeIPs
@@ -215,8 +215,8 @@ class EgressProxy:
         as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
-        self.listen_specs = [parse_listen(s) for s in listen]
-        self.socks_specs = [parse_listen(s) for s in socks]
+        self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
+        self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []
         self.listen_netns = listen_netns
         self.audit = audit

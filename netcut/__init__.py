@@ -4,20 +4,17 @@
     result = cut("/proc/1234/ns/net", keep=["198.19.0.1:8080"])   # probes; raises on failure
 
 See docs/netcut.md for the plan, the modes and what a cut does and does not protect against.
+
+The errors and target references are imported at once; the operations (which load pyroute2
+and python-iptables, ~0.7 s) on first use, so that `egress` can share the target parser
+(`netcut.targetref`) without paying for them (docs/architecture.md#netcut-who-owns-what).
 """
 
-from netcut.api import (
-    CutResult,
-    RestoreResult,
-    cut,
-    cut_async,
-    probe,
-    probe_async,
-    restore,
-    restore_async,
-    status,
-    status_async,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from netcut.errors import (
     ApplyFailed,
     InvalidInput,
@@ -27,11 +24,60 @@ from netcut.errors import (
     TargetNotFound,
     UnsafeTarget,
 )
-from netcut.model import Keep, parse_keep
-from netcut.nsexec import start_worker
-from netcut.plan import CutPlan, CutStatus
-from netcut.probe import ProbeItem, ProbeResult
-from netcut.target import TargetRef, container, netns, netns_path, pid
+from netcut.targetref import TargetRef, container, netns, netns_path, parse_target, pid
+
+# `netcut.probe` is the function, not the submodule of that name. Loading the submodule sets
+# the package attribute to the module, once, when first loaded: so load it now (it is light)
+# and drop that attribute; __getattr__ then finds the function.
+importlib.import_module("netcut.probe")
+globals().pop("probe", None)
+
+if TYPE_CHECKING:
+    from netcut.api import (
+        CutResult,
+        RestoreResult,
+        cut,
+        cut_async,
+        probe,
+        probe_async,
+        restore,
+        restore_async,
+        status,
+        status_async,
+    )
+    from netcut.model import Keep, parse_keep
+    from netcut.nsexec import start_worker
+    from netcut.plan import CutPlan, CutStatus
+    from netcut.probe import ProbeItem, ProbeResult
+
+_LAZY = {
+    **dict.fromkeys(
+        ("CutResult", "RestoreResult", "cut", "cut_async", "probe", "probe_async", "restore",
+         "restore_async", "status", "status_async"),
+        "netcut.api",
+    ),
+    "Keep": "netcut.model",
+    "parse_keep": "netcut.model",
+    "start_worker": "netcut.nsexec",
+    "CutPlan": "netcut.plan",
+    "CutStatus": "netcut.plan",
+    "ProbeItem": "netcut.probe",
+    "ProbeResult": "netcut.probe",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """Import an operation's module on first use (PEP 562), and bind all it exports."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'netcut' has no attribute {name!r}")
+    loaded = importlib.import_module(module)
+    value = getattr(loaded, name)  # AttributeError while `module` itself is still loading
+    for other, where in _LAZY.items():
+        if where == module:
+            globals()[other] = getattr(loaded, other)
+    return value
+
 
 __all__ = [
     "ApplyFailed",
@@ -55,6 +101,7 @@ __all__ = [
     "netns",
     "netns_path",
     "parse_keep",
+    "parse_target",
     "pid",
     "probe",
     "probe_async",

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import netcut.probe as probe_mod
 from netcut import apply, safety
-from netcut import probe as probe_mod
 from netcut.errors import InvalidInput, PrivilegeError, ProbeFailed, TargetNotFound
 from netcut.model import Keep, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns

@@ -41,11 +41,19 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     group.add_argument("--netns", metavar="NAME", help="a named namespace (/run/netns/NAME)")
     group.add_argument("--netns-path", metavar="PATH", help="a namespace file")
     group.add_argument("--pid", metavar="PID", help="the namespace of a process")
-    group.add_argument("--container", metavar="ID", help="a docker or podman container")
+    group.add_argument(
+        "--container", metavar="ID", help="a docker or podman container, or a containerd task"
+    )
     p.add_argument(
         "--runtime",
         choices=target.RUNTIMES,
-        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, docker, podman)",
+        help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, else the first engine"
+        " that answers of docker, podman, containerd)",
+    )
+    p.add_argument(
+        "--namespace",
+        metavar="NS",
+        help=f"containerd namespace of --container (default: {target.CONTAINERD_NAMESPACE})",
     )
 
 
@@ -116,15 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _target(args: argparse.Namespace) -> target.TargetRef:
-    if args.runtime and not args.container:
-        raise NetcutError("--runtime applies to --container only")
+    if (args.runtime or args.namespace) and not args.container:
+        raise NetcutError("--runtime and --namespace apply to --container only")
     if args.netns is not None:
         return target.netns(args.netns)
     if args.netns_path is not None:
         return target.netns_path(args.netns_path)
     if args.pid is not None:
         return target.pid(args.pid)
-    return target.container(args.container, args.runtime)
+    runtime = args.runtime or ("containerd" if args.namespace else None)
+    return target.container(args.container, runtime, args.namespace)
 
 
 def _emit(args: argparse.Namespace, lines: list[str], data: dict[str, Any]) -> None:

@@ -1,9 +1,12 @@
-"""Target references (`--netns`, `--netns-path`, `--pid`, `--container`) and their resolution.
+"""Target resolution: a parsed reference (targetref.py) to a namespace file that exists.
 
-Parsing is pure. Resolution is thin: it checks that the namespace file exists and, for a
-container, asks the runtime for the container's PID (`docker|podman inspect`). The runtime is
-chosen by the explicit flag, then $NETCUT_CONTAINER_RUNTIME, then docker, then podman; a runtime
-that is missing is a TargetNotFound naming every runtime tried.
+Parsing is targetref.py's (pure, shared with egress). Resolution is thin: it checks that the
+namespace file exists and, for a container, asks its runtime for the task's PID
+(`docker|podman inspect`, `ctr -n NAMESPACE task ls`). The runtime is the explicit one, else
+$NETCUT_CONTAINER_RUNTIME, else the first of docker, podman, containerd whose *engine answers*
+(`docker info`, `podman info`, `ctr version` under a short timeout): a docker CLI without a
+daemon is passed over for podman. None answering is a TargetNotFound naming each one tried
+and why (docs/netcut.md#targets).
 """
 
 from __future__ import annotations
@@ -11,33 +14,57 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
-from typing import Literal
 
 from netcut.errors import InvalidInput, TargetNotFound
+from netcut.targetref import (
+    CONTAINERD_NAMESPACE,
+    NETNS_RUN_DIR,
+    RUNTIMES,
+    TargetRef,
+    container,
+    netns,
+    netns_path,
+    parse_target,
+    pid,
+)
 
-NETNS_RUN_DIR = "/run/netns"
-RUNTIMES = ("docker", "podman")
 RUNTIME_ENV = "NETCUT_CONTAINER_RUNTIME"
+# ctr's own variable for its namespace; `--namespace` wins, k8s.io (the kubelet's) otherwise.
+CONTAINERD_NAMESPACE_ENV = "CONTAINERD_NAMESPACE"
 # `docker inspect` answers in well under a second; a hung engine must not hang a cut.
 INSPECT_TIMEOUT_S = 10.0
+# `docker version` against a live daemon takes ~0.1 s, `podman info` ~0.7 s; an engine that
+# does not answer in 3 s is passed over rather than waited for.
+ANSWER_TIMEOUT_S = 3.0
+# A detected engine is asked again after this long (an engine started or stopped meanwhile).
+ANSWER_CACHE_S = 30.0
+EXECUTABLES = {"docker": "docker", "podman": "podman", "containerd": "ctr"}
+_ANSWER_ARGS = {
+    "docker": ["version", "--format", "{{.Server.Version}}"],
+    "podman": ["info", "--format", "{{.Version.Version}}"],
+    "containerd": ["--connect-timeout", "2s", "version"],
+}
+# Runtimes a helper container can be started with (helper.py): containerd has no
+# `run --network container:ID`.
+HELPER_RUNTIMES = ("docker", "podman")
 
-Kind = Literal["netns", "path", "pid", "container"]
-
-
-@dataclass(frozen=True)
-class TargetRef:
-    """What the caller named; `resolve_target` turns it into a namespace path."""
-
-    kind: Kind
-    value: str
-    runtime: str | None = None  # containers only
-
-    def __str__(self) -> str:
-        flag = {"netns": "--netns", "path": "--netns-path", "pid": "--pid"}.get(
-            self.kind, "--container"
-        )
-        return f"{flag} {self.value}"
+__all__ = [
+    "CONTAINERD_NAMESPACE",
+    "NETNS_RUN_DIR",
+    "RUNTIMES",
+    "ResolvedTarget",
+    "TargetRef",
+    "as_ref",
+    "container",
+    "find_runtime",
+    "netns",
+    "netns_path",
+    "parse_nameservers",
+    "pid",
+    "resolve_target",
+]
 
 
 @dataclass(frozen=True)
@@ -53,62 +80,74 @@ class ResolvedTarget:
         return f"{self.ref} ({self.path})"
 
 
-def netns(name: str) -> TargetRef:
-    if not name or "/" in name or name in (".", ".."):
-        raise InvalidInput(f"--netns {name!r}: a namespace name has no '/' (use --netns-path)")
-    return TargetRef("netns", name)
-
-
-def netns_path(path: str) -> TargetRef:
-    if not path.startswith("/"):
-        raise InvalidInput(f"--netns-path {path!r}: give an absolute path")
-    return TargetRef("path", path)
-
-
-def pid(value: str | int) -> TargetRef:
-    text = str(value)
-    if not text.isdigit() or int(text) <= 0:
-        raise InvalidInput(f"--pid {text!r}: not a process id")
-    return TargetRef("pid", str(int(text)))
-
-
-def container(ident: str, runtime: str | None = None) -> TargetRef:
-    if not ident or ident.startswith("-"):
-        raise InvalidInput(f"--container {ident!r}: not a container name or id")
-    if runtime is not None and runtime not in RUNTIMES:
-        raise InvalidInput(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
-    return TargetRef("container", ident, runtime)
-
-
 def as_ref(target: TargetRef | ResolvedTarget | str | int) -> TargetRef:
-    """Accept a ref, a resolved target, a PID, a path (starts with /) or a namespace name."""
+    """The reference a value names (targetref.parse_target; a resolved target's own ref)."""
     if isinstance(target, ResolvedTarget):
         return target.ref
-    if isinstance(target, TargetRef):
-        return target
-    if isinstance(target, int):
-        return pid(target)
-    return netns_path(target) if target.startswith("/") else netns(target)
+    return parse_target(target)
 
 
-def runtime_candidates(flag: str | None, env: dict[str, str] | os._Environ[str]) -> list[str]:
+def runtime_candidates(
+    flag: str | None,
+    env: dict[str, str] | os._Environ[str],
+    allowed: tuple[str, ...] = RUNTIMES,
+) -> list[str]:
     """Runtimes to try, in order: the flag alone, else $NETCUT_CONTAINER_RUNTIME alone, else
-    docker then podman."""
+    docker, podman, containerd (those of them in `allowed`)."""
     if flag:
         return [flag]
     chosen = env.get(RUNTIME_ENV, "").strip()
-    return [chosen] if chosen else list(RUNTIMES)
+    return [chosen] if chosen else [r for r in RUNTIMES if r in allowed]
 
 
-def find_runtime(flag: str | None = None) -> str:
-    """The container runtime to use (its executable path); TargetNotFound naming what was
-    tried when none is installed."""
-    tried = runtime_candidates(flag, os.environ)
+_answered: dict[str, tuple[float, str]] = {}
+
+
+def _answers(name: str, path: str) -> str | None:
+    """None when `name`'s engine answers, else why not (one line)."""
+    cached = _answered.get(path)
+    if cached is not None and time.monotonic() - cached[0] < ANSWER_CACHE_S:
+        return None
+    argv = [path, *_ANSWER_ARGS.get(name, ["version"])]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True,
+                              timeout=ANSWER_TIMEOUT_S, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"no answer in {ANSWER_TIMEOUT_S:g}s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        return lines[-1][:200]
+    _answered[path] = (time.monotonic(), name)
+    return None
+
+
+def choose_runtime(flag: str | None = None, allowed: tuple[str, ...] = RUNTIMES) -> tuple[str, str]:
+    """(name, executable) of the runtime to use. An explicit one (flag or environment) is
+    used if installed; otherwise the first whose engine answers. TargetNotFound names every
+    runtime tried and why it was passed over."""
+    tried = runtime_candidates(flag, os.environ, allowed)
+    explicit = len(tried) == 1 and (flag or os.environ.get(RUNTIME_ENV, "").strip())
+    why = []
     for name in tried:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise TargetNotFound(f"no container runtime found (tried {', '.join(tried)} on PATH)")
+        found = shutil.which(EXECUTABLES.get(name, name))
+        if not found:
+            why.append(f"{name}: not on PATH")
+            continue
+        if explicit:
+            return name, found
+        reason = _answers(name, found)
+        if reason is None:
+            return name, found
+        why.append(f"{name}: {reason}")
+    raise TargetNotFound(f"no container runtime answered (tried {'; '.join(why)})")
+
+
+def find_runtime(flag: str | None = None, allowed: tuple[str, ...] = HELPER_RUNTIMES) -> str:
+    """The executable of `choose_runtime(flag, allowed)` (docker or podman by default: the
+    runtimes a helper container can be started with)."""
+    return choose_runtime(flag, allowed)[1]
 
 
 def resolve_target(target: TargetRef | ResolvedTarget | str | int) -> ResolvedTarget:
@@ -116,6 +155,11 @@ def resolve_target(target: TargetRef | ResolvedTarget | str | int) -> ResolvedTa
     if isinstance(target, ResolvedTarget):
         return target
     ref = as_ref(target)
+    if ref.kind == "pid" and ref.bare and os.path.lexists(f"{NETNS_RUN_DIR}/{ref.value}"):
+        raise InvalidInput(
+            f"{ref.value!r} is a PID (targets in docs/netcut.md#targets), but a namespace of"
+            f" that name exists too: write pid:{ref.value} or netns:{ref.value}"
+        )
     if ref.kind == "netns":
         path = os.path.join(NETNS_RUN_DIR, ref.value)
         _must_exist(path, f"no network namespace named {ref.value!r} (looked for {path})")
@@ -142,14 +186,12 @@ def _pid_target(ref: TargetRef, number: int, **extra: str) -> ResolvedTarget:
 
 
 def _container_target(ref: TargetRef) -> ResolvedTarget:
-    runtime = find_runtime(ref.runtime)
+    name, runtime = choose_runtime(ref.runtime)
+    if name == "containerd":
+        env = os.environ.get(CONTAINERD_NAMESPACE_ENV, "").strip()
+        return _containerd_target(ref, runtime, ref.namespace or env or CONTAINERD_NAMESPACE)
     argv = [runtime, "inspect", "--format", "{{.State.Pid}}", ref.value]
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise TargetNotFound(f"{' '.join(argv)}: no answer in {INSPECT_TIMEOUT_S:g}s") from None
+    done = _ask(argv)
     out = done.stdout.strip()
     if done.returncode != 0 or not out.isdigit():
         why = done.stderr.strip().splitlines()[-1:] or [out or f"exit {done.returncode}"]
@@ -157,6 +199,46 @@ def _container_target(ref: TargetRef) -> ResolvedTarget:
     if int(out) == 0:
         raise TargetNotFound(f"container {ref.value!r} via {runtime}: not running")
     return _pid_target(ref, int(out), container_id=ref.value, runtime=runtime)
+
+
+def _ask(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise TargetNotFound(f"{' '.join(argv)}: no answer in {INSPECT_TIMEOUT_S:g}s") from None
+
+
+def _containerd_target(ref: TargetRef, ctr: str, namespace: str) -> ResolvedTarget:
+    """The PID of containerd task `ref.value` in `namespace` (`ctr -n NS task ls`)."""
+    done = _ask([ctr, "-n", namespace, "task", "ls"])
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise TargetNotFound(f"containerd task {ref.value!r} (namespace {namespace}): {why}")
+    task = parse_ctr_tasks(done.stdout).get(ref.value)
+    where = f"containerd container {ref.value!r} in namespace {namespace}"
+    if task is None:
+        known = _ask([ctr, "-n", namespace, "containers", "info", ref.value]).returncode == 0
+        raise TargetNotFound(
+            f"{where}: not running (no task)"
+            if known
+            else f"{where}: no such container (another namespace? --namespace)"
+        )
+    number, status = task
+    if number <= 0 or status not in ("RUNNING", "PAUSED"):
+        raise TargetNotFound(f"{where}: not running ({status})")
+    return _pid_target(ref, number, container_id=ref.value, runtime=ctr)
+
+
+def parse_ctr_tasks(text: str) -> dict[str, tuple[int, str]]:
+    """`ctr task ls` output → {task id: (pid, status)}; lines it cannot read are skipped."""
+    tasks = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[1].isdigit():
+            tasks[fields[0]] = (int(fields[1]), fields[2])
+    return tasks
 
 
 def _netns_resolv_conf(name: str) -> str:

@@ -13,17 +13,22 @@ failed prepare leaving its listener open, and a failed restore swallowed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import hypothesis.strategies as st
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
 
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import _REGISTRIES, ExecutionNotReady, ReleaseFailed
+from egress.netns import run_in_netns
 
 import harness
 from servers import Origin, run, start_origin
@@ -154,6 +159,8 @@ async def test_gateway_release_forgets_token_and_source_and_keeps_shared_listene
 
     await release_execution(scene.proxy, b)
     assert shared not in scene.proxy.listeners
+    await release_execution(scene.proxy, b)  # twice is harmless
+    await release_execution(scene.proxy, a)
     assert_nothing_left(scene, before)
     assert scene.lifecycle() == [(scene.sandbox.ns, "sandbox_added"),
                                  (scene.other.ns, "sandbox_added"),
@@ -223,3 +230,105 @@ async def test_failed_restore_raises(scene: Scene, test_host_factory: object) ->
         await release_execution(scene.proxy, execution, restore=True)
     # the proxy side was released all the same
     assert execution.listeners[0] not in scene.proxy.listeners
+
+
+# --- random lifecycles against a model, in real namespaces --------------------------------
+
+KINDS = ["allow_ip", "nothing", "route"]
+_HOSTS: dict[int, list[harness.TestHost]] = {}
+OPS = st.one_of(
+    st.tuples(st.just("prepare"), st.integers(0, 1), st.sampled_from(KINDS)),
+    st.tuples(st.just("release"), st.integers(0, 1), st.just("")),
+    st.tuples(st.just("request"), st.integers(0, 1), st.just("")),
+)
+
+
+@pytest.mark.netns
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(ops=st.lists(OPS, min_size=1, max_size=8))
+def test_random_lifecycles_follow_the_model(
+    test_host_factory: object, ops: list[tuple[str, int, str]]
+) -> None:
+    """Random prepare (any of three policies) / release / request sequences on two sandboxes
+    sharing one proxy: every request gets exactly the policy the model says, and a released
+    sandbox's listener answers nothing."""
+    # two sandboxes and an upstream, made once per test (each example restores them)
+    hosts = _HOSTS.get(id(test_host_factory))
+    if hosts is None:
+        _HOSTS.clear()
+        hosts = _HOSTS[id(test_host_factory)] = [test_host_factory() for _ in range(3)]  # type: ignore[operator]
+    asyncio.run(_random_lifecycle(hosts, ops))
+
+
+async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, int, str]]) -> None:
+    boxes, upstream = hosts[:2], hosts[2]
+    origin = await start_origin(upstream, 0)  # a fresh port for every example
+    at = f"{upstream.addr_ns}:{origin.runner.addresses[0][1]}"
+    async def service(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", service)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    route = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
+    await proxy.start()
+    model: dict[int, str | None] = {0: None, 1: None}
+    urls: dict[int, str] = {}
+    live: dict[int, object] = {}
+    try:
+        for op, box, kind in ops:
+            if op == "prepare":
+                policy = Policy(allow=[at]) if kind == "allow_ip" else Policy()
+                routes = [route] if kind == "route" else []
+                execution = await prepare_execution(boxes[box].ns, policy, proxy,
+                                                    framework_routes=routes)  # fmt: skip
+                live[box], urls[box], model[box] = execution, execution.proxy_url, kind
+            elif op == "release" and box in live:
+                await release_execution(proxy, live.pop(box))  # type: ignore[arg-type]
+                model[box] = None
+            elif op == "request" and box in urls:
+                got = await codes(boxes[box], urls[box], f"http://{at}/r", f"{route}/r")
+                want = {None: ["000", "000"], "allow_ip": ["200", "403"],
+                        "nothing": ["403", "403"], "route": ["403", "200"]}[model[box]]  # fmt: skip
+                assert got == want, (ops, box, model)
+                gc.collect()
+        for execution in live.values():
+            await release_execution(proxy, execution, restore=True)  # type: ignore[arg-type]
+        assert proxy.clients.client_ids == ()
+        assert len(proxy.listeners) == 1
+    finally:
+        await proxy.stop()
+        await runner.cleanup()
+        await origin.close()
+        for host in boxes:
+            with contextlib.suppress(netcut.NetcutError):
+                await netcut.restore_async(host.ns)
+
+
+async def test_release_closes_connections_open_on_the_sandbox_listener(scene: Scene) -> None:
+    """A tunnel opened before the release does not outlive it with the old policy."""
+    execution = await prepare_execution(scene.sandbox.ns, Policy(allow=[f"{scene.ip}:80"]),
+                                        scene.proxy)  # fmt: skip
+    port = execution.listeners[0].port
+
+    def connect() -> socket.socket:  # a socket made inside the sandbox stays in it
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.setblocking(False)
+        return sock
+
+    tunnel_logged = asyncio.Event()
+    scene.proxy.hooks.append(lambda e: tunnel_logged.set() if e["method"] == "CONNECT" else None)
+    reader, writer = await asyncio.open_connection(sock=run_in_netns(scene.sandbox.ns, connect))
+    writer.write(f"CONNECT {scene.ip}:80 HTTP/1.1\r\nHost: {scene.ip}:80\r\n\r\n".encode())
+    async with asyncio.timeout(5):
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        await release_execution(scene.proxy, execution)
+        assert await reader.read() == b""  # closed by the release
+        await tunnel_logged.wait()  # the tunnel's record is written as its task ends
+    writer.close()
+    (record,) = [e for e in scene.events if e.get("method") == "CONNECT"]
+    assert record["end"] == "released"

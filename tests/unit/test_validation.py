@@ -17,7 +17,7 @@ from hypothesis import given
 from egress import EgressProxy, Limits, Policy, PolicyError, prepare_execution
 from egress.cli import main as egress_main
 from egress.compose import from_harbor, from_verifiers
-from egress.config import ClientSpec, build_settings, load_policy_file
+from egress.config import ClientSpec, Settings, build_settings, load_policy_file
 from egress.validate import as_bool, as_count, as_str_list, as_timeout
 from netcut.cli import main as netcut_main
 
@@ -93,8 +93,9 @@ def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: ty
     ("args", "kwargs", "needle"),
     [(("x",), {}, "EgressProxy policy"), ((Policy(),), {"audit": "a.jsonl"}, "EgressProxy audit"),
      ((Policy(),), {"limits": {"head_timeout": 1}}, "EgressProxy limits"),
-     ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing")],
-    ids=["policy-str", "audit-path", "limits-dict", "sni-missing"],
+     ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing"),
+     ((Policy(),), {"listen": "127.0.0.1:0"}, "EgressProxy listen")],
+    ids=["policy-str", "audit-path", "limits-dict", "sni-missing", "listen-str"],
 )  # fmt: skip
 def test_proxy_construction_refuses_wrong_types(
     args: tuple[object, ...], kwargs: dict[str, object], needle: str
@@ -102,6 +103,13 @@ def test_proxy_construction_refuses_wrong_types(
     # before: these constructed, started, then answered every request with an empty reply
     with pytest.raises((TypeError, ValueError), match=needle):
         EgressProxy(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_types() -> None:
+    with pytest.raises(TypeError, match="Settings policy must be a Policy"):
+        Settings("p")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Settings clients"):
+        Settings(Policy(), clients=[ClientSpec("a", Policy(), "t")])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
