@@ -53,6 +53,8 @@ class _DnsUdp(asyncio.DatagramProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
+        if self.listener.identity is None:  # its sandbox was released
+            return
         identity, pool = _sandbox(self.listener)
         result = _answer(self.proxy, data, identity, pool)
         if result.response is not None and self.transport is not None:
@@ -121,10 +123,10 @@ async def serve_dns_tcp(proxy: EgressProxy, conn: _Conn) -> None:
     """Answer length-prefixed queries until the client closes (RFC 7766 pipelining)."""
     from .socksserve import read_message
 
-    identity, pool = _sandbox(conn.listener)
     assert proxy._loop is not None
     conn.side.max_buffer = MAX_TCP_MESSAGE + 2
-    while True:
+    while conn.listener.identity is not None:  # None: its sandbox was released
+        identity, pool = _sandbox(conn.listener)
         conn.phase, conn.phase_since = "hello", proxy._loop.time()
         data = await read_message(conn.side, _parse_tcp_message)
         if data is None:

@@ -69,7 +69,8 @@ async def serve_transparent(proxy: EgressProxy, conn: _Conn) -> None:
 
     assert proxy._loop is not None
     identity = conn.listener.identity
-    assert identity is not None, "a transparent listener is bound to one sandbox"
+    if identity is None:  # its sandbox was released
+        return
     t0 = proxy._loop.time()
     dst = original_dst(conn)
     if dst is None:
