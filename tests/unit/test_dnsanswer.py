@@ -131,3 +131,37 @@ def test_fuzz_names(name: str) -> None:
     assert result.decision in ("allow", "block", "error")
     if result.decision == "allow":
         assert result.host.endswith("allowed.test") or result.host in ("git.test", "plain.test")
+
+
+LABELS = st.sampled_from(["a", "b", "api", "x-1", "allowed", "test", "evil"])
+NAMES = st.lists(LABELS, min_size=1, max_size=4).map(".".join)
+RULES = st.one_of(
+    NAMES,
+    NAMES.map(lambda n: "*." + n),
+    st.tuples(NAMES, st.sampled_from([22, 80, 443, 8080])).map(lambda t: f"{t[0]}:{t[1]}"),
+    NAMES.map(lambda n: "https://" + n),
+    NAMES.map(lambda n: "http://" + n + ":8080"),
+)
+
+
+@given(
+    allow=st.lists(RULES, max_size=4),
+    block=st.lists(RULES, max_size=3),
+    default=st.sampled_from(["deny", "allow"]),
+    name=NAMES,
+)
+def test_fuzz_a_refused_name_is_refused_on_every_port(
+    allow: list[str], block: list[str], default: str, name: str
+) -> None:
+    """`judge_name` over-approximates the policy: a name it refuses (NXDOMAIN) is refused by
+    `decide` for every scheme and port, so the DNS answer never hides an allowed
+    destination; a name it answers may still be refused per connection."""
+    from egress.target import make_target
+
+    policy = Policy(allow=allow, block=block, default=default)  # type: ignore[arg-type]
+    if judge_name(policy, name).allowed:
+        return
+    for scheme in ("https", "http"):
+        for port in (22, 80, 443, 8080, 9999):
+            target = make_target(scheme, name, port)  # type: ignore[arg-type]
+            assert not policy.decide(target).allowed, (scheme, port)
