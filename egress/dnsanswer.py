@@ -88,16 +88,16 @@ def judge_name(policy: Policy, name: str) -> Decision:
     for route in policy.framework_routes:
         if route.host == name:
             return Decision(True, "framework_route", route.text, f"framework route {route.text}")
-    for rule in policy._block.host_matches(name):
+    for rule in policy.host_rules("block", name):
         if rule.port is None and rule.scheme is None:
             return Decision(False, "block_rule", rule.text, f"blocked by rule {rule.text!r}")
-    allows = policy._allow.host_matches(name)
+    allows = policy.host_rules("allow", name)
     if allows:
         rule = allows[0]
         return Decision(True, "allow_rule", rule.text, f"allowed by rule {rule.text!r}")
     if policy.default == "allow":
         return Decision(True, "default_allow", None, "default posture allow")
-    if policy._allow.networks:
+    if any(rule.network is not None for rule in policy.allow_rules):
         return Decision(True, "address_rules", None, "address rules may allow it; judged per "
                         "connection")  # fmt: skip
     return Decision(False, "default_deny", None, "no allow rule matches (default deny)")

@@ -344,6 +344,11 @@ class Policy:
             f"block={len(self.block_rules)}, routes={len(self.framework_routes)})"
         )
 
+    def host_rules(self, action: Action, host: str) -> list[Rule]:
+        """The host-form rules of `action` matching canonical `host` on any port or scheme,
+        in definition order (the DNS responder asks which names may be answered)."""
+        return (self._allow if action == "allow" else self._block).host_matches(host)
+
     def framework_route(self, host: str, port: int) -> FrameworkRoute | None:
         return self._routes.get((host, port))
 
