@@ -4,6 +4,8 @@
 #   ./dev.sh test    set everything up, then run ruff, mypy and the whole test suite
 #   ./dev.sh bench   set everything up (plus peer proxies), then run the benchmark
 #   ./dev.sh setup   only set up (.venv with the project installed editable)
+#   ./dev.sh engines install podman, docker.io, containerd, runc and start the engines the
+#                    engine tests use (tests/engines/up.sh; stop them with tests/engines/down.sh)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${EGRESS_VENV:-.venv}"
@@ -25,11 +27,15 @@ apt_install() {
     }
 }
 
+# Installed by package, never by probing for one of their files: python-iptables loads
+# libip4tc/libxtables *and* the extension directory (libxt_*.so), which only Debian's
+# `iptables` package ships (tests/unit/test_fresh_setup.py checks this list against dpkg).
+SYSTEM_PACKAGES=(iptables iproute2 curl openssl procps)
+# The engines the real-engine tests run on (docs/netcut.md#engines-in-ci).
+ENGINE_PACKAGES=(podman docker.io containerd runc busybox-static containernetworking-plugins uidmap)
+
 setup() {
-    # libip4tc (python-iptables), ip (iproute2), curl/openssl for the tests' real clients,
-    # nodejs for transparent mode's test of Node's built-in fetch (it ignores proxy variables).
-    if ! ldconfig -p | grep -q 'libip4tc\.so'; then apt_install iptables; fi
-    apt_install iproute2 curl openssl procps nodejs
+    apt_install "${SYSTEM_PACKAGES[@]}"
     if [[ ! -x "$VENV/bin/python" ]]; then
         python3 -m venv "$VENV"
     fi
@@ -42,6 +48,10 @@ cmd="${1:-help}"
 shift || true
 case "$cmd" in
     setup) setup ;;
+    engines)
+        apt_install "${ENGINE_PACKAGES[@]}"
+        exec tests/engines/up.sh
+        ;;
     demo)
         setup
         exec "$VENV/bin/python" -m egress.demo "$@"

@@ -1,6 +1,13 @@
 """Latency of a netcut cut and restore, direct mode, full plan (netfilter backstop included).
 
     python bench/netcut_bench.py [--cycles 200] [--json]
+    python bench/netcut_bench.py --engines [--engine-cycles 30] [--json]
+
+`--engines` instead times real containers (tests/engines/up.sh must have started the engines
+and imported `netcut-ci-box`): for each engine that answers (docker, podman, containerd) and
+each mode that applies (direct everywhere, helper on docker and podman), a cut *with its
+probe* of a kept listener on the container's gateway, `status`, and `restore`, as p50/p99 over
+`--engine-cycles` cycles; plus the helper image's size and build (assemble + import) time.
 
 Builds its own two namespaces (a "host" with a TCP listener standing in for the proxy, and a
 "sandbox" behind a veth; addresses in 198.19.0.0/16, names starting with `nc`), then times
@@ -154,17 +161,163 @@ def run(cycles: int) -> dict[str, object]:
     return out
 
 
+BOX = "netcut-ci-box:latest"
+GOAL_HELPER_CUT_P50_MS = 300.0  # issue 10, including the probe
+
+
+@contextmanager
+def engine_box(engine: str) -> Iterator[tuple[netcut.TargetRef, str]]:
+    """A `sleep` container with no capabilities; yields its target and gateway address."""
+    from netcut import target
+
+    name = f"nc-bench{os.getpid()}-{engine}"
+    if engine == "containerd":
+        with _ctr_box(name) as gateway:
+            yield target.container(name, "containerd"), gateway
+        return
+    net = ["--network", "nc-ci"] if engine == "docker" else []
+    sh(engine, "run", "-d", "--rm", "--name", name, "--cap-drop", "ALL", *net, BOX, "sleep", "3600")
+    try:
+        yield (
+            target.container(name, engine),
+            "198.19.251.1" if engine == "docker" else "198.19.252.1",
+        )
+    finally:
+        rm = ["rm", "-f"] if engine == "docker" else ["rm", "-f", "-t", "0"]
+        subprocess.run([engine, *rm, name], capture_output=True, check=False)
+
+
+@contextmanager
+def _ctr_box(name: str) -> Iterator[str]:
+    from netcut.target import parse_ctr_tasks
+
+    ctr = ["ctr", "-n", "default"]
+    drop = [a for c in ("NET_RAW", "NET_ADMIN", "SYS_ADMIN") for a in ("--cap-drop", f"CAP_{c}")]
+    link = f"ncbc{os.getpid() % 100000}"
+    try:
+        sh(*ctr, "run", "-d", *drop, f"docker.io/library/{BOX}", name, "sleep", "3600")
+        tasks = subprocess.run([*ctr, "task", "ls"], capture_output=True, text=True, check=True)
+        pid = str(parse_ctr_tasks(tasks.stdout)[name][0])
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", pid)
+        sh("ip", "addr", "add", "198.19.253.253/30", "dev", link)
+        sh("ip", "link", "set", link, "up")
+        inside = ["nsenter", f"--net=/proc/{pid}/ns/net", "ip"]
+        sh(*inside, "addr", "add", "198.19.253.254/30", "dev", "eth0")
+        sh(*inside, "link", "set", "eth0", "up")
+        sh(*inside, "route", "add", "default", "via", "198.19.253.253")
+        yield "198.19.253.253"
+    finally:
+        subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+        subprocess.run([*ctr, "tasks", "kill", "-s", "KILL", name], capture_output=True)
+        for _ in range(100):
+            done = subprocess.run([*ctr, "tasks", "delete", name], capture_output=True)
+            if done.returncode == 0 or b"not found" in done.stderr:
+                break
+            time.sleep(0.05)
+        subprocess.run([*ctr, "containers", "delete", name], capture_output=True, check=False)
+
+
+@contextmanager
+def root_listener(addr: str) -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind((addr, 0))
+    sock.listen(128)
+
+    def accept() -> None:
+        while True:
+            try:
+                sock.accept()[0].close()
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def engine_cycles(engine: str, mode: str, cycles: int) -> dict[str, object]:
+    from netcut import helper
+
+    cut, status, restore = (
+        (helper.cut, helper.status, helper.restore)
+        if mode == "helper"
+        else (netcut.cut, netcut.status, netcut.restore)
+    )
+    cuts, statuses, restores = [], [], []
+    with engine_box(engine) as (ref, gateway), root_listener(gateway) as port:
+        keep = [f"{gateway}:{port}"]
+        for _ in range(cycles):
+            t0 = time.perf_counter()
+            result = cut(ref, keep, probe=True)  # type: ignore[operator]
+            t1 = time.perf_counter()
+            state = status(ref)  # type: ignore[operator]
+            t2 = time.perf_counter()
+            restore(ref)  # type: ignore[operator]
+            t3 = time.perf_counter()
+            if not (result.changed and result.probe is not None and result.probe.ok
+                    and state.is_cut):  # fmt: skip
+                raise RuntimeError(f"{engine}/{mode} cycle failed: {result.lines()}")
+            cuts.append((t1 - t0) * 1000)
+            statuses.append((t2 - t1) * 1000)
+            restores.append((t3 - t2) * 1000)
+    out: dict[str, object] = {"engine": engine, "mode": mode, "cycles": cycles}
+    out.update(summary("cut_with_probe", cuts))
+    out.update(summary("status", statuses))
+    out.update(summary("restore", restores))
+    return out
+
+
+def engines_answering() -> list[str]:
+    found = []
+    for engine, argv in (("docker", ["docker", "image", "inspect", BOX]),
+                         ("podman", ["podman", "image", "exists", BOX]),
+                         ("containerd", ["ctr", "-n", "default", "tasks", "ls"])):  # fmt: skip
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            found.append(engine)
+    return found
+
+
+def run_engines(cycles: int) -> dict[str, object]:
+    from netcut import helperimage
+
+    os.environ["CONTAINERD_NAMESPACE"] = "default"  # where up.sh imported the box image
+    results: list[dict[str, object]] = []
+    images: dict[str, object] = {}
+    for engine in engines_answering():
+        if engine != "containerd":
+            built = helperimage.build(engine)
+            images[engine] = {"tag": built.tag, "rootfs_tar_mb": round(built.size_bytes / 1e6, 2),
+                              "files": built.files, "build_s": round(built.seconds, 3)}  # fmt: skip
+        for mode in ("direct", "helper") if engine != "containerd" else ("direct",):
+            results.append(engine_cycles(engine, mode, cycles))
+    return {
+        "engines": results,
+        "helper_image": images,
+        "goal": {"helper_cut_with_probe_ms_p50": GOAL_HELPER_CUT_P50_MS},
+        "load_average": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--engines", action="store_true", help="time real container engines")
+    parser.add_argument("--engine-cycles", type=int, default=30)
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("netcut_bench: needs root (it creates network namespaces)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="netcut-bench-") as state:
         os.environ["NETCUT_STATE_DIR"] = state  # records and lock: nothing left behind
-        result = run(args.cycles)
+        result = run_engines(args.engine_cycles) if args.engines else run(args.cycles)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

@@ -14,7 +14,7 @@ Bounds (docs/proxy.md#limits), so a name whose DNS never answers cannot stall an
   the event loop's default executor, which embedding code (netcut's async calls) shares;
   a lookup that would have to queue behind `workers` unfinished ones fails at once with
   `dns_timeout` instead (a thread stuck in `getaddrinfo` cannot be cancelled, so queueing
-  would let a few dead names stall every other one);
+  would let a few dead names stall every other one; such a refusal is not remembered);
 - concurrent lookups of one name share one thread;
 - a failure (timeout or error) is remembered for `negative_ttl` seconds (default 2 s), so a
   dead name costs at most one thread per `negative_ttl`.
@@ -46,6 +46,11 @@ class ResolveTimeout(ResolveError):
     """The resolver did not answer within the timeout, or is saturated by ones that did not."""
 
     reason = "dns_timeout"
+
+
+class ResolverBusy(ResolveTimeout):
+    """Every thread is taken by unanswered lookups: refused at once, and not remembered
+    against the name (it says nothing about the name)."""
 
 
 def system_lookup(host: str) -> list[str]:
@@ -93,6 +98,8 @@ class Resolver:
             raise failed[1]
         try:
             addrs = await self._lookup_bounded(host)
+        except ResolverBusy:
+            raise
         except ResolveError as exc:
             self._remember(self._failed, host, (now + self.negative_ttl, exc))
             raise
@@ -124,7 +131,7 @@ class Resolver:
     def _submit(self, host: str) -> asyncio.Future[list[str]]:
         """Start one lookup on our own pool, or refuse at once if every thread is taken."""
         if self._busy >= self.workers:
-            raise ResolveTimeout(
+            raise ResolverBusy(
                 f"cannot resolve {host!r}: {self._busy} lookups unanswered (resolver busy)"
             )
         if self._executor is None:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import netcut.probe as probe_mod
-from netcut import apply, safety
-from netcut.errors import InvalidInput, PrivilegeError, ProbeFailed, TargetNotFound
-from netcut.model import Keep, parse_keep
+from netcut import apply, flow, safety
+from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
+from netcut.flow import CutResult, RestoreResult
+from netcut.model import Keep, NamespaceState, Op, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
-from netcut.plan import CutPlan, CutStatus
+from netcut.plan import CutStatus
 from netcut.probe import ProbeResult
 from netcut.records import Store
 from netcut.redirect import Redirect
@@ -28,58 +28,38 @@ from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_
 TargetLike = TargetRef | ResolvedTarget | str | int
 KeepLike = str | Keep
 
-
-@dataclass(frozen=True)
-class CutResult:
-    """What a cut did. `changed` is False when the namespace was already cut (then nothing
-    was touched) or for a dry run; `probe` is None when probing was disabled."""
-
-    target: str
-    status: CutStatus
-    plan: CutPlan | None
-    changed: bool
-    probe: ProbeResult | None = None
-    elapsed_ms: float = 0.0
-    dry_run: bool = False
-    script: str | None = None  # helper mode: the shell script the plan renders to
-    # A partial cut brought back to its recorded plan; `plan` holds the repair's ops and
-    # `found` the differences that were repaired (docs/netcut.md#status).
-    repaired: bool = False
-    found: tuple[str, ...] = ()
-
-    @property
-    def head(self) -> str:
-        """The first word of the answer: dry-run, repaired, cut or already cut."""
-        if self.dry_run:
-            return "dry-run"
-        if self.repaired:
-            return "repaired"
-        return "cut" if self.changed else "already cut"
-
-    def lines(self) -> list[str]:
-        if self.dry_run and self.plan is not None:
-            head = "already cut:" if self.status.is_cut else "plan for"
-            head = "repair plan for" if self.repaired else head
-            shown = [f"{head} {self.target}", *self.plan.lines()]
-            if self.script is not None:
-                shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
-            return shown
-        out = [f"{self.head}: {self.target}"]
-        out += [f"  found: {line}" for line in self.found]
-        if self.plan is not None and self.changed:
-            out += self.plan.lines()
-        if self.probe is not None:
-            out += ["probe:", *(f"  {line}" for line in self.probe.lines())]
-        return out
+__all__ = ["CutResult", "DirectExecutor", "RestoreResult", "cut", "probe", "restore", "status"]
 
 
-@dataclass(frozen=True)
-class RestoreResult:
-    target: str
-    changed: bool  # False: the namespace was not cut
-    status: CutStatus
-    lines: tuple[str, ...] = ()
-    elapsed_ms: float = 0.0
+class DirectExecutor:
+    """Direct mode's primitives (flow.Executor): each runs in netcut's worker after it
+    entered the namespace named by `fd` (nsexec.py)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        state: NamespaceState = run_in_netns(
+            self.fd, apply.job_read_state, keeps, nameservers, verify
+        )
+        return state
+
+    def apply(self, ops: tuple[Op, ...]) -> None:
+        run_in_netns(self.fd, apply.job_apply, ops)
+
+    def undo(self, ops: tuple[Op, ...]) -> list[str]:
+        errors: list[str] = run_in_netns(self.fd, apply.job_undo, ops)
+        return errors
+
+    def probe(
+        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+    ) -> ProbeResult:
+        result: ProbeResult = run_in_netns(
+            self.fd, probe_mod.run_probe, reachable, blocked, timeout, timeout=timeout + 10
+        )
+        return result
 
 
 def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
@@ -160,51 +140,20 @@ def cut(
             safety.refuse_unsafe_namespace(identity)
         if not allow_privileged and not dry_run:
             safety.refuse_privileged(identity)
-        meta = {"target": str(resolved)}
-        store = Store.for_namespace(identity)
-        args = (store, keeps, _nameservers(resolved), dry_run, meta, redirect)
-        job: apply.JobResult = run_in_netns(fd, apply.job_cut, *args)
-        if not job.changed and not dry_run and job.plan is not None:
-            _same_keeps(resolved, job.plan, keeps)
-            _same_redirect(resolved, job.plan, redirect)
-        result = CutResult(
-            str(resolved),
-            job.status,
-            job.plan,
-            job.changed,
-            elapsed_ms=job.elapsed_ms,
-            dry_run=dry_run,
-            repaired=job.repaired,
-            found=job.lines if job.repaired and not dry_run else (),
+        request = flow.CutRequest(
+            keeps,
+            _nameservers(resolved),
+            dry_run,
+            {"target": str(resolved)},
+            probe,
+            blocked,
+            probe_timeout,
+            redirect,
         )
-        reachable = tuple(k for k in keeps if k.port is not None)
-        if probe and not dry_run and (reachable or blocked):
-            found = run_in_netns(fd, probe_mod.run_probe, reachable, blocked, probe_timeout)
-            result = replace(result, probe=found)
-            if not found.ok:
-                raise ProbeFailed(
-                    f"{resolved} is cut but the probe failed: {found.reason()}", found
-                )
-        return result
+        store = Store.for_namespace(identity)
+        return flow.cut(DirectExecutor(fd), store, str(resolved), request)
     finally:
         os.close(fd)
-
-
-def _same_keeps(resolved: ResolvedTarget, plan: CutPlan, keeps: tuple[Keep, ...]) -> None:
-    if set(plan.keeps) != set(keeps):
-        had = ", ".join(str(k) for k in plan.keeps) or "loopback only"
-        raise InvalidInput(f"{resolved} is already cut keeping {had}; restore it first")
-
-
-def _same_redirect(resolved: ResolvedTarget, plan: CutPlan, redirect: Redirect | None) -> None:
-    from netcut.model import AddRedirect
-    from netcut.redirect import redirect_rules
-
-    had = next((op.rules for op in plan.ops if isinstance(op, AddRedirect)), None)
-    want = None if redirect is None else redirect_rules(redirect, plan.keeps)
-    if had != want:
-        how = "transparently" if had is not None else "without transparent mode"
-        raise InvalidInput(f"{resolved} is already cut {how}, differently; restore it first")
 
 
 def restore(target: TargetLike) -> RestoreResult:
@@ -216,8 +165,7 @@ def restore(target: TargetLike) -> RestoreResult:
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
-        job = run_in_netns(fd, apply.job_restore, Store.for_namespace(identity))
-        return RestoreResult(str(resolved), job.changed, job.status, job.lines, job.elapsed_ms)
+        return flow.restore(DirectExecutor(fd), Store.for_namespace(identity), str(resolved))
     finally:
         os.close(fd)
 
@@ -228,8 +176,7 @@ def status(target: TargetLike) -> CutStatus:
     safety.require_privilege()
     _, fd, identity = _open(target)
     try:
-        job: apply.JobResult = run_in_netns(fd, apply.job_status, Store.for_namespace(identity))
-        return job.status
+        return flow.status(DirectExecutor(fd), Store.for_namespace(identity))
     finally:
         os.close(fd)
 

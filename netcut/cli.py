@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from netcut import api, helper, target
+from netcut import api, helper, helperimage, target
 from netcut.errors import InvalidInput, NetcutError, ProbeFailed
 from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--mode", choices=("direct", "helper"), default="direct")
     restore.add_argument("--helper-image", metavar="IMAGE")
     restore.add_argument("--json", action="store_true")
+
+    image = sub.add_parser(
+        "helper-image", help="assemble the default helper image from this host's files"
+    )
+    image.add_argument("action", choices=("build", "tag"))
+    image.add_argument("--runtime", choices=target.HELPER_RUNTIMES, help="engine to import into")
+    image.add_argument("--json", action="store_true")
     return parser
 
 
@@ -246,7 +253,28 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"cut": _cmd_cut, "probe": _cmd_probe, "status": _cmd_status, "restore": _cmd_restore}
+def _cmd_helper_image(args: argparse.Namespace) -> int:
+    """`tag` prints the default image's tag; `build` imports it (docs/netcut.md#helper-mode)."""
+    if args.action == "tag":
+        tag = helperimage.image_tag()
+        _emit(args, [tag], {"tag": tag})
+        return 0
+    built = helperimage.build(target.find_runtime(args.runtime))
+    lines = [f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
+             f" {built.seconds:.2f} s"]  # fmt: skip
+    data = {"tag": built.tag, "files": built.files, "size_bytes": built.size_bytes,
+            "seconds": round(built.seconds, 3)}  # fmt: skip
+    _emit(args, lines, data)
+    return 0
+
+
+_COMMANDS = {
+    "cut": _cmd_cut,
+    "probe": _cmd_probe,
+    "status": _cmd_status,
+    "restore": _cmd_restore,
+    "helper-image": _cmd_helper_image,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

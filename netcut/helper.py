@@ -1,109 +1,127 @@
 """Helper-container mode: for hosts whose process cannot enter the container's namespace.
 
-A one-shot `--rm` container joins the target's network namespace (`--network container:ID`)
-with NET_ADMIN and no other capability (`--cap-drop ALL --cap-add NET_ADMIN`), and runs the
-rendered plan (render.py) with /bin/sh. `/proc/sys` is read-only in containers by default, so
-the helper also gets `--security-opt systempaths=unconfined` (docker) or `unmask=/proc/sys`
-(podman) to write the IPv6 sysctls; that adds no capability.
+ONE container run per operation (docs/netcut.md#helper-mode). A `--rm -i` container joins the
+target's network namespace (`--network container:ID`) and runs /bin/sh reading commands from
+its stdin; netcut talks to that shell: it sends the state dump, plans on the host from the
+answer (flow.py, the same algorithm as direct mode), sends the cut, then the probe, and closes
+stdin. Each request ends with a marker carrying a random token and the exit status, so the
+host knows where an answer ends and whether it failed.
 
-Three helper runs at most per cut: one dumps the namespace's state (`ip -j`, sysctls, chain
-marks), the host plans from it, one applies the plan, and one probes (busybox `nc -z`). The
-image is `--helper-image`, else $NETCUT_HELPER_IMAGE, else `netcut-helper:<hash>` built once
-from the inline Dockerfile below and found again by its content hash. The record of the cut is
-kept on the host, keyed by the container's full id.
+Capabilities: `--cap-drop ALL --cap-add NET_ADMIN --cap-add NET_RAW`. NET_ADMIN changes routes,
+addresses and netfilter rules and destroys sockets (`ss -K`); NET_RAW is needed because
+legacy iptables (libiptc) reads and writes its tables through a raw IP socket
+(`socket(AF_INET, SOCK_RAW, IPPROTO_RAW)`), which the kernel refuses without it ("Permission
+denied (you must be root)"). `/proc/sys` is read-only in containers by default, so the helper
+also gets `--security-opt systempaths=unconfined` (docker) or `unmask=/proc/sys` (podman) to
+write the IPv6 sysctls; that adds no capability. `--pull never`: a helper never reaches a
+registry.
+
+The image is `--helper-image`, else $NETCUT_HELPER_IMAGE, else `netcut-helper:<hash>`, which
+is assembled from this host's own files and imported the first time it is missing
+(helperimage.py; `netcut helper-image build` does it ahead of time). The record of a cut is
+kept on the host, keyed by the namespace's inode like direct mode's, so either mode restores
+a cut made by the other.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
-import shlex
+import secrets
+import select
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
+from netcut import flow, helperimage
 from netcut import plan as plan_mod
-from netcut.api import CutResult, KeepLike, RestoreResult, parse_keeps, probe_targets
-from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, TargetNotFound, UnsafeTarget
-from netcut.model import Keep, NamespaceState
+from netcut.api import KeepLike, parse_keeps, probe_targets
+from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
+from netcut.flow import CutResult, RestoreResult
+from netcut.model import Keep, NamespaceState, Op, ProbeResult
 from netcut.plan import CutStatus
-from netcut.probe import ProbeItem, ProbeResult
 from netcut.records import Store
-from netcut.render import parse_state_dump, render_script, state_script
+from netcut.render import (
+    PRELUDE,
+    parse_probe,
+    parse_state_dump,
+    probe_script,
+    render_op,
+    render_script,
+    state_script,
+)
 from netcut.target import TargetRef, find_runtime, parse_nameservers
 
 IMAGE_ENV = "NETCUT_HELPER_IMAGE"
-DOCKERFILE = """\
-FROM alpine:3.20
-RUN apk add --no-cache iproute2 iproute2-ss iptables iptables-legacy
-"""
-# Pulling alpine and installing three packages takes seconds; a helper run well under one.
-BUILD_TIMEOUT_S = 600.0
+# A helper container starts in a fraction of a second; a minute means the engine is wedged.
 RUN_TIMEOUT_S = 60.0
+CAPABILITIES = ("NET_ADMIN", "NET_RAW")
 _DANGEROUS = {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
+# What the engines answer for an image that is not there (with --pull never).
+_NO_IMAGE = ("no such image", "image not known", "unable to find image", "not found")
+
+__all__ = [
+    "CAPABILITIES",
+    "IMAGE_ENV",
+    "container_findings",
+    "cut",
+    "default_image",
+    "helper_argv",
+    "parse_probe",
+    "restore",
+    "status",
+]
 
 
 def default_image() -> str:
-    """The tag of the image built from DOCKERFILE: the same content gives the same tag."""
-    return "netcut-helper:" + hashlib.sha256(DOCKERFILE.encode()).hexdigest()[:12]
+    """The tag of the image assembled from this host's files (helperimage.py)."""
+    return helperimage.image_tag()
 
 
-def helper_argv(runtime: str, container_id: str, image: str, script: str) -> list[str]:
-    """argv of one helper run: shares only the network namespace, holds only NET_ADMIN."""
-    unmask = (
-        "unmask=/proc/sys" if "podman" in os.path.basename(runtime) else ("systempaths=unconfined")
-    )
+def helper_argv(runtime: str, container_id: str, image: str) -> list[str]:
+    """argv of the helper run: shares only the network namespace, holds NET_ADMIN and
+    NET_RAW only, reads its commands from stdin."""
+    podman = "podman" in os.path.basename(runtime)
+    unmask = "unmask=/proc/sys" if podman else "systempaths=unconfined"
+    caps = [arg for cap in CAPABILITIES for arg in ("--cap-add", cap)]
     return [
         runtime,
         "run",
+        "-i",
         "--rm",
+        "--pull",
+        "never",
+        "--log-driver",
+        "none",
         "--network",
         f"container:{container_id}",
         "--cap-drop",
         "ALL",
-        "--cap-add",
-        "NET_ADMIN",
+        *caps,
         "--security-opt",
         unmask,
         "--entrypoint",
         "/bin/sh",
         image,
-        "-c",
-        script,
     ]
 
 
-def _run(
-    argv: list[str], timeout: float, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(
-            argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise ApplyFailed(f"{argv[0]} {argv[1]}: no answer within {timeout:g}s") from None
     except FileNotFoundError:
         raise TargetNotFound(f"container runtime {argv[0]} not found") from None
 
 
-def _why(done: subprocess.CompletedProcess[str]) -> str:
-    lines = (done.stderr or done.stdout).strip().splitlines()
-    return lines[-1] if lines else f"exit {done.returncode}"
-
-
-def ensure_image(runtime: str, image: str | None) -> str:
-    """The helper image to run; builds the default one when it is not there yet."""
-    chosen = image or os.environ.get(IMAGE_ENV, "").strip()
-    if chosen:
-        return chosen
-    tag = default_image()
-    if _run([runtime, "image", "inspect", tag], RUN_TIMEOUT_S).returncode == 0:
-        return tag
-    done = _run([runtime, "build", "-t", tag, "-"], BUILD_TIMEOUT_S, stdin=DOCKERFILE)
-    if done.returncode != 0:
-        raise TargetNotFound(f"building helper image {tag} with {runtime}: {_why(done)}")
-    return tag
+def _why(text: str, code: int | None) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else f"exit {code}"
 
 
 def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
@@ -121,17 +139,40 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f"container may hold CAP_{name}" for name in sorted(held))
 
 
-class _Helper:
-    """One container target: its runtime, full id, inspect data, and the helper image."""
+def _drain(fd: int, deadline: float) -> None:
+    """Read `fd` to its end (the helper's shell and container are gone) or the deadline."""
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        try:
+            if ready and not os.read(fd, 65536):
+                return
+        except OSError:
+            return
 
-    def __init__(self, ref: TargetRef, image: str | None) -> None:
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        with contextlib.suppress(OSError):
+            proc.stderr.close()
+
+
+class _Container:
+    """One container target: its runtime, full id, PID, inspect data."""
+
+    def __init__(self, ref: TargetRef) -> None:
         if ref.kind != "container":
             raise InvalidInput(f"{ref}: helper mode needs --container")
         self.ref = ref
         self.runtime = find_runtime(ref.runtime)
         done = _run([self.runtime, "inspect", "--format", "{{json .}}", ref.value], RUN_TIMEOUT_S)
         if done.returncode != 0:
-            raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: {_why(done)}")
+            why = _why(done.stderr or done.stdout, done.returncode)
+            raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: {why}")
         try:
             info = json.loads(done.stdout)
             self.info: dict[str, Any] = info[0] if isinstance(info, list) else info
@@ -142,20 +183,18 @@ class _Helper:
         if pid == 0:
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: not running")
         self.pid = pid
-        self.store = Store.for_container(self.id)
-        self.image = ensure_image(self.runtime, image)
 
     def __str__(self) -> str:
         return f"{self.ref} (helper via {os.path.basename(self.runtime)})"
 
-    def run(self, script: str) -> str:
-        done = _run(helper_argv(self.runtime, self.id, self.image, script), RUN_TIMEOUT_S)
-        if done.returncode != 0:
-            raise ApplyFailed(f"helper container failed: {_why(done)}")
-        return done.stdout
-
-    def state(self, keeps: tuple[Keep, ...] = ()) -> NamespaceState:
-        return parse_state_dump(self.run(state_script(keeps)), self.nameservers())
+    def store(self) -> Store:
+        """The namespace's record, the same one direct mode uses (keyed by the netns inode).
+        A host that cannot even stat the namespace falls back to the container id."""
+        try:
+            st = os.stat(f"/proc/{self.pid}/ns/net")
+        except OSError:
+            return Store.for_container(self.id)
+        return Store.for_namespace((st.st_dev, st.st_ino))
 
     def nameservers(self) -> tuple[str, ...]:
         try:
@@ -165,27 +204,185 @@ class _Helper:
             return ()
 
 
-def probe_script(reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float) -> str:
-    secs = str(max(1, round(timeout)))
-    lines = []
-    for keep in (*reachable, *blocked):
-        addr, port = shlex.quote(str(keep.addr)), str(keep.port)
-        lines.append(
-            f"if nc -z -w {secs} {addr} {port} </dev/null >/dev/null 2>&1;"
-            f" then echo 'connected {keep}'; else echo 'failed {keep}'; fi"
+class HelperExecutor:
+    """flow.Executor over one helper container per operation.
+
+    `start()` launches it at once, before the target's `inspect` (both take a docker/podman
+    client start and an engine round trip, so they overlap); nothing is sent to it until the
+    target passed the checks, and a refused target's helper just sees its stdin close."""
+
+    def __init__(self, runtime: str, container: str, image: str | None) -> None:
+        self.runtime = runtime
+        self.target = container  # name or id, as the caller gave it
+        self.nameservers: tuple[str, ...] = ()
+        self.chosen = image or os.environ.get(IMAGE_ENV, "").strip() or None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.buffer = b""
+        self.started = False  # the prelude answered
+        self.runs = 0  # containers started (the goal is one per operation)
+
+    def __enter__(self) -> HelperExecutor:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(wait=False)
+
+    # -------------------------------------------------------------- the session
+
+    def start(self) -> None:
+        """Launch the helper container (returns at once)."""
+        if self.proc is None:
+            self._spawn(self.chosen or default_image())
+
+    def _ready(self) -> None:
+        """Wait for the helper's shell; import the default image once when it is missing."""
+        image = self.chosen or default_image()
+        for attempt in (1, 2):
+            if self.proc is None:
+                self._spawn(image)
+            try:
+                self.started = True
+                self.send(PRELUDE, subshell=False)
+                return
+            except ApplyFailed as exc:
+                self.started = False
+                missing = any(s in str(exc).lower() for s in _NO_IMAGE)
+                if attempt == 2 or self.chosen is not None or not missing:
+                    raise
+                helperimage.build(self.runtime, image)
+
+    def _spawn(self, image: str) -> None:
+        self.close()
+        argv = helper_argv(self.runtime, self.target, image)
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except FileNotFoundError:
+            raise TargetNotFound(f"container runtime {argv[0]} not found") from None
+        self.runs += 1
+        self.buffer = b""
+
+    def send(
+        self, script: str, timeout: float = RUN_TIMEOUT_S, *, subshell: bool = True
+    ) -> tuple[int, str]:
+        """Run `script` in a subshell of the helper's shell (in the shell itself for the
+        prelude, whose functions must persist); (exit status, its output)."""
+        if not self.started:
+            self._ready()
+        proc = self.proc
+        assert proc is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        token = secrets.token_hex(8)
+        body = f"(\n{script}\n) </dev/null" if subshell else f"{script}\ntrue"
+        request = f'{body}; echo "### end {token} $?"\n'
+        try:
+            proc.stdin.write(request.encode())
+            proc.stdin.flush()
+        except BrokenPipeError:
+            raise ApplyFailed(f"helper container exited: {self._stderr()}") from None
+        marker = f"### end {token} ".encode()
+        deadline = time.monotonic() + timeout
+        fd = proc.stdout.fileno()
+        while marker not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise ApplyFailed(f"helper container: no answer within {timeout:g}s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise ApplyFailed(f"helper container exited: {self._stderr()}")
+                self.buffer += chunk
+        head, _, rest = self.buffer.partition(marker)
+        code_text, _, self.buffer = rest.partition(b"\n")
+        code = int(code_text) if code_text.strip().isdigit() else 255
+        return code, head.decode(errors="replace")
+
+    def _stderr(self) -> str:
+        proc = self.proc
+        if proc is None or proc.stderr is None:
+            return "not running"
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        text = proc.stderr.read().decode(errors="replace")
+        self.close()
+        return _why(text, proc.returncode)
+
+    def close(self, wait: bool = True) -> None:
+        """End the session: close the shell's stdin and wait until the container's process
+        is gone (its output stream ends), so no helper holding NET_ADMIN/NET_RAW is left in
+        the namespace when this returns. `wait=False` leaves only the engine's removal of the
+        `--rm` container (~100 ms, nothing depends on it) to a thread."""
+        proc, self.proc = self.proc, None
+        self.started = False
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if proc.stdout is not None:
+            _drain(proc.stdout.fileno(), time.monotonic() + RUN_TIMEOUT_S)
+            with contextlib.suppress(OSError):
+                proc.stdout.close()
+        if wait:
+            _reap(proc)
+        else:
+            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+
+    # -------------------------------------------------------------- flow.Executor
+
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        code, out = self.send(state_script(keeps, verify))
+        if code != 0:
+            raise ApplyFailed(f"helper state dump failed (exit {code}): {_why(out, code)}")
+        try:
+            return parse_state_dump(out, nameservers or self.nameservers)
+        except InvalidInput as exc:
+            raise ApplyFailed(f"{exc}; nothing was changed") from None
+
+    def apply(self, ops: tuple[Op, ...]) -> None:
+        lines = ["set -e"]
+        for i, op in enumerate(ops):
+            lines.append(f"echo '### op {i}'")
+            lines += render_op(op)
+        code, out = self.send("\n".join(lines))
+        if code == 0:
+            return
+        reached = [int(x[7:]) for x in out.splitlines() if x.startswith("### op ")]
+        done = ops[: (reached[-1] + 1) if reached else 0]  # the failed op may be half done
+        rollback = tuple(inv for op in reversed(done) if (inv := plan_mod.invert(op)) is not None)
+        try:
+            back, _ = self.send(render_script(rollback, tolerant=True))
+        except ApplyFailed:
+            back = -1
+        said = [x for x in out.splitlines() if not x.startswith("### op ")]
+        why = said[-1] if said else f"exit {code}"
+        failed = ops[reached[-1]] if reached else "the helper"
+        note = "rolled back" if back == 0 else "rollback incomplete: run `netcut restore`"
+        raise ApplyFailed(
+            f"cut via helper failed at: {failed}: {why}; {note}", rolled_back=back == 0
         )
-    return "\n".join(lines) + "\n"
 
+    def undo(self, ops: tuple[Op, ...]) -> list[str]:
+        code, out = self.send(render_script(ops, tolerant=True))
+        return [] if code == 0 else [f"helper undo failed (exit {code}): {_why(out, code)}"]
 
-def parse_probe(text: str, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...]) -> ProbeResult:
-    """Read `probe_script` output: one `connected TARGET` or `failed TARGET` line each."""
-    outcomes: dict[str, str] = {}
-    for line in text.splitlines():
-        outcome, _, name = line.partition(" ")
-        outcomes[name.strip()] = outcome
-    items = [ProbeItem(str(k), "reachable", outcomes.get(str(k), "no answer")) for k in reachable]
-    items += [ProbeItem(str(k), "blocked", outcomes.get(str(k), "no answer")) for k in blocked]
-    return ProbeResult(tuple(items))
+    def probe(
+        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+    ) -> ProbeResult:
+        code, out = self.send(probe_script(reachable, blocked, timeout), timeout + 30)
+        if code != 0:
+            raise ApplyFailed(f"helper probe failed (exit {code}): {_why(out, code)}")
+        return parse_probe(out, reachable, blocked)
 
 
 def cut(
@@ -200,92 +397,50 @@ def cut(
     dry_run: bool = False,
     probe_timeout: float = 1.0,
 ) -> CutResult:
-    """The helper-mode twin of api.cut (same result, same errors). `force` is accepted for
-    symmetry: a container's namespace is never the host's."""
+    """The helper-mode twin of api.cut (same algorithm, result and errors). `force` is
+    accepted for symmetry: a container's namespace is never the host's."""
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
-    h = _Helper(target, image)
-    findings = container_findings(h.info)
-    if findings and not allow_privileged and not dry_run:
-        raise UnsafeTarget(
-            f"refusing to cut {h}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
-            findings,
+    with _session(target, image) as (c, ex):
+        findings = container_findings(c.info)
+        if findings and not allow_privileged and not dry_run:
+            raise UnsafeTarget(
+                f"refusing to cut {c}: {'; '.join(findings)};"
+                " pass --allow-privileged to cut anyway",
+                findings,
+            )
+        request = flow.CutRequest(
+            keeps,
+            ex.nameservers,
+            dry_run,
+            {"target": str(c), "container": c.id},
+            probe,
+            blocked,
+            probe_timeout,
         )
-    with h.store.locked():
-        result = _cut_locked(h, keeps, dry_run)
-    if result.dry_run:
-        return result
-    return _probed(h, result, keeps, blocked, probe, probe_timeout)
+        return flow.cut(ex, c.store(), str(c), request, render=render_script)
 
 
-def _cut_locked(h: _Helper, keeps: tuple[Keep, ...], dry_run: bool) -> CutResult:
-    start = time.perf_counter()
-    record = h.store.load()
-    state = h.state(keeps)
-    status = plan_mod.judge_status(record, state)
-    if status.is_cut:
-        if record is not None and set(record.keeps) != set(keeps) and not dry_run:
-            raise InvalidInput(f"{h} is already cut with other keeps; restore it first")
-        return CutResult(str(h), status, record, False, dry_run=dry_run)
-    if status.state == "partial" and not dry_run:
-        _undo(h, record, state)
-        state = h.state(keeps)
-    planned = plan_mod.plan_cut(state, keeps)
-    if dry_run:
-        script = render_script(planned.ops)
-        return CutResult(str(h), status, planned, False, dry_run=True, script=script)
-    h.store.save(planned, {"target": str(h), "container": h.id})
-    try:
-        h.run(render_script(planned.ops))
-    except ApplyFailed as exc:
-        rollback = tuple(i for op in reversed(planned.ops) if (i := plan_mod.invert(op)))
-        h.run(render_script(rollback, tolerant=True))
-        h.store.remove()
-        raise ApplyFailed(f"cut via helper failed and was rolled back: {exc}") from None
-    elapsed = (time.perf_counter() - start) * 1000
-    return CutResult(str(h), CutStatus("cut", keeps), planned, True, elapsed_ms=elapsed)
-
-
-def _probed(
-    h: _Helper,
-    result: CutResult,
-    keeps: tuple[Keep, ...],
-    blocked: tuple[Keep, ...],
-    probe: bool,
-    timeout: float,
-) -> CutResult:
-    reachable = tuple(k for k in keeps if k.port is not None)
-    if not probe or not (reachable or blocked):
-        return result
-    found = parse_probe(h.run(probe_script(reachable, blocked, timeout)), reachable, blocked)
-    if not found.ok:
-        raise ProbeFailed(f"{h} is cut but the probe failed: {found.reason()}", found)
-    return CutResult(
-        result.target, result.status, result.plan, result.changed, found, result.elapsed_ms
-    )
-
-
-def _undo(h: _Helper, record: plan_mod.CutPlan | None, state: NamespaceState) -> tuple[str, ...]:
-    undo = plan_mod.plan_restore(record, state)
-    h.run(render_script(undo.ops, tolerant=True))
-    h.store.remove()
-    return tuple(undo.lines())
+@contextlib.contextmanager
+def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container, HelperExecutor]]:
+    """The helper started first, the target inspected while it starts (one container run and
+    one inspect per operation, overlapped: docs/netcut.md#helper-mode)."""
+    if target.kind != "container":
+        raise InvalidInput(f"{target}: helper mode needs --container")
+    with HelperExecutor(find_runtime(target.runtime), target.value, image) as ex:
+        ex.start()
+        c = _Container(target)
+        ex.nameservers = c.nameservers()
+        yield c, ex
 
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
     """Helper-mode twin of api.restore."""
-    h = _Helper(target, image)
-    with h.store.locked():
-        record = h.store.load()
-        state = h.state()
-        if plan_mod.judge_status(record, state).state == "not cut":
-            h.store.remove()
-            return RestoreResult(str(h), False, CutStatus("not cut"))
-        lines = _undo(h, record, state)
-        return RestoreResult(str(h), True, plan_mod.judge_status(None, h.state()), lines)
+    with _session(target, image) as (c, ex):
+        return flow.restore(ex, c.store(), str(c))
 
 
 def status(target: TargetRef, *, image: str | None = None) -> CutStatus:
     """Helper-mode twin of api.status."""
-    h = _Helper(target, image)
-    return plan_mod.judge_status(h.store.load(), h.state())
+    with _session(target, image) as (c, ex):
+        return flow.status(ex, c.store())

@@ -253,11 +253,11 @@ class NamespaceState:
     nameservers: tuple[str, ...] = ()
     lookups: tuple[Lookup, ...] = ()
     backstop: tuple[int, ...] = ()  # families whose filter table holds the NETCUT chain
-    redirect: bool = False  # the nat table holds the NETCUT_REDIRECT chain (transparent mode)
     # Read for `status` (verify.py); None when the reader did not dump them (a plain cut's
     # planning needs neither), and then they are reported as not verified.
     filters: tuple[FilterDump, ...] | None = None
     policy_rules: tuple[PolicyRule, ...] | None = None
+    redirect: bool = False  # the nat table holds the NETCUT_REDIRECT chain (transparent mode)
 
     def sysctl(self, key: str) -> str | None:
         return dict(self.sysctls).get(key)
@@ -428,3 +428,46 @@ Op: TypeAlias = (
     AddBackstop | RemoveBackstop | AddRoute | DelRoute | AddAddr | DelAddr | SetSysctl | KillFlows
     | AddRedirect | RemoveRedirect
 )
+
+
+# ---------------------------------------------------------------- probe results
+
+
+@dataclass(frozen=True)
+class ProbeItem:
+    target: str
+    expect: str  # "reachable" | "blocked"
+    outcome: str  # "connected" | "timeout" | an errno name such as "ECONNREFUSED"
+
+    @property
+    def ok(self) -> bool:
+        return (self.outcome == "connected") == (self.expect == "reachable")
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "FAIL"
+        return f"{verdict} {self.target} expected {self.expect}: {self.outcome}"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    items: tuple[ProbeItem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(item.ok for item in self.items)
+
+    def reason(self) -> str:
+        """One line naming each failure and its likely cause."""
+        bad = [item for item in self.items if not item.ok]
+        parts = []
+        for item in bad:
+            hint = ""
+            if item.expect == "reachable" and item.outcome == "timeout":
+                hint = " (no answer: a host firewall dropping container-to-host traffic?)"
+            elif item.expect == "reachable" and item.outcome == "ECONNREFUSED":
+                hint = " (nothing listens there, or a firewall rejects it)"
+            parts.append(f"{item.target} expected {item.expect}, got {item.outcome}{hint}")
+        return "; ".join(parts)
+
+    def lines(self) -> list[str]:
+        return [str(item) for item in self.items]

@@ -13,53 +13,14 @@ import os
 import selectors
 import socket
 import time
-from dataclasses import dataclass
 
-from netcut.model import Keep
+from netcut.model import Keep, ProbeItem, ProbeResult
+
+__all__ = ["DEFAULT_TIMEOUT_S", "ProbeItem", "ProbeResult", "run_probe"]
 
 # Container-to-host on one machine answers in well under a millisecond; a second leaves room
 # for a loaded CI machine while keeping a failed fail-closed check short.
 DEFAULT_TIMEOUT_S = 1.0
-
-
-@dataclass(frozen=True)
-class ProbeItem:
-    target: str
-    expect: str  # "reachable" | "blocked"
-    outcome: str  # "connected" | "timeout" | an errno name such as "ECONNREFUSED"
-
-    @property
-    def ok(self) -> bool:
-        return (self.outcome == "connected") == (self.expect == "reachable")
-
-    def __str__(self) -> str:
-        verdict = "ok" if self.ok else "FAIL"
-        return f"{verdict} {self.target} expected {self.expect}: {self.outcome}"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    items: tuple[ProbeItem, ...]
-
-    @property
-    def ok(self) -> bool:
-        return all(item.ok for item in self.items)
-
-    def reason(self) -> str:
-        """One line naming each failure and its likely cause."""
-        bad = [item for item in self.items if not item.ok]
-        parts = []
-        for item in bad:
-            hint = ""
-            if item.expect == "reachable" and item.outcome == "timeout":
-                hint = " (no answer: a host firewall dropping container-to-host traffic?)"
-            elif item.expect == "reachable" and item.outcome == "ECONNREFUSED":
-                hint = " (nothing listens there, or a firewall rejects it)"
-            parts.append(f"{item.target} expected {item.expect}, got {item.outcome}{hint}")
-        return "; ".join(parts)
-
-    def lines(self) -> list[str]:
-        return [str(item) for item in self.items]
 
 
 def run_probe(

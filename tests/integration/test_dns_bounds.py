@@ -10,6 +10,7 @@ Before: 8 dead names stalled an unrelated client for 39 s, and the loop's defaul
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import struct
 import threading
@@ -98,11 +99,23 @@ async def test_resolver_times_out_remembers_and_refuses_when_saturated(
         assert resolver.busy == 2
         with pytest.raises(ResolveTimeout, match="resolver busy"):
             await resolver.resolve("good.test")
+        # not remembered against the name: once a thread is free, it resolves
+        dead_dns.released.set()
+        await asyncio.to_thread(_wait_idle, resolver)
+        assert await resolver.resolve("good.test") == (ipaddress.ip_address("127.0.0.1"),)
         assert isinstance(ResolveTimeout("x"), ResolveError)
         assert ResolveTimeout.reason == "dns_timeout"
     finally:
         dead_dns.close()
         resolver.close()
+
+
+def _wait_idle(resolver: Resolver) -> None:
+    """Until the released lookups have returned (their threads are joined by the pool)."""
+    pool = resolver._executor
+    assert pool is not None
+    resolver._executor = None
+    pool.shutdown(wait=True)
 
 
 @dataclass

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -74,7 +75,8 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     route = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
+    # the same service by name: a framework route by name is not re-judged after resolution
+    proxy = EgressProxy(build_settings({}, resolve=["svc.test=127.0.0.1"]), listen=["127.0.0.1:0"])
     await proxy.start()
     scene = Scene(sandbox, other, upstream, origin, route, proxy)
     proxy.hooks.append(scene.events.append)
@@ -106,29 +108,38 @@ def assert_nothing_left(scene: Scene, listeners_before: int) -> None:
     assert reg is None or not reg.sandboxes
 
 
+@pytest.mark.timeout(600)  # 200 real rounds: ~20 s on an idle machine, more when shared
 async def test_no_verdict_survives_its_sandbox_over_many_rounds(scene: Scene) -> None:
     """Alternate `Policy(allow=[IP])` / `Policy()` and framework routes on/off over ROUNDS
     prepare/release rounds, garbage collected in between: every request gets exactly its own
     sandbox's verdict (before: 10 of 60 allow-nothing tasks reached the IP, and 50 of 100
     tasks without the route reached the host's loopback service)."""
     before = len(scene.proxy.listeners)
-    target, service = f"http://{scene.ip}/leak", f"{scene.route}/leak"
+    named = scene.route.replace("127.0.0.1", "svc.test")
+    target, service, by_name = f"http://{scene.ip}/leak", f"{scene.route}/leak", f"{named}/leak"
     leaks: list[tuple[int, str, str]] = []
+    kept: list[int] = []
     for i in range(ROUNDS):
         allow_ip, with_route = i % 2 == 0, (i // 2) % 2 == 0
         policy = Policy(allow=[scene.ip]) if allow_ip else Policy()
         execution = await prepare_execution(
             scene.sandbox.ns, policy, scene.proxy,
-            framework_routes=[scene.route] if with_route else [],
+            framework_routes=[scene.route, named] if with_route else [],
         )  # fmt: skip
-        got = await codes(scene.sandbox, execution.proxy_url, target, service)
-        want = ["200" if allow_ip else "403", "200" if with_route else "403"]
+        got = await codes(scene.sandbox, execution.proxy_url, target, service, by_name)
+        want = ["200" if allow_ip else "403", *(["200" if with_route else "403"] * 2)]
         if got != want:
             leaks.append((i, str(got), str(want)))
+        identity = execution.listeners[0].identity
+        assert identity is not None
+        bound = weakref.ref(identity.policy)
         await release_execution(scene.proxy, execution)
-        del execution, policy
+        del execution, policy, identity
         gc.collect()
+        if bound() is not None:  # the proxy kept something of a released sandbox
+            kept.append(i)
     assert leaks == []
+    assert kept == []
     assert_nothing_left(scene, before)
 
 

@@ -81,8 +81,8 @@ def test_transparent_restore_status_and_record() -> None:
 
 def test_render_and_bad_ports() -> None:
     lines = render_op(AddRedirect(redirect_rules(REDIRECT, ())))
-    assert lines[0] == "iptables-legacy -w -t nat -N NETCUT_REDIRECT"
-    assert lines[-1] == "iptables-legacy -w -t nat -I OUTPUT 1 -j NETCUT_REDIRECT"
+    assert lines[0] == "ncut_iptables -w -t nat -N NETCUT_REDIRECT"
+    assert lines[-1] == "ncut_iptables -w -t nat -I OUTPUT 1 -j NETCUT_REDIRECT"
     assert "NETCUT_REDIRECT" in render_op(RemoveRedirect())[0]
     with pytest.raises(InvalidInput, match="--redirect-to"):
         Redirect(0)
@@ -112,6 +112,6 @@ def test_helper_state_dump_reports_the_redirect_chain() -> None:
     from netcut.render import parse_state_dump, state_script
 
     assert "-t nat -S NETCUT_REDIRECT" in state_script(())
-    assert "grep -qx nat /proc/net/ip_tables_names" in state_script(())
+    assert "= nat ] && t=yes" in state_script(())
     assert parse_state_dump(DUMP).redirect is False
-    assert parse_state_dump(DUMP + "### redirect\nyes\n").redirect is True
+    assert parse_state_dump(DUMP + "### redirect\nyes\n### rc 0\n").redirect is True

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,30 +21,45 @@ from netcut.model import (
     KillFlows,
     RemoveBackstop,
     Route,
+    SeenRule,
     SetSysctl,
     parse_keep,
 )
 from netcut.plan import plan_cut
-from netcut.render import parse_state_dump, render_op, render_script, state_script
+from netcut.render import (
+    parse_rule_spec,
+    parse_state_dump,
+    render_op,
+    render_script,
+    state_script,
+)
 
 DUMP = """\
 ### links
 [{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},{"ifindex":9,"ifname":"eth0","flags":["BROADCAST","UP"]}]
+### rc 0
 ### addrs
 [{"ifindex":1,"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8,"scope":"254"}]},{"ifindex":9,"ifname":"eth0","addr_info":[{"family":"inet","local":"198.19.7.2","prefixlen":24,"scope":"0"},{"family":"inet6","local":"fe80::1","prefixlen":64,"scope":"253"}]}]
+### rc 0
 ### routes4
 [{"type":"1","dst":"default","gateway":"198.19.7.1","dev":"eth0","table":"254","protocol":"3","scope":"0","flags":[]},{"type":"1","dst":"198.19.7.0/24","dev":"eth0","table":"254","protocol":"2","scope":"253","prefsrc":"198.19.7.2","flags":[]},{"type":"2","dst":"198.19.7.2","dev":"eth0","table":"255","protocol":"2","scope":"254","prefsrc":"198.19.7.2","flags":[]},{"type":"1","dst":"198.19.9.9","gateway":"198.19.7.1","dev":"eth0","table":"254","protocol":"110","scope":"0","flags":["onlink"],"metrics":[{"mtu":1400}]}]
+### rc 0
 ### routes6
 [{"type":"1","dst":"fe80::/64","dev":"eth0","table":"254","protocol":"2","scope":"0","metric":256,"flags":[],"pref":"medium"}]
+### rc 0
 ### get 198.19.7.1
 [{"dst":"198.19.7.1","dev":"eth0","prefsrc":"198.19.7.2","flags":[],"uid":0,"cache":[]}]
+### rc 0
 ### sysctls
 /proc/sys/net/ipv6/conf/eth0/disable_ipv6 0
 /proc/sys/net/ipv6/conf/eth0/accept_ra 1
+### rc 0
 ### backstop4
 yes
+### rc 0
 ### backstop6
 no
+### rc 0
 """
 
 
@@ -69,8 +87,8 @@ def test_dump_parses_into_a_plan() -> None:
     plan = plan_cut(parse_state_dump(DUMP), (parse_keep("198.19.7.1:3128"),))
     script = render_script(plan.ops)
     assert script.startswith("set -e\n")
-    assert "ip -4 route add 198.19.7.1/32 dev eth0 table 254 proto 110 scope 253" in script
-    assert "ip -4 route del default via 198.19.7.1 dev eth0 table 254 proto 3 scope 0" in script
+    assert "ncut_ip -4 route add 198.19.7.1/32 dev eth0 table 254 proto 110 scope 253" in script
+    assert "ncut_ip -4 route del default via 198.19.7.1 dev eth0 table 254 proto 3" in script
 
 
 @pytest.mark.parametrize(
@@ -90,20 +108,49 @@ def test_malformed_dump_is_invalid_input(text: str) -> None:
     [
         (AddRoute(Route(AF_INET, "198.19.1.1", 32, 2, "eth0", proto=110, scope=253,
                         metrics=(("RTAX_MTU", 1400),))),
-         ["ip -4 route add 198.19.1.1/32 dev eth0 table 254 proto 110 scope 253 mtu 1400"]),
+         ["ncut_ip -4 route add 198.19.1.1/32 dev eth0 table 254 proto 110 scope 253 mtu 1400"]),
         (SetSysctl("net/ipv6/conf/eth0/disable_ipv6", "1", "0"),
          ["echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6"]),
         (AddBackstop(AF_INET6, (FilterRule("ACCEPT", out_iface="lo"),)),
-         ["ip6tables-legacy -w -N NETCUT", "ip6tables-legacy -w -A NETCUT -o lo -j ACCEPT",
-          "ip6tables-legacy -w -I OUTPUT 1 -j NETCUT"]),
+         ["ncut_ip6tables -w -I OUTPUT 1 -m comment --comment netcut-hold -j REJECT",
+          "while ncut_ip6tables -w -D OUTPUT -j NETCUT 2>/dev/null; do :; done",
+          "ncut_ip6tables -w -N NETCUT 2>/dev/null || ncut_ip6tables -w -F NETCUT",
+          "ncut_ip6tables -w -A NETCUT -o lo -j ACCEPT",
+          "ncut_ip6tables -w -I OUTPUT 1 -j NETCUT",
+          "ncut_ip6tables -w -D OUTPUT -m comment --comment netcut-hold -j REJECT"]),
         (KillFlows((("198.19.1.1", 3128), ("198.19.1.2", None))),
-         ["ss -K -t state connected 'not ( dst 127.0.0.0/8 or dst [::1] or dst "
+         ["ncut_ss -K -t state connected 'not ( dst 127.0.0.0/8 or dst [::1] or dst "
           "198.19.1.1:3128 or dst 198.19.1.2 )' >/dev/null 2>/dev/null || true"]),
     ],
     ids=["route", "sysctl", "backstop6", "flows"],
 )  # fmt: skip
 def test_render_op(op: object, expected: list[str]) -> None:
     assert render_op(op) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (lambda d: d.replace("### rc 0", "### rc 127", 1), "'links' failed (exit 127)"),
+        (lambda d: d.replace('{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},',
+                             ""), "no loopback interface"),
+        (lambda d: d.replace("### sysctls", "### other"), "no 'sysctls' section"),
+        (lambda d: d.replace("### backstop6\nno", "### backstop6\nPermission denied"),
+         "'backstop6' answered 'Permission denied'"),
+        (lambda d: d.split("### routes4")[0] + "### routes4\n[]\n### rc 0\n"
+         + "### routes6" + d.split("### routes6")[1], "no local routes"),
+        (lambda d: re.sub(r"### rc 0\n(### addrs)", r"\1", d), "'links' failed (exit missing)"),
+    ],
+    ids=["tool-failed", "no-lo", "missing-section", "iptables-error", "empty-routes", "no-rc"],
+)  # fmt: skip
+def test_state_dump_proves_itself(change: Any, complaint: str) -> None:
+    """A dump from a broken helper (Debian busybox's `ip` applet answered nothing, iptables
+    had no raw socket) is an error, never an empty namespace that would look cut."""
+    from netcut.errors import InvalidInput
+
+    parse_state_dump(DUMP)  # the untouched dump is fine
+    with pytest.raises(InvalidInput, match=re.escape(complaint)):
+        parse_state_dump(change(DUMP))
 
 
 def test_tolerant_script_never_stops() -> None:
@@ -114,7 +161,7 @@ def test_tolerant_script_never_stops() -> None:
 
 def test_state_script_asks_for_each_kept_route() -> None:
     script = state_script((parse_keep("198.19.7.1:3128"), parse_keep("127.0.0.1:8080")))
-    assert "ip -d -N -j route get 198.19.7.1" in script
+    assert "ncut_ip -d -N -j route get 198.19.7.1" in script
     assert "127.0.0.1" not in script
 
 
@@ -124,10 +171,11 @@ def test_state_script_asks_for_each_kept_route() -> None:
     ids=["docker", "podman"],
 )
 def test_helper_argv(runtime: str, unmask: str) -> None:
-    argv = helper.helper_argv(runtime, "abc", "img:1", "true")
-    assert argv == [runtime, "run", "--rm", "--network", "container:abc", "--cap-drop", "ALL",
-                    "--cap-add", "NET_ADMIN", "--security-opt", unmask, "--entrypoint",
-                    "/bin/sh", "img:1", "-c", "true"]  # fmt: skip
+    argv = helper.helper_argv(runtime, "abc", "img:1")
+    assert argv == [runtime, "run", "-i", "--rm", "--pull", "never", "--log-driver", "none",
+                    "--network", "container:abc", "--cap-drop", "ALL", "--cap-add", "NET_ADMIN",
+                    "--cap-add", "NET_RAW", "--security-opt", unmask, "--entrypoint",
+                    "/bin/sh", "img:1"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -209,5 +257,36 @@ def test_state_dump_sections_of_any_shape(section: str, items: list[object]) -> 
 
     try:
         parse_state_dump(f"### {section}\n{json.dumps(items)}\n")
+    except InvalidInput:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ("-A OUTPUT -j NETCUT", SeenRule("NETCUT", proto="ip")),
+        ("-A NETCUT -d 198.19.1.1/32 -p tcp -m tcp --dport 3128 -j ACCEPT",
+         SeenRule("ACCEPT", proto="tcp", dst="198.19.1.1/255.255.255.255",
+                  matches=(("tcp", (("dport", "3128"),)),))),
+        ("-A NETCUT -p tcp -j REJECT --reject-with tcp-reset",
+         SeenRule("REJECT", proto="tcp", target_params=(("reject-with", "tcp-reset"),))),
+        ("-A OUTPUT ! -d 198.19.1.1/32 -o lo -j ACCEPT",
+         SeenRule("ACCEPT", proto="ip", dst="!198.19.1.1/32", out_iface="lo")),
+        ("-A OUTPUT -p tcp -m tcp ! --dport 53 -j ACCEPT",
+         SeenRule("ACCEPT", proto="tcp", matches=(("tcp", (("dport", "!53"),)),))),
+    ],
+    ids=["jump", "keep", "reset", "negated-dst", "negated-port"],
+)  # fmt: skip
+def test_parse_rule_spec(line: str, want: SeenRule) -> None:
+    """`iptables -S` lines parse to what python-iptables decodes in direct mode."""
+    assert parse_rule_spec(line) == want
+
+
+@given(st.text(max_size=120))
+def test_rule_spec_parses_or_raises_invalid_input(text: str) -> None:
+    from netcut.errors import InvalidInput
+
+    try:
+        parse_rule_spec("-A OUTPUT " + text)
     except InvalidInput:
         pass

@@ -246,3 +246,51 @@ def test_netcut_cut_expect_blocked_needs_a_port(capsys: pytest.CaptureFixture[st
     # before: accepted and the cut applied; probe refused the same argument
     rc = netcut_main(["cut", "--netns", "egt-none", "--expect-blocked", "1.2.3.4"])
     _one_line_error(capsys, rc, "give ADDR:PORT")
+
+
+# --- any file content: a PolicyError or Settings, nothing else ----------------------------
+
+_SCALARS = st.one_of(st.booleans(), st.integers(-3, 70000), st.text(max_size=12),
+                     st.sampled_from(["deny", "allow", "a.test", "198.18.0.0/24", "a.test=1.2.3.4",
+                                      "http://127.0.0.1:8080", "", "*"]))  # fmt: skip
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+_CLIENT_KEYS = ["token", "token_env", "sources", "default", "allow", "block", "framework_routes"]
+_TOP = ["default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private"]
+
+
+@given(
+    top=st.dictionaries(st.sampled_from(_TOP), _VALUES, max_size=4),
+    clients=st.none() | _VALUES | st.dictionaries(
+        st.sampled_from(["a", "b"]),
+        st.dictionaries(st.sampled_from(_CLIENT_KEYS), _VALUES, max_size=4) | _VALUES,
+        max_size=2,
+    ),
+)
+def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
+                                                      clients: object) -> None:  # fmt: skip
+    data = dict(top)
+    if clients is not None:
+        data["clients"] = clients
+    message = ""
+    try:
+        settings = build_settings(data)
+    except PolicyError as exc:  # the only error a file can cause: one line, naming the field
+        message = str(exc)
+    if message:
+        assert "\n" not in message
+    else:
+        assert isinstance(settings.guard.reserve_private, bool)
+
+
+@given(st.dictionaries(st.sampled_from(["network_mode", "allow_internet", "allowed_hosts",
+                                        "network_access", "allow", "block"]), _VALUES))  # fmt: skip
+def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, object]) -> None:
+    for mapping in (from_harbor, from_verifiers):
+        try:
+            policy = mapping(task)
+        except PolicyError:
+            continue
+        assert policy.default in ("deny", "allow")
+        if mapping is from_verifiers:
+            assert (policy.default == "allow") == (task.get("network_access") is True)

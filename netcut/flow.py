@@ -1,0 +1,243 @@
+"""One cut algorithm for both modes: plan, record, apply, roll back, probe, restore, status.
+
+Why one: direct mode (netcut's worker inside the namespace) and helper mode (a container that
+shares the namespace) used to carry a copy each, and the copies drifted (records per mode, a
+keep-mismatch check in one only). Now each mode is only an `Executor`, four primitives:
+read the state, apply ops all-or-nothing, undo ops tolerantly, probe. Everything else is here,
+so a cut made in one mode is seen, checked and restored by the other: records are keyed by the
+namespace itself (records.py), never by mode or container (docs/netcut.md#one-algorithm).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from netcut import plan as plan_mod
+from netcut import verify
+from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed
+from netcut.model import AddRedirect, Keep, NamespaceState, Op, ProbeResult
+from netcut.plan import CutPlan, CutStatus
+from netcut.records import Store
+from netcut.redirect import Redirect, redirect_rules
+
+
+class Executor(Protocol):
+    """What a mode must provide. Every method acts on the one namespace the executor names."""
+
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        """With `verify` also what status compares (policy rules, the backstop's rules and
+        hook: docs/netcut.md#status); a mode that cannot read them leaves them None."""
+
+    def apply(self, ops: tuple[Op, ...]) -> None:
+        """Apply in order; on a failure undo what was done and raise ApplyFailed
+        (`rolled_back` False when the undo itself failed)."""
+
+    def undo(self, ops: tuple[Op, ...]) -> list[str]:
+        """Apply tolerantly, every op even after one failed (an add of what exists or a
+        delete of what is gone passes): undo and repair. Return the errors."""
+
+    def probe(
+        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+    ) -> ProbeResult: ...
+
+
+@dataclass(frozen=True)
+class CutResult:
+    """What a cut did. `changed` is False when the namespace was already cut (then nothing
+    was touched) or for a dry run; `probe` is None when probing was disabled."""
+
+    target: str
+    status: CutStatus
+    plan: CutPlan | None
+    changed: bool
+    probe: ProbeResult | None = None
+    elapsed_ms: float = 0.0
+    dry_run: bool = False
+    script: str | None = None  # helper mode: the shell script the plan renders to
+    # A partial cut brought back to its recorded plan; `plan` holds the repair's ops and
+    # `found` the differences that were repaired (docs/netcut.md#status).
+    repaired: bool = False
+    found: tuple[str, ...] = ()
+
+    @property
+    def head(self) -> str:
+        """The first word of the answer: dry-run, repaired, cut or already cut."""
+        if self.dry_run:
+            return "dry-run"
+        if self.repaired:
+            return "repaired"
+        return "cut" if self.changed else "already cut"
+
+    def lines(self) -> list[str]:
+        if self.dry_run and self.plan is not None:
+            head = "already cut:" if self.status.is_cut else "plan for"
+            head = "repair plan for" if self.repaired else head
+            shown = [f"{head} {self.target}", *self.plan.lines()]
+            if self.script is not None:
+                shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
+            return shown
+        out = [f"{self.head}: {self.target}"]
+        out += [f"  found: {line}" for line in self.found]
+        if self.plan is not None and self.changed:
+            out += self.plan.lines()
+        if self.probe is not None:
+            out += ["probe:", *(f"  {line}" for line in self.probe.lines())]
+        return out
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    target: str
+    changed: bool  # False: the namespace was not cut
+    status: CutStatus
+    lines: tuple[str, ...] = ()
+    elapsed_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class CutRequest:
+    keeps: tuple[Keep, ...]
+    nameservers: tuple[str, ...] = ()
+    dry_run: bool = False
+    meta: dict[str, str] | None = None
+    probe: bool = True
+    expect_blocked: tuple[Keep, ...] = ()
+    probe_timeout: float = 1.0
+    redirect: Redirect | None = None  # transparent mode (docs/netcut.md#transparent-mode)
+
+
+def cut(
+    ex: Executor, store: Store, label: str, req: CutRequest, render: RenderHook | None = None
+) -> CutResult:
+    """Cut (or find cut) the namespace, then probe it. An existing complete cut with the same
+    keeps is left alone; with other keeps it is InvalidInput; a partial one with the same
+    keeps is repaired to its recorded plan, any other partial one is undone first."""
+    start = time.perf_counter()
+    with store.locked():
+        record = store.load()
+        state = ex.read_state(req.keeps, req.nameservers, verify=record is not None)
+        status = plan_mod.judge_status(record, state)
+        same = record is not None and set(record.keeps) == set(req.keeps)
+        if status.state == "partial" and record is not None and same:
+            result = _repair(ex, label, record, state, req, render, start)
+        elif status.is_cut:
+            if record is not None and set(record.keeps) != set(req.keeps) and not req.dry_run:
+                had = ", ".join(str(k) for k in record.keeps) or "loopback only"
+                raise InvalidInput(f"{label} is already cut keeping {had}; restore it first")
+            if record is not None and not req.dry_run:
+                _same_redirect(label, record, req.redirect)
+            result = CutResult(label, status, record, False, dry_run=req.dry_run)
+        else:
+            if status.state == "partial" and not req.dry_run:
+                _restore(ex, store, record, state)
+                state = ex.read_state(req.keeps, req.nameservers)
+            planned = plan_mod.plan_cut(state, req.keeps, req.redirect)
+            if req.dry_run:
+                script = render(planned.ops) if render else None
+                return CutResult(label, status, planned, False, dry_run=True, script=script)
+            store.save(planned, req.meta or {"target": label})
+            try:
+                ex.apply(planned.ops)
+            except ApplyFailed as exc:
+                if exc.rolled_back:
+                    store.remove()  # else keep it: `restore` finishes what the rollback could not
+                raise
+            elapsed = (time.perf_counter() - start) * 1000
+            result = CutResult(label, CutStatus("cut", planned.keeps), planned, True,
+                               elapsed_ms=elapsed)  # fmt: skip
+    if req.dry_run:
+        return result
+    return _probed(ex, label, result, req)
+
+
+def _same_redirect(label: str, record: CutPlan, redirect: Redirect | None) -> None:
+    """A cut namespace is never re-cut with other redirects (that would open it in between):
+    transparent or not, and to which ports, must match the record."""
+    had = next((op.rules for op in record.ops if isinstance(op, AddRedirect)), None)
+    want = None if redirect is None else redirect_rules(redirect, record.keeps)
+    if had != want:
+        how = "transparently" if had is not None else "without transparent mode"
+        raise InvalidInput(f"{label} is already cut {how}, differently; restore it first")
+
+
+class RenderHook(Protocol):
+    def __call__(self, ops: tuple[Op, ...]) -> str: ...
+
+
+def _repair(
+    ex: Executor,
+    label: str,
+    record: CutPlan,
+    state: NamespaceState,
+    req: CutRequest,
+    render: RenderHook | None,
+    start: float,
+) -> CutResult:
+    """Bring a tampered cut back to its recorded plan (docs/netcut.md#status). The record is
+    kept as it is, so a later restore puts back the state from before the cut, never what
+    was added meanwhile. No rollback: every step closes the namespace further, so a failed
+    step is reported (ApplyFailed, not rolled back) and the rest still runs."""
+    ops = verify.repair_ops(record.ops, state)
+    fix = CutPlan(record.keeps, ops, record.nameservers)
+    before = plan_mod.judge_status(record, state)
+    if req.dry_run:
+        script = render(ops) if render else None
+        return CutResult(label, before, fix, False, dry_run=True, script=script, repaired=True)
+    errors = ex.undo(ops)
+    after = plan_mod.judge_status(record, ex.read_state((), (), verify=True))
+    if errors or not after.is_cut:
+        left = "; ".join([*errors, *after.details])
+        raise ApplyFailed(f"repair of the partial cut incomplete: {left}", rolled_back=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    return CutResult(label, after, fix, True, elapsed_ms=elapsed, repaired=True,
+                     found=before.details)  # fmt: skip
+
+
+def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:
+    reachable = tuple(k for k in req.keeps if k.port is not None)
+    if not req.probe or not (reachable or req.expect_blocked):
+        return result
+    found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
+    if not found.ok:
+        raise ProbeFailed(f"{label} is cut but the probe failed: {found.reason()}", found)
+    return replace(result, probe=found)
+
+
+def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
+    """Undo a cut exactly; a namespace that is not cut is left alone (changed False)."""
+    start = time.perf_counter()
+    with store.locked():
+        record = store.load()
+        state = ex.read_state((), ())
+        before = plan_mod.judge_status(record, state)
+        if before.state == "not cut":
+            store.remove()
+            return RestoreResult(label, False, before)
+        lines = _restore(ex, store, record, state)
+        after = plan_mod.judge_status(None, ex.read_state((), ()))
+        elapsed = (time.perf_counter() - start) * 1000
+        return RestoreResult(label, True, after, lines, elapsed)
+
+
+def status(ex: Executor, store: Store) -> CutStatus:
+    return plan_mod.judge_status(store.load(), ex.read_state((), (), verify=True))
+
+
+def _restore(
+    ex: Executor, store: Store, record: CutPlan | None, state: NamespaceState
+) -> tuple[str, ...]:
+    undo = plan_mod.plan_restore(record, state)
+    errors = ex.undo(undo.ops)
+    if errors:
+        raise ApplyFailed("restore incomplete: " + "; ".join(errors))
+    store.remove()
+    lines = tuple(undo.lines())
+    if not undo.complete:
+        lines += (
+            "no record of the cut: removed netcut's marks only; routes it deleted are not put back",
+        )
+    return lines

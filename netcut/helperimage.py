@@ -1,0 +1,193 @@
+"""The default helper image, assembled from this host's own files: no registry, no package
+manager, no network (docs/netcut.md#the-offline-helper-image).
+
+The image holds bash (as /bin/sh, so the probe can use /dev/tcp), `ip` and `ss` (iproute2),
+`xtables-legacy-multi` as iptables-legacy/ip6tables-legacy with the whole xtables extension
+directory, and `timeout`, each under /netcut/bin, plus every shared library `ldd` names for
+them, at the paths the host's loader uses. It is imported with `RUNTIME import` from a tar
+streamed on stdin. Its tag is `netcut-helper:<hash>`, where the hash covers the layout and the
+path, size and mtime of every source file: a host upgrade of iproute2 or iptables yields a new
+tag, the same host always finds its image again without reading the files.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+
+from netcut.errors import TargetNotFound
+
+# Bump when the layout changes: it is part of the tag.
+LAYOUT_VERSION = "2"
+BIN = "/netcut/bin"
+# tool in the image -> names to look for on the host's PATH
+_TOOLS = {
+    "ip": ("ip",),
+    "ss": ("ss",),
+    "xtables-legacy-multi": ("xtables-legacy-multi",),
+    "timeout": ("timeout",),
+    "bash": ("bash",),
+}
+_LINKS = {
+    f"{BIN}/iptables-legacy": "xtables-legacy-multi",
+    f"{BIN}/ip6tables-legacy": "xtables-legacy-multi",
+    f"{BIN}/iptables-legacy-save": "xtables-legacy-multi",
+    f"{BIN}/ip6tables-legacy-save": "xtables-legacy-multi",
+    "/bin/sh": f"{BIN}/bash",
+    "/bin/bash": f"{BIN}/bash",
+}
+_DIRS = ("/bin", "/etc", "/run", "/tmp", "/proc", "/sys", "/dev", BIN)
+BUILD_TIMEOUT_S = 300.0
+# Where distributions put libxtables' extensions (Debian: multiarch, package iptables).
+_EXTENSION_DIRS = ("/usr/lib/*/xtables", "/usr/lib/xtables", "/lib/xtables", "/usr/lib64/xtables")
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The host files the image is made of: image path -> host path."""
+
+    tools: dict[str, str]
+    extensions: str  # the xtables extension directory, same path in the image
+
+    def files(self) -> dict[str, str]:
+        found = {f"{BIN}/{name}": path for name, path in self.tools.items()}
+        for path in sorted(glob.glob(os.path.join(self.extensions, "*.so"))):
+            found[path] = path
+        return found
+
+
+def find_sources() -> Sources:
+    """Locate the tools and the extension directory; TargetNotFound names what is missing
+    and the Debian package that ships it."""
+    tools: dict[str, str] = {}
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+    for name, candidates in _TOOLS.items():
+        found = next((p for c in candidates if (p := shutil.which(c, path=path))), None)
+        if found is None:
+            raise TargetNotFound(
+                f"building the helper image needs {name} on this host"
+                " (Debian packages: iproute2, iptables, coreutils, bash)"
+            )
+        tools[name] = os.path.realpath(found)
+    dirs = [
+        d
+        for pattern in (
+            "/usr/lib/*/xtables",
+            "/usr/lib/xtables",
+            "/lib/xtables",
+            "/usr/lib64/xtables",
+        )
+        for d in sorted(glob.glob(pattern))
+        if os.path.exists(os.path.join(d, "libxt_standard.so"))
+    ]
+    if not dirs:
+        raise TargetNotFound(
+            "building the helper image needs the xtables extension directory"
+            " (libxt_standard.so; Debian package: iptables)"
+        )
+    return Sources(tools, dirs[0])
+
+
+def image_tag(sources: Sources | None = None) -> str:
+    """`netcut-helper:<hash>` of the layout and the source files' path, size and mtime."""
+    sources = sources or find_sources()
+    h = hashlib.sha256(LAYOUT_VERSION.encode())
+    for inside, host in sorted(sources.files().items()):
+        st = os.stat(host)
+        h.update(f"{inside}\0{host}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "netcut-helper:" + h.hexdigest()[:12]
+
+
+def libraries(paths: list[str]) -> list[str]:
+    """Shared libraries (and the loader) `ldd` names for `paths`, as absolute paths."""
+    done = subprocess.run(["ldd", *paths], capture_output=True, text=True, timeout=60, check=False)
+    found: set[str] = set()
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts:
+            target = parts[parts.index("=>") + 1]
+            if target.startswith("/"):
+                found.add(target)
+        elif parts and parts[0].startswith("/") and not parts[0].endswith(":"):
+            found.add(parts[0])  # the loader: /lib64/ld-linux-x86-64.so.2 (0x...)
+    return sorted(found)
+
+
+def rootfs_tar(sources: Sources) -> bytes:
+    """The image's root filesystem as an uncompressed tar (deterministic: mtime 0, root)."""
+    files = sources.files()
+    for lib in libraries(sorted(set(files.values()))):
+        files.setdefault(lib, lib)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        made: set[str] = set()
+        for d in (*_DIRS, *sorted({os.path.dirname(p) for p in files})):
+            _mkdirs(tar, d, made)
+        for inside, host in sorted(files.items()):
+            with open(host, "rb") as f:
+                data = f.read()
+            info = _info(inside, tarfile.REGTYPE, 0o755)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for inside, target in sorted(_LINKS.items()):
+            info = _info(inside, tarfile.SYMTYPE, 0o777)
+            info.linkname = target
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def _info(path: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(path.lstrip("/"))
+    info.type, info.mode, info.mtime = kind, mode, 0
+    return info
+
+
+def _mkdirs(tar: tarfile.TarFile, path: str, made: set[str]) -> None:
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        if sub and sub not in made:
+            made.add(sub)
+            mode = 0o1777 if sub == "tmp" else 0o755
+            tar.addfile(_info(sub, tarfile.DIRTYPE, mode))
+
+
+@dataclass(frozen=True)
+class Built:
+    tag: str
+    size_bytes: int  # of the rootfs tar
+    seconds: float
+    files: int
+
+
+def build(runtime: str, tag: str | None = None) -> Built:
+    """Assemble the rootfs and `RUNTIME import` it as `tag` (default: `image_tag()`)."""
+    start = time.perf_counter()
+    sources = find_sources()
+    tag = tag or image_tag(sources)
+    data = rootfs_tar(sources)
+    try:
+        done = subprocess.run(
+            [runtime, "import", "-", tag],
+            input=data,
+            capture_output=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise TargetNotFound(f"container runtime {runtime} not found") from None
+    except subprocess.TimeoutExpired:
+        raise TargetNotFound(f"{runtime} import: no answer within {BUILD_TIMEOUT_S:g}s") from None
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
+        raise TargetNotFound(f"importing helper image {tag} with {runtime}: {why[0]}")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        count = sum(1 for m in tar.getmembers() if m.isfile())
+    return Built(tag, len(data), time.perf_counter() - start, count)

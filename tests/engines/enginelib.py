@@ -1,0 +1,140 @@
+"""Helpers for the real-engine tests (fixtures live in conftest.py): the daemons' sockets,
+the test image, and test containers (`Box`) on each engine."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+REQUIRE_ENV = "EGRESS_REQUIRE_ENGINE"
+RUN_DIR = os.environ.get("NETCUT_CI_RUN", "/run/netcut-ci")
+BOX = "netcut-ci-box:latest"
+CTR_NAMESPACE = "default"  # where up.sh imported the box image
+_counter = itertools.count(1)
+
+
+def _ci_env() -> None:
+    """Point the clients at up.sh's daemons when the caller did not choose."""
+    if not os.environ.get("DOCKER_HOST") and os.path.exists(f"{RUN_DIR}/docker.sock"):
+        os.environ["DOCKER_HOST"] = f"unix://{RUN_DIR}/docker.sock"
+    if not os.environ.get("CONTAINERD_ADDRESS") and os.path.exists(f"{RUN_DIR}/containerd.sock"):
+        os.environ["CONTAINERD_ADDRESS"] = f"{RUN_DIR}/containerd.sock"
+
+
+_ci_env()
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done
+
+
+def engine_down(engine: str) -> str | None:
+    """Why `engine` cannot be used, or None when it answers and has the box image."""
+    probes = {
+        "docker": ["docker", "image", "inspect", BOX],
+        "podman": ["podman", "image", "exists", BOX],
+        "containerd": ["ctr", "-n", CTR_NAMESPACE, "images", "ls", "-q"],
+    }
+    try:
+        done = sh(*probes[engine], check=False, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        return f"{engine}: {exc}"
+    if done.returncode != 0 or (engine == "containerd" and BOX not in done.stdout):
+        return f"{engine} has no engine or no {BOX} (run tests/engines/up.sh): {done.stderr[:200]}"
+    return None
+
+
+@dataclass
+class Box:
+    """A running test container: its engine, name, PID and the gateway it routes through."""
+
+    engine: str
+    name: str
+    pid: int
+    gateway: str
+    ip: str
+    cleanup: list[Callable[[], object]] = field(default_factory=list)
+
+    @property
+    def netns(self) -> str:
+        return f"/proc/{self.pid}/ns/net"
+
+    def routes(self) -> str:
+        return sh("nsenter", f"--net={self.netns}", "ip", "route", "show", "table", "all").stdout
+
+
+def _pid(engine: str, name: str) -> int:
+    out = sh(engine, "inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+    return int(out)
+
+
+def _ip(engine: str, name: str) -> str:
+    fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+    return sh(engine, "inspect", "--format", fmt, name).stdout.strip()
+
+
+def start_box(engine: str, *, drop_all: bool = True) -> Box:
+    name = f"nc-e{os.getpid()}-{next(_counter)}"
+    if engine == "containerd":
+        box = Box("containerd", name, 0, "", "")
+        try:
+            return _start_ctr_box(box)
+        except BaseException:
+            for step in box.cleanup:
+                step()
+            raise
+    # Without drop_all the container holds NET_RAW: docker's default set has it, podman's
+    # (containers.conf) does not, so it is added there.
+    caps = ["--cap-drop", "ALL"] if drop_all else []
+    if not drop_all and engine == "podman":
+        caps = ["--cap-add", "NET_RAW"]
+    net = ["--network", "nc-ci"] if engine == "docker" else []
+    sh(engine, "run", "-d", "--rm", "--name", name, *caps, *net, BOX, "sleep", "3600")
+    gateway = "198.19.251.1" if engine == "docker" else "198.19.252.1"
+    box = Box(engine, name, _pid(engine, name), gateway, _ip(engine, name))
+    kill = ["rm", "-f"] if engine == "docker" else ["rm", "-f", "-t", "0"]
+    box.cleanup.append(lambda: sh(engine, *kill, name, check=False))
+    return box
+
+
+def _start_ctr_box(box: Box) -> Box:
+    """`ctr run` gives a container no network; it gets a veth of its own here, the host side
+    in the root namespace on a /30 of 198.19.253.0/24 (the gateway it routes through)."""
+    ctr, name = ["ctr", "-n", CTR_NAMESPACE], box.name
+
+    def remove() -> None:
+        sh(*ctr, "tasks", "kill", "-s", "KILL", name, check=False)
+        for _ in range(100):
+            if sh(*ctr, "tasks", "delete", name, check=False).returncode == 0:
+                break
+            if "not found" in sh(*ctr, "tasks", "ls", check=False).stdout:
+                break
+        sh(*ctr, "containers", "delete", name, check=False)
+
+    box.cleanup.append(remove)
+    # ctr 1.6 knows no "ALL": drop, from every set, the capabilities that could undo a cut.
+    drop = [a for c in ("NET_RAW", "NET_ADMIN", "SYS_ADMIN") for a in ("--cap-drop", f"CAP_{c}")]
+    sh(*ctr, "run", "-d", *drop, f"docker.io/library/{BOX}", name, "sleep", "3600")
+    from netcut.target import parse_ctr_tasks
+
+    box.pid = parse_ctr_tasks(sh(*ctr, "task", "ls").stdout)[name][0]
+    n = (os.getpid() + next(_counter)) % 64
+    host, inside = f"198.19.253.{4 * n + 1}", f"198.19.253.{4 * n + 2}"
+    link = f"ncct{os.getpid() % 100000}x{n}"
+    sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", str(box.pid))
+    box.cleanup.insert(0, lambda: sh("ip", "link", "del", link, check=False))
+    sh("ip", "addr", "add", f"{host}/30", "dev", link)
+    sh("ip", "link", "set", link, "up")
+    inns = ["nsenter", f"--net={box.netns}", "ip"]
+    sh(*inns, "addr", "add", f"{inside}/30", "dev", "eth0")
+    sh(*inns, "link", "set", "eth0", "up")
+    sh(*inns, "link", "set", "lo", "up")
+    sh(*inns, "route", "add", "default", "via", host)
+    box.gateway, box.ip = host, inside
+    return box

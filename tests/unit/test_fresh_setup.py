@@ -1,0 +1,93 @@
+"""The fresh-machine install names the package of every file netcut loads (docs/netcut.md#install).
+
+The bug this guards against: dev.sh installed Debian's `iptables` only when `libip4tc` was
+missing, but python-iptables also loads the xtables extension directory (libxt_*.so), which
+only the `iptables` package ships; a machine with libip4tc2 alone failed with "can't find
+directory with extensions". Here every shared object python-iptables loads for netcut's
+backstop is traced to its Debian package, which must be in dev.sh's unconditional install list
+or a direct dependency of one there.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The extensions the backstop's rules use (netcut/backstop.py): tcp/udp matches, REJECT and
+# the standard target, for IPv4 and IPv6.
+EXTENSIONS = ("libxt_tcp.so", "libxt_udp.so", "libxt_standard.so", "libipt_REJECT.so",
+              "libip6t_REJECT.so")  # fmt: skip
+
+pytestmark = pytest.mark.skipif(shutil.which("dpkg") is None, reason="not a Debian machine")
+
+
+def _dev_sh_packages(name: str) -> set[str]:
+    text = (ROOT / "dev.sh").read_text()
+    match = re.search(rf"^{name}=\(([^)]*)\)", text, re.MULTILINE)
+    assert match, f"dev.sh has no {name}=(...) list"
+    return set(match.group(1).split())
+
+
+def _owner(path: str) -> str:
+    """The Debian package shipping `path` (tried as given, resolved, and with /usr moved)."""
+    real = os.path.realpath(path)
+    candidates = dict.fromkeys([path, real, real.removeprefix("/usr"), "/usr" + real])
+    for candidate in candidates:
+        done = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        if done.returncode == 0:
+            return done.stdout.split(":", 1)[0].strip()
+    raise AssertionError(f"no Debian package ships {path}")
+
+
+def _depends(package: str) -> set[str]:
+    done = subprocess.run(["dpkg-query", "-W", "-f", "${Depends} ${Pre-Depends}", package],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    names = re.findall(r"(?:^|[,|]\s*)([a-z0-9][a-z0-9.+-]+)", done.stdout)
+    return set(names)
+
+
+def _loaded_files() -> list[str]:
+    """What python-iptables opens: libxtables, libip4tc, libip6tc and the extensions."""
+    from iptc import ip4tc, ip6tc, xtables
+
+    sonames = [lib._name for lib in (xtables._lib_xtables, ip4tc._libiptc, ip6tc._libiptc)]
+    with open("/proc/self/maps") as f:  # where the loader found them
+        mapped = {line.split()[-1] for line in f if "/" in line}
+    files = [next(p for p in mapped if os.path.basename(p).startswith(n)) for n in sonames]
+    files += [os.path.join(xtables._xtables_libdir, name) for name in EXTENSIONS]
+    return files
+
+
+def test_every_loaded_file_comes_from_a_package_dev_sh_installs() -> None:
+    packages = _dev_sh_packages("SYSTEM_PACKAGES")
+    assert "iptables" in packages, "the xtables extension directory ships in `iptables`"
+    allowed = packages.union(*(_depends(p) for p in packages))
+    for path in _loaded_files():
+        assert os.path.exists(path), path
+        owner = _owner(path)
+        assert owner in allowed, f"{path} ships in {owner}, which dev.sh does not install"
+    assert _owner(_loaded_files()[-1]) == "iptables"
+
+
+def test_engine_packages_cover_the_engine_tests() -> None:
+    engines = _dev_sh_packages("ENGINE_PACKAGES")
+    assert {"podman", "docker.io", "containerd", "runc", "busybox-static"} <= engines
+    for tool, package in (("dockerd", "docker.io"), ("ctr", "containerd"), ("podman", "podman"),
+                          ("busybox", "busybox-static")):  # fmt: skip
+        found = shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
+        if found is not None:  # where it is installed, it came from that package
+            assert _owner(found) == package
+
+
+def test_ci_starts_the_engines_and_requires_them() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "EGRESS_REQUIRE_ENGINE=1" in ci
+    assert "./dev.sh engines" in ci
+    assert "tests/engines/down.sh" in ci.split("./dev.sh engines")[0], "stopped by a trap set first"
