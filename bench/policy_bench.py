@@ -54,10 +54,10 @@ def _timed(fn: Callable[[], object]) -> list[float]:
 
 
 def measure() -> dict[str, Any]:
-    from egress.addrs import AddressGuard
-    from egress.judge import judge
-    from egress.policy import Policy
-    from egress.target import make_target
+    from egress.policy.addrs import AddressGuard
+    from egress.policy.judge import judge
+    from egress.policy.rules import Policy
+    from egress.policy.target import make_target
 
     guard = AddressGuard()
     results = []

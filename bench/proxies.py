@@ -133,7 +133,8 @@ LISTENING = re.compile(rb"^listening on ([\d.]+):(\d+)\s*$", re.M)
 
 
 def wait_listening_line(proc: subprocess.Popen[bytes], log: Path) -> int:
-    """`egress serve` prints `listening on HOST:PORT` once it accepts (SPEC section 6)."""
+    """`egress serve` prints `listening on HOST:PORT` once it accepts
+    (docs/proxy.md#standalone-egress-serve)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         m = LISTENING.search(log.read_bytes())

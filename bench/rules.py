@@ -52,7 +52,8 @@ def _toml_list(items: list[str]) -> str:
 
 
 def egress_toml(rules: RuleSet) -> str:
-    """The policy file for `egress serve --policy` (SPEC: default, allow, block)."""
+    """The policy file for `egress serve --policy`: default, allow, block
+    (docs/policy.md#the-policy-file-toml)."""
     allow = rules.allow_wildcards + rules.allow_hosts + rules.allow_origins + rules.allow_cidrs
     block = rules.block_wildcards + rules.block_cidrs
     return (

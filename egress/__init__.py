@@ -6,8 +6,7 @@ Public API (everything else is internal)::
     async with AuditLog("audit.jsonl") as log, EgressProxy(policy, audit=log) as proxy: ...
 """
 
-from .addrs import AddressGuard, classify
-from .audit import AuditLog
+from .audit.log import AuditLog
 from .boundary import (
     Execution,
     ExecutionNotReady,
@@ -15,14 +14,15 @@ from .boundary import (
     prepare_execution,
     release_execution,
 )
-from .compose import compose, from_harbor, from_verifiers
 from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
-from .judge import judge
-from .netns import NamespaceError, listen_in_netns
-from .policy import Decision, Policy, Rule, parse_rule
-from .server import EgressProxy, Limits
-from .target import Target, make_target, normalize_host, parse_authority, parse_url
+from .policy.addrs import AddressGuard, classify
+from .policy.compose import compose, from_harbor, from_verifiers
+from .policy.judge import judge
+from .policy.rules import Decision, Policy, Rule, parse_rule
+from .policy.target import Target, make_target, normalize_host, parse_authority, parse_url
+from .proxy.netns import NamespaceError, listen_in_netns
+from .proxy.server import EgressProxy, Limits
 from .thread import ProxyThread
 
 __all__ = [

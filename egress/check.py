@@ -13,9 +13,16 @@ from dataclasses import dataclass
 
 from .config import Settings
 from .errors import TargetError
-from .judge import judge
-from .policy import Decision
-from .target import IPAddress, Target, canonical_addresses, make_target, parse_url, split_host_port
+from .policy.judge import judge
+from .policy.rules import Decision
+from .policy.target import (
+    IPAddress,
+    Target,
+    canonical_addresses,
+    make_target,
+    parse_url,
+    split_host_port,
+)
 
 Resolver = Callable[[str], Sequence[IPAddress]]
 

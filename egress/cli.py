@@ -1,4 +1,4 @@
-"""The `egress` command line (SPEC 6): serve, check, audit.
+"""The `egress` command line: serve, check, audit (docs/proxy.md#standalone-egress-serve).
 
 Exit codes: 0 success, 1 the check failed (a target blocked), 2 bad usage or bad input (a
 short error naming the culprit, never a traceback).
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .check import check_target, system_resolver
-    from .lint import lint_policy
+    from .policy.lint import lint_policy
 
     settings = settings_from_args(args)
     if args.lint:
@@ -92,7 +92,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["audit"]:
-        from .auditcli import audit_main
+        from .audit.cli import audit_main
 
         return int(audit_main(argv[1:]))
     parser = build_parser()

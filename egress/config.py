@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from .addrs import AddressGuard, IPNetwork, parse_cidr
 from .errors import PolicyError, TargetError
-from .policy import Policy, Posture
-from .target import IPAddress, normalize_host, parse_ip_literal
+from .policy.addrs import AddressGuard, parse_cidr
+from .policy.rules import Policy, Posture
+from .policy.target import IPAddress, IPNetwork, normalize_host, parse_ip_literal
 from .validate import as_bool, as_instance, as_str, as_str_list, as_table
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ T = TypeVar("T")
 _TOP_KEYS = {
     "default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private",
     "clients",
-}  # fmt: skip
+}
 _CLIENT_KEYS = {"token", "token_env", "sources", "default", "allow", "block", "framework_routes"}
 
 
@@ -114,7 +114,7 @@ def load_policy_file(path: str) -> dict[str, Any]:
         raise PolicyError(f"policy file {path!r}: invalid TOML ({exc})") from None
     except UnicodeDecodeError as exc:
         raise PolicyError(f"policy file {path!r}: not UTF-8 text ({exc.reason} at byte "
-                          f"{exc.start})") from None  # fmt: skip
+                          f"{exc.start})") from None
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise PolicyError(f"policy file {path!r}: unknown keys {sorted(unknown)}")

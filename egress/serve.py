@@ -1,4 +1,4 @@
-"""`egress serve`: the proxy as a standalone process (SPEC 6).
+"""`egress serve`: the proxy as a standalone process (docs/proxy.md#standalone-egress-serve).
 
 Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts
 (`listening on HOST:PORT socks5` for a `--socks` listener).
@@ -18,7 +18,8 @@ import sys
 from typing import Any
 
 from .config import Settings
-from .server import EgressProxy, Limits, parse_listen
+from .policy.target import join_host_port
+from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 
 
@@ -77,7 +78,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--idle-timeout", type=float, default=lim.idle_timeout, metavar="S")
     g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N")
     g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
-    g.add_argument("--quiet", action="store_true", help="no warnings on stderr")  # fmt: skip
+    g.add_argument("--quiet", action="store_true", help="no warnings on stderr")
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -91,11 +92,11 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
         max_head=args.max_head, max_headers=args.max_headers, head_timeout=args.head_timeout,
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
         max_connections=args.max_connections,
-    )  # fmt: skip
+    )
 
 
 def _open_audit(args: argparse.Namespace) -> Any:
-    from .audit import AuditLog
+    from .audit.log import AuditLog
 
     return AuditLog(args.audit_log, fail_mode=args.audit_fail, keep_query=args.audit_keep_query)
 
@@ -119,7 +120,7 @@ def _lint_in_child(settings: Settings) -> None:
         out = subprocess.run(
             [sys.executable, "-c", code], input=json.dumps([rules, blocks]), text=True,
             capture_output=True, timeout=60, check=True,
-        ).stdout  # fmt: skip
+        ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"egress serve: warning: policy lint did not run: {exc}", file=sys.stderr)
         return
@@ -135,14 +136,14 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         await audit.start()
     except (OSError, ValueError) as exc:
         print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
         return 2
     proxy = EgressProxy(
         settings, listen=args.listen or ["127.0.0.1:3128"], socks=args.socks,
         listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
         sni_missing=args.sni_missing,
-    )  # fmt: skip
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,11 +151,9 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         await proxy.start()
         for host, port in proxy.addresses:
-            shown = f"[{host}]" if ":" in host else host
-            print(f"listening on {shown}:{port}", flush=True)
+            print(f"listening on {join_host_port(host, port)}", flush=True)
         for host, port in proxy.socks_addresses:
-            shown = f"[{host}]" if ":" in host else host
-            print(f"listening on {shown}:{port} socks5", flush=True)
+            print(f"listening on {join_host_port(host, port)} socks5", flush=True)
         await stop.wait()
     finally:
         await proxy.stop()

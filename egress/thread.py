@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .server import EgressProxy
+from .proxy.server import EgressProxy
 
 
 class ProxyThread:

@@ -126,11 +126,17 @@ def _why(text: str, code: int | None) -> str:
 
 def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
     """Capabilities the container's processes may hold that could undo a cut, judged from
-    `inspect` (the host cannot read the container's /proc in this mode). The engines' default
-    set includes NET_RAW, so a container that does not drop it is reported."""
+    `inspect` (the host cannot read the container's /proc in this mode). podman reports the
+    container's bounding set (`BoundingCaps`), which is judged as it is; docker reports only
+    what was added and dropped relative to its default set, which includes NET_RAW, so a
+    docker container that does not drop it is reported."""
     host = info.get("HostConfig") or {}
     if host.get("Privileged"):
         return ("container is privileged (all capabilities)",)
+    bounding = info.get("BoundingCaps")
+    if isinstance(bounding, list):
+        held = {str(c).upper().removeprefix("CAP_") for c in bounding} & _DANGEROUS
+        return tuple(f"container may hold CAP_{name} (bounding set)" for name in sorted(held))
     added = {str(c).upper().removeprefix("CAP_") for c in host.get("CapAdd") or ()}
     dropped = {str(c).upper().removeprefix("CAP_") for c in host.get("CapDrop") or ()}
     held = set(_DANGEROUS & added) if "ALL" not in added else set(_DANGEROUS)

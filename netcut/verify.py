@@ -8,8 +8,9 @@ open the backstop without removing it. Each invariant answers with readable line
 
  1. backstop, per family the plan installed: chain NETCUT holds exactly the planned rules in
     order, and OUTPUT jumps to it with nothing but DROP/REJECT ahead of the jump;
- 2. routes, every table: no unicast route leaves by a real interface unless it is one of the
-    plan's keep routes (same key, interface and gateway), and every keep route is there;
+ 2. routes, every table: no unicast route (nor a broadcast/multicast one outside the local
+    table) leaves by a real interface unless it is one of the plan's keep routes (same key,
+    interface and gateway), and every keep route is there;
  3. policy rules: none (beyond the kernel's three defaults) leads to a table with such a route;
  4. IPv6: the sysctls the cut sets (disable_ipv6=1, accept_ra=0) hold for every interface now
     present, and no interface but loopback holds an IPv6 address;
@@ -32,6 +33,7 @@ from netcut.model import (
     CHAIN,
     FR_ACT_TO_TBL,
     NAT_CHAIN,
+    RT_TABLE_LOCAL,
     RTN_UNICAST,
     AddBackstop,
     Addr,
@@ -55,6 +57,8 @@ Verdict: TypeAlias = Literal["ACCEPT", "REJECT", "REJECT-RST"]
 DEFAULT_RULES = frozenset({(0, 255), (32766, 254), (32767, 253)})
 # Verdicts that can only close more: harmless ahead of the jump to NETCUT.
 _CLOSING = frozenset({"DROP", "REJECT"})
+# linux/rtnetlink.h: RTN_BROADCAST, RTN_ANYCAST, RTN_MULTICAST
+_CASTS = frozenset({3, 4, 5})
 _ANY_PROTO = frozenset({"", "ip", "ipv6", "all", "0"})
 _REJECT_DEFAULT = frozenset({"icmp-port-unreachable", "icmp6-port-unreachable"})
 
@@ -260,10 +264,15 @@ def leaving_routes(ops: tuple[Op, ...], state: NamespaceState) -> list[Route]:
     kept = {_route_id(r) for r in _planned_routes(ops)}
     loopbacks = state.loopback_indexes
     return [
-        r
-        for r in state.routes
-        if r.type == RTN_UNICAST and r.oif not in loopbacks and _route_id(r) not in kept
+        r for r in state.routes if _sends(r) and r.oif not in loopbacks and _route_id(r) not in kept
     ]
+
+
+def _sends(r: Route) -> bool:
+    """A route that sends packets out of an interface: unicast anywhere; broadcast, anycast
+    or multicast outside the local table (where the kernel keeps its own for each address,
+    which a cut leaves in place: only loopback and the kept destinations pass the backstop)."""
+    return r.type == RTN_UNICAST or (r.type in _CASTS and r.table != RT_TABLE_LOCAL)
 
 
 def _missing_routes(planned: list[Route], state: NamespaceState) -> list[Route]:

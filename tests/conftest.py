@@ -1,4 +1,4 @@
-"""Shared fixtures: root-only gating, the 198.18/15 safety net, test hosts (SPEC 8)."""
+"""Shared fixtures: root-only gating, the 198.18/15 safety net, test hosts in namespaces."""
 
 from __future__ import annotations
 

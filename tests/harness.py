@@ -1,4 +1,4 @@
-"""Test hosts in network namespaces (SPEC 8): real kernel networking, always removed.
+"""Test hosts in network namespaces: real kernel networking, always removed.
 
 A `TestHost` is a namespace `egt-<pid>-<n>` joined to the root namespace by a veth pair, the
 root side holding 198.18.X.1/30 and the namespace side 198.18.X.2/30 — addresses only from
@@ -6,7 +6,7 @@ root side holding 198.18.X.1/30 and the namespace side 198.18.X.2/30 — address
 carries the creating pid, so a sweep can remove what a killed run left behind.
 
 Servers for a test host are created from the test process itself: a thread enters the
-namespace only to create and bind the listening socket (`egress.netns.listen_in_netns`), and
+namespace only to create and bind the listening socket (`egress.proxy.netns.listen_in_netns`), and
 the test's event loop serves it. Clients run inside namespaces with `ip netns exec`.
 """
 
@@ -143,7 +143,7 @@ SAFETY_NET = "198.18.0.0/15"
 
 @contextlib.contextmanager
 def safety_net() -> Iterator[bool]:
-    """A `prohibit 198.18.0.0/15` route in the root namespace while tests run (SPEC 8).
+    """A `prohibit 198.18.0.0/15` route in the root namespace while tests run.
 
     Test hosts' connected /30 routes are more specific and still win; a packet to any other
     198.18/15 address fails locally instead of following the default route off the machine.
@@ -178,7 +178,7 @@ def link(a: TestHost, b: TestHost) -> Link:
     addr_a, addr_b = _subnet(os.getpid() * 37 + n)
     name_a, name_b = f"egl{tag}", f"egm{tag}"
     ip("link", "add", name_a, "netns", a.ns, "type", "veth", "peer", "name", name_b,
-       "netns", b.ns)  # fmt: skip
+       "netns", b.ns)
     ip("-n", a.ns, "addr", "add", f"{addr_a}/30", "dev", name_a)
     ip("-n", b.ns, "addr", "add", f"{addr_b}/30", "dev", name_b)
     ip("-n", a.ns, "link", "set", name_a, "up")

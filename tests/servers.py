@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from egress.netns import listen_in_netns
+from egress.proxy.netns import listen_in_netns
 
 from harness import TestHost
 

@@ -1,4 +1,4 @@
-"""The execution boundary end to end, through the public API only (SPEC 1, issue 5).
+"""The execution boundary end to end, through the public API only (docs/user-guide.md#the-flow).
 
 Topology: `sandbox` and `upstream` are test hosts; a direct veth joins them (setup traffic
 goes that way), and the proxy in this process reaches `upstream` through its own veth.
@@ -29,7 +29,7 @@ from servers import Origin, run, start_origin
 pytestmark = pytest.mark.netns
 
 AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-         "--bounding-set=-all", "--"]  # fmt: skip
+         "--bounding-set=-all", "--"]
 
 
 @dataclass
@@ -61,7 +61,7 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
     settings = build_settings(
         {}, resolve=[f"pypi.test={upstream.addr_ns}", f"evil.test={upstream.addr_ns}",
                      "loopy.test=127.0.0.1"],
-    )  # fmt: skip
+    )
     proxy = EgressProxy(settings, listen=["127.0.0.1:0"])
     await proxy.start()
     try:
@@ -75,14 +75,14 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
 async def in_sandbox(scene: Scene, env: dict[str, str], *argv: str) -> tuple[int, str, str]:
     envargs = [f"{k}={v}" for k, v in env.items()]
     return await run("ip", "netns", "exec", scene.sandbox.ns, "env", "-i",
-                     "PATH=/usr/bin:/bin", *envargs, *AGENT, *argv)  # fmt: skip
+                     "PATH=/usr/bin:/bin", *envargs, *AGENT, *argv)
 
 
 async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     up = scene.direct.addr_b
     # setup: online, straight to the upstream over the direct link
     rc, out, err = await in_sandbox(scene, {}, "curl", "-sS", "--max-time", "5",
-                                    f"http://{up}/setup")  # fmt: skip
+                                    f"http://{up}/setup")
     assert rc == 0, err
     assert json.loads(out)["path"] == "/setup"
 
@@ -91,38 +91,38 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     execution = await prepare_execution(
         scene.sandbox.ns, policy, scene.proxy, framework_routes=[route],
         expect_blocked=[f"{up}:80"],
-    )  # fmt: skip
+    )
     env = dict(execution.env)
     assert env["HTTPS_PROXY"] == env["https_proxy"] == execution.proxy_url
     assert "127.0.0.1" in env["NO_PROXY"].split(",")
 
     # the agent, with no capabilities, reaches an allowed host through the proxy
     rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    "http://pypi.test/simple/")  # fmt: skip
+                                    "http://pypi.test/simple/")
     assert rc == 0, err
     assert json.loads(out)["path"] == "/simple/"
     # ... is refused a blocked host, with the reason
     rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "-i", "--max-time", "5",
-                                    "http://evil.test/")  # fmt: skip
+                                    "http://evil.test/")
     assert " 403 " in out.splitlines()[0]
     assert "evil.test" in out
     # ... cannot connect directly (the route is gone, and the backstop drops it)
     rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--noproxy", "*",
-                                    "--max-time", "3", f"http://{up}/direct")  # fmt: skip
+                                    "--max-time", "3", f"http://{up}/direct")
     assert rc != 0
     # ... cannot re-add a route (no capabilities)
     rc, _, _ = await in_sandbox(scene, env, "ip", "route", "add", "default", "via",
-                                scene.sandbox.addr_root)  # fmt: skip
+                                scene.sandbox.addr_root)
     assert rc != 0
     # ... a loopback trick through the proxy is refused
     rc, out, _ = await in_sandbox(scene, env, "curl", "-sS", "-i", "--max-time", "5",
-                                  "http://loopy.test/")  # fmt: skip
+                                  "http://loopy.test/")
     assert " 403 " in out.splitlines()[0]
     # ... and reaches the framework route at its rewritten URL, directly on its loopback
     url = execution.framework_urls[route]
     assert url.startswith("http://127.0.0.1:")
     rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    url + "/models")  # fmt: skip
+                                    url + "/models")
     assert rc == 0, err
     assert json.loads(out) == {"model": "ok", "path": "/v1/models"}
     assert [s.path for s in scene.origin.seen] == ["/setup", "/simple/"]
@@ -131,7 +131,7 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     again = await prepare_execution(
         scene.sandbox.ns, policy, scene.proxy, framework_routes=[route],
         token=execution.token,
-    )  # fmt: skip
+    )
     assert again.proxy_url == execution.proxy_url
     await release_execution(scene.proxy, execution, restore=True)
     assert not (await netcut.status_async(scene.sandbox.ns)).is_cut
@@ -143,7 +143,7 @@ async def test_fails_closed_when_the_cut_cannot_be_proven(scene: Scene) -> None:
         await prepare_execution(
             scene.sandbox.ns, Policy(), scene.proxy,
             expect_blocked=[f"127.0.0.1:{3128}"],  # the proxy itself answers: not blocked
-        )  # fmt: skip
+        )
     await netcut.restore_async(scene.sandbox.ns)
 
 
@@ -154,32 +154,32 @@ async def test_gateway_mode_keeps_only_the_proxy_on_the_gateway(scene: Scene) ->
     execution = await prepare_execution(
         scene.sandbox.ns, policy, scene.proxy, framework_routes=[route], mode="gateway",
         proxy_port=0, expect_blocked=[f"{up}:80"],
-    )  # fmt: skip
+    )
     gateway = scene.sandbox.addr_root
     assert f"@{gateway}:" in execution.proxy_url
     assert execution.framework_urls[route].startswith(f"http://{gateway}:")
     env = dict(execution.env)
     assert env["NO_PROXY"] == gateway
     rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    "http://pypi.test/gw")  # fmt: skip
+                                    "http://pypi.test/gw")
     assert rc == 0, err
     assert json.loads(out)["path"] == "/gw"
     rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    execution.framework_urls[route] + "/m")  # fmt: skip
+                                    execution.framework_urls[route] + "/m")
     assert rc == 0, err
     assert json.loads(out)["path"] == "/v1/m"
     # without the token, the shared gateway listener knows the sandbox by its address
     proxy_at = f"http://{gateway}:{execution.listeners[0].port}"
     rc, out, err = await in_sandbox(scene, {}, "curl", "-sS", "--max-time", "5", "-x",
-                                    proxy_at, "http://pypi.test/anon")  # fmt: skip
+                                    proxy_at, "http://pypi.test/anon")
     assert rc == 0, err
     assert json.loads(out)["path"] == "/anon"
     # a wrong token is refused, and another host without a token gets the proxy's own policy
     rc, out, _ = await in_sandbox(scene, {}, "curl", "-sS", "-i", "--max-time", "5", "-x",
                                   proxy_at.replace("http://", "http://x:wrong@"),
-                                  "http://pypi.test/")  # fmt: skip
+                                  "http://pypi.test/")
     assert " 407 " in out.splitlines()[0]
     rc, out, _ = await run("ip", "netns", "exec", scene.upstream.ns, "curl", "-sS", "-i",
-                           "--max-time", "5", "-x", proxy_at, "http://pypi.test/")  # fmt: skip
+                           "--max-time", "5", "-x", proxy_at, "http://pypi.test/")
     assert " 403 " in out.splitlines()[0]
     await release_execution(scene.proxy, execution, restore=True)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from egress.clients import Identity
-from egress.dnsanswer import FakeIPs
-from egress.dnsserve import open_dns
-from egress.policy import Policy
-from egress.server import EgressProxy, Listener
+from egress.policy.rules import Policy
+from egress.proxy.clients import Identity
+from egress.proxy.dnsanswer import FakeIPs
+from egress.proxy.dnsserve import open_dns
+from egress.proxy.listener import Listener
+from egress.proxy.server import EgressProxy
 
 import harness
 from proxykit import MemoryAudit

@@ -61,7 +61,7 @@ async def test_no_slow_callbacks_on_the_loop(
                     assert (await raw_exchange(*addr, b"GET http://evil.test/ HTTP/1.1\r\n"
                                                b"Connection: close\r\n\r\n")).startswith(
                         b"HTTP/1.1 403"
-                    )  # fmt: skip
+                    )
     finally:
         loop.set_debug(False)
         echo_srv.close()

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from egress.config import ClientSpec, Settings, build_settings
-from egress.policy import Policy
-from egress.server import EgressProxy, Limits
+from egress.policy.rules import Policy
+from egress.proxy.server import EgressProxy, Limits
 
 import harness
 from proxykit import MemoryAudit, raw_exchange, read_response
@@ -502,7 +502,7 @@ async def tls_world(world: World, cert: tuple[str, str]) -> AsyncIterator[World]
         finally:
             writer.close()
 
-    from egress.netns import listen_in_netns
+    from egress.proxy.netns import listen_in_netns
 
     sock = listen_in_netns(world.host.ns, "0.0.0.0", 443)
     server = await asyncio.start_server(tls_echo, sock=sock, ssl=ctx)

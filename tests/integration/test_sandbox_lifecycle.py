@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import _REGISTRIES, ExecutionNotReady, ReleaseFailed
-from egress.netns import run_in_netns
+from egress.proxy.netns import call_in_netns_thread
 
 import harness
 from servers import Origin, run, start_origin
@@ -37,7 +37,7 @@ from servers import Origin, run, start_origin
 pytestmark = pytest.mark.netns
 
 AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-         "--bounding-set=-all", "--"]  # fmt: skip
+         "--bounding-set=-all", "--"]
 ROUNDS = 200
 
 
@@ -96,7 +96,7 @@ async def codes(host: harness.TestHost, proxy_url: str | None, *urls: str) -> li
     proxy = ["-x", proxy_url] if proxy_url else ["--noproxy", "*"]
     outs = [a for _ in urls for a in ("-o", "/dev/null")]
     _, out, _ = await run("ip", "netns", "exec", host.ns, *AGENT, "curl", "-s", "--max-time",
-                             "5", *proxy, *outs, "-w", "%{http_code}\\n", *urls)  # fmt: skip
+                             "5", *proxy, *outs, "-w", "%{http_code}\\n", *urls)
     return out.split()
 
 
@@ -125,7 +125,7 @@ async def test_no_verdict_survives_its_sandbox_over_many_rounds(scene: Scene) ->
         execution = await prepare_execution(
             scene.sandbox.ns, policy, scene.proxy,
             framework_routes=[scene.route, named] if with_route else [],
-        )  # fmt: skip
+        )
         got = await codes(scene.sandbox, execution.proxy_url, target, service, by_name)
         want = ["200" if allow_ip else "403", *(["200" if with_route else "403"] * 2)]
         if got != want:
@@ -149,9 +149,9 @@ async def test_gateway_release_forgets_token_and_source_and_keeps_shared_listene
     before = len(scene.proxy.listeners)
     gw = scene.sandbox.addr_root  # both sandboxes reach the host at this address
     a = await prepare_execution(scene.sandbox.ns, Policy(allow=[scene.ip]), scene.proxy,
-                                mode="gateway", gateway=gw, proxy_port=0)  # fmt: skip
+                                mode="gateway", gateway=gw, proxy_port=0)
     b = await prepare_execution(scene.other.ns, Policy(allow=[scene.ip]), scene.proxy,
-                                mode="gateway", gateway=gw, proxy_port=0)  # fmt: skip
+                                mode="gateway", gateway=gw, proxy_port=0)
     shared = a.listeners[0]
     assert b.listeners[0] is shared  # one listener, two holders
     bare = f"http://{gw}:{shared.port}"
@@ -176,7 +176,7 @@ async def test_gateway_release_forgets_token_and_source_and_keeps_shared_listene
     assert scene.lifecycle() == [(scene.sandbox.ns, "sandbox_added"),
                                  (scene.other.ns, "sandbox_added"),
                                  (scene.sandbox.ns, "sandbox_removed"),
-                                 (scene.other.ns, "sandbox_removed")]  # fmt: skip
+                                 (scene.other.ns, "sandbox_removed")]
 
 
 @pytest.mark.parametrize("mode", ["loopback", "gateway"])
@@ -213,7 +213,7 @@ async def test_failed_prepare_leaves_nothing_open(scene: Scene) -> None:
         await prepare_execution(
             scene.sandbox.ns, Policy(allow=[scene.ip]), scene.proxy,
             framework_routes=[scene.route], expect_blocked=["127.0.0.1:3128"],
-        )  # fmt: skip
+        )
     assert_nothing_left(scene, before)
     # nothing answers inside the sandbox any more (before: the proxy listener stayed open)
     assert await codes(scene.sandbox, None, "http://127.0.0.1:3128/") == ["000"]
@@ -256,7 +256,7 @@ OPS = st.one_of(
 
 @pytest.mark.netns
 @settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=1, max_size=8))
 def test_random_lifecycles_follow_the_model(
     test_host_factory: object, ops: list[tuple[str, int, str]]
@@ -296,7 +296,7 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
                 policy = Policy(allow=[at]) if kind == "allow_ip" else Policy()
                 routes = [route] if kind == "route" else []
                 execution = await prepare_execution(boxes[box].ns, policy, proxy,
-                                                    framework_routes=routes)  # fmt: skip
+                                                    framework_routes=routes)
                 live[box], urls[box], model[box] = execution, execution.proxy_url, kind
             elif op == "release" and box in live:
                 await release_execution(proxy, live.pop(box))  # type: ignore[arg-type]
@@ -304,7 +304,7 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
             elif op == "request" and box in urls:
                 got = await codes(boxes[box], urls[box], f"http://{at}/r", f"{route}/r")
                 want = {None: ["000", "000"], "allow_ip": ["200", "403"],
-                        "nothing": ["403", "403"], "route": ["403", "200"]}[model[box]]  # fmt: skip
+                        "nothing": ["403", "403"], "route": ["403", "200"]}[model[box]]
                 assert got == want, (ops, box, model)
                 gc.collect()
         for execution in live.values():
@@ -323,7 +323,7 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
 async def test_release_closes_connections_open_on_the_sandbox_listener(scene: Scene) -> None:
     """A tunnel opened before the release does not outlive it with the old policy."""
     execution = await prepare_execution(scene.sandbox.ns, Policy(allow=[f"{scene.ip}:80"]),
-                                        scene.proxy)  # fmt: skip
+                                        scene.proxy)
     port = execution.listeners[0].port
 
     def connect() -> socket.socket:  # a socket made inside the sandbox stays in it
@@ -333,7 +333,8 @@ async def test_release_closes_connections_open_on_the_sandbox_listener(scene: Sc
 
     tunnel_logged = asyncio.Event()
     scene.proxy.hooks.append(lambda e: tunnel_logged.set() if e["method"] == "CONNECT" else None)
-    reader, writer = await asyncio.open_connection(sock=run_in_netns(scene.sandbox.ns, connect))
+    sock = call_in_netns_thread(scene.sandbox.ns, connect)
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(f"CONNECT {scene.ip}:80 HTTP/1.1\r\nHost: {scene.ip}:80\r\n\r\n".encode())
     async with asyncio.timeout(5):
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")

@@ -20,7 +20,7 @@ import pytest
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import ExecutionNotReady
-from egress.netns import NamespaceError, namespace_path
+from egress.proxy.netns import NamespaceError, namespace_path
 
 import harness
 from servers import Origin, run, start_origin
@@ -28,7 +28,7 @@ from servers import Origin, run, start_origin
 pytestmark = pytest.mark.netns
 
 CAPLESS = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-           "--bounding-set=-all", "--"]  # fmt: skip
+           "--bounding-set=-all", "--"]
 
 
 @dataclass
@@ -92,7 +92,7 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
 async def fetch(scene: Scene, proxy_url: str) -> str:
     _, out, _ = await run("ip", "netns", "exec", scene.sandbox.ns, *CAPLESS, "curl", "-s",
                           "--max-time", "5", "-x", proxy_url, "-o", "/dev/null", "-w",
-                          "%{http_code}", f"http://{scene.upstream.addr_ns}/")  # fmt: skip
+                          "%{http_code}", f"http://{scene.upstream.addr_ns}/")
     return out.strip()
 
 

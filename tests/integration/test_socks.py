@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from egress import socks5
 from egress.config import ClientSpec, build_settings
-from egress.netns import listen_in_netns
-from egress.policy import Policy
-from egress.server import EgressProxy
+from egress.policy.rules import Policy
+from egress.proxy import socks5
+from egress.proxy.netns import listen_in_netns
+from egress.proxy.server import EgressProxy
 
 import harness
 from proxykit import MemoryAudit

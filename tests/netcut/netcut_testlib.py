@@ -209,7 +209,9 @@ def root_snapshot() -> dict[str, list[str]]:
     snap: dict[str, list[str]] = {"links": sorted(name for _, name in socket.if_nameindex())}
     for fam in ("-4", "-6"):
         out = sh("ip", fam, "route", "show", "table", "all", check=False).stdout
-        snap[f"routes{fam}"] = sorted(out.splitlines())
+        # "linkdown" flips with a link's carrier (another engineer's container bridge gaining
+        # or losing its last port): a state of the link, not a change of the route.
+        snap[f"routes{fam}"] = sorted(line.replace(" linkdown", "") for line in out.splitlines())
     for key in ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"):
         with open(f"/proc/sys/{key}") as f:
             snap[key] = [f.read().strip()]

@@ -10,6 +10,7 @@ picks containerd when it answers. Skips without containerd, unless EGRESS_REQUIR
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import shutil
@@ -203,3 +204,36 @@ def test_autodetection_passes_a_silent_docker_and_picks_containerd(
     assert target.resolve_target("container:auto").pid == pid
     monkeypatch.delenv("CONTAINERD_NAMESPACE")
     assert target.resolve_target(f"containerd:{containerd.namespace}/auto").pid == pid
+
+
+async def test_prepare_execution_takes_a_containerd_task(containerd: Containerd) -> None:
+    """The boundary with a container target: its listener opens in the task's namespace (the
+    proxy answers a request made there), the cut holds, and release restores it."""
+    from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
+
+    pid = containerd.run("agent", "--cap-drop", "CAP_NET_RAW")
+    proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
+    await proxy.start()
+    try:
+        sandbox = f"containerd:{containerd.namespace}/agent"
+        ex = await prepare_execution(sandbox, Policy(), proxy)
+        assert ex.sandbox == sandbox
+        assert ex.client_id == "containerd-agent"
+        assert netcut.status(pid).is_cut
+        answer = await asyncio.to_thread(_ask_proxy_from, pid, ex.token)
+        assert answer.startswith(b"HTTP/1.1 403"), answer  # the default posture refuses
+        await release_execution(proxy, ex, restore=True)
+        assert netcut.status(pid).state == "not cut"
+    finally:
+        await proxy.stop()
+
+
+def _ask_proxy_from(pid: int, token: str) -> bytes:
+    from pyroute2.netns import create_socket
+
+    sock = create_socket(f"/proc/{pid}/ns/net", socket.AF_INET, socket.SOCK_STREAM, flags=0)
+    with sock:
+        sock.settimeout(5)
+        sock.connect(("127.0.0.1", 3128))
+        sock.sendall(b"GET http://198.18.0.1/ HTTP/1.1\r\nHost: 198.18.0.1\r\n\r\n")
+        return sock.recv(4096)

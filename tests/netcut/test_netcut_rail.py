@@ -9,7 +9,11 @@ dropped, or no_new_privs set (execve then grants nothing), the cut goes ahead.
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
+import struct
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 from netcut_testlib import Topology, wait_for
@@ -83,3 +87,44 @@ def test_no_way_back_to_the_capability_is_allowed(topo: Topology, extra: list[st
     finally:
         proc.kill()
         proc.wait()
+
+
+def set_file_caps(path: pathlib.Path, permitted: int) -> None:
+    """`setcap CAPS+ep PATH` without libcap: the security.capability xattr, revision 2
+    (linux/capability.h: magic | VFS_CAP_FLAGS_EFFECTIVE, then permitted and inheritable
+    for the low and the high 32 capabilities)."""
+    value = struct.pack("<5I", 0x02000000 | 1, permitted & 0xFFFFFFFF, 0, permitted >> 32, 0)
+    os.setxattr(path, "security.capability", value)
+
+
+@pytest.fixture
+def file_cap_python() -> Iterator[str]:
+    """A copy of the interpreter with file capability cap_net_raw+ep, executable by nobody."""
+    where = pathlib.Path(f"/tmp/ncrail{os.getpid()}")
+    where.mkdir(mode=0o755)
+    try:
+        binary = where / "python"
+        shutil.copy(os.path.realpath("/usr/bin/python3"), binary)
+        set_file_caps(binary, 1 << 13)  # cap_net_raw+ep
+        yield str(binary)
+    finally:
+        shutil.rmtree(where)
+
+
+RAW = "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW); print('raw socket')"
+
+
+@pytest.mark.parametrize(
+    ("bounding", "regained"),
+    [("-all,+net_raw", True), ("-all", False)],
+    ids=["bounding-keeps-net-raw", "bounding-dropped"],
+)
+def test_why_the_bounding_set_counts(file_cap_python: str, bounding: str, regained: bool) -> None:
+    """The escape the rail closes: a capless nobody process opens a raw socket by executing a
+    file-capability binary, exactly when its bounding set keeps NET_RAW. (A raw socket only
+    opened, never sent on.)"""
+    done = subprocess.run(
+        ["setpriv", *NOBODY, f"--bounding-set={bounding}", "--", file_cap_python, "-c", RAW],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert (done.stdout.strip() == "raw socket") is regained, done.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from egress.audit import AuditLog
+from egress.audit.log import AuditLog
 
 # (count, event) pairs: the sample log's contents, in order.
 SAMPLE: list[tuple[int, dict[str, object]]] = [

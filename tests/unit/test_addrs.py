@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from egress.addrs import AddressGuard, classify, parse_cidr
-from egress.judge import judge
-from egress.policy import Policy
-from egress.target import make_target
+from egress.policy.addrs import AddressGuard, classify, parse_cidr
+from egress.policy.judge import judge
+from egress.policy.rules import Policy
+from egress.policy.target import make_target
 
 CASES = [
     ("loopback", "127.0.0.1", "loopback"),

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from audit_samples import SAMPLE, sample_events, write_sample
 
-from egress.audit import AuditLog
-from egress.auditcli import audit_main
-from egress.auditfmt import canonical_ts
-from egress.auditread import Follower, GapFiller, client_ip, host_matches, order_paths
+from egress.audit.cli import audit_main
+from egress.audit.log import AuditLog
+from egress.audit.read import Follower, GapFiller, client_ip, host_matches, order_paths
+from egress.audit.timebounds import canonical_ts
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +306,7 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     script = textwrap.dedent("""
         import sys
-        from egress.auditcli import audit_main
+        from egress.audit.cli import audit_main
         sys.exit(audit_main(sys.argv[1:]))
     """)
     child = await asyncio.create_subprocess_exec(
@@ -496,7 +496,7 @@ def write_big_log(path: Path, lines: int) -> None:
 
 PEAK_SCRIPT = textwrap.dedent("""
     import json, resource, sys
-    from egress.auditcli import audit_main
+    from egress.audit.cli import audit_main
     code = audit_main(["summarize", "--json", sys.argv[1]])
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"code": code, "peak_kib": peak_kib}), file=sys.stderr)

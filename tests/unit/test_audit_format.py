@@ -12,18 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import egress.auditfmt as auditfmt
-from egress.auditfmt import (
-    GENESIS,
-    ChainVerifier,
-    Clock,
-    Redactor,
-    chain_line,
-    encode_record,
-    normalize_ts,
-    parse_time_bound,
-    redact_url,
-)
+import egress.audit.format as auditfmt
+import egress.audit.redact as auditredact
+import egress.audit.timebounds as audittime
+import egress.audit.verify as auditverify
+from egress.audit.format import GENESIS, Clock, chain_line, encode_record
+from egress.audit.redact import Redactor, redact_url
+from egress.audit.timebounds import normalize_ts, parse_time_bound
+from egress.audit.verify import ChainVerifier
 
 NOW = datetime(2026, 11, 30, 5, 0, 0, tzinfo=UTC)
 
@@ -190,9 +186,10 @@ def test_verifier_never_crashes(lines: list[bytes]) -> None:
     verifier.finish()
 
 
-def test_pure_module_imports_no_io() -> None:
-    """auditfmt stays pure: no asyncio, sockets, threads or files (STYLE: pure core)."""
-    tree = ast.parse(Path(auditfmt.__file__).read_text())
+@pytest.mark.parametrize("module", [auditfmt, auditredact, audittime, auditverify])
+def test_pure_module_imports_no_io(module: object) -> None:
+    """The audit format modules stay pure: no asyncio, sockets, threads or files."""
+    tree = ast.parse(Path(module.__file__).read_text())  # type: ignore[attr-defined]
     imported = {
         alias.name.split(".")[0]
         for node in ast.walk(tree)
@@ -214,6 +211,7 @@ def test_pure_module_imports_no_io() -> None:
         "dataclasses",
         "datetime",
         "typing",
+        "egress",
     }
 
 
@@ -243,3 +241,24 @@ def test_redacted_records_never_keep_secret_fields(event: dict[str, object]) -> 
     line = chain_line(encode_record(record), 1, GENESIS)
     assert line.isascii()
     assert json.loads(line)["seq"] == 1
+
+
+@pytest.mark.parametrize(
+    ("detail", "expect"),
+    [
+        (
+            "unsupported request target 'ftp://x.test/?api_key=SECRET'",
+            "unsupported request target 'ftp://x.test/?REDACTED'",
+        ),
+        ("cannot forward GET ftp://u:pw@x.test/a b", "cannot forward GET ftp://x.test/a b"),
+        ("SNI 'evil.test' not allowed on port 443 (default_deny)", None),
+        ("is this ok? yes", None),
+    ],
+)
+def test_detail_is_redacted(detail: str, expect: str | None) -> None:
+    from egress.audit.redact import redact_text
+
+    record: dict[str, object] = {"detail": detail}
+    Redactor().redact(record)
+    assert record["detail"] == (detail if expect is None else expect)
+    assert redact_text(detail) == record["detail"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from audit_samples import write_sample
 
-from egress.audit import AuditLog
-from egress.auditcli import audit_main
+from egress.audit.cli import audit_main
+from egress.audit.log import AuditLog
 
 
 @pytest.fixture(scope="module")

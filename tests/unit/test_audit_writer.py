@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from egress.audit import AuditLog
-from egress.auditfmt import GENESIS, ChainVerifier, line_hash
-from egress.auditwriter import LogWriter
+from egress.audit.format import GENESIS, line_hash
+from egress.audit.log import AuditLog
+from egress.audit.verify import ChainVerifier
+from egress.audit.writer import LogWriter
 
 EVENT: dict[str, object] = {
     "client": "198.18.0.2:41000",

@@ -1,4 +1,4 @@
-"""`egress check` per the CLI contract (SPEC 6), run as the real console script."""
+"""`egress check` per docs/policy.md#egress-check, run as the real console script."""
 
 import subprocess
 import sys

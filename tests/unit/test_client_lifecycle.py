@@ -17,9 +17,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from egress.clients import AuthError, ClientError, ClientTable, Leases
 from egress.config import ClientSpec, Settings
-from egress.policy import Policy
+from egress.policy.rules import Policy
+from egress.proxy.clients import AuthError, ClientError, ClientTable, Leases
 
 IDS = ["a", "b", "c", "d"]
 TOKENS = ["t1", "t2", "t3", "t4", "t5"]
@@ -58,9 +58,9 @@ class ClientMachine(RuleBasedStateMachine):
         return False
 
     @rule(cid=st.sampled_from(IDS), token=st.none() | st.sampled_from(TOKENS),
-          net=st.none() | st.sampled_from(NETS), replace=st.booleans())  # fmt: skip
+          net=st.none() | st.sampled_from(NETS), replace=st.booleans())
     def add(self, cid: str, token: str | None, net: ipaddress.IPv4Network | None,
-            replace: bool) -> None:  # fmt: skip
+            replace: bool) -> None:
         if token is None and net is None:
             token = "t1"
         sources = () if net is None else (net,)
@@ -107,7 +107,7 @@ class ClientMachine(RuleBasedStateMachine):
     def request_by_source(self, host: int) -> None:
         source = ipaddress.ip_address(f"198.18.{host}.7")
         owner = next((c for c, e in self.model.items() if any(source in n for n in e.sources)),
-                     None)  # fmt: skip
+                     None)
         identity = self.table.identify(source, None)
         if owner is None:
             assert identity.client_id is None

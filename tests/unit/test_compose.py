@@ -2,10 +2,10 @@
 
 import pytest
 
-from egress.compose import compose, from_harbor, from_verifiers
 from egress.errors import PolicyError
-from egress.policy import Policy
-from egress.target import make_target
+from egress.policy.compose import compose, from_harbor, from_verifiers
+from egress.policy.rules import Policy
+from egress.policy.target import make_target
 
 
 def allowed(policy: Policy, host: str, port: int = 443, scheme: str = "https") -> bool:

@@ -6,7 +6,7 @@ import pytest
 
 from egress.config import build_settings, load_policy_file
 from egress.errors import PolicyError
-from egress.target import make_target
+from egress.policy.target import make_target
 
 FILE = """
 default = "deny"
@@ -39,7 +39,7 @@ def test_clients_keep_top_level_blocks_and_routes(tmp_path: Path) -> None:
     [('default = "maybe"', "default"), ("allow = 3", "list of strings"), ("bogus = 1", "unknown"),
      ("[clients.x]\nallow = []", "token"), ('resolve = ["a.test=nope"]', "not an IP"),
      ("allow = [", "invalid TOML")],
-)  # fmt: skip
+)
 def test_bad_files_name_the_culprit(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "bad.toml"
     f.write_text(text)

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from egress.dnsanswer import FakeIPs, answer_query, judge_name
-from egress.policy import Policy
+from egress.policy.rules import Policy
+from egress.proxy.dnsanswer import FakeIPs, answer_query, judge_name
 
 POLICY = Policy(
     allow=["*.allowed.test", "git.test:22", "http://plain.test"],
@@ -156,7 +156,7 @@ def test_fuzz_a_refused_name_is_refused_on_every_port(
     """`judge_name` over-approximates the policy: a name it refuses (NXDOMAIN) is refused by
     `decide` for every scheme and port, so the DNS answer never hides an allowed
     destination; a name it answers may still be refused per connection."""
-    from egress.target import make_target
+    from egress.policy.target import make_target
 
     policy = Policy(allow=allow, block=block, default=default)  # type: ignore[arg-type]
     if judge_name(policy, name).allowed:

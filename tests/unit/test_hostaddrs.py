@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from egress.hostaddrs import (
+from egress.proxy.hostaddrs import (
     IFA_ADDRESS,
     IFA_LOCAL,
     NLMSG_DONE,
@@ -42,7 +42,7 @@ def test_parse_dump() -> None:
         + addrmsg(socket.AF_INET6, rtattr(IFA_ADDRESS, bytes(15) + b"\x01"))
         + addrmsg(socket.AF_INET6, rtattr(IFA_ADDRESS, MAPPED_LOOPBACK))
         + nlmsg(NLMSG_DONE, struct.pack("=i", 0))
-    )  # fmt: skip
+    )
     found, done = parse_addr_dump(data)
     assert done
     assert [str(a) for a in found] == ["198.18.0.1", "198.18.0.1", "::1", "127.0.0.1"]

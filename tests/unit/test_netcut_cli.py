@@ -35,7 +35,7 @@ from netcut.cli import main
          "namespace-with-docker", "cut-portless-blocked", "cut-portless-v6-blocked",
          "probe-name-blocked", "bad-runtime", "relative-path", "portless",
          "negative-timeout", "text-timeout"],
-)  # fmt: skip
+)
 def test_usage_errors_exit_2(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -39,7 +39,7 @@ def test_public_api_is_a_literal_all() -> None:
 
     tree = ast.parse((ROOT / "__init__.py").read_text())
     (assign,) = [n for n in tree.body if isinstance(n, ast.Assign)
-                 and any(getattr(t, "id", "") == "__all__" for t in n.targets)]  # fmt: skip
+                 and any(getattr(t, "id", "") == "__all__" for t in n.targets)]
     names = ast.literal_eval(assign.value)
     assert all(hasattr(netcut, n) for n in names)
     assert {"cut", "restore", "status", "probe", "cut_async", "CutResult"} <= set(names)

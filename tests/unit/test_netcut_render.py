@@ -66,11 +66,11 @@ no
 def test_parse_state_dump() -> None:
     state = parse_state_dump(DUMP, ("127.0.0.11",))
     assert [(link.index, link.name, link.loopback) for link in state.links] == [
-        (1, "lo", True), (9, "eth0", False)]  # fmt: skip
+        (1, "lo", True), (9, "eth0", False)]
     assert [a.address for a in state.addrs] == ["127.0.0.1", "198.19.7.2", "fe80::1"]
     default, connected, local, marked, v6 = state.routes
     assert (default.dst, default.dst_len, default.gateway, default.oif, default.proto) == (
-        None, 0, "198.19.7.1", 9, 3)  # fmt: skip
+        None, 0, "198.19.7.1", 9, 3)
     assert (connected.dst, connected.dst_len, connected.scope) == ("198.19.7.0", 24, 253)
     assert (local.table, local.type, local.dst_len) == (255, 2, 32)
     assert marked.proto == NETCUT_PROTO
@@ -123,7 +123,7 @@ def test_malformed_dump_is_invalid_input(text: str) -> None:
           "198.19.1.1:3128 or dst 198.19.1.2 )' >/dev/null 2>/dev/null || true"]),
     ],
     ids=["route", "sysctl", "backstop6", "flows"],
-)  # fmt: skip
+)
 def test_render_op(op: object, expected: list[str]) -> None:
     assert render_op(op) == expected  # type: ignore[arg-type]
 
@@ -142,7 +142,7 @@ def test_render_op(op: object, expected: list[str]) -> None:
         (lambda d: re.sub(r"### rc 0\n(### addrs)", r"\1", d), "'links' failed (exit missing)"),
     ],
     ids=["tool-failed", "no-lo", "missing-section", "iptables-error", "empty-routes", "no-rc"],
-)  # fmt: skip
+)
 def test_state_dump_proves_itself(change: Any, complaint: str) -> None:
     """A dump from a broken helper (Debian busybox's `ip` applet answered nothing, iptables
     had no raw socket) is an error, never an empty namespace that would look cut."""
@@ -175,7 +175,7 @@ def test_helper_argv(runtime: str, unmask: str) -> None:
     assert argv == [runtime, "run", "-i", "--rm", "--pull", "never", "--log-driver", "none",
                     "--network", "container:abc", "--cap-drop", "ALL", "--cap-add", "NET_ADMIN",
                     "--cap-add", "NET_RAW", "--security-opt", unmask, "--entrypoint",
-                    "/bin/sh", "img:1"]  # fmt: skip
+                    "/bin/sh", "img:1"]
 
 
 @pytest.mark.parametrize(
@@ -191,9 +191,26 @@ def test_helper_argv(runtime: str, unmask: str) -> None:
         ({"Privileged": True}, ("container is privileged (all capabilities)",)),
     ],
     ids=["drop-all", "drop-raw", "default-set", "add-admin", "add-all", "privileged"],
-)  # fmt: skip
+)
 def test_container_findings(host_config: dict[str, object], findings: tuple[str, ...]) -> None:
     assert helper.container_findings({"HostConfig": host_config}) == findings
+
+
+@pytest.mark.parametrize(
+    ("bounding", "findings"),
+    [
+        (["CAP_CHOWN", "CAP_SETUID"], ()),
+        (["CAP_CHOWN", "CAP_NET_RAW"], ("container may hold CAP_NET_RAW (bounding set)",)),
+        ([], ()),
+    ],
+    ids=["podman-default", "podman-add-raw", "podman-drop-all"],
+)
+def test_container_findings_from_podmans_bounding_set(
+    bounding: list[str], findings: tuple[str, ...]
+) -> None:
+    """podman reports the bounding set: judged as it is, whatever CapAdd/CapDrop say."""
+    info = {"HostConfig": {"CapDrop": [], "CapAdd": []}, "BoundingCaps": bounding}
+    assert helper.container_findings(info) == findings
 
 
 def test_probe_output_parsing() -> None:
@@ -276,7 +293,7 @@ def test_state_dump_sections_of_any_shape(section: str, items: list[object]) -> 
          SeenRule("ACCEPT", proto="tcp", matches=(("tcp", (("dport", "!53"),)),))),
     ],
     ids=["jump", "keep", "reset", "negated-dst", "negated-port"],
-)  # fmt: skip
+)
 def test_parse_rule_spec(line: str, want: SeenRule) -> None:
     """`iptables -S` lines parse to what python-iptables decodes in direct mode."""
     assert parse_rule_spec(line) == want

@@ -33,12 +33,12 @@ NONE = "0000000000000000"
     ],
     ids=["capless", "bounding-only", "permitted-only", "all-sets", "nnp-bounding-moot",
          "nnp-still-effective", "admin-and-sys", "unreadable-mask-fails-closed", "no-fields"],
-)  # fmt: skip
+)
 def test_dangerous_caps(fields: dict[str, str], expected: list[str]) -> None:
     assert dangerous_caps(fields) == expected
 
 
 @given(st.dictionaries(st.sampled_from(["CapEff", "CapPrm", "CapBnd", "NoNewPrivs"]),
-                       st.text(max_size=20)))  # fmt: skip
+                       st.text(max_size=20)))
 def test_dangerous_caps_never_raises(fields: dict[str, str]) -> None:
     assert all(f.startswith("CAP_") for f in dangerous_caps(fields))

@@ -37,7 +37,7 @@ from netcut.targetref import TargetRef, canonical, default_client_id, parse_targ
     ids=["name", "netns-prefix-digits", "netns-prefix-colon", "unknown-prefix-is-a-name",
          "proc-path", "run-path", "int", "digits", "pid-prefix", "pid-leading-zeros",
          "container", "docker", "podman", "containerd", "containerd-namespace", "ref"],
-)  # fmt: skip
+)
 def test_parse_target(value: str | int | TargetRef, expected: TargetRef) -> None:
     assert parse_target(value) == expected
     assert target.as_ref(value) == expected
@@ -58,7 +58,7 @@ def test_bare_digits_are_marked_bare() -> None:
          "netns-empty", "netns-slash", "container-empty", "option-like", "ctr-empty-ns",
          "ctr-empty-id", "relative-path", "dotdot", "non-ascii-digit", "float", "none",
          "space-in-id"],
-)  # fmt: skip
+)
 def test_parse_target_rejects(value: object) -> None:
     with pytest.raises(InvalidInput):
         parse_target(value)  # type: ignore[arg-type]
@@ -100,7 +100,7 @@ def test_default_client_ids_tell_sandboxes_apart(
      (target.netns_path, "relative"), (target.pid, "0"), (target.pid, "x"),
      (target.container, "-rm")],
     ids=["slash", "empty", "dotdot", "relative", "pid0", "pid-text", "option-like"],
-)  # fmt: skip
+)
 def test_bad_refs(make: object, arg: str) -> None:
     with pytest.raises(InvalidInput):
         make(arg)  # type: ignore[operator]
@@ -199,6 +199,6 @@ def test_canonical_reads_back_as_the_same_target(value: str | int) -> None:
      ("containerd:k8s.io/abc", "containerd:k8s.io/abc"), ("/proc/1/ns/net", "/proc/1/ns/net")],
     ids=["int", "digits", "pid", "name", "digit-name", "prefix-like-name", "docker",
          "containerd", "path"],
-)  # fmt: skip
+)
 def test_canonical_spelling(value: str | int, expected: str) -> None:
     assert canonical(parse_target(value)) == expected

@@ -38,7 +38,7 @@ from netcut.model import (
     parse_keep,
 )
 from netcut.plan import CutPlan, backstop_rules, judge_status, plan_cut
-from netcut.verify import as_filter_rule, differences, repair_ops
+from netcut.verify import as_filter_rule, differences, ipv6_sysctls, repair_ops
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)
@@ -81,7 +81,7 @@ def seen(rule: FilterRule, family: int) -> SeenRule:
     target = "REJECT" if rule.verdict.startswith("REJECT") else rule.verdict
     anywhere = "0.0.0.0/0.0.0.0" if family == AF_INET else "::/0"
     return SeenRule(target, rule.proto or "ip", anywhere, dst or anywhere, None, rule.out_iface,
-                    matches, params)  # fmt: skip
+                    matches, params)
 
 
 def before() -> NamespaceState:
@@ -130,7 +130,7 @@ TABLE_100 = replace(GW_METRIC_50, table=100, priority=None)
 
 
 def with_filter(family: int, *, output: tuple[SeenRule, ...] | None = None,
-                chain: tuple[SeenRule, ...] | str | None = "same") -> NamespaceState:  # fmt: skip
+                chain: tuple[SeenRule, ...] | str | None = "same") -> NamespaceState:
     dumps = []
     for d in CUT.filters or ():
         if d.family == family:
@@ -206,6 +206,16 @@ TAMPERS: dict[str, tuple[NamespaceState, str]] = {
         replace(CUT, routes=(*CUT.routes, Route(AF_INET, "198.18.0.0", 15, None, None))),
         "route out not in the plan: 198.18.0.0/15 proto static",
     ),
+    "broadcast-route-in-main": (
+        replace(
+            CUT,
+            routes=(
+                *CUT.routes,
+                Route(AF_INET, "198.19.1.255", 32, 2, "eth0", type=3, proto=4, scope=253),
+            ),
+        ),
+        "route out not in the plan: 198.19.1.255/32 dev eth0 proto static scope link",
+    ),
     "connected-route-back": (
         replace(CUT, routes=(*CUT.routes, CONNECTED)),
         "route out not in the plan: 198.19.1.0/24 dev eth0 proto kernel scope link",
@@ -245,9 +255,18 @@ def test_repair_ops_leave_no_difference(name: str) -> None:
     [(SeenRule("DROP", "ip", dst="198.18.0.1/255.255.255.255"), JUMP),
      (SeenRule("REJECT", "ip"), JUMP), (JUMP, ACCEPT_ALL)],
     ids=["drop-ahead", "reject-ahead", "accept-after-jump"],
-)  # fmt: skip
+)
 def test_harmless_output_rules_are_not_differences(output: tuple[SeenRule, ...]) -> None:
     assert differences(PLAN.ops, with_filter(AF_INET, output=output)) == ()
+
+
+def test_the_kernels_own_broadcast_and_local_routes_are_not_differences() -> None:
+    own = (
+        Route(AF_INET, "198.19.1.255", 32, 2, "eth0", table=255, type=3, proto=2, scope=253),
+        LOCAL,
+        Route(AF_INET, "127.0.0.0", 8, 1, "lo", table=255, type=RTN_LOCAL, proto=2),
+    )
+    assert differences(PLAN.ops, replace(CUT, routes=(*CUT.routes, *own))) == ()
 
 
 def test_rule_to_an_empty_table_is_not_a_difference() -> None:
@@ -286,7 +305,7 @@ def test_every_backstop_rule_reads_back_as_itself(family: int) -> None:
      SeenRule("ACCEPT", "ip", dst="bogus/32")],
     ids=["negated-dst", "in-iface", "src", "icmp", "other-reject", "port-range",
          "match-mismatch", "negated-oif", "log", "bad-dst"],
-)  # fmt: skip
+)
 def test_rules_netcut_never_writes_are_not_read_as_its_own(rule: SeenRule) -> None:
     assert as_filter_rule(rule, AF_INET) is None
 
@@ -299,11 +318,53 @@ _text = st.one_of(st.none(), st.text(max_size=20))
     st.lists(st.tuples(st.text(max_size=6), st.lists(
         st.tuples(st.text(max_size=6), st.text(max_size=8)), max_size=2).map(tuple)),
         max_size=2).map(tuple),
-)  # fmt: skip
+)
 def test_as_filter_rule_reads_or_refuses_never_raises(
     target: str, proto: str | None, src: str | None, dst: str | None, iif: str | None,
     oif: str | None, matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
-) -> None:  # fmt: skip
+) -> None:
     rule = SeenRule(target, proto, src, dst, iif, oif, matches)
     found = as_filter_rule(rule, AF_INET)
     assert found is None or isinstance(found, FilterRule)
+
+
+# unicast, local, broadcast, multicast, blackhole, unreachable
+_TYPES = (1, 2, 3, 5, 6, 7)
+
+
+@st.composite
+def extra_routes(draw: st.DrawFn) -> tuple[Route, ...]:
+    routes = []
+    for i in range(draw(st.integers(0, 4))):
+        table = draw(st.sampled_from([100, 254, 255, 253, 1000]))
+        rtype = draw(st.sampled_from(_TYPES))
+        oif, ifname = draw(st.sampled_from([(1, "lo"), (2, "eth0"), (None, None)]))
+        gateway = draw(st.sampled_from([None, "198.19.1.1", "198.19.1.7"]))
+        routes.append(Route(AF_INET, f"198.18.{i}.0", draw(st.integers(0, 32)), oif, ifname,
+                            table=table, type=rtype, gateway=gateway, proto=4,
+                            priority=draw(st.sampled_from([None, 50]))))  # fmt: skip
+    return tuple(routes)
+
+
+@given(
+    extra_routes(),
+    st.lists(st.sampled_from([k for k, _ in SYSCTLS]), max_size=3, unique=True),
+    st.lists(st.integers(1, 300), max_size=2, unique=True),
+)
+def test_any_tamper_is_seen_exactly_when_it_opens_something_and_repair_clears_it(
+    routes: tuple[Route, ...], flipped: list[str], rule_tables: list[int]
+) -> None:
+    """Generated tampers: routes of every type, table and interface; sysctls flipped;
+    policy rules to any table. A difference is reported if and only if the tamper added a
+    route that sends out of eth0 (or of no single interface) or flipped a sysctl the cut
+    sets; and the repair ops leave none."""
+    want = dict(CUT.sysctls)
+    sysctls = tuple((k, ("1" if v == "0" else "0") if k in flipped else v) for k, v in want.items())
+    rules = (*RULES, *(PolicyRule(AF_INET, 100 + i, t) for i, t in enumerate(rule_tables)))
+    tampered = replace(CUT, routes=(*CUT.routes, *routes), sysctls=sysctls, policy_rules=rules)
+    sends = [r for r in routes if r.oif != 1 and (r.type == 1 or (r.type in (3, 5)
+                                                                 and r.table != 255))]  # fmt: skip
+    flips = [k for k in flipped if k in dict(ipv6_sysctls(CUT))]  # what the cut sets
+    found = differences(PLAN.ops, tampered)
+    assert bool(found) == bool(sends or flips), found
+    assert differences(PLAN.ops, apply_model(tampered, repair_ops(PLAN.ops, tampered))) == ()

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from egress.errors import PolicyError
-from egress.policy import Policy, parse_rule
-from egress.target import Target, make_target
+from egress.policy.rules import Policy, parse_rule
+from egress.policy.target import Target, make_target
 
 
 def connect(host: str, port: int = 443) -> Target:
@@ -224,7 +224,7 @@ NETS = st.one_of(
               st.integers(0, 2**32 - 1), st.integers(0, 32)),
     st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False),
               st.integers(0, 2**128 - 1), st.integers(0, 128)),
-)  # fmt: skip
+)
 ADDRS = st.one_of(
     st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address),
     st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address),
@@ -242,6 +242,6 @@ def test_address_index_agrees_with_a_scan(
     naive = [
         r for r in policy.allow_rules
         if (all if every else any)(ip in r.network for ip in ips)  # type: ignore[operator]
-    ]  # fmt: skip
+    ]
     # identical rules are one rule (the first of them decides either way)
     assert [r.text for r in rules] == list(dict.fromkeys(r.text for r in naive))

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from egress.errors import TargetError
-from egress.target import (
+from egress.policy.target import (
     normalize_host,
     parse_authority,
     parse_inet_aton,
@@ -193,7 +193,7 @@ def test_url_refused(url: str) -> None:
 
 
 def test_canonical_addresses_from_getaddrinfo() -> None:
-    from egress.target import canonical_addresses
+    from egress.policy.target import canonical_addresses
 
     got = canonical_addresses(["127.0.0.1", "::ffff:127.0.0.1", "fe80::1%eth0", "::1", "::1"])
     assert [str(a) for a in got] == ["127.0.0.1", "fe80::1", "::1"]

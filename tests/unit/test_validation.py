@@ -16,8 +16,8 @@ from hypothesis import given
 
 from egress import EgressProxy, Limits, Policy, PolicyError, prepare_execution
 from egress.cli import main as egress_main
-from egress.compose import from_harbor, from_verifiers
 from egress.config import ClientSpec, Settings, build_settings, load_policy_file
+from egress.policy.compose import from_harbor, from_verifiers
 from egress.validate import as_bool, as_count, as_str_list, as_timeout
 from netcut.cli import main as netcut_main
 
@@ -62,7 +62,7 @@ def test_counts_are_ints(value: object) -> None:
      ({"default": False}, "default"), ({"allow": {"a": 1}}, "Policy allow")],
     ids=["allow-str", "block-str", "allow-bytes", "allow-int-item", "routes-str", "default-bool",
          "allow-dict"],
-)  # fmt: skip
+)
 def test_policy_types(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(TypeError, match=needle):
         Policy(**kwargs)  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ def test_policy_allow_star_string_allows_nothing_it_is_refused() -> None:
      ({"head_timeout": "10"}, TypeError), ({"max_connections": 0}, ValueError),
      ({"max_connections": True}, TypeError), ({"max_head": 1.5}, TypeError)],
     ids=["zero", "nan", "inf", "negative", "str", "zero-conns", "bool-conns", "float-head"],
-)  # fmt: skip
+)
 def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: type) -> None:
     name = next(iter(kwargs))
     with pytest.raises(exc, match=f"Limits {name}"):
@@ -96,7 +96,7 @@ def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: ty
      ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing"),
      ((Policy(),), {"listen": "127.0.0.1:0"}, "EgressProxy listen")],
     ids=["policy-str", "audit-path", "limits-dict", "sni-missing", "listen-str"],
-)  # fmt: skip
+)
 def test_proxy_construction_refuses_wrong_types(
     args: tuple[object, ...], kwargs: dict[str, object], needle: str
 ) -> None:
@@ -118,7 +118,7 @@ def test_settings_types() -> None:
      ({"client_id": ""}, ValueError, "client_id"), ({"policy": "p"}, TypeError, "policy"),
      ({"sources": ["198.18.0.0/24"]}, TypeError, "sources")],
     ids=["empty-token", "int-token", "empty-id", "policy-str", "sources-list"],
-)  # fmt: skip
+)
 def test_client_spec_types(kwargs: dict[str, object], exc: type, needle: str) -> None:
     base: dict[str, object] = {"client_id": "a", "policy": Policy()}
     with pytest.raises(exc, match=needle):
@@ -135,7 +135,7 @@ def test_client_spec_types(kwargs: dict[str, object], exc: type, needle: str) ->
      ({"force": "false"}, TypeError, "force"), ({"token": ""}, ValueError, "token")],
     ids=["mode", "policy-dict", "sandbox-none", "proxy-str", "port", "routes-str",
          "blocked-str", "force-str", "empty-token"],
-)  # fmt: skip
+)
 def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
     # refused before anything is opened or cut: no namespace needed to show it
     proxy = EgressProxy(Policy())
@@ -153,7 +153,7 @@ def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needl
     [{"network_access": "false"}, {"network_access": "true"}, {"network_access": 0},
      {"network_access": None}],
     ids=["str-false", "str-true", "int", "none"],
-)  # fmt: skip
+)
 def test_verifiers_booleans_are_booleans(settings: dict[str, object]) -> None:
     # before: {'network_access': 'false'} gave default='allow'
     with pytest.raises(PolicyError, match="network_access must be a boolean"):
@@ -190,7 +190,7 @@ def test_mappings_still_take_real_values() -> None:
      ('[clients.a]\ntoken = "t"\ndefault = true', "default must be")],
     ids=["reserve-private-str", "clients-int", "clients-list", "empty-token", "int-token",
          "int-token-env", "allow-str", "sources-str", "default-bool"],
-)  # fmt: skip
+)
 def test_policy_file_types(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "p.toml"
     f.write_text(text)
@@ -219,7 +219,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], rc: int, needle: str) ->
      (b'clients = ["a"]', "'clients' must be a table"), (b'[clients.a]\ntoken=""', "token"),
      (b'reserve_private = "false"', "reserve_private")],
     ids=["not-utf8", "clients-int", "clients-list", "empty-token", "reserve-private-str"],
-)  # fmt: skip
+)
 def test_cli_policy_file_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, needle: str
 ) -> None:
@@ -234,7 +234,7 @@ def test_cli_policy_file_errors_are_one_line(
     [("--head-timeout", "nan"), ("--idle-timeout", "nan"), ("--connect-timeout", "inf"),
      ("--head-timeout", "0"), ("--idle-timeout", "-5")],
     ids=["head-nan", "idle-nan", "connect-inf", "head-zero", "idle-negative"],
-)  # fmt: skip
+)
 def test_cli_timeouts_finite_and_positive(
     capsys: pytest.CaptureFixture[str], flag: str, value: str
 ) -> None:
@@ -252,7 +252,7 @@ def test_netcut_cut_expect_blocked_needs_a_port(capsys: pytest.CaptureFixture[st
 
 _SCALARS = st.one_of(st.booleans(), st.integers(-3, 70000), st.text(max_size=12),
                      st.sampled_from(["deny", "allow", "a.test", "198.18.0.0/24", "a.test=1.2.3.4",
-                                      "http://127.0.0.1:8080", "", "*"]))  # fmt: skip
+                                      "http://127.0.0.1:8080", "", "*"]))
 _VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
 _CLIENT_KEYS = ["token", "token_env", "sources", "default", "allow", "block", "framework_routes"]
@@ -268,7 +268,7 @@ _TOP = ["default", "allow", "block", "framework_routes", "resolve", "reserve", "
     ),
 )
 def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
-                                                      clients: object) -> None:  # fmt: skip
+                                                      clients: object) -> None:
     data = dict(top)
     if clients is not None:
         data["clients"] = clients
@@ -284,7 +284,7 @@ def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
 
 
 @given(st.dictionaries(st.sampled_from(["network_mode", "allow_internet", "allowed_hosts",
-                                        "network_access", "allow", "block"]), _VALUES))  # fmt: skip
+                                        "network_access", "allow", "block"]), _VALUES))
 def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, object]) -> None:
     for mapping in (from_harbor, from_verifiers):
         try:

@@ -1,4 +1,4 @@
-"""Tests for egress.wire: heads, framing, forwarding, and the chunked scanner.
+"""Tests for egress.proxy.wire: heads, framing, forwarding, and the chunked scanner.
 
 Parsers are fed whole, byte by byte (every prefix) and with trailing bytes, as in h11's
 tests/test_io.py; hypothesis checks the invariant "a result, None, or ProtocolError".
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from egress.errors import ProtocolError
-from egress.wire import (
+from egress.proxy.wire import (
     MAX_REQUEST_HEAD_SIZE,
     BodyFraming,
     ChunkedScanner,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from egress import wire
+from egress.proxy import wire
 
 GOOD = b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nX-Y: z\r\n\r\n"
 

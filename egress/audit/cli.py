@@ -1,0 +1,345 @@
+"""`egress audit summarize|tail|filter|verify`: the reviewer's tools for the audit log.
+
+Strategy: every command streams the log line by line (gzip-rotated files are read
+transparently, detected by their magic bytes, not their name), so memory is bounded by what
+a command keeps: the summary by the number of distinct hosts, clients, reasons and rules
+(client ports are dropped, or every connection would be its own client); tail by `-n`;
+verify by `auditfmt.HASH_WINDOW`. Files are read in the order given, except that a rotation
+family (`PATH.3.gz PATH.2.gz PATH.1.gz PATH`) is put in chronological order, so a shell
+glob `audit.jsonl*` just works. Exit codes: 0 ok, 1 verify failed, 2 usage or bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+from egress.audit.format import CONTROL_TYPES
+from egress.audit.read import (
+    DIMENSIONS,
+    EventFilter,
+    Follower,
+    GapFiller,
+    InputError,
+    Summary,
+    is_request,
+    make_domain_of,
+    order_paths,
+    parse_record,
+    read_lines,
+)
+from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
+from egress.audit.verify import ChainVerifier, Problem
+
+DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
+DEFAULT_TAIL: Final = 10  # like tail(1)
+DEFAULT_INTERVAL: Final = 0.25  # seconds between polls of a followed log
+MAX_PROBLEMS_SHOWN: Final = 50  # verify prints this many, then a count
+
+
+# ---- rendering ----------------------------------------------------------------------------
+
+def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
+    allow, block, error, other = summary.totals
+    lines = [*header,
+             f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
+             + (f"  other: {other}" if other else ""),
+             f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
+             f"  runs: {summary.runs}"
+             + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else "")]
+    titles = {"host": "host", "domain": "registrable domain", "client": "client",
+              "reason": "reason", "rule": "rule"}
+    for dimension in DIMENSIONS:
+        rows, hidden = summary.rows(dimension, top)
+        lines += ["", f"By {titles[dimension]}:"]
+        lines += _table(rows, titles[dimension].upper())
+        if hidden:
+            lines.append(f"  ... and {hidden} more (--top N, or --json for all)")
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    columns = ("block", "allow", "error", "total")
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    head = "  " + "  ".join(c.upper().rjust(widths[c]) for c in columns) + "  " + key_title
+    body = ["  " + "  ".join(str(r[c]).rjust(widths[c]) for c in columns)
+            + f"  {printable(str(r['key']))}" for r in rows]
+    return [head, *body]
+
+
+# ---- one readable line an event ------------------------------------------------------------
+
+# What an agent controls (a path, an SNI in `detail`) must not drive the reviewer's terminal:
+# control characters (C0, DEL, C1: ANSI escapes, newlines that forge lines) and the Unicode
+# bidi controls that reorder text are shown as escapes.
+_UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+           *range(0x2066, 0x206A)]
+_ESCAPES: Final = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+                   for code in _UNSAFE}
+
+
+def printable(text: str) -> str:
+    """`text` with terminal control and bidi characters escaped; one line, always."""
+    return text.translate(_ESCAPES)
+
+
+def format_event(record: dict[str, object]) -> str:
+    """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
+    kind = record.get("type")
+    if kind in CONTROL_TYPES:
+        extras = " ".join(f"{k}={v}" for k, v in record.items()
+                          if k not in ("type", "ts", "prev"))
+        return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
+    host, port = record.get("host", "-"), record.get("port")
+    target = f"{host}:{port}" if port is not None else str(host)
+    if record.get("path") is not None:
+        target += str(record["path"])
+    parts = [str(record.get("ts", "-")), f"{record.get('decision', '-'):<5}",
+             str(record.get("method", "-")), target, "from", str(record.get("client", "-"))]
+    if record.get("client_id"):
+        parts.append(f"({record['client_id']})")
+    parts.append(str(record.get("reason", "-")))
+    if record.get("rule") is not None:
+        parts.append(f"rule={record['rule']}")
+    for key in ("addr", "status", "bytes_up", "bytes_down", "duration_ms"):
+        if record.get(key) is not None:
+            parts.append(f"{key}={record[key]}")
+    if record.get("detail"):
+        parts.append(f"-- {record['detail']}")
+    return printable(" ".join(parts))
+
+
+# ---- the commands ------------------------------------------------------------------------
+
+def _warn(message: str) -> None:
+    print(f"egress audit: warning: {message}", file=sys.stderr)
+
+
+def _event_filter(args: argparse.Namespace) -> EventFilter:
+    now = utc_now()
+    try:
+        since = canonical_ts(parse_time_bound(args.since, now)) if args.since else None
+        until = canonical_ts(parse_time_bound(args.until, now)) if args.until else None
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return EventFilter(set(getattr(args, "decision", None) or ()),
+                       list(getattr(args, "host", None) or ()),
+                       list(getattr(args, "client", None) or ()),
+                       set(getattr(args, "reason", None) or ()), since, until)
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    paths = order_paths(args.paths)
+    window = _event_filter(args)
+    summary = Summary()
+    for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
+        record = parse_record(line.data)
+        if record is None:
+            summary.bad_lines += 1
+        elif record.get("type") == "start":
+            summary.runs += 1
+        elif is_request(record) and window.in_window(record):
+            summary.add(record)
+    summary.derive_domains(make_domain_of())
+    if summary.bad_lines:
+        _warn(f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
+              "(run `egress audit verify`)")
+    if args.json:
+        out = {"files": paths, "since": window.since, "until": window.until,
+               **summary.to_json(args.top)}
+        print(json.dumps(out, indent=2))
+    else:
+        header = [printable(f"files: {' '.join(paths)}")]
+        if window.since or window.until:
+            header.append(f"window: {window.since or '-'} .. {window.until or '-'}")
+        print(render_summary(summary, args.top or DEFAULT_TOP, header))
+    return 0
+
+
+def _selected(args: argparse.Namespace, chooser: EventFilter,
+              lines: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, object]]]:
+    for data in lines:
+        record = parse_record(data)
+        if record is None:
+            continue
+        if is_request(record):
+            if chooser.matches(record):
+                yield data, record
+        elif args.control and chooser.in_window(record):
+            yield data, record
+
+
+def _emit(args: argparse.Namespace, data: bytes, record: dict[str, object]) -> None:
+    text = data.decode("utf-8", "replace") if args.json else format_event(record)
+    print(text, flush=args.follow if "follow" in args else False)
+
+
+def cmd_filter(args: argparse.Namespace) -> int:
+    chooser = _event_filter(args)
+    lines = (line.data for line in read_lines(order_paths(args.paths),
+                                              lambda p, why: _warn(f"{p}: {why}")))
+    for data, record in _selected(args, chooser, lines):
+        _emit(args, data, record)
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    paths = order_paths(args.paths)
+    chooser = _event_filter(args)
+    history, live = (paths[:-1], paths[-1]) if args.follow else (paths, None)
+    follower = Follower(live) if live is not None else None
+    gaps = GapFiller(live, _warn) if live is not None else None
+    last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
+    try:
+        last.extend(_selected(args, chooser, (line.data for line in read_lines(
+            history, lambda p, why: _warn(f"{p}: {why}")))))
+        if follower is not None and gaps is not None:
+            last.extend(_selected(args, chooser, gaps.feed(_drain(follower))))
+        for data, record in last:
+            _emit(args, data, record)
+        while follower is not None and gaps is not None:
+            for data, record in _selected(args, chooser, gaps.feed(_drain(follower))):
+                _emit(args, data, record)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if follower is not None:
+            follower.close()
+    return 0
+
+
+def _drain(follower: Follower) -> Iterator[bytes]:
+    while True:
+        lines = follower.read()
+        if not lines:
+            return
+        yield from lines
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    paths = order_paths(args.paths)
+    verifier = ChainVerifier(live=args.live)
+    for line in read_lines(paths, lambda p, why: verifier.problems.append(
+            Problem(p, why))):
+        verifier.feed(line.where, line.data, complete=line.complete)
+    result = verifier.finish()
+    if args.head and result.head != args.head.lower():
+        result.problems.append(Problem("end of input", f"head is {result.head}, "
+                                        f"expected {args.head} (lines missing or edited)"))
+    for problem in result.problems[:MAX_PROBLEMS_SHOWN]:
+        print(problem)
+    if len(result.problems) > MAX_PROBLEMS_SHOWN:
+        print(f"... and {len(result.problems) - MAX_PROBLEMS_SHOWN} more problems")
+    verdict = "FAILED" if result.problems else "OK"
+    problems = f", {len(result.problems)} problem(s)" if result.problems else ""
+    print(f"{verdict}: {result.lines} lines in {len(paths)} file(s), {result.runs} run(s), "
+          f"{result.requests} request records{problems}; head {result.head}")
+    return 1 if result.problems else 0
+
+
+# ---- argument parsing --------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="egress audit",
+                                     description="Read, filter and verify egress audit logs.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    summarize = commands.add_parser("summarize", help="counts by host, domain, client, "
+                                    "reason and rule")
+    _add_window(summarize)
+    summarize.add_argument("--json", action="store_true", help="JSON for tooling")
+    summarize.add_argument("--top", type=_positive(int), metavar="N",
+                           help=f"rows per table (default {DEFAULT_TOP}; all with --json)")
+    summarize.add_argument("paths", nargs="+", metavar="PATH")
+    for name, help_text in (("filter", "print the events that match"),
+                            ("tail", "print the last events, and follow with -f")):
+        sub = commands.add_parser(name, help=help_text)
+        _add_window(sub)
+        _add_selectors(sub)
+        if name == "tail":
+            sub.add_argument("-n", "--lines", type=_positive(int, zero=True), default=DEFAULT_TAIL,
+                             metavar="N")
+            sub.add_argument("-f", "--follow", action="store_true",
+                             help="keep reading as the log grows; survives rotation")
+            sub.add_argument("--interval", type=_positive(float), default=DEFAULT_INTERVAL,
+                             metavar="SECONDS", help="poll interval with --follow")
+        sub.add_argument("paths", nargs="+", metavar="PATH")
+    verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
+    verify.add_argument("--live", action="store_true",
+                        help="accept a last run without an end record (still being written)")
+    verify.add_argument("--head", metavar="SHA256",
+                        help="the head hash kept out of band; the chain must end there")
+    verify.add_argument("paths", nargs="+", metavar="PATH")
+    return parser
+
+
+def _positive(kind: type[int] | type[float], zero: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else '> 0'}: {text}")
+        return value
+
+    return parse
+
+
+def _add_window(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--since", metavar="TIME",
+                        help="RFC 3339 (2026-11-30T05:00:00Z) or relative (90s, 15m, 1h, 2d)")
+    parser.add_argument("--until", metavar="TIME", help="exclusive; same forms as --since")
+
+
+def _add_selectors(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--decision", action="append", choices=("allow", "block", "error"))
+    parser.add_argument("--host", action="append", metavar="PATTERN",
+                        help="fnmatch pattern; *.example.com matches the apex too")
+    parser.add_argument("--client", action="append", metavar="PATTERN",
+                        help="matches ip:port, ip or client_id (fnmatch)")
+    parser.add_argument("--reason", action="append", metavar="CODE")
+    parser.add_argument("--control", action="store_true",
+                        help="also print start/rotate/loss/end records")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON lines")
+
+
+COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
+    "summarize": cmd_summarize, "filter": cmd_filter, "tail": cmd_tail, "verify": cmd_verify,
+}
+
+
+def audit_main(argv: list[str]) -> int:
+    """`egress audit ARGV...` (ARGV without the word "audit"); returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage and the error
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return COMMANDS[args.command](args)
+    except InputError as exc:
+        print(f"egress audit: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `| head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit-time flush does not fail again
+        os.close(devnull)
+        return 0
+
+
+def main() -> None:  # pragma: no cover - `python -m egress.audit.cli`
+    sys.exit(audit_main(sys.argv[1:]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

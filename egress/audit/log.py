@@ -1,0 +1,335 @@
+"""The audit log writer that the proxy calls for every request or tunnel.
+
+Strategy: `AuditLog.record()` runs on the proxy's event loop for every event, so it does
+only CPU work that costs a few microseconds: copy the event, add `ts`, redact, serialize
+(`auditfmt`), and hand the text to one writer thread through a `queue.SimpleQueue`. The
+writer thread (`auditwriter`) owns everything else: the hash chain (`seq`, `prev`), batching
+the lines already queued into one `os.write`, rotation and gzip, noticing that the file was
+removed, retrying while it cannot write, and the start/end/rotate/loss records. The event
+loop never touches the file after `start()`.
+
+Failure policy: a failed write is logged at ERROR (logger `egress.audit`, which reaches
+stderr even when logging is not configured) and counted in `write_errors`; the lines stay
+queued and are retried every `retry_interval` seconds. With `fail_mode="closed"`,
+`accepting` is False while the log cannot be written and the proxy refuses new connections
+(reason `audit_unavailable`); with `"open"` it keeps serving. Lines are never dropped
+silently: a line that cannot be kept still takes its place in the chain, so `egress audit
+verify` reports the gap, and a `loss` record says how many were lost once writing resumes.
+
+Memory bounds: at most `max_backlog` lines wait for the writer thread and at most
+`max_pending_bytes` of chained lines wait for a writable file (beyond either, lines are
+lost as above); each `events()` consumer holds at most `events_maxlen` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import json
+import logging
+import math
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Final, Literal
+
+from egress.audit.format import Clock, encode_record
+from egress.audit.redact import Redactor
+from egress.audit.writer import CLOSE_TIMEOUT, DROPPED, STOP, LogWriter
+
+logger = logging.getLogger("egress.audit")
+
+FailMode = Literal["open", "closed"]
+Hook = Callable[[dict[str, object]], object]
+
+# A slow disk must not grow memory without bound. 1 M queued lines of ~300 bytes is ~0.3 GB
+# only in the worst case; in practice the writer drains a batch per write.
+DEFAULT_MAX_BACKLOG: Final = 1_000_000
+DEFAULT_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024  # lines kept while the file is unwritable
+DEFAULT_RETRY_INTERVAL: Final = 0.5  # seconds between attempts to write an unwritable log
+DEFAULT_EVENTS_MAXLEN: Final = 1024  # events buffered per events() consumer
+
+
+class AuditLog:
+    """JSON Lines audit log with a hash chain; see docs/audit-log.md.
+
+    `path` is a file (appended to; a new run starts with a start record), `"-"` for
+    stdout, or None for no file at all (hooks and `events()` only). `rotate_bytes` rotates
+    the file to `PATH.1.gz` (older ones shift to `.2.gz`, ...) before it would exceed that
+    size; the chain continues in the new file. Usable as `async with AuditLog(...) as log:`.
+    Raises ValueError for a bad `fail_mode` or `rotate_bytes`.
+    """
+
+    def __init__(self, path: str | None, *, fail_mode: FailMode = "open",
+                 keep_query: bool = False, rotate_bytes: int | None = None,
+                 retry_interval: float = DEFAULT_RETRY_INTERVAL,
+                 max_backlog: int = DEFAULT_MAX_BACKLOG,
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
+                 close_timeout: float = CLOSE_TIMEOUT) -> None:
+        if fail_mode not in ("open", "closed"):
+            raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
+        if rotate_bytes is not None and rotate_bytes <= 0:
+            raise ValueError(f"rotate_bytes must be positive, not {rotate_bytes}")
+        self.path = path
+        self.fail_mode: FailMode = fail_mode
+        self.keep_query = keep_query
+        self.rotate_bytes = rotate_bytes if path not in (None, "-") else None
+        self.events_maxlen = events_maxlen
+        self.events_dropped = 0
+        self.hook_errors = 0
+        self._clock = Clock()
+        self._redactor = Redactor(keep_query)
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._max_backlog = max_backlog
+        self._enqueued = 0
+        self._batch: list[object] = []  # lines of the current loop iteration
+        self._writer = LogWriter(path, fail_mode=fail_mode, keep_query=keep_query,
+                                 rotate_bytes=self.rotate_bytes, retry_interval=retry_interval,
+                                 max_pending_bytes=max_pending_bytes,
+                                 close_timeout=close_timeout)
+        self._thread: threading.Thread | None = None
+        self._hooks: list[Hook] = []
+        self._subscribers: list[_Subscriber] = []
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._closed = False
+        self._serialize = path is not None
+
+    # -- counters and state, read from any thread ----------------------------------------
+
+    @property
+    def write_errors(self) -> int:
+        """Failed attempts to write (or reopen) the file since start."""
+        return self._writer.write_errors
+
+    @property
+    def lines_written(self) -> int:
+        """Lines written to the file, control records (start, rotate, end) included."""
+        return self._writer.lines_written
+
+    @property
+    def lines_dropped(self) -> int:
+        """Lines that could not be kept (backlog or pending limit); verify shows the gap."""
+        return self._writer.lines_dropped + self._writer.lines_abandoned
+
+    @property
+    def writable(self) -> bool:
+        """False while the last attempt to write the file failed."""
+        return self._writer.writable
+
+    @property
+    def accepting(self) -> bool:
+        """False when fail_mode is "closed" and the log cannot currently be written.
+
+        The proxy checks it before serving a new connection (and refuses with reason
+        `audit_unavailable` when False).
+        """
+        return self.fail_mode == "open" or self._writer.writable
+
+    @property
+    def run_id(self) -> str:
+        """The random id of this run, in its start record."""
+        return self._writer.run_id
+
+    @property
+    def head(self) -> str:
+        """SHA-256 of the last line chained so far; keep it out of band to anchor verify."""
+        return self._writer.prev
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the file and write the start record.
+
+        Raises OSError when the file cannot be opened at all: a configuration error found
+        before any traffic. Failures after start follow `fail_mode`.
+        """
+        if self._loop is not None:
+            raise RuntimeError("AuditLog.start() called twice")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        if self.path is None:
+            return
+        await asyncio.to_thread(self._writer.open_initial)
+        self._thread = threading.Thread(target=self._writer.run, args=(self._queue,),
+                                        name="egress-audit-writer", daemon=True)
+        self._thread.start()
+
+    def _hand_over(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._queue.put(batch)
+
+    async def flush(self) -> None:
+        """Wait until every line recorded so far has been handed to the OS (or failed)."""
+        self._hand_over()
+        if self._thread is None or not self._thread.is_alive():
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue.put(done)
+        await asyncio.wrap_future(done)
+
+    async def aclose(self) -> None:
+        """Flush, write the end record `{"type": "end", "lines": N}`, stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._hand_over()
+        if self._thread is not None:
+            self._queue.put(STOP)
+            await asyncio.to_thread(self._thread.join)
+            self._writer.drain_after_stop(self._queue)  # if the thread died early
+        elif self._serialize:  # never started: whatever was recorded is not written
+            self._writer.lines_abandoned += self._enqueued
+        for subscriber in list(self._subscribers):
+            subscriber.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> AuditLog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    # -- the hot path --------------------------------------------------------------------
+
+    def record(self, event: dict[str, object]) -> None:
+        """Log one event. Never blocks, never raises, never does I/O.
+
+        Adds `ts` when missing, drops secret-named fields, redacts query strings, serializes
+        the line and queues it for the writer thread; then gives the redacted dict to the
+        hooks and `events()` consumers (treat it as read-only).
+        """
+        if self._closed:
+            self._writer.lines_abandoned += 1
+            return
+        rec: dict[str, object] = {"ts": None, **event}
+        if rec["ts"] is None:
+            rec["ts"] = self._clock.now()
+        self._redactor.redact(rec)
+        if self._serialize:  # inline, not a method: this runs tens of thousands of times/s
+            item: object
+            if self._enqueued - self._writer.dequeued < self._max_backlog:
+                try:
+                    item = encode_record(rec)
+                except (ValueError, TypeError, RecursionError):
+                    item = json.dumps(_plain(rec), separators=(",", ":"))
+            else:
+                item = DROPPED  # keeps its place in the chain: verify shows the gap
+            self._enqueued += 1
+            if threading.get_ident() == self._loop_thread and self._loop is not None:
+                # Batch per loop iteration: one queue hand-over (one writer wake-up) for all
+                # the lines of an iteration, instead of one per line.
+                if not self._batch:
+                    self._loop.call_soon(self._hand_over)
+                self._batch.append(item)
+            else:
+                self._queue.put(item)
+        if self._hooks or self._subscribers:
+            self._deliver(rec)
+
+    # -- hooks and events() ----------------------------------------------------------------
+
+    def add_hook(self, callback: Hook) -> None:
+        """Call `callback(event)` for every recorded event; a coroutine result is scheduled
+        as a task. Exceptions are logged and counted in `hook_errors`, never raised."""
+        self._hooks.append(callback)
+
+    def events(self) -> AsyncIterator[dict[str, object]]:
+        """Recorded events, from now until `aclose()`. A consumer that falls more than
+        `events_maxlen` behind loses the oldest ones (counted in `events_dropped`)."""
+        subscriber = _Subscriber(self)
+        self._subscribers.append(subscriber)
+        if self._closed:
+            subscriber.close()
+        return subscriber.iterate()
+
+    def _deliver(self, rec: dict[str, object]) -> None:
+        if threading.get_ident() != self._loop_thread and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._deliver_here, rec)
+        else:
+            self._deliver_here(rec)
+
+    def _deliver_here(self, rec: dict[str, object]) -> None:
+        for subscriber in self._subscribers:
+            subscriber.put(rec)
+        for hook in self._hooks:
+            try:
+                result = hook(rec)
+            except Exception:
+                self._hook_failed()
+                continue
+            if inspect.isawaitable(result):
+                try:
+                    task = asyncio.ensure_future(result)
+                except RuntimeError:  # recorded before start(): no loop to run it on
+                    self._hook_failed()
+                    continue
+                self._tasks.add(task)
+                task.add_done_callback(self._hook_done)
+
+    def _hook_done(self, task: asyncio.Future[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._hook_failed(task.exception())
+
+    def _hook_failed(self, exc: BaseException | None = None) -> None:
+        self.hook_errors += 1
+        if self.hook_errors <= 10:
+            logger.error("audit hook failed (%d so far)", self.hook_errors,
+                         exc_info=exc or True)
+
+
+class _Subscriber:
+    """One events() consumer: a bounded deque that drops its oldest entry when full."""
+
+    def __init__(self, owner: AuditLog) -> None:
+        self._owner = owner
+        self._items: deque[dict[str, object] | None] = deque()
+        self._wakeup = asyncio.Event()
+
+    def put(self, rec: dict[str, object] | None) -> None:
+        if rec is not None and len(self._items) >= self._owner.events_maxlen:
+            self._items.popleft()
+            self._owner.events_dropped += 1
+        self._items.append(rec)
+        self._wakeup.set()
+
+    def close(self) -> None:
+        self.put(None)
+
+    async def iterate(self) -> AsyncIterator[dict[str, object]]:
+        try:
+            while True:
+                while not self._items:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                item = self._items.popleft()
+                if item is None:
+                    return
+                yield item
+        finally:
+            with contextlib.suppress(ValueError):
+                self._owner._subscribers.remove(self)
+
+
+def _plain(value: object) -> object:
+    """A JSON-safe copy for the rare record the fast encoder refuses (NaN, cycles)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

@@ -1,0 +1,384 @@
+"""Reading audit logs for the reviewer tools: files, filters, summaries, following.
+
+Strategy: everything streams. Files are opened plain or gzip by their magic bytes, read line
+by line in binary (verify needs the exact bytes), and never held whole; a `Summary` keeps
+one small entry per distinct host, client, reason and rule (client ports are dropped, or every
+connection would be its own client), so memory is bounded by distinct values, never by lines.
+Registrable domains are derived from the host table at the end, one tldextract call per
+distinct host, with its bundled suffix list (never fetched). A `Follower` reads a growing
+file like `tail -F`, across rename and copytruncate rotation.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import IO, Final
+
+from egress.audit.format import REQUEST_TYPES, rotated_name, rotation_of
+from egress.audit.timebounds import normalize_ts
+
+READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
+MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix
+_GZIP_MAGIC: Final = b"\x1f\x8b"
+
+
+class InputError(Exception):
+    """Bad input that ends the command with exit 2 and a one-line message."""
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+def order_paths(paths: Iterable[str]) -> list[str]:
+    """Put each rotation family (`P.N.gz` ... `P.1.gz`, `P`) oldest first; others as given."""
+    paths = list(dict.fromkeys(paths))
+    families: dict[str, list[tuple[int, str]]] = {}
+    order: list[str] = []
+    for path in paths:
+        base, index = rotation_of(path) or (path, 0)
+        if base not in families:
+            families[base] = []
+            order.append(base)
+        families[base].append((index, path))
+    return [path for base in order for _, path in sorted(families[base], reverse=True)]
+
+
+def open_log(path: str) -> IO[bytes]:
+    """Open a log file, plain or gzip, for binary reading; raises InputError."""
+    try:
+        raw = open(path, "rb")
+        compressed = raw.peek(2)[:2] == _GZIP_MAGIC
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not compressed:
+        return raw
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # type: ignore[assignment]  # closed with it, like gzip.open
+    return unzipped  # type: ignore[return-value]
+
+
+@dataclass
+class Line:
+    path: str
+    number: int
+    data: bytes  # without the newline
+    complete: bool  # False for a last line without a newline
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.number}"
+
+
+def read_lines(paths: Iterable[str], damaged: Callable[[str, str], None]) -> Iterator[Line]:
+    """Every line of every file in order; `damaged(path, why)` hears of a corrupt gzip."""
+    for path in paths:
+        with open_log(path) as stream:
+            number = 0
+            try:
+                while raw := stream.readline(MAX_LINE):
+                    number += 1
+                    complete = raw.endswith(b"\n")
+                    if not complete and len(raw) == MAX_LINE:  # not one of ours: skip the rest
+                        while (more := stream.readline(MAX_LINE)) and not more.endswith(b"\n"):
+                            pass
+                        complete = bool(more)
+                    yield Line(path, number, raw[:-1] if raw.endswith(b"\n") else raw,
+                               complete)
+            except (EOFError, OSError, zlib.error) as exc:
+                damaged(path, f"compressed data is damaged or ends early after line "
+                              f"{number} ({exc})")
+
+
+def parse_record(data: bytes) -> dict[str, object] | None:
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_request(record: dict[str, object]) -> bool:
+    return record.get("type") in REQUEST_TYPES
+
+
+# ---- filtering ---------------------------------------------------------------------------
+
+def client_ip(client: object) -> str:
+    """`10.0.0.2:5555` -> `10.0.0.2`; `[2001:db8::1]:5555` -> `2001:db8::1`."""
+    text = str(client)
+    if text.startswith("["):
+        return text[1:text.find("]")] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """fnmatch, case-insensitive; a leading `*.` also matches the apex, as in rules."""
+    pattern, host = pattern.lower(), host.lower()
+    return fnmatchcase(host, pattern) or (pattern.startswith("*.") and host == pattern[2:])
+
+
+@dataclass
+class EventFilter:
+    decisions: set[str] = field(default_factory=set)
+    hosts: list[str] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)
+    reasons: set[str] = field(default_factory=set)
+    since: str | None = None  # canonical ts, inclusive
+    until: str | None = None  # canonical ts, exclusive
+
+    def matches(self, record: dict[str, object]) -> bool:
+        if self.decisions and record.get("decision") not in self.decisions:
+            return False
+        if self.reasons and record.get("reason") not in self.reasons:
+            return False
+        if self.hosts and not any(host_matches(p, str(record.get("host", "")))
+                                  for p in self.hosts):
+            return False
+        if self.clients and not self._client_matches(record):
+            return False
+        return self.in_window(record)
+
+    def in_window(self, record: dict[str, object]) -> bool:
+        if self.since is None and self.until is None:
+            return True
+        ts = normalize_ts(record.get("ts"))
+        if ts is None:
+            return False
+        return ((self.since is None or ts >= self.since)
+                and (self.until is None or ts < self.until))
+
+    def _client_matches(self, record: dict[str, object]) -> bool:
+        client = str(record.get("client", ""))
+        names = (client, client_ip(client), str(record.get("client_id", "")))
+        return any(fnmatchcase(name, p) for p in self.clients for name in names)
+
+
+# ---- summarizing -------------------------------------------------------------------------
+
+_SLOTS: Final = {"allow": 0, "block": 1, "error": 2}
+DIMENSIONS: Final = ("host", "domain", "client", "reason", "rule")
+
+
+def make_domain_of() -> Callable[[str], str]:
+    """Registrable domain with tldextract's bundled suffix list; never fetches it."""
+    import tldextract
+
+    extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+    def domain_of(host: str) -> str:
+        if not host or ":" in host or host.replace(".", "").isdigit():
+            return host  # an IP literal is its own domain
+        result = extract(host)
+        return str(result.top_domain_under_public_suffix or host)
+
+    return domain_of
+
+
+class Summary:
+    """Counts by decision per host, client, reason and rule; domains derived from hosts."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[str, list[int]]] = {d: {} for d in DIMENSIONS}
+        self.totals = [0, 0, 0, 0]  # allow, block, error, other
+        self.first_ts: str | None = None
+        self.last_ts: str | None = None
+        self.runs = 0
+        self.bad_lines = 0
+
+    def add(self, record: dict[str, object]) -> None:
+        decision = record.get("decision")
+        slot = _SLOTS.get(decision, 3) if isinstance(decision, str) else 3
+        self.totals[slot] += 1
+        rule = record.get("rule")
+        keys = (("host", record.get("host") or "(none)"),
+                ("client", record.get("client_id") or client_ip(record.get("client", "(none)"))),
+                ("reason", record.get("reason") or "(none)"),
+                ("rule", "(none)" if rule is None else rule))
+        for name, key in keys:
+            table = self.tables[name]
+            text = key if isinstance(key, str) else str(key)
+            counts = table.get(text)
+            if counts is None:
+                counts = table[text] = [0, 0, 0, 0]
+            counts[slot] += 1
+        ts = record.get("ts")
+        if isinstance(ts, str):
+            if self.first_ts is None or ts < self.first_ts:
+                self.first_ts = ts
+            if self.last_ts is None or ts > self.last_ts:
+                self.last_ts = ts
+
+    def derive_domains(self, domain_of: Callable[[str], str]) -> None:
+        domains: dict[str, list[int]] = {}
+        for host, counts in self.tables["host"].items():
+            total = domains.setdefault(domain_of(host), [0, 0, 0, 0])
+            for slot, count in enumerate(counts):
+                total[slot] += count
+        self.tables["domain"] = domains
+
+    def rows(self, dimension: str, top: int | None) -> tuple[list[dict[str, object]], int]:
+        """Rows sorted by blocks, then total; with the number of rows left out."""
+        items = sorted(self.tables[dimension].items(),
+                       key=lambda kv: (-kv[1][1], -sum(kv[1]), kv[0]))
+        shown = items if top is None else items[:top]
+        rows = [{"key": key, "block": c[1], "allow": c[0], "error": c[2],
+                 "total": sum(c)} for key, c in shown]
+        return rows, len(items) - len(shown)
+
+    def to_json(self, top: int | None) -> dict[str, object]:
+        out: dict[str, object] = {
+            "first_ts": self.first_ts, "last_ts": self.last_ts,
+            "totals": {"events": sum(self.totals), "allow": self.totals[0],
+                       "block": self.totals[1], "error": self.totals[2],
+                       "other": self.totals[3]},
+            "runs": self.runs, "bad_lines": self.bad_lines,
+        }
+        for dimension in DIMENSIONS:
+            out[f"by_{dimension}"] = self.rows(dimension, top)[0]
+        return out
+
+
+# ---- following a live log ----------------------------------------------------------------
+
+class Follower:
+    """Reads complete lines appended to `path`, surviving rotation (rename or truncate),
+    like `tail -F`: after a rename it finishes the old file, then opens the new one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stream: IO[bytes] | None = None
+        self._ident: tuple[int, int] | None = None
+        self._partial = b""
+
+    def read(self) -> list[bytes]:
+        """New complete lines (without newlines); [] when nothing new."""
+        if self._stream is None and not self._open():
+            return []
+        assert self._stream is not None
+        data = self._stream.read(READ_CHUNK)
+        if data:
+            return self._split(data)
+        if self._rotated():
+            # Lines may have landed in the old file between our read and the rename.
+            rest = self._split(self._stream.read())
+            self._close()
+            self._open()
+            return rest + self.read()
+        return []
+
+    def _split(self, data: bytes) -> list[bytes]:
+        chunks = (self._partial + data).split(b"\n")
+        self._partial = chunks.pop()
+        return chunks
+
+    def _open(self) -> bool:
+        try:
+            stream = open(self.path, "rb")
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise InputError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if stream.peek(2)[:2] == _GZIP_MAGIC:
+            stream.close()
+            raise InputError(f"cannot follow compressed file {self.path}")
+        st = os.fstat(stream.fileno())
+        self._stream, self._ident, self._partial = stream, (st.st_dev, st.st_ino), b""
+        return True
+
+    def _rotated(self) -> bool:
+        assert self._stream is not None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False  # renamed away, the new file not created yet: wait for it
+        if (st.st_dev, st.st_ino) != self._ident:
+            return True
+        if st.st_size < self._stream.tell():  # truncated in place (copytruncate)
+            self._stream.seek(0)
+            self._partial = b""
+        return False
+
+    def _close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._stream = None
+
+    def close(self) -> None:
+        self._close()
+
+
+def rotated_files(path: str, limit: int = 1000) -> Iterator[str]:
+    """`PATH.1.gz` (or `PATH.1`), `PATH.2.gz`, ...: the rotated files, newest first."""
+    for index in range(1, limit):
+        names = (rotated_name(path, index), rotated_name(path, index, compressed=False))
+        name = next((n for n in names if os.path.exists(n)), None)
+        if name is None:
+            return
+        yield name
+
+
+def _first_seq(name: str) -> int | None:
+    with open_log(name) as stream:
+        record = parse_record(stream.readline().rstrip(b"\n"))
+    seq = record.get("seq") if record else None
+    return seq if isinstance(seq, int) else None
+
+
+def recover_rotated(path: str, lo: int, hi: int) -> list[bytes]:
+    """The lines with `lo <= seq <= hi` from PATH's rotated files, oldest first.
+
+    For a follower that was too slow: the log rotated more than once between two polls, so
+    whole files went by unread. Best effort (the writer may be renaming files meanwhile);
+    the caller compares what came back with what it expected.
+    """
+    needed: list[str] = []
+    try:
+        for name in rotated_files(path):
+            needed.append(name)
+            first = _first_seq(name)
+            if first is None or first <= lo:
+                break
+        lines = []
+        for line in read_lines(reversed(needed), lambda _path, _why: None):
+            record = parse_record(line.data)
+            seq = record.get("seq") if record else None
+            if isinstance(seq, int) and lo <= seq <= hi:
+                lines.append(line.data)
+        return lines
+    except (InputError, OSError, EOFError, zlib.error):
+        return []
+
+
+class GapFiller:
+    """Keeps a followed log continuous: when a `rotate` record arrives with a `seq` past the
+    next one expected, the lines in between are fetched from the rotated files first."""
+
+    def __init__(self, path: str, warn: Callable[[str], None]) -> None:
+        self.path = path
+        self.warn = warn
+        self.last: int | None = None
+
+    def feed(self, lines: Iterable[bytes]) -> Iterator[bytes]:
+        for data in lines:
+            record = parse_record(data)
+            seq = record.get("seq") if record else None
+            if not isinstance(seq, int):
+                yield data
+                continue
+            if record and record.get("type") == "rotate" and self.last is not None \
+                    and seq > self.last + 1:
+                yield from self._fill(self.last + 1, seq - 1)
+            self.last = seq
+            yield data
+
+    def _fill(self, lo: int, hi: int) -> list[bytes]:
+        found = recover_rotated(self.path, lo, hi)
+        if len(found) != hi - lo + 1:
+            self.warn(f"{self.path} rotated faster than it was read: "
+                      f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown")
+        return found

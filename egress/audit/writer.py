@@ -1,0 +1,402 @@
+"""The audit writer thread: the hash chain, batched writes, rotation, retries.
+
+Strategy: one thread owns the file and the chain. It takes serialized records from a
+`queue.SimpleQueue` (filled by `AuditLog.record()` on the event loop), appends `seq` and
+`prev` (auditfmt's chain), joins every line already queued into one `os.write`, and before
+each write checks that the path still names the file it holds (a removed or replaced file is
+reopened and counted). A failed write keeps the unwritten bytes, reports, and is retried
+every `retry_interval`; lines beyond `max_pending_bytes` are given up but keep their `seq`,
+so the gap is visible to `egress audit verify`, and a `loss` record tells how many.
+
+Counters (`write_errors`, `lines_written`, ...) are written by this thread only and read by
+others; under the GIL a reader sees a recent value, which is all a counter promises.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import gzip
+import logging
+import os
+import queue
+import shutil
+import time
+from collections import deque
+from typing import Final
+
+from egress.audit.format import (
+    FORMAT,
+    GENESIS,
+    Clock,
+    chain_line,
+    encode_record,
+    line_hash,
+    rotated_name,
+)
+
+logger = logging.getLogger("egress.audit")
+
+CLOSE_TIMEOUT: Final = 5.0  # aclose() gives an unwritable log this long for the end record
+BATCH_LINES: Final = 8192  # lines joined into one write at most
+ERROR_LOG_INTERVAL: Final = 10.0  # seconds between repeated "still failing" reports
+_TAIL_PROBE: Final = 65536  # bytes read back at start to find the file's last line
+
+DROPPED: Final = object()  # queued instead of a line when the backlog is full
+STOP: Final = object()  # queued by aclose(): write the end record and stop
+
+
+class LogWriter:
+    """Everything that happens on the writer thread. Counters are read by other threads."""
+
+    def __init__(self, path: str | None, *, fail_mode: str, keep_query: bool,
+                 rotate_bytes: int | None, retry_interval: float, max_pending_bytes: int,
+                 close_timeout: float) -> None:
+        self.path = path
+        self.fail_mode = fail_mode
+        self.keep_query = keep_query
+        self.rotate_bytes = rotate_bytes
+        self.retry_interval = retry_interval
+        self.max_pending_bytes = max_pending_bytes
+        self.run_id = os.urandom(16).hex()
+        self.clock = Clock()
+        self.fd: int | None = None
+        self.ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self.file_bytes = 0
+        self.seq = -1
+        self.prev = GENESIS
+        self.requests = 0
+        self.rotations = 0
+        self.pending: deque[bytes] = deque()  # chained lines with "\n", not yet written
+        self.pending_bytes = 0
+        self.dequeued = 0
+        self.write_errors = 0
+        self.lines_written = 0
+        self.lines_dropped = 0  # lost in this writer, reported by a loss record
+        self.lines_abandoned = 0  # recorded after close, or never written at close
+        self.loss_reported = 0  # lines_dropped already told in a loss record
+        self.writable = True
+        self.crashed = False
+        self.cursor = 0  # index in the batch being processed
+        self.close_timeout = close_timeout
+        self._last_error_log = 0.0
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def open_initial(self) -> None:
+        """Open the file (raises OSError), link the start record to its last line."""
+        if self.path == "-":
+            self.fd = os.dup(1)  # the process stdout, whatever sys.stdout was replaced by
+            return
+        assert self.path is not None
+        self._open()
+        tail = b""
+        if self.file_bytes:
+            assert self.fd is not None
+            with open(self.path, "rb") as reader:
+                reader.seek(max(0, self.file_bytes - _TAIL_PROBE))
+                tail = reader.read()
+        if tail:
+            complete = tail.endswith(b"\n")
+            last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+            self.prev = line_hash(last)
+            if not complete:  # a crashed run left half a line: end it, keep it visible
+                self._push(b"\n")
+
+    def _open(self) -> None:
+        assert self.path is not None
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        st = os.fstat(fd)
+        self.fd, self.ident, self.file_bytes = fd, (st.st_dev, st.st_ino), st.st_size
+
+    def _replaced(self) -> bool:
+        """True when the path no longer names the file we hold open (removed, replaced)."""
+        if self.path == "-" or self.ident is None:
+            return False
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self.ident
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def run(self, source: queue.SimpleQueue[object]) -> None:
+        try:
+            self._control({"type": "start", "run": self.run_id, "format": FORMAT,
+                           "pid": os.getpid(), "fail_mode": self.fail_mode,
+                           "keep_query": self.keep_query,
+                           "rotate_bytes": self.rotate_bytes})
+            self._flush()
+            stopping = False
+            while not stopping:
+                stopping = self._run_batch(source)
+            if not self.crashed:
+                self._finish()
+        except Exception:
+            self._crash()
+        finally:
+            self.drain_after_stop(source)
+
+    def _crash(self) -> None:
+        # A bug must not pass for a healthy log: say so loudly, and fail closed.
+        self.writable = False
+        self.crashed = True
+        logger.critical("audit writer thread crashed; the audit log is no longer written",
+                        exc_info=True)
+
+    def drain_after_stop(self, source: queue.SimpleQueue[object]) -> None:
+        # Lines that raced with aclose() are counted, and flush() waiters released.
+        while True:
+            try:
+                item = source.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, concurrent.futures.Future):
+                item.set_result(None)
+            elif isinstance(item, list):  # a loop-side batch of lines
+                self.lines_abandoned += len(item)
+            elif item is not STOP:
+                self.lines_abandoned += 1
+
+    def _run_batch(self, source: queue.SimpleQueue[object]) -> bool:
+        watch = bool(self.pending) or self.fail_mode == "closed"
+        try:
+            item = source.get(timeout=self.retry_interval if watch else None)
+        except queue.Empty:
+            self._idle_check()
+            return False
+        batch: list[object] = []
+        while True:
+            # the event loop hands over a list of lines per loop iteration (one wake-up)
+            if isinstance(item, list):
+                batch.extend(item)
+            else:
+                batch.append(item)
+            if len(batch) >= BATCH_LINES:
+                break
+            try:
+                item = source.get_nowait()
+            except queue.Empty:
+                break
+        self.cursor = 0
+        try:
+            return self._process(batch)
+        except Exception:
+            # Lines chained before the failure are still written; the rest are counted.
+            late = batch[self.cursor:]
+            self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
+            with contextlib.suppress(Exception):
+                self._flush()
+            self._crash()
+            return True
+        finally:  # flush() waiters are released even if processing failed
+            for item in batch:
+                if isinstance(item, concurrent.futures.Future) and not item.done():
+                    item.set_result(None)
+
+    def _process(self, batch: list[object]) -> bool:
+        """Chain the batch's lines and write them; True when it held STOP."""
+        stopping = False
+        for index, item in enumerate(batch):
+            self.cursor = index
+            if isinstance(item, str):
+                self._line(item)
+            elif item is DROPPED:
+                self._lose_next()
+            elif item is STOP:
+                stopping = True
+                late = batch[index + 1:]  # raced with aclose(): counted, not written
+                self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
+                break
+        self._flush()
+        return stopping
+
+    def _idle_check(self) -> None:
+        # Retry pending lines; in closed mode also notice a removed file while idle, so
+        # the proxy stops accepting before the next connection rather than after it.
+        if self.pending:
+            self._flush()
+        elif (self.fd is None or self._replaced()) and self._reopen():
+            self._succeeded()
+
+    def _line(self, body: str) -> None:
+        self.dequeued += 1
+        self.requests += 1
+        self._chain(body)
+
+    def _control(self, fields: dict[str, object]) -> None:
+        record: dict[str, object] = {"type": fields.pop("type"), "ts": self.clock.now()}
+        record.update(fields)
+        self._chain(encode_record(record), may_rotate=record["type"] != "rotate")
+
+    def _chain(self, body: str, *, may_rotate: bool = True) -> None:
+        line = chain_line(body, self.seq + 1, self.prev)
+        if may_rotate and self._needs_rotation(len(line) + 1):
+            self._rotate()
+            line = chain_line(body, self.seq + 1, self.prev)
+        self.seq += 1
+        self.prev = line_hash(line)
+        self._push(line + b"\n")
+
+    def _needs_rotation(self, size: int) -> bool:
+        limit = self.rotate_bytes
+        return (limit is not None and self.seq >= 0
+                and self.file_bytes + self.pending_bytes + size > limit)
+
+    def _push(self, data: bytes) -> None:
+        self.pending.append(data)
+        self.pending_bytes += len(data)
+        while self.pending_bytes > self.max_pending_bytes and len(self.pending) > 2:
+            # Drop the oldest whole line (never the head, which may be half written).
+            head = self.pending.popleft()
+            dropped = self.pending.popleft()
+            self.pending.appendleft(head)
+            self.pending_bytes -= len(dropped)
+            self._count_lost(1)
+
+    def _lose_next(self) -> None:
+        self.dequeued += 1
+        self.seq += 1
+        self.prev = GENESIS  # the lost line's hash is unknown; verify reports the gap
+        self._count_lost(1)
+
+    def _count_lost(self, count: int) -> None:
+        self.lines_dropped += count
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _flush(self) -> bool:
+        """Write every pending line; on failure keep the unwritten bytes and report."""
+        if not self.pending:
+            return True
+        if (self.fd is None or self._replaced()) and not self._reopen():
+            return False
+        assert self.fd is not None
+        data = b"".join(self.pending)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self.fd, data[written:])
+        except OSError as exc:
+            self.file_bytes += written
+            self.lines_written += data.count(b"\n", 0, written)
+            self.pending.clear()
+            self.pending.append(data[written:])
+            self.pending_bytes = len(data) - written
+            self._failed(f"cannot write audit log {self.path}: {exc}")
+            return False
+        self.file_bytes += written
+        self.lines_written += data.count(b"\n")
+        self.pending.clear()
+        self.pending_bytes = 0
+        self._succeeded()
+        return True
+
+    def _reopen(self) -> bool:
+        if self.fd is not None:
+            self._failed(f"audit log {self.path} was removed or replaced; reopening it")
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+        try:
+            self._open()
+        except OSError as exc:
+            self._failed(f"cannot reopen audit log {self.path}: {exc}")
+            return False
+        return True
+
+    def _failed(self, message: str) -> None:
+        self.write_errors += 1
+        now = time.monotonic()
+        if self.writable or now - self._last_error_log >= ERROR_LOG_INTERVAL:
+            mode = ("refusing new connections (--audit-fail closed)"
+                    if self.fail_mode == "closed"
+                    else "still serving (--audit-fail open)")
+            logger.error("%s [%d write errors, %d lines waiting; %s]", message,
+                         self.write_errors, sum(c.count(b"\n") for c in self.pending), mode)
+            self._last_error_log = now
+        self.writable = False
+
+    def _succeeded(self) -> None:
+        if not self.writable:
+            logger.warning("audit log %s is writable again after %d write errors",
+                           self.path, self.write_errors)
+            self.writable = True
+        if self._report_loss():
+            self._flush()
+
+    def _report_loss(self) -> bool:
+        if self.lines_dropped <= self.loss_reported:
+            return False
+        self.loss_reported = self.lines_dropped
+        self._control({"type": "loss", "run": self.run_id, "lost": self.lines_dropped})
+        logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
+        return True
+
+    def _rotate(self) -> None:
+        """PATH -> PATH.1.gz (older ones shift up); the chain continues in a new PATH."""
+        if not self._flush() or self.path in (None, "-"):
+            return
+        assert self.path is not None
+        assert self.fd is not None
+        try:
+            os.close(self.fd)
+            self.fd = None
+            _shift_rotated(self.path)
+            os.rename(self.path, rotated_name(self.path, 1, compressed=False))
+            self._open()
+        except OSError as exc:
+            self._failed(f"cannot rotate audit log {self.path}: {exc}")
+            if self.fd is None:
+                self._reopen()
+            return
+        self.rotations += 1
+        self._control({"type": "rotate", "run": self.run_id, "part": self.rotations})
+        try:
+            _gzip_file(rotated_name(self.path, 1, compressed=False))
+        except Exception as exc:  # the uncompressed PATH.1 stays; readers accept both
+            logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
+
+    def _finish(self) -> None:
+        self._report_loss()
+        if self._needs_rotation(400):  # rotate first, so that "lines" counts the rotate record
+            self._rotate()
+        self._control({"type": "end", "run": self.run_id, "lines": self.seq + 1,
+                       "requests": self.requests, "write_errors": self.write_errors,
+                       "dropped": self.lines_dropped})
+        deadline = time.monotonic() + self.close_timeout
+        while not self._flush() and time.monotonic() < deadline:
+            time.sleep(self.retry_interval)
+        if self.pending:
+            lost = sum(chunk.count(b"\n") for chunk in self.pending)
+            self.lines_abandoned += lost
+            logger.error("audit log %s: %d lines could not be written before close",
+                         self.path, lost)
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+def _shift_rotated(path: str) -> None:
+    top = 1
+    while any(os.path.exists(rotated_name(path, top, compressed=c)) for c in (True, False)):
+        top += 1
+    for index in range(top - 1, 0, -1):
+        for compressed in (True, False):
+            source = rotated_name(path, index, compressed=compressed)
+            if os.path.exists(source):
+                os.rename(source, rotated_name(path, index + 1, compressed=compressed))
+
+
+def _gzip_file(source: str) -> None:
+    temporary = f"{source}.gz.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    # Level 1: JSON lines still shrink several times over, at a fraction of level 6's CPU.
+    with (open(source, "rb") as reader, open(fd, "wb") as raw,
+          gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as writer):
+        shutil.copyfileobj(reader, writer, 1024 * 1024)
+    os.rename(temporary, f"{source}.gz")
+    os.unlink(source)

@@ -1,0 +1,35 @@
+"""The whole pure verdict: policy decision, then the address guard.
+
+Two stages, as in smokescreen: the policy judges the canonical name (and address rules the
+resolved addresses); the guard then refuses any reserved address the destination is or
+resolved to, whatever the policy said — unless the destination is a framework route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .addrs import AddressGuard
+from .rules import Decision, Policy
+from .target import IPAddress, Target
+
+
+def judge(
+    policy: Policy, guard: AddressGuard, target: Target, addrs: Sequence[IPAddress] = ()
+) -> Decision:
+    """Decide `target` (resolved to `addrs`, if known) under `policy` and `guard`."""
+    decision = policy.decide(target, addrs)
+    if not decision.allowed or decision.reason == "framework_route":
+        return decision
+    ips: Sequence[IPAddress] = (target.ip,) if target.ip is not None else addrs
+    hit = guard.check(ips)
+    if hit is None:
+        return decision
+    addr, why = hit
+    return Decision(
+        False,
+        "reserved_address",
+        None,
+        f"{addr} is a reserved address ({why})",
+        decision.needs_addrs,
+    )

@@ -1,0 +1,426 @@
+"""The policy: rules, and the pure decision over a canonical `Target`.
+
+Evaluation order of `decide` (first match wins; every branch has a constant reason code):
+
+ 1. framework route on the exact host and port (any scheme)   -> allow  `framework_route`
+ 2. a block rule matching host (or any resolved address)       -> block  `block_rule`
+ 3. an allow rule matching host (or every resolved address)    -> allow  `allow_rule`
+ 4. default posture `allow`                                    -> allow  `default_allow`
+ 5. an allow rule matched the host but not this port/scheme    -> block  `port_not_allowed`
+ 6. default posture `deny`                                     -> block  `default_deny`
+
+The address guard (reserved addresses, `addrs.py`) is a separate, later stage: a rule never
+makes a reserved address reachable; only a framework route does.
+
+Ports: an allow rule without port or scheme permits CONNECT to 443 and absolute-form HTTP to
+80; a block rule without a port blocks every port and scheme; `host:port` covers both schemes
+on that port; a URL origin narrows to its scheme and port.
+
+Rule matching is done on canonical strings on both sides (`target.normalize_host`). Patterns
+are compiled once at load: exact names go to a dict, `*.suffix` patterns to a suffix dict,
+only the rest to compiled regular expressions; decisions can therefore be cached by target.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import PolicyError, TargetError
+from ..validate import as_list
+from .target import (
+    DEFAULT_PORTS,
+    IPAddress,
+    IPNetwork,
+    Scheme,
+    Target,
+    normalize_host,
+    normalize_label,
+    parse_ip_literal,
+    parse_url,
+    split_host_port,
+)
+
+Action = Literal["allow", "block"]
+Posture = Literal["deny", "allow"]
+
+_PATTERN_CHARS = re.compile(r"[a-z0-9_.*?-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One parsed rule. `text` is the rule as written (what audit lines and errors quote)."""
+
+    text: str
+    action: Action
+    pattern: str | None = None  # canonical host pattern (host and URL forms)
+    network: IPNetwork | None = None  # IP literal / CIDR form
+    port: int | None = None
+    scheme: Scheme | None = None
+
+    def covers_port(self, scheme: Scheme, port: int) -> bool:
+        """Does this rule speak about (scheme, port)? See the module docstring."""
+        if self.scheme is not None:
+            return scheme == self.scheme and port == self.port
+        if self.port is not None:
+            return port == self.port
+        if self.action == "block":
+            return True
+        return port == DEFAULT_PORTS[scheme]
+
+    def __repr__(self) -> str:
+        return f"Rule({self.action} {self.text!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of `decide`: allowed or not, a constant reason code, the deciding rule."""
+
+    allowed: bool
+    reason: str
+    rule: str | None = None
+    detail: str = ""
+    # True when resolved addresses could still change the outcome (IP/CIDR rules exist).
+    needs_addrs: bool = False
+
+    @property
+    def action(self) -> Action:
+        return "allow" if self.allowed else "block"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkRoute:
+    """A URL the framework serves; reachable on its exact host and port by any scheme."""
+
+    text: str
+    host: str
+    port: int
+
+
+# ---------------------------------------------------------------------------------------
+# Rule parsing
+
+
+def parse_rule(text: str, action: Action) -> Rule:
+    """Parse one rule in any of the four forms; raise `PolicyError` quoting it."""
+    raw = text.strip()
+    if not raw:
+        raise PolicyError(f"{action} rule {text!r}: empty rule")
+    try:
+        if "://" in raw:
+            return _parse_url_rule(raw, action)
+        if "/" in raw:
+            return _parse_cidr_rule(raw, action)
+        return _parse_host_rule(raw, action)
+    except PolicyError as exc:
+        raise PolicyError(f"{action} {exc}") from None
+    except (TargetError, ValueError) as exc:
+        raise PolicyError(f"{action} rule {raw!r}: {exc}") from None
+
+
+def _parse_url_rule(raw: str, action: Action) -> Rule:
+    scheme, _, rest = raw.partition("://")
+    scheme = scheme.lower()
+    if scheme not in ("http", "https"):
+        raise PolicyError(f"rule {raw!r}: scheme must be http or https")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:
+        raise PolicyError(f"rule {raw!r}: userinfo is not allowed in a rule")
+    host, port_text = split_host_port(authority)
+    port = _rule_port(port_text, raw) if port_text else DEFAULT_PORTS[scheme]
+    ip = parse_ip_literal(host)
+    s: Scheme = "https" if scheme == "https" else "http"
+    if ip is not None:
+        return Rule(raw, action, network=ipaddress.ip_network(ip), port=port, scheme=s)
+    return Rule(raw, action, pattern=_normalize_pattern(host, raw), port=port, scheme=s)
+
+
+def _parse_cidr_rule(raw: str, action: Action) -> Rule:
+    text = raw
+    if text.startswith("[") and "]" in text:
+        text = text.replace("[", "").replace("]", "")
+    try:
+        network = ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        raise PolicyError(f"rule {raw!r}: not a valid CIDR ({exc})") from None
+    if isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped:
+        mapped = network.network_address.ipv4_mapped
+        prefix = max(network.prefixlen - 96, 0)
+        network = ipaddress.ip_network(f"{mapped}/{prefix}", strict=False)
+    return Rule(raw, action, network=network)
+
+
+def _parse_host_rule(raw: str, action: Action) -> Rule:
+    if raw.startswith("["):
+        host, port_text = split_host_port(raw)
+    elif raw.count(":") > 1:
+        host, port_text = raw, None  # a bare IPv6 literal
+    else:
+        host, port_text = split_host_port(raw)
+    port = _rule_port(port_text, raw) if port_text is not None else None
+    ip = parse_ip_literal(host)
+    if ip is not None:
+        return Rule(raw, action, network=ipaddress.ip_network(ip), port=port)
+    return Rule(raw, action, pattern=_normalize_pattern(host, raw), port=port)
+
+
+def _rule_port(text: str, raw: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise PolicyError(f"rule {raw!r}: invalid port {text!r} (must be 1-65535)")
+    return int(text)
+
+
+def _normalize_pattern(host: str, raw: str) -> str:
+    """Canonicalize a host pattern with the same rules as a destination host."""
+    if "[" in host or "]" in host:
+        raise PolicyError(f"rule {raw!r}: '[' is not allowed in a host pattern (use IP form)")
+    if "*" not in host and "?" not in host:
+        return normalize_host(host)
+    pattern = host[:-1] if host.endswith(".") else host
+    labels = []
+    for label in pattern.split("."):
+        if not label:
+            raise PolicyError(f"rule {raw!r}: empty label in host pattern")
+        if "*" in label or "?" in label:
+            lowered = label.lower()
+            if not _PATTERN_CHARS.fullmatch(lowered):
+                raise PolicyError(f"rule {raw!r}: invalid character in host pattern")
+            labels.append(lowered)
+        else:
+            labels.append(normalize_label(label, raw))
+    return ".".join(labels)
+
+
+def parse_framework_route(text: str) -> FrameworkRoute:
+    """Parse a framework route URL (`http://127.0.0.1:8080/v1`); the path is ignored."""
+    try:
+        parsed = parse_url(text.strip(), schemes=("http", "https"))
+    except TargetError as exc:
+        raise PolicyError(f"framework route {text!r}: {exc}") from None
+    return FrameworkRoute(text.strip(), parsed.target.host, parsed.target.port)
+
+
+# ---------------------------------------------------------------------------------------
+# Compiled rule sets
+
+
+class _NetIndex:
+    """Address rules indexed by prefix length: which rules contain an address, in
+    O(distinct prefix lengths) dict lookups instead of a scan of every CIDR rule."""
+
+    __slots__ = ("_tables",)
+
+    def __init__(self) -> None:
+        # version -> prefix length -> network number -> rules
+        self._tables: dict[int, dict[int, dict[int, list[Rule]]]] = {4: {}, 6: {}}
+
+    def add(self, rule: Rule) -> None:
+        net = rule.network
+        assert net is not None
+        bits = net.max_prefixlen
+        key = int(net.network_address) >> (bits - net.prefixlen)
+        self._tables[net.version].setdefault(net.prefixlen, {}).setdefault(key, []).append(rule)
+
+    def containing(self, ip: IPAddress) -> list[Rule]:
+        """Every rule whose network contains `ip` (unordered)."""
+        n, bits = int(ip), ip.max_prefixlen
+        found: list[Rule] = []
+        for plen, table in self._tables[ip.version].items():
+            hit = table.get(n >> (bits - plen))
+            if hit:
+                found.extend(hit)
+        return found
+
+
+@dataclass(slots=True)
+class _RuleSet:
+    """Rules of one action, indexed for fast host matching."""
+
+    exact: dict[str, list[Rule]] = field(default_factory=dict)
+    suffix: dict[str, list[Rule]] = field(default_factory=dict)  # "*.x" -> under "x"
+    regex: list[tuple[re.Pattern[str], Rule]] = field(default_factory=list)
+    networks: list[Rule] = field(default_factory=list)
+    net_index: _NetIndex = field(default_factory=_NetIndex)
+    order: dict[Rule, int] = field(default_factory=dict)
+
+    def add(self, rule: Rule) -> None:
+        self.order.setdefault(rule, len(self.order))
+        if rule.network is not None:
+            self.networks.append(rule)
+            self.net_index.add(rule)
+            return
+        assert rule.pattern is not None
+        pat = rule.pattern
+        if "*" not in pat and "?" not in pat:
+            self.exact.setdefault(pat, []).append(rule)
+        elif pat.startswith("*.") and "*" not in pat[2:] and "?" not in pat[2:]:
+            self.suffix.setdefault(pat[2:], []).append(rule)
+        else:
+            rx = re.compile(fnmatch.translate(pat))
+            self.regex.append((rx, rule))
+            if pat.startswith("*."):
+                # a leading "*." also matches the apex
+                self.regex.append((re.compile(fnmatch.translate(pat[2:])), rule))
+
+    def network_matches(self, ips: Sequence[IPAddress], *, every: bool) -> list[Rule]:
+        """Address rules containing any (`every=False`) or every (`every=True`) of `ips`, in
+        definition order."""
+        if not ips or not self.networks:
+            return []
+        sets = [set(self.net_index.containing(ip)) for ip in ips]
+        chosen = set.intersection(*sets) if every else set.union(*sets)
+        return sorted(chosen, key=self.order.__getitem__)
+
+    def host_matches(self, host: str) -> list[Rule]:
+        """Every host-form rule whose pattern matches `host`, in definition order."""
+        found = list(self.exact.get(host, ()))
+        if self.suffix:
+            name = host
+            while True:
+                found.extend(self.suffix.get(name, ()))
+                dot = name.find(".")
+                if dot < 0:
+                    break
+                name = name[dot + 1 :]
+        for rx, rule in self.regex:
+            if rx.match(host) and rule not in found:
+                found.append(rule)
+        if len(found) > 1:
+            found.sort(key=self.order.__getitem__)
+        return found
+
+
+class Policy:
+    """Allow and block rules, a default posture, and framework routes. Immutable after load.
+
+    Raises `PolicyError` (quoting the rule) when a rule cannot be parsed.
+    """
+
+    def __init__(
+        self,
+        allow: Iterable[str | Rule] = (),
+        block: Iterable[str | Rule] = (),
+        default: Posture = "deny",
+        framework_routes: Iterable[str | FrameworkRoute] = (),
+    ) -> None:
+        # one validator for every entry point (docs/policy.md#types): `allow="*"` is a
+        # TypeError, never the characters of a string taken as rules
+        if not isinstance(default, str):
+            raise TypeError(f"Policy default must be 'deny' or 'allow', not {default!r}")
+        if default not in ("deny", "allow"):
+            raise PolicyError(f"default posture {default!r}: must be 'deny' or 'allow'")
+        self.default: Posture = default
+        rules = (str, Rule)
+        self.allow_rules = tuple(
+            _as_rule(r, "allow") for r in as_list(allow, "Policy allow", rules)  # type: ignore[arg-type]
+        )
+        self.block_rules = tuple(
+            _as_rule(r, "block") for r in as_list(block, "Policy block", rules)  # type: ignore[arg-type]
+        )
+        self.framework_routes = tuple(
+            r if isinstance(r, FrameworkRoute) else parse_framework_route(str(r))
+            for r in as_list(framework_routes, "Policy framework_routes", (str, FrameworkRoute))
+        )
+        self._allow = _RuleSet()
+        self._block = _RuleSet()
+        for rule in self.allow_rules:
+            self._allow.add(rule)
+        for rule in self.block_rules:
+            self._block.add(rule)
+        self._routes = {(r.host, r.port): r for r in self.framework_routes}
+        self.has_ip_rules = bool(self._allow.networks or self._block.networks)
+        # ports named by an `https://` allow rule: tunnels there get the TLS SNI check too
+        self.https_ports = frozenset(
+            r.port for r in self.allow_rules if r.scheme == "https" and r.port is not None
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Policy(default={self.default!r}, allow={len(self.allow_rules)}, "
+            f"block={len(self.block_rules)}, routes={len(self.framework_routes)})"
+        )
+
+    def host_rules(self, action: Action, host: str) -> list[Rule]:
+        """The host-form rules of `action` matching canonical `host` on any port or scheme,
+        in definition order (the DNS responder asks which names may be answered)."""
+        return (self._allow if action == "allow" else self._block).host_matches(host)
+
+    def framework_route(self, host: str, port: int) -> FrameworkRoute | None:
+        return self._routes.get((host, port))
+
+    def decide(self, target: Target, addrs: Sequence[IPAddress] = ()) -> Decision:
+        """Judge `target` (and, if given, every address it resolved to). Pure."""
+        return decide(self, target, addrs)
+
+
+def _as_rule(rule: str | Rule, action: Action) -> Rule:
+    if isinstance(rule, Rule):
+        if rule.action != action:
+            raise PolicyError(f"rule {rule.text!r} is a {rule.action} rule, not {action}")
+        return rule
+    return parse_rule(rule, action)
+
+
+# ---------------------------------------------------------------------------------------
+# The decision
+
+
+def decide(policy: Policy, target: Target, addrs: Sequence[IPAddress] = ()) -> Decision:
+    """Decide `target` under `policy`; see the module docstring for the order.
+
+    `addrs` are the addresses the name resolved to (empty before resolution, or for IP
+    literals, whose own address is `target.ip`). A result with `needs_addrs` may change once
+    the addresses are known, so the caller resolves and decides again.
+    """
+    route = policy.framework_route(target.host, target.port)
+    if route is not None:
+        return Decision(True, "framework_route", route.text, f"framework route {route.text}")
+    ips: Sequence[IPAddress] = (target.ip,) if target.ip is not None else addrs
+    resolved = target.ip is not None or bool(addrs)
+
+    block = _first_covering(policy._block.host_matches(target.host), target)
+    if block is None:
+        block = _first_covering(policy._block.network_matches(ips, every=False), target)
+    if block is not None:
+        return Decision(False, "block_rule", block.text, f"blocked by rule {block.text!r}")
+    pending_block = bool(policy._block.networks) and not resolved
+
+    host_allows = policy._allow.host_matches(target.host)
+    allow = _first_covering(host_allows, target)
+    if allow is None:
+        allow = _first_covering(policy._allow.network_matches(ips, every=True), target)
+    if allow is not None:
+        return Decision(
+            True, "allow_rule", allow.text, f"allowed by rule {allow.text!r}", pending_block
+        )
+    if policy.default == "allow":
+        return Decision(True, "default_allow", None, "default posture allow", pending_block)
+    pending = (pending_block or bool(policy._allow.networks)) and not resolved
+    # some address rule covers every address, so only its port or scheme did not match
+    if host_allows or policy._allow.network_matches(ips, every=True):
+        names = ", ".join(repr(r.text) for r in host_allows) or "an address rule"
+        return Decision(
+            False,
+            "port_not_allowed",
+            None,
+            f"{names} does not cover {_describe(target)}",
+            pending,
+        )
+    return Decision(False, "default_deny", None, "no allow rule matches (default deny)", pending)
+
+
+def _describe(target: Target) -> str:
+    how = "CONNECT" if target.scheme == "https" else "plain HTTP"
+    return f"{how} to port {target.port}"
+
+
+def _first_covering(rules: list[Rule], target: Target) -> Rule | None:
+    for rule in rules:
+        if rule.covers_port(target.scheme, target.port):
+            return rule
+    return None
+

@@ -1,0 +1,136 @@
+"""One client connection: its state, its limits, reading a request head, its timeouts.
+
+Shell (the state holds sockets), but no policy: `Conn` is what the sweeper and the audit
+lines need to know about a connection; `Limits` bounds it (docs/proxy.md#limits);
+`read_head` buffers and parses one request head (`wire`); `sweep` enforces the head, hello
+and idle timeouts from the server's one sweeper task, so no timer is armed per operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import ProtocolError
+from ..reasons import End
+from ..validate import as_count, as_timeout
+from . import wire
+from .gate import HEAD_TIMEOUT
+from .listener import Listener
+from .relay import Side
+from .responses import error_response
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource bounds; the defaults are documented (docs/proxy.md#limits) and relied upon."""
+
+    max_head: int = wire.MAX_REQUEST_HEAD_SIZE  # 16 KiB, h11's precedent
+    max_headers: int = wire.MAX_REQUEST_HEADERS  # 100
+    head_timeout: float = 10.0
+    connect_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    max_connections: int = 1024
+    shutdown_grace: float = 5.0
+    pool_idle: float = 30.0  # idle upstream keep-alive connections are closed after this
+    pool_per_key: int = 64
+    # connections one client (client id, else source address) may hold; None = a quarter
+    # of max_connections (at least 1)
+    max_client_connections: int | None = None
+
+    def __post_init__(self) -> None:
+        """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
+        for name in ("head_timeout", "connect_timeout", "idle_timeout", "shutdown_grace",
+                     "pool_idle"):
+            as_timeout(getattr(self, name), f"Limits {name}")
+        for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
+            as_count(getattr(self, name), f"Limits {name}")
+        if self.max_client_connections is not None:
+            as_count(self.max_client_connections, "Limits max_client_connections")
+
+    @property
+    def client_cap(self) -> int:
+        if self.max_client_connections is not None:
+            return self.max_client_connections
+        return max(1, self.max_connections // 4)
+
+
+@dataclass(slots=True, eq=False)
+class Conn:
+    """One client connection's state, for the sweeper and the audit lines."""
+
+    side: Side
+    client: str
+    peer: object  # the socket's peername; parsed only when a source rule needs it
+    listener: Listener
+    phase: str = "head"  # head | idle | active | hello
+    raw_head: bytes = b""  # the bytes of the request head being served
+    phase_since: float = 0.0
+    upstream: Side | None = None
+    end: str | None = None
+    orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
+    owner: object = None  # the per-client cap's key, once the first request is identified
+    task: asyncio.Task[None] | None = None
+
+
+async def read_head(
+    conn: Conn, limits: Limits, loop: asyncio.AbstractEventLoop
+) -> wire.RequestHead | None:
+    side = conn.side
+    searched = 0  # bytes already scanned for the end of the head (no quadratic rescans)
+    while True:
+        if side.buf:
+            if conn.phase == "idle":
+                conn.phase, conn.phase_since = "head", loop.time()
+            parsed = wire.parse_request_head(
+                side.buf, max_size=limits.max_head, max_headers=limits.max_headers,
+                searched=searched,
+            )
+            if parsed is not None:
+                head, used = parsed
+                conn.raw_head = bytes(side.buf[:used])
+                side.consume(used)
+                return head
+            searched = len(side.buf)
+        if not await side.read_more():
+            if side.buf:
+                raise ProtocolError("connection closed inside a request head", 400)
+            return None
+
+
+def sweep(conn: Conn, now: float, lim: Limits) -> None:
+    """Enforce the head, hello and idle timeouts on one connection."""
+    if conn.phase == "hello" and now - conn.phase_since > lim.head_timeout:
+        conn.end = End.HELLO_TIMEOUT.value  # inside an open tunnel: nothing to answer
+        conn.side.close()
+        if conn.upstream is not None:
+            conn.upstream.close()
+        return
+    if conn.phase == "head" and now - conn.phase_since > lim.head_timeout:
+        conn.end = "head_timeout"
+        if conn.side.buf:
+            conn.side.write(error_response(HEAD_TIMEOUT.reason, HEAD_TIMEOUT.detail)[1])
+        conn.side.close()
+        return
+    last = conn.side.last_active
+    if conn.upstream is not None:
+        last = max(last, conn.upstream.last_active)
+    if now - last > lim.idle_timeout:
+        conn.end = End.IDLE_TIMEOUT.value
+        conn.side.close()
+        if conn.upstream is not None:
+            conn.upstream.close()
+
+
+def reclaim_idle(conns: Iterable[Conn]) -> bool:
+    """At the global cap: close the longest-idle kept-alive connection (one between
+    requests) to make room for a new one; False if there is none (docs/proxy.md#limits)."""
+    idle = [c for c in conns if c.phase == "idle" and not c.side.buf]
+    if not idle:
+        return False
+    min(idle, key=lambda c: c.phase_since).side.close()
+    return True
+
+
+__all__ = ["Conn", "Limits", "read_head", "reclaim_idle", "sweep"]

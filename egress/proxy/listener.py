@@ -1,0 +1,83 @@
+"""Listening sockets: the `Listener` record, `--listen` parsing, and the one socket helper.
+
+Shell (creates sockets). `listen_socket` is the only place a listening socket is made; the
+namespace variant (`netns.listen_in_netns`) runs the same function in a thread that entered
+the sandbox's namespace (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ..errors import TargetError
+from ..policy.target import split_host_port
+from .clients import Identity
+
+if TYPE_CHECKING:
+    from .dnsanswer import FakeIPs
+
+BACKLOG = 1024
+# What a listening socket speaks: the HTTP forward proxy, SOCKS5, transparent redirects, or
+# DNS (docs/proxy.md#transparent-mode-and-socks5).
+ListenerKind = Literal["http", "socks5", "transparent", "dns"]
+
+
+@dataclass(eq=False)
+class Listener:
+    """One listening socket. `identity` binds every connection on it to one client (a
+    sandbox's own in-namespace listener); `forward_to` makes it a plain TCP forwarder to a
+    framework route instead of a proxy."""
+
+    host: str
+    port: int
+    netns: str | None = None
+    identity: Identity | None = None
+    forward_to: tuple[str, int] | None = None
+    server: asyncio.base_events.Server | None = None
+    kind: ListenerKind = "http"
+    # transparent mode: the sandbox's fake-IP map (shared with its DNS responder) and, for a
+    # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
+    fake_ips: FakeIPs | None = None
+    datagram: asyncio.DatagramTransport | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.datagram is not None:
+            self.datagram.close()
+
+
+def parse_listen(spec: str) -> tuple[str, int]:
+    """`HOST:PORT` / `[v6]:PORT` -> (host, port); ValueError naming the culprit."""
+    try:
+        host, port = split_host_port(spec)
+    except TargetError as exc:
+        raise ValueError(f"--listen {spec!r}: {exc}") from None
+    if port is None or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
+    return host.strip("[]"), int(port)
+
+
+def listen_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """A non-blocking listening TCP socket bound to `host:port` (SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+__all__ = ["BACKLOG", "Listener", "ListenerKind", "listen_socket", "parse_listen"]

@@ -1,0 +1,99 @@
+"""The upstream connection pool: dialing checked addresses, and idle keep-alive reuse.
+
+Shell. Like httpcore's connection pool, keyed by what was *checked*: the (address, port) the
+gate admitted, never the name, so a pooled connection is only reused for a request that was
+itself judged and resolved to that address (docs/architecture.md#one-request). Bounds:
+`per_key` idle connections per key, each closed after `idle` seconds (the server's sweeper
+calls `sweep`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from ..policy.target import IPAddress
+from .gate import Refuse, Refused, refuse_dial
+from .relay import Side
+
+
+class UpstreamPool:
+    """Idle upstream `Side`s by (address, port), and the dialer that makes new ones."""
+
+    __slots__ = ("_idle", "_loop", "closing", "connect_timeout", "idle", "per_key")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        connect_timeout: float,
+        idle: float,
+        per_key: int,
+    ) -> None:
+        self._loop = loop
+        self._idle: dict[tuple[IPAddress, int], list[Side]] = {}
+        self.connect_timeout = connect_timeout
+        self.idle = idle
+        self.per_key = per_key
+        self.closing = False
+
+    async def dial(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
+        """Connect to the first reachable checked address; raise `Refused` on failure."""
+        loop = self._loop
+        last: Refuse | None = None
+        for addr in addrs:
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
+                return side, addr
+            except OSError as exc:  # TimeoutError and ConnectionRefusedError included
+                last = refuse_dial(exc, addr, port)
+        assert last is not None, "dial() needs at least one address"
+        raise Refused(last)
+
+    async def acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
+        """An idle pooled connection to one of the checked `addrs`, or a new one."""
+        for addr in addrs:
+            idle = self._idle.get((addr, port))
+            while idle:
+                side = idle.pop()
+                t = side.transport
+                if not side.eof and not side.buf and t is not None and not t.is_closing():
+                    return side, addr
+                side.close()
+        return await self.dial(addrs, port)
+
+    def release(self, upstream: Side, ip: IPAddress, port: int) -> None:
+        """Keep `upstream` for reuse if it is clean and there is room, else close it."""
+        if upstream.eof or upstream.buf or self.closing:
+            upstream.close()
+            return
+        idle = self._idle.setdefault((ip, port), [])
+        if len(idle) >= self.per_key:
+            upstream.close()
+            return
+        idle.append(upstream)
+
+    def sweep(self, now: float) -> None:
+        """Close idle connections that saw EOF or sat unused for longer than `idle`."""
+        for key, sides in list(self._idle.items()):
+            keep = []
+            for side in sides:
+                if side.eof or now - side.last_active > self.idle:
+                    side.close()
+                else:
+                    keep.append(side)
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+
+    def close(self) -> None:
+        self.closing = True
+        for sides in self._idle.values():
+            for side in sides:
+                side.close()
+        self._idle.clear()
+
+
+__all__ = ["UpstreamPool"]

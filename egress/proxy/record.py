@@ -1,0 +1,139 @@
+"""The access record of one request, tunnel or forwarded connection: one audit line.
+
+Pure. The proxy fills an `AccessRecord` as a request moves through its stages and turns it
+into the audit event once, at the end (`event`). The field order of the line is the one
+docs/audit-log.md shows: fields appear in the order the stages learned them, so a refusal
+carries `decision`, `reason`, `rule` after what was known when it was refused, while an
+admitted request carries `rule` and `reason` right after `client_id`.
+"""
+
+from __future__ import annotations
+
+
+class AccessRecord:
+    """What is known so far about one request; `event` renders the audit line's dict."""
+
+    __slots__ = (
+        "addr",
+        "bytes_down",
+        "bytes_up",
+        "client",
+        "client_id",
+        "duration_ms",
+        "end",
+        "host",
+        "identified",
+        "method",
+        "mode",
+        "orig_dst",
+        "path",
+        "port",
+        "reason",
+        "rule",
+        "scheme",
+        "sni",
+        "socks_reply",
+        "status",
+        "t0",
+    )
+
+    def __init__(
+        self, client: str, method: str, scheme: str, host: str, port: int, t0: float
+    ) -> None:
+        self.client = client
+        self.method = method
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.t0 = t0  # loop time at the start; not logged
+        self.path: str | None = None
+        self.identified = False  # client_id is logged (even when None) once identified
+        self.client_id: str | None = None
+        self.reason: str | None = None  # set when admitted, before the dial
+        self.rule: str | None = None
+        self.addr: str | None = None
+        self.status: int | None = None  # set by the exchange, before the end
+        self.sni: str | None = None
+        self.mode: str | None = None  # socks5 | transparent (docs/audit-log.md)
+        self.orig_dst: str | None = None
+        self.socks_reply: int | None = None
+        self.end: str | None = None
+        self.bytes_up: int | None = None
+        self.bytes_down: int | None = None
+        self.duration_ms: float | None = None
+
+    def __repr__(self) -> str:
+        return f"AccessRecord({self.method} {self.host}:{self.port} {self.reason})"
+
+    def identify(self, client_id: str | None) -> None:
+        self.identified = True
+        self.client_id = client_id
+
+    def admitted(self, reason: str, rule: str | None) -> None:
+        self.reason = reason
+        self.rule = rule
+
+    def finish(self, now: float) -> None:
+        """Record the duration (milliseconds, 3 decimals) up to loop time `now`."""
+        self.duration_ms = round((now - self.t0) * 1000, 3)
+
+    def event(
+        self,
+        decision: str,
+        reason: str,
+        rule: str | None,
+        detail: str | None = None,
+        status: int | None = None,
+    ) -> dict[str, object]:
+        """The audit event: the final `decision`, `reason` and `rule`, `detail` if any, and
+        the answered `status` (when the exchange did not already set one)."""
+        ev: dict[str, object] = {
+            "client": self.client, "method": self.method, "scheme": self.scheme,
+            "host": self.host, "port": self.port,
+        }
+        if self.path is not None:
+            ev["path"] = self.path
+        if self.identified:
+            ev["client_id"] = self.client_id
+        admitted = self.reason is not None
+        forward = self.method == "FORWARD"
+        if admitted and not forward:
+            ev["rule"] = rule
+            ev["reason"] = reason
+        if self.addr is not None:
+            ev["addr"] = self.addr
+        if admitted and forward:
+            ev["reason"] = reason
+            ev["rule"] = rule
+        if self.status is not None:
+            ev["status"] = status if status is not None else self.status
+        if self.sni is not None:
+            ev["sni"] = self.sni
+        if self.mode is not None:
+            ev["mode"] = self.mode
+        if self.orig_dst is not None:
+            ev["orig_dst"] = self.orig_dst
+        if self.socks_reply is not None:
+            ev["socks_reply"] = self.socks_reply
+        late_end = self.scheme != "http"
+        if self.end is not None and not late_end:
+            ev["end"] = self.end
+        if self.bytes_up is not None:
+            ev["bytes_up"] = self.bytes_up
+            ev["bytes_down"] = self.bytes_down
+        if self.end is not None and late_end:
+            ev["end"] = self.end
+        if self.duration_ms is not None:
+            ev["duration_ms"] = self.duration_ms
+        ev["decision"] = decision
+        if not admitted:
+            ev["reason"] = reason
+            ev["rule"] = rule
+        if self.status is None and status is not None:
+            ev["status"] = status
+        if detail is not None:
+            ev["detail"] = detail
+        return ev
+
+
+__all__ = ["AccessRecord"]

@@ -1,0 +1,170 @@
+"""The steps every exchange shares: identify, authorize, resolve, answer, record.
+
+Shell. `forward.py` (absolute-form HTTP) and `tunnel.py` (CONNECT, forwarders) call these
+between their own I/O: each step asks the pure gate (`gate.py`) and turns a `Refuse` into a
+`Refused` exception, which the exchange hands to `answer`, the one place that writes an
+error response and its audit record (docs/architecture.md#one-request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from ..policy.rules import Policy
+from ..policy.target import IPAddress, Target
+from . import wire
+from .clients import Identity
+from .conn import Conn, Limits
+from .gate import Admit, Gate, Refuse, Refused, admit_client, refuse_resolve
+from .pool import UpstreamPool
+from .record import AccessRecord
+from .resolve import ResolveError, Resolver
+from .responses import error_response
+
+CACHE_MAX = 65536
+
+
+class AuditSink(Protocol):
+    """What the proxy needs of an audit log (`egress.audit.AuditLog` is one)."""
+
+    @property
+    def accepting(self) -> bool: ...
+
+    def record(self, event: dict[str, object]) -> None: ...
+
+
+class Steps:
+    """The shared steps of one running proxy (built by `EgressProxy.start`)."""
+
+    __slots__ = (
+        "_addr_texts", "_per_client", "audit", "closing", "gate", "hooks", "limits", "loop",
+        "pool", "resolver",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        gate: Gate,
+        pool: UpstreamPool,
+        resolver: Resolver,
+        audit: AuditSink | None,
+        limits: Limits,
+        hooks: list[Callable[[dict[str, object]], object]],
+    ) -> None:
+        self.loop = loop
+        self.gate = gate
+        self.pool = pool
+        self.resolver = resolver
+        self.audit = audit
+        self.limits = limits
+        self.hooks = hooks
+        self.closing = False
+        self._per_client: dict[object, int] = {}
+        self._addr_texts: dict[IPAddress, str] = {}
+
+    def identify(self, conn: Conn, head: wire.RequestHead, rec: AccessRecord) -> Identity:
+        """The request's client (`gate.identify`), counted against its per-client cap."""
+        return self.identify_as(conn, head.get("proxy-authorization"), rec)
+
+    def identify_as(
+        self, conn: Conn, authorization: str | None, rec: AccessRecord
+    ) -> Identity:
+        """`identify` for a credential given as a `Basic` value (a SOCKS5 password as one);
+        a SOCKS5 or transparent listener's records say so (`mode`, `orig_dst`)."""
+        if conn.listener.kind != "http":
+            rec.mode, rec.orig_dst = conn.listener.kind, conn.orig_dst
+        found = self.gate.identify(conn.listener.identity, conn.peer, authorization)
+        if isinstance(found, Refuse):
+            raise Refused(found)
+        rec.identify(found.client_id)
+        if conn.owner is None:
+            owner: object = found.client_id
+            if owner is None:  # the default client: shared by everyone, so per source
+                owner = ("source", conn.peer[0] if isinstance(conn.peer, tuple) else conn.client)
+            count = self._per_client.get(owner, 0) + 1
+            self._per_client[owner] = count
+            conn.owner = owner
+            refusal = admit_client(count, self.limits.client_cap)
+            if refusal is not None:
+                raise Refused(refusal)
+        return found
+
+    async def authorize(
+        self, policy: Policy, target: Target, rec: AccessRecord
+    ) -> tuple[Admit, tuple[IPAddress, ...]]:
+        """Decide, resolve, decide on the addresses; raise `Refused` for any refusal."""
+        gate = self.gate
+        first = gate.decide(policy, target)
+        early = gate.refuse_early(first)
+        if early is not None:
+            raise Refused(early)
+        if target.ip is not None:
+            addrs: tuple[IPAddress, ...] = (target.ip,)
+        else:
+            addrs = await self.resolve(target.host)
+        verdict = gate.admit(policy, target, first, addrs)
+        if isinstance(verdict, Refuse):
+            raise Refused(verdict)
+        rec.admitted(verdict.reason, verdict.rule)
+        return verdict, addrs
+
+    async def resolve(self, host: str) -> tuple[IPAddress, ...]:
+        try:
+            return await self.resolver.resolve(host)
+        except (ResolveError, TimeoutError) as exc:
+            raise Refused(refuse_resolve(exc, host)) from None
+
+    def addr_text(self, addr: IPAddress) -> str:
+        text = self._addr_texts.get(addr)
+        if text is None:
+            if len(self._addr_texts) > CACHE_MAX:
+                self._addr_texts.clear()
+            text = self._addr_texts[addr] = str(addr)
+        return text
+
+    # --- answers and audit: the one place that answers refusals ------------------------------
+    def refuse_now(self, conn: Conn, refusal: Refuse, *, write: bool = True) -> None:
+        """Answer and audit a refusal that comes before any request was understood."""
+        status, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
+        if write:
+            conn.side.write(data)
+        rec = AccessRecord(conn.client, "-", "", "", 0, 0.0)
+        self.emit(rec, "error", refusal.reason.value, None, refusal.detail, status)
+
+    def answer(self, conn: Conn, rec: AccessRecord, refusal: Refuse, close: bool = True) -> None:
+        """Write the refusal (unless the tunnel is already open) and audit it."""
+        status: int | None
+        if rec.status == 200 and rec.method == "CONNECT":
+            status = 200  # refused after the tunnel opened (SNI): close, nothing to say
+        else:
+            status, data = error_response(
+                refusal.reason, refusal.detail, status=refusal.status, close=close
+            )
+            conn.side.write(data)
+        rec.finish(self.loop.time())
+        reason = refusal.reason.value  # a plain str in the event, as before the enum
+        self.emit(rec, refusal.decision, reason, refusal.rule, refusal.detail, status)
+
+    def emit(
+        self, rec: AccessRecord, decision: str, reason: str, rule: str | None,
+        detail: str | None, status: int | None,
+    ) -> None:
+        event = rec.event(decision, reason, rule, detail, status)
+        if self.audit is not None:
+            self.audit.record(event)
+        for hook in self.hooks:
+            hook(event)
+
+    def release(self, conn: Conn) -> None:
+        """A connection ended: it no longer counts against its client's cap."""
+        if conn.owner is not None:
+            left = self._per_client[conn.owner] - 1
+            if left:
+                self._per_client[conn.owner] = left
+            else:
+                del self._per_client[conn.owner]
+
+
+__all__ = ["AuditSink", "Steps"]

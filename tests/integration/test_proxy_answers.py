@@ -1,0 +1,134 @@
+"""Every request gets an answer and a record, and one client cannot hold every connection.
+
+Real proxy, real sockets on loopback; every request here is refused before any dial, so no
+origin is needed. Regression tests for the server side of "No state crosses sandboxes":
+non-ASCII credentials, the head timeout's record, query strings in `detail`, the per-client
+connection cap and reclaiming idle kept-alive connections at the global cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from egress.audit.log import AuditLog
+from egress.config import ClientSpec, Settings
+from egress.policy.rules import Policy
+from egress.proxy.server import EgressProxy, Limits
+
+from proxykit import MemoryAudit, read_response
+
+DENIED = b"GET http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n"
+
+
+async def test_non_ascii_credentials_are_answered_and_recorded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    audit = MemoryAudit()
+    spec = ClientSpec("task-1", Policy(allow=["x.test"]), token="s3cret")
+    settings = Settings(Policy(), clients=(spec,))
+    async with EgressProxy(settings, audit=audit) as proxy:
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        writer.write(DENIED)  # a first request keeps the connection alive
+        writer.write(
+            b"GET http://x.test/ HTTP/1.1\r\nHost: x.test\r\n"
+            b"Proxy-Authorization: Basic \xe9\r\n\r\n"
+        )
+        await writer.drain()
+        first, _, _ = await asyncio.wait_for(read_response(reader), 5)
+        second, _, body = await asyncio.wait_for(read_response(reader), 5)
+        writer.close()
+        assert first == 403
+        assert second == 407  # obs-text is legal in a field value; the token is not
+        assert b"auth_failed" in body
+        record = await audit.wait_for(method="GET", host="x.test")
+        assert record["status"] == second
+        assert record["decision"] in ("block", "error")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_head_timeout_is_recorded_as_408() -> None:
+    audit = MemoryAudit()
+    async with EgressProxy(Policy(), audit=audit, limits=Limits(head_timeout=0.2)) as proxy:
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        writer.write(b"GET http://x.test/ HTTP/1.1\r\nHost: x")  # never finishes its head
+        reply = await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+        assert reply.startswith(b"HTTP/1.1 408 ")
+        record = await audit.wait_for(reason="head_timeout")
+        assert record["status"] == 408
+        assert record["decision"] == "error"
+        assert not audit.find(reason="bad_request")
+
+
+async def test_query_string_in_detail_is_redacted(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log, EgressProxy(Policy(), audit=log) as proxy:
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        writer.write(b"GET ftp://u:pw@x.test/?api_key=SECRET HTTP/1.1\r\nHost: x.test\r\n\r\n")
+        await writer.drain()
+        status, _, _ = await asyncio.wait_for(read_response(reader), 5)
+        writer.close()
+        assert status == 400
+    text = path.read_text()
+    assert "SECRET" not in text
+    assert "pw@" not in text
+    records = [json.loads(line) for line in text.splitlines()]
+    refused = [r for r in records if r.get("reason") == "bad_request"]
+    assert len(refused) == 1
+    assert "?REDACTED" in refused[0]["detail"]
+
+
+async def _refused_keepalive(
+    proxy: EgressProxy,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+    reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+    writer.write(DENIED)
+    await writer.drain()
+    status, _, _ = await asyncio.wait_for(read_response(reader), 5)
+    return reader, writer, status
+
+
+async def test_per_client_connection_cap() -> None:
+    audit = MemoryAudit()
+    limits = Limits(max_connections=16, max_client_connections=2)
+    async with EgressProxy(Policy(), audit=audit, limits=limits) as proxy:
+        held = [await _refused_keepalive(proxy) for _ in range(2)]
+        assert [status for _, _, status in held] == [403, 403]
+        # the same client (source address) again: its third connection is refused
+        _, writer, status = await _refused_keepalive(proxy)
+        writer.close()
+        assert status == 503
+        record = await audit.wait_for(reason="too_many_connections")
+        assert "per-client" in str(record["detail"])
+        for _, w, _ in held:
+            w.close()
+
+
+def test_client_cap_default_is_a_quarter() -> None:
+    assert Limits().client_cap == 256
+    assert Limits(max_connections=3).client_cap == 1
+    assert Limits(max_connections=20, max_client_connections=20).client_cap == 20
+
+
+async def test_idle_keepalive_connections_are_reclaimed_at_the_cap() -> None:
+    audit = MemoryAudit()
+    limits = Limits(max_connections=2, max_client_connections=10)
+    async with EgressProxy(Policy(), audit=audit, limits=limits) as proxy:
+        idle = [await _refused_keepalive(proxy) for _ in range(2)]
+        # both connections now sit idle after a refusal; a newcomer still gets served
+        _, writer, status = await _refused_keepalive(proxy)
+        writer.close()
+        assert status == 403
+        reads = [asyncio.ensure_future(reader.read(-1)) for reader, _, _ in idle]
+        done, pending = await asyncio.wait(reads, timeout=5, return_when="FIRST_COMPLETED")
+        assert [fut.result() for fut in done] == [b""]  # the longest-idle one was closed
+        for fut in pending:
+            fut.cancel()
+        for _, w, _ in idle:
+            w.close()
+        assert not audit.find(reason="too_many_connections")
