@@ -44,6 +44,21 @@ setup() {
         2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
 
+peers_setup() {
+    # Python peers with pinned dependencies of their own (mitmproxy pins many) go into a venv
+    # apart from ours; what cannot be installed is recorded for the bench report, not fatal.
+    local peers=bench/out/peers why=bench/out/peers-missing.txt
+    mkdir -p bench/out
+    rm -f "$why"
+    [[ -x "$peers/bin/python" ]] || python3 -m venv "$peers"
+    local pkg
+    for pkg in "proxy.py==2.4.10" "mitmproxy==11.0.2"; do
+        "$peers/bin/python" -m pip install -q --disable-pip-version-check "$pkg" \
+            >"$peers/install.log" 2>&1 \
+            || echo "$pkg: pip install failed: $(grep -v '^WARNING' "$peers/install.log" | tail -1)" >>"$why"
+    done
+}
+
 cmd="${1:-help}"
 shift || true
 case "$cmd" in
@@ -65,6 +80,7 @@ case "$cmd" in
     bench)
         apt_install wrk tinyproxy squid gcc
         EXTRAS=",bench" setup
+        peers_setup
         exec "$VENV/bin/python" -m bench "$@"
         ;;
     *)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import extras, measure, procfs, profiling, report
+from bench import curves, extras, measure, procfs, profiling, report
 from bench import proxies as px
 from bench import rules as rulesmod
 
@@ -80,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--profile", action="store_true", help="py-spy flame graphs (bench/profile.md)")
     p.add_argument("--no-extras", action="store_true", help="skip policy and netcut timings")
+    p.add_argument(
+        "--curves",
+        action="store_true",
+        help="only the cost curves (rules, idle connections, tunnel concurrency, audit rate, "
+        "host loop lag); a full run includes them",
+    )
+    p.add_argument("--no-curves", action="store_true", help="skip the cost curves")
     p.add_argument("--docs", action="store_true", help="write docs/bench/ even for a partial run")
     p.add_argument(
         "--render", metavar="JSON", type=Path, help="only re-render tables and plots of a result"
@@ -340,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: needs 2 CPUs (proxy on CPU 1, load on CPU 0)", file=sys.stderr)
         return 2
     os.sched_setaffinity(0, {px.LOAD_CPU})  # the harness stays off the proxy's core
+    curves.raise_nofile()  # before the origin starts: it holds the idle curve's upstreams
     args.rules_set = rulesmod.generate(args.rules)
     loadgen = measure.build_loadgen()
     started = dt.datetime.now(dt.UTC)
@@ -348,21 +356,30 @@ def main(argv: list[str] | None = None) -> int:
     RETRY_BUDGET.left_s = args.retry_budget
     origin = measure.Origin()
     runs: list[dict[str, Any]] = []
+    full = not args.quick and not args.only and not args.curves and args.log_mode == "quiet"
+    run_curves = args.curves or (full and not args.no_curves)
+    curve_results: dict[str, Any] = {}
     try:
-        for rep in range(args.reps):
+        for rep in range(0 if args.curves else args.reps):
             order = (
                 args.targets[rep % len(args.targets) :] + args.targets[: rep % len(args.targets)]
             )
             for name in order:
+                if rep and name in px.ONE_REP and not args.only:
+                    continue  # secondary peers: one repetition keeps a full run near 8 min
                 print(f"bench: rep {rep + 1}/{args.reps} {name} ...", file=sys.stderr, flush=True)
                 args.rep = rep
                 rec = run_one(name, origin, loadgen, args)
                 rec["rep"] = rep
                 runs.append(rec)
                 print(f"bench:   {report.one_line(rec)}", file=sys.stderr, flush=True)
+        if run_curves:
+            costed_quiet = functools.partial(costed, retries=args.retries)
+            curve_s = max(1, args.seconds // 2)  # shapes, not points: keeps a full run ~8 min
+            curve_results = curves.run_all(origin, loadgen, costed_quiet, curve_s)
     finally:
         origin.close()
-    extra = {} if args.no_extras else extras.run_all()
+    extra = {} if args.no_extras or args.curves else extras.run_all()
     result: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - t0, 1),
@@ -383,10 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": mach,
         "runs": runs,
         "extras": extra,
+        "curves": curve_results,
     }
     result["machine"]["loadavg_at_end"] = _loadavg()
     result["summary"] = report.summarize(runs)
-    full = not args.quick and not args.only and args.log_mode == "quiet"
     paths = report.write_all(result, started, docs=full or args.docs)
     print(report.markdown(result))
     for p in paths:

@@ -78,15 +78,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pinned(argv: list[str], cpu: int) -> list[str]:
+def pinned(argv: list[str], cpu: int | str) -> list[str]:
     return ["taskset", "-c", str(cpu), *argv]
 
 
-def launch(argv: list[str], workdir: Path, name: str) -> subprocess.Popen[bytes]:
+def launch(
+    argv: list[str], workdir: Path, name: str, cpus: int | str = PROXY_CPU
+) -> subprocess.Popen[bytes]:
     out = open(workdir / f"{name}.out", "wb")  # the child gets its own copy
     try:
         return subprocess.Popen(
-            pinned(argv, PROXY_CPU),
+            pinned(argv, cpus),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -184,12 +186,14 @@ def framework_routes(env: Env) -> list[str]:
     return [f"http://{HOST}:{p}" for p in [*env.http_ports, env.source_port]]
 
 
-def start_egress(env: Env) -> Running:
+def start_egress(
+    env: Env, more: list[str] | None = None, cpus: int | str = PROXY_CPU
+) -> Running:
     """The production shape: the generated policy file and the audit log to a file."""
     policy = env.workdir / "policy.toml"
     policy.write_text(rulesmod.egress_toml(env.rules))
     extra = ["--policy", str(policy), "--audit-log", str(env.workdir / "audit.jsonl")]
-    return _start_egress(env, "egress", extra)
+    return _start_egress(env, "egress", [*extra, *(more or [])], cpus)
 
 
 def start_egress_bare(env: Env) -> Running:
@@ -197,14 +201,16 @@ def start_egress_bare(env: Env) -> Running:
     return _start_egress(env, "egress-bare", [])
 
 
-def _start_egress(env: Env, name: str, extra: list[str]) -> Running:
+def _start_egress(
+    env: Env, name: str, extra: list[str], cpus: int | str = PROXY_CPU
+) -> Running:
     exe = egress_command()
     if exe is None:
         raise StartError("`egress serve` is not available in this checkout yet")
     argv = [*exe, "serve", "--listen", f"{HOST}:0", *extra]
     for route in framework_routes(env):
         argv += ["--framework-route", route]
-    proc = launch(argv, env.workdir, name)
+    proc = launch(argv, env.workdir, name, cpus)
     with stop_on_error(proc):
         port = wait_listening_line(proc, env.workdir / f"{name}.out")
     git = subprocess.run(
@@ -341,6 +347,83 @@ def start_pproxy(env: Env) -> Running:
     return run
 
 
+def start_pproxy_asyncio(env: Env) -> Running:
+    """pproxy on the stock asyncio loop: what a plain `pip install pproxy` runs."""
+    try:
+        version = importlib.metadata.version("pproxy")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise StartError("pproxy is not installed (EXTRAS=,bench ./dev.sh setup)") from exc
+    port, d = free_port(), env.workdir
+    launcher = Path(__file__).with_name("pproxy_uvloop.py")
+    argv = [sys.executable, str(launcher), "--stock-asyncio", "-l", f"http://{HOST}:{port}"]
+    (d / "block.rules").write_text(rulesmod.pproxy_block_file(env.rules))
+    argv += ["-b", str(d / "block.rules")]
+    proc = launch(argv, d, "pproxy-asyncio")
+    with stop_on_error(proc):
+        wait_port(proc, port, d / "pproxy-asyncio.out")
+    run = Running("pproxy-asyncio", port, proc, version=f"pproxy {version} + asyncio")
+    if b"Using uvloop" in (d / "pproxy-asyncio.out").read_bytes():
+        run.notes.append("pproxy reported uvloop although asked for stock asyncio")
+    return run
+
+
+# --- peers in their own venv (bench/out/peers, made by `./dev.sh bench`) ------------------
+
+PEERS_VENV = REPO / "bench" / "out" / "peers"
+PEERS_WHY = REPO / "bench" / "out" / "peers-missing.txt"  # why `./dev.sh bench` could not
+
+
+def _peer_exe(name: str) -> Path:
+    exe = PEERS_VENV / "bin" / name
+    if not exe.exists():
+        why = PEERS_WHY.read_text().strip() if PEERS_WHY.exists() else ""
+        raise StartError(
+            f"{name} is not installed in {PEERS_VENV} ({why or 'run ./dev.sh bench to set it up'})"
+        )
+    return exe
+
+
+def _peer_version(dist: str) -> str:
+    py = PEERS_VENV / "bin" / "python"
+    code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() or "?"
+
+
+def start_proxy_py(env: Env) -> Running:
+    """proxy.py: one acceptor, one worker (it would start one per CPU), its host filter
+    plugin with the rule set's blocked names; INFO logs one line per request (default).
+    """
+    exe = _peer_exe("proxy")
+    port, d = free_port(), env.workdir
+    level = "INFO" if env.log_mode == "default" else "WARNING"
+    blocked = ",".join(env.rules.block_domains())
+    argv = [str(exe), "--hostname", HOST, "--port", str(port), "--num-acceptors", "1",
+            "--num-workers", "1", "--log-level", level, "--pid-file", str(d / "proxy.pid"),
+            "--plugins", "proxy.plugin.FilterByUpstreamHostPlugin",
+            "--filtered-upstream-hosts", blocked]  # fmt: skip
+    proc = launch(argv, d, "proxy.py")
+    with stop_on_error(proc):
+        wait_port(proc, port, d / "proxy.py.out")
+    return Running("proxy.py", port, proc, version=f"proxy.py {_peer_version('proxy.py')}")
+
+
+def start_mitmproxy(env: Env) -> Running:
+    """mitmdump in regular-proxy mode, every host passed through untouched (no TLS
+    interception, like the others); flow logging off in quiet mode.
+    """
+    exe = _peer_exe("mitmdump")
+    port, d = free_port(), env.workdir
+    argv = [str(exe), "--listen-host", HOST, "--listen-port", str(port),
+            "--ignore-hosts", ".*", "--set", f"confdir={d / 'mitm'}"]  # fmt: skip
+    if env.log_mode == "quiet":
+        argv += ["--quiet"]
+    proc = launch(argv, d, "mitmproxy")
+    with stop_on_error(proc):
+        wait_port(proc, port, d / "mitmproxy.out")
+    return Running("mitmproxy", port, proc, version=f"mitmproxy {_peer_version('mitmproxy')}")
+
+
 Launcher = Callable[[Env], Running]
 TARGETS: dict[str, Launcher] = {
     "direct": start_direct,
@@ -348,7 +431,13 @@ TARGETS: dict[str, Launcher] = {
     "tinyproxy": start_tinyproxy,
     "squid": start_squid,
     "pproxy": start_pproxy,
+    "pproxy-asyncio": start_pproxy_asyncio,
+    "proxy.py": start_proxy_py,
+    "mitmproxy": start_mitmproxy,
 }
+# Far from every bar (bench/anchors.py) or variants of a peer already measured: in a full run
+# they get the first repetition only (all of them with --only).
+ONE_REP = frozenset({"pproxy-asyncio", "proxy.py", "mitmproxy"})
 # Measured only when asked for by name (--only egress-bare).
 EXTRA_TARGETS: dict[str, Launcher] = {"egress-bare": start_egress_bare}
 SUBJECT = "egress"  # the proxy the ratios are about

@@ -355,6 +355,10 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     parts += ["### Checks", "", *checks_table(result)]
     parts += extras_lines(result.get("extras", {}))
+    if result.get("curves"):
+        from bench import curves
+
+        parts += curves.markdown(result["curves"])
     return "\n".join(parts) + "\n"
 
 
@@ -389,11 +393,15 @@ def write_all(result: dict[str, Any], started: dt.datetime, docs: bool) -> list[
     plot_dir = OUT / f"plots-{stamp}"
     plot_dir.mkdir(exist_ok=True)
     paths += plots.write(result["summary"], plot_dir)
+    if result.get("curves"):
+        paths += plots.curves(result["curves"], plot_dir)
     if docs:
         DOCS.mkdir(parents=True, exist_ok=True)
         (DOCS / "results.json").write_text(text)
         (DOCS / "results.md").write_text(md)
         paths += [DOCS / "results.json", DOCS / "results.md", *plots.write(result["summary"], DOCS)]
+        if result.get("curves"):
+            paths += plots.curves(result["curves"], DOCS)
         if embed_in_page(md):
             paths.append(PAGE)
     return paths

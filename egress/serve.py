@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from .config import Settings
 from .policy.target import join_host_port
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
+from .workers import READY, check_worker_args, serve_workers
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
@@ -77,6 +79,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--connect-timeout", type=float, default=lim.connect_timeout, metavar="S")
     g.add_argument("--idle-timeout", type=float, default=lim.idle_timeout, metavar="S")
     g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N proxy processes sharing each listen port (SO_REUSEPORT), each with its own "
+        "audit chain PATH.wI (default 1)",
+    )
     g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     g.add_argument("--quiet", action="store_true", help="no warnings on stderr")
 
@@ -111,8 +121,8 @@ def _lint_in_child(settings: Settings) -> None:
     blocks = [*(r.text for r in settings.policy.block_rules)]
     code = (
         "import sys, json\n"
-        "from egress.lint import lint_policy\n"
-        "from egress.policy import Policy\n"
+        "from egress.policy.lint import lint_policy\n"
+        "from egress.policy.rules import Policy\n"
         "a, b = json.load(sys.stdin)\n"
         "for f in lint_policy(Policy(allow=a, block=b)): print(f)\n"
     )
@@ -128,8 +138,13 @@ def _lint_in_child(settings: Settings) -> None:
         print(f"egress serve: warning: {line}", file=sys.stderr)
 
 
-async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
-    if not args.quiet:
+async def run_serve(
+    args: argparse.Namespace, settings: Settings, ready_fd: int | None = None
+) -> int:
+    """Serve until SIGTERM/SIGINT. With `ready_fd` (a worker of `--workers`), report
+    readiness there instead of printing the `listening on` lines (the parent prints them).
+    """
+    if not args.quiet and ready_fd is None:
         await asyncio.to_thread(_lint_in_child, settings)
     try:
         audit = _open_audit(args)
@@ -142,7 +157,7 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings, listen=args.listen or ["127.0.0.1:3128"], socks=args.socks,
         listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
-        sni_missing=args.sni_missing,
+        sni_missing=args.sni_missing, reuse_port=ready_fd is not None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -150,10 +165,14 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await proxy.start()
-        for host, port in proxy.addresses:
-            print(f"listening on {join_host_port(host, port)}", flush=True)
-        for host, port in proxy.socks_addresses:
-            print(f"listening on {join_host_port(host, port)} socks5", flush=True)
+        if ready_fd is not None:
+            os.write(ready_fd, READY)
+            os.close(ready_fd)
+        else:
+            for host, port in proxy.addresses:
+                print(f"listening on {join_host_port(host, port)}", flush=True)
+            for host, port in proxy.socks_addresses:
+                print(f"listening on {join_host_port(host, port)} socks5", flush=True)
         await stop.wait()
     finally:
         await proxy.stop()
@@ -166,11 +185,26 @@ async def run_serve(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         limits_from_args(args)
-        for spec in [*args.listen, *args.socks]:
+        listens = [parse_listen(spec) for spec in args.listen or ["127.0.0.1:3128"]]
+        for spec in args.socks:
             parse_listen(spec)
     except ValueError as exc:
         print(f"egress serve: {exc}", file=sys.stderr)
         return 2
+    why = check_worker_args(args)
+    if args.socks and args.workers > 1:
+        why = "--socks is served by one process: use it without --workers"
+    if why:
+        print(f"egress serve: {why}", file=sys.stderr)
+        return 2
+    if args.workers > 1:
+        if not args.quiet:
+            _lint_in_child(settings)  # once, not once per worker
+        return serve_workers(args, settings, _run_loop, listens)
+    return _run_loop(args, settings, None)
+
+
+def _run_loop(args: argparse.Namespace, settings: Settings, ready_fd: int | None) -> int:
     runner: Any = asyncio.run
     if not args.no_uvloop:
         with contextlib.suppress(ImportError):
@@ -178,7 +212,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
             runner = uvloop.run
     try:
-        return int(runner(run_serve(args, settings)))
+        return int(runner(run_serve(args, settings, ready_fd)))
     except OSError as exc:
         print(f"egress serve: cannot listen: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from egress.audit.read import (
     GapFiller,
     InputError,
     Summary,
+    chains,
     is_request,
     make_domain_of,
     order_paths,
@@ -35,7 +36,7 @@ from egress.audit.read import (
     read_lines,
 )
 from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
-from egress.audit.verify import ChainVerifier, Problem
+from egress.audit.verify import ChainVerifier, Problem, VerifyResult
 
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
@@ -227,23 +228,38 @@ def _drain(follower: Follower) -> Iterator[bytes]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
-    verifier = ChainVerifier(live=args.live)
-    for line in read_lines(paths, lambda p, why: verifier.problems.append(
-            Problem(p, why))):
-        verifier.feed(line.where, line.data, complete=line.complete)
-    result = verifier.finish()
+    groups = chains(paths)
+    results = [_verify_chain(group, args.live) for group in groups]
+    result = results[0]
+    if args.head and len(results) > 1:
+        raise InputError("--head names one chain; give the files of one worker")
     if args.head and result.head != args.head.lower():
         result.problems.append(Problem("end of input", f"head is {result.head}, "
                                         f"expected {args.head} (lines missing or edited)"))
-    for problem in result.problems[:MAX_PROBLEMS_SHOWN]:
+    problems = [p for r in results for p in r.problems]
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(problem)
-    if len(result.problems) > MAX_PROBLEMS_SHOWN:
-        print(f"... and {len(result.problems) - MAX_PROBLEMS_SHOWN} more problems")
-    verdict = "FAILED" if result.problems else "OK"
-    problems = f", {len(result.problems)} problem(s)" if result.problems else ""
-    print(f"{verdict}: {result.lines} lines in {len(paths)} file(s), {result.runs} run(s), "
-          f"{result.requests} request records{problems}; head {result.head}")
-    return 1 if result.problems else 0
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        print(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
+    if len(groups) > 1:  # one head per worker's chain
+        for group, r in zip(groups, results, strict=True):
+            print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {r.head}")
+    verdict = "FAILED" if problems else "OK"
+    shown = f", {len(problems)} problem(s)" if problems else ""
+    lines, runs = sum(r.lines for r in results), sum(r.runs for r in results)
+    requests = sum(r.requests for r in results)
+    head = result.head if len(results) == 1 else f"of {len(results)} chains above"
+    print(f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "
+          f"{requests} request records{shown}; head {head}")
+    return 1 if problems else 0
+
+
+def _verify_chain(paths: list[str], live: bool) -> VerifyResult:
+    verifier = ChainVerifier(live=live)
+    for line in read_lines(paths, lambda p, why: verifier.problems.append(
+            Problem(p, why))):
+        verifier.feed(line.where, line.data, complete=line.complete)
+    return verifier.finish()
 
 
 # ---- argument parsing --------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,9 +35,47 @@ class InputError(Exception):
 
 # ---- reading ------------------------------------------------------------------------------
 
+_WORKER_BASE = re.compile(r"\.w(?P<worker>\d+)(?:\.[^./]*)?$")
+
+
+def worker_files(path: str) -> list[str]:
+    """`audit.jsonl`, when only the files of `serve --workers` exist (`audit.w0.jsonl`,
+    `audit.w1.jsonl`, their rotations), stands for all of them, by worker number.
+    """
+    if os.path.exists(path):
+        return [path]
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    pattern = re.compile(
+        re.escape(stem) + r"\.w(\d+)" + re.escape(ext) + r"(?:\.\d+(?:\.gz)?)?$"
+    )
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return [path]
+    found = [(int(m.group(1)), n) for n in names if (m := pattern.match(n))]
+    return [os.path.join(folder, n) for _, n in sorted(found)] or [path]
+
+
+def chains(paths: list[str]) -> list[list[str]]:
+    """Split ordered paths into independent hash chains: each worker's files of
+    `serve --workers` (`P.wI.ext` and its rotations) are one chain; all other files together
+    are one chain, as given (docs/audit-log.md#several-workers).
+    """
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        base = (rotation_of(path) or (path, 0))[0]
+        key = base if _WORKER_BASE.search(base) else ""
+        groups.setdefault(key, []).append(path)
+    return list(groups.values())
+
+
 def order_paths(paths: Iterable[str]) -> list[str]:
-    """Put each rotation family (`P.N.gz` ... `P.1.gz`, `P`) oldest first; others as given."""
-    paths = list(dict.fromkeys(paths))
+    """Put each rotation family (`P.N.gz` ... `P.1.gz`, `P`) oldest first; others as given.
+
+    A path that does not exist but has `serve --workers` files stands for them.
+    """
+    paths = list(dict.fromkeys(p for given in paths for p in worker_files(given)))
     families: dict[str, list[tuple[int, str]]] = {}
     order: list[str] = []
     for path in paths:

@@ -33,6 +33,7 @@ from ..policy.target import IPAddress, Target, parse_authority, split_url, url_t
 from ..reasons import DecisionWord, Reason, reason_of
 from .clients import AuthError, ClientTable, Identity, source_address
 from .sni import ClientHelloResult
+from .wire import RequestHead
 
 SniMissing = Literal["if-named", "allow", "deny"]
 CACHE_MAX: Final = 65536  # entries per cache before it is cleared (docs/architecture.md)
@@ -224,9 +225,22 @@ class Gate:
 
     # -- identity -----------------------------------------------------------------------------
     def identify(
+        self, bound: Identity | None, peer: object, head: RequestHead
+    ) -> Identity | Refuse:
+        """Who is asking: the listener's own client, else by token or source address (the
+        credentials are looked up only when clients are configured: the hot path)."""
+        if bound is not None:
+            return bound
+        clients = self.clients
+        if clients.trivial:
+            return clients.default
+        return self.identify_credential(None, peer, head.get("proxy-authorization"))
+
+    def identify_credential(
         self, bound: Identity | None, peer: object, authorization: str | None
     ) -> Identity | Refuse:
-        """Who is asking: the listener's own client, else by token or source address."""
+        """`identify` for a credential given as a `Proxy-Authorization` value (a SOCKS5
+        username/password is presented as `Basic`: docs/proxy.md#transparent-mode-and-socks5)."""
         if bound is not None:
             return bound
         clients = self.clients
@@ -262,7 +276,7 @@ class Gate:
         route is exempt from the guard, so neither is judged again; a name is re-judged on
         its resolved addresses (address rules, the guard)."""
         decision = first
-        if addrs and target.ip is None and first.reason != Reason.FRAMEWORK_ROUTE:
+        if addrs and target.ip is None and first.reason != _FRAMEWORK_ROUTE:
             decision = judge(policy, self.guard, target, addrs)
         if not decision.allowed:
             return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
@@ -321,6 +335,7 @@ class Gate:
 
 
 _NAMED_ALLOWS: Final = frozenset({"allow_rule", "default_allow", "framework_route"})
+_FRAMEWORK_ROUTE: Final = Reason.FRAMEWORK_ROUTE.value  # a plain str: compared per request
 
 
 def _form_error(target: str) -> str:

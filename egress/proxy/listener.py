@@ -65,12 +65,21 @@ def parse_listen(spec: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def listen_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
-    """A non-blocking listening TCP socket bound to `host:port` (SO_REUSEADDR)."""
+def listen_socket(
+    host: str, port: int, backlog: int = BACKLOG, *, reuse_port: bool = False
+) -> socket.socket:
+    """A non-blocking listening TCP socket bound to `host:port` (SO_REUSEADDR).
+
+    `reuse_port` joins the port's SO_REUSEPORT group, so the workers of `egress serve
+    --workers N` share it (docs/proxy.md#workers); off otherwise, so no other process of the
+    same user can take a share of the proxy's connections.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)

@@ -89,6 +89,7 @@ class EgressProxy:
         sni_missing: SniMissing = "if-named",
         host_local: Iterable[IPAddress] | None = None,
         resolver: Resolver | None = None,
+        reuse_port: bool = False,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
@@ -100,6 +101,7 @@ class EgressProxy:
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []
         self.listen_netns = listen_netns
+        self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
         self.audit = audit
         self.limits = limits or Limits()
         self.sni_missing: SniMissing = sni_missing
@@ -182,7 +184,7 @@ class EgressProxy:
         if listener.netns:
             sock = listen_in_netns(listener.netns, listener.host, listener.port)
         else:
-            sock = listen_socket(listener.host, listener.port)
+            sock = listen_socket(listener.host, listener.port, reuse_port=self.reuse_port)
         listener.server = await self.loop.create_server(
             lambda: _ClientSide(self, listener), sock=sock, backlog=BACKLOG
         )

@@ -206,3 +206,126 @@ async def test_listen_inside_sandbox_namespace(test_host_factory: object, tmp_pa
         assert records[-1]["type"] == "end"
     finally:
         await origin.close()
+
+
+async def test_serve_workers_share_the_port_and_keep_one_chain_each(
+    test_host: harness.TestHost, tmp_path: Path
+) -> None:
+    """`--workers 2`: one `listening on` line per listener, requests from real curl spread
+    over both workers (SO_REUSEPORT), one audit chain per worker that `audit verify` reads
+    together, and SIGTERM to the parent stops every worker gracefully.
+    """
+    origin = await start_origin(test_host, 80)
+    log = tmp_path / "audit.jsonl"
+    proc, lines = await start_serve(
+        "--workers", "2", "--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+        "--allow", "example.test", "--resolve", f"example.test={test_host.addr_ns}",
+        "--audit-log", str(log),
+    )  # fmt: skip
+    try:
+        assert len(lines) == 2
+        assert all(line.startswith("listening on 127.0.0.1:") for line in lines)
+        urls = ["http://" + line.removeprefix("listening on ") for line in lines]
+        assert urls[0] != urls[1]
+        codes = []
+        for i in range(40):  # a new connection each: the kernel picks a worker per connection
+            rc, out, err = await run(
+                "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+                "-x", urls[i % 2], f"http://example.test/{i}",
+            )  # fmt: skip
+            assert rc == 0, err
+            codes.append(out)
+        assert codes == ["200"] * 40
+        rc, out, _ = await run("curl", "-sS", "-i", "-x", urls[0], "http://other.test/")
+        assert " 403 " in out.splitlines()[0]
+        children = await _children(proc.pid)
+        assert len(children) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        for pid in children:
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(
+                f"/proc/{pid}/stat"
+            ).read_text().split()[2]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await origin.close()
+    assert not log.exists()
+    per_worker = [tmp_path / "audit.w0.jsonl", tmp_path / "audit.w1.jsonl"]
+    paths = [str(p) for p in per_worker]
+    requests = []
+    for path in per_worker:
+        records = audit_lines(path)
+        assert records[0]["type"] == "start"
+        assert records[-1]["type"] == "end"
+        mine = [r for r in records if r.get("type") in (None, "request")]
+        assert mine, f"{path.name} served nothing: the port was not shared"
+        requests += mine
+    assert sorted(r["path"] for r in requests if r["decision"] == "allow") == sorted(
+        f"/{i}" for i in range(40)
+    )
+    assert [r["host"] for r in requests if r["decision"] == "block"] == ["other.test"]
+    # the chains are read together, given by their files or by the configured name
+    for given in (paths, [str(log)]):
+        rc, out, err = await run(sys.executable, "-m", "egress.cli", "audit", "verify", *given)
+        assert rc == 0, out + err
+        assert "41 request records" in out
+    rc, out, err = await run(
+        sys.executable, "-m", "egress.cli", "audit", "summarize", "--json", str(log)
+    )
+    assert rc == 0, err
+    assert json.loads(out)["totals"]["events"] == 41
+    # and one edited line in one worker's chain is found
+    text = per_worker[1].read_text().replace('"/', '"/x', 1)
+    per_worker[1].write_text(text)
+    rc, out, _ = await run(sys.executable, "-m", "egress.cli", "audit", "verify", str(log))
+    assert rc == 1
+    assert "audit.w1.jsonl" in out
+
+
+async def _children(pid: int) -> list[int]:
+    _, out, _ = await run("pgrep", "-P", str(pid))
+    return [int(x) for x in out.split()]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "2", "--audit-log", "-"], "audit-log"),
+        (["--workers", "2", "--listen-netns", "x"], "listen-netns"),
+    ],
+)
+async def test_serve_workers_bad_input_exits_2(args: list[str], needle: str) -> None:
+    rc, _, err = await run(sys.executable, "-m", "egress.cli", "serve", "--quiet", *args)
+    assert rc == 2
+    assert needle in err
+    assert "Traceback" not in err
+
+
+async def test_serve_workers_exit_when_the_parent_is_killed() -> None:
+    """No orphan keeps serving the port after the parent died without stopping it."""
+    proc, lines = await start_serve("--quiet", "--workers", "2", "--listen", "127.0.0.1:0")
+    try:
+        assert lines[0].startswith("listening on 127.0.0.1:")
+        children = await _children(proc.pid)
+        assert len(children) == 2
+        proc.kill()
+        await proc.wait()
+        deadline = asyncio.get_running_loop().time() + 10
+        while any(_running(pid) for pid in children):
+            assert asyncio.get_running_loop().time() < deadline, "a worker outlived its parent"
+            await asyncio.sleep(0.05)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -37,6 +37,7 @@ from egress.proxy.gate import (
 )
 from egress.proxy.resolve import ResolveError
 from egress.proxy.sni import MALFORMED, NOT_TLS, ClientHelloResult
+from egress.proxy.wire import RequestHead, parse_request_head
 from egress.reasons import End, Reason
 
 WORLD = ipaddress.ip_address("198.18.7.10")
@@ -84,9 +85,18 @@ def sni(hello: ClientHelloResult | None, policy: Policy, authority: str = "x.tes
     return g.sni(policy, target, first, hello)
 
 
+def head(authorization: str | None = None) -> RequestHead:
+    """A real parsed request head, with `Proxy-Authorization: authorization` if given."""
+    fields = f"Proxy-Authorization: {authorization}\r\n" if authorization is not None else ""
+    raw = f"GET http://x.test/ HTTP/1.1\r\nHost: x.test\r\n{fields}\r\n".encode("latin-1")
+    parsed = parse_request_head(raw)
+    assert parsed is not None
+    return parsed[0]
+
+
 def auth(header: str | None, *, require: bool = False) -> Identity | Refuse:
     spec = ClientSpec("task-1", Policy(allow=["x.test"]), token="s3cret")
-    return gate(clients=(spec,), require_auth=require).identify(None, PEER, header)
+    return gate(clients=(spec,), require_auth=require).identify(None, PEER, head(header))
 
 
 def basic(text: str) -> str:
@@ -233,12 +243,12 @@ def test_identity_sources_tokens_and_bound_listener() -> None:
     a = ClientSpec("a", Policy(allow=["a.test"]), token="tok-a")
     b = ClientSpec("b", Policy(allow=["b.test"]), sources=(ipaddress.ip_network("198.18.0.0/24"),))
     g = gate(clients=(a, b))
-    assert g.identify(None, PEER, None) == Identity("b", b.policy)
-    assert g.identify(None, PEER, basic("a:tok-a")) == Identity("a", a.policy)
-    assert g.identify(None, ("198.19.0.1", 1), None).client_id is None  # type: ignore[union-attr]
+    assert g.identify(None, PEER, head()) == Identity("b", b.policy)
+    assert g.identify(None, PEER, head(basic("a:tok-a"))) == Identity("a", a.policy)
+    assert g.identify(None, ("198.19.0.1", 1), head()).client_id is None  # type: ignore[union-attr]
     bound = Identity("c", Policy())
-    assert g.identify(bound, PEER, basic("a:tok-a")) is bound  # the listener wins
-    assert g.identify(None, PEER, "Basic \xe9\x00") == Refuse(
+    assert g.identify(bound, PEER, head(basic("a:tok-a"))) is bound  # the listener wins
+    assert g.identify(None, PEER, head("Basic \xe9")) == Refuse(
         Reason.AUTH_FAILED, "proxy credentials not accepted", status=407
     )
 
