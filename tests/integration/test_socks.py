@@ -308,3 +308,12 @@ async def test_egress_serve_socks_flag(test_host: harness.TestHost, tmp_path: Pa
     found = [r for r in records if r.get("mode") == "socks5" and r.get("host") == "www.test"]
     assert found
     assert (found[0]["decision"], found[0]["rule"]) == ("allow", "www.test:80")
+
+
+async def test_socks_with_workers_is_a_usage_error() -> None:
+    import sys
+
+    rc, _, err = await run(sys.executable, "-m", "egress.cli", "serve", "--socks",
+                           "127.0.0.1:0", "--workers", "2", "--quiet")
+    assert rc == 2
+    assert "--socks" in err

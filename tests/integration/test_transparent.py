@@ -334,3 +334,14 @@ async def test_every_request_on_a_kept_alive_connection_is_judged(scene: Scene) 
     assert len(scene.audit.find(method="GET", host="www.test", path="/k", decision="allow")) == 2
     event = await scene.audit.wait_for(method="GET", host="evil.test", path="/k")
     assert (event["decision"], event["orig_dst"]) == ("block", f"{fake_ip(scene, 'www.test')}:80")
+
+
+async def test_a_direct_connection_to_the_listener_is_refused(scene: Scene) -> None:
+    """Not redirected: its original destination is the listener itself, an address the
+    guard (or the policy) refuses; never a loop back into the proxy."""
+    _, out, err = await agent(scene, sys.executable, "-c", RAW_CLIENT, "127.0.0.1", "15001")
+    assert out.startswith("refused") or "banner  reply" in out, (out, err)
+    event = await scene.audit.wait_for(mode="transparent", orig_dst="127.0.0.1:15001")
+    assert event["decision"] == "block"
+    assert event["reason"] in ("default_deny", "port_not_allowed", "reserved_address")
+    assert "addr" not in event
