@@ -103,9 +103,9 @@ async def _serve_raw(
 ) -> None:
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
     rec = _record(steps, conn, host, port)
-    rec.identify(identity.client_id)
     conn.phase = "active"
     try:
+        identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
         target = _target(host, port)
         _, addrs = await steps.authorize(identity.policy, target, rec)
         conn.upstream, addr = await steps.pool.dial(addrs, target.port)
@@ -122,8 +122,8 @@ async def _serve_tls(
     """TLS: judged by the ClientHello's SNI; without one, by the fake-IP name (or address)
     under the `sni_missing` option. The ClientHello is then relayed unchanged."""
     rec = _record(steps, conn, fallback, port)
-    rec.identify(identity.client_id)
     try:
+        identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
         hello = await read_hello(steps, conn)
         if hello is not None and hello.kind == "malformed":
             raise Refused(Refuse(Reason.SNI_MISMATCH, "malformed TLS ClientHello"))
