@@ -62,11 +62,11 @@ def raise_nofile() -> int:
 def started(
     name: str, origin: measure.Origin, n_rules: int, extra: list[str] | None = None,
     cpus: int | str = px.PROXY_CPU,
-) -> Iterator[tuple[px.Running, float]]:  # fmt: skip
+) -> Iterator[tuple[px.Running, float]]:
     """A fresh target in its own temp dir; yields it with its start-up time in seconds."""
     workdir = Path(tempfile.mkdtemp(prefix=f"curve-{name}-"))
     env = px.Env(origin.http_ports, origin.source_port, rulesmod.generate(n_rules), workdir,
-                 "quiet")  # fmt: skip
+                 "quiet")
     t0 = time.monotonic()
     run = px.start_egress(env, extra, cpus) if name == "egress" else px.TARGETS[name](env)
     try:
@@ -96,7 +96,7 @@ def rules_curve(origin: measure.Origin, costed: Costed, seconds: int) -> list[di
                 "start_s": round(start_s, 2), "idle_rss_mb": round(rss, 1),
                 "rps": r["rps"], "cpu_us_per_request": r.get("cpu_us_per_request"),
                 "p99_ms": r["p99_ms"], "noisy": r["noisy"], "ratio_ok": r["ratio_ok"],
-            })  # fmt: skip
+            })
     return rows
 
 
@@ -134,7 +134,7 @@ def idle_curve(origin: measure.Origin) -> dict[str, Any]:
 
 def _idle_series(origin: measure.Origin, steps: list[int], request: bool) -> list[dict[str, Any]]:
     extra = ["--max-connections", str(max(IDLE_STEPS) + 100), "--head-timeout", "300",
-             "--quiet"]  # fmt: skip
+             "--quiet"]
     rows: list[dict[str, Any]] = []
     socks: list[socket.socket] = []
     with started("egress", origin, rulesmod.DEFAULT_ALLOW, extra) as (run, _):
@@ -155,7 +155,7 @@ def _idle_series(origin: measure.Origin, steps: list[int], request: bool) -> lis
                 rss, _ = procfs.idle_memory(run.pid, seconds=1.0)
                 per_kb = (rss - rss0) * 1024 / (n - 1)
                 rows.append({"connections": n, "rss_mb": round(rss, 2),
-                             "kb_per_connection": round(per_kb, 1)})  # fmt: skip
+                             "kb_per_connection": round(per_kb, 1)})
         except OSError as exc:
             rows.append({"connections": len(socks), "error": f"{type(exc).__name__}: {exc}"})
         finally:
@@ -181,7 +181,7 @@ def tunnel_curve(
                         "target": name, "concurrency": conc, "per_s": r["per_s"],
                         "p99_ms": r["p99_ms"], "cpu_us_per_tunnel": r.get("cpu_us_per_tunnel"),
                         "errors": r["errors"], "noisy": r["noisy"], "ratio_ok": r["ratio_ok"],
-                    })  # fmt: skip
+                    })
         except px.StartError as exc:
             rows.append({"target": name, "skipped": str(exc)})
     return rows
@@ -218,7 +218,7 @@ def workers_curve(
                 "cpu_us_per_tunnel": tunnels.get("cpu_us_per_tunnel"),
                 "noisy": http["noisy"] or tunnels["noisy"],
                 "ratio_ok": http["ratio_ok"] and tunnels["ratio_ok"],
-            })  # fmt: skip
+            })
     return rows
 
 
@@ -227,7 +227,7 @@ def _json_child(argv: list[str], timeout: float = 300) -> dict[str, Any]:
         out = subprocess.run(
             px.pinned(argv, px.PROXY_CPU), capture_output=True, text=True, timeout=timeout,
             cwd=px.REPO,
-        )  # fmt: skip
+        )
     except subprocess.TimeoutExpired:
         return {"skipped": f"timed out after {timeout} s"}
     lines = [x for x in out.stdout.splitlines() if x.startswith("{")]

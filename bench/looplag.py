@@ -105,7 +105,7 @@ async def load_http(proxy: int, origin: int, tick: Ticker, workdir: Path) -> dic
     wrk = await _proc(
         "wrk", "-t1", "-c64", f"-d{int(SECONDS) + 2}s", "-s", str(script),
         f"http://{HOST}:{proxy}/",
-    )  # fmt: skip
+    )
     await asyncio.sleep(0.5)
     lag = await tick.measure(SECONDS)
     out, _ = await wrk.communicate()
@@ -138,7 +138,7 @@ async def load_idle(proxy: int, origin: int, tick: Ticker, workdir: Path) -> dic
     client = await _proc(
         sys.executable, "-c", IDLE_CLIENT, str(proxy), str(origin), str(IDLE_CONNECTIONS),
         stdin=True,
-    )  # fmt: skip
+    )
     assert client.stdout is not None
     assert client.stdin is not None
     line = await asyncio.wait_for(client.stdout.readline(), 60)
@@ -161,7 +161,7 @@ def _settings(http_ports: list[int], source: int) -> Any:
         {"default": "deny", "allow": r.allow_wildcards + r.allow_hosts + r.allow_origins
          + r.allow_cidrs, "block": r.block_wildcards + r.block_cidrs},
         framework_routes=routes,
-    )  # fmt: skip
+    )
 
 
 async def measure(http_ports: list[int], source: int) -> dict[str, Any]:

@@ -39,7 +39,7 @@ EVENT: dict[str, object] = {
     "port": 8081, "path": "/", "decision": "allow", "reason": "framework_route",
     "rule": "http://127.0.0.1:8081", "addr": "127.0.0.1", "status": 200, "bytes_up": 58,
     "bytes_down": 173, "duration_ms": 0.41,
-}  # fmt: skip
+}
 
 
 def cases() -> dict[str, Callable[[], object]]:

@@ -207,7 +207,7 @@ def _start_egress(
     exe = egress_command()
     if exe is None:
         raise StartError("`egress serve` is not available in this checkout yet")
-    argv = [*exe, "serve", "--listen", f"{HOST}:0", *extra]
+    argv = [*exe, "serve", "--quiet", "--listen", f"{HOST}:0", *extra]  # no stderr lines
     for route in framework_routes(env):
         argv += ["--framework-route", route]
     proc = launch(argv, env.workdir, name, cpus)
@@ -401,7 +401,7 @@ def start_proxy_py(env: Env) -> Running:
     argv = [str(exe), "--hostname", HOST, "--port", str(port), "--num-acceptors", "1",
             "--num-workers", "1", "--log-level", level, "--pid-file", str(d / "proxy.pid"),
             "--plugins", "proxy.plugin.FilterByUpstreamHostPlugin",
-            "--filtered-upstream-hosts", blocked]  # fmt: skip
+            "--filtered-upstream-hosts", blocked]
     proc = launch(argv, d, "proxy.py")
     with stop_on_error(proc):
         wait_port(proc, port, d / "proxy.py.out")
@@ -415,7 +415,7 @@ def start_mitmproxy(env: Env) -> Running:
     exe = _peer_exe("mitmdump")
     port, d = free_port(), env.workdir
     argv = [str(exe), "--listen-host", HOST, "--listen-port", str(port),
-            "--ignore-hosts", ".*", "--set", f"confdir={d / 'mitm'}"]  # fmt: skip
+            "--ignore-hosts", ".*", "--set", f"confdir={d / 'mitm'}"]
     if env.log_mode == "quiet":
         argv += ["--quiet"]
     proc = launch(argv, d, "mitmproxy")

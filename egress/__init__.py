@@ -13,6 +13,7 @@ from .boundary import (
     ReleaseFailed,
     prepare_execution,
     release_execution,
+    update_execution,
 )
 from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
@@ -22,6 +23,7 @@ from .policy.judge import judge
 from .policy.rules import Decision, Policy, Rule, parse_rule
 from .policy.target import Target, make_target, normalize_host, parse_authority, parse_url
 from .proxy.netns import NamespaceError, listen_in_netns
+from .proxy.observe import ExecutionSummary
 from .proxy.server import EgressProxy, Limits
 from .thread import ProxyThread
 
@@ -34,6 +36,7 @@ __all__ = [
     "EgressProxy",
     "Execution",
     "ExecutionNotReady",
+    "ExecutionSummary",
     "Limits",
     "NamespaceError",
     "Policy",
@@ -60,4 +63,5 @@ __all__ = [
     "parse_url",
     "prepare_execution",
     "release_execution",
+    "update_execution",
 ]

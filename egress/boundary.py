@@ -45,6 +45,7 @@ from .errors import EgressError
 from .policy.rules import FrameworkRoute, Policy, parse_framework_route
 from .policy.target import IPNetwork, bracket, join_host_port
 from .proxy.clients import Identity, Leases
+from .proxy.observe import ExecutionSummary
 from .proxy.server import EgressProxy, Listener
 from .validate import as_bool, as_choice, as_count, as_instance, as_str, as_str_list
 
@@ -216,7 +217,7 @@ async def prepare_execution(
     _refuse_new_keeps(sandbox, prior, routes, proxy_port)
     sandbox_policy = Policy(
         allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
-        framework_routes=[*policy.framework_routes, *routes],
+        framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
     )
     try:
         box = await _bind(proxy, reg, sandbox, cid, tok, sandbox_policy, routes, mode,
@@ -242,6 +243,8 @@ async def prepare_execution(
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
     _audit(proxy, sandbox, cid, "sandbox_replaced" if prior else "sandbox_added",
            f"policy {sandbox_policy!r}")
+    if prior is None or cid not in proxy.observers.summaries:
+        proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
     execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
     return replace(execution, listeners=(*execution.listeners, *extra))
 
@@ -360,6 +363,7 @@ async def _bind(
     # the policy switch: one assignment (loopback) or one table swap (gateway)
     if mode == "loopback":
         box.main.identity = Identity(cid, policy)
+        proxy._policy_applied(cid, policy, "sandbox")  # docs/policy.md#policy-hash
     else:
         sources = await _sandbox_sources(sandbox)
         proxy.add_client(ClientSpec(cid, policy, token=tok, sources=sources))
@@ -548,18 +552,36 @@ async def _gateway_of(sandbox: str) -> str:
     return gw
 
 
+def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -> None:
+    """Replace a running execution's policy at once (docs/user-guide.md#live-policy).
+
+    `policy` is the new composed policy; the execution's framework routes are added as in
+    `prepare_execution`. From the next request on, the sandbox is judged by it; requests and
+    tunnels already decided keep their decision. The audit log records the new policy's
+    hash. Raises KeyError when the execution is no longer served by `proxy`."""
+    routes = [parse_framework_route(r) for r in execution.framework_urls]
+    sandbox_policy = Policy(
+        allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
+        framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
+    )
+    proxy.set_client_policy(execution.client_id, sandbox_policy)
+
+
 async def release_execution(
     proxy: EgressProxy, execution: Execution, *, restore: bool = False
-) -> None:
+) -> ExecutionSummary:
     """Release the sandbox: its client, token, source addresses, listeners and forwarders
     (a listener shared with another sandbox stays until its last holder is released), and,
     with `restore`, undo the cut.
 
+    Returns what the execution did: its access records counted by decision, host and reason
+    (`ExecutionSummary`, e.g. `summary.blocked_hosts` for "this run tried 3 blocked hosts").
     Idempotent. Raises `ReleaseFailed` (the netcut error chained) when `restore` cannot
     undo the cut: the caller must know the namespace is still cut, or not restored.
     """
     as_instance(proxy, "release_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "release_execution execution", Execution, "an Execution")
+    summary = proxy.execution_summary(execution.client_id, stop=True)
     reg = _registry(proxy)
     if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):
         for listener in execution.listeners:  # an execution from before a failed re-prepare
@@ -572,3 +594,4 @@ async def release_execution(
             await netcut.restore_async(execution.sandbox)
         except netcut.NetcutError as exc:
             raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc
+    return summary

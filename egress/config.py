@@ -40,9 +40,11 @@ T = TypeVar("T")
 
 _TOP_KEYS = {
     "default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private",
-    "clients",
+    "mode", "clients",
 }
-_CLIENT_KEYS = {"token", "token_env", "sources", "default", "allow", "block", "framework_routes"}
+_CLIENT_KEYS = {
+    "token", "token_env", "sources", "default", "allow", "block", "framework_routes", "mode",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,13 @@ def _posture(value: object, where: str) -> Posture:
     return value
 
 
+def _report_only(value: object, where: str) -> bool:
+    """`mode = "enforce" | "report"` (docs/policy.md#report-only-mode)."""
+    if value not in ("enforce", "report"):
+        raise PolicyError(f"{where}: mode must be 'enforce' or 'report', not {value!r}")
+    return value == "report"
+
+
 def build_settings(
     file_data: Mapping[str, Any] | None = None,
     *,
@@ -150,10 +159,15 @@ def build_settings(
     resolve: Sequence[str] = (),
     reserve: Sequence[str] = (),
     reserve_private: bool = False,
+    report_only: bool = False,
     where: str = "policy",
 ) -> Settings:
-    """Merge a policy file's data with command-line options into `Settings`."""
+    """Merge a policy file's data with command-line options into `Settings`.
+
+    `report_only` (`--report-only`) puts the top-level policy and every client in report
+    mode, whatever the file's `mode` keys say."""
     data = file_data or {}
+    top_report = report_only or _report_only(data.get("mode", "enforce"), where)
     posture = _posture(default if default is not None else data.get("default", "deny"), where)
     routes = [*_str_list(data, "framework_routes", where), *framework_routes]
     policy = Policy(
@@ -161,6 +175,7 @@ def build_settings(
         block=[*_str_list(data, "block", where), *block],
         default=posture,
         framework_routes=routes,
+        report_only=top_report,
     )
     pins = parse_resolve([*_resolve_entries(data.get("resolve", []), where), *resolve])
     try:
@@ -171,7 +186,10 @@ def build_settings(
     guard = AddressGuard(extra=extra, reserve_private=private or reserve_private)
     top_blocks = [*_str_list(data, "block", where), *block]
     table = _checked(as_table, data.get("clients", {}), f"{where}: 'clients'")
-    clients = tuple(_client(cid, spec, routes, top_blocks, where) for cid, spec in table.items())
+    clients = tuple(
+        _client(cid, spec, routes, top_blocks, where, top_report, report_only)
+        for cid, spec in table.items()
+    )
     return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
 
 
@@ -184,10 +202,12 @@ def _resolve_entries(value: object, where: str) -> list[str]:
 
 
 def _client(
-    cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str
+    cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str,
+    top_report: bool = False, force_report: bool = False,
 ) -> ClientSpec:
     """A per-client policy: its own allow rules and posture; the top-level block rules and
-    framework routes apply to every client too (blocks compose, as in `compose`)."""
+    framework routes apply to every client too (blocks compose, as in `compose`). Its `mode`
+    defaults to the top-level one; `--report-only` forces report mode."""
     here = f"{where}: client {cid!r}"
     if not isinstance(spec, dict):
         raise PolicyError(f"{here}: must be a table ([clients.{cid}]), not {spec!r}")
@@ -216,5 +236,7 @@ def _client(
         block=[*top_blocks, *_str_list(spec, "block", here)],
         default=_posture(spec.get("default", "deny"), here),
         framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
+        report_only=force_report
+        or _report_only(spec.get("mode", "report" if top_report else "enforce"), here),
     )
     return ClientSpec(cid, policy, token, tuple(sources))

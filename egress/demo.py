@@ -10,6 +10,7 @@ example policy).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import io
@@ -293,12 +294,28 @@ def unprivileged() -> int:
     return 0 if rc in (0, 1) else rc
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="./dev.sh demo",
+        description="The end-to-end demo: two network namespaces on this machine (a sandbox "
+        "and an upstream, addresses in 198.18.128.0/17 only), the cut, an agent behind the "
+        "proxy, and the audit log. Needs root; without it, runs `egress check` on the "
+        "example policy. Removes everything it created, also on Ctrl-C.",
+    )
+    p.add_argument(
+        "--audit-log", metavar="PATH",
+        help="keep the demo's audit log at PATH (default: a temporary file, removed at the end)",
+    )
+    return p.parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     print("egress-netcut demo: an agent's network, cut down to exactly what it is allowed.")
     if os.geteuid() != 0:
         return unprivileged()
     with tempfile.TemporaryDirectory(prefix="egress-demo-") as tmp:
-        audit_path = os.path.join(tmp, "audit.jsonl")
+        audit_path = args.audit_log or os.path.join(tmp, "audit.jsonl")
         try:
             with world() as w:
                 failures = asyncio.run(story(w, audit_path))
@@ -309,7 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failures or rc:
         print(f"\ndemo FAILED ({failures} unexpected outcomes)")
         return 1
-    say("Everything the demo created is gone. Details: README.md and docs/.", step="Done")
+    kept = f" The audit log is kept at {args.audit_log}." if args.audit_log else ""
+    say(f"Everything the demo created is gone.{kept} Details: README.md and docs/.",
+        step="Done")
     return 0
 
 

@@ -166,7 +166,15 @@ class End(StrEnum):
     """How a tunnel (or an absolute-form response cut short) ended: the audit `end` field."""
 
     EOF = "eof", "both directions closed cleanly"
-    LOST = "lost", "a side reset or vanished"
+    CLIENT_CLOSED = (
+        "client_closed", "the client ended the tunnel abruptly (a close with unread bytes is a "
+        "reset; normal after a complete exchange: `curl -I`, `git clone`)",
+    )
+    UPSTREAM_CLOSED = (
+        "upstream_closed", "the upstream ended the tunnel abruptly (reset, or closed without a "
+        "half-close)",
+    )
+    LOST = "lost", "a relay failed with neither connection reported closed (not expected)"
     IDLE_TIMEOUT = "idle_timeout", "closed for inactivity (`idle_timeout`)"
     SHUTDOWN = "shutdown", "closed after the shutdown grace period"
     HELLO_TIMEOUT = (

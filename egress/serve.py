@@ -47,7 +47,17 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         metavar="NS",
         help="open the listeners inside this network namespace (name, path or PID)",
     )
-    g.add_argument("--audit-log", metavar="PATH|-", help="JSON Lines audit log ('-' = stdout)")
+    g.add_argument(
+        "--audit-log",
+        metavar="PATH|-",
+        help="JSON Lines audit log ('-' = stdout, after the `listening on` lines); without "
+        "it, one line per request goes to stderr (see --quiet)",
+    )
+    g.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        help="serve /metrics (Prometheus), /healthz and /readyz here (docs/metrics.md)",
+    )
     g.add_argument(
         "--audit-fail",
         choices=["open", "closed"],
@@ -69,16 +79,23 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         "--sni-missing",
         choices=["if-named", "allow", "deny"],
         default="if-named",
-        help="tunnels to 443 without a TLS SNI: allow only if the CONNECT host was an "
-        "allowed name (default), always, or never",
+        help="tunnels to 443 without a TLS SNI (no ClientHello, none with SNI, or non-TLS "
+        "bytes): allow only if the CONNECT host was a name (not an IP) the policy allowed "
+        "(default), always, or never; a malformed ClientHello is always refused",
     )
     lim = Limits()
-    g.add_argument("--max-head", type=int, default=lim.max_head, metavar="BYTES")
-    g.add_argument("--max-headers", type=int, default=lim.max_headers, metavar="N")
-    g.add_argument("--head-timeout", type=float, default=lim.head_timeout, metavar="S")
-    g.add_argument("--connect-timeout", type=float, default=lim.connect_timeout, metavar="S")
-    g.add_argument("--idle-timeout", type=float, default=lim.idle_timeout, metavar="S")
-    g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N")
+    g.add_argument("--max-head", type=int, default=lim.max_head, metavar="BYTES",
+                   help="largest request head (default: %(default)s)")
+    g.add_argument("--max-headers", type=int, default=lim.max_headers, metavar="N",
+                   help="most header fields in a request head (default: %(default)s)")
+    g.add_argument("--head-timeout", type=float, default=lim.head_timeout, metavar="S",
+                   help="seconds to receive a request head (default: %(default)s)")
+    g.add_argument("--connect-timeout", type=float, default=lim.connect_timeout, metavar="S",
+                   help="seconds to connect upstream (default: %(default)s)")
+    g.add_argument("--idle-timeout", type=float, default=lim.idle_timeout, metavar="S",
+                   help="seconds a connection may stay silent (default: %(default)s)")
+    g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N",
+                   help="concurrent client connections, 503 beyond (default: %(default)s)")
     g.add_argument(
         "--workers",
         type=int,
@@ -88,7 +105,8 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         "audit chain PATH.wI (default 1)",
     )
     g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
-    g.add_argument("--quiet", action="store_true", help="no warnings on stderr")
+    g.add_argument("--quiet", action="store_true",
+                   help="no warnings, request lines or shutdown summary on stderr")
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -153,16 +171,28 @@ async def run_serve(
         print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}",
               file=sys.stderr)
         return 2
+    if not args.quiet:
+        _warn_tokens(settings, args.require_auth)
+    on_decision = [] if args.quiet or args.audit_log else [_print_request]
     proxy = EgressProxy(
         settings, listen=args.listen or ["127.0.0.1:3128"], socks=args.socks,
         listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
-        sni_missing=args.sni_missing, reuse_port=ready_fd is not None,
+        sni_missing=args.sni_missing, reuse_port=ready_fd is not None, admin=args.admin,
+        on_decision=on_decision,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hup() -> None:
+        task = loop.create_task(reload_policy(proxy, args))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
         await proxy.start()
         if ready_fd is not None:
@@ -173,13 +203,85 @@ async def run_serve(
                 print(f"listening on {join_host_port(host, port)}", flush=True)
             for host, port in proxy.socks_addresses:
                 print(f"listening on {join_host_port(host, port)} socks5", flush=True)
+        if proxy.admin_url is not None and not args.quiet:
+            print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
         await stop.wait()
     finally:
         await proxy.stop()
         await audit.aclose()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        if not args.quiet:
+            print(shutdown_summary(proxy.metrics()), file=sys.stderr)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
     return 0
+
+
+async def reload_policy(proxy: EgressProxy, args: argparse.Namespace) -> None:
+    """SIGHUP: re-read the policy file (with the same command-line options), validate it and
+    swap it in; on any error keep the policy in force and say why (docs/proxy.md#sighup)."""
+    from .cli import settings_from_args
+    from .errors import EgressError
+
+    old = proxy.settings.policy.digest
+    try:
+        settings = await asyncio.to_thread(settings_from_args, args)
+    except (EgressError, OSError, ValueError) as exc:
+        print(f"egress serve: policy reload failed, keeping policy {old}: {exc}",
+              file=sys.stderr, flush=True)
+        return
+    await proxy.replace_settings(settings, source="sighup")
+    print(f"egress serve: policy reloaded: {old} -> {settings.policy.digest}",
+          file=sys.stderr, flush=True)
+
+
+def _warn_tokens(settings: Settings, require_auth: bool) -> None:
+    """Tokens without --require-auth: clients that send credentials only after a 407 (git,
+    `curl --proxy-anyauth`) never present them (docs/clients.md#proxy-authentication)."""
+    named = [c.client_id for c in settings.clients if c.token is not None]
+    if named and not require_auth:
+        print(
+            f"egress serve: warning: clients {', '.join(named)} have tokens but "
+            "--require-auth is off: a client that sends credentials only after a 407 "
+            "(git, curl --proxy-anyauth) runs under the top-level policy with client_id null",
+            file=sys.stderr,
+        )
+
+
+def _print_request(event: dict[str, object]) -> None:
+    """One stderr line per access record when there is no --audit-log (docs/proxy.md)."""
+    print(request_line(event), file=sys.stderr, flush=True)
+
+
+def request_line(event: dict[str, object]) -> str:
+    """`allow CONNECT pypi.org:443 allow_rule 200 12.3ms [sandbox-a]`."""
+    host, port = event.get("host") or "-", event.get("port") or 0
+    where = f"{host}:{port}" if port else str(host)
+    parts = [str(event["decision"]), str(event.get("method")), where, str(event["reason"])]
+    if event.get("status") is not None:
+        parts.append(str(event["status"]))
+    if event.get("duration_ms") is not None:
+        parts.append(f"{event['duration_ms']}ms")
+    if event.get("client_id"):
+        parts.append(f"[{event['client_id']}]")
+    return "egress: " + " ".join(parts)
+
+
+def shutdown_summary(metrics: dict[str, object]) -> str:
+    """`egress serve: 12 requests: 9 allow, 3 block (block_rule 3)` (docs/proxy.md)."""
+    rows: list[dict[str, Any]] = metrics["requests"]  # type: ignore[assignment]
+    by_decision: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    for row in rows:
+        by_decision[row["decision"]] = by_decision.get(row["decision"], 0) + row["count"]
+        if row["decision"] != "allow":
+            refused[row["reason"]] = refused.get(row["reason"], 0) + row["count"]
+    total = sum(by_decision.values())
+    text = f"egress serve: {total} requests"
+    if by_decision:
+        text += ": " + ", ".join(f"{n} {d}" for d, n in sorted(by_decision.items()))
+    if refused:
+        text += " (" + ", ".join(f"{r} {n}" for r, n in sorted(refused.items())) + ")"
+    return text
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -188,6 +290,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         listens = [parse_listen(spec) for spec in args.listen or ["127.0.0.1:3128"]]
         for spec in args.socks:
             parse_listen(spec)
+        if args.admin:
+            parse_listen(args.admin, "--admin")
+            if args.workers > 1:
+                raise ValueError("--admin serves one process's numbers: not with --workers > 1")
     except ValueError as exc:
         print(f"egress serve: {exc}", file=sys.stderr)
         return 2

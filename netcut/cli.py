@@ -31,8 +31,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+_json_usage = False  # set by main(): `--json` anywhere on the command line
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
+        if _json_usage:  # docs/netcut.md: with --json, usage errors are JSON on stdout too
+            data = {"result": "error", "kind": "UsageError", "error": message, "exit_code": 2,
+                    "probe": None}  # fmt: skip
+            print(json.dumps(data, sort_keys=True), flush=True)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -278,6 +285,9 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _json_usage
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _json_usage = "--json" in argv
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)

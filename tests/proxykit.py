@@ -13,8 +13,12 @@ class MemoryAudit:
     events: list[dict[str, object]] = field(default_factory=list)
     accepting: bool = True
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    policies: list[dict[str, object]] = field(default_factory=list)  # `type: policy` records
 
     def record(self, event: dict[str, object]) -> None:
+        if event.get("type") == "policy":
+            self.policies.append(dict(event))
+            return
         self.events.append(dict(event))
         self.changed.set()
 

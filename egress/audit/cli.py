@@ -264,6 +264,32 @@ def _verify_chain(paths: list[str], live: bool) -> VerifyResult:
 
 # ---- argument parsing --------------------------------------------------------------------
 
+def cmd_suggest(args: argparse.Namespace) -> int:
+    """A minimal policy covering the logged traffic (docs/audit-log.md#egress-audit-suggest)."""
+    from egress.audit.suggest import render, suggest
+    from egress.policy.lint import lint_policy
+    from egress.policy.rules import Policy
+
+    paths = order_paths(args.paths)
+    window = _event_filter(args)
+
+    def records() -> Iterator[dict[str, object]]:
+        for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
+            record = parse_record(line.data)
+            if record is None or not is_request(record) or not window.in_window(record):
+                continue
+            if args.client and record.get("client_id") not in args.client:
+                continue
+            yield record
+
+    def lint(rules: list[str]) -> list[str]:
+        return [str(f) for f in lint_policy(Policy(allow=rules))]
+
+    result = suggest(records())
+    sys.stdout.write(render(result, make_domain_of(), lint, paths))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egress audit",
                                      description="Read, filter and verify egress audit logs.")
@@ -288,6 +314,13 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--interval", type=_positive(float), default=DEFAULT_INTERVAL,
                              metavar="SECONDS", help="poll interval with --follow")
         sub.add_argument("paths", nargs="+", metavar="PATH")
+    suggest = commands.add_parser(
+        "suggest", help="print a minimal policy (TOML) allowing the logged traffic; reserved "
+        "and blocked destinations are listed, not allowed")
+    _add_window(suggest)
+    suggest.add_argument("--client", action="append", metavar="ID",
+                         help="only records of this client_id (repeatable)")
+    suggest.add_argument("paths", nargs="+", metavar="LOG")
     verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
     verify.add_argument("--live", action="store_true",
                         help="accept a last run without an end record (still being written)")
@@ -330,6 +363,7 @@ def _add_selectors(parser: argparse.ArgumentParser) -> None:
 
 COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "summarize": cmd_summarize, "filter": cmd_filter, "tail": cmd_tail, "verify": cmd_verify,
+    "suggest": cmd_suggest,
 }
 
 

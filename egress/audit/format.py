@@ -33,7 +33,7 @@ FORMAT: Final = "egress-audit/1"
 
 # Record types. A line without "type" (or with type "request") is one request or tunnel.
 REQUEST_TYPES: Final = frozenset({None, "request"})
-CONTROL_TYPES: Final = frozenset({"start", "end", "rotate", "loss"})
+CONTROL_TYPES: Final = frozenset({"start", "end", "rotate", "loss", "policy"})
 
 # The reason codes, decisions and tunnel ends are one vocabulary: `egress.reasons`.
 

@@ -223,7 +223,8 @@ class LogWriter:
 
     def _line(self, body: str) -> None:
         self.dequeued += 1
-        self.requests += 1
+        if '"type":"policy"' not in body[:80]:  # a policy record is not a request
+            self.requests += 1
         self._chain(body)
 
     def _control(self, fields: dict[str, object]) -> None:

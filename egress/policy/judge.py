@@ -17,8 +17,17 @@ from .target import IPAddress, Target
 def judge(
     policy: Policy, guard: AddressGuard, target: Target, addrs: Sequence[IPAddress] = ()
 ) -> Decision:
-    """Decide `target` (resolved to `addrs`, if known) under `policy` and `guard`."""
+    """Decide `target` (resolved to `addrs`, if known) under `policy` and `guard`.
+
+    Under a report-only policy a policy refusal becomes an allow carrying `would="block"`
+    and the refusal's reason; the guard below still refuses reserved addresses, so report
+    mode never opens a path the guard closes (docs/policy.md#report-only-mode)."""
     decision = policy.decide(target, addrs)
+    if not decision.allowed and policy.report_only:
+        decision = Decision(
+            True, decision.reason, decision.rule, f"report-only, would block: {decision.detail}",
+            target.ip is None and not addrs, "block",
+        )
     if not decision.allowed or decision.reason == "framework_route":
         return decision
     ips: Sequence[IPAddress] = (target.ip,) if target.ip is not None else addrs

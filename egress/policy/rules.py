@@ -24,7 +24,9 @@ only the rest to compiled regular expressions; decisions can therefore be cached
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +88,9 @@ class Decision:
     detail: str = ""
     # True when resolved addresses could still change the outcome (IP/CIDR rules exist).
     needs_addrs: bool = False
+    # report-only mode (docs/policy.md#report-only-mode): "block" when the policy would have
+    # refused; the decision is then an allow that keeps the refusal's reason, rule and detail
+    would: str | None = None
 
     @property
     def action(self) -> Action:
@@ -306,6 +311,8 @@ class Policy:
         block: Iterable[str | Rule] = (),
         default: Posture = "deny",
         framework_routes: Iterable[str | FrameworkRoute] = (),
+        *,
+        report_only: bool = False,
     ) -> None:
         # one validator for every entry point (docs/policy.md#types): `allow="*"` is a
         # TypeError, never the characters of a string taken as rules
@@ -314,6 +321,10 @@ class Policy:
         if default not in ("deny", "allow"):
             raise PolicyError(f"default posture {default!r}: must be 'deny' or 'allow'")
         self.default: Posture = default
+        # docs/policy.md#report-only-mode: refusals become allows that say what would have
+        # happened; the address guard still refuses
+        self.report_only = report_only
+        self._digest: str | None = None  # docs/policy.md#policy-hash, computed on first use
         rules = (str, Rule)
         self.allow_rules = tuple(
             _as_rule(r, "allow") for r in as_list(allow, "Policy allow", rules)  # type: ignore[arg-type]
@@ -341,13 +352,35 @@ class Policy:
     def __repr__(self) -> str:
         return (
             f"Policy(default={self.default!r}, allow={len(self.allow_rules)}, "
-            f"block={len(self.block_rules)}, routes={len(self.framework_routes)})"
+            f"block={len(self.block_rules)}, routes={len(self.framework_routes)}"
+            + (", report_only=True)" if self.report_only else ")")
         )
 
     def host_rules(self, action: Action, host: str) -> list[Rule]:
         """The host-form rules of `action` matching canonical `host` on any port or scheme,
         in definition order (the DNS responder asks which names may be answered)."""
         return (self._allow if action == "allow" else self._block).host_matches(host)
+
+    def canonical(self) -> dict[str, object]:
+        """The policy as plain data, rules in their given order (docs/policy.md#policy-hash).
+
+        Two policies with the same canonical form decide every request the same way."""
+        return {
+            "default": self.default,
+            "allow": [r.text for r in self.allow_rules],
+            "block": [r.text for r in self.block_rules],
+            "framework_routes": [r.text for r in self.framework_routes],
+            "mode": "report" if self.report_only else "enforce",
+        }
+
+    @property
+    def digest(self) -> str:
+        """`sha256:` + the first 16 hex digits of the SHA-256 of the canonical form's
+        compact, key-sorted JSON; the `policy` field of every request record it decides."""
+        if self._digest is None:
+            text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+            self._digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._digest
 
     def framework_route(self, host: str, port: int) -> FrameworkRoute | None:
         return self._routes.get((host, port))

@@ -83,20 +83,38 @@ async def read_head(
         if side.buf:
             if conn.phase == "idle":
                 conn.phase, conn.phase_since = "head", loop.time()
-            parsed = wire.parse_request_head(
-                side.buf, max_size=limits.max_head, max_headers=limits.max_headers,
-                searched=searched,
-            )
+            try:
+                parsed = wire.parse_request_head(
+                    side.buf, max_size=limits.max_head, max_headers=limits.max_headers,
+                    searched=searched,
+                )
+            except ProtocolError:
+                _refuse_tls(side.buf)
+                raise
             if parsed is not None:
                 head, used = parsed
                 conn.raw_head = bytes(side.buf[:used])
                 side.consume(used)
                 return head
+            _refuse_tls(side.buf)
             searched = len(side.buf)
         if not await side.read_more():
             if side.buf:
                 raise ProtocolError("connection closed inside a request head", 400)
             return None
+
+
+TLS_TO_PLAIN_PORT = (
+    "TLS to a plain-HTTP proxy port: the proxy URL must be http://, not https:// "
+    "(HTTPS destinations still get TLS end to end, inside CONNECT)"
+)
+
+
+def _refuse_tls(buf: bytearray) -> None:
+    """A TLS handshake record (0x16) can never start a request line: a client was given an
+    https:// proxy URL (`curl -x https://...`). Say so (docs/proxy.md#tls-to-the-plain-port)."""
+    if buf[:1] == b"\x16":
+        raise ProtocolError(TLS_TO_PLAIN_PORT, 400)
 
 
 def sweep(conn: Conn, now: float, lim: Limits) -> None:

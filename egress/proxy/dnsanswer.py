@@ -18,7 +18,7 @@ address for another name. Uses dnspython's wire codec (no socket or resolver par
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dns.exception
 import dns.flags
@@ -117,6 +117,7 @@ class DnsResult:
     rule: str | None = None
     answer: str | None = None
     detail: str | None = None
+    would: str | None = None  # report-only: "block" (docs/audit-log.md#report-only-fields)
 
 
 def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
@@ -146,9 +147,12 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
         return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", "not_a_name",
                       detail="an address spelling is not a name")  # fmt: skip
     verdict = judge_name(policy, host)
-    if not verdict.allowed:
+    would = None
+    if not verdict.allowed and not policy.report_only:
         return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", verdict.reason,
-                      verdict.rule, detail=verdict.detail)  # fmt: skip
+                      verdict.rule, detail=verdict.detail)
+    if not verdict.allowed:  # report-only: answered, the record says it would be refused
+        would = f"report-only, would block: {verdict.detail}"  # fmt: skip
     answer = None
     if question.rdtype == dns.rdatatype.A:
         addr = pool.address_for(host)
@@ -156,8 +160,9 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
             return _reply(query, dns.rcode.SERVFAIL, host, qtype, "error", "pool_exhausted",
                           detail=f"fake address pool {pool.network} is full")  # fmt: skip
         answer = str(addr)
-    return _reply(query, dns.rcode.NOERROR, host, qtype, "allow", verdict.reason, verdict.rule,
-                  answer)  # fmt: skip
+    result = _reply(query, dns.rcode.NOERROR, host, qtype, "allow", verdict.reason,
+                    verdict.rule, answer, detail=would)
+    return replace(result, would="block") if would is not None else result  # fmt: skip
 
 
 def refuse_query(data: bytes, detail: str) -> DnsResult:

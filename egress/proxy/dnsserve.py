@@ -43,6 +43,8 @@ def dns_event(
         event["answer"] = result.answer
     if result.detail is not None:
         event["detail"] = result.detail
+    if result.would is not None:
+        event["would"] = result.would
     return event
 
 

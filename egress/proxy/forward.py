@@ -57,6 +57,8 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
     except Refused as refused:
         if upstream is not None:
             upstream.close()
+        if refused.refusal.where is not None:  # ws://: name the destination
+            rec.host, rec.port = refused.refusal.where
         keep = keep_alive_after(
             refused.refusal,
             bodiless=head.framing.kind == "none",

@@ -21,7 +21,7 @@ Stages, in the order the server asks (docs/architecture.md#one-request):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 from weakref import WeakKeyDictionary
 
@@ -45,9 +45,14 @@ class Admit:
 
     reason: str
     rule: str | None = None
+    # report-only (docs/policy.md#report-only-mode): "block" when the policy would refuse;
+    # `detail` then says why
+    would: str | None = None
+    detail: str = ""
 
     def __repr__(self) -> str:
-        return f"Admit({self.reason}" + (f", rule={self.rule!r})" if self.rule else ")")
+        extra = f", would={self.would}" if self.would else ""
+        return f"Admit({self.reason}" + (f", rule={self.rule!r}" if self.rule else "") + extra + ")"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class Refuse:
     detail: str
     rule: str | None = None
     status: int | None = None  # overrides the reason's own (505 for a bad_request)
+    where: tuple[str, int] | None = None  # host, port of a target refused before parsing
 
     def __repr__(self) -> str:
         extra = f", rule={self.rule!r}" if self.rule else ""
@@ -210,7 +216,7 @@ class Gate:
         """An absolute-form target -> (target, path, explicit port); the authority's parse is
         cached (the path is not: it is per request)."""
         if raw[:7].lower() != "http://":
-            return refuse_request(_form_error(raw))
+            return _form_refusal(raw)
         _, authority, path = split_url(raw)
         cached = self._targets.get(authority)
         if cached is None:
@@ -280,6 +286,8 @@ class Gate:
             decision = judge(policy, self.guard, target, addrs)
         if not decision.allowed:
             return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
+        if decision.would is not None:
+            return Admit(decision.reason, decision.rule, decision.would, decision.detail)
         return Admit(decision.reason, decision.rule)
 
     def refuse_early(self, decision: Decision) -> Refuse | None:
@@ -338,6 +346,22 @@ _NAMED_ALLOWS: Final = frozenset({"allow_rule", "default_allow", "framework_rout
 _FRAMEWORK_ROUTE: Final = Reason.FRAMEWORK_ROUTE.value  # a plain str: compared per request
 
 
+def _form_refusal(raw: str) -> Refuse:
+    """The refusal of a non-http:// absolute target; ws:// and wss:// name the destination
+    in the record (docs/proxy.md#websocket)."""
+    refusal = refuse_request(_form_error(raw))
+    scheme = raw.split("://", 1)[0].lower() if "://" in raw[:7] else ""
+    if scheme not in ("ws", "wss"):
+        return refusal
+    try:
+        _, authority, _ = split_url(raw)
+        target, explicit = url_target("http", authority, "http://" + authority)
+    except TargetError:
+        return refusal
+    port = target.port if explicit else (443 if scheme == "wss" else 80)
+    return replace(refusal, where=(target.host, port))
+
+
 def _form_error(target: str) -> str:
     if target.startswith("/"):
         return "origin-form request: this is a forward proxy, send absolute-form (http://host/)"
@@ -345,6 +369,9 @@ def _form_error(target: str) -> str:
         return "asterisk-form request is not supported by a forward proxy"
     if target.lower().startswith("https://"):
         return "absolute-form https:// request: use CONNECT for TLS"
+    if target[:5].lower() == "ws://" or target[:6].lower() == "wss://":
+        return ("WebSocket over plain HTTP through the proxy is not supported: use wss:// "
+                "(the client tunnels it with CONNECT), or reach ws:// without the proxy")
     return f"unsupported request target {target[:100]!r}"
 
 

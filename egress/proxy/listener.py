@@ -54,14 +54,14 @@ class Listener:
             self.datagram.close()
 
 
-def parse_listen(spec: str) -> tuple[str, int]:
+def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT` / `[v6]:PORT` -> (host, port); ValueError naming the culprit."""
     try:
         host, port = split_host_port(spec)
     except TargetError as exc:
-        raise ValueError(f"--listen {spec!r}: {exc}") from None
+        raise ValueError(f"{flag} {spec!r}: {exc}") from None
     if port is None or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
+        raise ValueError(f"{flag} {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
     return host.strip("[]"), int(port)
 
 

@@ -14,13 +14,14 @@ from collections.abc import Sequence
 
 from ..policy.target import IPAddress
 from .gate import Refuse, Refused, refuse_dial
+from .metrics import ProxyMetrics
 from .relay import Side
 
 
 class UpstreamPool:
     """Idle upstream `Side`s by (address, port), and the dialer that makes new ones."""
 
-    __slots__ = ("_idle", "_loop", "closing", "connect_timeout", "idle", "per_key")
+    __slots__ = ("_idle", "_loop", "closing", "connect_timeout", "idle", "metrics", "per_key")
 
     def __init__(
         self,
@@ -31,6 +32,7 @@ class UpstreamPool:
         per_key: int,
     ) -> None:
         self._loop = loop
+        self.metrics: ProxyMetrics | None = None  # set by the proxy (docs/metrics.md)
         self._idle: dict[tuple[IPAddress, int], list[Side]] = {}
         self.connect_timeout = connect_timeout
         self.idle = idle
@@ -41,10 +43,14 @@ class UpstreamPool:
         """Connect to the first reachable checked address; raise `Refused` on failure."""
         loop = self._loop
         last: Refuse | None = None
+        metrics = self.metrics
         for addr in addrs:
+            t0 = loop.time()
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
+                if metrics is not None:  # docs/metrics.md: successful connects
+                    metrics.connect.observe(loop.time() - t0)
                 return side, addr
             except OSError as exc:  # TimeoutError and ConnectionRefusedError included
                 last = refuse_dial(exc, addr, port)

@@ -19,6 +19,7 @@ class AccessRecord:
         "bytes_up",
         "client",
         "client_id",
+        "detail",
         "duration_ms",
         "end",
         "host",
@@ -27,6 +28,7 @@ class AccessRecord:
         "mode",
         "orig_dst",
         "path",
+        "policy",
         "port",
         "reason",
         "rule",
@@ -35,6 +37,7 @@ class AccessRecord:
         "socks_reply",
         "status",
         "t0",
+        "would",
     )
 
     def __init__(
@@ -61,6 +64,9 @@ class AccessRecord:
         self.bytes_up: int | None = None
         self.bytes_down: int | None = None
         self.duration_ms: float | None = None
+        self.policy: str | None = None  # the deciding policy's hash (docs/policy.md#policy-hash)
+        self.would: str | None = None  # report-only: "block" (docs/audit-log.md)
+        self.detail: str | None = None  # report-only: the would-be refusal's detail
 
     def __repr__(self) -> str:
         return f"AccessRecord({self.method} {self.host}:{self.port} {self.reason})"
@@ -95,11 +101,15 @@ class AccessRecord:
             ev["path"] = self.path
         if self.identified:
             ev["client_id"] = self.client_id
+        if self.policy is not None:
+            ev["policy"] = self.policy
         admitted = self.reason is not None
         forward = self.method == "FORWARD"
         if admitted and not forward:
             ev["rule"] = rule
             ev["reason"] = reason
+            if self.would is not None:
+                ev["would"] = self.would
         if self.addr is not None:
             ev["addr"] = self.addr
         if admitted and forward:
@@ -131,6 +141,8 @@ class AccessRecord:
             ev["rule"] = rule
         if self.status is None and status is not None:
             ev["status"] = status
+        if detail is None:
+            detail = self.detail
         if detail is not None:
             ev["detail"] = detail
         return ev

@@ -67,7 +67,10 @@ def error_response(
     refusal = refusal_for(reason, status)
     body = f"egress: {refusal.status} {reason}: {detail}\n".encode("utf-8", "replace")
     lines = [
-        f"HTTP/1.1 {refusal.status} {_REASON_PHRASES.get(refusal.status, 'Error')}",
+        # the reason code in the status line too: many clients show only the status line of a
+        # refused CONNECT and drop its body (docs/proxy.md#refusals)
+        f"HTTP/1.1 {refusal.status} {_REASON_PHRASES.get(refusal.status, 'Error')} "
+        f"({PROXY_NAME}: {_NOT_PRINTABLE.sub('?', reason)})",
         f"Proxy-Status: {PROXY_NAME}; error={refusal.error}; details={_sf_string(detail)}",
         "Content-Type: text/plain; charset=utf-8",
         f"Content-Length: {len(body)}",

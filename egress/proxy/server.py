@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..config import ClientSpec, Settings
 from ..errors import ProtocolError
@@ -44,7 +45,9 @@ from .gate import (
 )
 from .hostaddrs import local_addresses_async
 from .listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
+from .metrics import ProxyMetrics
 from .netns import listen_in_netns
+from .observe import DecisionCallback, ExecutionSummary, Observers
 from .pool import UpstreamPool
 from .relay import Side
 from .resolve import Resolver
@@ -89,6 +92,9 @@ class EgressProxy:
         sni_missing: SniMissing = "if-named",
         host_local: Iterable[IPAddress] | None = None,
         resolver: Resolver | None = None,
+        admin: str | None = None,
+        metrics: bool = True,
+        on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
@@ -109,6 +115,7 @@ class EgressProxy:
             ClientTable(self.settings, require_auth=require_auth), self.settings.guard, sni_missing
         )
         self.resolver = resolver or Resolver(self.settings.resolve)
+        self._own_resolver = resolver is not None
         self._fixed_host_local = None if host_local is None else frozenset(host_local)
         self.addresses: list[tuple[str, int]] = []
         self.listeners: list[Listener] = []
@@ -119,6 +126,12 @@ class EgressProxy:
         # callbacks given every audit event as written (the sandbox lifecycle's too); they see
         # the event before the audit log's redaction, so treat it as sensitive
         self.hooks: list[Callable[[dict[str, object]], object]] = []
+        # docs/metrics.md: metrics, summaries and callbacks see the audit log's records
+        self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
+        callbacks = [on_decision] if callable(on_decision) else list(on_decision or ())
+        self.observers = Observers(self._metrics, callbacks)
+        self.admin_spec = None if admin is None else parse_listen(admin, "admin")
+        self.admin: Any = None  # egress.proxy.admin.AdminServer once started
 
     # --- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> EgressProxy:
@@ -150,6 +163,7 @@ class EgressProxy:
         """
         identity = self.clients.put(spec)
         self._sync_settings()
+        self._policy_applied(spec.client_id, spec.policy, "api")
         return identity
 
     def remove_client(self, client_id: str) -> ClientSpec | None:
@@ -163,6 +177,97 @@ class EgressProxy:
         specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
         self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
+    # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
+    def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
+        """Replace one client's policy, atomically: every request identified from now on
+        (the next request on a kept-alive connection too) is judged by `policy`; requests
+        and tunnels already decided keep their decision. Also re-binds listeners bound to
+        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
+        known = self.clients.spec(client_id) is not None
+        bound = [li for li in self.listeners if li.identity is not None
+                 and li.identity.client_id == client_id and li.forward_to is None]
+        if not known and not bound:
+            raise KeyError(f"no client {client_id!r} on this proxy")
+        if known:
+            self.clients.replace(client_id, policy)
+            self._sync_settings()
+        for listener in bound:
+            listener.identity = Identity(client_id, policy)
+        self._policy_applied(client_id, policy, source)
+
+    async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
+        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
+        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
+        name get its new policy; other bound listeners keep theirs."""
+        self.settings = settings
+        self.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
+        if not self._own_resolver:
+            old, self.resolver = self.resolver, Resolver(settings.resolve)
+            if self._started:
+                self.steps.resolver = self.resolver
+            old.close()
+        by_id = {c.client_id: c.policy for c in settings.clients}
+        for listener in self.listeners:
+            ident = listener.identity
+            if ident is not None and listener.forward_to is None and ident.client_id in by_id:
+                listener.identity = Identity(ident.client_id, by_id[ident.client_id])
+        await self.refresh_host_local()  # the guard from the new settings
+        self._policy_applied(None, settings.policy, source)
+        for spec in settings.clients:
+            self._policy_applied(spec.client_id, spec.policy, source)
+
+    def _policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
+        """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""
+        if self.audit is None or not self._started:
+            return
+        self.audit.record({"type": "policy", "client_id": client_id, "policy": policy.digest,
+                           "source": source, "canonical": policy.canonical()})
+
+    # --- operators: metrics, admin listener, executions (docs/metrics.md) ------------------
+    def metrics(self) -> dict[str, object]:
+        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
+
+        Raises RuntimeError when the proxy was built with `metrics=False`."""
+        if self._metrics is None:
+            raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
+        return self._metrics.snapshot()
+
+    @property
+    def admin_url(self) -> str | None:
+        """`http://HOST:PORT` of the admin listener, once started (else None)."""
+        from .admin import admin_url
+
+        return None if self.admin is None else admin_url(self.admin.address)
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
+        if self.closing:
+            return False, "stopping"
+        if not self.listeners:
+            return False, "not listening"
+        if self.audit is not None and not self.audit.accepting:
+            return False, "audit log not accepting"
+        return True, "ready"
+
+    async def _start_admin(self, host: str, port: int) -> None:
+        from .admin import AdminServer
+
+        if self._metrics is None:
+            raise ValueError("the admin listener needs metrics (metrics=True)")
+        self.admin = AdminServer(self._metrics, self.ready)
+        await self.admin.start(host, port)
+
+    def track_execution(self, client_id: str) -> ExecutionSummary:
+        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
+        return self.observers.track(client_id)
+
+    def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
+        """Counts by decision, host and reason of `client_id`'s records since tracking began
+        (`stop` ends the tracking; `release_execution` does this)."""
+        if stop:
+            return self.observers.untrack(client_id)
+        return self.observers.summaries.get(client_id) or ExecutionSummary(client_id)
+
     async def start(self) -> None:
         self.loop = loop = asyncio.get_running_loop()
         self._started = True
@@ -170,7 +275,9 @@ class EgressProxy:
         self.pool = UpstreamPool(
             loop, connect_timeout=lim.connect_timeout, idle=lim.pool_idle, per_key=lim.pool_per_key
         )
-        self.steps = Steps(loop, self.gate, self.pool, self.resolver, self.audit, lim, self.hooks)
+        self.steps = Steps(loop, self.gate, self.pool, self.resolver, self.audit, lim, self.hooks,
+                           self.observers.record, self._metrics)
+        self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
             listener = await self._open_listener(Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
@@ -179,6 +286,11 @@ class EgressProxy:
             self.socks_addresses.append((await self._open_listener(listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+        self._policy_applied(None, self.settings.policy, "start")
+        for spec in self.settings.clients:
+            self._policy_applied(spec.client_id, spec.policy, "start")
+        if self.admin_spec is not None:
+            await self._start_admin(*self.admin_spec)
 
     async def _open_listener(self, listener: Listener) -> Listener:
         if listener.netns:
@@ -209,7 +321,10 @@ class EgressProxy:
         identity = Identity(client.client_id, client.policy) if client is not None else None
         if kind == "transparent" and identity is None:
             raise ValueError("a transparent listener serves one sandbox: pass client=")
-        return await self._open_listener(Listener(host, port, netns, identity, kind=kind))
+        listener = await self._open_listener(Listener(host, port, netns, identity, kind=kind))
+        if client is not None:
+            self._policy_applied(client.client_id, client.policy, "listener")
+        return listener
 
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
@@ -311,6 +426,8 @@ class EgressProxy:
         if self._started:
             self.pool.close()
         self.resolver.close()
+        if self.admin is not None:
+            await self.admin.stop()
 
     # --- the sweeper: timeouts without per-operation timers --------------------------------
     async def _sweep(self) -> None:

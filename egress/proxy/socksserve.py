@@ -22,7 +22,7 @@ from .clients import Identity
 from .gate import Refuse, Refused, refuse_request
 from .record import AccessRecord
 from .relay import Side
-from .tunnel import read_hello, relay_tunnel
+from .tunnel import read_hello, relay_tunnel, report_would_block
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -80,7 +80,7 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
                 rec.sni = hello.sni
             verdict = steps.gate.sni(identity.policy, target, admitted, hello)
             if isinstance(verdict, Refuse):
-                raise Refused(verdict)
+                report_would_block(identity.policy.report_only, rec, verdict)
     except socks5.SocksError as exc:
         if exc.reply is not None:
             side.write(socks5.reply(exc.reply))

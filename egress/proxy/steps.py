@@ -18,6 +18,7 @@ from . import wire
 from .clients import Identity
 from .conn import Conn, Limits
 from .gate import Admit, Gate, Refuse, Refused, admit_client, refuse_resolve
+from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
 from .record import AccessRecord
 from .resolve import ResolveError, Resolver
@@ -40,7 +41,7 @@ class Steps:
 
     __slots__ = (
         "_addr_texts", "_per_client", "audit", "closing", "gate", "hooks", "limits", "loop",
-        "pool", "resolver",
+        "metrics", "observe", "pool", "resolver",
     )
 
     def __init__(
@@ -52,6 +53,8 @@ class Steps:
         audit: AuditSink | None,
         limits: Limits,
         hooks: list[Callable[[dict[str, object]], object]],
+        observe: Callable[[dict[str, object]], None] = lambda _: None,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
         self.loop = loop
         self.gate = gate
@@ -60,6 +63,9 @@ class Steps:
         self.audit = audit
         self.limits = limits
         self.hooks = hooks
+        # docs/metrics.md: metrics, summaries and callbacks get each record the audit log gets
+        self.observe = observe
+        self.metrics = metrics
         self.closing = False
         self._per_client: dict[object, int] = {}
         self._addr_texts: dict[IPAddress, str] = {}
@@ -83,6 +89,7 @@ class Steps:
         if isinstance(found, Refuse):
             raise Refused(found)
         rec.identify(found.client_id)
+        rec.policy = found.policy.digest  # docs/policy.md#policy-hash
         if conn.owner is None:
             owner: object = found.client_id
             if owner is None:  # the default client: shared by everyone, so per source
@@ -98,27 +105,41 @@ class Steps:
     async def authorize(
         self, policy: Policy, target: Target, rec: AccessRecord
     ) -> tuple[Admit, tuple[IPAddress, ...]]:
-        """Decide, resolve, decide on the addresses; raise `Refused` for any refusal."""
+        """Decide, resolve, decide on the addresses; raise `Refused` for any refusal.
+
+        Times head-to-verdict for the metrics (docs/metrics.md)."""
         gate = self.gate
-        first = gate.decide(policy, target)
-        early = gate.refuse_early(first)
-        if early is not None:
-            raise Refused(early)
-        if target.ip is not None:
-            addrs: tuple[IPAddress, ...] = (target.ip,)
-        else:
-            addrs = await self.resolve(target.host)
-        verdict = gate.admit(policy, target, first, addrs)
+        metrics = self.metrics
+        try:
+            first = gate.decide(policy, target)
+            early = gate.refuse_early(first)
+            if early is not None:
+                raise Refused(early)
+            if target.ip is not None:
+                addrs: tuple[IPAddress, ...] = (target.ip,)
+            else:
+                addrs = await self.resolve(target.host)
+            verdict = gate.admit(policy, target, first, addrs)
+        finally:
+            if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
+                metrics.decision.observe(self.loop.time() - rec.t0)
         if isinstance(verdict, Refuse):
             raise Refused(verdict)
         rec.admitted(verdict.reason, verdict.rule)
+        if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
+            rec.would, rec.detail = verdict.would, verdict.detail
         return verdict, addrs
 
     async def resolve(self, host: str) -> tuple[IPAddress, ...]:
+        metrics = self.metrics
+        t0 = self.loop.time() if metrics is not None else 0.0
         try:
             return await self.resolver.resolve(host)
         except (ResolveError, TimeoutError) as exc:
             raise Refused(refuse_resolve(exc, host)) from None
+        finally:
+            if metrics is not None:
+                metrics.dns.observe(self.loop.time() - t0)
 
     def addr_text(self, addr: IPAddress) -> str:
         text = self._addr_texts.get(addr)
@@ -158,6 +179,14 @@ class Steps:
         event = rec.event(decision, reason, rule, detail, status)
         if self.audit is not None:
             self.audit.record(event)
+        metrics = self.metrics
+        if metrics is not None:  # the same record's values (docs/metrics.md), read from slots
+            pending = metrics.pending
+            pending.append((rec.client_id, decision, reason, rec.bytes_up, rec.bytes_down,
+                            rec.duration_ms))
+            if len(pending) >= BATCH:
+                metrics.fold()
+        self.observe(event)
         for hook in self.hooks:
             hook(event)
 

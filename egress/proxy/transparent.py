@@ -37,7 +37,7 @@ from .conn import read_head
 from .forward import serve_request
 from .gate import Refuse, Refused, refuse_head, refuse_request
 from .record import AccessRecord
-from .tunnel import read_hello, relay_tunnel
+from .tunnel import read_hello, relay_tunnel, report_would_block
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -136,7 +136,7 @@ async def _serve_tls(
         if sni is None:  # the gate's SNI verdict: only the no-SNI rule applies (SNI = name)
             verdict = steps.gate.sni(identity.policy, target, admitted, hello)
             if isinstance(verdict, Refuse):
-                raise Refused(verdict)
+                report_would_block(identity.policy.report_only, rec, verdict)
         conn.upstream, addr = await steps.pool.dial(addrs, target.port)
         rec.addr = steps.addr_text(addr)
     except Refused as refused:

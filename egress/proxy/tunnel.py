@@ -48,13 +48,24 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
                 rec.sni = hello.sni
             verdict = steps.gate.sni(identity.policy, target, admitted, hello)
             if isinstance(verdict, Refuse):
-                raise Refused(verdict)
+                report_would_block(identity.policy.report_only, rec, verdict)
     except Refused as refused:
         steps.answer(conn, rec, refused.refusal)
         if upstream is not None:
             upstream.close()
         return
     await relay_tunnel(steps, conn, upstream, rec)
+
+
+def report_would_block(report_only: bool, rec: AccessRecord, verdict: Refuse) -> None:
+    """An SNI refusal: raised, or under report-only the tunnel goes on and the record says
+    what would have happened (the first would-be refusal: the policy's, else the SNI
+    check's; docs/audit-log.md#report-only-fields). Shared by CONNECT, SOCKS5, transparent."""
+    if not report_only:
+        raise Refused(verdict)
+    if rec.would is None:
+        rec.would, rec.reason, rec.rule = "block", verdict.reason.value, None
+        rec.detail = f"report-only, would block: {verdict.detail}"
 
 
 async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
@@ -75,18 +86,29 @@ async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
 async def relay_tunnel(
     steps: Steps, conn: Conn, upstream: Side | None, rec: AccessRecord,
     status: int | None = 200,
-) -> None:  # fmt: skip
+) -> None:
     """Relay both directions until both end (or one fails), then write the record
     (`status` None: SOCKS5 and transparent tunnels have no HTTP status)."""
     assert upstream is not None
+    metrics = steps.metrics
+    if metrics is not None:
+        metrics.open_tunnels += 1
     up = conn.side.start_relay(upstream, None)
     down = upstream.start_relay(conn.side, None)
-    await _both_or_failure(up, down)
+    try:
+        await _both_or_failure(up, down)
+    finally:
+        if metrics is not None:
+            metrics.open_tunnels -= 1
+    # who went away first, read before we close either side (docs/audit-log.md#end)
+    gone = "client" if conn.side.lost else "upstream" if upstream.lost else None
     if not (up.done() and down.done()):
         conn.side.close()
         upstream.close()
         await asyncio.wait((up, down), timeout=1.0)
     end = conn.end or _how_ended(up, down)
+    if end == End.LOST.value and gone is not None:
+        end = End.CLIENT_CLOSED.value if gone == "client" else End.UPSTREAM_CLOSED.value
     upstream.close()
     rec.bytes_up = conn.side.bytes_relayed
     rec.bytes_down = upstream.bytes_relayed
@@ -101,6 +123,8 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
     rec = AccessRecord(conn.client, "FORWARD", "tcp", host, port, steps.loop.time())
     bound = conn.listener.identity
     rec.identify(bound.client_id if bound is not None else None)
+    if bound is not None:
+        rec.policy = bound.policy.digest
     conn.phase = "active"
     try:
         ip = parse_ip_literal(host)
@@ -149,4 +173,4 @@ def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
     return reasons[0] if reasons else End.EOF.value
 
 
-__all__ = ["read_hello", "relay_tunnel", "serve_forwarder", "serve_tunnel"]
+__all__ = ["read_hello", "relay_tunnel", "report_would_block", "serve_forwarder", "serve_tunnel"]

@@ -133,8 +133,15 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
         token=execution.token,
     )
     assert again.proxy_url == execution.proxy_url
-    await release_execution(scene.proxy, execution, restore=True)
+    summary = await release_execution(scene.proxy, execution, restore=True)
     assert not (await netcut.status_async(scene.sandbox.ns)).is_cut
+    # what this execution did, counted from its access records (docs/metrics.md)
+    assert summary.client_id == execution.client_id
+    assert summary.by_host["pypi.test"] == {"allow": 1}
+    assert set(summary.blocked_hosts) == {"evil.test", "loopy.test"}
+    assert summary.by_reason == {"allow_rule": 1, "block_rule": 1, "default_deny": 1,
+                                 "framework_route": 2}  # the probe's and the agent's
+    assert summary.by_decision == {"allow": 3, "block": 2}
 
 
 async def test_fails_closed_when_the_cut_cannot_be_proven(scene: Scene) -> None:

@@ -221,7 +221,7 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
         "--workers", "2", "--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
         "--allow", "example.test", "--resolve", f"example.test={test_host.addr_ns}",
         "--audit-log", str(log),
-    )  # fmt: skip
+    )
     try:
         assert len(lines) == 2
         assert all(line.startswith("listening on 127.0.0.1:") for line in lines)
@@ -232,7 +232,7 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
             rc, out, err = await run(
                 "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
                 "-x", urls[i % 2], f"http://example.test/{i}",
-            )  # fmt: skip
+            )
             assert rc == 0, err
             codes.append(out)
         assert codes == ["200"] * 40

@@ -165,3 +165,14 @@ def test_fuzz_a_refused_name_is_refused_on_every_port(
         for port in (22, 80, 443, 8080, 9999):
             target = make_target(scheme, name, port)  # type: ignore[arg-type]
             assert not policy.decide(target).allowed, (scheme, port)
+
+
+def test_report_only_answers_and_says_it_would_block() -> None:
+    policy = Policy(allow=["*.allowed.test"], block=["evil.test"], report_only=True)
+    result, response = ask("evil.test", policy=policy)
+    assert response.rcode() == dns.rcode.NOERROR
+    assert response.answer
+    assert (result.decision, result.would, result.reason) == ("allow", "block", "block_rule")
+    assert result.detail is not None
+    assert result.detail.startswith("report-only, would block:")
+    assert ask("www.allowed.test", policy=policy)[0].would is None

@@ -24,10 +24,12 @@ PURE = [
     "proxy.socks5",
     "proxy.dnsanswer",
     "proxy.clients",
+    "proxy.metrics",
     "audit.format",
     "audit.redact",
     "audit.timebounds",
     "audit.verify",
+    "audit.suggest",
 ]
 FORBIDDEN = {
     "asyncio",

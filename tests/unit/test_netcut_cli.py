@@ -58,3 +58,20 @@ def test_json_errors_are_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> N
     assert data["exit_code"] == 2
     assert data["kind"] in ("TargetNotFound", "PrivilegeError")
     assert "netcut: error:" in out.err
+
+
+def test_usage_errors_are_json_with_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    with pytest.raises(SystemExit) as info:
+        main(["cut", "--netns", "x", "--bogus", "--json"])
+    assert info.value.code == 2
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert data["result"] == "error"
+    assert data["kind"] == "UsageError"
+    assert data["exit_code"] == 2
+    assert "error: unrecognized arguments: --bogus" in out.err
+    with pytest.raises(SystemExit):
+        main(["cut", "--netns", "x", "--bogus"])
+    assert capsys.readouterr().out == ""  # without --json, stdout stays empty

@@ -20,10 +20,10 @@ def test_a_missing_name_stands_for_its_worker_files_in_worker_order(tmp_path: Pa
     got = order_paths([str(tmp_path / "audit.jsonl")])
     assert [Path(p).name for p in got] == [
         "audit.w2.jsonl.1.gz", "audit.w2.jsonl", "audit.w10.jsonl",
-    ]  # fmt: skip
+    ]
     assert [[Path(p).name for p in c] for c in chains(got)] == [
         ["audit.w2.jsonl.1.gz", "audit.w2.jsonl"], ["audit.w10.jsonl"],
-    ]  # fmt: skip
+    ]
 
 
 def test_an_existing_file_is_never_replaced_and_plain_files_stay_one_chain(
