@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
 from ..policy.target import IPAddress, Target, host_header
-from . import wire
+from . import rewrite, wire
+from .chunked import ChunkedScanner
 from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
 from .record import AccessRecord
 from .relay import Framer, LengthFramer, RelayEnded, Side
@@ -78,10 +79,12 @@ async def _exchange(
     head = req.head
     host = host_header(req.target, req.explicit_port)
     try:
-        out = wire.passthrough_request_head(head, conn.raw_head, req.path, host)
+        out = rewrite.passthrough_request_head(head, conn.raw_head, req.path, host)
         if out is None:
-            fields = wire.forward_headers(head, host)
-            out = wire.serialize_request_head(head.method, req.path, fields, version=head.version)
+            fields = rewrite.forward_headers(head, host)
+            out = rewrite.serialize_request_head(
+                head.method, req.path, fields, version=head.version
+            )
     except (ValueError, UnicodeEncodeError) as exc:
         raise Refused(refuse_request(f"cannot forward request: {exc}")) from None
     upstream.write(out)
@@ -99,16 +102,16 @@ async def _exchange(
     rec.status = resp.status
     keep = head.keep_alive and resp.keep_alive and not steps.closing
     passthrough = keep and head.version == "HTTP/1.1"
-    raw = wire.passthrough_response_head(resp, resp_raw) if passthrough else None
+    raw = rewrite.passthrough_response_head(resp, resp_raw) if passthrough else None
     if raw is not None:
         out = raw
     else:
-        rfields = wire.forward_response_headers(resp)
+        rfields = rewrite.forward_response_headers(resp)
         if not keep:
             rfields.append(("Connection", "close"))
         elif head.version == "HTTP/1.0":
             rfields.append(("Connection", "keep-alive"))
-        out = wire.serialize_response_head(resp.status, resp.reason, rfields)
+        out = rewrite.serialize_response_head(resp.status, resp.reason, rfields)
     ok = await _relay_response(conn, resp, upstream, out, rec)
     if req_done is not None:
         if not req_done.done():
@@ -185,7 +188,7 @@ def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:
     if framing.kind == "length":
         return LengthFramer(framing.length) if framing.length else None
     if framing.kind == "chunked":
-        return wire.ChunkedScanner(error_status=status)
+        return ChunkedScanner(error_status=status)
     return None
 
 
