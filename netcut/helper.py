@@ -42,8 +42,8 @@ from netcut import plan as plan_mod
 from netcut.api import KeepLike, parse_keeps, probe_targets
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
-from netcut.model import Keep, NamespaceState, Op, ProbeResult
-from netcut.plan import CutStatus
+from netcut.model import Keep, NamespaceState, ProbeResult
+from netcut.ops import Op
 from netcut.records import Store
 from netcut.render import (
     PRELUDE,
@@ -54,6 +54,7 @@ from netcut.render import (
     render_script,
     state_script,
 )
+from netcut.status import CutStatus
 from netcut.target import TargetRef, find_runtime, parse_nameservers
 
 IMAGE_ENV = "NETCUT_HELPER_IMAGE"

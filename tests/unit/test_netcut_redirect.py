@@ -9,9 +9,8 @@ import pytest
 from test_netcut_plan import PROXY, _after, state
 
 from netcut.errors import InvalidInput
-from netcut.model import (
-    AF_INET,
-    NETCUT_PROTO,
+from netcut.model import AF_INET, NETCUT_PROTO
+from netcut.ops import (
     AddBackstop,
     AddRedirect,
     AddRoute,
@@ -20,9 +19,10 @@ from netcut.model import (
     NatRule,
     RemoveRedirect,
 )
-from netcut.plan import judge_status, plan_cut, plan_from_data, plan_restore, plan_to_data
+from netcut.plan import plan_cut, plan_from_data, plan_restore, plan_to_data
 from netcut.redirect import Redirect, redirect_rules
 from netcut.render import render_op
+from netcut.status import judge_status
 
 REDIRECT = Redirect(15001, 15053)
 

@@ -10,21 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut import helper
-from netcut.model import (
-    AF_INET,
-    AF_INET6,
-    NETCUT_PROTO,
-    RTNH_F_ONLINK,
-    AddBackstop,
-    AddRoute,
-    FilterRule,
-    KillFlows,
-    RemoveBackstop,
-    Route,
-    SeenRule,
-    SetSysctl,
-    parse_keep,
-)
+from netcut.model import AF_INET, AF_INET6, NETCUT_PROTO, RTNH_F_ONLINK, Route, SeenRule, parse_keep
+from netcut.ops import AddBackstop, AddRoute, FilterRule, KillFlows, RemoveBackstop, SetSysctl
 from netcut.plan import plan_cut
 from netcut.render import (
     parse_rule_spec,
