@@ -45,15 +45,8 @@ from netcut.flow import CutResult, RestoreResult
 from netcut.model import Keep, NamespaceState, ProbeResult
 from netcut.ops import Op
 from netcut.records import Store
-from netcut.render import (
-    PRELUDE,
-    parse_probe,
-    parse_state_dump,
-    probe_script,
-    render_op,
-    render_script,
-    state_script,
-)
+from netcut.render import PRELUDE, parse_probe, probe_script, render_op, render_script, state_script
+from netcut.statedump import parse_state_dump
 from netcut.status import CutStatus
 from netcut.target import TargetRef, find_runtime, parse_nameservers
 

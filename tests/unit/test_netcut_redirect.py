@@ -109,7 +109,8 @@ def test_status_verification_knows_transparent_rules() -> None:
 def test_helper_state_dump_reports_the_redirect_chain() -> None:
     from test_netcut_render import DUMP
 
-    from netcut.render import parse_state_dump, state_script
+    from netcut.render import state_script
+    from netcut.statedump import parse_state_dump
 
     assert "-t nat -S NETCUT_REDIRECT" in state_script(())
     assert "= nat ] && t=yes" in state_script(())
