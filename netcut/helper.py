@@ -26,6 +26,7 @@ a cut made by the other.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -34,6 +35,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -67,10 +69,13 @@ _NO_IMAGE = ("no such image", "image not known", "unable to find image", "not fo
 __all__ = [
     "CAPABILITIES",
     "IMAGE_ENV",
+    "ContainerNetwork",
     "container_findings",
+    "container_network",
     "cut",
     "default_image",
     "helper_argv",
+    "inspect_network",
     "parse_probe",
     "restore",
     "status",
@@ -143,6 +148,47 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
     if "NET_RAW" not in dropped and "ALL" not in dropped:
         held.add("NET_RAW")
     return tuple(f"container may hold CAP_{name}" for name in sorted(held))
+
+
+@dataclass(frozen=True)
+class ContainerNetwork:
+    """A container's addresses and the host's addresses on its bridges, as its runtime's
+    `inspect` reports them: what egress's gateway mode needs without entering the namespace
+    (docs/user-guide.md#helper-mode)."""
+
+    gateways: tuple[str, ...]  # IPv4, in the runtime's network order
+    addresses: tuple[str, ...]  # the container's own IPv4 and global IPv6 addresses
+
+
+def container_network(info: dict[str, Any]) -> ContainerNetwork:
+    """Pure: the gateways and addresses in `inspect` output (docker's and podman's share
+    `NetworkSettings` and its `Networks` map). Values that are not addresses are skipped."""
+    settings = info.get("NetworkSettings") or {}
+    nets = settings.get("Networks") or {}
+    blocks = [settings, *(n for n in nets.values() if isinstance(n, dict))]
+    gateways: dict[str, None] = {}
+    addresses: dict[str, None] = {}
+    for block in blocks:
+        for key, out in (("Gateway", gateways), ("IPAddress", addresses),
+                         ("GlobalIPv6Address", addresses)):  # fmt: skip
+            value = block.get(key)
+            if isinstance(value, str) and _is_address(value, v4=key == "Gateway"):
+                out[value] = None
+    return ContainerNetwork(tuple(gateways), tuple(addresses))
+
+
+def _is_address(text: str, *, v4: bool) -> bool:
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return addr.version == 4 or not v4
+
+
+def inspect_network(target: TargetRef) -> ContainerNetwork:
+    """`container_network` of a running container, asked of its runtime (one `inspect`).
+    Raises InvalidInput (not a container), TargetNotFound."""
+    return container_network(_Container(target).info)
 
 
 def _drain(fd: int, deadline: float) -> None:
