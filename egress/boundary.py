@@ -482,20 +482,18 @@ async def _helper_cut(
     sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: list[str],
     allow_privileged: bool, image: str | None,
 ) -> tuple[Any, Any, Any]:
-    """Cut, probe and status through helper containers (docs/netcut.md#helper-mode): the
-    probe runs in the cut's own helper run, from inside the namespace, and checks every kept
-    ADDR:PORT (in gateway mode exactly the listeners) and every `blocked` one; the status is
-    one more run, reading the whole live state as direct mode's does."""
+    """Cut, probe and status in one helper run (docs/netcut.md#helper-mode): the probe runs
+    from inside the namespace and checks every kept ADDR:PORT (in gateway mode exactly the
+    listeners) and every `blocked` one; the status then reads the whole live state, as
+    direct mode's does."""
     from netcut import helper
 
     assert set(reachable) <= set(keeps), "helper mode probes what it keeps (gateway mode)"
-    ref = parse_target(sandbox)
-    cut = await asyncio.to_thread(
-        functools.partial(helper.cut, ref, tuple(keeps), image=image,
-                          expect_blocked=tuple(blocked),
+    cut, status = await asyncio.to_thread(
+        functools.partial(helper.cut_and_status, parse_target(sandbox), tuple(keeps),
+                          image=image, expect_blocked=tuple(blocked),
                           allow_privileged=allow_privileged)
     )
-    status = await asyncio.to_thread(functools.partial(helper.status, ref, image=image))
     return cut, cut.probe, status
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "container_findings",
     "container_network",
     "cut",
+    "cut_and_status",
     "default_image",
     "helper_argv",
     "inspect_network",
@@ -454,23 +455,43 @@ def cut(
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
-        findings = container_findings(c.info)
-        if findings and not allow_privileged and not dry_run:
-            raise UnsafeTarget(
-                f"refusing to cut {c}: {'; '.join(findings)};"
-                " pass --allow-privileged to cut anyway",
-                findings,
-            )
-        request = flow.CutRequest(
-            keeps,
-            ex.nameservers,
-            dry_run,
-            {"target": str(c), "container": c.id},
-            probe,
-            blocked,
-            probe_timeout,
+        return _cut_in(c, ex, keeps, blocked, probe, allow_privileged, dry_run, probe_timeout)
+
+
+def cut_and_status(
+    target: TargetRef,
+    keep: list[KeepLike] | tuple[KeepLike, ...] = (),
+    *,
+    image: str | None = None,
+    expect_blocked: list[KeepLike] | tuple[KeepLike, ...] = (),
+    allow_privileged: bool = False,
+    probe_timeout: float = 1.0,
+) -> tuple[CutResult, CutStatus]:
+    """`cut` (with its probe), then `status`, in one helper run: what egress's
+    `prepare_execution` proves before it hands out an environment, for one container start
+    instead of two (docs/user-guide.md#helper-mode)."""
+    keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
+    with _session(target, image) as (c, ex):
+        result = _cut_in(c, ex, keeps, blocked, True, allow_privileged, False, probe_timeout)
+        return result, flow.status(ex, c.store())
+
+
+def _cut_in(
+    c: _Container, ex: HelperExecutor, keeps: tuple[Keep, ...], blocked: tuple[Keep, ...],
+    probe: bool, allow_privileged: bool, dry_run: bool, probe_timeout: float,
+) -> CutResult:
+    """The cut on an open session: the privilege rail from `inspect`, then flow.cut."""
+    findings = container_findings(c.info)
+    if findings and not allow_privileged and not dry_run:
+        raise UnsafeTarget(
+            f"refusing to cut {c}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
+            findings,
         )
-        return flow.cut(ex, c.store(), str(c), request, render=render_script)
+    request = flow.CutRequest(
+        keeps, ex.nameservers, dry_run, {"target": str(c), "container": c.id}, probe, blocked,
+        probe_timeout,
+    )
+    return flow.cut(ex, c.store(), str(c), request, render=render_script)
 
 
 @contextlib.contextmanager
