@@ -161,11 +161,13 @@ class ContainerNetwork:
     addresses: tuple[str, ...]  # the container's own IPv4 and global IPv6 addresses
 
 
-def container_network(info: dict[str, Any]) -> ContainerNetwork:
+def container_network(info: object) -> ContainerNetwork:
     """Pure: the gateways and addresses in `inspect` output (docker's and podman's share
     `NetworkSettings` and its `Networks` map). Values that are not addresses are skipped."""
-    settings = info.get("NetworkSettings") or {}
-    nets = settings.get("Networks") or {}
+    settings = info.get("NetworkSettings") if isinstance(info, dict) else None
+    settings = settings if isinstance(settings, dict) else {}
+    nets = settings.get("Networks")
+    nets = nets if isinstance(nets, dict) else {}
     blocks = [settings, *(n for n in nets.values() if isinstance(n, dict))]
     gateways: dict[str, None] = {}
     addresses: dict[str, None] = {}
