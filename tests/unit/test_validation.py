@@ -157,6 +157,22 @@ def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needl
         asyncio.run(prepare_execution(**args))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "needle"),
+    [({"restore": "yes"}, TypeError, "restore"), ({"cut_mode": "nsenter"}, ValueError, "cut_mode"),
+     ({"restore": True, "cut_mode": "helper"}, ValueError, "cut_mode='helper' needs a container")],
+    ids=["restore-str", "cut-mode", "helper-not-container"],
+)
+def test_release_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
+    # refused before the proxy side is released or anything restored
+    from egress.boundary import Execution, release_execution
+
+    proxy = EgressProxy(Policy())
+    execution = Execution("egt-none", "egt-none", "http://x", {}, {}, "t")
+    with pytest.raises(exc, match=f"release_execution {needle}"):
+        asyncio.run(release_execution(proxy, execution, **kwargs))  # type: ignore[arg-type]
+
+
 # --- framework mappings -------------------------------------------------------------------
 
 
