@@ -186,9 +186,14 @@ async def test_a_helper_cut_is_released_by_a_direct_restore(
     async with EgressProxy(build_settings({}), listen=["127.0.0.1:0"]) as proxy:
         execution = await prepare_execution(
             f"docker:{box.name}", Policy(), proxy, mode="gateway", cut_mode="helper",
-            proxy_port=0,
+            proxy_port=0, socks_port=0,
         )
         assert api.status(target.container(box.name, "docker")).is_cut
+        socks = execution.listeners[-1]
+        assert socks.kind == "socks5"
+        assert socks.host == box.gateway
+        assert f"{socks.host}:{socks.port}" in {str(k) for k in execution.cut.plan.keeps}
+        assert f"{socks.host}:{socks.port}" in {i.target for i in execution.probe.items}
         await release_execution(proxy, execution, restore=True, cut_mode="direct")
     assert box.routes() == routes
     assert api.status(target.container(box.name, "docker")).state == "not cut"
