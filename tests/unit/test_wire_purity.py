@@ -14,8 +14,14 @@ import pytest
 
 import egress
 
-PURE_MODULES = ["wire", "sni", "chunked", "rewrite"]
-ALLOWED_PROJECT_IMPORTS = {"egress.errors", "egress.proxy.wire"}
+PURE_MODULES = ["wire", "wirefields", "wirerequest", "wireresponse", "sni", "chunked", "rewrite"]
+ALLOWED_PROJECT_IMPORTS = {
+    "egress.errors",
+    "egress.proxy.wire",
+    "egress.proxy.wirefields",
+    "egress.proxy.wirerequest",
+    "egress.proxy.wireresponse",
+}
 FORBIDDEN_STDLIB = {"asyncio", "socket", "ssl", "selectors", "threading", "subprocess"}
 
 
