@@ -196,7 +196,7 @@ def test_playbook(row: Row) -> None:
         assert row.expect.value in repr(result)  # readable: the code is in the repr
 
 
-# written by the sandbox lifecycle (boundary.py), not by the gate
+# written by the sandbox lifecycle (boundary/sandboxes.py), not by the gate
 LIFECYCLE = {Reason.SANDBOX_ADDED, Reason.SANDBOX_REPLACED, Reason.SANDBOX_REMOVED}
 
 

@@ -1,0 +1,70 @@
+"""The cut and its proof: netcut's cut, probe and status in direct mode, or one helper run in
+helper mode (docs/netcut.md#helper-mode); anything short of a probed `cut` is
+`ExecutionNotReady` (fail closed)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from netcut.targetref import parse_target
+
+from .execution import (
+    CutMode,
+    ExecutionNotReady,
+)
+
+
+async def _cut_and_prove(
+    sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
+    force: bool, allow_privileged: bool, redirect: tuple[int, int] | None = None,
+    cut_mode: CutMode = "direct", helper_image: str | None = None,
+) -> tuple[Any, Any]:
+    import netcut
+    from netcut.redirect import Redirect
+
+    try:
+        if cut_mode == "helper":
+            cut, probe, status = await _helper_cut(
+                sandbox, keeps, reachable, list(blocked), allow_privileged, helper_image
+            )
+        else:
+            cut = await netcut.cut_async(
+                sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged,
+                redirect=Redirect(*redirect) if redirect is not None else None,
+            )
+            probe = await netcut.probe_async(sandbox, reachable, list(blocked))
+            status = await netcut.status_async(sandbox)
+    except netcut.NetcutError as exc:
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+    if probe is None or not probe.ok:
+        why = probe.reason() if probe is not None else "nothing was probed"
+        raise ExecutionNotReady(f"sandbox {sandbox}: probe failed: {why}")
+    if not _is_cut(status):
+        raise ExecutionNotReady(f"sandbox {sandbox}: status after the cut is {status}")
+    return cut, probe
+
+
+async def _helper_cut(
+    sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: list[str],
+    allow_privileged: bool, image: str | None,
+) -> tuple[Any, Any, Any]:
+    """Cut, probe and status in one helper run (docs/netcut.md#helper-mode): the probe runs
+    from inside the namespace and checks every kept ADDR:PORT (in gateway mode exactly the
+    listeners) and every `blocked` one; the status then reads the whole live state, as
+    direct mode's does."""
+    from netcut import helper
+
+    assert set(reachable) <= set(keeps), "helper mode probes what it keeps (gateway mode)"
+    cut, status = await asyncio.to_thread(
+        functools.partial(helper.cut_and_status, parse_target(sandbox), tuple(keeps),
+                          image=image, expect_blocked=tuple(blocked),
+                          allow_privileged=allow_privileged)
+    )
+    return cut, cut.probe, status
+
+
+def _is_cut(status: Any) -> bool:
+    return bool(getattr(status, "is_cut", False))

@@ -1,0 +1,97 @@
+"""What `prepare_execution` hands the agent (`Execution`), the boundary's errors, modes and
+ports, and how the agent's environment and framework URLs are spelled
+(docs/user-guide.md#sandbox-lifecycle)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from netcut.targetref import default_client_id, parse_target
+
+from ..errors import EgressError
+from ..policy.rules import FrameworkRoute
+from ..policy.target import bracket, join_host_port
+from ..proxy.server import Listener
+
+Mode = Literal["loopback", "gateway"]
+CutMode = Literal["direct", "helper"]  # netcut's `--mode` (docs/netcut.md#helper-mode)
+CUT_MODES = ("direct", "helper")
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+# Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
+TRANSPARENT_PORT = 15001
+DNS_PORT = 15053
+
+
+class ExecutionNotReady(EgressError):
+    """The boundary could not be proven (cut, probe or listener failed): do not run the agent."""
+
+
+class ReleaseFailed(EgressError):
+    """`release_execution(restore=True)` could not undo the cut (the cause is chained)."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What the agent needs: its environment and the framework URLs as it must use them."""
+
+    sandbox: str
+    client_id: str
+    proxy_url: str
+    env: Mapping[str, str]
+    framework_urls: Mapping[str, str]
+    token: str
+    cut: Any = None  # netcut.CutResult
+    probe: Any = None  # netcut.ProbeResult
+    listeners: tuple[Listener, ...] = field(default=(), repr=False)
+    cut_mode: CutMode = "direct"  # how it was cut, and how `release_execution` restores it
+    helper_image: str | None = field(default=None, repr=False)
+
+
+def _client_id(sandbox: str) -> str:
+    """The default client id: the namespace's name, `pid-N`, `RUNTIME-ID`, or for any other
+    namespace file `netns-INODE` (netcut.targetref.default_client_id), never `net` for
+    every /proc/N/ns/net."""
+    ref = parse_target(sandbox)
+    inode = None
+    if ref.kind == "path":
+        with contextlib.suppress(OSError):
+            inode = os.stat(ref.value).st_ino
+    return default_client_id(ref, inode)
+
+
+def agent_env(proxy_url: str, no_proxy: Sequence[str]) -> dict[str, str]:
+    """HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY, upper and lower case."""
+    env: dict[str, str] = {}
+    for name in PROXY_ENV:
+        env[name] = env[name.lower()] = proxy_url
+    joined = ",".join(dict.fromkeys(no_proxy))
+    env["NO_PROXY"] = env["no_proxy"] = joined
+    return env
+
+
+def _rewrite(route: FrameworkRoute, host: str, port: int) -> str:
+    """`route`'s URL with its authority replaced by `host:port` (path and scheme kept)."""
+    scheme, rest = route.text.split("://", 1)
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    return f"{scheme}://{join_host_port(host, port)}{rest[cut:]}"
+
+
+def _execution(
+    sandbox: str, cid: str, tok: str, mode: Mode, routes: Sequence[FrameworkRoute],
+    listeners: Sequence[Listener], cut: Any, probe: Any,
+) -> Execution:
+    proxy_listener = listeners[0]
+    host = proxy_listener.host
+    proxy_url = f"http://{cid}:{tok}@{bracket(host)}:{proxy_listener.port}"
+    urls = {
+        r.text: _rewrite(r, li.host, li.port) for r, li in zip(routes, listeners[1:], strict=True)
+    }
+    no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
+    return Execution(
+        sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
+        tuple(listeners),
+    )
