@@ -87,7 +87,13 @@ def test_engine_packages_cover_the_engine_tests() -> None:
 
 
 def test_ci_starts_the_engines_and_requires_them() -> None:
+    """CI runs the README's test command, which starts the engines behind a trap set first."""
     ci = (ROOT / ".ci" / "run").read_text()
     assert "EGRESS_REQUIRE_ENGINE=1" in ci
-    assert "./dev.sh engines" in ci
-    assert "tests/engines/down.sh" in ci.split("./dev.sh engines")[0], "stopped by a trap set first"
+    assert "./dev.sh test" in ci
+    dev = (ROOT / "dev.sh").read_text()
+    test_cmd = dev[dev.index("    test)") :].split(";;")[0]
+    assert "tests/engines/up.sh" in test_cmd
+    assert "trap 'tests/engines/down.sh' EXIT" in test_cmd.split("tests/engines/up.sh")[0], (
+        "stopped by a trap set first"
+    )
