@@ -35,6 +35,7 @@ from ..reasons import End
 from ..validate import as_choice, as_instance, as_str_list
 from .clients import ClientTable, Identity
 from .conn import Conn, Limits, read_head, reclaim_idle, sweep
+from .fast import FastClient
 from .forward import serve_request
 from .gate import (
     HEAD_TIMEOUT,
@@ -49,7 +50,6 @@ from .metrics import ProxyMetrics
 from .netns import listen_in_netns
 from .observe import DecisionCallback, ExecutionSummary, Observers
 from .pool import UpstreamPool
-from .relay import Side
 from .resolve import Resolver
 from .steps import AuditSink, Steps
 from .tunnel import serve_forwarder, serve_tunnel
@@ -426,6 +426,7 @@ class EgressProxy:
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
         conn = Conn(side, _fmt_addr(peer), peer, side.listener, phase_since=self.loop.time())
+        side.conn, side.steps = conn, self.steps
         self._conns.add(conn)
         conn.task = self.loop.create_task(self._serve(conn))
 
@@ -474,7 +475,7 @@ class EgressProxy:
         conn.phase, conn.phase_since = "idle", self.loop.time()
         return keep
 
-class _ClientSide(Side):
+class _ClientSide(FastClient):
     """A client connection's socket: tells the proxy when it is accepted."""
 
     def __init__(self, proxy: EgressProxy, listener: Listener) -> None:
