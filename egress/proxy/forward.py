@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
 from ..policy.target import IPAddress, Target, host_header
-from . import wire
+from . import rewrite, wire
+from .chunked import ChunkedScanner
 from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
 from .record import AccessRecord
 from .relay import Framer, LengthFramer, RelayEnded, Side
@@ -116,10 +117,10 @@ def request_out(
     bytes when nothing needs rewriting, docs/wire.md). Raises ValueError or
     UnicodeEncodeError when it cannot be serialized."""
     host = host_header(target, explicit_port)
-    out = wire.passthrough_request_head(head, raw, path, host)
+    out = rewrite.passthrough_request_head(head, raw, path, host)
     if out is None:
-        fields = wire.forward_headers(head, host)
-        out = wire.serialize_request_head(head.method, path, fields, version=head.version)
+        fields = rewrite.forward_headers(head, host)
+        out = rewrite.serialize_request_head(head.method, path, fields, version=head.version)
     return out
 
 
@@ -131,15 +132,15 @@ def response_out(
     rec.status = resp.status
     keep = head.keep_alive and resp.keep_alive and not steps.closing
     passthrough = keep and head.version == "HTTP/1.1"
-    raw = wire.passthrough_response_head(resp, resp_raw) if passthrough else None
+    raw = rewrite.passthrough_response_head(resp, resp_raw) if passthrough else None
     if raw is not None:
         return keep, raw
-    rfields = wire.forward_response_headers(resp)
+    rfields = rewrite.forward_response_headers(resp)
     if not keep:
         rfields.append(("Connection", "close"))
     elif head.version == "HTTP/1.0":
         rfields.append(("Connection", "keep-alive"))
-    return keep, wire.serialize_response_head(resp.status, resp.reason, rfields)
+    return keep, rewrite.serialize_response_head(resp.status, resp.reason, rfields)
 
 
 def finish_exchange(
@@ -219,7 +220,7 @@ def framer_for(framing: wire.BodyFraming, status: int) -> Framer | None:
     if framing.kind == "length":
         return LengthFramer(framing.length) if framing.length else None
     if framing.kind == "chunked":
-        return wire.ChunkedScanner(error_status=status)
+        return ChunkedScanner(error_status=status)
     return None
 
 

@@ -36,7 +36,7 @@ WRITE_LOW_WATER = 64 * 1024
 
 
 class Framer(Protocol):
-    """Counts the bytes of one message body as they pass (see `wire.ChunkedScanner`)."""
+    """Counts the bytes of one message body as they pass (see `chunked.ChunkedScanner`)."""
 
     @property
     def done(self) -> bool: ...

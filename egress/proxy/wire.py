@@ -5,8 +5,8 @@ Strategy: the caller owns the socket and a receive buffer. `parse_request_head` 
 bytes it used, return None ("need more bytes"), or raise `ProtocolError` carrying the status
 to answer with. They keep no state, so a caller simply calls again once more bytes arrived.
 Bodies are never copied or rewritten: `BodyFraming` says how long the body is, and
-`ChunkedScanner` validates a chunked body incrementally while the caller relays the very same
-bytes, so what we judged is exactly what the next hop receives.
+`ChunkedScanner` (`chunked.py`) validates a chunked body incrementally while the caller
+relays the very same bytes, so what we judged is exactly what the next hop receives.
 
 The parsers are deliberately stricter than RFC 9112 allows a recipient to be, because a proxy
 that is lenient where the next hop is strict (or the reverse) is how requests get smuggled.
@@ -21,6 +21,9 @@ Being stateless, a head parser rescans the buffer on each call: at most `max_siz
 (`bytes.find`/`count`), so a client trickling its head byte by byte costs little more than
 the head timeout it is subject to anyway.
 
+What is sent onwards (hop-by-hop fields removed, `Host` set, heads serialized or passed
+through byte for byte) is `rewrite.py`.
+
 Speed: no per-byte Python loops. One `find` locates the end of the head, one precompiled
 regular expression validates the request line and another the whole field block; only then
 are lines split, and per field there is just a partition, a strip and a lower.
@@ -29,7 +32,6 @@ are lines split, and per field there is just a partition, a strip and a lower.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
@@ -41,15 +43,10 @@ __all__ = [
     "MAX_RESPONSE_HEADERS",
     "MAX_RESPONSE_HEAD_SIZE",
     "BodyFraming",
-    "ChunkedScanner",
     "RequestHead",
     "ResponseHead",
-    "forward_headers",
-    "forward_response_headers",
     "parse_request_head",
     "parse_response_head",
-    "serialize_request_head",
-    "serialize_response_head",
 ]
 
 # Limits. The request defaults are docs/proxy.md#limits (16 KiB, 100 headers): h11's default
@@ -509,255 +506,3 @@ def _response_framing(version: str, special: dict[str, list[str]]) -> BodyFramin
     if cl:
         return BodyFraming("length", _content_length(cl, 502))
     return UNTIL_CLOSE
-
-
-# ---------------------------------------------------------------------------- forwarding
-
-
-def forward_headers(head: RequestHead, host_header: str) -> list[tuple[str, str]]:
-    """The fields to send upstream: hop-by-hop fields removed, Host set to `host_header`.
-
-    `host_header` comes from the request target the policy judged; a client Host that
-    disagrees is replaced in place (it never wins), and a missing one is added first.
-    `Content-Length` and `Transfer-Encoding` are kept, even if `Connection` names them,
-    because the body is relayed with its original framing.
-    """
-    drop = _HOP_BY_HOP | (head.connection_tokens - _NEVER_HOP_BY_HOP)
-    out: list[tuple[str, str]] = []
-    has_host = False
-    for name, value in head.headers:
-        key = name.lower()
-        if key == "host":
-            if not has_host:
-                out.append((name, host_header))
-                has_host = True
-        elif key not in drop:
-            out.append((name, value))
-    if not has_host:
-        out.insert(0, ("Host", host_header))
-    return out
-
-
-def forward_response_headers(head: ResponseHead) -> list[tuple[str, str]]:
-    """The response fields to relay to the client, hop-by-hop fields removed.
-
-    Framing fields are kept (see `forward_headers`); the body is relayed unchanged.
-    """
-    drop = _HOP_BY_HOP | (head.connection_tokens - _NEVER_HOP_BY_HOP)
-    return [(n, v) for n, v in head.headers if n.lower() not in drop]
-
-
-# A hop-by-hop field name at the start of a line of a *validated* head (names are tokens, so
-# "\r\nNAME:" can only be a field line). One C-level scan instead of a loop over fields.
-_HOP_BY_HOP_LINE = re.compile(
-    rb"\r\n(?:" + b"|".join(re.escape(n.encode()) for n in sorted(_HOP_BY_HOP)) + rb"):",
-    re.IGNORECASE,
-)
-
-
-def _needs_rewrite(raw: bytes) -> bool:
-    return _HOP_BY_HOP_LINE.search(raw) is not None
-
-
-def passthrough_request_head(
-    head: RequestHead, raw: bytes, path: str, host_header: str
-) -> bytes | None:
-    """The upstream head built from the client's own bytes, or None if it needs rewriting.
-
-    Fast path for the common request: no hop-by-hop field, exactly one Host that already says
-    `host_header`. Then the validated field block is forwarded byte for byte after a new
-    request line (origin-form `path`); otherwise use `forward_headers` and
-    `serialize_request_head`. `raw` is the exact head `parse_request_head` consumed.
-    """
-    if _needs_rewrite(raw):
-        return None
-    hosts = [v for n, v in head.headers if len(n) == 4 and n.lower() == "host"]
-    if hosts != [host_header]:
-        return None
-    body = raw.lstrip(b"\r\n")
-    start = body.find(b"\r\n") + 2
-    line = f"{head.method} {path} {head.version}\r\n".encode("latin-1")
-    return line + body[start:]
-
-
-def passthrough_response_head(head: ResponseHead, raw: bytes) -> bytes | None:
-    """`raw` itself when the response head can be relayed unchanged, else None.
-
-    True for an HTTP/1.1 response without hop-by-hop fields; the caller must also not need
-    to add a field of its own (such as `Connection: close`).
-    """
-    if head.version != "HTTP/1.1" or _needs_rewrite(raw):
-        return None
-    return raw
-
-
-def serialize_request_head(
-    method: str,
-    target: str,
-    headers: Iterable[tuple[str, str]],
-    *,
-    version: str = "HTTP/1.1",
-) -> bytes:
-    """Encode a request head (latin-1), ending with the blank line.
-
-    Forward an HTTP/1.0 client's request with `version="HTTP/1.0"` so that the upstream does
-    not answer with chunked framing the client cannot read.
-
-    Raises ValueError if any part would inject a line (CR, LF) — a programming error, since
-    parsed heads cannot contain one; UnicodeEncodeError for a non-latin-1 character.
-    """
-    return _serialize(f"{method} {target} {version}", headers)
-
-
-def serialize_response_head(
-    status: int, reason: str, headers: Iterable[tuple[str, str]], *, version: str = "HTTP/1.1"
-) -> bytes:
-    """Encode a response head (latin-1), ending with the blank line. Raises like
-    `serialize_request_head`."""
-    return _serialize(f"{version} {status:03d} {reason}", headers)
-
-
-def _serialize(start_line: str, headers: Iterable[tuple[str, str]]) -> bytes:
-    parts = [start_line]
-    parts.extend(f"{n}: {v}" for n, v in headers)
-    parts.append("\r\n")
-    text = "\r\n".join(parts)
-    lines = len(parts)
-    if text.count("\r") != lines or text.count("\n") != lines or "\0" in text:
-        raise ValueError("CR, LF or NUL inside a head field")
-    return text.encode("latin-1")
-
-
-# ---------------------------------------------------------------------------- chunked bodies
-
-_TOKEN_RE = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_QUOTED_RE = rb'"(?:[\t !#-\[\]-~\x80-\xff]++|\\[\t -~\x80-\xff])*+"'
-# chunk = chunk-size [ chunk-ext ] CRLF (RFC 9112 7.1), without the optional whitespace (BWS)
-# the grammar permits around ';' and '=': no real sender emits it, and whitespace in chunk
-# lines is a classic source of parser disagreement. Possessive quantifiers: the alternatives
-# are disjoint, so nothing is lost, and a failing match never backtracks (at most ~0.3 ms for
-# a worst-case 4 KiB line).
-_CHUNK_LINE = re.compile(
-    rb"([0-9A-Fa-f]{1,%d})(?:;%s(?:=(?:%s|%s))?)*+\r\n"
-    % (MAX_CHUNK_SIZE_DIGITS, _TOKEN_RE, _TOKEN_RE, _QUOTED_RE)
-)
-
-# Fields that must not appear as trailers (RFC 9110 6.5.1: framing, routing, and the
-# hop-by-hop fields we could not remove from relayed bytes); a next hop that merges trailers
-# into the header section would otherwise let a client reframe or reroute after our checks.
-_FORBIDDEN_TRAILERS = frozenset(name.encode() for name in _HOP_BY_HOP | _NEVER_HOP_BY_HOP)
-
-_SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
-_LineHandler = Callable[[bytes], None]
-
-
-class ChunkedScanner:
-    """Find where a chunked body ends, validating it, without changing a byte.
-
-    Feed it the bytes that follow a head with chunked framing; `feed` returns how many of
-    them belong to the body (relay exactly those); once `done`, the rest of the buffer is the
-    next message. Works on input split anywhere, and keeps at most one line in memory
-    (`MAX_CHUNK_LINE` for a chunk-size line, `MAX_TRAILER_SIZE` for the trailer section).
-
-    Strict, per RFC 9112 7.1: chunk-size is 1 to 16 hex digits with nothing around it;
-    extensions are `;name` or `;name=token-or-quoted-string` with no whitespace; chunk data is
-    followed by exactly CRLF; trailer fields obey the head's field rules, and framing, routing
-    and hop-by-hop fields (Content-Length, Host, Connection, ...) are refused as trailers,
-    since a next hop might merge them into the header section. Anything else raises
-    `ProtocolError(..., error_status)` (400 by default; pass 502 for upstream responses); the
-    scanner is then unusable and the connection must be closed.
-    """
-
-    __slots__ = ("_crlf", "_error_status", "_fields", "_line", "_remaining", "_state", "_trailer")
-
-    def __init__(self, *, error_status: int = 400) -> None:
-        self._error_status = error_status
-        self._state = _SIZE
-        self._remaining = 0  # chunk data bytes still expected
-        self._crlf = 0  # bytes of the CRLF after chunk data seen so far
-        self._line = bytearray()  # an incomplete line, bounded
-        self._trailer = 0  # bytes of the trailer section seen so far
-        self._fields = 0  # trailer field lines seen so far
-
-    @property
-    def done(self) -> bool:
-        """True once the last chunk and the trailer section (with its CRLF) were consumed."""
-        return self._state == _DONE
-
-    def feed(self, data: bytes | bytearray | memoryview) -> int:
-        """Scan `data`; return how many of its leading bytes belong to the body.
-
-        Fewer than `len(data)` only when the body ended inside `data`. Raises `ProtocolError`.
-        """
-        pos, end = 0, len(data)
-        while pos < end and self._state != _DONE:
-            state = self._state
-            if state == _DATA:
-                step = min(self._remaining, end - pos)
-                self._remaining -= step
-                pos += step
-                if not self._remaining:
-                    self._state = _DATA_END
-            elif state == _DATA_END:
-                if data[pos] != b"\r\n"[self._crlf]:
-                    self._fail("chunk data not followed by CRLF")
-                pos += 1
-                self._crlf += 1
-                if self._crlf == 2:
-                    self._crlf = 0
-                    self._state = _SIZE
-            elif state == _SIZE:
-                pos = self._scan_line(data, pos, MAX_CHUNK_LINE, self._on_size_line)
-            else:
-                budget = MAX_TRAILER_SIZE - self._trailer
-                pos = self._scan_line(data, pos, budget, self._on_trailer_line)
-        return pos
-
-    def _scan_line(
-        self, data: bytes | bytearray | memoryview, pos: int, budget: int, on_line: _LineHandler
-    ) -> int:
-        room = budget - len(self._line)
-        window = bytes(data[pos : pos + room])
-        lf = window.find(b"\n")
-        if lf < 0:
-            if len(window) >= room:
-                self._fail("chunk-size line or trailer section too long")
-            self._line += window
-            return pos + len(window)
-        line = bytes(self._line) + window[: lf + 1]
-        self._line.clear()
-        on_line(line)
-        return pos + lf + 1
-
-    def _on_size_line(self, line: bytes) -> None:
-        match = _CHUNK_LINE.fullmatch(line)
-        if match is None:
-            self._fail("malformed chunk-size line")
-        size = int(match.group(1), 16)
-        if size:
-            self._remaining = size
-            self._state = _DATA
-        else:
-            self._state = _TRAILER
-
-    def _on_trailer_line(self, line: bytes) -> None:
-        self._trailer += len(line)
-        if not line.endswith(b"\r\n") or b"\r" in line[:-2]:
-            self._fail("bare CR or LF in trailer section")
-        if line == b"\r\n":
-            self._state = _DONE
-            return
-        self._fields += 1
-        if self._fields > MAX_TRAILER_FIELDS:
-            self._fail("too many trailer fields")
-        field = line[:-2]
-        name, colon, value = field.partition(b":")
-        if not name or name.translate(None, _TCHAR):
-            self._fail("trailer " + _bad_field_line(field, colon))
-        if value.translate(None, _FIELD_TEXT):
-            self._fail("control character in trailer field")
-        if name.lower() in _FORBIDDEN_TRAILERS:
-            self._fail(f"{name.decode('ascii')} is not allowed in a trailer section")
-
-    def _fail(self, message: str) -> NoReturn:
-        raise ProtocolError(message, self._error_status)

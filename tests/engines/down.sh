@@ -17,6 +17,21 @@ stop() {  # stop NAME: SIGTERM the recorded PID, wait up to 20 s, then SIGKILL
     echo "engines: stopped $1 (pid $pid)" >&2
 }
 
+# Another caller of up.sh (a concurrent .ci/run) still alive keeps the daemons running.
+exec 9>"$RUN_DIR/users.lock"
+flock 9
+others=()
+if [[ -f "$RUN_DIR/users" ]]; then
+    while read -r user; do
+        [[ "$user" != "$PPID" ]] && kill -0 "$user" 2>/dev/null && others+=("$user")
+    done <"$RUN_DIR/users"
+fi
+printf '%s\n' "${others[@]}" | grep . >"$RUN_DIR/users"
+if ((${#others[@]})); then
+    echo "engines: left running for ${#others[@]} other caller(s): ${others[*]}" >&2
+    exit 0
+fi
+
 # Test containers are named nc-*; remove any a failed run left behind.
 if [[ -S "$RUN_DIR/docker.sock" ]]; then
     docker ps -aq --filter name=nc- | xargs -r docker rm -f >/dev/null 2>&1
@@ -31,5 +46,8 @@ if [[ -S "$RUN_DIR/containerd.sock" ]]; then
 fi
 stop dockerd
 stop containerd
-ip link show ncpod0 >/dev/null 2>&1 && ip link del ncpod0
+# The bridges the engines made (dockerd leaves its bridges behind when it stops).
+for link in ncpod0 docker0 $(cat "$RUN_DIR/bridges" 2>/dev/null); do
+    ip link show "$link" >/dev/null 2>&1 && ip link del "$link"
+done
 exit 0

@@ -40,6 +40,13 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll a command, bounded
 
 alive() { [[ -f "$RUN_DIR/$1.pid" ]] && kill -0 "$(cat "$RUN_DIR/$1.pid")" 2>/dev/null; }
 
+# Several checkouts on one machine may run .ci/run at once and share these daemons: each
+# caller (our parent process, e.g. .ci/run's shell) is recorded in $RUN_DIR/users, and
+# down.sh stops the daemons only when no recorded caller is still alive.
+exec 9>"$RUN_DIR/users.lock"
+flock 9
+echo "$PPID" >>"$RUN_DIR/users"
+
 cat >"$RUN_DIR/env" <<ENV
 export DOCKER_HOST=unix://$RUN_DIR/docker.sock
 export CONTAINERD_ADDRESS=$RUN_DIR/containerd.sock
@@ -58,7 +65,7 @@ state = "$RUN_DIR/containerd-state"
 [plugins."io.containerd.grpc.v1.cri"]
   disable_cgroup = true
 TOML
-    containerd --config "$RUN_DIR/containerd.toml" >"$RUN_DIR/containerd.log" 2>&1 &
+    containerd --config "$RUN_DIR/containerd.toml" >"$RUN_DIR/containerd.log" 2>&1 9>&- &
     echo $! >"$RUN_DIR/containerd.pid"
     wait_for 30 containerd ctr --address "$CONTAINERD_ADDRESS" version
     log "containerd pid $(cat "$RUN_DIR/containerd.pid")"
@@ -72,13 +79,15 @@ if ! alive dockerd; then
         --exec-opt native.cgroupdriver=cgroupfs \
         --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
         --bip 198.19.250.1/24 --userland-proxy=false \
-        >"$RUN_DIR/dockerd.log" 2>&1 &
+        >"$RUN_DIR/dockerd.log" 2>&1 9>&- &
     echo $! >"$RUN_DIR/dockerd.pid"
     wait_for 60 dockerd docker info
     log "dockerd pid $(cat "$RUN_DIR/dockerd.pid")"
 fi
 docker network inspect nc-ci >/dev/null 2>&1 ||
     docker network create --subnet 198.19.251.0/24 --gateway 198.19.251.1 nc-ci >/dev/null
+# nc-ci's bridge, br-<first 12 of the network id>, for down.sh to remove
+echo "br-$(docker network inspect -f '{{.Id}}' nc-ci | cut -c1-12)" >"$RUN_DIR/bridges"
 
 # ---- podman: runc, the VM's limits, a CNI network that adds no firewall rules
 hard_nofile=$(ulimit -Hn)
@@ -137,4 +146,5 @@ if ! have_image docker image inspect "$BOX" || ! have_image podman image exists 
     rm -f "$root.tar" "$root.image.tar"
     log "built image $BOX for docker, podman and containerd"
 fi
+flock -u 9
 log "ready ($RUN_DIR/env)"

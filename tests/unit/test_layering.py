@@ -20,6 +20,8 @@ PURE = [
     "proxy.record",
     "proxy.responses",
     "proxy.wire",
+    "proxy.chunked",
+    "proxy.rewrite",
     "proxy.sni",
     "proxy.clients",
     "proxy.metrics",

@@ -14,18 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from egress.errors import ProtocolError
+from egress.proxy.chunked import ChunkedScanner
+from egress.proxy.rewrite import (
+    forward_headers,
+    forward_response_headers,
+    serialize_request_head,
+    serialize_response_head,
+)
 from egress.proxy.wire import (
     MAX_REQUEST_HEAD_SIZE,
     BodyFraming,
-    ChunkedScanner,
     RequestHead,
     ResponseHead,
-    forward_headers,
-    forward_response_headers,
     parse_request_head,
     parse_response_head,
-    serialize_request_head,
-    serialize_response_head,
 )
 
 PIPELINED = b"GET http://next.example/ HTTP/1.1\r\nHost: next.example\r\n\r\n"

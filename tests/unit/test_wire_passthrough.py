@@ -2,7 +2,7 @@
 
 import pytest
 
-from egress.proxy import wire
+from egress.proxy import rewrite, wire
 
 GOOD = b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nX-Y: z\r\n\r\n"
 
@@ -15,14 +15,14 @@ def parse(raw: bytes) -> wire.RequestHead:
 
 def test_request_passthrough_equals_rewrite() -> None:
     head = parse(GOOD)
-    fast = wire.passthrough_request_head(head, GOOD, "/x", "a.test")
-    slow = wire.serialize_request_head("GET", "/x", wire.forward_headers(head, "a.test"))
+    fast = rewrite.passthrough_request_head(head, GOOD, "/x", "a.test")
+    slow = rewrite.serialize_request_head("GET", "/x", rewrite.forward_headers(head, "a.test"))
     assert fast == slow == b"GET /x HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nX-Y: z\r\n\r\n"
 
 
 def test_request_passthrough_after_leading_empty_lines() -> None:
     raw = b"\r\n" + GOOD
-    assert wire.passthrough_request_head(parse(raw), raw, "/x", "a.test") == (
+    assert rewrite.passthrough_request_head(parse(raw), raw, "/x", "a.test") == (
         b"GET /x HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nX-Y: z\r\n\r\n"
     )
 
@@ -41,7 +41,7 @@ def test_request_passthrough_after_leading_empty_lines() -> None:
     ids=["host-mismatch", "no-host", "connection", "proxy-auth", "keep-alive", "upgrade", "te"],
 )
 def test_request_passthrough_steps_aside(raw: bytes, host: str) -> None:
-    assert wire.passthrough_request_head(parse(raw), raw, "/x", host) is None
+    assert rewrite.passthrough_request_head(parse(raw), raw, "/x", host) is None
 
 
 RESP = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
@@ -50,7 +50,7 @@ RESP = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
 def test_response_passthrough() -> None:
     parsed = wire.parse_response_head(RESP, request_method="GET")
     assert parsed is not None
-    assert wire.passthrough_response_head(parsed[0], RESP) == RESP
+    assert rewrite.passthrough_response_head(parsed[0], RESP) == RESP
 
 
 @pytest.mark.parametrize(
@@ -65,4 +65,4 @@ def test_response_passthrough() -> None:
 def test_response_passthrough_steps_aside(raw: bytes) -> None:
     parsed = wire.parse_response_head(raw, request_method="GET")
     assert parsed is not None
-    assert wire.passthrough_response_head(parsed[0], raw) is None
+    assert rewrite.passthrough_response_head(parsed[0], raw) is None

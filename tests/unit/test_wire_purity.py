@@ -14,8 +14,8 @@ import pytest
 
 import egress
 
-PURE_MODULES = ["wire", "sni"]
-ALLOWED_PROJECT_IMPORTS = {"egress.errors"}
+PURE_MODULES = ["wire", "sni", "chunked", "rewrite"]
+ALLOWED_PROJECT_IMPORTS = {"egress.errors", "egress.proxy.wire"}
 FORBIDDEN_STDLIB = {"asyncio", "socket", "ssl", "selectors", "threading", "subprocess"}
 
 
