@@ -30,7 +30,8 @@ apt_install() {
 # Installed by package, never by probing for one of their files: python-iptables loads
 # libip4tc/libxtables *and* the extension directory (libxt_*.so), which only Debian's
 # `iptables` package ships (tests/unit/test_fresh_setup.py checks this list against dpkg).
-SYSTEM_PACKAGES=(iptables iproute2 curl openssl procps)
+# nodejs: the transparent-mode tests run Node's built-in fetch, which ignores proxy variables.
+SYSTEM_PACKAGES=(iptables iproute2 curl openssl procps nodejs)
 # The engines the real-engine tests run on (docs/netcut.md#engines-in-ci).
 ENGINE_PACKAGES=(podman docker.io containerd runc busybox-static containernetworking-plugins uidmap)
 

@@ -17,6 +17,11 @@ A sandbox is one object with one lifecycle (docs/user-guide.md#sandbox-lifecycle
 listeners reused, the cut idempotent), released (everything it added removed; a gateway
 listener shared with another sandbox is reference-counted and stays while that one is cut).
 One shared proxy serves many sandboxes, each with its own listener, policy and token.
+
+With `transparent=True` the sandbox also gets a transparent listener and a DNS responder on
+its loopback, and the cut redirects every other TCP connection and every DNS query to them
+(docs/proxy.md#transparent-mode-and-socks5), so tools that ignore proxy settings are judged
+too; `socks_port` adds a SOCKS5 listener beside the proxy listener.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import secrets
 import socket
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from netcut.errors import InvalidInput
@@ -46,6 +51,9 @@ from .validate import as_bool, as_choice, as_count, as_instance, as_str, as_str_
 
 Mode = Literal["loopback", "gateway"]
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+# Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
+TRANSPARENT_PORT = 15001
+DNS_PORT = 15053
 
 
 class ExecutionNotReady(EgressError):
@@ -173,12 +181,20 @@ async def prepare_execution(
     gateway: str | None = None,
     force: bool = False,
     allow_privileged: bool = False,
+    transparent: bool = False,
+    transparent_port: int = TRANSPARENT_PORT,
+    dns_port: int = DNS_PORT,
+    socks_port: int | None = None,
 ) -> Execution:
     """Make `sandbox` (a namespace name, path, PID or container: docs/netcut.md#targets)
     reachable only through `proxy`.
 
     `policy` is the composed policy for this sandbox (see `egress.compose`); the framework
-    routes are added to it. Returns the agent's `Execution`. A second call for a prepared
+    routes are added to it. `transparent` (loopback mode only) also redirects every TCP
+    connection and DNS query of the sandbox to the proxy; `expect_blocked` is not probed
+    then (every destination reaches the proxy by design, which judges it). `socks_port`
+    opens a SOCKS5 listener beside the proxy listener, bound to this sandbox like it.
+    Returns the agent's `Execution`. A second call for a prepared
     sandbox replaces its policy atomically (audited `sandbox_replaced`); the token is kept
     unless a new one is given.
 
@@ -191,6 +207,7 @@ async def prepare_execution(
                           force, allow_privileged)
     route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
     blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
+    _check_extra_args(mode, transparent, transparent_port, dns_port, socks_port)
     routes = [parse_framework_route(r) for r in route_texts]
     reg = _registry(proxy)
     prior = reg.sandboxes.get(sandbox)
@@ -208,9 +225,14 @@ async def prepare_execution(
         assert box.main is not None
         listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
         keeps = [f"{li.host}:{li.port}" for li in listeners] if mode == "gateway" else []
+        ports = (transparent_port, dns_port) if transparent else None
+        extra = await _extras(proxy, reg, box, ports, socks_port)
+        redirect = None
+        if transparent:
+            redirect, blocked = (extra[0].port, extra[1].port), []
         cut, probe = await _cut_and_prove(
-            sandbox, keeps, [f"{li.host}:{li.port}" for li in listeners], blocked,
-            force=force, allow_privileged=allow_privileged,
+            sandbox, keeps, [f"{li.host}:{li.port}" for li in (*listeners, *extra)], blocked,
+            force=force, allow_privileged=allow_privileged, redirect=redirect,
         )
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
@@ -223,7 +245,69 @@ async def prepare_execution(
            f"policy {sandbox_policy!r}")
     if prior is None or cid not in proxy.observers.summaries:
         proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
-    return _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
+    execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
+    return replace(execution, listeners=(*execution.listeners, *extra))
+
+
+def _check_extra_args(
+    mode: str, transparent: object, transparent_port: object, dns_port: object,
+    socks_port: object,
+) -> None:
+    as_bool(transparent, "prepare_execution transparent")
+    for label, value in (("transparent_port", transparent_port), ("dns_port", dns_port),
+                         ("socks_port", socks_port)):
+        if value is not None and as_count(value, f"prepare_execution {label}", minimum=0) > 65535:
+            raise ValueError(f"prepare_execution {label} must be at most 65535, not {value}")
+    if transparent and mode != "loopback":
+        raise ValueError("prepare_execution transparent needs mode='loopback' (its listeners "
+                         "live on the sandbox's own loopback)")
+
+
+async def _extras(
+    proxy: EgressProxy, reg: _Registry, box: _Sandbox, transparent: tuple[int, int] | None,
+    socks_port: int | None,
+) -> list[Listener]:
+    """Transparent mode's listener and DNS responder (one fake-IP map between them) and the
+    SOCKS5 listener, on the sandbox's loopback (or the gateway listener's address for SOCKS5
+    in gateway mode); reused from a previous prepare, bound to the sandbox's current policy,
+    and the ones no longer asked for released."""
+    from .proxy.dnsanswer import FakeIPs
+    from .proxy.dnsserve import open_dns
+
+    assert box.main is not None
+    loopback = box.mode == "loopback"
+    netns = box.main.netns if loopback else None
+    held = {li.kind: li for li in reg.leases.held(box.key) if li.kind != "http"}
+    identity = box.main.identity  # loopback: the sandbox's; gateway: None (token or source)
+    out: list[Listener] = []
+    if transparent is not None:
+        listener, dns = held.get("transparent"), held.get("dns")
+        if listener is None or dns is None:
+            assert identity is not None
+            fake_ips = FakeIPs()
+            listener = await proxy.add_listener(
+                f"127.0.0.1:{transparent[0]}", netns=netns, kind="transparent",
+                client=ClientSpec(box.client_id, identity.policy),
+            )
+            listener.fake_ips = fake_ips
+            reg.leases.hold(box.key, listener)
+            dns = await open_dns(proxy, f"127.0.0.1:{transparent[1]}", identity=identity,
+                                 fake_ips=fake_ips, netns=netns)
+            reg.leases.hold(box.key, dns)
+        out += [listener, dns]
+    if socks_port is not None:
+        socks = held.get("socks5")
+        if socks is None or socks.port not in (0, socks_port):
+            socks = await proxy.add_listener(join_host_port(box.main.host, socks_port), netns=netns,
+                                             kind="socks5")
+            reg.leases.hold(box.key, socks)
+        out.append(socks)
+    for li in out:
+        li.identity = identity
+    for old in held.values():
+        if old not in out and reg.leases.let_go(box.key, old):
+            proxy.remove_listener(old)
+    return out
 
 
 def _refuse_taken(
@@ -284,7 +368,9 @@ async def _bind(
         sources = await _sandbox_sources(sandbox)
         proxy.add_client(ClientSpec(cid, policy, token=tok, sources=sources))
     reg.sandboxes[sandbox] = box
-    used = {box.main, *box.forwarders.values()}
+    # transparent mode's and SOCKS5 listeners are _extras' to keep or let go
+    extras = {li for li in reg.leases.held(sandbox) if li.kind != "http"}
+    used = {box.main, *box.forwarders.values(), *extras}
     for old in reg.leases.held(sandbox):
         if old not in used and reg.leases.let_go(sandbox, old):
             proxy.remove_listener(old)
@@ -397,13 +483,15 @@ def _audit(proxy: EgressProxy, sandbox: str, cid: str, reason: str, detail: str)
 
 async def _cut_and_prove(
     sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
-    force: bool, allow_privileged: bool,
+    force: bool, allow_privileged: bool, redirect: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     import netcut
+    from netcut.redirect import Redirect
 
     try:
         cut = await netcut.cut_async(
-            sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged
+            sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged,
+            redirect=Redirect(*redirect) if redirect is not None else None,
         )
         probe = await netcut.probe_async(sandbox, reachable, list(blocked))
         status = await netcut.status_async(sandbox)

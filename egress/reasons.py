@@ -114,6 +114,32 @@ class Reason(StrEnum):
         "the sandbox was released, or its prepare failed (`detail` says which)",
     )
 
+    COMMAND_NOT_SUPPORTED = (
+        "command_not_supported", 0, "", "error", "SOCKS5: BIND or UDP ASSOCIATE (reply `0x07`)"
+    )
+    ADDRESS_TYPE_NOT_SUPPORTED = (
+        "address_type_not_supported", 0, "", "error",
+        "SOCKS5: an address type other than IPv4, name, IPv6 (reply `0x08`)",
+    )
+    NOT_REDIRECTED = (
+        "not_redirected", 0, "", "error",
+        "transparent: a connection on the transparent listener without an original "
+        "destination (reset)",
+    )
+    NOT_A_NAME = (
+        "not_a_name", 0, "", "block",
+        "DNS: the name asked is an address spelling (`2130706433`, `0x7f.1`): NXDOMAIN",
+    )
+    ADDRESS_RULES = (
+        "address_rules", 0, "", "allow",
+        "DNS: no host rule decides the name, but address rules may allow it once resolved; "
+        "it is answered and each connection judged",
+    )
+    POOL_EXHAUSTED = (
+        "pool_exhausted", 0, "", "error",
+        "DNS: the sandbox's fake-address pool is full (SERVFAIL)",
+    )
+
     status: int
     error: str
     decision: DecisionWord
@@ -158,6 +184,7 @@ class End(StrEnum):
     UPSTREAM_EOF = "upstream_eof", "the upstream closed inside a response body"
     UPSTREAM_LOST = "upstream_lost", "the upstream reset or vanished inside a response body"
     UPSTREAM_PROTOCOL = "upstream_protocol", "the upstream sent a malformed response body"
+    RESET = "reset", "a transparent connection refused with a TCP reset"
 
     text: str
 

@@ -1,6 +1,7 @@
 """`egress serve`: the proxy as a standalone process (docs/proxy.md#standalone-egress-serve).
 
-Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts.
+Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts
+(`listening on HOST:PORT socks5` for a `--socks` listener).
 SIGTERM/SIGINT: stop accepting, give open tunnels up to 5 s, close them, flush the audit log,
 exit 0. Uses uvloop when it is installed (embedding code keeps its own loop).
 """
@@ -32,6 +33,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="HOST:PORT",
         help="listen address (repeatable; port 0 = ephemeral; default 127.0.0.1:3128)",
+    )
+    g.add_argument(
+        "--socks",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="also listen for SOCKS5 (RFC 1928 CONNECT, RFC 1929 username/password carrying "
+        "the client token) on this address (repeatable)",
     )
     g.add_argument(
         "--listen-netns",
@@ -166,7 +175,8 @@ async def run_serve(
         _warn_tokens(settings, args.require_auth)
     on_decision = [] if args.quiet or args.audit_log else [_print_request]
     proxy = EgressProxy(
-        settings, listen=args.listen or ["127.0.0.1:3128"], listen_netns=args.listen_netns,
+        settings, listen=args.listen or ["127.0.0.1:3128"], socks=args.socks,
+        listen_netns=args.listen_netns,
         audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
         sni_missing=args.sni_missing, reuse_port=ready_fd is not None, admin=args.admin,
         on_decision=on_decision,
@@ -191,6 +201,8 @@ async def run_serve(
         else:
             for host, port in proxy.addresses:
                 print(f"listening on {join_host_port(host, port)}", flush=True)
+            for host, port in proxy.socks_addresses:
+                print(f"listening on {join_host_port(host, port)} socks5", flush=True)
         if proxy.admin_url is not None and not args.quiet:
             print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
         await stop.wait()
@@ -276,6 +288,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         limits_from_args(args)
         listens = [parse_listen(spec) for spec in args.listen or ["127.0.0.1:3128"]]
+        for spec in args.socks:
+            parse_listen(spec)
         if args.admin:
             parse_listen(args.admin, "--admin")
             if args.workers > 1:
@@ -284,6 +298,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         print(f"egress serve: {exc}", file=sys.stderr)
         return 2
     why = check_worker_args(args)
+    if args.socks and args.workers > 1:
+        why = "--socks is served by one process: use it without --workers"
     if why:
         print(f"egress serve: {why}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from netcut.nsexec import ns_identity, run_in_netns
 from netcut.plan import CutStatus
 from netcut.probe import ProbeResult
 from netcut.records import Store
+from netcut.redirect import Redirect
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
 
 TargetLike = TargetRef | ResolvedTarget | str | int
@@ -108,8 +109,14 @@ def cut(
     allow_privileged: bool = False,
     dry_run: bool = False,
     probe_timeout: float = probe_mod.DEFAULT_TIMEOUT_S,
+    redirect: Redirect | None = None,
 ) -> CutResult:
     """Cut `target` down to loopback and `keep` (ADDR[:PORT]), then probe it.
+
+    With `redirect` (transparent mode, docs/netcut.md#transparent-mode), every other TCP
+    connection is redirected to `redirect.port` and every DNS query to `redirect.dns_port` on
+    the namespace's loopback, where the proxy listens; `expect_blocked` cannot be probed then
+    (every TCP destination reaches the proxy, which judges it) and is refused.
 
     Why: right before an agent runs, the namespace must lose every way out but the proxy. The
     cut is idempotent: a namespace already cut with the same keeps is left alone (changed is
@@ -123,6 +130,9 @@ def cut(
     """
     keeps = parse_keeps(keep)
     blocked = probe_targets(expect_blocked, "expect_blocked")
+    if redirect is not None and blocked:
+        raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
+                           "connection is redirected to the proxy, which judges it")  # fmt: skip
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -138,6 +148,7 @@ def cut(
             probe,
             blocked,
             probe_timeout,
+            redirect,
         )
         store = Store.for_namespace(identity)
         return flow.cut(DirectExecutor(fd), store, str(resolved), request)

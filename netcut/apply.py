@@ -16,11 +16,12 @@ import errno
 
 from iptc import IPTCError
 
-from netcut import backstop, flows, plan
+from netcut import backstop, flows, nat, plan
 from netcut.errors import ApplyFailed
 from netcut.model import (
     AddAddr,
     AddBackstop,
+    AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
@@ -29,6 +30,7 @@ from netcut.model import (
     NamespaceState,
     Op,
     RemoveBackstop,
+    RemoveRedirect,
     SetSysctl,
 )
 from netcut.rtnl import NetlinkError, Rtnl
@@ -65,6 +67,10 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
         backstop.remove(op.family)
     elif isinstance(op, KillFlows):
         flows.kill_flows(op.allowed)
+    elif isinstance(op, AddRedirect):
+        nat.install(op.rules)
+    elif isinstance(op, RemoveRedirect):
+        nat.remove()
     else:
         raise RuntimeError(f"unexpected {op!r}")
 

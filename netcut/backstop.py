@@ -51,6 +51,8 @@ def build_rule(family: int, spec: FilterRule) -> Any:
     rule = _new_rule(family)
     if spec.out_iface:
         rule.out_interface = spec.out_iface
+    if spec.dst_local:  # transparent mode: loopback only to local destinations
+        rule.create_match("addrtype").dst_type = "LOCAL"
     if spec.dst:
         rule.dst = spec.dst
     if spec.proto:

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from netcut import api, helper, helperimage, target
-from netcut.errors import NetcutError, ProbeFailed
+from netcut.errors import InvalidInput, NetcutError, ProbeFailed
 from netcut.plan import CutStatus, plan_to_data
 from netcut.probe import ProbeResult
+from netcut.redirect import Redirect
 
 
 def _seconds(text: str) -> float:
@@ -96,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="cut although a process in the namespace holds NET_ADMIN/RAW/SYS_ADMIN",
     )
+    cut.add_argument(
+        "--transparent",
+        action="store_true",
+        help="redirect every other TCP connection (and DNS, with --dns-to) to the proxy's "
+        "listeners on the namespace's loopback (direct mode only)",
+    )
+    cut.add_argument("--redirect-to", type=int, metavar="PORT",
+                     help="transparent mode: the proxy's transparent listener port")  # fmt: skip
+    cut.add_argument("--dns-to", type=int, metavar="PORT",
+                     help="transparent mode: the proxy's DNS responder port")  # fmt: skip
     cut.add_argument("--json", action="store_true")
 
     probe = sub.add_parser("probe", help="check reachability from inside the namespace")
@@ -175,10 +186,14 @@ def _cmd_cut(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         probe_timeout=args.probe_timeout,
     )
+    redirect = _redirect(args)
     if args.mode == "helper":
+        if redirect is not None:
+            raise InvalidInput("--transparent needs --mode direct (the helper image does not "
+                               "carry the nat table's REDIRECT support)")  # fmt: skip
         result = helper.cut(ref, args.keep, image=args.helper_image, **options)
     else:
-        result = api.cut(ref, args.keep, **options)
+        result = api.cut(ref, args.keep, redirect=redirect, **options)
     data = {
         "result": result.head,
         "repaired": list(result.found),
@@ -192,6 +207,16 @@ def _cmd_cut(args: argparse.Namespace) -> int:
     }
     _emit(args, result.lines(), data)
     return 0
+
+
+def _redirect(args: argparse.Namespace) -> Redirect | None:
+    if not args.transparent:
+        if args.redirect_to is not None or args.dns_to is not None:
+            raise InvalidInput("--redirect-to and --dns-to need --transparent")
+        return None
+    if args.redirect_to is None:
+        raise InvalidInput("--transparent needs --redirect-to PORT")
+    return Redirect(args.redirect_to, args.dns_to)
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:

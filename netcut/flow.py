@@ -17,9 +17,10 @@ from typing import Protocol
 from netcut import plan as plan_mod
 from netcut import verify
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed
-from netcut.model import Keep, NamespaceState, Op, ProbeResult
+from netcut.model import AddRedirect, Keep, NamespaceState, Op, ProbeResult
 from netcut.plan import CutPlan, CutStatus
 from netcut.records import Store
+from netcut.redirect import Redirect, redirect_rules
 
 
 class Executor(Protocol):
@@ -106,6 +107,7 @@ class CutRequest:
     probe: bool = True
     expect_blocked: tuple[Keep, ...] = ()
     probe_timeout: float = 1.0
+    redirect: Redirect | None = None  # transparent mode (docs/netcut.md#transparent-mode)
 
 
 def cut(
@@ -126,12 +128,14 @@ def cut(
             if record is not None and set(record.keeps) != set(req.keeps) and not req.dry_run:
                 had = ", ".join(str(k) for k in record.keeps) or "loopback only"
                 raise InvalidInput(f"{label} is already cut keeping {had}; restore it first")
+            if record is not None and not req.dry_run:
+                _same_redirect(label, record, req.redirect)
             result = CutResult(label, status, record, False, dry_run=req.dry_run)
         else:
             if status.state == "partial" and not req.dry_run:
                 _restore(ex, store, record, state)
                 state = ex.read_state(req.keeps, req.nameservers)
-            planned = plan_mod.plan_cut(state, req.keeps)
+            planned = plan_mod.plan_cut(state, req.keeps, req.redirect)
             if req.dry_run:
                 script = render(planned.ops) if render else None
                 return CutResult(label, status, planned, False, dry_run=True, script=script)
@@ -148,6 +152,16 @@ def cut(
     if req.dry_run:
         return result
     return _probed(ex, label, result, req)
+
+
+def _same_redirect(label: str, record: CutPlan, redirect: Redirect | None) -> None:
+    """A cut namespace is never re-cut with other redirects (that would open it in between):
+    transparent or not, and to which ports, must match the record."""
+    had = next((op.rules for op in record.ops if isinstance(op, AddRedirect)), None)
+    want = None if redirect is None else redirect_rules(redirect, record.keeps)
+    if had != want:
+        how = "transparently" if had is not None else "without transparent mode"
+        raise InvalidInput(f"{label} is already cut {how}, differently; restore it first")
 
 
 class RenderHook(Protocol):

@@ -17,6 +17,8 @@ from netcut.errors import InvalidInput
 NETCUT_PROTO = 110
 # Name of the netfilter chain that holds the backstop (filter table, iptables and ip6tables).
 CHAIN = "NETCUT"
+# Name of the chain (nat table, IPv4 only) that holds transparent mode's redirects.
+NAT_CHAIN = "NETCUT_REDIRECT"
 
 AF_INET = 2
 AF_INET6 = 10
@@ -255,6 +257,7 @@ class NamespaceState:
     # planning needs neither), and then they are reported as not verified.
     filters: tuple[FilterDump, ...] | None = None
     policy_rules: tuple[PolicyRule, ...] | None = None
+    redirect: bool = False  # the nat table holds the NETCUT_REDIRECT chain (transparent mode)
 
     def sysctl(self, key: str) -> str | None:
         return dict(self.sysctls).get(key)
@@ -285,11 +288,14 @@ class FilterRule:
     dst: str | None = None  # CIDR
     dport: int | None = None
     out_iface: str | None = None
+    dst_local: bool = False  # -m addrtype --dst-type LOCAL (transparent mode's narrower lo)
 
     def iptables_args(self) -> list[str]:
         args: list[str] = []
         if self.out_iface:
             args += ["-o", self.out_iface]
+        if self.dst_local:
+            args += ["-m", "addrtype", "--dst-type", "LOCAL"]
         if self.dst:
             args += ["-d", self.dst]
         if self.proto:
@@ -374,8 +380,53 @@ class KillFlows:
         return f"destroy TCP flows except loopback and {kept}"
 
 
+@dataclass(frozen=True)
+class NatRule:
+    """One rule of the transparent-mode redirect chain (nat OUTPUT): RETURN leaves the packet
+    alone, REDIRECT sends it to `to_port` on the namespace's own loopback."""
+
+    verdict: Literal["RETURN", "REDIRECT"]
+    proto: Literal["tcp", "udp"] | None = None
+    dst: str | None = None  # CIDR
+    dport: int | None = None
+    dst_local: bool = False  # -m addrtype --dst-type LOCAL: loopback and own addresses
+    to_port: int | None = None
+
+    def iptables_args(self) -> list[str]:
+        args: list[str] = []
+        if self.dst:
+            args += ["-d", self.dst]
+        if self.dst_local:
+            args += ["-m", "addrtype", "--dst-type", "LOCAL"]
+        if self.proto:
+            args += ["-p", self.proto]
+        if self.dport is not None:
+            args += ["-m", self.proto or "tcp", "--dport", str(self.dport)]
+        if self.verdict == "REDIRECT":
+            return [*args, "-j", "REDIRECT", "--to-ports", str(self.to_port)]
+        return [*args, "-j", "RETURN"]
+
+
+@dataclass(frozen=True)
+class AddRedirect:
+    """Transparent mode: chain NETCUT_REDIRECT in the nat table, jumped to first from OUTPUT."""
+
+    rules: tuple[NatRule, ...]
+
+    def __str__(self) -> str:
+        body = "; ".join(" ".join(r.iptables_args()) for r in self.rules)
+        return f"iptables -t nat: chain {NAT_CHAIN} jumped to first from OUTPUT: {body}"
+
+
+@dataclass(frozen=True)
+class RemoveRedirect:
+    def __str__(self) -> str:
+        return f"iptables -t nat: remove chain {NAT_CHAIN} and its jump from OUTPUT"
+
+
 Op: TypeAlias = (
     AddBackstop | RemoveBackstop | AddRoute | DelRoute | AddAddr | DelAddr | SetSysctl | KillFlows
+    | AddRedirect | RemoveRedirect
 )
 
 

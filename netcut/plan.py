@@ -31,6 +31,7 @@ from netcut.model import (
     AF_INET6,
     CHAIN,
     IFA_F_NODAD,
+    NAT_CHAIN,
     NETCUT_PROTO,
     RT_SCOPE_LINK,
     RT_SCOPE_UNIVERSE,
@@ -41,6 +42,7 @@ from netcut.model import (
     AddAddr,
     AddBackstop,
     Addr,
+    AddRedirect,
     Address,
     AddRoute,
     DelAddr,
@@ -49,11 +51,19 @@ from netcut.model import (
     Keep,
     KillFlows,
     NamespaceState,
+    NatRule,
     Op,
     RemoveBackstop,
+    RemoveRedirect,
     Route,
     SetSysctl,
     parse_keep,
+)
+from netcut.redirect import (
+    Redirect,
+    loopback_default_route,
+    redirect_rules,
+    transparent_backstop,
 )
 from netcut.verify import differences, ipv6_sysctls, unverified
 
@@ -74,6 +84,11 @@ class CutPlan:
     def to_json(self) -> str:
         return json.dumps(plan_to_data(self), sort_keys=True)
 
+    @property
+    def transparent(self) -> bool:
+        """Does this cut redirect traffic to a proxy (transparent mode)?"""
+        return any(isinstance(op, AddRedirect) for op in self.ops)
+
 
 @dataclass(frozen=True)
 class RestorePlan:
@@ -87,12 +102,15 @@ class RestorePlan:
 # ---------------------------------------------------------------- planning
 
 
-def plan_cut(state: NamespaceState, keeps: tuple[Keep, ...]) -> CutPlan:
+def plan_cut(
+    state: NamespaceState, keeps: tuple[Keep, ...], redirect: Redirect | None = None
+) -> CutPlan:
     """Compute the ops that cut `state` down to loopback and `keeps`.
 
-    Raises InvalidInput for a keep that cannot be honoured: an IPv6 address other than
-    loopback (the cut disables IPv6), a port-53 keep (the DNS drop wins), or an address the
-    namespace has no route to.
+    With `redirect` (transparent mode, see redirect.py), TCP and DNS are also redirected to
+    the proxy's in-namespace listeners. Raises InvalidInput for a keep that cannot be
+    honoured: an IPv6 address other than loopback (the cut disables IPv6), a port-53 keep
+    (the DNS drop wins), or an address the namespace has no route to.
     """
     keeps = tuple(dict.fromkeys(keeps))
     _check_keeps(keeps)
@@ -102,11 +120,18 @@ def plan_cut(state: NamespaceState, keeps: tuple[Keep, ...]) -> CutPlan:
     first = [DelRoute(r) for r in doomed if r.key in clashing]
     rest = [DelRoute(r) for r in doomed if r.key not in clashing]
     families = (AF_INET, AF_INET6) if state.has_ipv6 else (AF_INET,)
+    backstops = [AddBackstop(f, backstop_rules(f, keeps, state.nameservers)) for f in families]
+    transparent: list[Op] = []
+    if redirect is not None:
+        backstops[0] = AddBackstop(AF_INET, transparent_backstop(backstops[0].rules, redirect))
+        transparent = [AddRedirect(redirect_rules(redirect, keeps))]
     ops: list[Op] = [
-        *(AddBackstop(f, backstop_rules(f, keeps, state.nameservers)) for f in families),
+        *backstops,
+        *transparent,
         *first,
         *(AddRoute(r) for r in keep_routes),
         *rest,
+        *([AddRoute(loopback_default_route(state))] if redirect is not None else []),
         *(DelAddr(a) for a in _ipv6_addrs(state)),
         *_ipv6_off(state),
         KillFlows(_allowed_flows(state, keeps)),
@@ -241,6 +266,8 @@ def invert(op: Op) -> Op | None:
     """The op that undoes `op`, or None when it cannot be undone (destroyed flows)."""
     if isinstance(op, AddBackstop):
         return RemoveBackstop(op.family)
+    if isinstance(op, AddRedirect):
+        return RemoveRedirect()
     if isinstance(op, AddRoute):
         return DelRoute(op.route)
     if isinstance(op, DelRoute):
@@ -251,7 +278,7 @@ def invert(op: Op) -> Op | None:
         return DelAddr(op.addr)
     if isinstance(op, SetSysctl):
         return SetSysctl(op.key, op.old, op.value)
-    if isinstance(op, RemoveBackstop | KillFlows):
+    if isinstance(op, RemoveBackstop | RemoveRedirect | KillFlows):
         return None
     raise RuntimeError(f"unexpected {op!r}")
 
@@ -264,6 +291,8 @@ def plan_restore(record: CutPlan | None, state: NamespaceState) -> RestorePlan:
         ops += [inv for op in reversed(record.ops) if (inv := invert(op)) is not None]
     undone = {op.route.key for op in ops if isinstance(op, DelRoute)}
     ops += [DelRoute(r) for r in state.marked_routes if r.key not in undone]
+    if state.redirect and RemoveRedirect() not in ops:
+        ops.append(RemoveRedirect())
     for family in state.backstop:
         if RemoveBackstop(family) not in ops:
             ops.append(RemoveBackstop(family))
@@ -302,12 +331,13 @@ class CutStatus:
 def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
     """Compare the whole namespace with the recorded plan (docs/netcut.md#status)."""
     if record is None:
-        if state.marked_routes or state.backstop:
+        if state.marked_routes or state.backstop or state.redirect:
             marks = [f"marked route {r}" for r in state.marked_routes]
             marks += [f"backstop chain {CHAIN} (family {f})" for f in state.backstop]
+            marks += [f"redirect chain {NAT_CHAIN} (nat)"] if state.redirect else []
             return CutStatus("partial", details=("no restore record", *marks))
         return CutStatus("not cut")
-    if not state.marked_routes and not state.backstop:
+    if not state.marked_routes and not state.backstop and not state.redirect:
         # The backstop is a cut's first change: a record without any mark in the namespace
         # belongs to a cut that never started, or to an earlier namespace whose inode was
         # reused. Undoing it here would add another namespace's routes.
@@ -325,6 +355,8 @@ _OPS: dict[str, type[Any]] = {
     for cls in (
         AddBackstop,
         RemoveBackstop,
+        AddRedirect,
+        RemoveRedirect,
         AddRoute,
         DelRoute,
         AddAddr,
@@ -372,7 +404,8 @@ def _op_from_data(item: dict[str, Any]) -> Op:
     if "addr" in item:
         item["addr"] = Addr(**item["addr"])
     if "rules" in item:
-        item["rules"] = tuple(FilterRule(**r) for r in item["rules"])
+        rule_cls: type[Any] = NatRule if cls is AddRedirect else FilterRule
+        item["rules"] = tuple(rule_cls(**r) for r in item["rules"])
     if "allowed" in item:
         item["allowed"] = tuple((a, p) for a, p in item["allowed"])
     op: Op = cls(**item)

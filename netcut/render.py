@@ -28,6 +28,7 @@ from netcut.model import (
     AF_INET6,
     CHAIN,
     FR_ACT_TO_TBL,
+    NAT_CHAIN,
     RT_TABLE_LOCAL,
     RTN_LOCAL,
     RTN_UNICAST,
@@ -35,6 +36,7 @@ from netcut.model import (
     AddAddr,
     AddBackstop,
     Addr,
+    AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
@@ -49,6 +51,7 @@ from netcut.model import (
     ProbeItem,
     ProbeResult,
     RemoveBackstop,
+    RemoveRedirect,
     Route,
     SeenRule,
     SetSysctl,
@@ -120,6 +123,21 @@ def render_op(op: Op) -> list[str]:
             f"while {_q([t, '-w', '-D', 'OUTPUT', *_HOLD])} 2>/dev/null; do :; done",
             _q([t, "-w", "-F", CHAIN]) + _TOLERANT,
             _q([t, "-w", "-X", CHAIN]) + _TOLERANT,
+        ]
+    if isinstance(op, AddRedirect):  # transparent mode: IPv4 nat table
+        t = _tool(AF_INET)
+        return [
+            _q([t, "-w", "-t", "nat", "-N", NAT_CHAIN]),
+            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *r.iptables_args()]) for r in op.rules),
+            _q([t, "-w", "-t", "nat", "-I", "OUTPUT", "1", "-j", NAT_CHAIN]),
+        ]
+    if isinstance(op, RemoveRedirect):
+        t = _tool(AF_INET)
+        return [
+            f"while {_q([t, '-w', '-t', 'nat', '-D', 'OUTPUT', '-j', NAT_CHAIN])} 2>/dev/null;"
+            " do :; done",
+            _q([t, "-w", "-t", "nat", "-F", NAT_CHAIN]) + _TOLERANT,
+            _q([t, "-w", "-t", "nat", "-X", NAT_CHAIN]) + _TOLERANT,
         ]
     if isinstance(op, AddRoute | DelRoute):
         verb = "add" if isinstance(op, AddRoute) else "del"
@@ -214,6 +232,13 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
             "echo '### rules6'; if [ -d /proc/sys/net/ipv6 ]; then"
             " ncut_ip -j -N -6 rule show; else echo '[]'; fi; echo \"### rc $?\""
         )
+    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
+    lines.append(
+        "echo '### redirect'; t=no; while read -r n; do [ \"$n\" = nat ] && t=yes;"
+        " done < /proc/net/ip_tables_names 2>/dev/null;"
+        f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
+        " then echo yes; else echo no; fi; echo '### rc 0'"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -337,7 +362,8 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
     if not any(r.table == RT_TABLE_LOCAL for r in routes):
         raise InvalidInput("helper state dump: no local routes (`ip route` answered nothing)")
     return NamespaceState(
-        links, addrs, routes, sysctls, nameservers, lookups, backstop, filters, policy_rules
+        links, addrs, routes, sysctls, nameservers, lookups, backstop, filters, policy_rules,
+        redirect=s.get("redirect", "").strip() == "yes",
     )
 
 

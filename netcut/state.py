@@ -13,7 +13,7 @@ import errno
 import socket
 from typing import Any
 
-from netcut import backstop
+from netcut import backstop, nat
 from netcut.errors import InvalidInput
 from netcut.model import (
     AF_INET,
@@ -60,6 +60,7 @@ def read_state(
         nameservers=nameservers,
         lookups=tuple(_lookup(rt, str(k.addr), names) for k in keeps if not k.is_loopback),
         backstop=families,
+        redirect=nat.present(),
         filters=tuple(backstop.dump(f) for f in families) if verify else None,
         policy_rules=tuple(_rule(m) for m in rt.dump_rules()) if verify else None,
     )

@@ -13,7 +13,10 @@ open the backstop without removing it. Each invariant answers with readable line
     interface and gateway), and every keep route is there;
  3. policy rules: none (beyond the kernel's three defaults) leads to a table with such a route;
  4. IPv6: the sysctls the cut sets (disable_ipv6=1, accept_ra=0) hold for every interface now
-    present, and no interface but loopback holds an IPv6 address.
+    present, and no interface but loopback holds an IPv6 address;
+ 5. transparent mode: chain NETCUT_REDIRECT is present in the nat table (its content is not
+    compared: a redirect that stops working leaves the traffic to the backstop, which drops
+    it, so it can only close, never open; redirect.py).
 
 `repair_ops` turns the same findings into ops that bring the namespace back to the plan
 without touching the record (what the tamper added is removed, never put back by restore).
@@ -29,10 +32,12 @@ from netcut.model import (
     AF_INET6,
     CHAIN,
     FR_ACT_TO_TBL,
+    NAT_CHAIN,
     RT_TABLE_LOCAL,
     RTN_UNICAST,
     AddBackstop,
     Addr,
+    AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
@@ -74,6 +79,8 @@ def differences(ops: tuple[Op, ...], state: NamespaceState) -> tuple[str, ...]:
     for op in ops:
         if isinstance(op, AddBackstop):
             found += backstop_differences(op, state)
+        if isinstance(op, AddRedirect) and not state.redirect:
+            found.append(f"iptables -t nat: chain {NAT_CHAIN} is gone")
     planned = _planned_routes(ops)
     found += [f"route out not in the plan: {r}{_metric(r)}" for r in leaving_routes(ops, state)]
     found += [f"keep route missing: {r}" for r in _missing_routes(planned, state)]
@@ -101,6 +108,8 @@ def repair_ops(ops: tuple[Op, ...], state: NamespaceState) -> tuple[Op, ...]:
     out: list[Op] = [
         op for op in ops if isinstance(op, AddBackstop) and backstop_differences(op, state)
     ]
+    if not state.redirect:
+        out += [op for op in ops if isinstance(op, AddRedirect)]
     out += [SetSysctl(k, want, cur) for k, want, cur in _wrong_sysctls(state)]
     stray = leaving_routes(ops, state)
     out += [DelRoute(r) for r in sorted(stray, key=lambda r: r.gateway is None)]
@@ -169,6 +178,12 @@ def as_filter_rule(rule: SeenRule, family: int) -> FilterRule | None:
     dst = _cidr(rule.dst, family)
     if dst == "!":
         return None
+    local = ("addrtype", (("dst-type", "LOCAL"),))
+    dst_local = local in rule.matches  # transparent mode's narrower loopback (redirect.py)
+    if dst_local:
+        rule = SeenRule(rule.target, rule.proto, rule.src, rule.dst, rule.in_iface,
+                        rule.out_iface, tuple(m for m in rule.matches if m != local),
+                        rule.target_params)  # fmt: skip
     dport = _dport(rule, proto)
     if dport == -1:
         return None
@@ -178,6 +193,7 @@ def as_filter_rule(rule: SeenRule, family: int) -> FilterRule | None:
         dst=dst,
         dport=dport,
         out_iface=rule.out_iface or None,
+        dst_local=dst_local,
     )
 
 

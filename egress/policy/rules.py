@@ -356,6 +356,11 @@ class Policy:
             + (", report_only=True)" if self.report_only else ")")
         )
 
+    def host_rules(self, action: Action, host: str) -> list[Rule]:
+        """The host-form rules of `action` matching canonical `host` on any port or scheme,
+        in definition order (the DNS responder asks which names may be answered)."""
+        return (self._allow if action == "allow" else self._block).host_matches(host)
+
     def canonical(self) -> dict[str, object]:
         """The policy as plain data, rules in their given order (docs/policy.md#policy-hash).
 

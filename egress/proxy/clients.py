@@ -145,8 +145,15 @@ class ClientTable:
 
     def identify(self, source: IPAddress | None, proxy_authorization: str | None) -> Identity:
         """The identity for a request; raise `AuthError` (407) for a missing or wrong token."""
+        token = None
         if proxy_authorization is not None:
-            token = basic_token(proxy_authorization)
+            token = basic_token(proxy_authorization) or ""
+        return self.identify_token(source, token)
+
+    def identify_token(self, source: IPAddress | None, token: str | None) -> Identity:
+        """As `identify`, for a token presented as such (a SOCKS5 password); None = no
+        credentials were presented, "" = credentials without a token (refused)."""
+        if token is not None:
             found = self._match_token(token) if token else None
             if found is None:
                 raise AuthError("auth_failed", "proxy credentials not accepted")

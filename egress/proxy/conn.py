@@ -69,6 +69,7 @@ class Conn:
     phase_since: float = 0.0
     upstream: Side | None = None
     end: str | None = None
+    orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
     owner: object = None  # the per-client cap's key, once the first request is identified
     task: asyncio.Task[None] | None = None
 

@@ -240,9 +240,21 @@ class Gate:
         clients = self.clients
         if clients.trivial:
             return clients.default
+        return self.identify_credential(None, peer, head.get("proxy-authorization"))
+
+    def identify_credential(
+        self, bound: Identity | None, peer: object, authorization: str | None
+    ) -> Identity | Refuse:
+        """`identify` for a credential given as a `Proxy-Authorization` value (a SOCKS5
+        username/password is presented as `Basic`: docs/proxy.md#transparent-mode-and-socks5)."""
+        if bound is not None:
+            return bound
+        clients = self.clients
+        if clients.trivial:
+            return clients.default
         source = source_address(peer) if clients.by_source else None
         try:
-            return clients.identify(source, head.get("proxy-authorization"))
+            return clients.identify(source, authorization)
         except AuthError as exc:
             return Refuse(reason_of(exc.reason), str(exc), status=407)
 

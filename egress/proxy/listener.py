@@ -10,12 +10,19 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import TargetError
 from ..policy.target import split_host_port
 from .clients import Identity
 
+if TYPE_CHECKING:
+    from .dnsanswer import FakeIPs
+
 BACKLOG = 1024
+# What a listening socket speaks: the HTTP forward proxy, SOCKS5, transparent redirects, or
+# DNS (docs/proxy.md#transparent-mode-and-socks5).
+ListenerKind = Literal["http", "socks5", "transparent", "dns"]
 
 
 @dataclass(eq=False)
@@ -30,6 +37,11 @@ class Listener:
     identity: Identity | None = None
     forward_to: tuple[str, int] | None = None
     server: asyncio.base_events.Server | None = None
+    kind: ListenerKind = "http"
+    # transparent mode: the sandbox's fake-IP map (shared with its DNS responder) and, for a
+    # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
+    fake_ips: FakeIPs | None = None
+    datagram: asyncio.DatagramTransport | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -38,6 +50,8 @@ class Listener:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        if self.datagram is not None:
+            self.datagram.close()
 
 
 def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
@@ -75,4 +89,4 @@ def listen_socket(
     return sock
 
 
-__all__ = ["BACKLOG", "Listener", "listen_socket", "parse_listen"]
+__all__ = ["BACKLOG", "Listener", "ListenerKind", "listen_socket", "parse_listen"]

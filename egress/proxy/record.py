@@ -25,6 +25,8 @@ class AccessRecord:
         "host",
         "identified",
         "method",
+        "mode",
+        "orig_dst",
         "path",
         "policy",
         "port",
@@ -32,6 +34,7 @@ class AccessRecord:
         "rule",
         "scheme",
         "sni",
+        "socks_reply",
         "status",
         "t0",
         "would",
@@ -54,6 +57,9 @@ class AccessRecord:
         self.addr: str | None = None
         self.status: int | None = None  # set by the exchange, before the end
         self.sni: str | None = None
+        self.mode: str | None = None  # socks5 | transparent (docs/audit-log.md)
+        self.orig_dst: str | None = None
+        self.socks_reply: int | None = None
         self.end: str | None = None
         self.bytes_up: int | None = None
         self.bytes_down: int | None = None
@@ -113,6 +119,12 @@ class AccessRecord:
             ev["status"] = status if status is not None else self.status
         if self.sni is not None:
             ev["sni"] = self.sni
+        if self.mode is not None:
+            ev["mode"] = self.mode
+        if self.orig_dst is not None:
+            ev["orig_dst"] = self.orig_dst
+        if self.socks_reply is not None:
+            ev["socks_reply"] = self.socks_reply
         late_end = self.scheme != "http"
         if self.end is not None and not late_end:
             ev["end"] = self.end

@@ -45,7 +45,7 @@ from .gate import (
     refuse_head,
 )
 from .hostaddrs import local_addresses_async
-from .listener import BACKLOG, Listener, listen_socket, parse_listen
+from .listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
 from .metrics import ProxyMetrics
 from .netns import listen_in_netns
 from .observe import DecisionCallback, ExecutionSummary, Observers
@@ -84,6 +84,7 @@ class EgressProxy:
         policy: Policy | Settings,
         *,
         listen: Iterable[str] = ("127.0.0.1:0",),
+        socks: Iterable[str] = (),
         listen_netns: str | None = None,
         audit: AuditSink | None = None,
         limits: Limits | None = None,
@@ -103,6 +104,8 @@ class EgressProxy:
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
+        self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
+        self.socks_addresses: list[tuple[str, int]] = []
         self.listen_netns = listen_netns
         self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
         self.audit = audit
@@ -278,6 +281,9 @@ class EgressProxy:
         for host, port in self.listen_specs:
             listener = await self._open_listener(Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
+        for host, port in self.socks_specs:
+            listener = Listener(host, port, self.listen_netns, kind="socks5")
+            self.socks_addresses.append((await self._open_listener(listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
         self._policy_applied(None, self.settings.policy, "start")
@@ -300,17 +306,22 @@ class EgressProxy:
         return listener
 
     async def add_listener(
-        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None
+        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None,
+        kind: ListenerKind = "http",
     ) -> Listener:
         """Listen on `HOST:PORT` (inside `netns` if given) while running.
 
         With `client`, every connection on this listener is that client (its policy and
         id), whatever credentials it presents: a listener on a sandbox's own loopback can
-        only be reached from inside that sandbox. Raises OSError / NamespaceError.
+        only be reached from inside that sandbox. `kind` says what it speaks: the HTTP
+        proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`;
+        docs/proxy.md#transparent-mode-and-socks5). Raises OSError / NamespaceError.
         """
         host, port = parse_listen(listen)
         identity = Identity(client.client_id, client.policy) if client is not None else None
-        listener = await self._open_listener(Listener(host, port, netns, identity))
+        if kind == "transparent" and identity is None:
+            raise ValueError("a transparent listener serves one sandbox: pass client=")
+        listener = await self._open_listener(Listener(host, port, netns, identity, kind=kind))
         if client is not None:
             self._policy_applied(client.client_id, client.policy, "listener")
         return listener
@@ -351,6 +362,20 @@ class EgressProxy:
             if conn.upstream is not None:
                 conn.upstream.abort()
         return True
+
+    def reserve(self, network: str) -> None:
+        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
+        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
+        from dataclasses import replace
+
+        from ..policy.addrs import parse_cidr
+
+        net = parse_cidr(network)
+        guard = self.settings.guard
+        if net in guard.extra:
+            return
+        self.settings = replace(self.settings, guard=replace(guard, extra=(*guard.extra, net)))
+        self.gate.set_guard(replace(self.gate.guard, extra=self.settings.guard.extra))
 
     async def refresh_host_local(self) -> None:
         """Re-read this host's interface addresses into the guard (also done periodically)."""
@@ -438,11 +463,15 @@ class EgressProxy:
             audit_ok = self.audit is None or self.audit.accepting
             refusal = admit_connection(open_now, cap, closing=self.closing, audit_ok=audit_ok)
             if refusal is not None:
-                self.steps.refuse_now(conn, refusal)
+                # SOCKS5 and transparent clients do not speak HTTP: closed without an answer
+                self.steps.refuse_now(conn, refusal, write=conn.listener.kind == "http")
                 return
             forward_to = conn.listener.forward_to
             if forward_to is not None:
                 await serve_forwarder(self.steps, conn, forward_to)
+                return
+            if conn.listener.kind != "http":
+                await _serve_other(self.steps, conn)
                 return
             while await self._one_request(conn):
                 pass
@@ -486,6 +515,26 @@ class _ClientSide(FastClient):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.proxy._accepted(self)
+
+
+async def _serve_other(steps: Steps, conn: Conn) -> None:
+    """A SOCKS5, DNS or transparent connection (docs/proxy.md#transparent-mode-and-socks5);
+    imported late: those modules build on this one."""
+    kind = conn.listener.kind
+    if kind == "socks5":
+        from .socksserve import serve_socks
+
+        await serve_socks(steps, conn)
+    elif kind == "dns":
+        from .dnsserve import serve_dns_tcp
+
+        await serve_dns_tcp(steps, conn)
+    elif kind == "transparent":
+        from .transparent import serve_transparent
+
+        await serve_transparent(steps, conn)
+    else:
+        raise RuntimeError(f"unexpected listener kind {kind!r}")
 
 
 def _fmt_addr(peer: object) -> str:

@@ -75,7 +75,20 @@ class Steps:
 
     def identify(self, conn: Conn, head: wire.RequestHead, rec: AccessRecord) -> Identity:
         """The request's client (`gate.identify`), counted against its per-client cap."""
-        found = self.gate.identify(conn.listener.identity, conn.peer, head)
+        return self._counted(conn, self.gate.identify(conn.listener.identity, conn.peer, head), rec)
+
+    def identify_as(
+        self, conn: Conn, authorization: str | None, rec: AccessRecord
+    ) -> Identity:
+        """`identify` for a credential given as a `Basic` value (a SOCKS5 password as one)."""
+        found = self.gate.identify_credential(conn.listener.identity, conn.peer, authorization)
+        return self._counted(conn, found, rec)
+
+    def _counted(self, conn: Conn, found: Identity | Refuse, rec: AccessRecord) -> Identity:
+        """The identity, counted against its per-client cap; a SOCKS5 or transparent
+        listener's records say so (`mode`, `orig_dst`: docs/audit-log.md)."""
+        if conn.listener.kind != "http":
+            rec.mode, rec.orig_dst = conn.listener.kind, conn.orig_dst
         if isinstance(found, Refuse):
             raise Refused(found)
         rec.identify(found.client_id)

@@ -43,18 +43,12 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
         conn.side.write(CONNECT_OK)
         rec.status = 200
         if steps.gate.wants_sni(identity.policy, target):
-            hello = await _read_hello(steps, conn)
+            hello = await read_hello(steps, conn)
             if hello is not None and hello.sni is not None and hello.kind == "tls":
                 rec.sni = hello.sni
             verdict = steps.gate.sni(identity.policy, target, admitted, hello)
             if isinstance(verdict, Refuse):
-                if not identity.policy.report_only:
-                    raise Refused(verdict)
-                # report-only: the tunnel goes on; the record says what would have happened
-                # (the first would-be refusal: the policy's, else the SNI check's)
-                if rec.would is None:
-                    rec.would, rec.reason, rec.rule = "block", verdict.reason.value, None
-                    rec.detail = f"report-only, would block: {verdict.detail}"
+                report_would_block(identity.policy.report_only, rec, verdict)
     except Refused as refused:
         steps.answer(conn, rec, refused.refusal)
         if upstream is not None:
@@ -63,7 +57,18 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
     await relay_tunnel(steps, conn, upstream, rec)
 
 
-async def _read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
+def report_would_block(report_only: bool, rec: AccessRecord, verdict: Refuse) -> None:
+    """An SNI refusal: raised, or under report-only the tunnel goes on and the record says
+    what would have happened (the first would-be refusal: the policy's, else the SNI
+    check's; docs/audit-log.md#report-only-fields). Shared by CONNECT, SOCKS5, transparent."""
+    if not report_only:
+        raise Refused(verdict)
+    if rec.would is None:
+        rec.would, rec.reason, rec.rule = "block", verdict.reason.value, None
+        rec.detail = f"report-only, would block: {verdict.detail}"
+
+
+async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
     """The tunnel's first bytes as a ClientHello (None: the client sent none and closed);
     the sweeper ends this wait after the head timeout (`hello_timeout`)."""
     side = conn.side
@@ -79,9 +84,12 @@ async def _read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
 
 
 async def relay_tunnel(
-    steps: Steps, conn: Conn, upstream: Side, rec: AccessRecord
+    steps: Steps, conn: Conn, upstream: Side | None, rec: AccessRecord,
+    status: int | None = 200,
 ) -> None:
-    """Relay both directions until both end (or one fails), then write the record."""
+    """Relay both directions until both end (or one fails), then write the record
+    (`status` None: SOCKS5 and transparent tunnels have no HTTP status)."""
+    assert upstream is not None
     metrics = steps.metrics
     if metrics is not None:
         metrics.open_tunnels += 1
@@ -106,7 +114,7 @@ async def relay_tunnel(
     rec.bytes_down = upstream.bytes_relayed
     rec.end = end
     rec.finish(steps.loop.time())
-    steps.emit(rec, "allow", rec.reason or "", rec.rule, None, 200)
+    steps.emit(rec, "allow", rec.reason or "", rec.rule, None, status)
 
 
 async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int]) -> None:
@@ -165,4 +173,4 @@ def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
     return reasons[0] if reasons else End.EOF.value
 
 
-__all__ = ["relay_tunnel", "serve_forwarder", "serve_tunnel"]
+__all__ = ["read_hello", "relay_tunnel", "report_would_block", "serve_forwarder", "serve_tunnel"]

@@ -23,6 +23,8 @@ PURE = [
     "proxy.chunked",
     "proxy.rewrite",
     "proxy.sni",
+    "proxy.socks5",
+    "proxy.dnsanswer",
     "proxy.clients",
     "proxy.metrics",
     "audit.format",

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-PURE = ["errors", "model", "plan", "render", "verify", "targetref"]
+PURE = ["errors", "model", "plan", "redirect", "render", "verify", "targetref"]
 FORBIDDEN = {"socket", "asyncio", "pyroute2", "iptc", "subprocess", "selectors"}
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "netcut"
 

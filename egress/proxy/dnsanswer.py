@@ -1,0 +1,208 @@
+"""The DNS responder's pure part: a query's bytes in, the answer's bytes and its verdict out.
+
+Strategy. A sandbox in transparent mode sends every DNS query (whatever resolv.conf says) to
+the proxy's in-namespace responder. A name is *answered* when some destination under it may
+be allowed (`judge_name`); the answer is a synthetic address from the sandbox's own pool
+(`FakeIPs`), so that address later identifies the name exactly when a connection to it is
+redirected to the proxy; that connection is then judged, resolved and guarded like any other.
+A refused name gets NXDOMAIN. Only A is answered with an address; AAAA (IPv6 is off in a cut),
+CNAME and other types of an answered name get an empty NOERROR (NODATA), which every stub
+resolver accepts. Nothing is ever forwarded to a real resolver, so DNS is no channel out.
+See docs/proxy.md#transparent-mode-and-socks5 for the choice of fake addresses.
+
+DoS bounds: a UDP query is at most 64 KiB by construction; the pool is bounded by its network
+(32,766 names for the default /17); a full pool answers SERVFAIL rather than reusing an
+address for another name. Uses dnspython's wire codec (no socket or resolver part of it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, replace
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.opcode
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rdtypes.IN.A
+import dns.rrset
+
+from ..errors import TargetError
+from ..policy.rules import Decision, Policy
+from ..policy.target import normalize_host, parse_ip_literal
+
+# The default pool: the upper half of 198.19.0.0/16, inside the RFC 2544 benchmarking block
+# 198.18.0.0/15, which is never routed on the internet. Inside a cut namespace there is no
+# route to it and the backstop drops it, and the proxy's guard reserves it, so a fake address
+# is never dialed by anyone (docs/proxy.md#transparent-mode-and-socks5).
+DEFAULT_FAKE_NETWORK = "198.19.128.0/17"
+# Answers are stable for the sandbox's life; a short TTL still lets a policy change show soon.
+ANSWER_TTL = 30
+
+
+class FakeIPs:
+    """A per-sandbox bijection between names and synthetic IPv4 addresses from `network`.
+
+    An address is never reused for another name while the pool lives (a stale cached answer
+    must not come to mean a different name)."""
+
+    def __init__(self, network: str = DEFAULT_FAKE_NETWORK) -> None:
+        self.network = ipaddress.IPv4Network(network)
+        self._by_name: dict[str, ipaddress.IPv4Address] = {}
+        self._by_addr: dict[ipaddress.IPv4Address, str] = {}
+        self._hosts = self.network.hosts()
+
+    def address_for(self, name: str) -> ipaddress.IPv4Address | None:
+        """The name's address (allocated on first use); None when the pool is full."""
+        addr = self._by_name.get(name)
+        if addr is None:
+            addr = next(self._hosts, None)
+            if addr is None:
+                return None
+            self._by_name[name] = addr
+            self._by_addr[addr] = name
+        return addr
+
+    def name_for(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+        """The name an address was handed out for, or None."""
+        if isinstance(addr, ipaddress.IPv4Address):
+            return self._by_addr.get(addr)
+        return None
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+
+def judge_name(policy: Policy, name: str) -> Decision:
+    """May a connection to *some* port of `name` be allowed? Then its lookup is answered.
+
+    Order, as in `policy.decide`: a framework route on the name; a block rule that covers
+    every port (a block rule without port or scheme); an allow rule matching the name on any
+    port; the default posture; address rules (the name's addresses are not known here, so it
+    is answered and its connections are judged by address). Each connection is still judged
+    on its own port.
+    """
+    for route in policy.framework_routes:
+        if route.host == name:
+            return Decision(True, "framework_route", route.text, f"framework route {route.text}")
+    for rule in policy.host_rules("block", name):
+        if rule.port is None and rule.scheme is None:
+            return Decision(False, "block_rule", rule.text, f"blocked by rule {rule.text!r}")
+    allows = policy.host_rules("allow", name)
+    if allows:
+        rule = allows[0]
+        return Decision(True, "allow_rule", rule.text, f"allowed by rule {rule.text!r}")
+    if policy.default == "allow":
+        return Decision(True, "default_allow", None, "default posture allow")
+    if any(rule.network is not None for rule in policy.allow_rules):
+        return Decision(True, "address_rules", None, "address rules may allow it; judged per "
+                        "connection")  # fmt: skip
+    return Decision(False, "default_deny", None, "no allow rule matches (default deny)")
+
+
+@dataclass(frozen=True, slots=True)
+class DnsResult:
+    """What was answered and why: `response` is None when the query is dropped (too short
+    to even carry an id)."""
+
+    response: bytes | None
+    host: str
+    qtype: str
+    rcode: str
+    decision: str  # allow | block | error
+    reason: str
+    rule: str | None = None
+    answer: str | None = None
+    detail: str | None = None
+    would: str | None = None  # report-only: "block" (docs/audit-log.md#report-only-fields)
+
+
+def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
+    """Answer one DNS query message (`data`, without a TCP length prefix). Never raises."""
+    try:
+        query = dns.message.from_wire(data)
+    except (dns.exception.DNSException, ValueError, UnicodeError) as exc:
+        return _formerr(data, f"malformed DNS query: {exc.__class__.__name__}")
+    if query.flags & dns.flags.QR:
+        return DnsResult(None, "", "", "", "error", "bad_request", detail="a DNS response, "
+                         "not a query")  # fmt: skip
+    if query.opcode() != dns.opcode.QUERY or len(query.question) != 1:
+        return _reply(query, dns.rcode.NOTIMP, "", "", "error", "bad_request",
+                      detail="only single-question standard queries are answered")  # fmt: skip
+    question = query.question[0]
+    qtype = dns.rdatatype.to_text(question.rdtype)
+    raw = question.name.to_text(omit_final_dot=True)
+    if question.rdclass != dns.rdataclass.IN:
+        return _reply(query, dns.rcode.REFUSED, raw, qtype, "error", "bad_request",
+                      detail="only class IN is answered")  # fmt: skip
+    try:
+        host = normalize_host(raw)
+    except TargetError as exc:
+        return _reply(query, dns.rcode.NXDOMAIN, raw[:253], qtype, "error", "bad_request",
+                      detail=str(exc))  # fmt: skip
+    if parse_ip_literal(host) is not None:
+        return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", "not_a_name",
+                      detail="an address spelling is not a name")  # fmt: skip
+    verdict = judge_name(policy, host)
+    would = None
+    if not verdict.allowed and not policy.report_only:
+        return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", verdict.reason,
+                      verdict.rule, detail=verdict.detail)
+    if not verdict.allowed:  # report-only: answered, the record says it would be refused
+        would = f"report-only, would block: {verdict.detail}"  # fmt: skip
+    answer = None
+    if question.rdtype == dns.rdatatype.A:
+        addr = pool.address_for(host)
+        if addr is None:
+            return _reply(query, dns.rcode.SERVFAIL, host, qtype, "error", "pool_exhausted",
+                          detail=f"fake address pool {pool.network} is full")  # fmt: skip
+        answer = str(addr)
+    result = _reply(query, dns.rcode.NOERROR, host, qtype, "allow", verdict.reason,
+                    verdict.rule, answer, detail=would)
+    return replace(result, would="block") if would is not None else result  # fmt: skip
+
+
+def refuse_query(data: bytes, detail: str) -> DnsResult:
+    """REFUSED for any query (the audit log cannot be written: fail closed, like the proxy's
+    503 `audit_unavailable`). Never raises."""
+    try:
+        query = dns.message.from_wire(data)
+    except (dns.exception.DNSException, ValueError, UnicodeError):
+        return _formerr(data, detail)
+    return _reply(query, dns.rcode.REFUSED, "", "", "block", "audit_unavailable",
+                  detail=detail)  # fmt: skip
+
+
+def _reply(
+    query: dns.message.Message, rcode: dns.rcode.Rcode, host: str, qtype: str,
+    decision: str, reason: str, rule: str | None = None, answer: str | None = None,
+    detail: str | None = None,
+) -> DnsResult:  # fmt: skip
+    response = dns.message.make_response(query)
+    response.flags |= dns.flags.RA
+    response.set_rcode(rcode)
+    if answer is not None:
+        name = query.question[0].name
+        rdata = dns.rdtypes.IN.A.A(dns.rdataclass.IN, dns.rdatatype.A, answer)  # type: ignore[no-untyped-call]
+        response.answer.append(dns.rrset.from_rdata(name, ANSWER_TTL, rdata))
+    return DnsResult(response.to_wire(), host, qtype, dns.rcode.to_text(rcode), decision,
+                     reason, rule, answer, detail)  # fmt: skip
+
+
+def _formerr(data: bytes, detail: str) -> DnsResult:
+    """FORMERR echoing the query id, or a drop when there is not even an id."""
+    if len(data) < 12:
+        return DnsResult(None, "", "", "", "error", "bad_request", detail=detail)
+    response = dns.message.Message(id=int.from_bytes(data[:2], "big"))
+    response.flags = dns.flags.QR | dns.flags.RA
+    response.set_rcode(dns.rcode.FORMERR)
+    return DnsResult(response.to_wire(), "", "", "FORMERR", "error", "bad_request",
+                     detail=detail)  # fmt: skip
+
+
+__all__ = [
+    "DEFAULT_FAKE_NETWORK", "DnsResult", "FakeIPs", "answer_query", "judge_name", "refuse_query",
+]  # fmt: skip

@@ -1,0 +1,205 @@
+"""Transparent connections: TCP that netfilter redirected to the sandbox's listener.
+
+Strategy (docs/proxy.md#transparent-mode-and-socks5). The original destination comes from
+`SO_ORIGINAL_DST` (IPv4; a cut disables IPv6). The connection is then judged *by name*, and
+the name judged is the one resolved and dialed, never the address the client chose:
+
+- port 80: plain HTTP. Each request head is read and turned into the absolute form
+  `http://HOST:PORT/path` from its `Host` (or, without one, the fake-IP name, or the original
+  address), then served by the forward proxy's own per-request path (same decisions, same
+  answers, keep-alive with a decision per request);
+- port 443, or a port an `https://` allow rule names: TLS. The ClientHello's SNI is the name;
+  without SNI, the fake-IP name (or the address) under the `sni_missing` option, as for
+  CONNECT;
+- any other port: a raw TCP tunnel to the fake-IP name (the DNS responder's answer for that
+  address) or, for an address the responder never gave out, to the address itself; both go
+  through the policy and the guard as a CONNECT to `NAME:PORT` would (`github.com:22`).
+
+Refusals of tunnels reset the connection (there is no protocol to answer in); HTTP refusals
+get the forward proxy's error response. Every attempt is audited with `mode: transparent`
+and `orig_dst`. DoS bounds are the proxy's: the sweeper closes a connection that stalls in its
+ClientHello or request head after `head_timeout`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..errors import ProtocolError, TargetError
+from ..policy.target import Target, make_target, split_host_port
+from ..reasons import End, Reason
+from .clients import Identity
+from .conn import read_head
+from .forward import serve_request
+from .gate import Refuse, Refused, refuse_head, refuse_request
+from .record import AccessRecord
+from .tunnel import read_hello, relay_tunnel, report_would_block
+
+if TYPE_CHECKING:
+    from .conn import Conn
+    from .steps import Steps
+
+SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
+HTTP_PORT = 80
+TLS_PORT = 443
+
+
+def original_dst(conn: Conn) -> tuple[ipaddress.IPv4Address, int] | None:
+    """The address the client connected to before netfilter redirected it, or None."""
+    transport = conn.side.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    except OSError:
+        return None
+    return parse_sockaddr_in(raw)
+
+
+def parse_sockaddr_in(raw: bytes) -> tuple[ipaddress.IPv4Address, int] | None:
+    """A `struct sockaddr_in` (family, port, address) as (address, port); None if not IPv4."""
+    if len(raw) < 8 or struct.unpack("=H", raw[:2])[0] != socket.AF_INET:
+        return None
+    port = struct.unpack("!H", raw[2:4])[0]
+    return ipaddress.IPv4Address(raw[4:8]), port
+
+
+async def serve_transparent(steps: Steps, conn: Conn) -> None:
+    """Serve one redirected connection to its end (the caller closes the sockets)."""
+    identity = conn.listener.identity
+    if identity is None:  # its sandbox was released
+        return
+    dst = original_dst(conn)
+    if dst is None:
+        rec = _record(steps, conn, "", 0)
+        _reset(steps, conn, rec, Refuse(Reason.NOT_REDIRECTED, "no original destination "
+                                        "(not a redirected connection)"))  # fmt: skip
+        return
+    addr, port = dst
+    conn.orig_dst = f"{addr}:{port}"
+    pool = conn.listener.fake_ips
+    name = pool.name_for(addr) if pool is not None else None
+    if port == HTTP_PORT:
+        await _serve_http(steps, conn, name or str(addr), port)
+    elif port == TLS_PORT or port in identity.policy.https_ports:
+        await _serve_tls(steps, conn, identity, name or str(addr), port)
+    else:
+        await _serve_raw(steps, conn, identity, name or str(addr), port)
+
+
+def _record(steps: Steps, conn: Conn, host: str, port: int) -> AccessRecord:
+    rec = AccessRecord(conn.client, "CONNECT", "https", host, port, steps.loop.time())
+    rec.mode, rec.orig_dst = "transparent", conn.orig_dst
+    return rec
+
+
+async def _serve_raw(
+    steps: Steps, conn: Conn, identity: Identity, host: str, port: int
+) -> None:
+    """A raw TCP tunnel judged as a CONNECT to `host:port`."""
+    rec = _record(steps, conn, host, port)
+    conn.phase = "active"
+    try:
+        identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
+        target = _target(host, port)
+        _, addrs = await steps.authorize(identity.policy, target, rec)
+        conn.upstream, addr = await steps.pool.dial(addrs, target.port)
+        rec.addr = steps.addr_text(addr)
+    except Refused as refused:
+        _reset(steps, conn, rec, refused.refusal)
+        return
+    await relay_tunnel(steps, conn, conn.upstream, rec, status=None)
+
+
+async def _serve_tls(
+    steps: Steps, conn: Conn, identity: Identity, fallback: str, port: int
+) -> None:
+    """TLS: judged by the ClientHello's SNI; without one, by the fake-IP name (or address)
+    under the `sni_missing` option. The ClientHello is then relayed unchanged."""
+    rec = _record(steps, conn, fallback, port)
+    try:
+        identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
+        hello = await read_hello(steps, conn)
+        if hello is not None and hello.kind == "malformed":
+            raise Refused(Refuse(Reason.SNI_MISMATCH, "malformed TLS ClientHello"))
+        sni = hello.sni if hello is not None and hello.kind == "tls" else None
+        if sni is not None:
+            rec.sni = sni
+        target = _target(sni or fallback, port)
+        rec.host = target.host
+        admitted, addrs = await steps.authorize(identity.policy, target, rec)
+        if sni is None:  # the gate's SNI verdict: only the no-SNI rule applies (SNI = name)
+            verdict = steps.gate.sni(identity.policy, target, admitted, hello)
+            if isinstance(verdict, Refuse):
+                report_would_block(identity.policy.report_only, rec, verdict)
+        conn.upstream, addr = await steps.pool.dial(addrs, target.port)
+        rec.addr = steps.addr_text(addr)
+    except Refused as refused:
+        _reset(steps, conn, rec, refused.refusal)
+        return
+    await relay_tunnel(steps, conn, conn.upstream, rec, status=None)
+
+
+def _target(host: str, port: int) -> Target:
+    try:
+        return make_target("https", host, port)
+    except TargetError as exc:
+        raise Refused(refuse_request(str(exc))) from None
+
+
+def _reset(steps: Steps, conn: Conn, rec: AccessRecord, refusal: Refuse) -> None:
+    """Refuse a tunnel: reset the client connection, audit the refusal."""
+    conn.side.abort()  # RST: there is no protocol to answer in
+    if conn.upstream is not None:
+        conn.upstream.close()
+    rec.end = End.RESET.value
+    rec.finish(steps.loop.time())
+    steps.emit(rec, refusal.decision, refusal.reason.value, refusal.rule, refusal.detail, None)
+
+
+async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> None:
+    """Plain HTTP: every request head becomes absolute-form from its Host and goes through
+    the forward proxy's per-request path (a decision per request, keep-alive)."""
+    while True:
+        try:
+            head = await read_head(conn, steps.limits, steps.loop)
+        except ProtocolError as exc:
+            steps.refuse_now(conn, refuse_head(exc))
+            return
+        if head is None:
+            return
+        conn.phase = "active"
+        absolute = absolute_form(head.target, head.get("host"), fallback, port)
+        if head.method == "CONNECT" or absolute is None:
+            steps.refuse_now(conn, refuse_request(f"unsupported request target "
+                             f"{head.target[:100]!r} on a transparent connection"))  # fmt: skip
+            return
+        keep = await serve_request(steps, conn, replace(head, target=absolute))
+        conn.phase, conn.phase_since = "idle", steps.loop.time()
+        if not keep:
+            return
+
+
+def absolute_form(target: str, host: str | None, fallback: str, port: int) -> str | None:
+    """`http://HOST:PORT/path` for an origin-form `target` on a redirected connection to
+    `port`: HOST from the `Host` field's host (its port is ignored: the connection's port is
+    where the client was going), else `fallback`. None for a target that is not origin-form
+    (asterisk, authority or absolute form), or a Host that cannot be a host."""
+    if not target.startswith("/"):
+        return None
+    name = fallback
+    if host:
+        try:
+            name = split_host_port(host.strip())[0]
+        except TargetError:
+            name = host.strip()  # judged (and refused) as written
+    if not name or any(c in name for c in "/?#@\\ \t"):
+        return None  # not a host: it would move the path (a 400, never a destination)
+    if ":" in name and not name.startswith("["):
+        name = f"[{name}]"
+    return f"http://{name}:{port}{target}"
