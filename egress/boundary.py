@@ -7,6 +7,11 @@
     forwarder on its loopback for each framework route. No host port is exposed to any
     container, and the cut keeps nothing but loopback. (`mode="gateway"` instead listens on
     the host address the sandbox reaches the host by, and the cut keeps those ports.)
+    The cut runs in netcut's direct mode (`cut_mode="direct"`: netcut's worker enters the
+    namespace) or through a helper container (`cut_mode="helper"`, docs/netcut.md#helper-mode)
+    for a host process that cannot enter it; helper mode goes with `mode="gateway"`, since a
+    loopback listener is itself a socket opened inside the namespace
+    (docs/user-guide.md#helper-mode).
  2. The namespace is cut (`netcut.cut`) and probed: the proxy and forwarders must answer from
     inside, and every `expect_blocked` address must not. The namespace must then report `cut`.
  3. Only then is the agent's environment returned. **Fail closed**: any failure raises
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import os
 import secrets
@@ -50,6 +56,8 @@ from .proxy.server import EgressProxy, Listener
 from .validate import as_bool, as_choice, as_count, as_instance, as_str, as_str_list
 
 Mode = Literal["loopback", "gateway"]
+CutMode = Literal["direct", "helper"]  # netcut's `--mode` (docs/netcut.md#helper-mode)
+CUT_MODES = ("direct", "helper")
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 # Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
 TRANSPARENT_PORT = 15001
@@ -77,6 +85,8 @@ class Execution:
     cut: Any = None  # netcut.CutResult
     probe: Any = None  # netcut.ProbeResult
     listeners: tuple[Listener, ...] = field(default=(), repr=False)
+    cut_mode: CutMode = "direct"  # how it was cut, and how `release_execution` restores it
+    helper_image: str | None = field(default=None, repr=False)
 
 
 def _client_id(sandbox: str) -> str:
@@ -142,6 +152,7 @@ def _registry(proxy: EgressProxy) -> _Registry:
 def _check_args(
     sandbox: object, policy: object, proxy: object, mode: object, proxy_port: object,
     client_id: object, token: object, gateway: object, force: object, allow_privileged: object,
+    cut_mode: object, helper_image: object,
 ) -> str:
     """Typed arguments (docs/policy.md#types): a wrong one is a TypeError/ValueError naming
     it, raised before anything is opened or cut. Returns the sandbox in its one spelling
@@ -151,12 +162,16 @@ def _check_args(
     if not isinstance(sandbox, TargetRef | int) or isinstance(sandbox, bool):
         sandbox = as_str(sandbox, what)
     try:
-        name = canonical(parse_target(sandbox))
+        ref = parse_target(sandbox)
     except InvalidInput as exc:
         raise ValueError(f"{what}: {exc}") from None
     as_instance(policy, "prepare_execution policy", Policy, "a Policy")
     as_instance(proxy, "prepare_execution proxy", EgressProxy, "an EgressProxy")
     as_choice(mode, "prepare_execution mode", ("loopback", "gateway"))
+    if as_choice(cut_mode, "prepare_execution cut_mode", CUT_MODES) == "helper":
+        _check_helper(ref, mode)
+    if helper_image is not None:
+        as_str(helper_image, "prepare_execution helper_image")
     if as_count(proxy_port, "prepare_execution proxy_port", minimum=0) > 65535:
         raise ValueError(f"prepare_execution proxy_port must be at most 65535, not {proxy_port}")
     for label, value in (("client_id", client_id), ("token", token), ("gateway", gateway)):
@@ -164,7 +179,30 @@ def _check_args(
             as_str(value, f"prepare_execution {label}")
     as_bool(force, "prepare_execution force")
     as_bool(allow_privileged, "prepare_execution allow_privileged")
-    return name
+    return canonical(ref)
+
+
+def _check_helper(ref: TargetRef, mode: object) -> None:
+    """Helper mode is for a host process that cannot enter the sandbox's namespace, so
+    everything the boundary does must need no setns (docs/user-guide.md#helper-mode)."""
+    if mode != "gateway":
+        raise ValueError(
+            "prepare_execution cut_mode='helper' needs mode='gateway': a loopback listener is "
+            "a socket opened inside the sandbox's namespace (setns), which is what a host that "
+            "needs helper mode cannot do; in gateway mode the proxy listens on the host side "
+            "of the container's bridge instead"
+        )
+    if ref.kind != "container":
+        raise ValueError(
+            f"prepare_execution cut_mode='helper' needs a container sandbox (docker:ID, "
+            f"podman:ID or container:ID), not {canonical(ref)!r}: the helper joins the "
+            "namespace through its container; use cut_mode='direct' for a namespace"
+        )
+    if ref.runtime == "containerd":
+        raise ValueError(
+            "prepare_execution cut_mode='helper' does not apply to containerd (it has no "
+            "`run --network container:ID` to start a helper with); use cut_mode='direct'"
+        )
 
 
 async def prepare_execution(
@@ -181,6 +219,8 @@ async def prepare_execution(
     gateway: str | None = None,
     force: bool = False,
     allow_privileged: bool = False,
+    cut_mode: CutMode = "direct",
+    helper_image: str | None = None,
     transparent: bool = False,
     transparent_port: int = TRANSPARENT_PORT,
     dns_port: int = DNS_PORT,
@@ -198,13 +238,20 @@ async def prepare_execution(
     sandbox replaces its policy atomically (audited `sandbox_replaced`); the token is kept
     unless a new one is given.
 
+    `cut_mode` is how the namespace is cut, named as netcut's `--mode`: `"direct"` (netcut's
+    worker enters it) or `"helper"` (a one-shot helper container shares it; `helper_image`
+    as netcut's `--helper-image`). Helper mode takes a docker or podman container and
+    `mode="gateway"`: the gateway and the sandbox's addresses come from the runtime's
+    `inspect`, and the cut, probe and status run in the helper, so nothing here enters the
+    namespace (docs/user-guide.md#helper-mode).
+
     Raises `TypeError`/`ValueError` for a wrong argument (nothing is touched then), and
     `ExecutionNotReady` if any step fails, with the cause chained: nothing is handed out,
     and everything this sandbox held in the proxy (listeners, forwarders, client) is
     released; the cut, if applied, stays (fail closed).
     """
     sandbox = _check_args(sandbox, policy, proxy, mode, proxy_port, client_id, token, gateway,
-                          force, allow_privileged)
+                          force, allow_privileged, cut_mode, helper_image)
     route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
     blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
     _check_extra_args(mode, transparent, transparent_port, dns_port, socks_port)
@@ -221,18 +268,21 @@ async def prepare_execution(
     )
     try:
         box = await _bind(proxy, reg, sandbox, cid, tok, sandbox_policy, routes, mode,
-                          proxy_port, gateway, prior)
+                          proxy_port, gateway, prior, cut_mode)
         assert box.main is not None
         listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
-        keeps = [f"{li.host}:{li.port}" for li in listeners] if mode == "gateway" else []
         ports = (transparent_port, dns_port) if transparent else None
         extra = await _extras(proxy, reg, box, ports, socks_port)
+        # gateway mode keeps every listener it opened on the gateway (a SOCKS5 one too)
+        kept = (*listeners, *extra) if mode == "gateway" else ()
+        keeps = [f"{li.host}:{li.port}" for li in kept]
         redirect = None
         if transparent:
             redirect, blocked = (extra[0].port, extra[1].port), []
         cut, probe = await _cut_and_prove(
             sandbox, keeps, [f"{li.host}:{li.port}" for li in (*listeners, *extra)], blocked,
             force=force, allow_privileged=allow_privileged, redirect=redirect,
+            cut_mode=cut_mode, helper_image=helper_image,
         )
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
@@ -246,7 +296,8 @@ async def prepare_execution(
     if prior is None or cid not in proxy.observers.summaries:
         proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
     execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
-    return replace(execution, listeners=(*execution.listeners, *extra))
+    return replace(execution, listeners=(*execution.listeners, *extra), cut_mode=cut_mode,
+                   helper_image=helper_image)
 
 
 def _check_extra_args(
@@ -346,15 +397,21 @@ def _refuse_new_keeps(sandbox: str, prior: _Sandbox | None, routes: Sequence[Fra
 async def _bind(
     proxy: EgressProxy, reg: _Registry, sandbox: str, cid: str, tok: str, policy: Policy,
     routes: Sequence[FrameworkRoute], mode: Mode, proxy_port: int, gateway: str | None,
-    prior: _Sandbox | None,
+    prior: _Sandbox | None, cut_mode: CutMode,
 ) -> _Sandbox:
-    """Open (or reuse) the sandbox's listeners and bind its policy to them in one step."""
+    """Open (or reuse) the sandbox's listeners and bind its policy to them in one step.
+    In helper mode the gateway and the sandbox's addresses come from its runtime's
+    `inspect`, never from inside the namespace (docs/user-guide.md#helper-mode)."""
+    net = await _container_network(sandbox) if cut_mode == "helper" else None
     if mode == "loopback":
         host, netns = "127.0.0.1", await _namespace_file(sandbox)
     else:
         # once cut, the sandbox has no default route left to find the host by: keep the first
         known = prior.main.host if prior and prior.main else None
-        host, netns = gateway or known or await _gateway_of(sandbox), None
+        found = gateway or known
+        if found is None:
+            found = _inspected_gateway(sandbox, net) if net else await _gateway_of(sandbox)
+        host, netns = found, None
     box = _Sandbox(sandbox, cid, mode, tok, proxy_port, prior.main if prior else None, {})
     if prior is None:
         reg.sandboxes[sandbox] = box
@@ -365,7 +422,7 @@ async def _bind(
         box.main.identity = Identity(cid, policy)
         proxy._policy_applied(cid, policy, "sandbox")  # docs/policy.md#policy-hash
     else:
-        sources = await _sandbox_sources(sandbox)
+        sources = _inspected_sources(net) if net else await _sandbox_sources(sandbox)
         proxy.add_client(ClientSpec(cid, policy, token=tok, sources=sources))
     reg.sandboxes[sandbox] = box
     # transparent mode's and SOCKS5 listeners are _extras' to keep or let go
@@ -484,24 +541,50 @@ def _audit(proxy: EgressProxy, sandbox: str, cid: str, reason: str, detail: str)
 async def _cut_and_prove(
     sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
     force: bool, allow_privileged: bool, redirect: tuple[int, int] | None = None,
+    cut_mode: CutMode = "direct", helper_image: str | None = None,
 ) -> tuple[Any, Any]:
     import netcut
     from netcut.redirect import Redirect
 
     try:
-        cut = await netcut.cut_async(
-            sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged,
-            redirect=Redirect(*redirect) if redirect is not None else None,
-        )
-        probe = await netcut.probe_async(sandbox, reachable, list(blocked))
-        status = await netcut.status_async(sandbox)
+        if cut_mode == "helper":
+            cut, probe, status = await _helper_cut(
+                sandbox, keeps, reachable, list(blocked), allow_privileged, helper_image
+            )
+        else:
+            cut = await netcut.cut_async(
+                sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged,
+                redirect=Redirect(*redirect) if redirect is not None else None,
+            )
+            probe = await netcut.probe_async(sandbox, reachable, list(blocked))
+            status = await netcut.status_async(sandbox)
     except netcut.NetcutError as exc:
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
-    if not probe.ok:
-        raise ExecutionNotReady(f"sandbox {sandbox}: probe failed: {probe.reason()}")
+    if probe is None or not probe.ok:
+        why = probe.reason() if probe is not None else "nothing was probed"
+        raise ExecutionNotReady(f"sandbox {sandbox}: probe failed: {why}")
     if not _is_cut(status):
         raise ExecutionNotReady(f"sandbox {sandbox}: status after the cut is {status}")
     return cut, probe
+
+
+async def _helper_cut(
+    sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: list[str],
+    allow_privileged: bool, image: str | None,
+) -> tuple[Any, Any, Any]:
+    """Cut, probe and status in one helper run (docs/netcut.md#helper-mode): the probe runs
+    from inside the namespace and checks every kept ADDR:PORT (in gateway mode exactly the
+    listeners) and every `blocked` one; the status then reads the whole live state, as
+    direct mode's does."""
+    from netcut import helper
+
+    assert set(reachable) <= set(keeps), "helper mode probes what it keeps (gateway mode)"
+    cut, status = await asyncio.to_thread(
+        functools.partial(helper.cut_and_status, parse_target(sandbox), tuple(keeps),
+                          image=image, expect_blocked=tuple(blocked),
+                          allow_privileged=allow_privileged)
+    )
+    return cut, cut.probe, status
 
 
 def _is_cut(status: Any) -> bool:
@@ -524,6 +607,35 @@ async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
         for a in sorted(found, key=str)
         if not (a.is_loopback or a.is_link_local or a.is_unspecified)
     )
+
+
+async def _container_network(sandbox: str) -> Any:
+    """The container's networks as its runtime's `inspect` reports them (netcut.helper
+    .ContainerNetwork), asked off the event loop; a netcut error is ExecutionNotReady."""
+    from netcut import NetcutError, helper
+
+    try:
+        return await asyncio.to_thread(helper.inspect_network, parse_target(sandbox))
+    except NetcutError as exc:
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+
+
+def _inspected_gateway(sandbox: str, net: Any) -> str:
+    """The one IPv4 gateway the runtime reports; none, or several (a container on two
+    networks), is ExecutionNotReady asking for `gateway=`."""
+    gateways: tuple[str, ...] = net.gateways
+    if len(gateways) != 1:
+        seen = ", ".join(gateways) or "none"
+        raise ExecutionNotReady(
+            f"sandbox {sandbox}: its runtime reports {len(gateways)} IPv4 gateways ({seen}); "
+            "pass gateway= to choose the address the proxy listens on"
+        )
+    return gateways[0]
+
+
+def _inspected_sources(net: Any) -> tuple[Network, ...]:
+    """The sandbox's addresses from `inspect`, as /32 (/128) source networks."""
+    return tuple(ipaddress.ip_network(a) for a in net.addresses)
 
 
 async def _gateway_of(sandbox: str) -> str:
@@ -568,7 +680,8 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
 
 
 async def release_execution(
-    proxy: EgressProxy, execution: Execution, *, restore: bool = False
+    proxy: EgressProxy, execution: Execution, *, restore: bool = False,
+    cut_mode: CutMode | None = None,
 ) -> ExecutionSummary:
     """Release the sandbox: its client, token, source addresses, listeners and forwarders
     (a listener shared with another sandbox stays until its last holder is released), and,
@@ -578,9 +691,20 @@ async def release_execution(
     (`ExecutionSummary`, e.g. `summary.blocked_hosts` for "this run tried 3 blocked hosts").
     Idempotent. Raises `ReleaseFailed` (the netcut error chained) when `restore` cannot
     undo the cut: the caller must know the namespace is still cut, or not restored.
+
+    The restore runs in `cut_mode`, by default the mode the execution was cut in. Either
+    mode restores a cut made by the other (netcut keys its records by the namespace:
+    docs/netcut.md#one-algorithm), so a host that can enter the namespace may restore a
+    helper cut directly.
     """
     as_instance(proxy, "release_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "release_execution execution", Execution, "an Execution")
+    as_bool(restore, "release_execution restore")
+    how = execution.cut_mode if cut_mode is None else cut_mode
+    if as_choice(how, "release_execution cut_mode", CUT_MODES) == "helper" and restore:
+        if parse_target(execution.sandbox).kind != "container":
+            raise ValueError(f"release_execution cut_mode='helper' needs a container sandbox, "
+                             f"not {execution.sandbox!r}")
     summary = proxy.execution_summary(execution.client_id, stop=True)
     reg = _registry(proxy)
     if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):
@@ -591,7 +715,14 @@ async def release_execution(
         import netcut
 
         try:
-            await netcut.restore_async(execution.sandbox)
+            if how == "helper":
+                from netcut import helper
+
+                ref = parse_target(execution.sandbox)
+                image = execution.helper_image
+                await asyncio.to_thread(functools.partial(helper.restore, ref, image=image))
+            else:
+                await netcut.restore_async(execution.sandbox)
         except netcut.NetcutError as exc:
             raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc
     return summary

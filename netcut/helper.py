@@ -26,6 +26,7 @@ a cut made by the other.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -34,6 +35,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -67,10 +69,14 @@ _NO_IMAGE = ("no such image", "image not known", "unable to find image", "not fo
 __all__ = [
     "CAPABILITIES",
     "IMAGE_ENV",
+    "ContainerNetwork",
     "container_findings",
+    "container_network",
     "cut",
+    "cut_and_status",
     "default_image",
     "helper_argv",
+    "inspect_network",
     "parse_probe",
     "restore",
     "status",
@@ -143,6 +149,49 @@ def container_findings(info: dict[str, Any]) -> tuple[str, ...]:
     if "NET_RAW" not in dropped and "ALL" not in dropped:
         held.add("NET_RAW")
     return tuple(f"container may hold CAP_{name}" for name in sorted(held))
+
+
+@dataclass(frozen=True)
+class ContainerNetwork:
+    """A container's addresses and the host's addresses on its bridges, as its runtime's
+    `inspect` reports them: what egress's gateway mode needs without entering the namespace
+    (docs/user-guide.md#helper-mode)."""
+
+    gateways: tuple[str, ...]  # IPv4, in the runtime's network order
+    addresses: tuple[str, ...]  # the container's own IPv4 and global IPv6 addresses
+
+
+def container_network(info: object) -> ContainerNetwork:
+    """Pure: the gateways and addresses in `inspect` output (docker's and podman's share
+    `NetworkSettings` and its `Networks` map). Values that are not addresses are skipped."""
+    settings = info.get("NetworkSettings") if isinstance(info, dict) else None
+    settings = settings if isinstance(settings, dict) else {}
+    nets = settings.get("Networks")
+    nets = nets if isinstance(nets, dict) else {}
+    blocks = [settings, *(n for n in nets.values() if isinstance(n, dict))]
+    gateways: dict[str, None] = {}
+    addresses: dict[str, None] = {}
+    for block in blocks:
+        for key, out in (("Gateway", gateways), ("IPAddress", addresses),
+                         ("GlobalIPv6Address", addresses)):  # fmt: skip
+            value = block.get(key)
+            if isinstance(value, str) and _is_address(value, v4=key == "Gateway"):
+                out[value] = None
+    return ContainerNetwork(tuple(gateways), tuple(addresses))
+
+
+def _is_address(text: str, *, v4: bool) -> bool:
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return addr.version == 4 or not v4
+
+
+def inspect_network(target: TargetRef) -> ContainerNetwork:
+    """`container_network` of a running container, asked of its runtime (one `inspect`).
+    Raises InvalidInput (not a container), TargetNotFound."""
+    return container_network(_Container(target).info)
 
 
 def _drain(fd: int, deadline: float) -> None:
@@ -408,23 +457,43 @@ def cut(
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
-        findings = container_findings(c.info)
-        if findings and not allow_privileged and not dry_run:
-            raise UnsafeTarget(
-                f"refusing to cut {c}: {'; '.join(findings)};"
-                " pass --allow-privileged to cut anyway",
-                findings,
-            )
-        request = flow.CutRequest(
-            keeps,
-            ex.nameservers,
-            dry_run,
-            {"target": str(c), "container": c.id},
-            probe,
-            blocked,
-            probe_timeout,
+        return _cut_in(c, ex, keeps, blocked, probe, allow_privileged, dry_run, probe_timeout)
+
+
+def cut_and_status(
+    target: TargetRef,
+    keep: list[KeepLike] | tuple[KeepLike, ...] = (),
+    *,
+    image: str | None = None,
+    expect_blocked: list[KeepLike] | tuple[KeepLike, ...] = (),
+    allow_privileged: bool = False,
+    probe_timeout: float = 1.0,
+) -> tuple[CutResult, CutStatus]:
+    """`cut` (with its probe), then `status`, in one helper run: what egress's
+    `prepare_execution` proves before it hands out an environment, for one container start
+    instead of two (docs/user-guide.md#helper-mode)."""
+    keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
+    with _session(target, image) as (c, ex):
+        result = _cut_in(c, ex, keeps, blocked, True, allow_privileged, False, probe_timeout)
+        return result, flow.status(ex, c.store())
+
+
+def _cut_in(
+    c: _Container, ex: HelperExecutor, keeps: tuple[Keep, ...], blocked: tuple[Keep, ...],
+    probe: bool, allow_privileged: bool, dry_run: bool, probe_timeout: float,
+) -> CutResult:
+    """The cut on an open session: the privilege rail from `inspect`, then flow.cut."""
+    findings = container_findings(c.info)
+    if findings and not allow_privileged and not dry_run:
+        raise UnsafeTarget(
+            f"refusing to cut {c}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
+            findings,
         )
-        return flow.cut(ex, c.store(), str(c), request, render=render_script)
+    request = flow.CutRequest(
+        keeps, ex.nameservers, dry_run, {"target": str(c), "container": c.id}, probe, blocked,
+        probe_timeout,
+    )
+    return flow.cut(ex, c.store(), str(c), request, render=render_script)
 
 
 @contextlib.contextmanager

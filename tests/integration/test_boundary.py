@@ -190,3 +190,18 @@ async def test_gateway_mode_keeps_only_the_proxy_on_the_gateway(scene: Scene) ->
                            "--max-time", "5", "-x", proxy_at, "http://pypi.test/")
     assert " 403 " in out.splitlines()[0]
     await release_execution(scene.proxy, execution, restore=True)
+
+
+async def test_gateway_mode_keeps_its_socks5_listener(scene: Scene) -> None:
+    """A SOCKS5 listener opened on the gateway is kept by the cut and probed from inside
+    (it used to be probed but not kept, and every such prepare failed)."""
+    execution = await prepare_execution(
+        scene.sandbox.ns, Policy(), scene.proxy, mode="gateway", proxy_port=0, socks_port=0,
+    )
+    socks = execution.listeners[-1]
+    assert socks.kind == "socks5"
+    assert socks.host == scene.sandbox.addr_root
+    assert f"{socks.host}:{socks.port}" in {str(k) for k in execution.cut.plan.keeps}
+    assert execution.probe.ok
+    await release_execution(scene.proxy, execution, restore=True)
+    assert not (await netcut.status_async(scene.sandbox.ns)).is_cut

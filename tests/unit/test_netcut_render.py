@@ -213,6 +213,44 @@ def test_container_findings_from_podmans_bounding_set(
     assert helper.container_findings(info) == findings
 
 
+def test_container_network_from_docker_and_podman_inspect() -> None:
+    """Both engines' `inspect` share NetworkSettings.Networks; the top-level copy (docker's
+    default bridge, podman's first network) is merged, not counted twice."""
+    net = {"Gateway": "198.19.251.1", "IPAddress": "198.19.251.7",
+           "GlobalIPv6Address": "fd00::7", "IPv6Gateway": "fd00::1"}
+    info = {"NetworkSettings": {"Gateway": "198.19.251.1", "IPAddress": "198.19.251.7",
+                                "GlobalIPv6Address": "", "Networks": {"nc-ci": net}}}
+    found = helper.container_network(info)
+    assert found.gateways == ("198.19.251.1",)  # IPv4 only: the IPv6 gateway is not one
+    assert found.addresses == ("198.19.251.7", "fd00::7")
+    two = {"NetworkSettings": {"Networks": {"a": {"Gateway": "198.19.250.1"},
+                                            "b": {"Gateway": "198.19.252.1"}}}}
+    assert helper.container_network(two).gateways == ("198.19.250.1", "198.19.252.1")
+    host = {"NetworkSettings": {"Gateway": "", "IPAddress": "", "Networks": {"host": {}}}}
+    assert helper.container_network(host) == helper.ContainerNetwork((), ())
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20)
+    | st.sampled_from(["198.19.251.1", "fd00::1", "1.2.3", "::", "198.19.251.1/24"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["NetworkSettings", "Networks", "Gateway", "IPAddress",
+                                       "GlobalIPv6Address", "x"]), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json)
+def test_container_network_never_fails_and_returns_only_addresses(info: Any) -> None:
+    """Whatever `inspect` printed: no exception, and only real addresses come back."""
+    import ipaddress
+
+    found = helper.container_network(info)
+    for text in (*found.gateways, *found.addresses):
+        ipaddress.ip_address(text)
+    assert all(ipaddress.ip_address(g).version == 4 for g in found.gateways)
+
+
 def test_probe_output_parsing() -> None:
     keep, blocked = parse_keep("198.19.1.1:3128"), parse_keep("198.19.1.3:7000")
     result = helper.parse_probe(

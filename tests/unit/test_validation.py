@@ -132,9 +132,21 @@ def test_client_spec_types(kwargs: dict[str, object], exc: type, needle: str) ->
      ({"proxy_port": 70000}, ValueError, "proxy_port"),
      ({"framework_routes": "http://127.0.0.1:1"}, TypeError, "framework_routes"),
      ({"expect_blocked": "1.2.3.4:80"}, TypeError, "expect_blocked"),
-     ({"force": "false"}, TypeError, "force"), ({"token": ""}, ValueError, "token")],
+     ({"force": "false"}, TypeError, "force"), ({"token": ""}, ValueError, "token"),
+     ({"cut_mode": "nsenter"}, ValueError, "cut_mode"), ({"cut_mode": 1}, TypeError, "cut_mode"),
+     ({"sandbox": "docker:box", "mode": "gateway", "cut_mode": "helper", "helper_image": 3},
+      TypeError, "helper_image"),
+     # helper mode: a loopback listener would need setns, which helper mode exists to avoid
+     ({"sandbox": "docker:box", "cut_mode": "helper"}, ValueError,
+      r"cut_mode='helper' needs mode='gateway': a loopback listener is a socket opened "
+      r"inside the sandbox's namespace \(setns\)"),
+     ({"mode": "gateway", "cut_mode": "helper"}, ValueError,
+      "cut_mode='helper' needs a container sandbox"),
+     ({"sandbox": "containerd:k8s.io/abc", "mode": "gateway", "cut_mode": "helper"},
+      ValueError, "cut_mode='helper' does not apply to containerd")],
     ids=["mode", "policy-dict", "sandbox-none", "proxy-str", "port", "routes-str",
-         "blocked-str", "force-str", "empty-token"],
+         "blocked-str", "force-str", "empty-token", "cut-mode", "cut-mode-int",
+         "helper-image-int", "helper-loopback", "helper-not-container", "helper-containerd"],
 )
 def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
     # refused before anything is opened or cut: no namespace needed to show it
@@ -143,6 +155,22 @@ def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needl
     args = {**base, **kwargs}
     with pytest.raises(exc, match=f"prepare_execution {needle}"):
         asyncio.run(prepare_execution(**args))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "needle"),
+    [({"restore": "yes"}, TypeError, "restore"), ({"cut_mode": "nsenter"}, ValueError, "cut_mode"),
+     ({"restore": True, "cut_mode": "helper"}, ValueError, "cut_mode='helper' needs a container")],
+    ids=["restore-str", "cut-mode", "helper-not-container"],
+)
+def test_release_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
+    # refused before the proxy side is released or anything restored
+    from egress.boundary import Execution, release_execution
+
+    proxy = EgressProxy(Policy())
+    execution = Execution("egt-none", "egt-none", "http://x", {}, {}, "t")
+    with pytest.raises(exc, match=f"release_execution {needle}"):
+        asyncio.run(release_execution(proxy, execution, **kwargs))  # type: ignore[arg-type]
 
 
 # --- framework mappings -------------------------------------------------------------------
