@@ -126,6 +126,21 @@ class FastExchange:
         self.keep, out = response_out(self.steps, self.head, resp, raw, self.rec)
         client = self.conn.side
         kind = resp.framing.kind
+        up = self.upstream
+        if kind == "length" and 0 < resp.framing.length <= len(up.buf):
+            # the whole body is already here: head and body in one write, as `start_relay`
+            # would send them, without its future (bytes past the body stay in `buf`, and
+            # the pool then closes the upstream)
+            n = resp.framing.length
+            if client.write(out + bytes(up.buf[:n])):
+                up.bytes_relayed += n
+                up.consume(n)
+                self._end(True)
+            else:
+                up.consume(n)
+                self.rec.end = "upstream_lost"
+                self._end(False)
+            return
         framer = framer_for(resp.framing, 502) if kind in ("length", "chunked") else None
         if kind == "none" or (kind != "close" and framer is None):
             client.write(out)
