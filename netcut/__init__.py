@@ -47,8 +47,9 @@ if TYPE_CHECKING:
     )
     from netcut.model import Keep, parse_keep
     from netcut.nsexec import start_worker
-    from netcut.plan import CutPlan, CutStatus
+    from netcut.plan import CutPlan
     from netcut.probe import ProbeItem, ProbeResult
+    from netcut.status import CutStatus
 
 _LAZY = {
     **dict.fromkeys(
@@ -60,7 +61,7 @@ _LAZY = {
     "parse_keep": "netcut.model",
     "start_worker": "netcut.nsexec",
     "CutPlan": "netcut.plan",
-    "CutStatus": "netcut.plan",
+    "CutStatus": "netcut.status",
     "ProbeItem": "netcut.probe",
     "ProbeResult": "netcut.probe",
 }  # fmt: skip

@@ -17,12 +17,13 @@ import netcut.probe as probe_mod
 from netcut import apply, flow, safety
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
-from netcut.model import Keep, NamespaceState, Op, parse_keep
+from netcut.model import Keep, NamespaceState, parse_keep
 from netcut.nsexec import ns_identity, run_in_netns
-from netcut.plan import CutStatus
+from netcut.ops import Op
 from netcut.probe import ProbeResult
 from netcut.records import Store
 from netcut.redirect import Redirect
+from netcut.status import CutStatus
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
 
 TargetLike = TargetRef | ResolvedTarget | str | int

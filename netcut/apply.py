@@ -18,16 +18,15 @@ from iptc import IPTCError
 
 from netcut import backstop, flows, nat, plan
 from netcut.errors import ApplyFailed
-from netcut.model import (
+from netcut.model import Keep, NamespaceState
+from netcut.ops import (
     AddAddr,
     AddBackstop,
     AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
-    Keep,
     KillFlows,
-    NamespaceState,
     Op,
     RemoveBackstop,
     RemoveRedirect,

@@ -16,7 +16,8 @@ from typing import Any
 
 import iptc
 
-from netcut.model import AF_INET, AF_INET6, CHAIN, FilterDump, FilterRule, SeenRule
+from netcut.model import AF_INET, AF_INET6, CHAIN, FilterDump, SeenRule
+from netcut.ops import FilterRule
 from netcut.plan import backstop_rules
 
 _FILTER = "filter"

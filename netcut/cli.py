@@ -16,9 +16,10 @@ from typing import Any
 
 from netcut import api, helper, helperimage, target
 from netcut.errors import InvalidInput, NetcutError, ProbeFailed
-from netcut.plan import CutStatus, plan_to_data
+from netcut.plan import plan_to_data
 from netcut.probe import ProbeResult
 from netcut.redirect import Redirect
+from netcut.status import CutStatus
 
 
 def _seconds(text: str) -> float:

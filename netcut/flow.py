@@ -17,10 +17,12 @@ from typing import Protocol
 from netcut import plan as plan_mod
 from netcut import verify
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed
-from netcut.model import AddRedirect, Keep, NamespaceState, Op, ProbeResult
-from netcut.plan import CutPlan, CutStatus
+from netcut.model import Keep, NamespaceState, ProbeResult
+from netcut.ops import AddRedirect, Op
+from netcut.plan import CutPlan
 from netcut.records import Store
 from netcut.redirect import Redirect, redirect_rules
+from netcut.status import CutStatus, judge_status
 
 
 class Executor(Protocol):
@@ -120,7 +122,7 @@ def cut(
     with store.locked():
         record = store.load()
         state = ex.read_state(req.keeps, req.nameservers, verify=record is not None)
-        status = plan_mod.judge_status(record, state)
+        status = judge_status(record, state)
         same = record is not None and set(record.keeps) == set(req.keeps)
         if status.state == "partial" and record is not None and same:
             result = _repair(ex, label, record, state, req, render, start)
@@ -183,12 +185,12 @@ def _repair(
     step is reported (ApplyFailed, not rolled back) and the rest still runs."""
     ops = verify.repair_ops(record.ops, state)
     fix = CutPlan(record.keeps, ops, record.nameservers)
-    before = plan_mod.judge_status(record, state)
+    before = judge_status(record, state)
     if req.dry_run:
         script = render(ops) if render else None
         return CutResult(label, before, fix, False, dry_run=True, script=script, repaired=True)
     errors = ex.undo(ops)
-    after = plan_mod.judge_status(record, ex.read_state((), (), verify=True))
+    after = judge_status(record, ex.read_state((), (), verify=True))
     if errors or not after.is_cut:
         left = "; ".join([*errors, *after.details])
         raise ApplyFailed(f"repair of the partial cut incomplete: {left}", rolled_back=False)
@@ -213,18 +215,18 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
     with store.locked():
         record = store.load()
         state = ex.read_state((), ())
-        before = plan_mod.judge_status(record, state)
+        before = judge_status(record, state)
         if before.state == "not cut":
             store.remove()
             return RestoreResult(label, False, before)
         lines = _restore(ex, store, record, state)
-        after = plan_mod.judge_status(None, ex.read_state((), ()))
+        after = judge_status(None, ex.read_state((), ()))
         elapsed = (time.perf_counter() - start) * 1000
         return RestoreResult(label, True, after, lines, elapsed)
 
 
 def status(ex: Executor, store: Store) -> CutStatus:
-    return plan_mod.judge_status(store.load(), ex.read_state((), (), verify=True))
+    return judge_status(store.load(), ex.read_state((), (), verify=True))
 
 
 def _restore(

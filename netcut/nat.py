@@ -14,7 +14,8 @@ from typing import Any
 import iptc
 
 from netcut.backstop import _OnlyTable, _registered
-from netcut.model import NAT_CHAIN, NatRule
+from netcut.model import NAT_CHAIN
+from netcut.ops import NatRule
 
 _NAT = "nat"
 

@@ -23,15 +23,13 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from netcut.errors import InvalidInput
 from netcut.model import (
     AF_INET,
     AF_INET6,
-    CHAIN,
     IFA_F_NODAD,
-    NAT_CHAIN,
     NETCUT_PROTO,
     RT_SCOPE_LINK,
     RT_SCOPE_UNIVERSE,
@@ -39,25 +37,27 @@ from netcut.model import (
     RTN_LOCAL,
     RTN_UNICAST,
     RTNH_F_ONLINK,
+    Addr,
+    Address,
+    Keep,
+    NamespaceState,
+    Route,
+    parse_keep,
+)
+from netcut.ops import (
     AddAddr,
     AddBackstop,
-    Addr,
     AddRedirect,
-    Address,
     AddRoute,
     DelAddr,
     DelRoute,
     FilterRule,
-    Keep,
     KillFlows,
-    NamespaceState,
     NatRule,
     Op,
     RemoveBackstop,
     RemoveRedirect,
-    Route,
     SetSysctl,
-    parse_keep,
 )
 from netcut.redirect import (
     Redirect,
@@ -65,7 +65,7 @@ from netcut.redirect import (
     redirect_rules,
     transparent_backstop,
 )
-from netcut.verify import differences, ipv6_sysctls, unverified
+from netcut.verify import ipv6_sysctls
 
 # Format version of the JSON record written before a cut (records.py).
 RECORD_VERSION = 1
@@ -297,55 +297,6 @@ def plan_restore(record: CutPlan | None, state: NamespaceState) -> RestorePlan:
         if RemoveBackstop(family) not in ops:
             ops.append(RemoveBackstop(family))
     return RestorePlan(tuple(ops), complete=record is not None)
-
-
-# ---------------------------------------------------------------- status
-
-
-@dataclass(frozen=True)
-class CutStatus:
-    """Whether a namespace is cut. `state` is "cut" (the whole live state matches the
-    recorded plan: verify.py), "not cut" (no record, no marks), or "partial" (marks or a
-    record, but the state differs: not a cut; `details` lists every difference, a second
-    `cut` repairs it and `restore` undoes it)."""
-
-    state: Literal["cut", "not cut", "partial"]
-    keeps: tuple[Keep, ...] = ()
-    details: tuple[str, ...] = ()
-
-    @property
-    def is_cut(self) -> bool:
-        return self.state == "cut"
-
-    def lines(self) -> list[str]:
-        extra = []
-        if self.state == "partial":
-            extra.append("not a cut: run `netcut cut` to repair it or `netcut restore`")
-        if self.keeps:
-            extra.append("keep: " + ", ".join(str(k) for k in self.keeps))
-        elif self.is_cut:
-            extra.append("keep: loopback only")
-        return [self.state, *extra, *self.details]
-
-
-def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
-    """Compare the whole namespace with the recorded plan (docs/netcut.md#status)."""
-    if record is None:
-        if state.marked_routes or state.backstop or state.redirect:
-            marks = [f"marked route {r}" for r in state.marked_routes]
-            marks += [f"backstop chain {CHAIN} (family {f})" for f in state.backstop]
-            marks += [f"redirect chain {NAT_CHAIN} (nat)"] if state.redirect else []
-            return CutStatus("partial", details=("no restore record", *marks))
-        return CutStatus("not cut")
-    if not state.marked_routes and not state.backstop and not state.redirect:
-        # The backstop is a cut's first change: a record without any mark in the namespace
-        # belongs to a cut that never started, or to an earlier namespace whose inode was
-        # reused. Undoing it here would add another namespace's routes.
-        return CutStatus("not cut", details=("stale record ignored",))
-    found = differences(record.ops, state)
-    if found:
-        return CutStatus("partial", record.keeps, found)
-    return CutStatus("cut", record.keeps, (*unverified(state), *(f"  {op}" for op in record.ops)))
 
 
 # ---------------------------------------------------------------- (de)serialization

@@ -24,16 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from netcut.errors import InvalidInput
-from netcut.model import (
-    AF_INET,
-    NETCUT_PROTO,
-    RT_SCOPE_LINK,
-    FilterRule,
-    Keep,
-    NamespaceState,
-    NatRule,
-    Route,
-)
+from netcut.model import AF_INET, NETCUT_PROTO, RT_SCOPE_LINK, Keep, NamespaceState, Route
+from netcut.ops import FilterRule, NatRule
 
 
 @dataclass(frozen=True)

@@ -35,19 +35,21 @@ from netcut.model import (
     NAT_CHAIN,
     RT_TABLE_LOCAL,
     RTN_UNICAST,
-    AddBackstop,
     Addr,
+    FilterDump,
+    NamespaceState,
+    Route,
+    SeenRule,
+)
+from netcut.ops import (
+    AddBackstop,
     AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
-    FilterDump,
     FilterRule,
     KillFlows,
-    NamespaceState,
     Op,
-    Route,
-    SeenRule,
     SetSysctl,
 )
 

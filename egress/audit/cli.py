@@ -20,12 +20,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
+from egress.audit.follow import Follower, GapFiller
 from egress.audit.format import CONTROL_TYPES
 from egress.audit.read import (
     DIMENSIONS,
     EventFilter,
-    Follower,
-    GapFiller,
     InputError,
     Summary,
     chains,

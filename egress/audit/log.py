@@ -25,26 +25,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import inspect
 import json
 import logging
 import math
 import queue
 import threading
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Final, Literal
 
+from egress.audit.deliver import Delivery, Hook
 from egress.audit.format import Clock, encode_record
 from egress.audit.redact import Redactor
-from egress.audit.writer import CLOSE_TIMEOUT, DROPPED, STOP, LogWriter
+from egress.audit.writer import CLOSE_TIMEOUT, DROPPED, STOP, LogWriter, abandon_queued
 
 logger = logging.getLogger("egress.audit")
 
 FailMode = Literal["open", "closed"]
-Hook = Callable[[dict[str, object]], object]
 
 # A slow disk must not grow memory without bound. 1 M queued lines of ~300 bytes is ~0.3 GB
 # only in the worst case; in practice the writer drains a batch per write.
@@ -80,8 +77,6 @@ class AuditLog:
         self.keep_query = keep_query
         self.rotate_bytes = rotate_bytes if path not in (None, "-") else None
         self.events_maxlen = events_maxlen
-        self.events_dropped = 0
-        self.hook_errors = 0
         self._clock = Clock()
         self._redactor = Redactor(keep_query)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -93,9 +88,7 @@ class AuditLog:
                                  max_pending_bytes=max_pending_bytes,
                                  close_timeout=close_timeout)
         self._thread: threading.Thread | None = None
-        self._hooks: list[Hook] = []
-        self._subscribers: list[_Subscriber] = []
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._delivery = Delivery(events_maxlen)  # hooks and events() consumers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._closed = False
@@ -138,6 +131,16 @@ class AuditLog:
         return self._writer.run_id
 
     @property
+    def events_dropped(self) -> int:
+        """Events an `events()` consumer lost by falling `events_maxlen` behind."""
+        return self._delivery.events_dropped
+
+    @property
+    def hook_errors(self) -> int:
+        """Hooks that raised (or whose task failed); logged, never raised."""
+        return self._delivery.hook_errors
+
+    @property
     def head(self) -> str:
         """SHA-256 of the last line chained so far; keep it out of band to anchor verify."""
         return self._writer.prev
@@ -154,6 +157,7 @@ class AuditLog:
             raise RuntimeError("AuditLog.start() called twice")
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self._delivery.loop, self._delivery.loop_thread = self._loop, self._loop_thread
         if self.path is None:
             return
         await asyncio.to_thread(self._writer.open_initial)
@@ -184,13 +188,10 @@ class AuditLog:
         if self._thread is not None:
             self._queue.put(STOP)
             await asyncio.to_thread(self._thread.join)
-            self._writer.drain_after_stop(self._queue)  # if the thread died early
+            self._writer.lines_abandoned += abandon_queued(self._queue)  # if the thread died
         elif self._serialize:  # never started: whatever was recorded is not written
             self._writer.lines_abandoned += self._enqueued
-        for subscriber in list(self._subscribers):
-            subscriber.close()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._delivery.close()
 
     async def __aenter__(self) -> AuditLog:
         await self.start()
@@ -235,92 +236,21 @@ class AuditLog:
                 self._batch.append(item)
             else:
                 self._queue.put(item)
-        if self._hooks or self._subscribers:
-            self._deliver(rec)
+        delivery = self._delivery
+        if delivery.hooks or delivery.subscribers:
+            delivery.deliver(rec)
 
     # -- hooks and events() ----------------------------------------------------------------
 
     def add_hook(self, callback: Hook) -> None:
         """Call `callback(event)` for every recorded event; a coroutine result is scheduled
         as a task. Exceptions are logged and counted in `hook_errors`, never raised."""
-        self._hooks.append(callback)
+        self._delivery.hooks.append(callback)
 
     def events(self) -> AsyncIterator[dict[str, object]]:
         """Recorded events, from now until `aclose()`. A consumer that falls more than
         `events_maxlen` behind loses the oldest ones (counted in `events_dropped`)."""
-        subscriber = _Subscriber(self)
-        self._subscribers.append(subscriber)
-        if self._closed:
-            subscriber.close()
-        return subscriber.iterate()
-
-    def _deliver(self, rec: dict[str, object]) -> None:
-        if threading.get_ident() != self._loop_thread and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._deliver_here, rec)
-        else:
-            self._deliver_here(rec)
-
-    def _deliver_here(self, rec: dict[str, object]) -> None:
-        for subscriber in self._subscribers:
-            subscriber.put(rec)
-        for hook in self._hooks:
-            try:
-                result = hook(rec)
-            except Exception:
-                self._hook_failed()
-                continue
-            if inspect.isawaitable(result):
-                try:
-                    task = asyncio.ensure_future(result)
-                except RuntimeError:  # recorded before start(): no loop to run it on
-                    self._hook_failed()
-                    continue
-                self._tasks.add(task)
-                task.add_done_callback(self._hook_done)
-
-    def _hook_done(self, task: asyncio.Future[object]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._hook_failed(task.exception())
-
-    def _hook_failed(self, exc: BaseException | None = None) -> None:
-        self.hook_errors += 1
-        if self.hook_errors <= 10:
-            logger.error("audit hook failed (%d so far)", self.hook_errors,
-                         exc_info=exc or True)
-
-
-class _Subscriber:
-    """One events() consumer: a bounded deque that drops its oldest entry when full."""
-
-    def __init__(self, owner: AuditLog) -> None:
-        self._owner = owner
-        self._items: deque[dict[str, object] | None] = deque()
-        self._wakeup = asyncio.Event()
-
-    def put(self, rec: dict[str, object] | None) -> None:
-        if rec is not None and len(self._items) >= self._owner.events_maxlen:
-            self._items.popleft()
-            self._owner.events_dropped += 1
-        self._items.append(rec)
-        self._wakeup.set()
-
-    def close(self) -> None:
-        self.put(None)
-
-    async def iterate(self) -> AsyncIterator[dict[str, object]]:
-        try:
-            while True:
-                while not self._items:
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                item = self._items.popleft()
-                if item is None:
-                    return
-                yield item
-        finally:
-            with contextlib.suppress(ValueError):
-                self._owner._subscribers.remove(self)
+        return self._delivery.subscribe(self._closed)
 
 
 def _plain(value: object) -> object:

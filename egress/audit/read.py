@@ -1,12 +1,12 @@
-"""Reading audit logs for the reviewer tools: files, filters, summaries, following.
+"""Reading audit logs for the reviewer tools: files, filters, summaries.
 
 Strategy: everything streams. Files are opened plain or gzip by their magic bytes, read line
 by line in binary (verify needs the exact bytes), and never held whole; a `Summary` keeps
 one small entry per distinct host, client, reason and rule (client ports are dropped, or every
 connection would be its own client), so memory is bounded by distinct values, never by lines.
 Registrable domains are derived from the host table at the end, one tldextract call per
-distinct host, with its bundled suffix list (never fetched). A `Follower` reads a growing
-file like `tail -F`, across rename and copytruncate rotation.
+distinct host, with its bundled suffix list (never fetched). Following a growing log is
+`follow.py`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import IO, Final
 
-from egress.audit.format import REQUEST_TYPES, rotated_name, rotation_of
+from egress.audit.format import REQUEST_TYPES, rotation_of
 from egress.audit.timebounds import normalize_ts
 
-READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
 MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix
-_GZIP_MAGIC: Final = b"\x1f\x8b"
+GZIP_MAGIC: Final = b"\x1f\x8b"
 
 
 class InputError(Exception):
@@ -91,7 +90,7 @@ def open_log(path: str) -> IO[bytes]:
     """Open a log file, plain or gzip, for binary reading; raises InputError."""
     try:
         raw = open(path, "rb")
-        compressed = raw.peek(2)[:2] == _GZIP_MAGIC
+        compressed = raw.peek(2)[:2] == GZIP_MAGIC
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not compressed:
@@ -280,144 +279,3 @@ class Summary:
         for dimension in DIMENSIONS:
             out[f"by_{dimension}"] = self.rows(dimension, top)[0]
         return out
-
-
-# ---- following a live log ----------------------------------------------------------------
-
-class Follower:
-    """Reads complete lines appended to `path`, surviving rotation (rename or truncate),
-    like `tail -F`: after a rename it finishes the old file, then opens the new one."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._stream: IO[bytes] | None = None
-        self._ident: tuple[int, int] | None = None
-        self._partial = b""
-
-    def read(self) -> list[bytes]:
-        """New complete lines (without newlines); [] when nothing new."""
-        if self._stream is None and not self._open():
-            return []
-        assert self._stream is not None
-        data = self._stream.read(READ_CHUNK)
-        if data:
-            return self._split(data)
-        if self._rotated():
-            # Lines may have landed in the old file between our read and the rename.
-            rest = self._split(self._stream.read())
-            self._close()
-            self._open()
-            return rest + self.read()
-        return []
-
-    def _split(self, data: bytes) -> list[bytes]:
-        chunks = (self._partial + data).split(b"\n")
-        self._partial = chunks.pop()
-        return chunks
-
-    def _open(self) -> bool:
-        try:
-            stream = open(self.path, "rb")
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise InputError(f"cannot read {self.path}: {exc.strerror or exc}") from None
-        if stream.peek(2)[:2] == _GZIP_MAGIC:
-            stream.close()
-            raise InputError(f"cannot follow compressed file {self.path}")
-        st = os.fstat(stream.fileno())
-        self._stream, self._ident, self._partial = stream, (st.st_dev, st.st_ino), b""
-        return True
-
-    def _rotated(self) -> bool:
-        assert self._stream is not None
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return False  # renamed away, the new file not created yet: wait for it
-        if (st.st_dev, st.st_ino) != self._ident:
-            return True
-        if st.st_size < self._stream.tell():  # truncated in place (copytruncate)
-            self._stream.seek(0)
-            self._partial = b""
-        return False
-
-    def _close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-        self._stream = None
-
-    def close(self) -> None:
-        self._close()
-
-
-def rotated_files(path: str, limit: int = 1000) -> Iterator[str]:
-    """`PATH.1.gz` (or `PATH.1`), `PATH.2.gz`, ...: the rotated files, newest first."""
-    for index in range(1, limit):
-        names = (rotated_name(path, index), rotated_name(path, index, compressed=False))
-        name = next((n for n in names if os.path.exists(n)), None)
-        if name is None:
-            return
-        yield name
-
-
-def _first_seq(name: str) -> int | None:
-    with open_log(name) as stream:
-        record = parse_record(stream.readline().rstrip(b"\n"))
-    seq = record.get("seq") if record else None
-    return seq if isinstance(seq, int) else None
-
-
-def recover_rotated(path: str, lo: int, hi: int) -> list[bytes]:
-    """The lines with `lo <= seq <= hi` from PATH's rotated files, oldest first.
-
-    For a follower that was too slow: the log rotated more than once between two polls, so
-    whole files went by unread. Best effort (the writer may be renaming files meanwhile);
-    the caller compares what came back with what it expected.
-    """
-    needed: list[str] = []
-    try:
-        for name in rotated_files(path):
-            needed.append(name)
-            first = _first_seq(name)
-            if first is None or first <= lo:
-                break
-        lines = []
-        for line in read_lines(reversed(needed), lambda _path, _why: None):
-            record = parse_record(line.data)
-            seq = record.get("seq") if record else None
-            if isinstance(seq, int) and lo <= seq <= hi:
-                lines.append(line.data)
-        return lines
-    except (InputError, OSError, EOFError, zlib.error):
-        return []
-
-
-class GapFiller:
-    """Keeps a followed log continuous: when a `rotate` record arrives with a `seq` past the
-    next one expected, the lines in between are fetched from the rotated files first."""
-
-    def __init__(self, path: str, warn: Callable[[str], None]) -> None:
-        self.path = path
-        self.warn = warn
-        self.last: int | None = None
-
-    def feed(self, lines: Iterable[bytes]) -> Iterator[bytes]:
-        for data in lines:
-            record = parse_record(data)
-            seq = record.get("seq") if record else None
-            if not isinstance(seq, int):
-                yield data
-                continue
-            if record and record.get("type") == "rotate" and self.last is not None \
-                    and seq > self.last + 1:
-                yield from self._fill(self.last + 1, seq - 1)
-            self.last = seq
-            yield data
-
-    def _fill(self, lo: int, hi: int) -> list[bytes]:
-        found = recover_rotated(self.path, lo, hi)
-        if len(found) != hi - lo + 1:
-            self.warn(f"{self.path} rotated faster than it was read: "
-                      f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown")
-        return found

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import gzip
 import logging
 import os
 import queue
-import shutil
 import time
 from collections import deque
 from typing import Final
@@ -32,15 +30,14 @@ from egress.audit.format import (
     chain_line,
     encode_record,
     line_hash,
-    rotated_name,
 )
+from egress.audit.logfile import LogFile
 
 logger = logging.getLogger("egress.audit")
 
 CLOSE_TIMEOUT: Final = 5.0  # aclose() gives an unwritable log this long for the end record
 BATCH_LINES: Final = 8192  # lines joined into one write at most
 ERROR_LOG_INTERVAL: Final = 10.0  # seconds between repeated "still failing" reports
-_TAIL_PROBE: Final = 65536  # bytes read back at start to find the file's last line
 
 DROPPED: Final = object()  # queued instead of a line when the backlog is full
 STOP: Final = object()  # queued by aclose(): write the end record and stop
@@ -60,9 +57,7 @@ class LogWriter:
         self.max_pending_bytes = max_pending_bytes
         self.run_id = os.urandom(16).hex()
         self.clock = Clock()
-        self.fd: int | None = None
-        self.ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
-        self.file_bytes = 0
+        self.file = LogFile(path)
         self.seq = -1
         self.prev = GENESIS
         self.requests = 0
@@ -86,39 +81,16 @@ class LogWriter:
     def open_initial(self) -> None:
         """Open the file (raises OSError), link the start record to its last line."""
         if self.path == "-":
-            self.fd = os.dup(1)  # the process stdout, whatever sys.stdout was replaced by
+            self.file.open_stdout()
             return
-        assert self.path is not None
-        self._open()
-        tail = b""
-        if self.file_bytes:
-            assert self.fd is not None
-            with open(self.path, "rb") as reader:
-                reader.seek(max(0, self.file_bytes - _TAIL_PROBE))
-                tail = reader.read()
+        self.file.open()
+        tail = self.file.tail()
         if tail:
             complete = tail.endswith(b"\n")
             last = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]
             self.prev = line_hash(last)
             if not complete:  # a crashed run left half a line: end it, keep it visible
                 self._push(b"\n")
-
-    def _open(self) -> None:
-        assert self.path is not None
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        st = os.fstat(fd)
-        self.fd, self.ident, self.file_bytes = fd, (st.st_dev, st.st_ino), st.st_size
-
-    def _replaced(self) -> bool:
-        """True when the path no longer names the file we hold open (removed, replaced)."""
-        if self.path == "-" or self.ident is None:
-            return False
-        assert self.path is not None
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != self.ident
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -137,7 +109,7 @@ class LogWriter:
         except Exception:
             self._crash()
         finally:
-            self.drain_after_stop(source)
+            self.lines_abandoned += abandon_queued(source)
 
     def _crash(self) -> None:
         # A bug must not pass for a healthy log: say so loudly, and fail closed.
@@ -145,20 +117,6 @@ class LogWriter:
         self.crashed = True
         logger.critical("audit writer thread crashed; the audit log is no longer written",
                         exc_info=True)
-
-    def drain_after_stop(self, source: queue.SimpleQueue[object]) -> None:
-        # Lines that raced with aclose() are counted, and flush() waiters released.
-        while True:
-            try:
-                item = source.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, concurrent.futures.Future):
-                item.set_result(None)
-            elif isinstance(item, list):  # a loop-side batch of lines
-                self.lines_abandoned += len(item)
-            elif item is not STOP:
-                self.lines_abandoned += 1
 
     def _run_batch(self, source: queue.SimpleQueue[object]) -> bool:
         watch = bool(self.pending) or self.fail_mode == "closed"
@@ -218,7 +176,7 @@ class LogWriter:
         # the proxy stops accepting before the next connection rather than after it.
         if self.pending:
             self._flush()
-        elif (self.fd is None or self._replaced()) and self._reopen():
+        elif (self.file.fd is None or self.file.replaced()) and self._reopen():
             self._succeeded()
 
     def _line(self, body: str) -> None:
@@ -244,7 +202,7 @@ class LogWriter:
     def _needs_rotation(self, size: int) -> bool:
         limit = self.rotate_bytes
         return (limit is not None and self.seq >= 0
-                and self.file_bytes + self.pending_bytes + size > limit)
+                and self.file.size + self.pending_bytes + size > limit)
 
     def _push(self, data: bytes) -> None:
         self.pending.append(data)
@@ -255,16 +213,13 @@ class LogWriter:
             dropped = self.pending.popleft()
             self.pending.appendleft(head)
             self.pending_bytes -= len(dropped)
-            self._count_lost(1)
+            self.lines_dropped += 1
 
     def _lose_next(self) -> None:
         self.dequeued += 1
         self.seq += 1
         self.prev = GENESIS  # the lost line's hash is unknown; verify reports the gap
-        self._count_lost(1)
-
-    def _count_lost(self, count: int) -> None:
-        self.lines_dropped += count
+        self.lines_dropped += 1
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -272,23 +227,17 @@ class LogWriter:
         """Write every pending line; on failure keep the unwritten bytes and report."""
         if not self.pending:
             return True
-        if (self.fd is None or self._replaced()) and not self._reopen():
+        if (self.file.fd is None or self.file.replaced()) and not self._reopen():
             return False
-        assert self.fd is not None
         data = b"".join(self.pending)
-        written = 0
-        try:
-            while written < len(data):
-                written += os.write(self.fd, data[written:])
-        except OSError as exc:
-            self.file_bytes += written
+        written, exc = self.file.write(data)
+        if exc is not None:
             self.lines_written += data.count(b"\n", 0, written)
             self.pending.clear()
             self.pending.append(data[written:])
             self.pending_bytes = len(data) - written
             self._failed(f"cannot write audit log {self.path}: {exc}")
             return False
-        self.file_bytes += written
         self.lines_written += data.count(b"\n")
         self.pending.clear()
         self.pending_bytes = 0
@@ -296,13 +245,11 @@ class LogWriter:
         return True
 
     def _reopen(self) -> bool:
-        if self.fd is not None:
+        if self.file.fd is not None:
             self._failed(f"audit log {self.path} was removed or replaced; reopening it")
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
+            self.file.close()
         try:
-            self._open()
+            self.file.open()
         except OSError as exc:
             self._failed(f"cannot reopen audit log {self.path}: {exc}")
             return False
@@ -340,23 +287,17 @@ class LogWriter:
         """PATH -> PATH.1.gz (older ones shift up); the chain continues in a new PATH."""
         if not self._flush() or self.path in (None, "-"):
             return
-        assert self.path is not None
-        assert self.fd is not None
         try:
-            os.close(self.fd)
-            self.fd = None
-            _shift_rotated(self.path)
-            os.rename(self.path, rotated_name(self.path, 1, compressed=False))
-            self._open()
+            self.file.rotate()
         except OSError as exc:
             self._failed(f"cannot rotate audit log {self.path}: {exc}")
-            if self.fd is None:
+            if self.file.fd is None:
                 self._reopen()
             return
         self.rotations += 1
         self._control({"type": "rotate", "run": self.run_id, "part": self.rotations})
         try:
-            _gzip_file(rotated_name(self.path, 1, compressed=False))
+            self.file.compress_rotated()
         except Exception as exc:  # the uncompressed PATH.1 stays; readers accept both
             logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
 
@@ -375,29 +316,21 @@ class LogWriter:
             self.lines_abandoned += lost
             logger.error("audit log %s: %d lines could not be written before close",
                          self.path, lost)
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
+        self.file.close()
 
 
-def _shift_rotated(path: str) -> None:
-    top = 1
-    while any(os.path.exists(rotated_name(path, top, compressed=c)) for c in (True, False)):
-        top += 1
-    for index in range(top - 1, 0, -1):
-        for compressed in (True, False):
-            source = rotated_name(path, index, compressed=compressed)
-            if os.path.exists(source):
-                os.rename(source, rotated_name(path, index + 1, compressed=compressed))
-
-
-def _gzip_file(source: str) -> None:
-    temporary = f"{source}.gz.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    # Level 1: JSON lines still shrink several times over, at a fraction of level 6's CPU.
-    with (open(source, "rb") as reader, open(fd, "wb") as raw,
-          gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as writer):
-        shutil.copyfileobj(reader, writer, 1024 * 1024)
-    os.rename(temporary, f"{source}.gz")
-    os.unlink(source)
+def abandon_queued(source: queue.SimpleQueue[object]) -> int:
+    """Empty `source` after the writer stopped: release flush() waiters, and count the lines
+    that raced with aclose() (or outlived a crashed thread); they are never written."""
+    abandoned = 0
+    while True:
+        try:
+            item = source.get_nowait()
+        except queue.Empty:
+            return abandoned
+        if isinstance(item, concurrent.futures.Future):
+            item.set_result(None)
+        elif isinstance(item, list):  # a loop-side batch of lines
+            abandoned += len(item)
+        elif item is not STOP:
+            abandoned += 1

@@ -17,23 +17,24 @@ Ports: an allow rule without port or scheme permits CONNECT to 443 and absolute-
 on that port; a URL origin narrows to its scheme and port.
 
 Rule matching is done on canonical strings on both sides (`target.normalize_host`). Patterns
-are compiled once at load: exact names go to a dict, `*.suffix` patterns to a suffix dict,
-only the rest to compiled regular expressions; decisions can therefore be cached by target.
+are compiled once at load (`ruleset.py`: exact names to a dict, `*.suffix` patterns to a
+suffix dict, only the rest to regular expressions); decisions can therefore be cached by
+target.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import ipaddress
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import PolicyError, TargetError
 from ..validate import as_list
+from .ruleset import RuleSet
 from .target import (
     DEFAULT_PORTS,
     IPAddress,
@@ -209,96 +210,6 @@ def parse_framework_route(text: str) -> FrameworkRoute:
     return FrameworkRoute(text.strip(), parsed.target.host, parsed.target.port)
 
 
-# ---------------------------------------------------------------------------------------
-# Compiled rule sets
-
-
-class _NetIndex:
-    """Address rules indexed by prefix length: which rules contain an address, in
-    O(distinct prefix lengths) dict lookups instead of a scan of every CIDR rule."""
-
-    __slots__ = ("_tables",)
-
-    def __init__(self) -> None:
-        # version -> prefix length -> network number -> rules
-        self._tables: dict[int, dict[int, dict[int, list[Rule]]]] = {4: {}, 6: {}}
-
-    def add(self, rule: Rule) -> None:
-        net = rule.network
-        assert net is not None
-        bits = net.max_prefixlen
-        key = int(net.network_address) >> (bits - net.prefixlen)
-        self._tables[net.version].setdefault(net.prefixlen, {}).setdefault(key, []).append(rule)
-
-    def containing(self, ip: IPAddress) -> list[Rule]:
-        """Every rule whose network contains `ip` (unordered)."""
-        n, bits = int(ip), ip.max_prefixlen
-        found: list[Rule] = []
-        for plen, table in self._tables[ip.version].items():
-            hit = table.get(n >> (bits - plen))
-            if hit:
-                found.extend(hit)
-        return found
-
-
-@dataclass(slots=True)
-class _RuleSet:
-    """Rules of one action, indexed for fast host matching."""
-
-    exact: dict[str, list[Rule]] = field(default_factory=dict)
-    suffix: dict[str, list[Rule]] = field(default_factory=dict)  # "*.x" -> under "x"
-    regex: list[tuple[re.Pattern[str], Rule]] = field(default_factory=list)
-    networks: list[Rule] = field(default_factory=list)
-    net_index: _NetIndex = field(default_factory=_NetIndex)
-    order: dict[Rule, int] = field(default_factory=dict)
-
-    def add(self, rule: Rule) -> None:
-        self.order.setdefault(rule, len(self.order))
-        if rule.network is not None:
-            self.networks.append(rule)
-            self.net_index.add(rule)
-            return
-        assert rule.pattern is not None
-        pat = rule.pattern
-        if "*" not in pat and "?" not in pat:
-            self.exact.setdefault(pat, []).append(rule)
-        elif pat.startswith("*.") and "*" not in pat[2:] and "?" not in pat[2:]:
-            self.suffix.setdefault(pat[2:], []).append(rule)
-        else:
-            rx = re.compile(fnmatch.translate(pat))
-            self.regex.append((rx, rule))
-            if pat.startswith("*."):
-                # a leading "*." also matches the apex
-                self.regex.append((re.compile(fnmatch.translate(pat[2:])), rule))
-
-    def network_matches(self, ips: Sequence[IPAddress], *, every: bool) -> list[Rule]:
-        """Address rules containing any (`every=False`) or every (`every=True`) of `ips`, in
-        definition order."""
-        if not ips or not self.networks:
-            return []
-        sets = [set(self.net_index.containing(ip)) for ip in ips]
-        chosen = set.intersection(*sets) if every else set.union(*sets)
-        return sorted(chosen, key=self.order.__getitem__)
-
-    def host_matches(self, host: str) -> list[Rule]:
-        """Every host-form rule whose pattern matches `host`, in definition order."""
-        found = list(self.exact.get(host, ()))
-        if self.suffix:
-            name = host
-            while True:
-                found.extend(self.suffix.get(name, ()))
-                dot = name.find(".")
-                if dot < 0:
-                    break
-                name = name[dot + 1 :]
-        for rx, rule in self.regex:
-            if rx.match(host) and rule not in found:
-                found.append(rule)
-        if len(found) > 1:
-            found.sort(key=self.order.__getitem__)
-        return found
-
-
 class Policy:
     """Allow and block rules, a default posture, and framework routes. Immutable after load.
 
@@ -336,8 +247,8 @@ class Policy:
             r if isinstance(r, FrameworkRoute) else parse_framework_route(str(r))
             for r in as_list(framework_routes, "Policy framework_routes", (str, FrameworkRoute))
         )
-        self._allow = _RuleSet()
-        self._block = _RuleSet()
+        self._allow = RuleSet()
+        self._block = RuleSet()
         for rule in self.allow_rules:
             self._allow.add(rule)
         for rule in self.block_rules:

@@ -17,7 +17,8 @@ from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh
 
 import netcut
 from netcut import api, apply, nsexec, safety
-from netcut.model import DelRoute, Route
+from netcut.model import Route
+from netcut.ops import DelRoute
 
 pytestmark = pytest.mark.netns
 

@@ -253,7 +253,8 @@ def test_helper_and_direct_read_the_same_state_and_both_see_tampering(
     (`iptables -S`, `ip -j rule`) parses to the same filters and policy rules that direct
     mode decodes, a tampered cut is `partial` in both, and a helper `cut` repairs it."""
     from netcut import api
-    from netcut.render import PRELUDE, parse_state_dump, state_script
+    from netcut.render import PRELUDE, state_script
+    from netcut.statedump import parse_state_dump
 
     # The container's process lives in the sandbox namespace, so both modes key one record.
     unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",

@@ -18,8 +18,9 @@ import pytest
 from audit_samples import SAMPLE, sample_events, write_sample
 
 from egress.audit.cli import audit_main
+from egress.audit.follow import Follower, GapFiller
 from egress.audit.log import AuditLog
-from egress.audit.read import Follower, GapFiller, client_ip, host_matches, order_paths
+from egress.audit.read import client_ip, host_matches, order_paths
 from egress.audit.timebounds import canonical_ts
 
 

@@ -13,6 +13,7 @@ PURE = [
     "reasons",
     "policy.target",
     "policy.rules",
+    "policy.ruleset",
     "policy.addrs",
     "policy.judge",
     "policy.compose",

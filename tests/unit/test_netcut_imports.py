@@ -7,7 +7,10 @@ import pathlib
 
 import pytest
 
-PURE = ["errors", "model", "plan", "redirect", "render", "verify", "targetref"]
+PURE = [
+    "errors", "model", "ops", "plan", "status", "redirect", "render", "statedump", "verify",
+    "targetref",
+]
 FORBIDDEN = {"socket", "asyncio", "pyroute2", "iptc", "subprocess", "selectors"}
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "netcut"
 

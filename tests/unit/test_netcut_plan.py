@@ -16,33 +16,35 @@ from netcut.model import (
     AF_INET6,
     NETCUT_PROTO,
     RTN_LOCAL,
+    Addr,
+    Keep,
+    Link,
+    Lookup,
+    NamespaceState,
+    Route,
+    parse_keep,
+)
+from netcut.ops import (
     AddAddr,
     AddBackstop,
-    Addr,
     AddRoute,
     DelAddr,
     DelRoute,
     FilterRule,
-    Keep,
     KillFlows,
-    Link,
-    Lookup,
-    NamespaceState,
     RemoveBackstop,
-    Route,
     SetSysctl,
-    parse_keep,
 )
 from netcut.plan import (
     CutPlan,
     backstop_rules,
     invert,
-    judge_status,
     plan_cut,
     plan_from_data,
     plan_restore,
     plan_to_data,
 )
+from netcut.status import judge_status
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)

@@ -9,9 +9,8 @@ import pytest
 from test_netcut_plan import PROXY, _after, state
 
 from netcut.errors import InvalidInput
-from netcut.model import (
-    AF_INET,
-    NETCUT_PROTO,
+from netcut.model import AF_INET, NETCUT_PROTO
+from netcut.ops import (
     AddBackstop,
     AddRedirect,
     AddRoute,
@@ -20,9 +19,10 @@ from netcut.model import (
     NatRule,
     RemoveRedirect,
 )
-from netcut.plan import judge_status, plan_cut, plan_from_data, plan_restore, plan_to_data
+from netcut.plan import plan_cut, plan_from_data, plan_restore, plan_to_data
 from netcut.redirect import Redirect, redirect_rules
 from netcut.render import render_op
+from netcut.status import judge_status
 
 REDIRECT = Redirect(15001, 15053)
 
@@ -109,7 +109,8 @@ def test_status_verification_knows_transparent_rules() -> None:
 def test_helper_state_dump_reports_the_redirect_chain() -> None:
     from test_netcut_render import DUMP
 
-    from netcut.render import parse_state_dump, state_script
+    from netcut.render import state_script
+    from netcut.statedump import parse_state_dump
 
     assert "-t nat -S NETCUT_REDIRECT" in state_script(())
     assert "= nat ] && t=yes" in state_script(())

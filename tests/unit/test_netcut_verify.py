@@ -19,25 +19,28 @@ from netcut.model import (
     CHAIN,
     NETCUT_PROTO,
     RTN_LOCAL,
-    AddBackstop,
     Addr,
-    AddRoute,
-    DelAddr,
-    DelRoute,
     FilterDump,
-    FilterRule,
-    KillFlows,
     Link,
     Lookup,
     NamespaceState,
-    Op,
     PolicyRule,
     Route,
     SeenRule,
-    SetSysctl,
     parse_keep,
 )
-from netcut.plan import CutPlan, backstop_rules, judge_status, plan_cut
+from netcut.ops import (
+    AddBackstop,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    FilterRule,
+    KillFlows,
+    Op,
+    SetSysctl,
+)
+from netcut.plan import CutPlan, backstop_rules, plan_cut
+from netcut.status import judge_status
 from netcut.verify import as_filter_rule, differences, ipv6_sysctls, repair_ops
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")

@@ -1,0 +1,144 @@
+"""`ClientControl`: the clients and live-policy half of `EgressProxy`'s public API.
+
+Shell. Adding, replacing and removing clients, swapping one client's policy or the whole
+configuration while connections are served (docs/policy.md#live-policy-changes), reserving
+a network in the address guard, re-reading the host's own addresses, and auditing each
+policy as it starts to apply (docs/audit-log.md). A mixin of `EgressProxy` (`server.py`):
+the state it works on (`settings`, `gate`, `resolver`, `listeners`) is the proxy's own, so
+the accept path reads it with no indirection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..config import ClientSpec, Settings
+from ..policy.addrs import AddressGuard, parse_cidr
+from ..policy.rules import Policy
+from ..policy.target import IPAddress, parse_ip_literal
+from .clients import ClientTable, Identity
+from .hostaddrs import local_addresses_async
+from .resolve import Resolver
+
+if TYPE_CHECKING:
+    from .gate import Gate
+    from .listener import Listener
+    from .steps import AuditSink, Steps
+
+
+class ClientControl:
+    """Who the proxy serves and under which policy; mixed into `EgressProxy`."""
+
+    # the proxy's state (set by EgressProxy.__init__ / start())
+    settings: Settings
+    gate: Gate
+    resolver: Resolver
+    audit: AuditSink | None
+    listeners: list[Listener]
+    addresses: list[tuple[str, int]]
+    listen_netns: str | None
+    steps: Steps
+    _own_resolver: bool
+    _fixed_host_local: frozenset[IPAddress] | None
+    _started: bool
+
+    @property
+    def clients(self) -> ClientTable:
+        return self.gate.clients
+
+    @property
+    def guard(self) -> AddressGuard:
+        """The address guard in force (the host's own addresses included)."""
+        return self.gate.guard
+
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        identity = self.clients.put(spec)
+        self._sync_settings()
+        self._policy_applied(spec.client_id, spec.policy, "api")
+        return identity
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        spec = self.clients.remove(client_id)
+        self._sync_settings()
+        return spec
+
+    def _sync_settings(self) -> None:
+        s = self.settings
+        specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
+        self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
+
+    # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
+    def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
+        """Replace one client's policy, atomically: every request identified from now on
+        (the next request on a kept-alive connection too) is judged by `policy`; requests
+        and tunnels already decided keep their decision. Also re-binds listeners bound to
+        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
+        known = self.clients.spec(client_id) is not None
+        bound = [li for li in self.listeners if li.identity is not None
+                 and li.identity.client_id == client_id and li.forward_to is None]
+        if not known and not bound:
+            raise KeyError(f"no client {client_id!r} on this proxy")
+        if known:
+            self.clients.replace(client_id, policy)
+            self._sync_settings()
+        for listener in bound:
+            listener.identity = Identity(client_id, policy)
+        self._policy_applied(client_id, policy, source)
+
+    async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
+        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
+        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
+        name get its new policy; other bound listeners keep theirs."""
+        self.settings = settings
+        self.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
+        if not self._own_resolver:
+            old, self.resolver = self.resolver, Resolver(settings.resolve)
+            if self._started:
+                self.steps.resolver = self.resolver
+            old.close()
+        by_id = {c.client_id: c.policy for c in settings.clients}
+        for listener in self.listeners:
+            ident = listener.identity
+            if ident is not None and listener.forward_to is None and ident.client_id in by_id:
+                listener.identity = Identity(ident.client_id, by_id[ident.client_id])
+        await self.refresh_host_local()  # the guard from the new settings
+        self._policy_applied(None, settings.policy, source)
+        for spec in settings.clients:
+            self._policy_applied(spec.client_id, spec.policy, source)
+
+    def _policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
+        """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""
+        if self.audit is None or not self._started:
+            return
+        self.audit.record({"type": "policy", "client_id": client_id, "policy": policy.digest,
+                           "source": source, "canonical": policy.canonical()})
+
+    # --- the address guard ------------------------------------------------------------------
+    def reserve(self, network: str) -> None:
+        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
+        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
+        net = parse_cidr(network)
+        guard = self.settings.guard
+        if net in guard.extra:
+            return
+        self.settings = replace(self.settings, guard=replace(guard, extra=(*guard.extra, net)))
+        self.gate.set_guard(replace(self.gate.guard, extra=self.settings.guard.extra))
+
+    async def refresh_host_local(self) -> None:
+        """Re-read this host's interface addresses into the guard (also done periodically)."""
+        if self._fixed_host_local is not None:
+            found = self._fixed_host_local
+        else:
+            found = await local_addresses_async()
+        own = {parse_ip_literal(h) for h, _ in self.addresses if not self.listen_netns}
+        extra = frozenset(a for a in own if a is not None and not a.is_unspecified)
+        self.gate.set_guard(self.settings.guard.with_host_local(found | extra))
+
+
+__all__ = ["ClientControl"]

@@ -1,0 +1,125 @@
+"""`ListenerControl`: the listeners half of `EgressProxy`'s public API, and `ClientSide`.
+
+Shell. Opening a listening socket (here or inside a sandbox's namespace) and serving it from
+the proxy's loop; listeners added while running, of every kind (HTTP proxy, SOCKS5,
+transparent, and framework-route forwarders: docs/proxy.md#transparent-mode-and-socks5,
+docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders); removing one and
+closing what it accepted. A mixin of `EgressProxy` (`server.py`). The socket itself is
+`listener.listen_socket`; `ClientSide` hands each accepted connection to the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..config import ClientSpec
+from ..policy.rules import Policy, parse_framework_route
+from ..reasons import End
+from .clients import Identity
+from .fast import FastClient
+from .listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
+from .netns import listen_in_netns
+
+if TYPE_CHECKING:
+    from .conn import Conn, Limits
+
+
+class ClientSide(FastClient):
+    """A client connection's socket: tells the proxy when it is accepted (a forward-proxy
+    connection's kept-alive requests may then take the callback fast path, `fast.py`)."""
+
+    def __init__(self, proxy: ListenerControl, listener: Listener) -> None:
+        super().__init__(proxy.loop, max_buffer=proxy.limits.max_head)
+        self.proxy = proxy
+        self.listener = listener
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.proxy._accepted(self)
+
+
+class ListenerControl:
+    """The proxy's listening sockets; mixed into `EgressProxy`."""
+
+    # the proxy's state (set by EgressProxy.__init__ / start())
+    loop: asyncio.AbstractEventLoop
+    limits: Limits
+    listeners: list[Listener]
+    reuse_port: bool
+    _conns: set[Conn]
+    _accepted: Callable[[ClientSide], None]  # EgressProxy's: starts serving a connection
+    _policy_applied: Callable[[str | None, Policy, str], None]  # ClientControl's
+
+    async def _open_listener(self, listener: Listener) -> Listener:
+        if listener.netns:
+            sock = listen_in_netns(listener.netns, listener.host, listener.port)
+        else:
+            sock = listen_socket(listener.host, listener.port, reuse_port=self.reuse_port)
+        listener.server = await self.loop.create_server(
+            lambda: ClientSide(self, listener), sock=sock, backlog=BACKLOG
+        )
+        bound = sock.getsockname()
+        listener.host, listener.port = str(bound[0]), int(bound[1])
+        self.listeners.append(listener)
+        return listener
+
+    async def add_listener(
+        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None,
+        kind: ListenerKind = "http",
+    ) -> Listener:
+        """Listen on `HOST:PORT` (inside `netns` if given) while running.
+
+        With `client`, every connection on this listener is that client (its policy and
+        id), whatever credentials it presents: a listener on a sandbox's own loopback can
+        only be reached from inside that sandbox. `kind` says what it speaks: the HTTP
+        proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`;
+        docs/proxy.md#transparent-mode-and-socks5). Raises OSError / NamespaceError.
+        """
+        host, port = parse_listen(listen)
+        identity = Identity(client.client_id, client.policy) if client is not None else None
+        if kind == "transparent" and identity is None:
+            raise ValueError("a transparent listener serves one sandbox: pass client=")
+        listener = await self._open_listener(Listener(host, port, netns, identity, kind=kind))
+        if client is not None:
+            self._policy_applied(client.client_id, client.policy, "listener")
+        return listener
+
+    async def add_forwarder(
+        self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
+    ) -> Listener:
+        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
+
+        Lets a sandbox reach a framework service on the host's loopback at an address of its
+        own (its loopback, or its gateway) without any proxy setting. Every connection is
+        audited (method `FORWARD`, reason `framework_route`).
+        """
+        dest = parse_framework_route(route)
+        host, port = parse_listen(listen)
+        policy = Policy(framework_routes=[dest])
+        return await self._open_listener(
+            Listener(host, port, netns, Identity(client_id, policy), (dest.host, dest.port))
+        )
+
+    async def remove_listeners(self, netns: str) -> None:
+        """Stop every listener opened inside `netns` (a sandbox being released)."""
+        for listener in [li for li in self.listeners if li.netns == netns]:
+            self.remove_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        if listener not in self.listeners:
+            return False
+        self.listeners.remove(listener)
+        listener.close()
+        for conn in [c for c in self._conns if c.listener is listener]:
+            conn.end = End.RELEASED.value
+            conn.side.abort()
+            if conn.upstream is not None:
+                conn.upstream.abort()
+        return True
+
+
+__all__ = ["ClientSide", "ListenerControl"]

@@ -1,0 +1,76 @@
+"""`Operations`: the operators' half of `EgressProxy`'s public API (docs/metrics.md).
+
+Shell. Metrics as plain data, the admin listener (`/metrics`, `/healthz`, `/readyz`,
+`admin.py`), readiness, and per-execution summaries. A mixin of `EgressProxy` (`server.py`);
+the counting itself is `Observers` (`observe.py`), fed from the access records.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .observe import ExecutionSummary, Observers
+
+if TYPE_CHECKING:
+    from .listener import Listener
+    from .metrics import ProxyMetrics
+    from .steps import AuditSink
+
+
+class Operations:
+    """What an operator asks the proxy; mixed into `EgressProxy`."""
+
+    # the proxy's state (set by EgressProxy.__init__)
+    observers: Observers
+    audit: AuditSink | None
+    listeners: list[Listener]
+    closing: bool
+    admin: Any  # egress.proxy.admin.AdminServer once started
+    _metrics: ProxyMetrics | None
+
+    def metrics(self) -> dict[str, object]:
+        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
+
+        Raises RuntimeError when the proxy was built with `metrics=False`."""
+        if self._metrics is None:
+            raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
+        return self._metrics.snapshot()
+
+    @property
+    def admin_url(self) -> str | None:
+        """`http://HOST:PORT` of the admin listener, once started (else None)."""
+        from .admin import admin_url
+
+        return None if self.admin is None else admin_url(self.admin.address)
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
+        if self.closing:
+            return False, "stopping"
+        if not self.listeners:
+            return False, "not listening"
+        if self.audit is not None and not self.audit.accepting:
+            return False, "audit log not accepting"
+        return True, "ready"
+
+    async def _start_admin(self, host: str, port: int) -> None:
+        from .admin import AdminServer
+
+        if self._metrics is None:
+            raise ValueError("the admin listener needs metrics (metrics=True)")
+        self.admin = AdminServer(self._metrics, self.ready)
+        await self.admin.start(host, port)
+
+    def track_execution(self, client_id: str) -> ExecutionSummary:
+        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
+        return self.observers.track(client_id)
+
+    def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
+        """Counts by decision, host and reason of `client_id`'s records since tracking began
+        (`stop` ends the tracking; `release_execution` does this)."""
+        if stop:
+            return self.observers.untrack(client_id)
+        return self.observers.summaries.get(client_id) or ExecutionSummary(client_id)
+
+
+__all__ = ["Operations"]

@@ -1,0 +1,282 @@
+"""The helper container and the shell session netcut holds with it (docs/netcut.md#helper-mode).
+
+Shell. `helper_argv` is the one container run per operation: a `--rm -i` container in the
+target's network namespace holding only NET_ADMIN and NET_RAW, never pulling. `HelperExecutor`
+is `flow.Executor` over it: each request (a script from `render.py`) is written to the
+helper's /bin/sh and ends with a marker carrying a random token and the exit status, so the
+host knows where an answer ends and whether it failed; `close()` returns only once the
+container's process is gone. The default image is imported the first time it is missing
+(helperimage.py). Which container to cut, and the checks on it, are `helper.py`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import subprocess
+import threading
+import time
+from types import TracebackType
+
+from netcut import helperimage
+from netcut import plan as plan_mod
+from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound
+from netcut.model import Keep, NamespaceState, ProbeResult
+from netcut.ops import Op
+from netcut.render import PRELUDE, parse_probe, probe_script, render_op, render_script, state_script
+from netcut.statedump import parse_state_dump
+
+IMAGE_ENV = "NETCUT_HELPER_IMAGE"
+# A helper container starts in a fraction of a second; a minute means the engine is wedged.
+RUN_TIMEOUT_S = 60.0
+CAPABILITIES = ("NET_ADMIN", "NET_RAW")
+# What the engines answer for an image that is not there (with --pull never).
+_NO_IMAGE = ("no such image", "image not known", "unable to find image", "not found")
+
+
+def default_image() -> str:
+    """The tag of the image assembled from this host's files (helperimage.py)."""
+    return helperimage.image_tag()
+
+
+def helper_argv(runtime: str, container_id: str, image: str) -> list[str]:
+    """argv of the helper run: shares only the network namespace, holds NET_ADMIN and
+    NET_RAW only, reads its commands from stdin."""
+    podman = "podman" in os.path.basename(runtime)
+    unmask = "unmask=/proc/sys" if podman else "systempaths=unconfined"
+    caps = [arg for cap in CAPABILITIES for arg in ("--cap-add", cap)]
+    return [
+        runtime,
+        "run",
+        "-i",
+        "--rm",
+        "--pull",
+        "never",
+        "--log-driver",
+        "none",
+        "--network",
+        f"container:{container_id}",
+        "--cap-drop",
+        "ALL",
+        *caps,
+        "--security-opt",
+        unmask,
+        "--entrypoint",
+        "/bin/sh",
+        image,
+    ]
+
+
+def why_failed(text: str, code: int | None) -> str:
+    """The last line a failed command said (its exit status if it said nothing)."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else f"exit {code}"
+
+
+def _drain(fd: int, deadline: float) -> None:
+    """Read `fd` to its end (the helper's shell and container are gone) or the deadline."""
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        try:
+            if ready and not os.read(fd, 65536):
+                return
+        except OSError:
+            return
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
+        with contextlib.suppress(OSError):
+            proc.stderr.close()
+
+
+class HelperExecutor:
+    """flow.Executor over one helper container per operation.
+
+    `start()` launches it at once, before the target's `inspect` (both take a docker/podman
+    client start and an engine round trip, so they overlap); nothing is sent to it until the
+    target passed the checks, and a refused target's helper just sees its stdin close."""
+
+    def __init__(self, runtime: str, container: str, image: str | None) -> None:
+        self.runtime = runtime
+        self.target = container  # name or id, as the caller gave it
+        self.nameservers: tuple[str, ...] = ()
+        self.chosen = image or os.environ.get(IMAGE_ENV, "").strip() or None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.buffer = b""
+        self.started = False  # the prelude answered
+        self.runs = 0  # containers started (the goal is one per operation)
+
+    def __enter__(self) -> HelperExecutor:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(wait=False)
+
+    # -------------------------------------------------------------- the session
+
+    def start(self) -> None:
+        """Launch the helper container (returns at once)."""
+        if self.proc is None:
+            self._spawn(self.chosen or default_image())
+
+    def _ready(self) -> None:
+        """Wait for the helper's shell; import the default image once when it is missing."""
+        image = self.chosen or default_image()
+        for attempt in (1, 2):
+            if self.proc is None:
+                self._spawn(image)
+            try:
+                self.started = True
+                self.send(PRELUDE, subshell=False)
+                return
+            except ApplyFailed as exc:
+                self.started = False
+                missing = any(s in str(exc).lower() for s in _NO_IMAGE)
+                if attempt == 2 or self.chosen is not None or not missing:
+                    raise
+                helperimage.build(self.runtime, image)
+
+    def _spawn(self, image: str) -> None:
+        self.close()
+        argv = helper_argv(self.runtime, self.target, image)
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except FileNotFoundError:
+            raise TargetNotFound(f"container runtime {argv[0]} not found") from None
+        self.runs += 1
+        self.buffer = b""
+
+    def send(
+        self, script: str, timeout: float = RUN_TIMEOUT_S, *, subshell: bool = True
+    ) -> tuple[int, str]:
+        """Run `script` in a subshell of the helper's shell (in the shell itself for the
+        prelude, whose functions must persist); (exit status, its output)."""
+        if not self.started:
+            self._ready()
+        proc = self.proc
+        assert proc is not None
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        token = secrets.token_hex(8)
+        body = f"(\n{script}\n) </dev/null" if subshell else f"{script}\ntrue"
+        request = f'{body}; echo "### end {token} $?"\n'
+        try:
+            proc.stdin.write(request.encode())
+            proc.stdin.flush()
+        except BrokenPipeError:
+            raise ApplyFailed(f"helper container exited: {self._stderr()}") from None
+        marker = f"### end {token} ".encode()
+        deadline = time.monotonic() + timeout
+        fd = proc.stdout.fileno()
+        while marker not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise ApplyFailed(f"helper container: no answer within {timeout:g}s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise ApplyFailed(f"helper container exited: {self._stderr()}")
+                self.buffer += chunk
+        head, _, rest = self.buffer.partition(marker)
+        code_text, _, self.buffer = rest.partition(b"\n")
+        code = int(code_text) if code_text.strip().isdigit() else 255
+        return code, head.decode(errors="replace")
+
+    def _stderr(self) -> str:
+        proc = self.proc
+        if proc is None or proc.stderr is None:
+            return "not running"
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        text = proc.stderr.read().decode(errors="replace")
+        self.close()
+        return why_failed(text, proc.returncode)
+
+    def close(self, wait: bool = True) -> None:
+        """End the session: close the shell's stdin and wait until the container's process
+        is gone (its output stream ends), so no helper holding NET_ADMIN/NET_RAW is left in
+        the namespace when this returns. `wait=False` leaves only the engine's removal of the
+        `--rm` container (~100 ms, nothing depends on it) to a thread."""
+        proc, self.proc = self.proc, None
+        self.started = False
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if proc.stdout is not None:
+            _drain(proc.stdout.fileno(), time.monotonic() + RUN_TIMEOUT_S)
+            with contextlib.suppress(OSError):
+                proc.stdout.close()
+        if wait:
+            _reap(proc)
+        else:
+            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+
+    # -------------------------------------------------------------- flow.Executor
+
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        code, out = self.send(state_script(keeps, verify))
+        if code != 0:
+            raise ApplyFailed(f"helper state dump failed (exit {code}): {why_failed(out, code)}")
+        try:
+            return parse_state_dump(out, nameservers or self.nameservers)
+        except InvalidInput as exc:
+            raise ApplyFailed(f"{exc}; nothing was changed") from None
+
+    def apply(self, ops: tuple[Op, ...]) -> None:
+        lines = ["set -e"]
+        for i, op in enumerate(ops):
+            lines.append(f"echo '### op {i}'")
+            lines += render_op(op)
+        code, out = self.send("\n".join(lines))
+        if code == 0:
+            return
+        reached = [int(x[7:]) for x in out.splitlines() if x.startswith("### op ")]
+        done = ops[: (reached[-1] + 1) if reached else 0]  # the failed op may be half done
+        rollback = tuple(inv for op in reversed(done) if (inv := plan_mod.invert(op)) is not None)
+        try:
+            back, _ = self.send(render_script(rollback, tolerant=True))
+        except ApplyFailed:
+            back = -1
+        said = [x for x in out.splitlines() if not x.startswith("### op ")]
+        why = said[-1] if said else f"exit {code}"
+        failed = ops[reached[-1]] if reached else "the helper"
+        note = "rolled back" if back == 0 else "rollback incomplete: run `netcut restore`"
+        raise ApplyFailed(
+            f"cut via helper failed at: {failed}: {why}; {note}", rolled_back=back == 0
+        )
+
+    def undo(self, ops: tuple[Op, ...]) -> list[str]:
+        code, out = self.send(render_script(ops, tolerant=True))
+        return [] if code == 0 else [f"helper undo failed (exit {code}): {why_failed(out, code)}"]
+
+    def probe(
+        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+    ) -> ProbeResult:
+        code, out = self.send(probe_script(reachable, blocked, timeout), timeout + 30)
+        if code != 0:
+            raise ApplyFailed(f"helper probe failed (exit {code}): {why_failed(out, code)}")
+        return parse_probe(out, reachable, blocked)
+
+
+__all__ = ["CAPABILITIES", "IMAGE_ENV", "RUN_TIMEOUT_S", "HelperExecutor", "default_image",
+           "helper_argv", "why_failed"]
