@@ -58,18 +58,25 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
     except Refused as refused:
         if upstream is not None:
             upstream.close()
-        if refused.refusal.where is not None:  # ws://: name the destination
-            rec.host, rec.port = refused.refusal.where
-        keep = keep_alive_after(
-            refused.refusal,
-            bodiless=head.framing.kind == "none",
-            keep_alive=head.keep_alive,
-            closing=steps.closing,
-        )
-        steps.answer(conn, rec, refused.refusal, close=not keep)
-        return keep
+        return answer_refusal(steps, conn, head, rec, refused.refusal)
     finally:
         conn.upstream = None
+
+
+def answer_refusal(
+    steps: Steps, conn: Conn, head: wire.RequestHead, rec: AccessRecord, refusal: Refuse
+) -> bool:
+    """Answer and audit a refused request; True if the client connection may go on."""
+    if refusal.where is not None:  # ws://: name the destination
+        rec.host, rec.port = refusal.where
+    keep = keep_alive_after(
+        refusal,
+        bodiless=head.framing.kind == "none",
+        keep_alive=head.keep_alive,
+        closing=steps.closing,
+    )
+    steps.answer(conn, rec, refusal, close=not keep)
+    return keep
 
 
 async def _exchange(
@@ -77,18 +84,12 @@ async def _exchange(
 ) -> bool:
     """Send the request, relay the response; True if the client connection may go on."""
     head = req.head
-    host = host_header(req.target, req.explicit_port)
     try:
-        out = rewrite.passthrough_request_head(head, conn.raw_head, req.path, host)
-        if out is None:
-            fields = rewrite.forward_headers(head, host)
-            out = rewrite.serialize_request_head(
-                head.method, req.path, fields, version=head.version
-            )
+        out = request_out(head, conn.raw_head, req.target, req.path, req.explicit_port)
     except (ValueError, UnicodeEncodeError) as exc:
         raise Refused(refuse_request(f"cannot forward request: {exc}")) from None
     upstream.write(out)
-    body = _framer(head.framing, 400)
+    body = framer_for(head.framing, 400)
     req_done = conn.side.start_relay(upstream, body) if body is not None else None
     if req_done is not None:
         # a malformed or truncated request body ends the exchange at once
@@ -99,32 +100,63 @@ async def _exchange(
         if req_done is not None:
             _raise_body_error(req_done)
         raise
-    rec.status = resp.status
-    keep = head.keep_alive and resp.keep_alive and not steps.closing
-    passthrough = keep and head.version == "HTTP/1.1"
-    raw = rewrite.passthrough_response_head(resp, resp_raw) if passthrough else None
-    if raw is not None:
-        out = raw
-    else:
-        rfields = rewrite.forward_response_headers(resp)
-        if not keep:
-            rfields.append(("Connection", "close"))
-        elif head.version == "HTTP/1.0":
-            rfields.append(("Connection", "keep-alive"))
-        out = rewrite.serialize_response_head(resp.status, resp.reason, rfields)
+    keep, out = response_out(steps, head, resp, resp_raw, rec)
     ok = await _relay_response(conn, resp, upstream, out, rec)
     if req_done is not None:
         if not req_done.done():
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
-    keep = keep and ok and resp.framing.kind != "close"
+    return finish_exchange(steps, conn, upstream, resp, rec, keep and ok, ok, req.addr,
+                           req.target.port)
+
+
+def request_out(
+    head: wire.RequestHead, raw: bytes, target: Target, path: str, explicit_port: bool
+) -> bytes:
+    """The head to send upstream (hop-by-hop fields removed, `Host` set; the client's own
+    bytes when nothing needs rewriting, docs/wire.md). Raises ValueError or
+    UnicodeEncodeError when it cannot be serialized."""
+    host = host_header(target, explicit_port)
+    out = rewrite.passthrough_request_head(head, raw, path, host)
+    if out is None:
+        fields = rewrite.forward_headers(head, host)
+        out = rewrite.serialize_request_head(head.method, path, fields, version=head.version)
+    return out
+
+
+def response_out(
+    steps: Steps, head: wire.RequestHead, resp: wire.ResponseHead, resp_raw: bytes,
+    rec: AccessRecord,
+) -> tuple[bool, bytes]:
+    """(keep-alive so far, the response head to send the client)."""
+    rec.status = resp.status
+    keep = head.keep_alive and resp.keep_alive and not steps.closing
+    passthrough = keep and head.version == "HTTP/1.1"
+    raw = rewrite.passthrough_response_head(resp, resp_raw) if passthrough else None
+    if raw is not None:
+        return keep, raw
+    rfields = rewrite.forward_response_headers(resp)
+    if not keep:
+        rfields.append(("Connection", "close"))
+    elif head.version == "HTTP/1.0":
+        rfields.append(("Connection", "keep-alive"))
+    return keep, rewrite.serialize_response_head(resp.status, resp.reason, rfields)
+
+
+def finish_exchange(
+    steps: Steps, conn: Conn, upstream: Side, resp: wire.ResponseHead, rec: AccessRecord,
+    keep: bool, ok: bool, addr: IPAddress, port: int,
+) -> bool:
+    """Audit an exchange that ended and pool (or close) its upstream; True if the client
+    connection may go on."""
+    keep = keep and resp.framing.kind != "close"
     rec.bytes_up = conn.side.bytes_relayed
     rec.bytes_down = upstream.bytes_relayed
     conn.side.bytes_relayed = upstream.bytes_relayed = 0
     rec.finish(steps.loop.time())
     steps.emit(rec, "allow", rec.reason or "", rec.rule, None, resp.status)
     if ok and resp.keep_alive:
-        steps.pool.release(upstream, req.addr, req.target.port)
+        steps.pool.release(upstream, addr, port)
     else:
         upstream.close()
     return keep
@@ -143,7 +175,7 @@ async def _relay_response(
         with contextlib.suppress(RelayEnded):
             await upstream.start_relay(conn.side, None)
         return True
-    framer = _framer(resp.framing, 502)
+    framer = framer_for(resp.framing, 502)
     if framer is None:  # Content-Length: 0
         conn.side.write(head_bytes)
         return True
@@ -184,7 +216,7 @@ async def _read_response(
             raise Refused(refuse_upstream("upstream closed before a response"))
 
 
-def _framer(framing: wire.BodyFraming, status: int) -> Framer | None:
+def framer_for(framing: wire.BodyFraming, status: int) -> Framer | None:
     if framing.kind == "length":
         return LengthFramer(framing.length) if framing.length else None
     if framing.kind == "chunked":
@@ -219,4 +251,7 @@ def _settle(fut: asyncio.Future[None]) -> bool:
     return fut.exception() is None
 
 
-__all__ = ["serve_request"]
+__all__ = [
+    "answer_refusal", "finish_exchange", "framer_for", "request_out", "response_out",
+    "serve_request",
+]

@@ -18,16 +18,17 @@ from ..config import ClientSpec
 from ..policy.rules import Policy, parse_framework_route
 from ..reasons import End
 from .clients import Identity
+from .fast import FastClient
 from .listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
 from .netns import listen_in_netns
-from .relay import Side
 
 if TYPE_CHECKING:
     from .conn import Conn, Limits
 
 
-class ClientSide(Side):
-    """A client connection's socket: tells the proxy when it is accepted."""
+class ClientSide(FastClient):
+    """A client connection's socket: tells the proxy when it is accepted (a forward-proxy
+    connection's kept-alive requests may then take the callback fast path, `fast.py`)."""
 
     def __init__(self, proxy: ListenerControl, listener: Listener) -> None:
         super().__init__(proxy.loop, max_buffer=proxy.limits.max_head)

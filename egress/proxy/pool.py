@@ -59,6 +59,13 @@ class UpstreamPool:
 
     async def acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
         """An idle pooled connection to one of the checked `addrs`, or a new one."""
+        found = self.take_idle(addrs, port)
+        if found is not None:
+            return found
+        return await self.dial(addrs, port)
+
+    def take_idle(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress] | None:
+        """An idle pooled connection to one of the checked `addrs`, or None (no waiting)."""
         for addr in addrs:
             idle = self._idle.get((addr, port))
             while idle:
@@ -67,7 +74,7 @@ class UpstreamPool:
                 if not side.eof and not side.buf and t is not None and not t.is_closing():
                     return side, addr
                 side.close()
-        return await self.dial(addrs, port)
+        return None
 
     def release(self, upstream: Side, ip: IPAddress, port: int) -> None:
         """Keep `upstream` for reuse if it is clean and there is room, else close it."""

@@ -23,6 +23,7 @@ connection closes only when both directions have ended.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from ..errors import ProtocolError
@@ -87,6 +88,9 @@ class Side(asyncio.Protocol):
         self.framer: Framer | None = None
         self.relay_done: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
+        # called instead of waking a waiter (bytes, EOF or loss in buffered mode): a
+        # callback-driven exchange reading a head (`fast.py`, docs/architecture.md)
+        self.on_wake: Callable[[], None] | None = None
         self._read_paused_full = False
         self._read_paused_sink = False
 
@@ -277,6 +281,10 @@ class Side(asyncio.Protocol):
             t.resume_reading()
 
     def _wake(self) -> None:
+        cb = self.on_wake
+        if cb is not None:
+            cb()
+            return
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

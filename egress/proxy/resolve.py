@@ -83,6 +83,17 @@ class Resolver:
         self._busy = 0
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
+    def cached(self, host: str) -> tuple[IPAddress, ...] | None:
+        """The answer `resolve` would give at once (a pin or an unexpired cache entry), or
+        None when it would have to look up or raise."""
+        pinned = self.pins.get(host)
+        if pinned is not None:
+            return pinned
+        hit = self._cache.get(host)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        return None
+
     async def resolve(self, host: str) -> tuple[IPAddress, ...]:
         """Addresses for canonical `host` (pins first); raise `ResolveError` (`ResolveTimeout`
         when the answer did not come in time)."""

@@ -237,6 +237,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
         conn = Conn(side, _fmt_addr(peer), peer, side.listener, phase_since=self.loop.time())
+        if side.listener.kind == "http" and side.listener.forward_to is None:
+            # the forward proxy's kept-alive requests may take the callback fast path; a
+            # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
+            side.conn, side.steps = conn, self.steps
         self._conns.add(conn)
         conn.task = self.loop.create_task(self._serve(conn))
 

@@ -40,8 +40,8 @@ class Steps:
     """The shared steps of one running proxy (built by `EgressProxy.start`)."""
 
     __slots__ = (
-        "_addr_texts", "_per_client", "audit", "closing", "gate", "hooks", "limits", "loop",
-        "metrics", "observe", "pool", "resolver",
+        "_addr_texts", "_per_client", "audit", "closing", "fast_path", "gate", "hooks", "limits",
+        "loop", "metrics", "observe", "pool", "resolver",
     )
 
     def __init__(
@@ -67,6 +67,9 @@ class Steps:
         self.observe = observe
         self.metrics = metrics
         self.closing = False
+        # serve kept-alive requests from callbacks where possible (`fast.py`); off = every
+        # request takes the coroutine path (tests compare the two)
+        self.fast_path = True
         self._per_client: dict[object, int] = {}
         self._addr_texts: dict[IPAddress, str] = {}
 
@@ -125,10 +128,40 @@ class Steps:
                 metrics.decision.observe(self.loop.time() - rec.t0)
         if isinstance(verdict, Refuse):
             raise Refused(verdict)
-        rec.admitted(verdict.reason, verdict.rule)
-        if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
-            rec.would, rec.detail = verdict.would, verdict.detail
+        _admitted(verdict, rec)
         return verdict, addrs
+
+    def authorize_now(
+        self, policy: Policy, target: Target
+    ) -> tuple[Admit, tuple[IPAddress, ...]] | None:
+        """`authorize`'s decisions when nothing needs waiting (the gate's cached verdicts),
+        or None when the name is not in the resolver's cache or the verdict is a refusal:
+        the callback fast path (`fast.py`) then leaves the request to the coroutine path,
+        which decides again and answers. Records nothing: see `authorized_now`."""
+        gate = self.gate
+        first = gate.decide(policy, target)
+        if gate.refuse_early(first) is not None:
+            return None
+        if target.ip is not None:
+            addrs: tuple[IPAddress, ...] = (target.ip,)
+        else:
+            cached = self.resolver.cached(target.host)
+            if cached is None:
+                return None
+            addrs = cached
+        verdict = gate.admit(policy, target, first, addrs)
+        if isinstance(verdict, Refuse):
+            return None
+        return verdict, addrs
+
+    def authorized_now(self, verdict: Admit, target: Target, rec: AccessRecord) -> None:
+        """Record an `authorize_now` verdict as `authorize` does (the record, the metrics)."""
+        metrics = self.metrics
+        if metrics is not None:  # docs/metrics.md
+            if target.ip is None:  # a resolver cache hit: answered without a wait
+                metrics.dns.observe(0.0)
+            metrics.decision.observe(self.loop.time() - rec.t0)
+        _admitted(verdict, rec)
 
     async def resolve(self, host: str) -> tuple[IPAddress, ...]:
         metrics = self.metrics
@@ -198,6 +231,12 @@ class Steps:
                 self._per_client[conn.owner] = left
             else:
                 del self._per_client[conn.owner]
+
+
+def _admitted(verdict: Admit, rec: AccessRecord) -> None:
+    rec.admitted(verdict.reason, verdict.rule)
+    if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
+        rec.would, rec.detail = verdict.would, verdict.detail
 
 
 __all__ = ["AuditSink", "Steps"]

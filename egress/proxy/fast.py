@@ -1,0 +1,283 @@
+"""The callback fast path: a kept-alive absolute-form request served from protocol callbacks.
+
+Shell. Why: on a kept-alive connection, the coroutine path (`forward.py`) costs two waits per
+request (client bytes -> the connection's task; upstream bytes -> the task), each a future,
+a task step and several coroutine frames, about ten times the cost of the same hand-over as
+a plain callback (bench/profile.md). Here the client's `data_received` parses the head and
+takes the same steps (`Steps.identify`, `Steps.authorize_now`: the gate's cached verdicts),
+writes it to an idle pooled upstream already dialed for that checked address, and the
+upstream's callback (`Side.on_wake`) parses the response head and relays it with the same
+functions the coroutine path uses (`forward.response_out`, `forward.finish_exchange`: the
+same audit record and metrics, docs/architecture.md#the-callback-fast-path).
+
+Only what needs no waiting before the upstream write is taken: a complete bodiless head and
+nothing after it, an absolute `http://` target whose head can be forwarded,
+an identified client, an admitted verdict (an IP literal, or a name in the resolver's
+cache), an idle pooled upstream. Anything else - the first request of a connection, a
+refusal, a body, a dial, DNS, a malformed head - is left untouched to the connection's
+coroutine, which parses it again and serves it as before. After the upstream write, every
+outcome is handled here exactly as `forward.serve_request` would (1xx relayed, 101 and
+malformed responses refused with an audit record, response bodies relayed by `Side`'s
+relay mode with flow control).
+
+The connection's coroutine stays parked in `read_head` while the fast path runs; the
+client side holds back its wake-up (bytes of a next request, EOF) until the exchange ends,
+so the two paths never run at once on one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import ProtocolError
+from ..policy.target import IPAddress
+from . import wire
+from .forward import answer_refusal, finish_exchange, framer_for, request_out, response_out
+from .gate import Refuse, Refused, refuse_upstream, response_step
+from .record import AccessRecord
+from .relay import RelayEnded, Side
+
+if TYPE_CHECKING:
+    from .conn import Conn
+    from .steps import Steps
+
+log = logging.getLogger("egress")
+
+
+class FastExchange:
+    """One request in flight on the fast path (see the module docstring)."""
+
+    __slots__ = (
+        "addr",
+        "conn",
+        "head",
+        "keep",
+        "port",
+        "rec",
+        "resp",
+        "searched",
+        "steps",
+        "upstream",
+    )
+
+    def __init__(
+        self, steps: Steps, conn: Conn, head: wire.RequestHead, rec: AccessRecord,
+        upstream: Side, addr: IPAddress, port: int,
+    ) -> None:
+        self.steps = steps
+        self.conn = conn
+        self.head = head
+        self.rec = rec
+        self.upstream = upstream
+        self.addr = addr
+        self.port = port
+        self.searched = 0
+        self.resp: wire.ResponseHead | None = None
+        self.keep = False
+
+    # --- the upstream's callbacks ------------------------------------------------------------
+    def on_upstream(self) -> None:
+        """Bytes, EOF or loss on the upstream while its response head is awaited."""
+        try:
+            self._read_response()
+        except Exception:  # a bug must never take the proxy down (as server._serve)
+            log.exception("egress: unexpected error serving %s", self.conn.client)
+            self.upstream.on_wake = None
+            self.upstream.abort()
+            self.conn.side.abort()
+            self._done(False)
+
+    def _read_response(self) -> None:
+        up = self.upstream
+        while True:
+            try:
+                parsed = wire.parse_response_head(
+                    up.buf, request_method=self.head.method, searched=self.searched
+                )
+            except ProtocolError as exc:
+                self._refused(refuse_upstream(f"malformed response: {exc}"))
+                return
+            if parsed is None:
+                if up.eof:
+                    self._refused(refuse_upstream("upstream closed before a response"))
+                else:
+                    self.searched = len(up.buf)
+                return
+            resp, used = parsed
+            raw = bytes(up.buf[:used])
+            up.consume(used)
+            step = response_step(resp.status)
+            if step == "interim":
+                self.conn.side.write(raw)
+                self.searched = 0
+                continue
+            if isinstance(step, Refuse):
+                self._refused(step)
+                return
+            up.on_wake = None
+            self._relay(resp, raw)
+            return
+
+    def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
+        """As `forward._relay_response`, with the relay's end as a callback."""
+        self.resp = resp
+        self.keep, out = response_out(self.steps, self.head, resp, raw, self.rec)
+        client = self.conn.side
+        kind = resp.framing.kind
+        up = self.upstream
+        if kind == "length" and 0 < resp.framing.length <= len(up.buf):
+            # the whole body is already here: head and body in one write, as `start_relay`
+            # would send them, without its future (bytes past the body stay in `buf`, and
+            # the pool then closes the upstream)
+            n = resp.framing.length
+            if client.write(out + bytes(up.buf[:n])):
+                up.bytes_relayed += n
+                up.consume(n)
+                self._end(True)
+            else:
+                up.consume(n)
+                self.rec.end = "upstream_lost"
+                self._end(False)
+            return
+        framer = framer_for(resp.framing, 502) if kind in ("length", "chunked") else None
+        if kind == "none" or (kind != "close" and framer is None):
+            client.write(out)
+            self._end(True)
+            return
+        if kind == "close":
+            client.write(out)
+        fut = self.upstream.start_relay(client, framer, prefix=b"" if kind == "close" else out)
+        if fut.done():  # the whole body was already buffered: no trip through the loop
+            self._relayed(fut)
+        else:
+            fut.add_done_callback(self._relayed)
+
+    def _relayed(self, fut: asyncio.Future[None]) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        ok = True
+        if isinstance(exc, RelayEnded) and self.resp is not None:
+            if self.resp.framing.kind != "close":  # until-close: its end is the close
+                self.rec.end = f"upstream_{exc.reason}"
+                ok = False
+        elif fut.cancelled() or exc is not None:
+            ok = False
+        self._end(ok)
+
+    # --- the exchange's end: as forward.serve_request's -------------------------------------
+    def _end(self, ok: bool) -> None:
+        resp = self.resp
+        assert resp is not None
+        keep = finish_exchange(self.steps, self.conn, self.upstream, resp, self.rec,
+                               self.keep and ok, ok, self.addr, self.port)
+        self._done(keep)
+
+    def _refused(self, refusal: Refuse) -> None:
+        self.upstream.on_wake = None
+        self.upstream.close()
+        keep = answer_refusal(self.steps, self.conn, self.head, self.rec, refusal)
+        self._done(keep)
+
+    def _done(self, keep: bool) -> None:
+        """Hand the connection back to its coroutine: idle, or closing."""
+        conn = self.conn
+        conn.upstream = None
+        conn.phase, conn.phase_since = "idle", self.steps.loop.time()
+        side = conn.side
+        assert isinstance(side, FastClient)
+        side.fast = None
+        if not keep:
+            side.buf.clear()  # no further request on this connection
+            side.close()
+        if side.buf or side.eof:
+            side.wake()
+
+
+class FastClient(Side):
+    """A client connection's `Side` that can serve kept-alive requests from callbacks."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_buffer: int = 65536) -> None:
+        super().__init__(loop, max_buffer)
+        self.fast: FastExchange | None = None
+        self.conn: Conn | None = None  # set once accepted
+        self.steps: Steps | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.fast is None:
+            conn = self.conn
+            if (conn is not None and conn.phase == "idle" and self.sink is None
+                    and not self.buf and self._waiter is not None and self.steps is not None
+                    and self.steps.fast_path):
+                try:
+                    if start(self.steps, conn, data):
+                        return
+                except Exception:  # a bug here must not lose the request: the coroutine path
+                    log.exception("egress: fast path failed for %s", conn.client)
+        super().data_received(data)
+
+    def _wake(self) -> None:
+        if self.fast is None:  # held back while an exchange is in flight (module docstring)
+            super()._wake()
+
+    def wake(self) -> None:
+        super()._wake()
+
+
+def start(steps: Steps, conn: Conn, data: bytes) -> bool:
+    """Serve the request in `data` from callbacks; False (and nothing done) if it must take
+    the coroutine path."""
+    limits = steps.limits
+    try:
+        parsed = wire.parse_request_head(
+            data, max_size=limits.max_head, max_headers=limits.max_headers
+        )
+    except ProtocolError:
+        return False
+    if parsed is None:
+        return False
+    head, used = parsed
+    if used != len(data) or head.framing.kind != "none" or head.method == "CONNECT":
+        return False
+    t0 = steps.loop.time()
+    rec = AccessRecord(conn.client, head.method, "http", "", 0, t0)
+    found = steps.gate.request_target(head.target)
+    if isinstance(found, Refuse):
+        return False
+    target, path, explicit_port = found
+    try:
+        out = request_out(head, data, target, path, explicit_port)
+    except (ValueError, UnicodeEncodeError):
+        return False  # the coroutine path answers it (400)
+    rec.host, rec.port, rec.path = target.host, target.port, path
+    if conn.owner is None:  # the per-client count is taken by the coroutine path
+        return False
+    try:
+        identity = steps.identify(conn, head, rec)
+    except Refused:
+        return False
+    decided = steps.authorize_now(identity.policy, target)
+    if decided is None:
+        return False
+    verdict, addrs = decided
+    taken = steps.pool.take_idle(addrs, target.port)
+    if taken is None:
+        return False
+    # from here on the request is ours: nothing below falls back
+    upstream, addr = taken
+    steps.authorized_now(verdict, target, rec)
+    side = conn.side
+    assert isinstance(side, FastClient)
+    conn.phase = "active"
+    conn.raw_head = data
+    conn.upstream = upstream
+    rec.addr = steps.addr_text(addr)
+    side.last_active = t0
+    fx = FastExchange(steps, conn, head, rec, upstream, addr, target.port)
+    side.fast = fx
+    upstream.on_wake = fx.on_upstream
+    upstream.write(out)
+    return True
+
+
+__all__ = ["FastClient", "FastExchange", "start"]
