@@ -75,7 +75,8 @@ case "$cmd" in
         ;;
     test)
         setup
-        echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests $( [[ -d bench ]] && echo bench )
+        echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
+        "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"
         # The real-engine tests need running engines: start ours (stopped by PID on exit,
         # whatever the outcome), unless EGRESS_ENGINES=0 asks for a run without them (those

@@ -36,16 +36,33 @@ def start(
 ) -> tuple[subprocess.Popen[bytes], int]:
     policy = workdir / f"{name}-policy.toml"
     policy.write_text(rulesmod.egress_toml(rulesmod.generate()))
-    argv = [sys.executable, "-c", SERVE, "serve", "--quiet", "--listen", f"{HOST}:0",
-            "--policy", str(policy), "--audit-log", str(workdir / f"{name}-audit.jsonl")]
+    argv = [
+        sys.executable,
+        "-c",
+        SERVE,
+        "serve",
+        "--quiet",
+        "--listen",
+        f"{HOST}:0",
+        "--policy",
+        str(policy),
+        "--audit-log",
+        str(workdir / f"{name}-audit.jsonl"),
+    ]
     for p in [*origin.http_ports, origin.source_port]:
         argv += ["--framework-route", f"http://{HOST}:{p}"]
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     log = workdir / f"{name}.out"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(pinned(argv, PROXY_CPU), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=workdir, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            pinned(argv, PROXY_CPU),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
+        )
     return proc, wait_listening_line(proc, log)
 
 
@@ -67,8 +84,10 @@ def main() -> int:
             for name, tree in zip(names, args.trees, strict=True):
                 procs[name] = start(tree, name, origin, work)
                 check = forward_check(procs[name][1], origin)
-                print(json.dumps({"tree": name, "path": str(tree), "forward_check": check}),
-                      flush=True)
+                print(
+                    json.dumps({"tree": name, "path": str(tree), "forward_check": check}),
+                    flush=True,
+                )
             for i in range(args.rounds):
                 for name in names if i % 2 == 0 else names[::-1]:
                     proc, port = procs[name]
@@ -86,8 +105,9 @@ def main() -> int:
     return 0
 
 
-def one_round(pid: int, target: Target, origin: Origin, loadgen: Path,
-              args: argparse.Namespace, work: Path) -> dict[str, float]:
+def one_round(
+    pid: int, target: Target, origin: Origin, loadgen: Path, args: argparse.Namespace, work: Path
+) -> dict[str, float]:
     row: dict[str, float] = {}
     for conc in (64, 1):
         cpu0 = cpu_seconds(pid)

@@ -15,10 +15,20 @@ from pathlib import Path
 from egress.audit.log import AuditLog
 
 EVENT: dict[str, object] = {
-    "client": "10.0.0.2:51234", "method": "CONNECT", "scheme": "https",
-    "host": "api.example.com", "port": 443, "decision": "allow", "reason": "allow_rule",
-    "rule": "*.example.com", "addr": "198.18.0.5", "status": 200, "bytes_up": 1234,
-    "bytes_down": 56789, "duration_ms": 123.4, "client_id": "sbx-1",
+    "client": "10.0.0.2:51234",
+    "method": "CONNECT",
+    "scheme": "https",
+    "host": "api.example.com",
+    "port": 443,
+    "decision": "allow",
+    "reason": "allow_rule",
+    "rule": "*.example.com",
+    "addr": "198.18.0.5",
+    "status": 200,
+    "bytes_up": 1234,
+    "bytes_down": 56789,
+    "duration_ms": 123.4,
+    "client_id": "sbx-1",
 }
 
 
@@ -48,8 +58,10 @@ def main() -> None:
         print(f"record() alone: {record_alone(directory) * 1e6:.2f} us (best of 10 x 100k)")
         for rotate in (None, 16 * 1024 * 1024):
             cost = asyncio.run(end_to_end(directory, rotate))
-            print(f"end to end, rotate_bytes={rotate}: {cost * 1e6:.2f} us/event "
-                  f"= {1 / cost:,.0f} events/s")
+            print(
+                f"end to end, rotate_bytes={rotate}: {cost * 1e6:.2f} us/event "
+                f"= {1 / cost:,.0f} events/s"
+            )
 
 
 if __name__ == "__main__":

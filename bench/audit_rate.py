@@ -24,10 +24,20 @@ from typing import Any
 
 # A typical request record of the proxy (bench/out audit lines have the same shape).
 EVENT: dict[str, object] = {
-    "client": "127.0.0.1:51234", "method": "GET", "scheme": "http", "host": "127.0.0.1",
-    "port": 8081, "decision": "allow", "reason": "framework_route",
-    "rule": "http://127.0.0.1:8081", "addr": "127.0.0.1", "status": 200, "bytes_up": 58,
-    "bytes_down": 173, "duration_ms": 0.41, "path": "/",
+    "client": "127.0.0.1:51234",
+    "method": "GET",
+    "scheme": "http",
+    "host": "127.0.0.1",
+    "port": 8081,
+    "decision": "allow",
+    "reason": "framework_route",
+    "rule": "http://127.0.0.1:8081",
+    "addr": "127.0.0.1",
+    "status": 200,
+    "bytes_up": 58,
+    "bytes_down": 173,
+    "duration_ms": 0.41,
+    "path": "/",
 }
 BURST = 64  # records per loop iteration (like 64 connections answering in one iteration)
 

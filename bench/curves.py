@@ -60,13 +60,17 @@ def raise_nofile() -> int:
 
 @contextlib.contextmanager
 def started(
-    name: str, origin: measure.Origin, n_rules: int, extra: list[str] | None = None,
+    name: str,
+    origin: measure.Origin,
+    n_rules: int,
+    extra: list[str] | None = None,
     cpus: int | str = px.PROXY_CPU,
 ) -> Iterator[tuple[px.Running, float]]:
     """A fresh target in its own temp dir; yields it with its start-up time in seconds."""
     workdir = Path(tempfile.mkdtemp(prefix=f"curve-{name}-"))
-    env = px.Env(origin.http_ports, origin.source_port, rulesmod.generate(n_rules), workdir,
-                 "quiet")
+    env = px.Env(
+        origin.http_ports, origin.source_port, rulesmod.generate(n_rules), workdir, "quiet"
+    )
     t0 = time.monotonic()
     run = px.start_egress(env, extra, cpus) if name == "egress" else px.TARGETS[name](env)
     try:
@@ -91,19 +95,26 @@ def rules_curve(origin: measure.Origin, costed: Costed, seconds: int) -> list[di
                 wrk = functools.partial(measure.run_wrk, target, origin, 64, seconds, Path(d))
                 wrk()  # warm-up
                 r = costed(wrk, run.pid, "requests", "cpu_us_per_request")
-            rows.append({
-                "rules": n + rulesmod.DEFAULT_BLOCK, "allow_rules": n,
-                "start_s": round(start_s, 2), "idle_rss_mb": round(rss, 1),
-                "rps": r["rps"], "cpu_us_per_request": r.get("cpu_us_per_request"),
-                "p99_ms": r["p99_ms"], "noisy": r["noisy"], "ratio_ok": r["ratio_ok"],
-            })
+            rows.append(
+                {
+                    "rules": n + rulesmod.DEFAULT_BLOCK,
+                    "allow_rules": n,
+                    "start_s": round(start_s, 2),
+                    "idle_rss_mb": round(rss, 1),
+                    "rps": r["rps"],
+                    "cpu_us_per_request": r.get("cpu_us_per_request"),
+                    "p99_ms": r["p99_ms"],
+                    "noisy": r["noisy"],
+                    "ratio_ok": r["ratio_ok"],
+                }
+            )
     return rows
 
 
 def _one_request(sock: socket.socket, origin_port: int) -> None:
     sock.sendall(
-        f"GET http://{px.HOST}:{origin_port}/ HTTP/1.1\r\nHost: {px.HOST}:{origin_port}\r\n\r\n"
-        .encode()
+        f"GET http://{px.HOST}:{origin_port}/ HTTP/1.1\r\n"
+        f"Host: {px.HOST}:{origin_port}\r\n\r\n".encode()
     )
     data = b""
     while b"\r\n\r\n" not in data:
@@ -133,8 +144,7 @@ def idle_curve(origin: measure.Origin) -> dict[str, Any]:
 
 
 def _idle_series(origin: measure.Origin, steps: list[int], request: bool) -> list[dict[str, Any]]:
-    extra = ["--max-connections", str(max(IDLE_STEPS) + 100), "--head-timeout", "300",
-             "--quiet"]
+    extra = ["--max-connections", str(max(IDLE_STEPS) + 100), "--head-timeout", "300", "--quiet"]
     rows: list[dict[str, Any]] = []
     socks: list[socket.socket] = []
     with started("egress", origin, rulesmod.DEFAULT_ALLOW, extra) as (run, _):
@@ -154,8 +164,13 @@ def _idle_series(origin: measure.Origin, steps: list[int], request: bool) -> lis
                         _one_request(s, origin.http_ports[0])
                 rss, _ = procfs.idle_memory(run.pid, seconds=1.0)
                 per_kb = (rss - rss0) * 1024 / (n - 1)
-                rows.append({"connections": n, "rss_mb": round(rss, 2),
-                             "kb_per_connection": round(per_kb, 1)})
+                rows.append(
+                    {
+                        "connections": n,
+                        "rss_mb": round(rss, 2),
+                        "kb_per_connection": round(per_kb, 1),
+                    }
+                )
         except OSError as exc:
             rows.append({"connections": len(socks), "error": f"{type(exc).__name__}: {exc}"})
         finally:
@@ -177,11 +192,18 @@ def tunnel_curve(
                         measure.run_tunnels, loadgen, target, origin, conc, seconds
                     )
                     r = costed(tun, run.pid, "tunnels", "cpu_us_per_tunnel")
-                    rows.append({
-                        "target": name, "concurrency": conc, "per_s": r["per_s"],
-                        "p99_ms": r["p99_ms"], "cpu_us_per_tunnel": r.get("cpu_us_per_tunnel"),
-                        "errors": r["errors"], "noisy": r["noisy"], "ratio_ok": r["ratio_ok"],
-                    })
+                    rows.append(
+                        {
+                            "target": name,
+                            "concurrency": conc,
+                            "per_s": r["per_s"],
+                            "p99_ms": r["p99_ms"],
+                            "cpu_us_per_tunnel": r.get("cpu_us_per_tunnel"),
+                            "errors": r["errors"],
+                            "noisy": r["noisy"],
+                            "ratio_ok": r["ratio_ok"],
+                        }
+                    )
         except px.StartError as exc:
             rows.append({"target": name, "skipped": str(exc)})
     return rows
@@ -211,21 +233,29 @@ def workers_curve(
                 http = costed(wrk, run.pid, "requests", "cpu_us_per_request")
             tun = functools.partial(measure.run_tunnels, loadgen, target, origin, 16, seconds)
             tunnels = costed(tun, run.pid, "tunnels", "cpu_us_per_tunnel")
-            rows.append({
-                "workers": workers, "cpus": cpus, "rps": http["rps"],
-                "cpu_us_per_request": http.get("cpu_us_per_request"), "p99_ms": http["p99_ms"],
-                "tunnels_per_s": tunnels["per_s"],
-                "cpu_us_per_tunnel": tunnels.get("cpu_us_per_tunnel"),
-                "noisy": http["noisy"] or tunnels["noisy"],
-                "ratio_ok": http["ratio_ok"] and tunnels["ratio_ok"],
-            })
+            rows.append(
+                {
+                    "workers": workers,
+                    "cpus": cpus,
+                    "rps": http["rps"],
+                    "cpu_us_per_request": http.get("cpu_us_per_request"),
+                    "p99_ms": http["p99_ms"],
+                    "tunnels_per_s": tunnels["per_s"],
+                    "cpu_us_per_tunnel": tunnels.get("cpu_us_per_tunnel"),
+                    "noisy": http["noisy"] or tunnels["noisy"],
+                    "ratio_ok": http["ratio_ok"] and tunnels["ratio_ok"],
+                }
+            )
     return rows
 
 
 def _json_child(argv: list[str], timeout: float = 300) -> dict[str, Any]:
     try:
         out = subprocess.run(
-            px.pinned(argv, px.PROXY_CPU), capture_output=True, text=True, timeout=timeout,
+            px.pinned(argv, px.PROXY_CPU),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
             cwd=px.REPO,
         )
     except subprocess.TimeoutExpired:
@@ -248,9 +278,7 @@ def loop_lag(origin: measure.Origin) -> dict[str, Any]:
     )
 
 
-def run_all(
-    origin: measure.Origin, loadgen: Path, costed: Costed, seconds: int
-) -> dict[str, Any]:
+def run_all(origin: measure.Origin, loadgen: Path, costed: Costed, seconds: int) -> dict[str, Any]:
     steps: dict[str, Callable[[], Any]] = {
         "rules": lambda: rules_curve(origin, costed, seconds),
         "idle": lambda: idle_curve(origin),

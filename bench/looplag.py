@@ -103,7 +103,12 @@ async def load_http(proxy: int, origin: int, tick: Ticker, workdir: Path) -> dic
         f'wrk.headers["Host"] = "{HOST}:{origin}"\n'
     )
     wrk = await _proc(
-        "wrk", "-t1", "-c64", f"-d{int(SECONDS) + 2}s", "-s", str(script),
+        "wrk",
+        "-t1",
+        "-c64",
+        f"-d{int(SECONDS) + 2}s",
+        "-s",
+        str(script),
         f"http://{HOST}:{proxy}/",
     )
     await asyncio.sleep(0.5)
@@ -136,7 +141,12 @@ async def load_bulk(proxy: int, source: int, tick: Ticker, workdir: Path) -> dic
 
 async def load_idle(proxy: int, origin: int, tick: Ticker, workdir: Path) -> dict[str, Any]:
     client = await _proc(
-        sys.executable, "-c", IDLE_CLIENT, str(proxy), str(origin), str(IDLE_CONNECTIONS),
+        sys.executable,
+        "-c",
+        IDLE_CLIENT,
+        str(proxy),
+        str(origin),
+        str(IDLE_CONNECTIONS),
         stdin=True,
     )
     assert client.stdout is not None
@@ -158,8 +168,11 @@ def _settings(http_ports: list[int], source: int) -> Any:
     r = rulesmod.generate()
     routes = [f"http://{HOST}:{p}" for p in [*http_ports, source]]
     return build_settings(
-        {"default": "deny", "allow": r.allow_wildcards + r.allow_hosts + r.allow_origins
-         + r.allow_cidrs, "block": r.block_wildcards + r.block_cidrs},
+        {
+            "default": "deny",
+            "allow": r.allow_wildcards + r.allow_hosts + r.allow_origins + r.allow_cidrs,
+            "block": r.block_wildcards + r.block_cidrs,
+        },
         framework_routes=routes,
     )
 

@@ -57,8 +57,9 @@ def one(mode: str, origin: Origin, seconds: int, workdir: Path) -> tuple[float, 
     """(req/s, proxy CPU microseconds per request) of one wrk run."""
     ports = ",".join(str(p) for p in origin.http_ports)
     argv = [sys.executable, "-c", CHILD, mode, ports, str(workdir / f"audit-{mode}.jsonl")]
-    proc = subprocess.Popen(pinned(argv, PROXY_CPU), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, cwd=REPO, text=True)
+    proc = subprocess.Popen(
+        pinned(argv, PROXY_CPU), stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO, text=True
+    )
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -88,19 +89,34 @@ def main() -> int:
                     rps, us = one(mode, origin, args.seconds, Path(tmp))
                     got[mode].append(rps)
                     cpu[mode].append(us)
-                print(json.dumps({"round": i, "rps_on": round(got["on"][-1]),
-                                  "rps_off": round(got["off"][-1]),
-                                  "cpu_us_per_req_on": round(cpu["on"][-1], 2),
-                                  "cpu_us_per_req_off": round(cpu["off"][-1], 2)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "round": i,
+                            "rps_on": round(got["on"][-1]),
+                            "rps_off": round(got["off"][-1]),
+                            "cpu_us_per_req_on": round(cpu["on"][-1], 2),
+                            "cpu_us_per_req_off": round(cpu["off"][-1], 2),
+                        }
+                    ),
+                    flush=True,
+                )
     finally:
         origin.close()
     on, off = statistics.median(got["on"]), statistics.median(got["off"])
     con, coff = statistics.median(cpu["on"]), statistics.median(cpu["off"])
-    print(json.dumps({"median_rps_on": round(on), "median_rps_off": round(off),
-                      "rps_cost_percent": round((off - on) / off * 100, 2),
-                      "median_cpu_us_per_req_on": round(con, 2),
-                      "median_cpu_us_per_req_off": round(coff, 2),
-                      "cpu_cost_percent": round((con - coff) / coff * 100, 2)}))
+    print(
+        json.dumps(
+            {
+                "median_rps_on": round(on),
+                "median_rps_off": round(off),
+                "rps_cost_percent": round((off - on) / off * 100, 2),
+                "median_cpu_us_per_req_on": round(con, 2),
+                "median_cpu_us_per_req_off": round(coff, 2),
+                "cpu_cost_percent": round((con - coff) / coff * 100, 2),
+            }
+        )
+    )
     return 0
 
 

@@ -31,14 +31,22 @@ REQUEST = (
     b"GET http://127.0.0.1:8081/ HTTP/1.1\r\nHost: 127.0.0.1:8081\r\n"
     b"User-Agent: wrk\r\nAccept: */*\r\n\r\n"
 )
-RESPONSE = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n"
-)
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n"
 EVENT: dict[str, object] = {
-    "client": "127.0.0.1:51234", "method": "GET", "scheme": "http", "host": "127.0.0.1",
-    "port": 8081, "path": "/", "decision": "allow", "reason": "framework_route",
-    "rule": "http://127.0.0.1:8081", "addr": "127.0.0.1", "status": 200, "bytes_up": 58,
-    "bytes_down": 173, "duration_ms": 0.41,
+    "client": "127.0.0.1:51234",
+    "method": "GET",
+    "scheme": "http",
+    "host": "127.0.0.1",
+    "port": 8081,
+    "path": "/",
+    "decision": "allow",
+    "reason": "framework_route",
+    "rule": "http://127.0.0.1:8081",
+    "addr": "127.0.0.1",
+    "status": 200,
+    "bytes_up": 58,
+    "bytes_down": 173,
+    "duration_ms": 0.41,
 }
 
 

@@ -55,8 +55,21 @@ def topology() -> Iterator[tuple[str, str, str]]:
             sh("ip", "netns", "add", ns)
             made.append(ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", host, "link", "add", link, "type", "veth", "peer", "name", "eth0",
-           "netns", sandbox)
+        sh(
+            "ip",
+            "-n",
+            host,
+            "link",
+            "add",
+            link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            sandbox,
+        )
         sh("ip", "-n", host, "addr", "add", f"198.19.{n}.1/24", "dev", link)
         sh("ip", "-n", host, "link", "set", link, "up")
         sh("ip", "-n", sandbox, "addr", "add", f"198.19.{n}.2/24", "dev", "eth0")
@@ -147,9 +160,13 @@ def run(cycles: int) -> dict[str, object]:
         cpu = (cpu_seconds() - cpu_before) * 1000 / cycles
         plan = result.plan
         ops = len(plan.ops) if plan is not None else 0
-    out: dict[str, object] = {"cycles": cycles, "mode": "direct", "plan_ops": ops,
-                              "first_cut_ms": round(first, 3),
-                              "worker_start_ms": round(worker_start, 3)}
+    out: dict[str, object] = {
+        "cycles": cycles,
+        "mode": "direct",
+        "plan_ops": ops,
+        "first_cut_ms": round(first, 3),
+        "worker_start_ms": round(worker_start, 3),
+    }
     out.update(summary("cut", cuts))
     out.update(summary("restore", restores))
     out.update(summary("probe", probes))
@@ -256,8 +273,9 @@ def engine_cycles(engine: str, mode: str, cycles: int) -> dict[str, object]:
             t2 = time.perf_counter()
             restore(ref)  # type: ignore[operator]
             t3 = time.perf_counter()
-            if not (result.changed and result.probe is not None and result.probe.ok
-                    and state.is_cut):
+            if not (
+                result.changed and result.probe is not None and result.probe.ok and state.is_cut
+            ):
                 raise RuntimeError(f"{engine}/{mode} cycle failed: {result.lines()}")
             cuts.append((t1 - t0) * 1000)
             statuses.append((t2 - t1) * 1000)
@@ -271,9 +289,11 @@ def engine_cycles(engine: str, mode: str, cycles: int) -> dict[str, object]:
 
 def engines_answering() -> list[str]:
     found = []
-    for engine, argv in (("docker", ["docker", "image", "inspect", BOX]),
-                         ("podman", ["podman", "image", "exists", BOX]),
-                         ("containerd", ["ctr", "-n", "default", "tasks", "ls"])):
+    for engine, argv in (
+        ("docker", ["docker", "image", "inspect", BOX]),
+        ("podman", ["podman", "image", "exists", BOX]),
+        ("containerd", ["ctr", "-n", "default", "tasks", "ls"]),
+    ):
         try:
             done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired):
@@ -292,8 +312,12 @@ def run_engines(cycles: int) -> dict[str, object]:
     for engine in engines_answering():
         if engine != "containerd":
             built = helperimage.build(engine)
-            images[engine] = {"tag": built.tag, "rootfs_tar_mb": round(built.size_bytes / 1e6, 2),
-                              "files": built.files, "build_s": round(built.seconds, 3)}
+            images[engine] = {
+                "tag": built.tag,
+                "rootfs_tar_mb": round(built.size_bytes / 1e6, 2),
+                "files": built.files,
+                "build_s": round(built.seconds, 3),
+            }
         for mode in ("direct", "helper") if engine != "containerd" else ("direct",):
             results.append(engine_cycles(engine, mode, cycles))
     return {

@@ -103,13 +103,21 @@ def curves(data: dict[str, Any], outdir: Path) -> list[Path]:
         ax = axes[1]
         for state, rows in series.items():
             idle = [r for r in rows if "rss_mb" in r]
-            ax.plot([r["connections"] for r in idle], [r["rss_mb"] for r in idle], marker="o",
-                    label=state)
+            ax.plot(
+                [r["connections"] for r in idle],
+                [r["rss_mb"] for r in idle],
+                marker="o",
+                label=state,
+            )
             for r in idle:
                 if r.get("kb_per_connection"):
-                    ax.annotate(f"{r['kb_per_connection']:.1f} KB",
-                                (r["connections"], r["rss_mb"]), textcoords="offset points",
-                                xytext=(-20, 6), fontsize=7)
+                    ax.annotate(
+                        f"{r['kb_per_connection']:.1f} KB",
+                        (r["connections"], r["rss_mb"]),
+                        textcoords="offset points",
+                        xytext=(-20, 6),
+                        fontsize=7,
+                    )
         ax.set(xlabel="open idle client connections", ylabel="RSS MB", ylim=(0, None))
         ax.set_title("Memory by idle connections (egress)")
         ax.legend(fontsize=8)
@@ -121,10 +129,17 @@ def curves(data: dict[str, Any], outdir: Path) -> list[Path]:
         for i, name in enumerate(dict.fromkeys(r["target"] for r in tun)):
             mine = [r for r in tun if r["target"] == name]
             xs = [r["concurrency"] for r in mine]
-            ax.plot(xs, [r["per_s"] for r in mine], marker="o", color=f"C{i}",
-                    label=f"{name} tunnels/s")
-            twin.plot(xs, [r["p99_ms"] for r in mine], marker="x", ls="--", color=f"C{i}",
-                      label=f"{name} p99")
+            ax.plot(
+                xs, [r["per_s"] for r in mine], marker="o", color=f"C{i}", label=f"{name} tunnels/s"
+            )
+            twin.plot(
+                xs,
+                [r["p99_ms"] for r in mine],
+                marker="x",
+                ls="--",
+                color=f"C{i}",
+                label=f"{name} p99",
+            )
         ax.set(xscale="log", xlabel="concurrent clients", ylabel="tunnels/s", ylim=(0, None))
         ax.set_xticks([1, 16, 64, 256], ["1", "16", "64", "256"])
         twin.set(ylabel="p99 ms (dashed)", yscale="log")
@@ -137,8 +152,12 @@ def curves(data: dict[str, Any], outdir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         bars = [(mode, load, r) for mode, row in lag.items() for load, r in row.items()]
         labels = [f"{mode}\n{load}" for mode, load, _ in bars]
-        ax.bar(labels, [r["p99_ms"] for _, _, r in bars],
-               color=[f"C{i}" for i, (mode, _, _) in enumerate(bars)], label="p99")
+        ax.bar(
+            labels,
+            [r["p99_ms"] for _, _, r in bars],
+            color=[f"C{i}" for i, (mode, _, _) in enumerate(bars)],
+            label="p99",
+        )
         ax.plot(labels, [r["p50_ms"] for _, _, r in bars], "k_", markersize=20, label="p50")
         ax.axhline(5.0, color="red", ls=":", label="goal: p99 ≤ 5 ms")
         ax.set(ylabel="host tick lateness, ms", title="Host event-loop lag (1 ms tick)")

@@ -186,9 +186,7 @@ def framework_routes(env: Env) -> list[str]:
     return [f"http://{HOST}:{p}" for p in [*env.http_ports, env.source_port]]
 
 
-def start_egress(
-    env: Env, more: list[str] | None = None, cpus: int | str = PROXY_CPU
-) -> Running:
+def start_egress(env: Env, more: list[str] | None = None, cpus: int | str = PROXY_CPU) -> Running:
     """The production shape: the generated policy file and the audit log to a file."""
     policy = env.workdir / "policy.toml"
     policy.write_text(rulesmod.egress_toml(env.rules))
@@ -201,9 +199,7 @@ def start_egress_bare(env: Env) -> Running:
     return _start_egress(env, "egress-bare", [])
 
 
-def _start_egress(
-    env: Env, name: str, extra: list[str], cpus: int | str = PROXY_CPU
-) -> Running:
+def _start_egress(env: Env, name: str, extra: list[str], cpus: int | str = PROXY_CPU) -> Running:
     exe = egress_command()
     if exe is None:
         raise StartError("`egress serve` is not available in this checkout yet")
@@ -398,10 +394,25 @@ def start_proxy_py(env: Env) -> Running:
     port, d = free_port(), env.workdir
     level = "INFO" if env.log_mode == "default" else "WARNING"
     blocked = ",".join(env.rules.block_domains())
-    argv = [str(exe), "--hostname", HOST, "--port", str(port), "--num-acceptors", "1",
-            "--num-workers", "1", "--log-level", level, "--pid-file", str(d / "proxy.pid"),
-            "--plugins", "proxy.plugin.FilterByUpstreamHostPlugin",
-            "--filtered-upstream-hosts", blocked]
+    argv = [
+        str(exe),
+        "--hostname",
+        HOST,
+        "--port",
+        str(port),
+        "--num-acceptors",
+        "1",
+        "--num-workers",
+        "1",
+        "--log-level",
+        level,
+        "--pid-file",
+        str(d / "proxy.pid"),
+        "--plugins",
+        "proxy.plugin.FilterByUpstreamHostPlugin",
+        "--filtered-upstream-hosts",
+        blocked,
+    ]
     proc = launch(argv, d, "proxy.py")
     with stop_on_error(proc):
         wait_port(proc, port, d / "proxy.py.out")
@@ -414,8 +425,17 @@ def start_mitmproxy(env: Env) -> Running:
     """
     exe = _peer_exe("mitmdump")
     port, d = free_port(), env.workdir
-    argv = [str(exe), "--listen-host", HOST, "--listen-port", str(port),
-            "--ignore-hosts", ".*", "--set", f"confdir={d / 'mitm'}"]
+    argv = [
+        str(exe),
+        "--listen-host",
+        HOST,
+        "--listen-port",
+        str(port),
+        "--ignore-hosts",
+        ".*",
+        "--set",
+        f"confdir={d / 'mitm'}",
+    ]
     if env.log_mode == "quiet":
         argv += ["--quiet"]
     proc = launch(argv, d, "mitmproxy")

@@ -21,23 +21,33 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block", action="append", default=[], metavar="RULE", help="block rule")
     g.add_argument("--default", choices=["deny", "allow"], help="posture (default: deny)")
     g.add_argument(
-        "--framework-route", action="append", default=[], metavar="URL",
+        "--framework-route",
+        action="append",
+        default=[],
+        metavar="URL",
         help="a framework service the sandbox may reach even on a reserved address, exactly "
         "this host and port (e.g. http://127.0.0.1:8000); repeatable",
     )
     g.add_argument(
-        "--resolve", action="append", default=[], metavar="NAME=ADDR",
+        "--resolve",
+        action="append",
+        default=[],
+        metavar="NAME=ADDR",
         help="pin NAME to ADDR instead of asking DNS (repeatable; repeating a NAME gives it "
         "several addresses)",
     )
     g.add_argument(
-        "--reserve", action="append", default=[], metavar="CIDR",
+        "--reserve",
+        action="append",
+        default=[],
+        metavar="CIDR",
         help="also refuse destinations in CIDR, whatever the rules say (repeatable)",
     )
     g.add_argument("--reserve-private", action="store_true", help="also refuse RFC 1918/CGNAT/ULA")
     g.add_argument("--policy", metavar="FILE.toml", help="policy file (rules are merged)")
     g.add_argument(
-        "--report-only", action="store_true",
+        "--report-only",
+        action="store_true",
         help="report mode for every policy: refusals are let through and recorded as "
         "`would: block` (the address guard still refuses reserved addresses)",
     )
@@ -68,12 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--lint", action="store_true", help="report suspicious rules")
     check.add_argument("--resolve-names", action="store_true", help="resolve names via DNS")
     check.add_argument(
-        "--client", metavar="NAME",
+        "--client",
+        metavar="NAME",
         help="judge with the policy of [clients.NAME] (top-level blocks included), as the "
         "proxy does for that client",
     )
     check.add_argument(
-        "targets", nargs="*", metavar="TARGET",
+        "targets",
+        nargs="*",
+        metavar="TARGET",
         help="a URL (http://h/ = absolute-form request, https://h/ = CONNECT) or host[:port] "
         "(a CONNECT; port 443 when omitted)",
     )
@@ -98,8 +111,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         spec = next((c for c in settings.clients if c.client_id == args.client), None)
         if spec is None:
             known = ", ".join(c.client_id for c in settings.clients) or "none configured"
-            print(f"egress check: no client {args.client!r} ([clients.*]: {known})",
-                  file=sys.stderr)
+            print(
+                f"egress check: no client {args.client!r} ([clients.*]: {known})", file=sys.stderr
+            )
             return 2
         settings = Settings(spec.policy, settings.guard, settings.resolve, settings.clients)
     if args.lint:

@@ -39,11 +39,25 @@ from .validate import as_bool, as_instance, as_str, as_str_list, as_table
 T = TypeVar("T")
 
 _TOP_KEYS = {
-    "default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private",
-    "mode", "clients",
+    "default",
+    "allow",
+    "block",
+    "framework_routes",
+    "resolve",
+    "reserve",
+    "reserve_private",
+    "mode",
+    "clients",
 }
 _CLIENT_KEYS = {
-    "token", "token_env", "sources", "default", "allow", "block", "framework_routes", "mode",
+    "token",
+    "token_env",
+    "sources",
+    "default",
+    "allow",
+    "block",
+    "framework_routes",
+    "mode",
 }
 
 
@@ -115,8 +129,9 @@ def load_policy_file(path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"policy file {path!r}: invalid TOML ({exc})") from None
     except UnicodeDecodeError as exc:
-        raise PolicyError(f"policy file {path!r}: not UTF-8 text ({exc.reason} at byte "
-                          f"{exc.start})") from None
+        raise PolicyError(
+            f"policy file {path!r}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise PolicyError(f"policy file {path!r}: unknown keys {sorted(unknown)}")
@@ -202,8 +217,13 @@ def _resolve_entries(value: object, where: str) -> list[str]:
 
 
 def _client(
-    cid: str, spec: object, routes: list[str], top_blocks: list[str], where: str,
-    top_report: bool = False, force_report: bool = False,
+    cid: str,
+    spec: object,
+    routes: list[str],
+    top_blocks: list[str],
+    where: str,
+    top_report: bool = False,
+    force_report: bool = False,
 ) -> ClientSpec:
     """A per-client policy: its own allow rules and posture; the top-level block rules and
     framework routes apply to every client too (blocks compose, as in `compose`). Its `mode`

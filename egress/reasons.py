@@ -23,120 +23,206 @@ class Reason(StrEnum):
     # (status, Proxy-Status error, usual decision, meaning); status 0 = never answered
     ALLOW_RULE = "allow_rule", 0, "", "allow", "an allow rule matched (`rule` names it)"
     DEFAULT_ALLOW = (
-        "default_allow", 0, "", "allow",
+        "default_allow",
+        0,
+        "",
+        "allow",
         "no rule matched and the default posture is allow (`rule` is null)",
     )
     FRAMEWORK_ROUTE = (
-        "framework_route", 0, "", "allow",
+        "framework_route",
+        0,
+        "",
+        "allow",
         "the destination is a framework route (`rule` is the route URL)",
     )
     BLOCK_RULE = (
-        "block_rule", 403, "http_request_denied", "block", "a block rule matched (`rule` names it)"
+        "block_rule",
+        403,
+        "http_request_denied",
+        "block",
+        "a block rule matched (`rule` names it)",
     )
     DEFAULT_DENY = (
-        "default_deny", 403, "http_request_denied", "block",
+        "default_deny",
+        403,
+        "http_request_denied",
+        "block",
         "no rule matched and the default posture is deny (`rule` is null)",
     )
     PORT_NOT_ALLOWED = (
-        "port_not_allowed", 403, "http_request_denied", "block",
+        "port_not_allowed",
+        403,
+        "http_request_denied",
+        "block",
         "the host is allowed, but not on this port or scheme",
     )
     RESERVED_ADDRESS = (
-        "reserved_address", 403, "destination_ip_prohibited", "block",
+        "reserved_address",
+        403,
+        "destination_ip_prohibited",
+        "block",
         "the destination is or resolved to a reserved address; `detail` names the kind: "
         "`loopback`, `unspecified`, `link_local`, `multicast`, `broadcast`, `reserved`, "
         "`metadata`, `host_local`, `private`, `reserved_extra`",
     )
     SNI_MISMATCH = (
-        "sni_mismatch", 403, "http_request_denied", "block",
+        "sni_mismatch",
+        403,
+        "http_request_denied",
+        "block",
         "the TLS ClientHello named a server (SNI) the policy does not allow on that port",
     )
     SNI_MISSING = (
-        "sni_missing", 403, "http_request_denied", "block",
+        "sni_missing",
+        403,
+        "http_request_denied",
+        "block",
         "no SNI, or not TLS, and the CONNECT host was not itself an allowed name",
     )
     DNS_ERROR = "dns_error", 502, "dns_error", "error", "the name did not resolve"
     DNS_TIMEOUT = (
-        "dns_timeout", 504, "dns_timeout", "error",
+        "dns_timeout",
+        504,
+        "dns_timeout",
+        "error",
         "the resolver did not answer in time, or is saturated by names that do not (504)",
     )
     CONNECTION_REFUSED = (
-        "connection_refused", 502, "connection_refused", "error",
+        "connection_refused",
+        502,
+        "connection_refused",
+        "error",
         "the upstream refused the connection (502)",
     )
     CONNECTION_TIMEOUT = (
-        "connection_timeout", 504, "connection_timeout", "error",
+        "connection_timeout",
+        504,
+        "connection_timeout",
+        "error",
         "the upstream did not answer within the connect timeout (504)",
     )
     UPSTREAM_ERROR = (
-        "upstream_error", 502, "proxy_internal_response", "error",
+        "upstream_error",
+        502,
+        "proxy_internal_response",
+        "error",
         "the upstream connection failed otherwise",
     )
     BAD_REQUEST = (
-        "bad_request", 400, "http_request_error", "error",
+        "bad_request",
+        400,
+        "http_request_error",
+        "error",
         "a malformed request (400): origin-form, userinfo, smuggling attempts, bad host",
     )
     HEAD_TOO_LARGE = (
-        "head_too_large", 431, "http_request_error", "error",
+        "head_too_large",
+        431,
+        "http_request_error",
+        "error",
         "a request head over the size or header-count limit (431)",
     )
     HEAD_TIMEOUT = (
-        "head_timeout", 408, "http_request_error", "error",
+        "head_timeout",
+        408,
+        "http_request_error",
+        "error",
         "a request head was not complete within the head timeout (408)",
     )
     AUTH_REQUIRED = (
-        "auth_required", 407, "http_request_denied", "block",
+        "auth_required",
+        407,
+        "http_request_denied",
+        "block",
         "no proxy credentials were presented (407)",
     )
     AUTH_FAILED = (
-        "auth_failed", 407, "http_request_denied", "block",
+        "auth_failed",
+        407,
+        "http_request_denied",
+        "block",
         "credentials were presented but not accepted, or not readable (407)",
     )
     TOO_MANY_CONNECTIONS = (
-        "too_many_connections", 503, "proxy_internal_error", "error",
+        "too_many_connections",
+        503,
+        "proxy_internal_error",
+        "error",
         "over the concurrent connection limit, global or per client (503)",
     )
     AUDIT_UNAVAILABLE = (
-        "audit_unavailable", 503, "proxy_internal_error", "error",
+        "audit_unavailable",
+        503,
+        "proxy_internal_error",
+        "error",
         "refused because the audit log cannot be written and `--audit-fail closed`",
     )
     # the sandbox lifecycle (method SANDBOX, docs/audit-log.md#sandbox-records): not refusals
     SANDBOX_ADDED = (
-        "sandbox_added", 0, "", "allow",
+        "sandbox_added",
+        0,
+        "",
+        "allow",
         "`prepare_execution` bound a sandbox (a sandbox record, method SANDBOX)",
     )
     SANDBOX_REPLACED = (
-        "sandbox_replaced", 0, "", "allow",
+        "sandbox_replaced",
+        0,
+        "",
+        "allow",
         "a second `prepare_execution` replaced the sandbox's policy",
     )
     SANDBOX_REMOVED = (
-        "sandbox_removed", 0, "", "block",
+        "sandbox_removed",
+        0,
+        "",
+        "block",
         "the sandbox was released, or its prepare failed (`detail` says which)",
     )
 
     COMMAND_NOT_SUPPORTED = (
-        "command_not_supported", 0, "", "error", "SOCKS5: BIND or UDP ASSOCIATE (reply `0x07`)"
+        "command_not_supported",
+        0,
+        "",
+        "error",
+        "SOCKS5: BIND or UDP ASSOCIATE (reply `0x07`)",
     )
     ADDRESS_TYPE_NOT_SUPPORTED = (
-        "address_type_not_supported", 0, "", "error",
+        "address_type_not_supported",
+        0,
+        "",
+        "error",
         "SOCKS5: an address type other than IPv4, name, IPv6 (reply `0x08`)",
     )
     NOT_REDIRECTED = (
-        "not_redirected", 0, "", "error",
+        "not_redirected",
+        0,
+        "",
+        "error",
         "transparent: a connection on the transparent listener without an original "
         "destination (reset)",
     )
     NOT_A_NAME = (
-        "not_a_name", 0, "", "block",
+        "not_a_name",
+        0,
+        "",
+        "block",
         "DNS: the name asked is an address spelling (`2130706433`, `0x7f.1`): NXDOMAIN",
     )
     ADDRESS_RULES = (
-        "address_rules", 0, "", "allow",
+        "address_rules",
+        0,
+        "",
+        "allow",
         "DNS: no host rule decides the name, but address rules may allow it once resolved; "
         "it is answered and each connection judged",
     )
     POOL_EXHAUSTED = (
-        "pool_exhausted", 0, "", "error",
+        "pool_exhausted",
+        0,
+        "",
+        "error",
         "DNS: the sandbox's fake-address pool is full (SERVFAIL)",
     )
 
@@ -167,18 +253,20 @@ class End(StrEnum):
 
     EOF = "eof", "both directions closed cleanly"
     CLIENT_CLOSED = (
-        "client_closed", "the client ended the tunnel abruptly (a close with unread bytes is a "
+        "client_closed",
+        "the client ended the tunnel abruptly (a close with unread bytes is a "
         "reset; normal after a complete exchange: `curl -I`, `git clone`)",
     )
     UPSTREAM_CLOSED = (
-        "upstream_closed", "the upstream ended the tunnel abruptly (reset, or closed without a "
-        "half-close)",
+        "upstream_closed",
+        "the upstream ended the tunnel abruptly (reset, or closed without a half-close)",
     )
     LOST = "lost", "a relay failed with neither connection reported closed (not expected)"
     IDLE_TIMEOUT = "idle_timeout", "closed for inactivity (`idle_timeout`)"
     SHUTDOWN = "shutdown", "closed after the shutdown grace period"
     HELLO_TIMEOUT = (
-        "hello_timeout", "no complete TLS ClientHello within the head timeout (SNI check)"
+        "hello_timeout",
+        "no complete TLS ClientHello within the head timeout (SNI check)",
     )
     RELEASED = "released", "its sandbox was released while it was open"
     UPSTREAM_EOF = "upstream_eof", "the upstream closed inside a response body"

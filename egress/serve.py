@@ -84,18 +84,48 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         "(default), always, or never; a malformed ClientHello is always refused",
     )
     lim = Limits()
-    g.add_argument("--max-head", type=int, default=lim.max_head, metavar="BYTES",
-                   help="largest request head (default: %(default)s)")
-    g.add_argument("--max-headers", type=int, default=lim.max_headers, metavar="N",
-                   help="most header fields in a request head (default: %(default)s)")
-    g.add_argument("--head-timeout", type=float, default=lim.head_timeout, metavar="S",
-                   help="seconds to receive a request head (default: %(default)s)")
-    g.add_argument("--connect-timeout", type=float, default=lim.connect_timeout, metavar="S",
-                   help="seconds to connect upstream (default: %(default)s)")
-    g.add_argument("--idle-timeout", type=float, default=lim.idle_timeout, metavar="S",
-                   help="seconds a connection may stay silent (default: %(default)s)")
-    g.add_argument("--max-connections", type=int, default=lim.max_connections, metavar="N",
-                   help="concurrent client connections, 503 beyond (default: %(default)s)")
+    g.add_argument(
+        "--max-head",
+        type=int,
+        default=lim.max_head,
+        metavar="BYTES",
+        help="largest request head (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-headers",
+        type=int,
+        default=lim.max_headers,
+        metavar="N",
+        help="most header fields in a request head (default: %(default)s)",
+    )
+    g.add_argument(
+        "--head-timeout",
+        type=float,
+        default=lim.head_timeout,
+        metavar="S",
+        help="seconds to receive a request head (default: %(default)s)",
+    )
+    g.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=lim.connect_timeout,
+        metavar="S",
+        help="seconds to connect upstream (default: %(default)s)",
+    )
+    g.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=lim.idle_timeout,
+        metavar="S",
+        help="seconds a connection may stay silent (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=lim.max_connections,
+        metavar="N",
+        help="concurrent client connections, 503 beyond (default: %(default)s)",
+    )
     g.add_argument(
         "--workers",
         type=int,
@@ -105,8 +135,11 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         "audit chain PATH.wI (default 1)",
     )
     g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
-    g.add_argument("--quiet", action="store_true",
-                   help="no warnings, request lines or shutdown summary on stderr")
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no warnings, request lines or shutdown summary on stderr",
+    )
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
@@ -117,8 +150,11 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     for name in ("head_timeout", "connect_timeout", "idle_timeout"):
         as_timeout(getattr(args, name), f"--{name.replace('_', '-')}")
     return Limits(
-        max_head=args.max_head, max_headers=args.max_headers, head_timeout=args.head_timeout,
-        connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
+        max_head=args.max_head,
+        max_headers=args.max_headers,
+        head_timeout=args.head_timeout,
+        connect_timeout=args.connect_timeout,
+        idle_timeout=args.idle_timeout,
         max_connections=args.max_connections,
     )
 
@@ -146,8 +182,12 @@ def _lint_in_child(settings: Settings) -> None:
     )
     try:
         out = subprocess.run(
-            [sys.executable, "-c", code], input=json.dumps([rules, blocks]), text=True,
-            capture_output=True, timeout=60, check=True,
+            [sys.executable, "-c", code],
+            input=json.dumps([rules, blocks]),
+            text=True,
+            capture_output=True,
+            timeout=60,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"egress serve: warning: policy lint did not run: {exc}", file=sys.stderr)
@@ -168,17 +208,22 @@ async def run_serve(
         audit = _open_audit(args)
         await audit.start()
     except (OSError, ValueError) as exc:
-        print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}",
-              file=sys.stderr)
+        print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
         _warn_tokens(settings, args.require_auth)
     on_decision = [] if args.quiet or args.audit_log else [_print_request]
     proxy = EgressProxy(
-        settings, listen=args.listen or ["127.0.0.1:3128"], socks=args.socks,
+        settings,
+        listen=args.listen or ["127.0.0.1:3128"],
+        socks=args.socks,
         listen_netns=args.listen_netns,
-        audit=audit, limits=limits_from_args(args), require_auth=args.require_auth,
-        sni_missing=args.sni_missing, reuse_port=ready_fd is not None, admin=args.admin,
+        audit=audit,
+        limits=limits_from_args(args),
+        require_auth=args.require_auth,
+        sni_missing=args.sni_missing,
+        reuse_port=ready_fd is not None,
+        admin=args.admin,
         on_decision=on_decision,
     )
     stop = asyncio.Event()
@@ -226,12 +271,18 @@ async def reload_policy(proxy: EgressProxy, args: argparse.Namespace) -> None:
     try:
         settings = await asyncio.to_thread(settings_from_args, args)
     except (EgressError, OSError, ValueError) as exc:
-        print(f"egress serve: policy reload failed, keeping policy {old}: {exc}",
-              file=sys.stderr, flush=True)
+        print(
+            f"egress serve: policy reload failed, keeping policy {old}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
         return
     await proxy.replace_settings(settings, source="sighup")
-    print(f"egress serve: policy reloaded: {old} -> {settings.policy.digest}",
-          file=sys.stderr, flush=True)
+    print(
+        f"egress serve: policy reloaded: {old} -> {settings.policy.digest}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _warn_tokens(settings: Settings, require_auth: bool) -> None:

@@ -227,8 +227,14 @@ def cut_and_status(
 
 
 def _cut_in(
-    c: _Container, ex: HelperExecutor, keeps: tuple[Keep, ...], blocked: tuple[Keep, ...],
-    probe: bool, allow_privileged: bool, dry_run: bool, probe_timeout: float,
+    c: _Container,
+    ex: HelperExecutor,
+    keeps: tuple[Keep, ...],
+    blocked: tuple[Keep, ...],
+    probe: bool,
+    allow_privileged: bool,
+    dry_run: bool,
+    probe_timeout: float,
 ) -> CutResult:
     """The cut on an open session: the privilege rail from `inspect`, then flow.cut."""
     findings = container_findings(c.info)
@@ -238,7 +244,12 @@ def _cut_in(
             findings,
         )
     request = flow.CutRequest(
-        keeps, ex.nameservers, dry_run, {"target": str(c), "container": c.id}, probe, blocked,
+        keeps,
+        ex.nameservers,
+        dry_run,
+        {"target": str(c), "container": c.id},
+        probe,
+        blocked,
         probe_timeout,
     )
     return flow.cut(ex, c.store(), str(c), request, render=render_script)

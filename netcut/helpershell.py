@@ -278,5 +278,12 @@ class HelperExecutor:
         return parse_probe(out, reachable, blocked)
 
 
-__all__ = ["CAPABILITIES", "IMAGE_ENV", "RUN_TIMEOUT_S", "HelperExecutor", "default_image",
-           "helper_argv", "why_failed"]
+__all__ = [
+    "CAPABILITIES",
+    "IMAGE_ENV",
+    "RUN_TIMEOUT_S",
+    "HelperExecutor",
+    "default_image",
+    "helper_argv",
+    "why_failed",
+]

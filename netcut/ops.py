@@ -159,6 +159,14 @@ class RemoveRedirect:
 
 
 Op: TypeAlias = (
-    AddBackstop | RemoveBackstop | AddRoute | DelRoute | AddAddr | DelAddr | SetSysctl | KillFlows
-    | AddRedirect | RemoveRedirect
+    AddBackstop
+    | RemoveBackstop
+    | AddRoute
+    | DelRoute
+    | AddAddr
+    | DelAddr
+    | SetSysctl
+    | KillFlows
+    | AddRedirect
+    | RemoveRedirect
 )

@@ -63,7 +63,7 @@ PRELUDE = (
     "exec 2>&1\n"
     # ncut_find VAR TOOL: VAR=the first executable TOOL in TOOL_DIRS that is not a busybox
     # applet (no subshell, no fork for the default image's own /netcut/bin).
-    "ncut_find() { for d in " + " ".join(TOOL_DIRS) + "; do f=$d/$2; [ -x \"$f\" ] || continue;"
+    "ncut_find() { for d in " + " ".join(TOOL_DIRS) + '; do f=$d/$2; [ -x "$f" ] || continue;'
     ' if [ "$d" != /netcut/bin ] && [ -L "$f" ]; then'
     ' case "$(readlink "$f" 2>/dev/null)" in *busybox*) continue;; esac; fi;'
     ' eval "$1=\\$f"; return 0; done; eval "$1=/missing/$2"; }\n'

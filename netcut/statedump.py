@@ -125,7 +125,15 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
     if not any(r.table == RT_TABLE_LOCAL for r in routes):
         raise InvalidInput("helper state dump: no local routes (`ip route` answered nothing)")
     return NamespaceState(
-        links, addrs, routes, sysctls, nameservers, lookups, backstop, filters, policy_rules,
+        links,
+        addrs,
+        routes,
+        sysctls,
+        nameservers,
+        lookups,
+        backstop,
+        filters,
+        policy_rules,
         redirect=s.get("redirect", "").strip() == "yes",
     )
 

@@ -177,8 +177,7 @@ def link(a: TestHost, b: TestHost) -> Link:
     tag = f"{os.getpid() % 100000}x{n}"
     addr_a, addr_b = _subnet(os.getpid() * 37 + n)
     name_a, name_b = f"egl{tag}", f"egm{tag}"
-    ip("link", "add", name_a, "netns", a.ns, "type", "veth", "peer", "name", name_b,
-       "netns", b.ns)
+    ip("link", "add", name_a, "netns", a.ns, "type", "veth", "peer", "name", name_b, "netns", b.ns)
     ip("-n", a.ns, "addr", "add", f"{addr_a}/30", "dev", name_a)
     ip("-n", b.ns, "addr", "add", f"{addr_b}/30", "dev", name_b)
     ip("-n", a.ns, "link", "set", name_a, "up")

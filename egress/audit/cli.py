@@ -45,16 +45,24 @@ MAX_PROBLEMS_SHOWN: Final = 50  # verify prints this many, then a count
 
 # ---- rendering ----------------------------------------------------------------------------
 
+
 def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
     allow, block, error, other = summary.totals
-    lines = [*header,
-             f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
-             + (f"  other: {other}" if other else ""),
-             f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
-             f"  runs: {summary.runs}"
-             + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else "")]
-    titles = {"host": "host", "domain": "registrable domain", "client": "client",
-              "reason": "reason", "rule": "rule"}
+    lines = [
+        *header,
+        f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
+        + (f"  other: {other}" if other else ""),
+        f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
+        f"  runs: {summary.runs}"
+        + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else ""),
+    ]
+    titles = {
+        "host": "host",
+        "domain": "registrable domain",
+        "client": "client",
+        "reason": "reason",
+        "rule": "rule",
+    }
     for dimension in DIMENSIONS:
         rows, hidden = summary.rows(dimension, top)
         lines += ["", f"By {titles[dimension]}:"]
@@ -70,8 +78,12 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
     columns = ("block", "allow", "error", "total")
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
     head = "  " + "  ".join(c.upper().rjust(widths[c]) for c in columns) + "  " + key_title
-    body = ["  " + "  ".join(str(r[c]).rjust(widths[c]) for c in columns)
-            + f"  {printable(str(r['key']))}" for r in rows]
+    body = [
+        "  "
+        + "  ".join(str(r[c]).rjust(widths[c]) for c in columns)
+        + f"  {printable(str(r['key']))}"
+        for r in rows
+    ]
     return [head, *body]
 
 
@@ -80,10 +92,16 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
 # What an agent controls (a path, an SNI in `detail`) must not drive the reviewer's terminal:
 # control characters (C0, DEL, C1: ANSI escapes, newlines that forge lines) and the Unicode
 # bidi controls that reorder text are shown as escapes.
-_UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
-           *range(0x2066, 0x206A)]
-_ESCAPES: Final = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-                   for code in _UNSAFE}
+_UNSAFE = [
+    *range(0x20),
+    *range(0x7F, 0xA0),
+    0x061C,
+    0x200E,
+    0x200F,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+]
+_ESCAPES: Final = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _UNSAFE}
 
 
 def printable(text: str) -> str:
@@ -95,15 +113,20 @@ def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
     kind = record.get("type")
     if kind in CONTROL_TYPES:
-        extras = " ".join(f"{k}={v}" for k, v in record.items()
-                          if k not in ("type", "ts", "prev"))
+        extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
         return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
     host, port = record.get("host", "-"), record.get("port")
     target = f"{host}:{port}" if port is not None else str(host)
     if record.get("path") is not None:
         target += str(record["path"])
-    parts = [str(record.get("ts", "-")), f"{record.get('decision', '-'):<5}",
-             str(record.get("method", "-")), target, "from", str(record.get("client", "-"))]
+    parts = [
+        str(record.get("ts", "-")),
+        f"{record.get('decision', '-'):<5}",
+        str(record.get("method", "-")),
+        target,
+        "from",
+        str(record.get("client", "-")),
+    ]
     if record.get("client_id"):
         parts.append(f"({record['client_id']})")
     parts.append(str(record.get("reason", "-")))
@@ -119,6 +142,7 @@ def format_event(record: dict[str, object]) -> str:
 
 # ---- the commands ------------------------------------------------------------------------
 
+
 def _warn(message: str) -> None:
     print(f"egress audit: warning: {message}", file=sys.stderr)
 
@@ -130,10 +154,14 @@ def _event_filter(args: argparse.Namespace) -> EventFilter:
         until = canonical_ts(parse_time_bound(args.until, now)) if args.until else None
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    return EventFilter(set(getattr(args, "decision", None) or ()),
-                       list(getattr(args, "host", None) or ()),
-                       list(getattr(args, "client", None) or ()),
-                       set(getattr(args, "reason", None) or ()), since, until)
+    return EventFilter(
+        set(getattr(args, "decision", None) or ()),
+        list(getattr(args, "host", None) or ()),
+        list(getattr(args, "client", None) or ()),
+        set(getattr(args, "reason", None) or ()),
+        since,
+        until,
+    )
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
@@ -150,11 +178,17 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary.add(record)
     summary.derive_domains(make_domain_of())
     if summary.bad_lines:
-        _warn(f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
-              "(run `egress audit verify`)")
+        _warn(
+            f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
+            "(run `egress audit verify`)"
+        )
     if args.json:
-        out = {"files": paths, "since": window.since, "until": window.until,
-               **summary.to_json(args.top)}
+        out = {
+            "files": paths,
+            "since": window.since,
+            "until": window.until,
+            **summary.to_json(args.top),
+        }
         print(json.dumps(out, indent=2))
     else:
         header = [printable(f"files: {' '.join(paths)}")]
@@ -164,8 +198,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _selected(args: argparse.Namespace, chooser: EventFilter,
-              lines: Iterable[bytes]) -> Iterator[tuple[bytes, dict[str, object]]]:
+def _selected(
+    args: argparse.Namespace, chooser: EventFilter, lines: Iterable[bytes]
+) -> Iterator[tuple[bytes, dict[str, object]]]:
     for data in lines:
         record = parse_record(data)
         if record is None:
@@ -184,8 +219,10 @@ def _emit(args: argparse.Namespace, data: bytes, record: dict[str, object]) -> N
 
 def cmd_filter(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
-    lines = (line.data for line in read_lines(order_paths(args.paths),
-                                              lambda p, why: _warn(f"{p}: {why}")))
+    lines = (
+        line.data
+        for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}"))
+    )
     for data, record in _selected(args, chooser, lines):
         _emit(args, data, record)
     return 0
@@ -199,8 +236,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
     gaps = GapFiller(live, _warn) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     try:
-        last.extend(_selected(args, chooser, (line.data for line in read_lines(
-            history, lambda p, why: _warn(f"{p}: {why}")))))
+        last.extend(
+            _selected(
+                args,
+                chooser,
+                (line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))),
+            )
+        )
         if follower is not None and gaps is not None:
             last.extend(_selected(args, chooser, gaps.feed(_drain(follower))))
         for data, record in last:
@@ -233,8 +275,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.head and len(results) > 1:
         raise InputError("--head names one chain; give the files of one worker")
     if args.head and result.head != args.head.lower():
-        result.problems.append(Problem("end of input", f"head is {result.head}, "
-                                        f"expected {args.head} (lines missing or edited)"))
+        result.problems.append(
+            Problem(
+                "end of input",
+                f"head is {result.head}, expected {args.head} (lines missing or edited)",
+            )
+        )
     problems = [p for r in results for p in r.problems]
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(problem)
@@ -248,20 +294,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
     lines, runs = sum(r.lines for r in results), sum(r.runs for r in results)
     requests = sum(r.requests for r in results)
     head = result.head if len(results) == 1 else f"of {len(results)} chains above"
-    print(f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "
-          f"{requests} request records{shown}; head {head}")
+    print(
+        f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "
+        f"{requests} request records{shown}; head {head}"
+    )
     return 1 if problems else 0
 
 
 def _verify_chain(paths: list[str], live: bool) -> VerifyResult:
     verifier = ChainVerifier(live=live)
-    for line in read_lines(paths, lambda p, why: verifier.problems.append(
-            Problem(p, why))):
+    for line in read_lines(paths, lambda p, why: verifier.problems.append(Problem(p, why))):
         verifier.feed(line.where, line.data, complete=line.complete)
     return verifier.finish()
 
 
 # ---- argument parsing --------------------------------------------------------------------
+
 
 def cmd_suggest(args: argparse.Namespace) -> int:
     """A minimal policy covering the logged traffic (docs/audit-log.md#egress-audit-suggest)."""
@@ -290,41 +338,69 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="egress audit",
-                                     description="Read, filter and verify egress audit logs.")
+    parser = argparse.ArgumentParser(
+        prog="egress audit", description="Read, filter and verify egress audit logs."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    summarize = commands.add_parser("summarize", help="counts by host, domain, client, "
-                                    "reason and rule")
+    summarize = commands.add_parser(
+        "summarize", help="counts by host, domain, client, reason and rule"
+    )
     _add_window(summarize)
     summarize.add_argument("--json", action="store_true", help="JSON for tooling")
-    summarize.add_argument("--top", type=_positive(int), metavar="N",
-                           help=f"rows per table (default {DEFAULT_TOP}; all with --json)")
+    summarize.add_argument(
+        "--top",
+        type=_positive(int),
+        metavar="N",
+        help=f"rows per table (default {DEFAULT_TOP}; all with --json)",
+    )
     summarize.add_argument("paths", nargs="+", metavar="PATH")
-    for name, help_text in (("filter", "print the events that match"),
-                            ("tail", "print the last events, and follow with -f")):
+    for name, help_text in (
+        ("filter", "print the events that match"),
+        ("tail", "print the last events, and follow with -f"),
+    ):
         sub = commands.add_parser(name, help=help_text)
         _add_window(sub)
         _add_selectors(sub)
         if name == "tail":
-            sub.add_argument("-n", "--lines", type=_positive(int, zero=True), default=DEFAULT_TAIL,
-                             metavar="N")
-            sub.add_argument("-f", "--follow", action="store_true",
-                             help="keep reading as the log grows; survives rotation")
-            sub.add_argument("--interval", type=_positive(float), default=DEFAULT_INTERVAL,
-                             metavar="SECONDS", help="poll interval with --follow")
+            sub.add_argument(
+                "-n", "--lines", type=_positive(int, zero=True), default=DEFAULT_TAIL, metavar="N"
+            )
+            sub.add_argument(
+                "-f",
+                "--follow",
+                action="store_true",
+                help="keep reading as the log grows; survives rotation",
+            )
+            sub.add_argument(
+                "--interval",
+                type=_positive(float),
+                default=DEFAULT_INTERVAL,
+                metavar="SECONDS",
+                help="poll interval with --follow",
+            )
         sub.add_argument("paths", nargs="+", metavar="PATH")
     suggest = commands.add_parser(
-        "suggest", help="print a minimal policy (TOML) allowing the logged traffic; reserved "
-        "and blocked destinations are listed, not allowed")
+        "suggest",
+        help="print a minimal policy (TOML) allowing the logged traffic; reserved "
+        "and blocked destinations are listed, not allowed",
+    )
     _add_window(suggest)
-    suggest.add_argument("--client", action="append", metavar="ID",
-                         help="only records of this client_id (repeatable)")
+    suggest.add_argument(
+        "--client",
+        action="append",
+        metavar="ID",
+        help="only records of this client_id (repeatable)",
+    )
     suggest.add_argument("paths", nargs="+", metavar="LOG")
     verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
-    verify.add_argument("--live", action="store_true",
-                        help="accept a last run without an end record (still being written)")
-    verify.add_argument("--head", metavar="SHA256",
-                        help="the head hash kept out of band; the chain must end there")
+    verify.add_argument(
+        "--live",
+        action="store_true",
+        help="accept a last run without an end record (still being written)",
+    )
+    verify.add_argument(
+        "--head", metavar="SHA256", help="the head hash kept out of band; the chain must end there"
+    )
     verify.add_argument("paths", nargs="+", metavar="PATH")
     return parser
 
@@ -343,25 +419,40 @@ def _positive(kind: type[int] | type[float], zero: bool = False) -> Callable[[st
 
 
 def _add_window(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--since", metavar="TIME",
-                        help="RFC 3339 (2026-11-30T05:00:00Z) or relative (90s, 15m, 1h, 2d)")
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="RFC 3339 (2026-11-30T05:00:00Z) or relative (90s, 15m, 1h, 2d)",
+    )
     parser.add_argument("--until", metavar="TIME", help="exclusive; same forms as --since")
 
 
 def _add_selectors(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decision", action="append", choices=("allow", "block", "error"))
-    parser.add_argument("--host", action="append", metavar="PATTERN",
-                        help="fnmatch pattern; *.example.com matches the apex too")
-    parser.add_argument("--client", action="append", metavar="PATTERN",
-                        help="matches ip:port, ip or client_id (fnmatch)")
+    parser.add_argument(
+        "--host",
+        action="append",
+        metavar="PATTERN",
+        help="fnmatch pattern; *.example.com matches the apex too",
+    )
+    parser.add_argument(
+        "--client",
+        action="append",
+        metavar="PATTERN",
+        help="matches ip:port, ip or client_id (fnmatch)",
+    )
     parser.add_argument("--reason", action="append", metavar="CODE")
-    parser.add_argument("--control", action="store_true",
-                        help="also print start/rotate/loss/end records")
+    parser.add_argument(
+        "--control", action="store_true", help="also print start/rotate/loss/end records"
+    )
     parser.add_argument("--json", action="store_true", help="print the raw JSON lines")
 
 
 COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
-    "summarize": cmd_summarize, "filter": cmd_filter, "tail": cmd_tail, "verify": cmd_verify,
+    "summarize": cmd_summarize,
+    "filter": cmd_filter,
+    "tail": cmd_tail,
+    "verify": cmd_verify,
     "suggest": cmd_suggest,
 }
 

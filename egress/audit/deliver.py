@@ -81,8 +81,7 @@ class Delivery:
     def _hook_failed(self, exc: BaseException | None = None) -> None:
         self.hook_errors += 1
         if self.hook_errors <= 10:
-            logger.error("audit hook failed (%d so far)", self.hook_errors,
-                         exc_info=exc or True)
+            logger.error("audit hook failed (%d so far)", self.hook_errors, exc_info=exc or True)
 
 
 class _Subscriber:

@@ -144,8 +144,12 @@ class GapFiller:
             if not isinstance(seq, int):
                 yield data
                 continue
-            if record and record.get("type") == "rotate" and self.last is not None \
-                    and seq > self.last + 1:
+            if (
+                record
+                and record.get("type") == "rotate"
+                and self.last is not None
+                and seq > self.last + 1
+            ):
                 yield from self._fill(self.last + 1, seq - 1)
             self.last = seq
             yield data
@@ -153,6 +157,8 @@ class GapFiller:
     def _fill(self, lo: int, hi: int) -> list[bytes]:
         found = recover_rotated(self.path, lo, hi)
         if len(found) != hi - lo + 1:
-            self.warn(f"{self.path} rotated faster than it was read: "
-                      f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown")
+            self.warn(
+                f"{self.path} rotated faster than it was read: "
+                f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown"
+            )
         return found

@@ -61,13 +61,19 @@ class AuditLog:
     Raises ValueError for a bad `fail_mode` or `rotate_bytes`.
     """
 
-    def __init__(self, path: str | None, *, fail_mode: FailMode = "open",
-                 keep_query: bool = False, rotate_bytes: int | None = None,
-                 retry_interval: float = DEFAULT_RETRY_INTERVAL,
-                 max_backlog: int = DEFAULT_MAX_BACKLOG,
-                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
-                 close_timeout: float = CLOSE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        fail_mode: FailMode = "open",
+        keep_query: bool = False,
+        rotate_bytes: int | None = None,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
+        close_timeout: float = CLOSE_TIMEOUT,
+    ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
         if rotate_bytes is not None and rotate_bytes <= 0:
@@ -83,10 +89,15 @@ class AuditLog:
         self._max_backlog = max_backlog
         self._enqueued = 0
         self._batch: list[object] = []  # lines of the current loop iteration
-        self._writer = LogWriter(path, fail_mode=fail_mode, keep_query=keep_query,
-                                 rotate_bytes=self.rotate_bytes, retry_interval=retry_interval,
-                                 max_pending_bytes=max_pending_bytes,
-                                 close_timeout=close_timeout)
+        self._writer = LogWriter(
+            path,
+            fail_mode=fail_mode,
+            keep_query=keep_query,
+            rotate_bytes=self.rotate_bytes,
+            retry_interval=retry_interval,
+            max_pending_bytes=max_pending_bytes,
+            close_timeout=close_timeout,
+        )
         self._thread: threading.Thread | None = None
         self._delivery = Delivery(events_maxlen)  # hooks and events() consumers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -161,8 +172,9 @@ class AuditLog:
         if self.path is None:
             return
         await asyncio.to_thread(self._writer.open_initial)
-        self._thread = threading.Thread(target=self._writer.run, args=(self._queue,),
-                                        name="egress-audit-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._writer.run, args=(self._queue,), name="egress-audit-writer", daemon=True
+        )
         self._thread.start()
 
     def _hand_over(self) -> None:
@@ -197,8 +209,12 @@ class AuditLog:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     # -- the hot path --------------------------------------------------------------------

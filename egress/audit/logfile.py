@@ -110,8 +110,11 @@ def _gzip_file(source: str) -> None:
     temporary = f"{source}.gz.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     # Level 1: JSON lines still shrink several times over, at a fraction of level 6's CPU.
-    with (open(source, "rb") as reader, open(fd, "wb") as raw,
-          gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as writer):
+    with (
+        open(source, "rb") as reader,
+        open(fd, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) as writer,
+    ):
         shutil.copyfileobj(reader, writer, 1024 * 1024)
     os.rename(temporary, f"{source}.gz")
     os.unlink(source)

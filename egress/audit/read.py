@@ -45,9 +45,7 @@ def worker_files(path: str) -> list[str]:
         return [path]
     folder, name = os.path.split(path)
     stem, ext = os.path.splitext(name)
-    pattern = re.compile(
-        re.escape(stem) + r"\.w(\d+)" + re.escape(ext) + r"(?:\.\d+(?:\.gz)?)?$"
-    )
+    pattern = re.compile(re.escape(stem) + r"\.w(\d+)" + re.escape(ext) + r"(?:\.\d+(?:\.gz)?)?$")
     try:
         names = os.listdir(folder or ".")
     except OSError:
@@ -125,11 +123,11 @@ def read_lines(paths: Iterable[str], damaged: Callable[[str, str], None]) -> Ite
                         while (more := stream.readline(MAX_LINE)) and not more.endswith(b"\n"):
                             pass
                         complete = bool(more)
-                    yield Line(path, number, raw[:-1] if raw.endswith(b"\n") else raw,
-                               complete)
+                    yield Line(path, number, raw[:-1] if raw.endswith(b"\n") else raw, complete)
             except (EOFError, OSError, zlib.error) as exc:
-                damaged(path, f"compressed data is damaged or ends early after line "
-                              f"{number} ({exc})")
+                damaged(
+                    path, f"compressed data is damaged or ends early after line {number} ({exc})"
+                )
 
 
 def parse_record(data: bytes) -> dict[str, object] | None:
@@ -146,11 +144,12 @@ def is_request(record: dict[str, object]) -> bool:
 
 # ---- filtering ---------------------------------------------------------------------------
 
+
 def client_ip(client: object) -> str:
     """`10.0.0.2:5555` -> `10.0.0.2`; `[2001:db8::1]:5555` -> `2001:db8::1`."""
     text = str(client)
     if text.startswith("["):
-        return text[1:text.find("]")] if "]" in text else text
+        return text[1 : text.find("]")] if "]" in text else text
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
@@ -174,8 +173,7 @@ class EventFilter:
             return False
         if self.reasons and record.get("reason") not in self.reasons:
             return False
-        if self.hosts and not any(host_matches(p, str(record.get("host", "")))
-                                  for p in self.hosts):
+        if self.hosts and not any(host_matches(p, str(record.get("host", ""))) for p in self.hosts):
             return False
         if self.clients and not self._client_matches(record):
             return False
@@ -187,8 +185,7 @@ class EventFilter:
         ts = normalize_ts(record.get("ts"))
         if ts is None:
             return False
-        return ((self.since is None or ts >= self.since)
-                and (self.until is None or ts < self.until))
+        return (self.since is None or ts >= self.since) and (self.until is None or ts < self.until)
 
     def _client_matches(self, record: dict[str, object]) -> bool:
         client = str(record.get("client", ""))
@@ -233,10 +230,12 @@ class Summary:
         slot = _SLOTS.get(decision, 3) if isinstance(decision, str) else 3
         self.totals[slot] += 1
         rule = record.get("rule")
-        keys = (("host", record.get("host") or "(none)"),
-                ("client", record.get("client_id") or client_ip(record.get("client", "(none)"))),
-                ("reason", record.get("reason") or "(none)"),
-                ("rule", "(none)" if rule is None else rule))
+        keys = (
+            ("host", record.get("host") or "(none)"),
+            ("client", record.get("client_id") or client_ip(record.get("client", "(none)"))),
+            ("reason", record.get("reason") or "(none)"),
+            ("rule", "(none)" if rule is None else rule),
+        )
         for name, key in keys:
             table = self.tables[name]
             text = key if isinstance(key, str) else str(key)
@@ -261,20 +260,29 @@ class Summary:
 
     def rows(self, dimension: str, top: int | None) -> tuple[list[dict[str, object]], int]:
         """Rows sorted by blocks, then total; with the number of rows left out."""
-        items = sorted(self.tables[dimension].items(),
-                       key=lambda kv: (-kv[1][1], -sum(kv[1]), kv[0]))
+        items = sorted(
+            self.tables[dimension].items(), key=lambda kv: (-kv[1][1], -sum(kv[1]), kv[0])
+        )
         shown = items if top is None else items[:top]
-        rows = [{"key": key, "block": c[1], "allow": c[0], "error": c[2],
-                 "total": sum(c)} for key, c in shown]
+        rows = [
+            {"key": key, "block": c[1], "allow": c[0], "error": c[2], "total": sum(c)}
+            for key, c in shown
+        ]
         return rows, len(items) - len(shown)
 
     def to_json(self, top: int | None) -> dict[str, object]:
         out: dict[str, object] = {
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
-            "totals": {"events": sum(self.totals), "allow": self.totals[0],
-                       "block": self.totals[1], "error": self.totals[2],
-                       "other": self.totals[3]},
-            "runs": self.runs, "bad_lines": self.bad_lines,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "totals": {
+                "events": sum(self.totals),
+                "allow": self.totals[0],
+                "block": self.totals[1],
+                "error": self.totals[2],
+                "other": self.totals[3],
+            },
+            "runs": self.runs,
+            "bad_lines": self.bad_lines,
         }
         for dimension in DIMENSIONS:
             out[f"by_{dimension}"] = self.rows(dimension, top)[0]

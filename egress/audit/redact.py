@@ -14,8 +14,9 @@ from egress.audit.format import CHAIN_FIELDS
 
 # A field whose name contains one of these (case-insensitive) is dropped from the record.
 # Bodies too: a body is never logged, whatever its field is called.
-_SECRET_KEY = re.compile(r"authoriz|cookie|token|passw|secret|api[-_]?key|body|payload",
-                         re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"authoriz|cookie|token|passw|secret|api[-_]?key|body|payload", re.IGNORECASE
+)
 # Fields that may hold a URL or a request target; their query string is redacted. `detail`
 # is free text that may quote one: its URLs are redacted by `redact_text`.
 _URL_FIELDS: Final = ("path", "target", "uri", "url")

@@ -113,7 +113,9 @@ def suggest(records: Iterable[dict[str, object]]) -> Suggestion:
 
 
 def render(
-    s: Suggestion, domain_of: Callable[[str], str], lint: Callable[[list[str]], list[str]],
+    s: Suggestion,
+    domain_of: Callable[[str], str],
+    lint: Callable[[list[str]], list[str]],
     sources: list[str],
 ) -> str:
     """The suggestion as TOML with comments (loadable by `--policy`)."""
@@ -152,12 +154,18 @@ def render(
 def _callouts(s: Suggestion) -> list[str]:
     out: list[str] = []
     sections = (
-        (s.reserved, "reserved addresses: the address guard refuses these whatever the "
-                     "policy says; not allowed"),
+        (
+            s.reserved,
+            "reserved addresses: the address guard refuses these whatever the "
+            "policy says; not allowed",
+        ),
         (s.blocked, "refused by a block rule; not allowed (keep the block rule)"),
         (s.sni, "refused by the TLS SNI check; not allowed"),
-        (s.refused, "refused for want of an allow rule in an enforcing run; not allowed "
-                    "(add them by hand if wanted)"),
+        (
+            s.refused,
+            "refused for want of an allow rule in an enforcing run; not allowed "
+            "(add them by hand if wanted)",
+        ),
     )
     for table, title in sections:
         if not table:
@@ -168,8 +176,10 @@ def _callouts(s: Suggestion) -> list[str]:
             notes = "; ".join(sorted(seen.notes))
             out.append(f"#   {where}  {seen.count} record(s)" + (f"  {notes}" if notes else ""))
     if s.routes:
-        out += ["", f"# {s.routes} framework-route record(s): covered by framework_routes, "
-                    "not by rules"]
+        out += [
+            "",
+            f"# {s.routes} framework-route record(s): covered by framework_routes, not by rules",
+        ]
     return out
 
 

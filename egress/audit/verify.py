@@ -115,8 +115,11 @@ class ChainVerifier:
                     "(lines deleted or edited before this run)",
                 )
         elif prev != GENESIS:
-            self._fail(where, "run start links to earlier lines that were not given "
-                       "(deleted, or older files not passed)")
+            self._fail(
+                where,
+                "run start links to earlier lines that were not given "
+                "(deleted, or older files not passed)",
+            )
         self._run = _Run(run_id=str(record.get("run", "?")), where=where)
         self._remember(0, line_hash(line), where)
 
@@ -218,9 +221,7 @@ class ChainVerifier:
         head = line_hash(self._prev_line) if self._prev_line is not None else None
         if self._lines == 0:
             self._fail("input", "no lines")
-        return VerifyResult(
-            self.problems, self._lines, self._runs, self._requests, head
-        )
+        return VerifyResult(self.problems, self._lines, self._runs, self._requests, head)
 
     def _fail(self, where: str, message: str) -> None:
         self.problems.append(Problem(where, message))

@@ -46,9 +46,17 @@ STOP: Final = object()  # queued by aclose(): write the end record and stop
 class LogWriter:
     """Everything that happens on the writer thread. Counters are read by other threads."""
 
-    def __init__(self, path: str | None, *, fail_mode: str, keep_query: bool,
-                 rotate_bytes: int | None, retry_interval: float, max_pending_bytes: int,
-                 close_timeout: float) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        fail_mode: str,
+        keep_query: bool,
+        rotate_bytes: int | None,
+        retry_interval: float,
+        max_pending_bytes: int,
+        close_timeout: float,
+    ) -> None:
         self.path = path
         self.fail_mode = fail_mode
         self.keep_query = keep_query
@@ -96,10 +104,17 @@ class LogWriter:
 
     def run(self, source: queue.SimpleQueue[object]) -> None:
         try:
-            self._control({"type": "start", "run": self.run_id, "format": FORMAT,
-                           "pid": os.getpid(), "fail_mode": self.fail_mode,
-                           "keep_query": self.keep_query,
-                           "rotate_bytes": self.rotate_bytes})
+            self._control(
+                {
+                    "type": "start",
+                    "run": self.run_id,
+                    "format": FORMAT,
+                    "pid": os.getpid(),
+                    "fail_mode": self.fail_mode,
+                    "keep_query": self.keep_query,
+                    "rotate_bytes": self.rotate_bytes,
+                }
+            )
             self._flush()
             stopping = False
             while not stopping:
@@ -115,8 +130,9 @@ class LogWriter:
         # A bug must not pass for a healthy log: say so loudly, and fail closed.
         self.writable = False
         self.crashed = True
-        logger.critical("audit writer thread crashed; the audit log is no longer written",
-                        exc_info=True)
+        logger.critical(
+            "audit writer thread crashed; the audit log is no longer written", exc_info=True
+        )
 
     def _run_batch(self, source: queue.SimpleQueue[object]) -> bool:
         watch = bool(self.pending) or self.fail_mode == "closed"
@@ -143,7 +159,7 @@ class LogWriter:
             return self._process(batch)
         except Exception:
             # Lines chained before the failure are still written; the rest are counted.
-            late = batch[self.cursor:]
+            late = batch[self.cursor :]
             self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
             with contextlib.suppress(Exception):
                 self._flush()
@@ -165,7 +181,7 @@ class LogWriter:
                 self._lose_next()
             elif item is STOP:
                 stopping = True
-                late = batch[index + 1:]  # raced with aclose(): counted, not written
+                late = batch[index + 1 :]  # raced with aclose(): counted, not written
                 self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
                 break
         self._flush()
@@ -201,8 +217,11 @@ class LogWriter:
 
     def _needs_rotation(self, size: int) -> bool:
         limit = self.rotate_bytes
-        return (limit is not None and self.seq >= 0
-                and self.file.size + self.pending_bytes + size > limit)
+        return (
+            limit is not None
+            and self.seq >= 0
+            and self.file.size + self.pending_bytes + size > limit
+        )
 
     def _push(self, data: bytes) -> None:
         self.pending.append(data)
@@ -259,18 +278,26 @@ class LogWriter:
         self.write_errors += 1
         now = time.monotonic()
         if self.writable or now - self._last_error_log >= ERROR_LOG_INTERVAL:
-            mode = ("refusing new connections (--audit-fail closed)"
-                    if self.fail_mode == "closed"
-                    else "still serving (--audit-fail open)")
-            logger.error("%s [%d write errors, %d lines waiting; %s]", message,
-                         self.write_errors, sum(c.count(b"\n") for c in self.pending), mode)
+            mode = (
+                "refusing new connections (--audit-fail closed)"
+                if self.fail_mode == "closed"
+                else "still serving (--audit-fail open)"
+            )
+            logger.error(
+                "%s [%d write errors, %d lines waiting; %s]",
+                message,
+                self.write_errors,
+                sum(c.count(b"\n") for c in self.pending),
+                mode,
+            )
             self._last_error_log = now
         self.writable = False
 
     def _succeeded(self) -> None:
         if not self.writable:
-            logger.warning("audit log %s is writable again after %d write errors",
-                           self.path, self.write_errors)
+            logger.warning(
+                "audit log %s is writable again after %d write errors", self.path, self.write_errors
+            )
             self.writable = True
         if self._report_loss():
             self._flush()
@@ -305,17 +332,25 @@ class LogWriter:
         self._report_loss()
         if self._needs_rotation(400):  # rotate first, so that "lines" counts the rotate record
             self._rotate()
-        self._control({"type": "end", "run": self.run_id, "lines": self.seq + 1,
-                       "requests": self.requests, "write_errors": self.write_errors,
-                       "dropped": self.lines_dropped})
+        self._control(
+            {
+                "type": "end",
+                "run": self.run_id,
+                "lines": self.seq + 1,
+                "requests": self.requests,
+                "write_errors": self.write_errors,
+                "dropped": self.lines_dropped,
+            }
+        )
         deadline = time.monotonic() + self.close_timeout
         while not self._flush() and time.monotonic() < deadline:
             time.sleep(self.retry_interval)
         if self.pending:
             lost = sum(chunk.count(b"\n") for chunk in self.pending)
             self.lines_abandoned += lost
-            logger.error("audit log %s: %d lines could not be written before close",
-                         self.path, lost)
+            logger.error(
+                "audit log %s: %d lines could not be written before close", self.path, lost
+            )
         self.file.close()
 
 

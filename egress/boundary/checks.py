@@ -15,9 +15,18 @@ from .execution import (
 
 
 def _check_args(
-    sandbox: object, policy: object, proxy: object, mode: object, proxy_port: object,
-    client_id: object, token: object, gateway: object, force: object, allow_privileged: object,
-    cut_mode: object, helper_image: object,
+    sandbox: object,
+    policy: object,
+    proxy: object,
+    mode: object,
+    proxy_port: object,
+    client_id: object,
+    token: object,
+    gateway: object,
+    force: object,
+    allow_privileged: object,
+    cut_mode: object,
+    helper_image: object,
 ) -> str:
     """Typed arguments (docs/policy.md#types): a wrong one is a TypeError/ValueError naming
     it, raised before anything is opened or cut. Returns the sandbox in its one spelling
@@ -71,14 +80,22 @@ def _check_helper(ref: TargetRef, mode: object) -> None:
 
 
 def _check_extra_args(
-    mode: str, transparent: object, transparent_port: object, dns_port: object,
+    mode: str,
+    transparent: object,
+    transparent_port: object,
+    dns_port: object,
     socks_port: object,
 ) -> None:
     as_bool(transparent, "prepare_execution transparent")
-    for label, value in (("transparent_port", transparent_port), ("dns_port", dns_port),
-                         ("socks_port", socks_port)):
+    for label, value in (
+        ("transparent_port", transparent_port),
+        ("dns_port", dns_port),
+        ("socks_port", socks_port),
+    ):
         if value is not None and as_count(value, f"prepare_execution {label}", minimum=0) > 65535:
             raise ValueError(f"prepare_execution {label} must be at most 65535, not {value}")
     if transparent and mode != "loopback":
-        raise ValueError("prepare_execution transparent needs mode='loopback' (its listeners "
-                         "live on the sandbox's own loopback)")
+        raise ValueError(
+            "prepare_execution transparent needs mode='loopback' (its listeners "
+            "live on the sandbox's own loopback)"
+        )

@@ -18,9 +18,16 @@ from .execution import (
 
 
 async def _cut_and_prove(
-    sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: Iterable[str], *,
-    force: bool, allow_privileged: bool, redirect: tuple[int, int] | None = None,
-    cut_mode: CutMode = "direct", helper_image: str | None = None,
+    sandbox: str,
+    keeps: Sequence[str],
+    reachable: Sequence[str],
+    blocked: Iterable[str],
+    *,
+    force: bool,
+    allow_privileged: bool,
+    redirect: tuple[int, int] | None = None,
+    cut_mode: CutMode = "direct",
+    helper_image: str | None = None,
 ) -> tuple[Any, Any]:
     import netcut
     from netcut.redirect import Redirect
@@ -32,7 +39,11 @@ async def _cut_and_prove(
             )
         else:
             cut = await netcut.cut_async(
-                sandbox, keeps, probe=False, force=force, allow_privileged=allow_privileged,
+                sandbox,
+                keeps,
+                probe=False,
+                force=force,
+                allow_privileged=allow_privileged,
                 redirect=Redirect(*redirect) if redirect is not None else None,
             )
             probe = await netcut.probe_async(sandbox, reachable, list(blocked))
@@ -48,8 +59,12 @@ async def _cut_and_prove(
 
 
 async def _helper_cut(
-    sandbox: str, keeps: Sequence[str], reachable: Sequence[str], blocked: list[str],
-    allow_privileged: bool, image: str | None,
+    sandbox: str,
+    keeps: Sequence[str],
+    reachable: Sequence[str],
+    blocked: list[str],
+    allow_privileged: bool,
+    image: str | None,
 ) -> tuple[Any, Any, Any]:
     """Cut, probe and status in one helper run (docs/netcut.md#helper-mode): the probe runs
     from inside the namespace and checks every kept ADDR:PORT (in gateway mode exactly the
@@ -59,9 +74,14 @@ async def _helper_cut(
 
     assert set(reachable) <= set(keeps), "helper mode probes what it keeps (gateway mode)"
     cut, status = await asyncio.to_thread(
-        functools.partial(helper.cut_and_status, parse_target(sandbox), tuple(keeps),
-                          image=image, expect_blocked=tuple(blocked),
-                          allow_privileged=allow_privileged)
+        functools.partial(
+            helper.cut_and_status,
+            parse_target(sandbox),
+            tuple(keeps),
+            image=image,
+            expect_blocked=tuple(blocked),
+            allow_privileged=allow_privileged,
+        )
     )
     return cut, cut.probe, status
 

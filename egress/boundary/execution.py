@@ -81,8 +81,14 @@ def _rewrite(route: FrameworkRoute, host: str, port: int) -> str:
 
 
 def _execution(
-    sandbox: str, cid: str, tok: str, mode: Mode, routes: Sequence[FrameworkRoute],
-    listeners: Sequence[Listener], cut: Any, probe: Any,
+    sandbox: str,
+    cid: str,
+    tok: str,
+    mode: Mode,
+    routes: Sequence[FrameworkRoute],
+    listeners: Sequence[Listener],
+    cut: Any,
+    probe: Any,
 ) -> Execution:
     proxy_listener = listeners[0]
     host = proxy_listener.host
@@ -92,6 +98,13 @@ def _execution(
     }
     no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
     return Execution(
-        sandbox, cid, proxy_url, agent_env(proxy_url, no_proxy), urls, tok, cut, probe,
+        sandbox,
+        cid,
+        proxy_url,
+        agent_env(proxy_url, no_proxy),
+        urls,
+        tok,
+        cut,
+        probe,
         tuple(listeners),
     )

@@ -85,8 +85,20 @@ async def prepare_execution(
     and everything this sandbox held in the proxy (listeners, forwarders, client) is
     released; the cut, if applied, stays (fail closed).
     """
-    sandbox = _check_args(sandbox, policy, proxy, mode, proxy_port, client_id, token, gateway,
-                          force, allow_privileged, cut_mode, helper_image)
+    sandbox = _check_args(
+        sandbox,
+        policy,
+        proxy,
+        mode,
+        proxy_port,
+        client_id,
+        token,
+        gateway,
+        force,
+        allow_privileged,
+        cut_mode,
+        helper_image,
+    )
     route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
     blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
     _check_extra_args(mode, transparent, transparent_port, dns_port, socks_port)
@@ -98,12 +110,27 @@ async def prepare_execution(
     _refuse_taken(proxy, reg, sandbox, cid, mode, prior)
     _refuse_new_keeps(sandbox, prior, routes, proxy_port)
     sandbox_policy = Policy(
-        allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
-        framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
+        allow=policy.allow_rules,
+        block=policy.block_rules,
+        default=policy.default,
+        framework_routes=[*policy.framework_routes, *routes],
+        report_only=policy.report_only,
     )
     try:
-        box = await _bind(proxy, reg, sandbox, cid, tok, sandbox_policy, routes, mode,
-                          proxy_port, gateway, prior, cut_mode)
+        box = await _bind(
+            proxy,
+            reg,
+            sandbox,
+            cid,
+            tok,
+            sandbox_policy,
+            routes,
+            mode,
+            proxy_port,
+            gateway,
+            prior,
+            cut_mode,
+        )
         assert box.main is not None
         listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
         ports = (transparent_port, dns_port) if transparent else None
@@ -115,9 +142,15 @@ async def prepare_execution(
         if transparent:
             redirect, blocked = (extra[0].port, extra[1].port), []
         cut, probe = await _cut_and_prove(
-            sandbox, keeps, [f"{li.host}:{li.port}" for li in (*listeners, *extra)], blocked,
-            force=force, allow_privileged=allow_privileged, redirect=redirect,
-            cut_mode=cut_mode, helper_image=helper_image,
+            sandbox,
+            keeps,
+            [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+            blocked,
+            force=force,
+            allow_privileged=allow_privileged,
+            redirect=redirect,
+            cut_mode=cut_mode,
+            helper_image=helper_image,
         )
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
@@ -126,13 +159,22 @@ async def prepare_execution(
         ):
             raise
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
-    _audit(proxy, sandbox, cid, "sandbox_replaced" if prior else "sandbox_added",
-           f"policy {sandbox_policy!r}")
+    _audit(
+        proxy,
+        sandbox,
+        cid,
+        "sandbox_replaced" if prior else "sandbox_added",
+        f"policy {sandbox_policy!r}",
+    )
     if prior is None or cid not in proxy.observers.summaries:
         proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
     execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
-    return replace(execution, listeners=(*execution.listeners, *extra), cut_mode=cut_mode,
-                   helper_image=helper_image)
+    return replace(
+        execution,
+        listeners=(*execution.listeners, *extra),
+        cut_mode=cut_mode,
+        helper_image=helper_image,
+    )
 
 
 def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -> None:
@@ -144,14 +186,20 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     hash. Raises KeyError when the execution is no longer served by `proxy`."""
     routes = [parse_framework_route(r) for r in execution.framework_urls]
     sandbox_policy = Policy(
-        allow=policy.allow_rules, block=policy.block_rules, default=policy.default,
-        framework_routes=[*policy.framework_routes, *routes], report_only=policy.report_only,
+        allow=policy.allow_rules,
+        block=policy.block_rules,
+        default=policy.default,
+        framework_routes=[*policy.framework_routes, *routes],
+        report_only=policy.report_only,
     )
     proxy.set_client_policy(execution.client_id, sandbox_policy)
 
 
 async def release_execution(
-    proxy: EgressProxy, execution: Execution, *, restore: bool = False,
+    proxy: EgressProxy,
+    execution: Execution,
+    *,
+    restore: bool = False,
     cut_mode: CutMode | None = None,
 ) -> ExecutionSummary:
     """Release the sandbox: its client, token, source addresses, listeners and forwarders
@@ -174,8 +222,10 @@ async def release_execution(
     how = execution.cut_mode if cut_mode is None else cut_mode
     if as_choice(how, "release_execution cut_mode", CUT_MODES) == "helper" and restore:
         if parse_target(execution.sandbox).kind != "container":
-            raise ValueError(f"release_execution cut_mode='helper' needs a container sandbox, "
-                             f"not {execution.sandbox!r}")
+            raise ValueError(
+                f"release_execution cut_mode='helper' needs a container sandbox, "
+                f"not {execution.sandbox!r}"
+            )
     summary = proxy.execution_summary(execution.client_id, stop=True)
     reg = _registry(proxy)
     if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):

@@ -63,7 +63,10 @@ def _registry(proxy: EgressProxy) -> _Registry:
 
 
 async def _extras(
-    proxy: EgressProxy, reg: _Registry, box: _Sandbox, transparent: tuple[int, int] | None,
+    proxy: EgressProxy,
+    reg: _Registry,
+    box: _Sandbox,
+    transparent: tuple[int, int] | None,
     socks_port: int | None,
 ) -> list[Listener]:
     """Transparent mode's listener and DNS responder (one fake-IP map between them) and the
@@ -85,20 +88,28 @@ async def _extras(
             assert identity is not None
             fake_ips = FakeIPs()
             listener = await proxy.add_listener(
-                f"127.0.0.1:{transparent[0]}", netns=netns, kind="transparent",
+                f"127.0.0.1:{transparent[0]}",
+                netns=netns,
+                kind="transparent",
                 client=ClientSpec(box.client_id, identity.policy),
             )
             listener.fake_ips = fake_ips
             reg.leases.hold(box.key, listener)
-            dns = await open_dns(proxy, f"127.0.0.1:{transparent[1]}", identity=identity,
-                                 fake_ips=fake_ips, netns=netns)
+            dns = await open_dns(
+                proxy,
+                f"127.0.0.1:{transparent[1]}",
+                identity=identity,
+                fake_ips=fake_ips,
+                netns=netns,
+            )
             reg.leases.hold(box.key, dns)
         out += [listener, dns]
     if socks_port is not None:
         socks = held.get("socks5")
         if socks is None or socks.port not in (0, socks_port):
-            socks = await proxy.add_listener(join_host_port(box.main.host, socks_port), netns=netns,
-                                             kind="socks5")
+            socks = await proxy.add_listener(
+                join_host_port(box.main.host, socks_port), netns=netns, kind="socks5"
+            )
             reg.leases.hold(box.key, socks)
         out.append(socks)
     for li in out:
@@ -116,18 +127,21 @@ def _refuse_taken(
     its mode: checked before anything is opened, so a refusal changes nothing."""
     for other in reg.sandboxes.values():
         if other.client_id == cid and other.key != sandbox:
-            raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is already used by "
-                                    f"sandbox {other.key}")
+            raise ExecutionNotReady(
+                f"sandbox {sandbox}: client id {cid!r} is already used by sandbox {other.key}"
+            )
     owned = prior is not None and prior.client_id == cid
     if mode == "gateway" and not owned and proxy.clients.spec(cid) is not None:
         raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is a configured client")
     if prior is not None and prior.mode != mode:
-        raise ExecutionNotReady(f"sandbox {sandbox}: already prepared in {prior.mode} mode; "
-                                "release it first")
+        raise ExecutionNotReady(
+            f"sandbox {sandbox}: already prepared in {prior.mode} mode; release it first"
+        )
 
 
-def _refuse_new_keeps(sandbox: str, prior: _Sandbox | None, routes: Sequence[FrameworkRoute],
-                      proxy_port: int) -> None:
+def _refuse_new_keeps(
+    sandbox: str, prior: _Sandbox | None, routes: Sequence[FrameworkRoute], proxy_port: int
+) -> None:
     """In gateway mode the cut keeps the listeners' ports, and a cut namespace is never
     re-cut with other keeps (that would open it in between): a second prepare may change
     the policy, not the routes or the port (docs/user-guide.md#sandbox-lifecycle)."""
@@ -143,9 +157,18 @@ def _refuse_new_keeps(sandbox: str, prior: _Sandbox | None, routes: Sequence[Fra
 
 
 async def _bind(
-    proxy: EgressProxy, reg: _Registry, sandbox: str, cid: str, tok: str, policy: Policy,
-    routes: Sequence[FrameworkRoute], mode: Mode, proxy_port: int, gateway: str | None,
-    prior: _Sandbox | None, cut_mode: CutMode,
+    proxy: EgressProxy,
+    reg: _Registry,
+    sandbox: str,
+    cid: str,
+    tok: str,
+    policy: Policy,
+    routes: Sequence[FrameworkRoute],
+    mode: Mode,
+    proxy_port: int,
+    gateway: str | None,
+    prior: _Sandbox | None,
+    cut_mode: CutMode,
 ) -> _Sandbox:
     """Open (or reuse) the sandbox's listeners and bind its policy to them in one step.
     In helper mode the gateway and the sandbox's addresses come from its runtime's
@@ -194,7 +217,11 @@ async def _namespace_file(sandbox: str) -> str:
 
 
 async def _main_listener(
-    proxy: EgressProxy, reg: _Registry, box: _Sandbox, host: str, netns: str | None,
+    proxy: EgressProxy,
+    reg: _Registry,
+    box: _Sandbox,
+    host: str,
+    netns: str | None,
     prior: _Sandbox | None,
 ) -> Listener:
     """The sandbox's proxy listener: its own (loopback) or a shared one (gateway)."""
@@ -216,8 +243,13 @@ async def _main_listener(
 
 
 async def _forwarders(
-    proxy: EgressProxy, reg: _Registry, box: _Sandbox, routes: Sequence[FrameworkRoute],
-    host: str, netns: str | None, prior: _Sandbox | None,
+    proxy: EgressProxy,
+    reg: _Registry,
+    box: _Sandbox,
+    routes: Sequence[FrameworkRoute],
+    host: str,
+    netns: str | None,
+    prior: _Sandbox | None,
 ) -> dict[tuple[str, int], Listener]:
     """One forwarder per route, reused from this sandbox (or, on a gateway, any sandbox)."""
     out: dict[tuple[str, int], Listener] = {}
@@ -227,13 +259,23 @@ async def _forwarders(
         key = (route.host, route.port)
         found = mine.get(key)
         if found is None and box.mode == "gateway":
-            found = next((li for li in proxy.listeners if li.netns is None and li.host == host
-                          and li.forward_to == key and reg.leases.holders(li)), None)
+            found = next(
+                (
+                    li
+                    for li in proxy.listeners
+                    if li.netns is None
+                    and li.host == host
+                    and li.forward_to == key
+                    and reg.leases.holders(li)
+                ),
+                None,
+            )
         if found is None or found not in proxy.listeners:
             port = route.port if route.port not in used else 0
             cid = box.client_id if box.mode == "loopback" else None  # a shared one is nobody's
-            found = await proxy.add_forwarder(f"{bracket(host)}:{port}", route.text, netns=netns,
-                                              client_id=cid)
+            found = await proxy.add_forwarder(
+                f"{bracket(host)}:{port}", route.text, netns=netns, client_id=cid
+            )
         reg.leases.hold(box.key, found)
         used.add(found.port)
         out[key] = found
@@ -259,9 +301,16 @@ def _release_sandbox(proxy: EgressProxy, reg: _Registry, sandbox: str, *, why: s
 def _audit(proxy: EgressProxy, sandbox: str, cid: str, reason: str, detail: str) -> None:
     """One lifecycle record (method `SANDBOX`, docs/audit-log.md#sandbox-records)."""
     event: dict[str, object] = {
-        "client": "-", "method": "SANDBOX", "scheme": "", "host": sandbox, "port": 0,
-        "client_id": cid, "decision": "block" if reason == "sandbox_removed" else "allow",
-        "reason": reason, "rule": None, "detail": detail,
+        "client": "-",
+        "method": "SANDBOX",
+        "scheme": "",
+        "host": sandbox,
+        "port": 0,
+        "client_id": cid,
+        "decision": "block" if reason == "sandbox_removed" else "allow",
+        "reason": reason,
+        "rule": None,
+        "detail": detail,
     }
     if proxy.audit is not None:
         proxy.audit.record(event)

@@ -38,13 +38,16 @@ _ALWAYS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
     ("reserved", _nets("240.0.0.0/4")),
     # Cloud metadata endpoints outside link-local (Alibaba, Azure wire server, Oracle/RFC 7723
     # PCP anycast, AWS IPv6 IMDS).
-    ("metadata", _nets("100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32",
-                       "fd00:ec2::254/128")),
+    (
+        "metadata",
+        _nets("100.100.100.200/32", "168.63.129.16/32", "192.0.0.192/32", "fd00:ec2::254/128"),
+    ),
 )
 
 # Opt-in with `--reserve-private`: RFC 1918, CGNAT (RFC 6598), IPv6 ULA (RFC 4193).
-PRIVATE_NETWORKS = _nets("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
-                         "fc00::/7")
+PRIVATE_NETWORKS = _nets(
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"
+)
 
 _NAT64_WKP = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")

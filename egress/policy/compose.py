@@ -110,8 +110,7 @@ def from_harbor(task: Mapping[str, object]) -> Policy:
         mode = "public" if allowed else "no-network"
     if mode is None:
         mode = "public"  # Harbor's default when a task says nothing
-    hosts = _checked(as_str_list, task.get("allowed_hosts", []) or [],
-                     "harbor task: allowed_hosts")
+    hosts = _checked(as_str_list, task.get("allowed_hosts", []) or [], "harbor task: allowed_hosts")
     if mode == "public":
         return Policy(default="allow")
     if mode == "no-network":
@@ -129,8 +128,9 @@ def from_verifiers(settings: Mapping[str, object]) -> Policy:
     `network_access = false` is `default = "deny"` (allow entries still apply);
     `network_access = true` is `default = "allow"` with the block rules.
     """
-    access = _checked(as_bool, settings.get("network_access", False),
-                      "verifiers settings: network_access")
+    access = _checked(
+        as_bool, settings.get("network_access", False), "verifiers settings: network_access"
+    )
     allow = _checked(as_str_list, settings.get("allow", []) or [], "verifiers settings: allow")
     block = _checked(as_str_list, settings.get("block", []) or [], "verifiers settings: block")
     return Policy(allow=allow, block=block, default="allow" if access else "deny")

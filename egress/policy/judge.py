@@ -25,8 +25,12 @@ def judge(
     decision = policy.decide(target, addrs)
     if not decision.allowed and policy.report_only:
         decision = Decision(
-            True, decision.reason, decision.rule, f"report-only, would block: {decision.detail}",
-            target.ip is None and not addrs, "block",
+            True,
+            decision.reason,
+            decision.rule,
+            f"report-only, would block: {decision.detail}",
+            target.ip is None and not addrs,
+            "block",
         )
     if not decision.allowed or decision.reason == "framework_route":
         return decision

@@ -238,10 +238,12 @@ class Policy:
         self._digest: str | None = None  # docs/policy.md#policy-hash, computed on first use
         rules = (str, Rule)
         self.allow_rules = tuple(
-            _as_rule(r, "allow") for r in as_list(allow, "Policy allow", rules)  # type: ignore[arg-type]
+            _as_rule(r, "allow")  # type: ignore[arg-type]
+            for r in as_list(allow, "Policy allow", rules)
         )
         self.block_rules = tuple(
-            _as_rule(r, "block") for r in as_list(block, "Policy block", rules)  # type: ignore[arg-type]
+            _as_rule(r, "block")  # type: ignore[arg-type]
+            for r in as_list(block, "Policy block", rules)
         )
         self.framework_routes = tuple(
             r if isinstance(r, FrameworkRoute) else parse_framework_route(str(r))
@@ -367,4 +369,3 @@ def _first_covering(rules: list[Rule], target: Target) -> Rule | None:
         if rule.covers_port(target.scheme, target.port):
             return rule
     return None
-

@@ -42,7 +42,8 @@ class _ProxyCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
         req = CounterMetricFamily(
-            "egress_requests", "Access records by client, decision and reason (one per "
+            "egress_requests",
+            "Access records by client, decision and reason (one per "
             "request, tunnel or refusal; equal to the audit log's count)",
             labels=["client", "decision", "reason"],
         )
@@ -62,13 +63,16 @@ class _ProxyCollector(Collector):
             "egress_open_connections", "Client connections open now", value=m.open_connections()
         )
         yield GaugeMetricFamily(
-            "egress_open_tunnels", "CONNECT tunnels and forwarder relays open now",
+            "egress_open_tunnels",
+            "CONNECT tunnels and forwarder relays open now",
             value=m.open_tunnels,
         )
         for name, hist in m.histograms():
             buckets = [(_le(b), n) for b, n in hist.cumulative()]
             yield HistogramMetricFamily(
-                f"egress_{name}_seconds", HISTOGRAM_HELP[name], buckets=buckets,
+                f"egress_{name}_seconds",
+                HISTOGRAM_HELP[name],
+                buckets=buckets,
                 sum_value=hist.total,
             )
 

@@ -129,13 +129,16 @@ class ClientTable:
             if other.client_id == spec.client_id:
                 continue
             if spec.token and other.token and spec.token == other.token:
-                raise ClientError(f"client {spec.client_id!r}: token already used by another "
-                                  "client")
+                raise ClientError(
+                    f"client {spec.client_id!r}: token already used by another client"
+                )
             for net in spec.sources:
                 clash = next((o for o in other.sources if _overlap(net, o)), None)
                 if clash is not None:
-                    raise ClientError(f"client {spec.client_id!r}: source {net} overlaps "
-                                      f"{clash} of client {other.client_id!r}")
+                    raise ClientError(
+                        f"client {spec.client_id!r}: source {net} overlaps "
+                        f"{clash} of client {other.client_id!r}"
+                    )
 
     def _rebuild(self) -> None:
         """New lookup lists swapped in whole (a reader never sees a half-updated table)."""
@@ -232,5 +235,11 @@ def source_address(peername: object) -> IPAddress | None:
 
 
 __all__ = [
-    "AuthError", "ClientError", "ClientSpec", "ClientTable", "Identity", "Leases", "basic_token",
+    "AuthError",
+    "ClientError",
+    "ClientSpec",
+    "ClientTable",
+    "Identity",
+    "Leases",
+    "basic_token",
 ]

@@ -41,8 +41,13 @@ class Limits:
 
     def __post_init__(self) -> None:
         """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
-        for name in ("head_timeout", "connect_timeout", "idle_timeout", "shutdown_grace",
-                     "pool_idle"):
+        for name in (
+            "head_timeout",
+            "connect_timeout",
+            "idle_timeout",
+            "shutdown_grace",
+            "pool_idle",
+        ):
             as_timeout(getattr(self, name), f"Limits {name}")
         for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
             as_count(getattr(self, name), f"Limits {name}")
@@ -85,7 +90,9 @@ async def read_head(
                 conn.phase, conn.phase_since = "head", loop.time()
             try:
                 parsed = wire.parse_request_head(
-                    side.buf, max_size=limits.max_head, max_headers=limits.max_headers,
+                    side.buf,
+                    max_size=limits.max_head,
+                    max_headers=limits.max_headers,
                     searched=searched,
                 )
             except ProtocolError:

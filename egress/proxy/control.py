@@ -80,8 +80,13 @@ class ClientControl:
         and tunnels already decided keep their decision. Also re-binds listeners bound to
         that client (a sandbox's own listener). Raises KeyError for an unknown client."""
         known = self.clients.spec(client_id) is not None
-        bound = [li for li in self.listeners if li.identity is not None
-                 and li.identity.client_id == client_id and li.forward_to is None]
+        bound = [
+            li
+            for li in self.listeners
+            if li.identity is not None
+            and li.identity.client_id == client_id
+            and li.forward_to is None
+        ]
         if not known and not bound:
             raise KeyError(f"no client {client_id!r} on this proxy")
         if known:
@@ -116,8 +121,15 @@ class ClientControl:
         """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""
         if self.audit is None or not self._started:
             return
-        self.audit.record({"type": "policy", "client_id": client_id, "policy": policy.digest,
-                           "source": source, "canonical": policy.canonical()})
+        self.audit.record(
+            {
+                "type": "policy",
+                "client_id": client_id,
+                "policy": policy.digest,
+                "source": source,
+                "canonical": policy.canonical(),
+            }
+        )
 
     # --- the address guard ------------------------------------------------------------------
     def reserve(self, network: str) -> None:

@@ -149,8 +149,16 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
     verdict = judge_name(policy, host)
     would = None
     if not verdict.allowed and not policy.report_only:
-        return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", verdict.reason,
-                      verdict.rule, detail=verdict.detail)
+        return _reply(
+            query,
+            dns.rcode.NXDOMAIN,
+            host,
+            qtype,
+            "block",
+            verdict.reason,
+            verdict.rule,
+            detail=verdict.detail,
+        )
     if not verdict.allowed:  # report-only: answered, the record says it would be refused
         would = f"report-only, would block: {verdict.detail}"  # fmt: skip
     answer = None
@@ -160,8 +168,17 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
             return _reply(query, dns.rcode.SERVFAIL, host, qtype, "error", "pool_exhausted",
                           detail=f"fake address pool {pool.network} is full")  # fmt: skip
         answer = str(addr)
-    result = _reply(query, dns.rcode.NOERROR, host, qtype, "allow", verdict.reason,
-                    verdict.rule, answer, detail=would)
+    result = _reply(
+        query,
+        dns.rcode.NOERROR,
+        host,
+        qtype,
+        "allow",
+        verdict.reason,
+        verdict.rule,
+        answer,
+        detail=would,
+    )
     return replace(result, would="block") if would is not None else result  # fmt: skip
 
 

@@ -67,9 +67,7 @@ class _DnsUdp(asyncio.DatagramProtocol):
         _emit(self.steps, dns_event(_fmt_addr(addr), identity, result, "udp"))
 
 
-def _answer(
-    audit: AuditSink | None, data: bytes, identity: Identity, pool: FakeIPs
-) -> DnsResult:
+def _answer(audit: AuditSink | None, data: bytes, identity: Identity, pool: FakeIPs) -> DnsResult:
     if audit is not None and not audit.accepting:
         return refuse_query(data, "audit log cannot be written")
     return answer_query(data, identity.policy, pool)

@@ -63,8 +63,14 @@ class FastExchange:
     )
 
     def __init__(
-        self, steps: Steps, conn: Conn, head: wire.RequestHead, rec: AccessRecord,
-        upstream: Side, addr: IPAddress, port: int,
+        self,
+        steps: Steps,
+        conn: Conn,
+        head: wire.RequestHead,
+        rec: AccessRecord,
+        upstream: Side,
+        addr: IPAddress,
+        port: int,
     ) -> None:
         self.steps = steps
         self.conn = conn
@@ -169,8 +175,17 @@ class FastExchange:
     def _end(self, ok: bool) -> None:
         resp = self.resp
         assert resp is not None
-        keep = finish_exchange(self.steps, self.conn, self.upstream, resp, self.rec,
-                               self.keep and ok, ok, self.addr, self.port)
+        keep = finish_exchange(
+            self.steps,
+            self.conn,
+            self.upstream,
+            resp,
+            self.rec,
+            self.keep and ok,
+            ok,
+            self.addr,
+            self.port,
+        )
         self._done(keep)
 
     def _refused(self, refusal: Refuse) -> None:
@@ -206,9 +221,15 @@ class FastClient(Side):
     def data_received(self, data: bytes) -> None:
         if self.fast is None:
             conn = self.conn
-            if (conn is not None and conn.phase == "idle" and self.sink is None
-                    and not self.buf and self._waiter is not None and self.steps is not None
-                    and self.steps.fast_path):
+            if (
+                conn is not None
+                and conn.phase == "idle"
+                and self.sink is None
+                and not self.buf
+                and self._waiter is not None
+                and self.steps is not None
+                and self.steps.fast_path
+            ):
                 try:
                     if start(self.steps, conn, data):
                         return

@@ -106,8 +106,9 @@ async def _exchange(
         if not req_done.done():
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
-    return finish_exchange(steps, conn, upstream, resp, rec, keep and ok, ok, req.addr,
-                           req.target.port)
+    return finish_exchange(
+        steps, conn, upstream, resp, rec, keep and ok, ok, req.addr, req.target.port
+    )
 
 
 def request_out(
@@ -125,7 +126,10 @@ def request_out(
 
 
 def response_out(
-    steps: Steps, head: wire.RequestHead, resp: wire.ResponseHead, resp_raw: bytes,
+    steps: Steps,
+    head: wire.RequestHead,
+    resp: wire.ResponseHead,
+    resp_raw: bytes,
     rec: AccessRecord,
 ) -> tuple[bool, bytes]:
     """(keep-alive so far, the response head to send the client)."""
@@ -144,8 +148,15 @@ def response_out(
 
 
 def finish_exchange(
-    steps: Steps, conn: Conn, upstream: Side, resp: wire.ResponseHead, rec: AccessRecord,
-    keep: bool, ok: bool, addr: IPAddress, port: int,
+    steps: Steps,
+    conn: Conn,
+    upstream: Side,
+    resp: wire.ResponseHead,
+    rec: AccessRecord,
+    keep: bool,
+    ok: bool,
+    addr: IPAddress,
+    port: int,
 ) -> bool:
     """Audit an exchange that ended and pool (or close) its upstream; True if the client
     connection may go on."""
@@ -252,6 +263,10 @@ def _settle(fut: asyncio.Future[None]) -> bool:
 
 
 __all__ = [
-    "answer_refusal", "finish_exchange", "framer_for", "request_out", "response_out",
+    "answer_refusal",
+    "finish_exchange",
+    "framer_for",
+    "request_out",
+    "response_out",
     "serve_request",
 ]

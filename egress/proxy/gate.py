@@ -370,8 +370,10 @@ def _form_error(target: str) -> str:
     if target.lower().startswith("https://"):
         return "absolute-form https:// request: use CONNECT for TLS"
     if target[:5].lower() == "ws://" or target[:6].lower() == "wss://":
-        return ("WebSocket over plain HTTP through the proxy is not supported: use wss:// "
-                "(the client tunnels it with CONNECT), or reach ws:// without the proxy")
+        return (
+            "WebSocket over plain HTTP through the proxy is not supported: use wss:// "
+            "(the client tunnels it with CONNECT), or reach ws:// without the proxy"
+        )
     return f"unsupported request target {target[:100]!r}"
 
 

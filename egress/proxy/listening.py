@@ -66,7 +66,11 @@ class ListenerControl:
         return listener
 
     async def add_listener(
-        self, listen: str, *, netns: str | None = None, client: ClientSpec | None = None,
+        self,
+        listen: str,
+        *,
+        netns: str | None = None,
+        client: ClientSpec | None = None,
         kind: ListenerKind = "http",
     ) -> Listener:
         """Listen on `HOST:PORT` (inside `netns` if given) while running.

@@ -23,8 +23,23 @@ from operator import itemgetter
 
 # Bucket bounds in seconds: 100 us .. 30 s covers a cached decision up to a connect timeout.
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 MAX_SERIES = 4096  # per table; see the module docstring
 NO_CLIENT = "-"  # label value for records without a client_id (top-level policy)
@@ -126,10 +141,16 @@ class ProxyMetrics:
     def record(self, event: dict[str, object]) -> None:
         """Count one access record (the dict the audit log gets)."""
         pending = self.pending
-        pending.append((
-            event.get("client_id"), event["decision"], event["reason"],  # type: ignore[arg-type]
-            event.get("bytes_up"), event.get("bytes_down"), event.get("duration_ms"),
-        ))
+        pending.append(
+            (
+                event.get("client_id"),
+                event["decision"],
+                event["reason"],  # type: ignore[arg-type]
+                event.get("bytes_up"),
+                event.get("bytes_down"),
+                event.get("duration_ms"),
+            )
+        )
         if len(pending) >= BATCH:
             self.fold()
 
@@ -196,13 +217,20 @@ class ProxyMetrics:
         yield "connect", self.connect
         yield "request", self.request
 
-    def count(self, *, client_id: str | None = None, decision: str | None = None,
-              reason: str | None = None) -> int:
+    def count(
+        self,
+        *,
+        client_id: str | None = None,
+        decision: str | None = None,
+        reason: str | None = None,
+    ) -> int:
         """Sum of the request counter over the series matching the given labels."""
         want_client = None if client_id is None else client_id or NO_CLIENT
         return sum(
-            n for c, d, r, n in self.request_series()
-            if (want_client is None or c == want_client) and (decision is None or d == decision)
+            n
+            for c, d, r, n in self.request_series()
+            if (want_client is None or c == want_client)
+            and (decision is None or d == decision)
             and (reason is None or r == reason)
         )
 

@@ -94,8 +94,11 @@ class AccessRecord:
         """The audit event: the final `decision`, `reason` and `rule`, `detail` if any, and
         the answered `status` (when the exchange did not already set one)."""
         ev: dict[str, object] = {
-            "client": self.client, "method": self.method, "scheme": self.scheme,
-            "host": self.host, "port": self.port,
+            "client": self.client,
+            "method": self.method,
+            "scheme": self.scheme,
+            "host": self.host,
+            "port": self.port,
         }
         if self.path is not None:
             ev["path"] = self.path

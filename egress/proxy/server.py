@@ -161,8 +161,17 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.pool = UpstreamPool(
             loop, connect_timeout=lim.connect_timeout, idle=lim.pool_idle, per_key=lim.pool_per_key
         )
-        self.steps = Steps(loop, self.gate, self.pool, self.resolver, self.audit, lim, self.hooks,
-                           self.observers.record, self._metrics)
+        self.steps = Steps(
+            loop,
+            self.gate,
+            self.pool,
+            self.resolver,
+            self.audit,
+            lim,
+            self.hooks,
+            self.observers.record,
+            self._metrics,
+        )
         self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
             listener = await self._open_listener(Listener(host, port, self.listen_netns))
@@ -292,6 +301,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         keep = await serve_request(self.steps, conn, head)
         conn.phase, conn.phase_since = "idle", self.loop.time()
         return keep
+
 
 async def _serve_other(steps: Steps, conn: Conn) -> None:
     """A SOCKS5, DNS or transparent connection (docs/proxy.md#transparent-mode-and-socks5);

@@ -31,9 +31,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-async def read_message(
-    side: Side, parse: Callable[[bytearray], tuple[T, int] | None]
-) -> T | None:
+async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | None]) -> T | None:
     """The next message `parse` recognizes in `side`'s buffer; None if the peer ended first.
     `SocksError` (or another parser error) propagates."""
     while True:

@@ -40,8 +40,19 @@ class Steps:
     """The shared steps of one running proxy (built by `EgressProxy.start`)."""
 
     __slots__ = (
-        "_addr_texts", "_per_client", "audit", "closing", "fast_path", "gate", "hooks", "limits",
-        "loop", "metrics", "observe", "pool", "resolver",
+        "_addr_texts",
+        "_per_client",
+        "audit",
+        "closing",
+        "fast_path",
+        "gate",
+        "hooks",
+        "limits",
+        "loop",
+        "metrics",
+        "observe",
+        "pool",
+        "resolver",
     )
 
     def __init__(
@@ -77,9 +88,7 @@ class Steps:
         """The request's client (`gate.identify`), counted against its per-client cap."""
         return self._counted(conn, self.gate.identify(conn.listener.identity, conn.peer, head), rec)
 
-    def identify_as(
-        self, conn: Conn, authorization: str | None, rec: AccessRecord
-    ) -> Identity:
+    def identify_as(self, conn: Conn, authorization: str | None, rec: AccessRecord) -> Identity:
         """`identify` for a credential given as a `Basic` value (a SOCKS5 password as one)."""
         found = self.gate.identify_credential(conn.listener.identity, conn.peer, authorization)
         return self._counted(conn, found, rec)
@@ -206,8 +215,13 @@ class Steps:
         self.emit(rec, refusal.decision, reason, refusal.rule, refusal.detail, status)
 
     def emit(
-        self, rec: AccessRecord, decision: str, reason: str, rule: str | None,
-        detail: str | None, status: int | None,
+        self,
+        rec: AccessRecord,
+        decision: str,
+        reason: str,
+        rule: str | None,
+        detail: str | None,
+        status: int | None,
     ) -> None:
         event = rec.event(decision, reason, rule, detail, status)
         if self.audit is not None:
@@ -215,8 +229,9 @@ class Steps:
         metrics = self.metrics
         if metrics is not None:  # the same record's values (docs/metrics.md), read from slots
             pending = metrics.pending
-            pending.append((rec.client_id, decision, reason, rec.bytes_up, rec.bytes_down,
-                            rec.duration_ms))
+            pending.append(
+                (rec.client_id, decision, reason, rec.bytes_up, rec.bytes_down, rec.duration_ms)
+            )
             if len(pending) >= BATCH:
                 metrics.fold()
         self.observe(event)

@@ -98,9 +98,7 @@ def _record(steps: Steps, conn: Conn, host: str, port: int) -> AccessRecord:
     return rec
 
 
-async def _serve_raw(
-    steps: Steps, conn: Conn, identity: Identity, host: str, port: int
-) -> None:
+async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, port: int) -> None:
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
     rec = _record(steps, conn, host, port)
     conn.phase = "active"

@@ -84,7 +84,10 @@ async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
 
 
 async def relay_tunnel(
-    steps: Steps, conn: Conn, upstream: Side | None, rec: AccessRecord,
+    steps: Steps,
+    conn: Conn,
+    upstream: Side | None,
+    rec: AccessRecord,
     status: int | None = 200,
 ) -> None:
     """Relay both directions until both end (or one fails), then write the record

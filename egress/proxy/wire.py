@@ -98,4 +98,3 @@ __all__ = [
     "parse_request_head",
     "parse_response_head",
 ]
-

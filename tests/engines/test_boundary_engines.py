@@ -95,13 +95,16 @@ def no_setns(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 async def wget_in(box: Box, url: str, proxy: str | None = None) -> tuple[int, str, str]:
     """busybox wget in the container (the agent), with `http_proxy` when given."""
     env = ["-e", f"http_proxy={proxy}"] if proxy else []
-    return await run("timeout", "20", box.engine, "exec", *env, box.name, "busybox", "wget",
-                     "-q", "-O", "-", url)
+    return await run(
+        "timeout", "20", box.engine, "exec", *env, box.name, "busybox", "wget", "-q", "-O", "-", url
+    )
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_prepare_execution_in_helper_mode(
-    engine: str, make_box: Callable[..., Box], test_host: harness.TestHost,
+    engine: str,
+    make_box: Callable[..., Box],
+    test_host: harness.TestHost,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     box = make_box(engine)
@@ -123,16 +126,23 @@ async def test_prepare_execution_in_helper_mode(
     try:
         async with EgressProxy(settings, listen=["127.0.0.1:0"]) as proxy:
             proxy.hooks.append(records.append)
-            with other_host() as other, http_server(other) as other_port, \
-                    http_server(box.gateway) as side_port:
+            with (
+                other_host() as other,
+                http_server(other) as other_port,
+                http_server(box.gateway) as side_port,
+            ):
                 direct = [f"http://{other}:{other_port}/", f"http://{box.gateway}:{side_port}/"]
                 for url in direct:  # reachable before the cut: the refusals below mean it
                     rc, out, err = await wget_in(box, url)
                     assert (rc, out) == (0, "direct"), err
                 with no_setns(monkeypatch):
                     execution = await prepare_execution(
-                        f"{engine}:{box.name}", Policy(allow=["pypi.test"], block=["evil.test"]),
-                        proxy, mode="gateway", cut_mode="helper", proxy_port=0,
+                        f"{engine}:{box.name}",
+                        Policy(allow=["pypi.test"], block=["evil.test"]),
+                        proxy,
+                        mode="gateway",
+                        cut_mode="helper",
+                        proxy_port=0,
                         framework_routes=[route],
                         expect_blocked=[f"{other}:{other_port}", f"{box.gateway}:{side_port}"],
                     )
@@ -160,7 +170,8 @@ async def test_prepare_execution_in_helper_mode(
 
                 mine = [r for r in records if r.get("client_id") == cid]
                 assert {(r["host"], r["decision"], r["reason"]) for r in mine} >= {
-                    ("pypi.test", "allow", "allow_rule"), ("evil.test", "block", "block_rule")
+                    ("pypi.test", "allow", "allow_rule"),
+                    ("evil.test", "block", "block_rule"),
                 }
                 with no_setns(monkeypatch):
                     summary = await release_execution(proxy, execution, restore=True)
@@ -185,8 +196,13 @@ async def test_a_helper_cut_is_released_by_a_direct_restore(
     routes = box.routes()
     async with EgressProxy(build_settings({}), listen=["127.0.0.1:0"]) as proxy:
         execution = await prepare_execution(
-            f"docker:{box.name}", Policy(), proxy, mode="gateway", cut_mode="helper",
-            proxy_port=0, socks_port=0,
+            f"docker:{box.name}",
+            Policy(),
+            proxy,
+            mode="gateway",
+            cut_mode="helper",
+            proxy_port=0,
+            socks_port=0,
         )
         assert api.status(target.container(box.name, "docker")).is_cut
         socks = execution.listeners[-1]
@@ -210,8 +226,13 @@ async def test_helper_mode_fails_closed(engine: str, make_box: Callable[..., Box
         port = proxy.addresses[0][1]
         with pytest.raises(ExecutionNotReady, match="probe failed"):
             await prepare_execution(
-                f"{engine}:{box.name}", Policy(), proxy, mode="gateway", cut_mode="helper",
-                proxy_port=port, expect_blocked=[f"{box.gateway}:{port}"],  # the proxy answers
+                f"{engine}:{box.name}",
+                Policy(),
+                proxy,
+                mode="gateway",
+                cut_mode="helper",
+                proxy_port=port,
+                expect_blocked=[f"{box.gateway}:{port}"],  # the proxy answers
             )
         assert api.status(ref).is_cut
         assert not proxy.clients.spec(f"{engine}-{box.name[:12]}")
@@ -222,7 +243,11 @@ async def test_helper_mode_fails_closed(engine: str, make_box: Callable[..., Box
         raw_routes = rawbox.routes()
         with pytest.raises(ExecutionNotReady, match="NET_RAW"):
             await prepare_execution(
-                f"{engine}:{rawbox.name}", Policy(), proxy, mode="gateway", cut_mode="helper",
+                f"{engine}:{rawbox.name}",
+                Policy(),
+                proxy,
+                mode="gateway",
+                cut_mode="helper",
                 proxy_port=port,
             )
         assert rawbox.routes() == raw_routes

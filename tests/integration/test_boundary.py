@@ -28,8 +28,15 @@ from servers import Origin, run, start_origin
 
 pytestmark = pytest.mark.netns
 
-AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-         "--bounding-set=-all", "--"]
+AGENT = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--bounding-set=-all",
+    "--",
+]
 
 
 @dataclass
@@ -59,8 +66,12 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     route_port = runner.addresses[0][1]
     settings = build_settings(
-        {}, resolve=[f"pypi.test={upstream.addr_ns}", f"evil.test={upstream.addr_ns}",
-                     "loopy.test=127.0.0.1"],
+        {},
+        resolve=[
+            f"pypi.test={upstream.addr_ns}",
+            f"evil.test={upstream.addr_ns}",
+            "loopy.test=127.0.0.1",
+        ],
     )
     proxy = EgressProxy(settings, listen=["127.0.0.1:0"])
     await proxy.start()
@@ -74,22 +85,36 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
 
 async def in_sandbox(scene: Scene, env: dict[str, str], *argv: str) -> tuple[int, str, str]:
     envargs = [f"{k}={v}" for k, v in env.items()]
-    return await run("ip", "netns", "exec", scene.sandbox.ns, "env", "-i",
-                     "PATH=/usr/bin:/bin", *envargs, *AGENT, *argv)
+    return await run(
+        "ip",
+        "netns",
+        "exec",
+        scene.sandbox.ns,
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        *envargs,
+        *AGENT,
+        *argv,
+    )
 
 
 async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     up = scene.direct.addr_b
     # setup: online, straight to the upstream over the direct link
-    rc, out, err = await in_sandbox(scene, {}, "curl", "-sS", "--max-time", "5",
-                                    f"http://{up}/setup")
+    rc, out, err = await in_sandbox(
+        scene, {}, "curl", "-sS", "--max-time", "5", f"http://{up}/setup"
+    )
     assert rc == 0, err
     assert json.loads(out)["path"] == "/setup"
 
     policy = Policy(allow=["pypi.test"], block=["evil.test"])
     route = f"http://127.0.0.1:{scene.route_port}/v1"
     execution = await prepare_execution(
-        scene.sandbox.ns, policy, scene.proxy, framework_routes=[route],
+        scene.sandbox.ns,
+        policy,
+        scene.proxy,
+        framework_routes=[route],
         expect_blocked=[f"{up}:80"],
     )
     env = dict(execution.env)
@@ -97,39 +122,46 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     assert "127.0.0.1" in env["NO_PROXY"].split(",")
 
     # the agent, with no capabilities, reaches an allowed host through the proxy
-    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    "http://pypi.test/simple/")
+    rc, out, err = await in_sandbox(
+        scene, env, "curl", "-sS", "--max-time", "5", "http://pypi.test/simple/"
+    )
     assert rc == 0, err
     assert json.loads(out)["path"] == "/simple/"
     # ... is refused a blocked host, with the reason
-    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "-i", "--max-time", "5",
-                                    "http://evil.test/")
+    rc, out, err = await in_sandbox(
+        scene, env, "curl", "-sS", "-i", "--max-time", "5", "http://evil.test/"
+    )
     assert " 403 " in out.splitlines()[0]
     assert "evil.test" in out
     # ... cannot connect directly (the route is gone, and the backstop drops it)
-    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--noproxy", "*",
-                                    "--max-time", "3", f"http://{up}/direct")
+    rc, out, err = await in_sandbox(
+        scene, env, "curl", "-sS", "--noproxy", "*", "--max-time", "3", f"http://{up}/direct"
+    )
     assert rc != 0
     # ... cannot re-add a route (no capabilities)
-    rc, _, _ = await in_sandbox(scene, env, "ip", "route", "add", "default", "via",
-                                scene.sandbox.addr_root)
+    rc, _, _ = await in_sandbox(
+        scene, env, "ip", "route", "add", "default", "via", scene.sandbox.addr_root
+    )
     assert rc != 0
     # ... a loopback trick through the proxy is refused
-    rc, out, _ = await in_sandbox(scene, env, "curl", "-sS", "-i", "--max-time", "5",
-                                  "http://loopy.test/")
+    rc, out, _ = await in_sandbox(
+        scene, env, "curl", "-sS", "-i", "--max-time", "5", "http://loopy.test/"
+    )
     assert " 403 " in out.splitlines()[0]
     # ... and reaches the framework route at its rewritten URL, directly on its loopback
     url = execution.framework_urls[route]
     assert url.startswith("http://127.0.0.1:")
-    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    url + "/models")
+    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5", url + "/models")
     assert rc == 0, err
     assert json.loads(out) == {"model": "ok", "path": "/v1/models"}
     assert [s.path for s in scene.origin.seen] == ["/setup", "/simple/"]
 
     # calling it twice is safe and hands out the same proxy
     again = await prepare_execution(
-        scene.sandbox.ns, policy, scene.proxy, framework_routes=[route],
+        scene.sandbox.ns,
+        policy,
+        scene.proxy,
+        framework_routes=[route],
         token=execution.token,
     )
     assert again.proxy_url == execution.proxy_url
@@ -139,8 +171,12 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
     assert summary.client_id == execution.client_id
     assert summary.by_host["pypi.test"] == {"allow": 1}
     assert set(summary.blocked_hosts) == {"evil.test", "loopy.test"}
-    assert summary.by_reason == {"allow_rule": 1, "block_rule": 1, "default_deny": 1,
-                                 "framework_route": 2}  # the probe's and the agent's
+    assert summary.by_reason == {
+        "allow_rule": 1,
+        "block_rule": 1,
+        "default_deny": 1,
+        "framework_route": 2,
+    }  # the probe's and the agent's
     assert summary.by_decision == {"allow": 3, "block": 2}
 
 
@@ -148,7 +184,9 @@ async def test_fails_closed_when_the_cut_cannot_be_proven(scene: Scene) -> None:
     # the upstream stays reachable on a kept address: the probe must refuse to hand out an env
     with pytest.raises(ExecutionNotReady):
         await prepare_execution(
-            scene.sandbox.ns, Policy(), scene.proxy,
+            scene.sandbox.ns,
+            Policy(),
+            scene.proxy,
             expect_blocked=[f"127.0.0.1:{3128}"],  # the proxy itself answers: not blocked
         )
     await netcut.restore_async(scene.sandbox.ns)
@@ -159,35 +197,64 @@ async def test_gateway_mode_keeps_only_the_proxy_on_the_gateway(scene: Scene) ->
     policy = Policy(allow=["pypi.test"])
     route = f"http://127.0.0.1:{scene.route_port}/v1"
     execution = await prepare_execution(
-        scene.sandbox.ns, policy, scene.proxy, framework_routes=[route], mode="gateway",
-        proxy_port=0, expect_blocked=[f"{up}:80"],
+        scene.sandbox.ns,
+        policy,
+        scene.proxy,
+        framework_routes=[route],
+        mode="gateway",
+        proxy_port=0,
+        expect_blocked=[f"{up}:80"],
     )
     gateway = scene.sandbox.addr_root
     assert f"@{gateway}:" in execution.proxy_url
     assert execution.framework_urls[route].startswith(f"http://{gateway}:")
     env = dict(execution.env)
     assert env["NO_PROXY"] == gateway
-    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    "http://pypi.test/gw")
+    rc, out, err = await in_sandbox(
+        scene, env, "curl", "-sS", "--max-time", "5", "http://pypi.test/gw"
+    )
     assert rc == 0, err
     assert json.loads(out)["path"] == "/gw"
-    rc, out, err = await in_sandbox(scene, env, "curl", "-sS", "--max-time", "5",
-                                    execution.framework_urls[route] + "/m")
+    rc, out, err = await in_sandbox(
+        scene, env, "curl", "-sS", "--max-time", "5", execution.framework_urls[route] + "/m"
+    )
     assert rc == 0, err
     assert json.loads(out)["path"] == "/v1/m"
     # without the token, the shared gateway listener knows the sandbox by its address
     proxy_at = f"http://{gateway}:{execution.listeners[0].port}"
-    rc, out, err = await in_sandbox(scene, {}, "curl", "-sS", "--max-time", "5", "-x",
-                                    proxy_at, "http://pypi.test/anon")
+    rc, out, err = await in_sandbox(
+        scene, {}, "curl", "-sS", "--max-time", "5", "-x", proxy_at, "http://pypi.test/anon"
+    )
     assert rc == 0, err
     assert json.loads(out)["path"] == "/anon"
     # a wrong token is refused, and another host without a token gets the proxy's own policy
-    rc, out, _ = await in_sandbox(scene, {}, "curl", "-sS", "-i", "--max-time", "5", "-x",
-                                  proxy_at.replace("http://", "http://x:wrong@"),
-                                  "http://pypi.test/")
+    rc, out, _ = await in_sandbox(
+        scene,
+        {},
+        "curl",
+        "-sS",
+        "-i",
+        "--max-time",
+        "5",
+        "-x",
+        proxy_at.replace("http://", "http://x:wrong@"),
+        "http://pypi.test/",
+    )
     assert " 407 " in out.splitlines()[0]
-    rc, out, _ = await run("ip", "netns", "exec", scene.upstream.ns, "curl", "-sS", "-i",
-                           "--max-time", "5", "-x", proxy_at, "http://pypi.test/")
+    rc, out, _ = await run(
+        "ip",
+        "netns",
+        "exec",
+        scene.upstream.ns,
+        "curl",
+        "-sS",
+        "-i",
+        "--max-time",
+        "5",
+        "-x",
+        proxy_at,
+        "http://pypi.test/",
+    )
     assert " 403 " in out.splitlines()[0]
     await release_execution(scene.proxy, execution, restore=True)
 
@@ -196,7 +263,12 @@ async def test_gateway_mode_keeps_its_socks5_listener(scene: Scene) -> None:
     """A SOCKS5 listener opened on the gateway is kept by the cut and probed from inside
     (it used to be probed but not kept, and every such prepare failed)."""
     execution = await prepare_execution(
-        scene.sandbox.ns, Policy(), scene.proxy, mode="gateway", proxy_port=0, socks_port=0,
+        scene.sandbox.ns,
+        Policy(),
+        scene.proxy,
+        mode="gateway",
+        proxy_port=0,
+        socks_port=0,
     )
     socks = execution.listeners[-1]
     assert socks.kind == "socks5"

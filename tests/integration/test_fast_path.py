@@ -39,11 +39,14 @@ async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
                 return
             path = head.split(b" ", 2)[1].decode()
             if path == "/interim":
-                writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </s>\r\n\r\n"
-                             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                writer.write(
+                    b"HTTP/1.1 103 Early Hints\r\nLink: </s>\r\n\r\n"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                )
             elif path == "/upgrade":
-                writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n"
-                             b"Connection: Upgrade\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
+                )
             elif path == "/vanish":
                 writer.close()
                 return
@@ -83,8 +86,11 @@ async def both(test_host: harness.TestHost) -> AsyncIterator[Both]:
     origin = await start_origin(test_host, 80)
     raw = await start_tcp(test_host, RAW_PORT, raw_origin)
     settings = build_settings(
-        {"allow": [addr, f"{addr}:{RAW_PORT}", "www.test"], "block": ["evil.test"],
-         "framework_routes": []},
+        {
+            "allow": [addr, f"{addr}:{RAW_PORT}", "www.test"],
+            "block": ["evil.test"],
+            "framework_routes": [],
+        },
         resolve=[f"www.test={addr}", f"evil.test={addr}"],
     )
     audit_fast, audit_slow = MemoryAudit(), MemoryAudit()
@@ -224,8 +230,11 @@ async def test_same_answers_and_records_for_odd_upstreams(
 ) -> None:
     a = f"{both.host.addr_ns}:{RAW_PORT}"
     calls = count_coroutine_requests(monkeypatch)
-    requests = [("GET", f"http://{a}/warm"), ("GET", f"http://{a}{path}"),
-                ("GET", f"http://{a}/after")]
+    requests = [
+        ("GET", f"http://{a}/warm"),
+        ("GET", f"http://{a}{path}"),
+        ("GET", f"http://{a}/after"),
+    ]
     fast = await session(both.fast, requests)
     fast_calls = calls[0]
     slow = await session(both.slow, requests)

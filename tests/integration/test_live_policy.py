@@ -25,8 +25,7 @@ pytestmark = pytest.mark.netns
 REQUEST = b"GET http://www.test/ HTTP/1.1\r\nHost: www.test\r\n\r\n"
 
 
-async def hammer(host: str, port: int, stop: asyncio.Event,
-                 seen: list[tuple[float, int]]) -> None:
+async def hammer(host: str, port: int, stop: asyncio.Event, seen: list[tuple[float, int]]) -> None:
     """Requests one after another on one keep-alive connection until `stop`."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -55,10 +54,20 @@ async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request
     policy.write_text('allow = ["www.test"]\n')
     log = tmp_path / "audit.jsonl"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
-        "--policy", str(policy), "--resolve", f"www.test={test_host.addr_ns}",
-        "--audit-log", str(log),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "egress.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--policy",
+        str(policy),
+        "--resolve",
+        f"www.test={test_host.addr_ns}",
+        "--audit-log",
+        str(log),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -119,8 +128,9 @@ async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request
 
 async def test_client_policy_replaced_from_the_api(test_host: harness.TestHost) -> None:
     origin = await start_origin(test_host, 80)
-    settings = build_settings({}, resolve=[f"www.test={test_host.addr_ns}",
-                                           f"api.test={test_host.addr_ns}"])
+    settings = build_settings(
+        {}, resolve=[f"www.test={test_host.addr_ns}", f"api.test={test_host.addr_ns}"]
+    )
     audit = MemoryAudit()
     curl = ("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5")
     try:

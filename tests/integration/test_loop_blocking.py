@@ -58,10 +58,11 @@ async def test_no_slow_callbacks_on_the_loop(
                     await r.readuntil(b"\r\n\r\n")
                     assert await r.readexactly(4) == b"ping"
                     w.close()
-                    assert (await raw_exchange(*addr, b"GET http://evil.test/ HTTP/1.1\r\n"
-                                               b"Connection: close\r\n\r\n")).startswith(
-                        b"HTTP/1.1 403"
-                    )
+                    assert (
+                        await raw_exchange(
+                            *addr, b"GET http://evil.test/ HTTP/1.1\r\nConnection: close\r\n\r\n"
+                        )
+                    ).startswith(b"HTTP/1.1 403")
     finally:
         loop.set_debug(False)
         echo_srv.close()

@@ -58,10 +58,22 @@ async def test_serve_metrics_equal_the_audit_log(
         'allow = ["example.test"]\n'
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
-        "--admin", "127.0.0.1:0", "--policy", str(policy),
-        "--resolve", f"example.test={test_host.addr_ns}", "--audit-log", str(log),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "egress.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--policy",
+        str(policy),
+        "--resolve",
+        f"example.test={test_host.addr_ns}",
+        "--audit-log",
+        str(log),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -195,8 +207,9 @@ async def test_in_process_metrics_summary_and_callbacks(
 
 async def test_admin_readyz_reports_a_failing_audit_log(test_host: harness.TestHost) -> None:
     audit = MemoryAudit()
-    async with EgressProxy(Policy(allow=["example.test"]), audit=audit,
-                           admin="127.0.0.1:0") as proxy:
+    async with EgressProxy(
+        Policy(allow=["example.test"]), audit=audit, admin="127.0.0.1:0"
+    ) as proxy:
         assert proxy.admin_url is not None
         _, out, _ = await run("curl", "-sS", "-w", " %{http_code}", proxy.admin_url + "/readyz")
         assert out.split() == ["ready", "200"]

@@ -17,10 +17,39 @@ from servers import start_origin
 
 pytestmark = pytest.mark.netns
 
-TOKENS = [b"GET ", b"CONNECT ", b"POST ", b"http://", b"https://", b"198.18.0.2", b"[::1]",
-          b":80", b":443", b"/", b" HTTP/1.1", b" HTTP/1.0", b"\r\n", b"\n", b"\r", b": ",
-          b"Host", b"Content-Length", b"Transfer-Encoding", b"chunked", b"0", b"5", b"\x00",
-          b"\t", b" ", b"@", b"%", b"\xff", b"Connection", b"close", b"\r\n\r\n"]
+TOKENS = [
+    b"GET ",
+    b"CONNECT ",
+    b"POST ",
+    b"http://",
+    b"https://",
+    b"198.18.0.2",
+    b"[::1]",
+    b":80",
+    b":443",
+    b"/",
+    b" HTTP/1.1",
+    b" HTTP/1.0",
+    b"\r\n",
+    b"\n",
+    b"\r",
+    b": ",
+    b"Host",
+    b"Content-Length",
+    b"Transfer-Encoding",
+    b"chunked",
+    b"0",
+    b"5",
+    b"\x00",
+    b"\t",
+    b" ",
+    b"@",
+    b"%",
+    b"\xff",
+    b"Connection",
+    b"close",
+    b"\r\n\r\n",
+]
 HOSTILE = st.lists(st.one_of(st.sampled_from(TOKENS), st.binary(max_size=8)), max_size=40).map(
     b"".join
 )
@@ -40,8 +69,9 @@ async def exchange(addr: tuple[str, int], data: bytes) -> bytes:
 async def test_hostile_bytes(test_host: harness.TestHost) -> None:
     origin = await start_origin(test_host, 80)
     audit = MemoryAudit()
-    proxy = EgressProxy(Policy(allow=[test_host.addr_ns]), audit=audit,
-                        limits=Limits(head_timeout=0.5))
+    proxy = EgressProxy(
+        Policy(allow=[test_host.addr_ns]), audit=audit, limits=Limits(head_timeout=0.5)
+    )
     await proxy.start()
     loop = asyncio.get_running_loop()
     addr = proxy.addresses[0]

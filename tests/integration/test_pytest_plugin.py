@@ -20,8 +20,19 @@ def egress_policy() -> Policy:
 
 
 def curl(proxy: str, url: str) -> str:
-    argv = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", "-x",
-            proxy, url]
+    argv = [
+        "curl",
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "5",
+        "-x",
+        proxy,
+        url,
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     return out.stdout
 
@@ -40,8 +51,9 @@ def test_proxy_and_pinned_upstream(egress_proxy: ProxyHandle, egress_upstream: U
 async def test_fixtures_work_from_async_tests(
     egress_proxy: ProxyHandle, egress_upstream: Upstream
 ) -> None:
-    rc, out, err = await run("curl", "-sS", "--max-time", "5", "-x", egress_proxy.url,
-                             egress_upstream.url)
+    rc, out, err = await run(
+        "curl", "-sS", "--max-time", "5", "-x", egress_proxy.url, egress_upstream.url
+    )
     assert rc == 0, err
     assert '"server": "upstream"' in out
 
@@ -51,7 +63,9 @@ def test_sandbox_reaches_the_upstream_only_through_the_proxy(
 ) -> None:
     listener = egress_proxy.listen_in(egress_sandbox.name)
     inside = f"http://127.0.0.1:{listener.port}"
-    direct = egress_sandbox.exec("curl", "-sS", "--max-time", "2", f"http://{egress_upstream.addr}/")
+    direct = egress_sandbox.exec(
+        "curl", "-sS", "--max-time", "2", f"http://{egress_upstream.addr}/"
+    )
     assert direct.returncode != 0  # no route out of the sandbox
     via = egress_sandbox.exec("curl", "-sS", "--max-time", "5", "-x", inside, egress_upstream.url)
     assert via.returncode == 0, via.stderr

@@ -43,19 +43,28 @@ async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
         async with AuditLog(str(log_path)) as log, EgressProxy(settings, audit=log) as proxy:
             codes = {
                 url: (await run(*curl, "-x", proxy.url, url))[1]
-                for url in ("http://www.test/", "http://other.test/a?x=1", "http://blocked.test/",
-                            "http://loopy.test/")
+                for url in (
+                    "http://www.test/",
+                    "http://other.test/a?x=1",
+                    "http://blocked.test/",
+                    "http://loopy.test/",
+                )
             }
             host, port = proxy.addresses[0]
-            reply = await raw_exchange(host, port, b"CONNECT echo.test:7000 HTTP/1.1\r\n\r\nhi",
-                                       read_until_close=False)
+            reply = await raw_exchange(
+                host, port, b"CONNECT echo.test:7000 HTTP/1.1\r\n\r\nhi", read_until_close=False
+            )
             assert reply.startswith(b"HTTP/1.1 200")
     finally:
         echo_srv.close()
         await origin.close()
     # report mode: policy refusals pass, the guard does not
-    assert codes == {"http://www.test/": "200", "http://other.test/a?x=1": "200",
-                     "http://blocked.test/": "200", "http://loopy.test/": "403"}
+    assert codes == {
+        "http://www.test/": "200",
+        "http://other.test/a?x=1": "200",
+        "http://blocked.test/": "200",
+        "http://loopy.test/": "403",
+    }
     records = [json.loads(x) for x in log_path.read_text().splitlines()]
     by_host = {r["host"]: r for r in records if r.get("host")}
     assert by_host["other.test"]["decision"] == "allow"
@@ -68,8 +77,7 @@ async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
     assert by_host["loopy.test"]["reason"] == "reserved_address"
     assert by_host["echo.test"]["would"] == "block"
 
-    rc, text, err = await run(sys.executable, "-m", "egress.cli", "audit", "suggest",
-                              str(log_path))
+    rc, text, err = await run(sys.executable, "-m", "egress.cli", "audit", "suggest", str(log_path))
     assert rc == 0, err
     suggested = tomllib.loads(text)
     assert suggested["default"] == "deny"
@@ -79,9 +87,16 @@ async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
     # applied, it allows exactly what was observed
     applied = build_settings(suggested)
     observed = {"http://www.test/", "http://other.test/", "echo.test:7000"}
-    probes = observed | {"https://www.test/", "http://www.test:8080/", "other.test:443",
-                         "echo.test:7001", "http://blocked.test/", "http://loopy.test/",
-                         "http://127.0.0.1/", "unseen.test"}
+    probes = observed | {
+        "https://www.test/",
+        "http://www.test:8080/",
+        "other.test:443",
+        "echo.test:7001",
+        "http://blocked.test/",
+        "http://loopy.test/",
+        "http://127.0.0.1/",
+        "unseen.test",
+    }
     for probe in sorted(probes):
         verdict = judge(applied.policy, applied.guard, parse_check_target(probe))
         assert verdict.allowed == (probe in observed), (probe, verdict)
@@ -94,12 +109,22 @@ async def test_report_mode_per_client_and_cli_flag(tmp_path: Path) -> None:
     )
     assert not settings.policy.report_only
     assert settings.clients[0].policy.report_only
-    forced = build_settings({"allow": ["a.test"], "clients": {"sb": {"token": "t"}}},
-                            report_only=True)
+    forced = build_settings(
+        {"allow": ["a.test"], "clients": {"sb": {"token": "t"}}}, report_only=True
+    )
     assert forced.policy.report_only
     assert forced.clients[0].policy.report_only
-    rc, out, _ = await run(sys.executable, "-m", "egress.cli", "check", "--report-only",
-                           "--allow", "a.test", "b.test", "http://127.0.0.1/")
+    rc, out, _ = await run(
+        sys.executable,
+        "-m",
+        "egress.cli",
+        "check",
+        "--report-only",
+        "--allow",
+        "a.test",
+        "b.test",
+        "http://127.0.0.1/",
+    )
     lines = out.splitlines()
     assert lines[0].startswith("allow b.test default_deny: report-only, would block")
     assert lines[1].startswith("block http://127.0.0.1/ reserved_address")
@@ -142,9 +167,15 @@ async def test_report_mode_sni_refusals_are_recorded_and_pass(
         echo_srv.close()
     mismatch = audit.find(host="www.test")[0]
     assert (mismatch["decision"], mismatch["would"], mismatch["reason"]) == (
-        "allow", "block", "sni_mismatch")
+        "allow",
+        "block",
+        "sni_mismatch",
+    )
     assert mismatch["sni"] == "evil.test"
     # the policy's own would-be refusal is the one recorded, not the SNI check's after it
     other = audit.find(host="other.test")[0]
     assert (other["decision"], other["would"], other["reason"]) == (
-        "allow", "block", "default_deny")
+        "allow",
+        "block",
+        "default_deny",
+    )

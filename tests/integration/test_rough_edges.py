@@ -44,8 +44,11 @@ async def scene(test_host: harness.TestHost) -> AsyncIterator[Scene]:
     echo_srv = await start_tcp(test_host, 7000, echo)
     settings = build_settings(
         {"allow": ["www.test", "echo.test:7000"], "block": ["blocked.test"]},
-        resolve=[f"www.test={test_host.addr_ns}", f"echo.test={test_host.addr_ns}",
-                 f"blocked.test={test_host.addr_ns}"],
+        resolve=[
+            f"www.test={test_host.addr_ns}",
+            f"echo.test={test_host.addr_ns}",
+            f"blocked.test={test_host.addr_ns}",
+        ],
     )
     audit = MemoryAudit()
     try:
@@ -102,7 +105,12 @@ async def test_websocket_over_plain_http_is_refused_naming_the_destination(scene
 
 async def test_tls_to_the_plain_port_is_named(scene: Scene) -> None:
     rc, _, err = await run(
-        "curl", "-sS", "--max-time", "5", "-x", scene.proxy.url.replace("http:", "https:"),
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "-x",
+        scene.proxy.url.replace("http:", "https:"),
         "http://www.test/",
     )
     assert rc != 0, err
@@ -180,9 +188,18 @@ async def test_serve_prints_request_lines_warns_about_tokens_and_summarizes(
     policy = tmp_path / "p.toml"
     policy.write_text('allow = ["www.test"]\n[clients.sb]\ntoken = "t"\nallow = ["www.test"]\n')
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
-        "--policy", str(policy), "--resolve", f"www.test={test_host.addr_ns}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "egress.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--policy",
+        str(policy),
+        "--resolve",
+        f"www.test={test_host.addr_ns}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
     assert proc.stderr is not None

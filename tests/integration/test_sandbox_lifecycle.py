@@ -36,8 +36,15 @@ from servers import Origin, run, start_origin
 
 pytestmark = pytest.mark.netns
 
-AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-         "--bounding-set=-all", "--"]
+AGENT = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--bounding-set=-all",
+    "--",
+]
 ROUNDS = 200
 
 
@@ -95,8 +102,22 @@ async def codes(host: harness.TestHost, proxy_url: str | None, *urls: str) -> li
     """HTTP status codes `curl` (no capabilities) gets inside `host` for each URL."""
     proxy = ["-x", proxy_url] if proxy_url else ["--noproxy", "*"]
     outs = [a for _ in urls for a in ("-o", "/dev/null")]
-    _, out, _ = await run("ip", "netns", "exec", host.ns, *AGENT, "curl", "-s", "--max-time",
-                             "5", *proxy, *outs, "-w", "%{http_code}\\n", *urls)
+    _, out, _ = await run(
+        "ip",
+        "netns",
+        "exec",
+        host.ns,
+        *AGENT,
+        "curl",
+        "-s",
+        "--max-time",
+        "5",
+        *proxy,
+        *outs,
+        "-w",
+        "%{http_code}\\n",
+        *urls,
+    )
     return out.split()
 
 
@@ -123,7 +144,9 @@ async def test_no_verdict_survives_its_sandbox_over_many_rounds(scene: Scene) ->
         allow_ip, with_route = i % 2 == 0, (i // 2) % 2 == 0
         policy = Policy(allow=[scene.ip]) if allow_ip else Policy()
         execution = await prepare_execution(
-            scene.sandbox.ns, policy, scene.proxy,
+            scene.sandbox.ns,
+            policy,
+            scene.proxy,
             framework_routes=[scene.route, named] if with_route else [],
         )
         got = await codes(scene.sandbox, execution.proxy_url, target, service, by_name)
@@ -148,10 +171,22 @@ async def test_gateway_release_forgets_token_and_source_and_keeps_shared_listene
 ) -> None:
     before = len(scene.proxy.listeners)
     gw = scene.sandbox.addr_root  # both sandboxes reach the host at this address
-    a = await prepare_execution(scene.sandbox.ns, Policy(allow=[scene.ip]), scene.proxy,
-                                mode="gateway", gateway=gw, proxy_port=0)
-    b = await prepare_execution(scene.other.ns, Policy(allow=[scene.ip]), scene.proxy,
-                                mode="gateway", gateway=gw, proxy_port=0)
+    a = await prepare_execution(
+        scene.sandbox.ns,
+        Policy(allow=[scene.ip]),
+        scene.proxy,
+        mode="gateway",
+        gateway=gw,
+        proxy_port=0,
+    )
+    b = await prepare_execution(
+        scene.other.ns,
+        Policy(allow=[scene.ip]),
+        scene.proxy,
+        mode="gateway",
+        gateway=gw,
+        proxy_port=0,
+    )
     shared = a.listeners[0]
     assert b.listeners[0] is shared  # one listener, two holders
     bare = f"http://{gw}:{shared.port}"
@@ -173,10 +208,12 @@ async def test_gateway_release_forgets_token_and_source_and_keeps_shared_listene
     await release_execution(scene.proxy, b)  # twice is harmless
     await release_execution(scene.proxy, a)
     assert_nothing_left(scene, before)
-    assert scene.lifecycle() == [(scene.sandbox.ns, "sandbox_added"),
-                                 (scene.other.ns, "sandbox_added"),
-                                 (scene.sandbox.ns, "sandbox_removed"),
-                                 (scene.other.ns, "sandbox_removed")]
+    assert scene.lifecycle() == [
+        (scene.sandbox.ns, "sandbox_added"),
+        (scene.other.ns, "sandbox_added"),
+        (scene.sandbox.ns, "sandbox_removed"),
+        (scene.other.ns, "sandbox_removed"),
+    ]
 
 
 @pytest.mark.parametrize("mode", ["loopback", "gateway"])
@@ -184,13 +221,19 @@ async def test_second_prepare_replaces_the_policy_atomically(scene: Scene, mode:
     before = len(scene.proxy.listeners)
     target = f"http://{scene.ip}/again"
     kw: dict[str, object] = {"mode": mode, "proxy_port": 0 if mode == "gateway" else 3128}
-    first = await prepare_execution(scene.sandbox.ns, Policy(allow=[scene.ip]), scene.proxy,
-                                    framework_routes=[scene.route], **kw)  # type: ignore[arg-type]
+    first = await prepare_execution(
+        scene.sandbox.ns,
+        Policy(allow=[scene.ip]),
+        scene.proxy,
+        framework_routes=[scene.route],
+        **kw,
+    )  # type: ignore[arg-type]
     assert await codes(scene.sandbox, first.proxy_url, target) == ["200"]
     # a narrower second policy: before, the first policy silently stayed
     routes = [scene.route] if mode == "gateway" else []  # a gateway cut keeps its ports
-    second = await prepare_execution(scene.sandbox.ns, Policy(), scene.proxy,
-                                     framework_routes=routes, **kw)  # type: ignore[arg-type]
+    second = await prepare_execution(
+        scene.sandbox.ns, Policy(), scene.proxy, framework_routes=routes, **kw
+    )  # type: ignore[arg-type]
     assert second.proxy_url == first.proxy_url  # same listener, same token
     assert await codes(scene.sandbox, second.proxy_url, target) == ["403"]
     if mode == "loopback":
@@ -211,8 +254,11 @@ async def test_failed_prepare_leaves_nothing_open(scene: Scene) -> None:
     before = len(scene.proxy.listeners)
     with pytest.raises(ExecutionNotReady, match="probe failed"):
         await prepare_execution(
-            scene.sandbox.ns, Policy(allow=[scene.ip]), scene.proxy,
-            framework_routes=[scene.route], expect_blocked=["127.0.0.1:3128"],
+            scene.sandbox.ns,
+            Policy(allow=[scene.ip]),
+            scene.proxy,
+            framework_routes=[scene.route],
+            expect_blocked=["127.0.0.1:3128"],
         )
     assert_nothing_left(scene, before)
     # nothing answers inside the sandbox any more (before: the proxy listener stayed open)
@@ -255,8 +301,9 @@ OPS = st.one_of(
 
 
 @pytest.mark.netns
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=st.lists(OPS, min_size=1, max_size=8))
 def test_random_lifecycles_follow_the_model(
     test_host_factory: object, ops: list[tuple[str, int, str]]
@@ -276,6 +323,7 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
     boxes, upstream = hosts[:2], hosts[2]
     origin = await start_origin(upstream, 0)  # a fresh port for every example
     at = f"{upstream.addr_ns}:{origin.runner.addresses[0][1]}"
+
     async def service(request: web.Request) -> web.Response:
         return web.json_response({})
 
@@ -295,16 +343,21 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
             if op == "prepare":
                 policy = Policy(allow=[at]) if kind == "allow_ip" else Policy()
                 routes = [route] if kind == "route" else []
-                execution = await prepare_execution(boxes[box].ns, policy, proxy,
-                                                    framework_routes=routes)
+                execution = await prepare_execution(
+                    boxes[box].ns, policy, proxy, framework_routes=routes
+                )
                 live[box], urls[box], model[box] = execution, execution.proxy_url, kind
             elif op == "release" and box in live:
                 await release_execution(proxy, live.pop(box))  # type: ignore[arg-type]
                 model[box] = None
             elif op == "request" and box in urls:
                 got = await codes(boxes[box], urls[box], f"http://{at}/r", f"{route}/r")
-                want = {None: ["000", "000"], "allow_ip": ["200", "403"],
-                        "nothing": ["403", "403"], "route": ["403", "200"]}[model[box]]
+                want = {
+                    None: ["000", "000"],
+                    "allow_ip": ["200", "403"],
+                    "nothing": ["403", "403"],
+                    "route": ["403", "200"],
+                }[model[box]]
                 assert got == want, (ops, box, model)
                 gc.collect()
         for execution in live.values():
@@ -322,8 +375,9 @@ async def _random_lifecycle(hosts: list[harness.TestHost], ops: list[tuple[str, 
 
 async def test_release_closes_connections_open_on_the_sandbox_listener(scene: Scene) -> None:
     """A tunnel opened before the release does not outlive it with the old policy."""
-    execution = await prepare_execution(scene.sandbox.ns, Policy(allow=[f"{scene.ip}:80"]),
-                                        scene.proxy)
+    execution = await prepare_execution(
+        scene.sandbox.ns, Policy(allow=[f"{scene.ip}:80"]), scene.proxy
+    )
     port = execution.listeners[0].port
 
     def connect() -> socket.socket:  # a socket made inside the sandbox stays in it

@@ -27,8 +27,15 @@ from servers import Origin, run, start_origin
 
 pytestmark = pytest.mark.netns
 
-CAPLESS = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-           "--bounding-set=-all", "--"]
+CAPLESS = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--bounding-set=-all",
+    "--",
+]
 
 
 @dataclass
@@ -90,9 +97,24 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
 
 
 async def fetch(scene: Scene, proxy_url: str) -> str:
-    _, out, _ = await run("ip", "netns", "exec", scene.sandbox.ns, *CAPLESS, "curl", "-s",
-                          "--max-time", "5", "-x", proxy_url, "-o", "/dev/null", "-w",
-                          "%{http_code}", f"http://{scene.upstream.addr_ns}/")
+    _, out, _ = await run(
+        "ip",
+        "netns",
+        "exec",
+        scene.sandbox.ns,
+        *CAPLESS,
+        "curl",
+        "-s",
+        "--max-time",
+        "5",
+        "-x",
+        proxy_url,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        f"http://{scene.upstream.addr_ns}/",
+    )
     return out.strip()
 
 

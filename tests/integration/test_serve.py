@@ -218,9 +218,18 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
     origin = await start_origin(test_host, 80)
     log = tmp_path / "audit.jsonl"
     proc, lines = await start_serve(
-        "--workers", "2", "--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
-        "--allow", "example.test", "--resolve", f"example.test={test_host.addr_ns}",
-        "--audit-log", str(log),
+        "--workers",
+        "2",
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.1:0",
+        "--allow",
+        "example.test",
+        "--resolve",
+        f"example.test={test_host.addr_ns}",
+        "--audit-log",
+        str(log),
     )
     try:
         assert len(lines) == 2
@@ -230,8 +239,17 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
         codes = []
         for i in range(40):  # a new connection each: the kernel picks a worker per connection
             rc, out, err = await run(
-                "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
-                "-x", urls[i % 2], f"http://example.test/{i}",
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+                "-x",
+                urls[i % 2],
+                f"http://example.test/{i}",
             )
             assert rc == 0, err
             codes.append(out)
@@ -243,9 +261,10 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
         for pid in children:
-            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(
-                f"/proc/{pid}/stat"
-            ).read_text().split()[2]
+            assert (
+                not Path(f"/proc/{pid}").exists()
+                or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+            )
     finally:
         if proc.returncode is None:
             proc.kill()

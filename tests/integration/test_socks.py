@@ -313,7 +313,16 @@ async def test_egress_serve_socks_flag(test_host: harness.TestHost, tmp_path: Pa
 async def test_socks_with_workers_is_a_usage_error() -> None:
     import sys
 
-    rc, _, err = await run(sys.executable, "-m", "egress.cli", "serve", "--socks",
-                           "127.0.0.1:0", "--workers", "2", "--quiet")
+    rc, _, err = await run(
+        sys.executable,
+        "-m",
+        "egress.cli",
+        "serve",
+        "--socks",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--quiet",
+    )
     assert rc == 2
     assert "--socks" in err

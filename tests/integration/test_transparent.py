@@ -260,9 +260,11 @@ async def test_red_team_counterparts_refused_and_audited(
     event = await scene.audit.wait_for(host="rebind.test", method="GET")
     assert (event["decision"], event["reason"]) == ("block", "reserved_address")
     # address spellings: never answered as names, and refused as a Host too
-    ask = ("import sys, dns.message, dns.query, dns.rcode\n"
-           "q = dns.message.make_query('2130706433', 'A')\n"
-           "print(dns.rcode.to_text(dns.query.udp(q, sys.argv[1], timeout=5).rcode()))\n")
+    ask = (
+        "import sys, dns.message, dns.query, dns.rcode\n"
+        "q = dns.message.make_query('2130706433', 'A')\n"
+        "print(dns.rcode.to_text(dns.query.udp(q, sys.argv[1], timeout=5).rcode()))\n"
+    )
     _, out, err = await agent(scene, sys.executable, "-c", ask, scene.upstream.addr_ns)
     assert out.strip() == "NXDOMAIN", (out, err)  # asked of any address: it is redirected
     event = await scene.audit.wait_for(method="DNS", reason="not_a_name")

@@ -57,6 +57,7 @@ else:
     sys.exit(f"fake runtime: unsupported {{args}}")
 """
 
+
 @dataclass
 class FakeRuntime:
     bin: pathlib.Path
@@ -69,9 +70,7 @@ class FakeRuntime:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
-    def add(
-        self, name: str, netns: str, cap_drop: tuple[str, ...] = ("ALL",), pid: int = 0
-    ) -> str:
+    def add(self, name: str, netns: str, cap_drop: tuple[str, ...] = ("ALL",), pid: int = 0) -> str:
         table = json.loads(self.containers.read_text())
         cid = (name.encode().hex() * 8)[:64]
         table[name] = table[cid] = {

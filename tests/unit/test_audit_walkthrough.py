@@ -27,8 +27,13 @@ AUDIT = f"{sys.executable} -m egress.audit.cli"
 
 def sh(command: str, cwd: Path, shown: str | None = None) -> str:
     """Run `command` in bash; return `$ shown` and its output (stdout and stderr)."""
-    done = subprocess.run(["bash", "-c", command.replace("egress audit", AUDIT)], cwd=cwd,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["bash", "-c", command.replace("egress audit", AUDIT)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     text = f"$ {shown or command}\n{done.stdout}{done.stderr}"
     if done.returncode:
         text += f"$ echo $?\n{done.returncode}\n"
@@ -58,27 +63,40 @@ def outputs(work: Path) -> dict[str, str]:
         "verify": sh("egress audit verify audit.jsonl*", work),
         "summarize": sh("egress audit summarize --top 5 audit.jsonl*", work),
         "json": sh("egress audit summarize --json --top 2 audit.jsonl* | head -40", work),
-        "filter": sh("egress audit filter --client task-8 --reason reserved_address "
-                     "--reason sni_mismatch audit.jsonl* | sed -n '1p;5p'", work,
-                     "egress audit filter --client task-8 --reason reserved_address "
-                     "--reason sni_mismatch audit.jsonl*   # (first and fifth line shown)")
-        + sh("egress audit filter --decision block --host '*.github.com' audit.jsonl* "
-             "| head -2", work, "egress audit filter --decision block --host '*.github.com' "
-             "audit.jsonl* | head -2")
+        "filter": sh(
+            "egress audit filter --client task-8 --reason reserved_address "
+            "--reason sni_mismatch audit.jsonl* | sed -n '1p;5p'",
+            work,
+            "egress audit filter --client task-8 --reason reserved_address "
+            "--reason sni_mismatch audit.jsonl*   # (first and fifth line shown)",
+        )
+        + sh(
+            "egress audit filter --decision block --host '*.github.com' audit.jsonl* | head -2",
+            work,
+            "egress audit filter --decision block --host '*.github.com' audit.jsonl* | head -2",
+        )
         + sh("egress audit tail -n 3 --control audit.jsonl*", work),
         "raw": sh("egress audit filter --json --reason port_not_allowed audit.jsonl*", work),
         "start": sh("zcat audit.jsonl.5.gz | head -2", work),
-        "devfull": sh(f"{sys.executable} -c '{DEV_FULL}'", work,
-                      "python dev_full_example.py   # DEV_FULL in "
-                      "tests/unit/test_audit_walkthrough.py; stdout, then stderr"),
+        "devfull": sh(
+            f"{sys.executable} -c '{DEV_FULL}'",
+            work,
+            "python dev_full_example.py   # DEV_FULL in "
+            "tests/unit/test_audit_walkthrough.py; stdout, then stderr",
+        ),
     }
     head = re.search(r"head ([0-9a-f]{64})", out["verify"])
     assert head is not None
     out["head"] = sh(f"egress audit verify --head {head[1]} audit.jsonl*", work)
     tampered = work / "tampered"
     for name, steps in (
-        ("tamper", ["sed -i '3s/\"decision\":\"block\"/\"decision\":\"allow\"/' audit.jsonl",
-                    "sed -i '7d' audit.jsonl"]),
+        (
+            "tamper",
+            [
+                'sed -i \'3s/"decision":"block"/"decision":"allow"/\' audit.jsonl',
+                "sed -i '7d' audit.jsonl",
+            ],
+        ),
         ("missing", ["sed -i '5d' audit.jsonl", "rm audit.jsonl.3.gz"]),
         ("truncated", ["head -c -40 audit.jsonl > cut && mv cut audit.jsonl"]),
     ):
@@ -87,7 +105,8 @@ def outputs(work: Path) -> dict[str, str]:
         for file in work.glob("audit.jsonl*"):
             shutil.copy(file, tampered)
         out[name] = "".join(sh(step, tampered) for step in steps) + sh(
-            "egress audit verify audit.jsonl*", tampered)
+            "egress audit verify audit.jsonl*", tampered
+        )
     return out
 
 

@@ -57,10 +57,15 @@ class ClientMachine(RuleBasedStateMachine):
                 return True
         return False
 
-    @rule(cid=st.sampled_from(IDS), token=st.none() | st.sampled_from(TOKENS),
-          net=st.none() | st.sampled_from(NETS), replace=st.booleans())
-    def add(self, cid: str, token: str | None, net: ipaddress.IPv4Network | None,
-            replace: bool) -> None:
+    @rule(
+        cid=st.sampled_from(IDS),
+        token=st.none() | st.sampled_from(TOKENS),
+        net=st.none() | st.sampled_from(NETS),
+        replace=st.booleans(),
+    )
+    def add(
+        self, cid: str, token: str | None, net: ipaddress.IPv4Network | None, replace: bool
+    ) -> None:
         if token is None and net is None:
             token = "t1"
         sources = () if net is None else (net,)
@@ -106,8 +111,9 @@ class ClientMachine(RuleBasedStateMachine):
     @rule(host=st.integers(0, 5))
     def request_by_source(self, host: int) -> None:
         source = ipaddress.ip_address(f"198.18.{host}.7")
-        owner = next((c for c, e in self.model.items() if any(source in n for n in e.sources)),
-                     None)
+        owner = next(
+            (c for c, e in self.model.items() if any(source in n for n in e.sources)), None
+        )
         identity = self.table.identify(source, None)
         if owner is None:
             assert identity.client_id is None

@@ -36,9 +36,14 @@ def test_clients_keep_top_level_blocks_and_routes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [('default = "maybe"', "default"), ("allow = 3", "list of strings"), ("bogus = 1", "unknown"),
-     ("[clients.x]\nallow = []", "token"), ('resolve = ["a.test=nope"]', "not an IP"),
-     ("allow = [", "invalid TOML")],
+    [
+        ('default = "maybe"', "default"),
+        ("allow = 3", "list of strings"),
+        ("bogus = 1", "unknown"),
+        ("[clients.x]\nallow = []", "token"),
+        ('resolve = ["a.test=nope"]', "not an IP"),
+        ("allow = [", "invalid TOML"),
+    ],
 )
 def test_bad_files_name_the_culprit(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "bad.toml"

@@ -21,8 +21,13 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The extensions the backstop's rules use (netcut/backstop.py): tcp/udp matches, REJECT and
 # the standard target, for IPv4 and IPv6.
-EXTENSIONS = ("libxt_tcp.so", "libxt_udp.so", "libxt_standard.so", "libipt_REJECT.so",
-              "libip6t_REJECT.so")
+EXTENSIONS = (
+    "libxt_tcp.so",
+    "libxt_udp.so",
+    "libxt_standard.so",
+    "libipt_REJECT.so",
+    "libip6t_REJECT.so",
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg") is None, reason="not a Debian machine")
 
@@ -39,16 +44,21 @@ def _owner(path: str) -> str:
     real = os.path.realpath(path)
     candidates = dict.fromkeys([path, real, real.removeprefix("/usr"), "/usr" + real])
     for candidate in candidates:
-        done = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True,
-                              check=False)
+        done = subprocess.run(
+            ["dpkg", "-S", candidate], capture_output=True, text=True, check=False
+        )
         if done.returncode == 0:
             return done.stdout.split(":", 1)[0].strip()
     raise AssertionError(f"no Debian package ships {path}")
 
 
 def _depends(package: str) -> set[str]:
-    done = subprocess.run(["dpkg-query", "-W", "-f", "${Depends} ${Pre-Depends}", package],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Depends} ${Pre-Depends}", package],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     names = re.findall(r"(?:^|[,|]\s*)([a-z0-9][a-z0-9.+-]+)", done.stdout)
     return set(names)
 
@@ -79,8 +89,12 @@ def test_every_loaded_file_comes_from_a_package_dev_sh_installs() -> None:
 def test_engine_packages_cover_the_engine_tests() -> None:
     engines = _dev_sh_packages("ENGINE_PACKAGES")
     assert {"podman", "docker.io", "containerd", "runc", "busybox-static"} <= engines
-    for tool, package in (("dockerd", "docker.io"), ("ctr", "containerd"), ("podman", "podman"),
-                          ("busybox", "busybox-static")):
+    for tool, package in (
+        ("dockerd", "docker.io"),
+        ("ctr", "containerd"),
+        ("podman", "podman"),
+        ("busybox", "busybox-static"),
+    ):
         found = shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
         if found is not None:  # where it is installed, it came from that package
             assert _owner(found) == package

@@ -76,8 +76,12 @@ def verdict(
     return g.admit(policy, target, first, addrs or ((target.ip,) if target.ip else (WORLD,)))
 
 
-def sni(hello: ClientHelloResult | None, policy: Policy, authority: str = "x.test:443",
-        mode: str = "if-named") -> Admit | Refuse:
+def sni(
+    hello: ClientHelloResult | None,
+    policy: Policy,
+    authority: str = "x.test:443",
+    mode: str = "if-named",
+) -> Admit | Refuse:
     g = gate(policy, sni_missing=mode)
     target = parse_authority(authority)
     first = g.admit(policy, target, g.decide(policy, target), (WORLD,))
@@ -114,26 +118,42 @@ ALLOW_X = Policy(allow=["x.test"])
 ROWS = [
     # -- policy verdicts (docs/policy.md#precedence-and-reason-codes)
     Row("allow rule", lambda: verdict(ALLOW_X, "x.test:443"), Reason.ALLOW_RULE),
-    Row("default allow", lambda: verdict(Policy(default="allow"), "y.test:443"),
-        Reason.DEFAULT_ALLOW),
-    Row("framework route skips the guard",
+    Row(
+        "default allow",
+        lambda: verdict(Policy(default="allow"), "y.test:443"),
+        Reason.DEFAULT_ALLOW,
+    ),
+    Row(
+        "framework route skips the guard",
         lambda: verdict(Policy(framework_routes=["http://127.0.0.1:8080"]), "127.0.0.1:8080"),
-        Reason.FRAMEWORK_ROUTE),
-    Row("block rule", lambda: verdict(Policy(block=["x.test"], default="allow"), "x.test:443"),
-        Reason.BLOCK_RULE),
+        Reason.FRAMEWORK_ROUTE,
+    ),
+    Row(
+        "block rule",
+        lambda: verdict(Policy(block=["x.test"], default="allow"), "x.test:443"),
+        Reason.BLOCK_RULE,
+    ),
     Row("default deny", lambda: verdict(Policy(), "y.test:443"), Reason.DEFAULT_DENY),
     Row("port not allowed", lambda: verdict(ALLOW_X, "x.test:22"), Reason.PORT_NOT_ALLOWED),
-    Row("name resolving to loopback", lambda: verdict(ALLOW_X, "x.test:443", (LOOP,)),
-        Reason.RESERVED_ADDRESS),
-    Row("IP literal loopback", lambda: verdict(Policy(default="allow"), "127.0.0.1:443"),
-        Reason.RESERVED_ADDRESS),
+    Row(
+        "name resolving to loopback",
+        lambda: verdict(ALLOW_X, "x.test:443", (LOOP,)),
+        Reason.RESERVED_ADDRESS,
+    ),
+    Row(
+        "IP literal loopback",
+        lambda: verdict(Policy(default="allow"), "127.0.0.1:443"),
+        Reason.RESERVED_ADDRESS,
+    ),
     # -- targets
     Row("bad CONNECT authority", lambda: verdict(ALLOW_X, "x.test:99999"), Reason.BAD_REQUEST),
     Row("origin-form", lambda: gate().request_target("/index.html"), Reason.BAD_REQUEST),
-    Row("https absolute form", lambda: gate().request_target("https://x.test/"),
-        Reason.BAD_REQUEST),
-    Row("ftp absolute form", lambda: gate().request_target("ftp://x.test/?k=1"),
-        Reason.BAD_REQUEST),
+    Row(
+        "https absolute form", lambda: gate().request_target("https://x.test/"), Reason.BAD_REQUEST
+    ),
+    Row(
+        "ftp absolute form", lambda: gate().request_target("ftp://x.test/?k=1"), Reason.BAD_REQUEST
+    ),
     Row("userinfo", lambda: gate().request_target("http://u:p@x.test/"), Reason.BAD_REQUEST),
     # -- heads
     Row("malformed head", lambda: refuse_head(ProtocolError("bad", 400)), Reason.BAD_REQUEST),
@@ -146,35 +166,61 @@ ROWS = [
     Row("not Basic", lambda: auth("Bearer s3cret"), Reason.AUTH_FAILED),
     Row("not base64", lambda: auth("Basic !!!"), Reason.AUTH_FAILED),
     Row("non-ASCII credentials", lambda: auth("Basic \xe9"), Reason.AUTH_FAILED),
-    Row("non-UTF-8 credentials",
-        lambda: auth("Basic " + base64.b64encode(b"\xff:\xfe").decode()), Reason.AUTH_FAILED),
+    Row(
+        "non-UTF-8 credentials",
+        lambda: auth("Basic " + base64.b64encode(b"\xff:\xfe").decode()),
+        Reason.AUTH_FAILED,
+    ),
     # -- resolution and dialing
-    Row("NXDOMAIN", lambda: refuse_resolve(ResolveError("no such name"), "x.test"),
-        Reason.DNS_ERROR),
+    Row(
+        "NXDOMAIN", lambda: refuse_resolve(ResolveError("no such name"), "x.test"), Reason.DNS_ERROR
+    ),
     Row("DNS timeout", lambda: refuse_resolve(TimeoutError(), "x.test"), Reason.DNS_TIMEOUT),
-    Row("refused", lambda: refuse_dial(ConnectionRefusedError(), WORLD, 80),
-        Reason.CONNECTION_REFUSED),
-    Row("connect timeout", lambda: refuse_dial(TimeoutError(), WORLD, 80),
-        Reason.CONNECTION_TIMEOUT),
-    Row("unreachable", lambda: refuse_dial(OSError(113, "No route to host"), WORLD, 80),
-        Reason.UPSTREAM_ERROR),
+    Row(
+        "refused",
+        lambda: refuse_dial(ConnectionRefusedError(), WORLD, 80),
+        Reason.CONNECTION_REFUSED,
+    ),
+    Row(
+        "connect timeout", lambda: refuse_dial(TimeoutError(), WORLD, 80), Reason.CONNECTION_TIMEOUT
+    ),
+    Row(
+        "unreachable",
+        lambda: refuse_dial(OSError(113, "No route to host"), WORLD, 80),
+        Reason.UPSTREAM_ERROR,
+    ),
     Row("101 from upstream", lambda: response_step(101), Reason.UPSTREAM_ERROR),
     # -- SNI (docs/proxy.md#tls-sni-check)
-    Row("SNI names a blocked host", lambda: sni(ClientHelloResult("tls", "evil.test"), ALLOW_X),
-        Reason.SNI_MISMATCH),
+    Row(
+        "SNI names a blocked host",
+        lambda: sni(ClientHelloResult("tls", "evil.test"), ALLOW_X),
+        Reason.SNI_MISMATCH,
+    ),
     Row("malformed hello", lambda: sni(MALFORMED, ALLOW_X), Reason.SNI_MISMATCH),
     Row("invalid SNI", lambda: sni(ClientHelloResult("tls", "a..b"), ALLOW_X), Reason.SNI_MISMATCH),
     Row("not TLS, deny mode", lambda: sni(NOT_TLS, ALLOW_X, mode="deny"), Reason.SNI_MISSING),
-    Row("no hello on an IP literal",
-        lambda: sni(None, Policy(allow=["198.18.7.10"]), "198.18.7.10:443"), Reason.SNI_MISSING),
+    Row(
+        "no hello on an IP literal",
+        lambda: sni(None, Policy(allow=["198.18.7.10"]), "198.18.7.10:443"),
+        Reason.SNI_MISSING,
+    ),
     # -- connections
-    Row("global cap", lambda: admit_connection(5, 4, closing=False, audit_ok=True),
-        Reason.TOO_MANY_CONNECTIONS),
-    Row("shutting down", lambda: admit_connection(1, 4, closing=True, audit_ok=True),
-        Reason.TOO_MANY_CONNECTIONS),
+    Row(
+        "global cap",
+        lambda: admit_connection(5, 4, closing=False, audit_ok=True),
+        Reason.TOO_MANY_CONNECTIONS,
+    ),
+    Row(
+        "shutting down",
+        lambda: admit_connection(1, 4, closing=True, audit_ok=True),
+        Reason.TOO_MANY_CONNECTIONS,
+    ),
     Row("per-client cap", lambda: admit_client(3, 2), Reason.TOO_MANY_CONNECTIONS),
-    Row("audit log down", lambda: admit_connection(1, 4, closing=False, audit_ok=False),
-        Reason.AUDIT_UNAVAILABLE),
+    Row(
+        "audit log down",
+        lambda: admit_connection(1, 4, closing=False, audit_ok=False),
+        Reason.AUDIT_UNAVAILABLE,
+    ),
 ]
 
 
@@ -203,8 +249,12 @@ LIFECYCLE = {Reason.SANDBOX_ADDED, Reason.SANDBOX_REPLACED, Reason.SANDBOX_REMOV
 # written by the SOCKS5, DNS and transparent listeners' own parsers and shells (their tests:
 # test_socks5.py, test_dnsanswer.py, tests/integration/test_transparent.py)
 LISTENER_KINDS = {
-    Reason.COMMAND_NOT_SUPPORTED, Reason.ADDRESS_TYPE_NOT_SUPPORTED, Reason.NOT_REDIRECTED,
-    Reason.NOT_A_NAME, Reason.ADDRESS_RULES, Reason.POOL_EXHAUSTED,
+    Reason.COMMAND_NOT_SUPPORTED,
+    Reason.ADDRESS_TYPE_NOT_SUPPORTED,
+    Reason.NOT_REDIRECTED,
+    Reason.NOT_A_NAME,
+    Reason.ADDRESS_RULES,
+    Reason.POOL_EXHAUSTED,
 }
 
 
@@ -232,9 +282,17 @@ def test_keep_alive_after_refusal(
     assert got is expect
 
 
-@pytest.mark.parametrize(("status", "step"), [(100, "interim"), (103, "interim"),
-                                              (199, "interim"), (200, "final"), (204, "final"),
-                                              (404, "final")])
+@pytest.mark.parametrize(
+    ("status", "step"),
+    [
+        (100, "interim"),
+        (103, "interim"),
+        (199, "interim"),
+        (200, "final"),
+        (204, "final"),
+        (404, "final"),
+    ],
+)
 def test_response_steps(status: int, step: str) -> None:
     assert response_step(status) == step
 
@@ -308,8 +366,11 @@ def _decide_path(g: Gate, policy: Policy, authority: str) -> Admit | Refuse:
         # IP literal: admitted without a second judgement
         (lambda: Policy(allow=["198.18.7.10"]), lambda: Policy(), "198.18.7.10:443"),
         # framework route: exempt from the guard and from the second judgement
-        (lambda: Policy(framework_routes=["http://127.0.0.1:8080"]), lambda: Policy(),
-         "127.0.0.1:8080"),
+        (
+            lambda: Policy(framework_routes=["http://127.0.0.1:8080"]),
+            lambda: Policy(),
+            "127.0.0.1:8080",
+        ),
         # a name: judged again on its addresses, but the first verdict is cached too
         (lambda: Policy(allow=["x.test"]), lambda: Policy(), "x.test:443"),
     ],

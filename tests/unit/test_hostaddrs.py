@@ -37,8 +37,12 @@ MAPPED_LOOPBACK = b"\0" * 10 + b"\xff\xff" + bytes([127, 0, 0, 1])
 
 def test_parse_dump() -> None:
     data = (
-        addrmsg(socket.AF_INET, rtattr(IFA_ADDRESS, bytes([198, 18, 0, 1])),
-                rtattr(IFA_LOCAL, bytes([198, 18, 0, 1])), rtattr(3, b"eth0\0"))
+        addrmsg(
+            socket.AF_INET,
+            rtattr(IFA_ADDRESS, bytes([198, 18, 0, 1])),
+            rtattr(IFA_LOCAL, bytes([198, 18, 0, 1])),
+            rtattr(3, b"eth0\0"),
+        )
         + addrmsg(socket.AF_INET6, rtattr(IFA_ADDRESS, bytes(15) + b"\x01"))
         + addrmsg(socket.AF_INET6, rtattr(IFA_ADDRESS, MAPPED_LOOPBACK))
         + nlmsg(NLMSG_DONE, struct.pack("=i", 0))

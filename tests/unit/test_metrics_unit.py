@@ -64,8 +64,15 @@ def test_histogram_edges_and_scale() -> None:
 def test_series_are_bounded() -> None:
     m = ProxyMetrics()
     for i in range(MAX_SERIES + 10):
-        m.record({"client_id": f"c{i}", "decision": "allow", "reason": "allow_rule",
-                  "bytes_up": 1, "bytes_down": 1})
+        m.record(
+            {
+                "client_id": f"c{i}",
+                "decision": "allow",
+                "reason": "allow_rule",
+                "bytes_up": 1,
+                "bytes_down": 1,
+            }
+        )
     series = m.request_series()
     assert len(series) <= MAX_SERIES
     assert sum(n for *_, n in series) == MAX_SERIES + 10

@@ -8,7 +8,15 @@ import pathlib
 import pytest
 
 PURE = [
-    "errors", "model", "ops", "plan", "status", "redirect", "render", "statedump", "verify",
+    "errors",
+    "model",
+    "ops",
+    "plan",
+    "status",
+    "redirect",
+    "render",
+    "statedump",
+    "verify",
     "targetref",
 ]
 FORBIDDEN = {"socket", "asyncio", "pyroute2", "iptc", "subprocess", "selectors"}
@@ -41,8 +49,11 @@ def test_public_api_is_a_literal_all() -> None:
     import netcut
 
     tree = ast.parse((ROOT / "__init__.py").read_text())
-    (assign,) = [n for n in tree.body if isinstance(n, ast.Assign)
-                 and any(getattr(t, "id", "") == "__all__" for t in n.targets)]
+    (assign,) = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+    ]
     names = ast.literal_eval(assign.value)
     assert all(hasattr(netcut, n) for n in names)
     assert {"cut", "restore", "status", "probe", "cut_async", "CutResult"} <= set(names)

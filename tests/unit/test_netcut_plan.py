@@ -100,10 +100,30 @@ def test_parse_keep(text: str, addr: str, port: int | None) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["example.com", "example.com:80", "1.2.3.4:0", "1.2.3.4:65536", "1.2.3.4:x", "[::1",
-     "[::1]x", "", "1.2.3.4:", "999.1.1.1"],
-    ids=["name", "name-port", "port0", "port-big", "port-text", "open-bracket",
-         "junk-after", "empty", "empty-port", "bad-octet"],
+    [
+        "example.com",
+        "example.com:80",
+        "1.2.3.4:0",
+        "1.2.3.4:65536",
+        "1.2.3.4:x",
+        "[::1",
+        "[::1]x",
+        "",
+        "1.2.3.4:",
+        "999.1.1.1",
+    ],
+    ids=[
+        "name",
+        "name-port",
+        "port0",
+        "port-big",
+        "port-text",
+        "open-bracket",
+        "junk-after",
+        "empty",
+        "empty-port",
+        "bad-octet",
+    ],
 )
 def test_parse_keep_rejects(text: str) -> None:
     with pytest.raises(InvalidInput, match="keep"):
@@ -133,14 +153,20 @@ def test_keep_route_is_a_marked_host_route_on_the_interface_that_reached_it() ->
     (add,) = [op for op in plan_cut(state(), (PROXY,)).ops if isinstance(op, AddRoute)]
     r = add.route
     assert (r.dst, r.dst_len, r.ifname, r.proto, r.gateway) == (
-        "198.19.1.1", 32, "eth0", NETCUT_PROTO, None)
+        "198.19.1.1",
+        32,
+        "eth0",
+        NETCUT_PROTO,
+        None,
+    )
     assert r.prefsrc == "198.19.1.2"
 
 
 def test_keep_behind_a_gateway_gets_an_onlink_route_via_it() -> None:
     s = state(lookups=(Lookup("198.19.9.9", 1, 2, "eth0", "198.19.1.1", "198.19.1.2"),))
-    (add,) = [op for op in plan_cut(s, (parse_keep("198.19.9.9:443"),)).ops
-              if isinstance(op, AddRoute)]
+    (add,) = [
+        op for op in plan_cut(s, (parse_keep("198.19.9.9:443"),)).ops if isinstance(op, AddRoute)
+    ]
     assert add.route.gateway == "198.19.1.1"
     assert "onlink" in add.route.ip_args()
 
@@ -157,8 +183,12 @@ def test_local_keeps_need_no_route(keep: str) -> None:
 
 @pytest.mark.parametrize(
     ("keep", "message"),
-    [("2001:db8::1", "disables IPv6"), ("198.19.1.1:53", "port 53"),
-     ("198.19.7.7", "no route"), ("0.0.0.0", "unicast")],
+    [
+        ("2001:db8::1", "disables IPv6"),
+        ("198.19.1.1:53", "port 53"),
+        ("198.19.7.7", "no route"),
+        ("0.0.0.0", "unicast"),
+    ],
     ids=["ipv6", "dns-port", "unroutable", "unspecified"],
 )
 def test_plan_rejects_keeps_it_cannot_honour(keep: str, message: str) -> None:
@@ -282,8 +312,11 @@ def test_record_roundtrip() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [{}, {"version": 99, "ops": [], "keeps": []}, {"version": 1, "ops": [{"op": "Nope"}],
-                                                   "keeps": []}],
+    [
+        {},
+        {"version": 99, "ops": [], "keeps": []},
+        {"version": 1, "ops": [{"op": "Nope"}], "keeps": []},
+    ],
     ids=["empty", "version", "unknown-op"],
 )
 def test_bad_record_is_invalid_input(data: dict[str, object]) -> None:
@@ -297,7 +330,13 @@ def test_family_constants_match_the_socket_module() -> None:
 
 def test_filter_rule_reject_rst() -> None:
     assert FilterRule("REJECT-RST", proto="tcp").iptables_args() == [
-        "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]
+        "-p",
+        "tcp",
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "tcp-reset",
+    ]
 
 
 def test_no_ipv6_in_the_kernel_means_no_ip6tables_backstop() -> None:

@@ -48,11 +48,18 @@ no
 def test_parse_state_dump() -> None:
     state = parse_state_dump(DUMP, ("127.0.0.11",))
     assert [(link.index, link.name, link.loopback) for link in state.links] == [
-        (1, "lo", True), (9, "eth0", False)]
+        (1, "lo", True),
+        (9, "eth0", False),
+    ]
     assert [a.address for a in state.addrs] == ["127.0.0.1", "198.19.7.2", "fe80::1"]
     default, connected, local, marked, v6 = state.routes
     assert (default.dst, default.dst_len, default.gateway, default.oif, default.proto) == (
-        None, 0, "198.19.7.1", 9, 3)
+        None,
+        0,
+        "198.19.7.1",
+        9,
+        3,
+    )
     assert (connected.dst, connected.dst_len, connected.scope) == ("198.19.7.0", 24, 253)
     assert (local.table, local.type, local.dst_len) == (255, 2, 32)
     assert marked.proto == NETCUT_PROTO
@@ -88,21 +95,43 @@ def test_malformed_dump_is_invalid_input(text: str) -> None:
 @pytest.mark.parametrize(
     ("op", "expected"),
     [
-        (AddRoute(Route(AF_INET, "198.19.1.1", 32, 2, "eth0", proto=110, scope=253,
-                        metrics=(("RTAX_MTU", 1400),))),
-         ["ncut_ip -4 route add 198.19.1.1/32 dev eth0 table 254 proto 110 scope 253 mtu 1400"]),
-        (SetSysctl("net/ipv6/conf/eth0/disable_ipv6", "1", "0"),
-         ["echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6"]),
-        (AddBackstop(AF_INET6, (FilterRule("ACCEPT", out_iface="lo"),)),
-         ["ncut_ip6tables -w -I OUTPUT 1 -m comment --comment netcut-hold -j REJECT",
-          "while ncut_ip6tables -w -D OUTPUT -j NETCUT 2>/dev/null; do :; done",
-          "ncut_ip6tables -w -N NETCUT 2>/dev/null || ncut_ip6tables -w -F NETCUT",
-          "ncut_ip6tables -w -A NETCUT -o lo -j ACCEPT",
-          "ncut_ip6tables -w -I OUTPUT 1 -j NETCUT",
-          "ncut_ip6tables -w -D OUTPUT -m comment --comment netcut-hold -j REJECT"]),
-        (KillFlows((("198.19.1.1", 3128), ("198.19.1.2", None))),
-         ["ncut_ss -K -t state connected 'not ( dst 127.0.0.0/8 or dst [::1] or dst "
-          "198.19.1.1:3128 or dst 198.19.1.2 )' >/dev/null 2>/dev/null || true"]),
+        (
+            AddRoute(
+                Route(
+                    AF_INET,
+                    "198.19.1.1",
+                    32,
+                    2,
+                    "eth0",
+                    proto=110,
+                    scope=253,
+                    metrics=(("RTAX_MTU", 1400),),
+                )
+            ),
+            ["ncut_ip -4 route add 198.19.1.1/32 dev eth0 table 254 proto 110 scope 253 mtu 1400"],
+        ),
+        (
+            SetSysctl("net/ipv6/conf/eth0/disable_ipv6", "1", "0"),
+            ["echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6"],
+        ),
+        (
+            AddBackstop(AF_INET6, (FilterRule("ACCEPT", out_iface="lo"),)),
+            [
+                "ncut_ip6tables -w -I OUTPUT 1 -m comment --comment netcut-hold -j REJECT",
+                "while ncut_ip6tables -w -D OUTPUT -j NETCUT 2>/dev/null; do :; done",
+                "ncut_ip6tables -w -N NETCUT 2>/dev/null || ncut_ip6tables -w -F NETCUT",
+                "ncut_ip6tables -w -A NETCUT -o lo -j ACCEPT",
+                "ncut_ip6tables -w -I OUTPUT 1 -j NETCUT",
+                "ncut_ip6tables -w -D OUTPUT -m comment --comment netcut-hold -j REJECT",
+            ],
+        ),
+        (
+            KillFlows((("198.19.1.1", 3128), ("198.19.1.2", None))),
+            [
+                "ncut_ss -K -t state connected 'not ( dst 127.0.0.0/8 or dst [::1] or dst "
+                "198.19.1.1:3128 or dst 198.19.1.2 )' >/dev/null 2>/dev/null || true"
+            ],
+        ),
     ],
     ids=["route", "sysctl", "backstop6", "flows"],
 )
@@ -114,13 +143,26 @@ def test_render_op(op: object, expected: list[str]) -> None:
     ("change", "complaint"),
     [
         (lambda d: d.replace("### rc 0", "### rc 127", 1), "'links' failed (exit 127)"),
-        (lambda d: d.replace('{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},',
-                             ""), "no loopback interface"),
+        (
+            lambda d: d.replace(
+                '{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"]},', ""
+            ),
+            "no loopback interface",
+        ),
         (lambda d: d.replace("### sysctls", "### other"), "no 'sysctls' section"),
-        (lambda d: d.replace("### backstop6\nno", "### backstop6\nPermission denied"),
-         "'backstop6' answered 'Permission denied'"),
-        (lambda d: d.split("### routes4")[0] + "### routes4\n[]\n### rc 0\n"
-         + "### routes6" + d.split("### routes6")[1], "no local routes"),
+        (
+            lambda d: d.replace("### backstop6\nno", "### backstop6\nPermission denied"),
+            "'backstop6' answered 'Permission denied'",
+        ),
+        (
+            lambda d: (
+                d.split("### routes4")[0]
+                + "### routes4\n[]\n### rc 0\n"
+                + "### routes6"
+                + d.split("### routes6")[1]
+            ),
+            "no local routes",
+        ),
         (lambda d: re.sub(r"### rc 0\n(### addrs)", r"\1", d), "'links' failed (exit missing)"),
     ],
     ids=["tool-failed", "no-lo", "missing-section", "iptables-error", "empty-routes", "no-rc"],
@@ -154,10 +196,29 @@ def test_state_script_asks_for_each_kept_route() -> None:
 )
 def test_helper_argv(runtime: str, unmask: str) -> None:
     argv = helper.helper_argv(runtime, "abc", "img:1")
-    assert argv == [runtime, "run", "-i", "--rm", "--pull", "never", "--log-driver", "none",
-                    "--network", "container:abc", "--cap-drop", "ALL", "--cap-add", "NET_ADMIN",
-                    "--cap-add", "NET_RAW", "--security-opt", unmask, "--entrypoint",
-                    "/bin/sh", "img:1"]
+    assert argv == [
+        runtime,
+        "run",
+        "-i",
+        "--rm",
+        "--pull",
+        "never",
+        "--log-driver",
+        "none",
+        "--network",
+        "container:abc",
+        "--cap-drop",
+        "ALL",
+        "--cap-add",
+        "NET_ADMIN",
+        "--cap-add",
+        "NET_RAW",
+        "--security-opt",
+        unmask,
+        "--entrypoint",
+        "/bin/sh",
+        "img:1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -167,9 +228,14 @@ def test_helper_argv(runtime: str, unmask: str) -> None:
         ({"CapDrop": ["NET_RAW"]}, ()),
         ({}, ("container may hold CAP_NET_RAW",)),
         ({"CapDrop": ["ALL"], "CapAdd": ["CAP_NET_ADMIN"]}, ("container may hold CAP_NET_ADMIN",)),
-        ({"CapDrop": ["ALL"], "CapAdd": ["ALL"]},
-         ("container may hold CAP_NET_ADMIN", "container may hold CAP_NET_RAW",
-          "container may hold CAP_SYS_ADMIN")),
+        (
+            {"CapDrop": ["ALL"], "CapAdd": ["ALL"]},
+            (
+                "container may hold CAP_NET_ADMIN",
+                "container may hold CAP_NET_RAW",
+                "container may hold CAP_SYS_ADMIN",
+            ),
+        ),
         ({"Privileged": True}, ("container is privileged (all capabilities)",)),
     ],
     ids=["drop-all", "drop-raw", "default-set", "add-admin", "add-all", "privileged"],
@@ -198,26 +264,49 @@ def test_container_findings_from_podmans_bounding_set(
 def test_container_network_from_docker_and_podman_inspect() -> None:
     """Both engines' `inspect` share NetworkSettings.Networks; the top-level copy (docker's
     default bridge, podman's first network) is merged, not counted twice."""
-    net = {"Gateway": "198.19.251.1", "IPAddress": "198.19.251.7",
-           "GlobalIPv6Address": "fd00::7", "IPv6Gateway": "fd00::1"}
-    info = {"NetworkSettings": {"Gateway": "198.19.251.1", "IPAddress": "198.19.251.7",
-                                "GlobalIPv6Address": "", "Networks": {"nc-ci": net}}}
+    net = {
+        "Gateway": "198.19.251.1",
+        "IPAddress": "198.19.251.7",
+        "GlobalIPv6Address": "fd00::7",
+        "IPv6Gateway": "fd00::1",
+    }
+    info = {
+        "NetworkSettings": {
+            "Gateway": "198.19.251.1",
+            "IPAddress": "198.19.251.7",
+            "GlobalIPv6Address": "",
+            "Networks": {"nc-ci": net},
+        }
+    }
     found = helper.container_network(info)
     assert found.gateways == ("198.19.251.1",)  # IPv4 only: the IPv6 gateway is not one
     assert found.addresses == ("198.19.251.7", "fd00::7")
-    two = {"NetworkSettings": {"Networks": {"a": {"Gateway": "198.19.250.1"},
-                                            "b": {"Gateway": "198.19.252.1"}}}}
+    two = {
+        "NetworkSettings": {
+            "Networks": {"a": {"Gateway": "198.19.250.1"}, "b": {"Gateway": "198.19.252.1"}}
+        }
+    }
     assert helper.container_network(two).gateways == ("198.19.250.1", "198.19.252.1")
     host = {"NetworkSettings": {"Gateway": "", "IPAddress": "", "Networks": {"host": {}}}}
     assert helper.container_network(host) == helper.ContainerNetwork((), ())
 
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=20)
     | st.sampled_from(["198.19.251.1", "fd00::1", "1.2.3", "::", "198.19.251.1/24"]),
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.sampled_from(["NetworkSettings", "Networks", "Gateway", "IPAddress",
-                                       "GlobalIPv6Address", "x"]), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                ["NetworkSettings", "Networks", "Gateway", "IPAddress", "GlobalIPv6Address", "x"]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -302,15 +391,27 @@ def test_state_dump_sections_of_any_shape(section: str, items: list[object]) -> 
     ("line", "want"),
     [
         ("-A OUTPUT -j NETCUT", SeenRule("NETCUT", proto="ip")),
-        ("-A NETCUT -d 198.19.1.1/32 -p tcp -m tcp --dport 3128 -j ACCEPT",
-         SeenRule("ACCEPT", proto="tcp", dst="198.19.1.1/255.255.255.255",
-                  matches=(("tcp", (("dport", "3128"),)),))),
-        ("-A NETCUT -p tcp -j REJECT --reject-with tcp-reset",
-         SeenRule("REJECT", proto="tcp", target_params=(("reject-with", "tcp-reset"),))),
-        ("-A OUTPUT ! -d 198.19.1.1/32 -o lo -j ACCEPT",
-         SeenRule("ACCEPT", proto="ip", dst="!198.19.1.1/32", out_iface="lo")),
-        ("-A OUTPUT -p tcp -m tcp ! --dport 53 -j ACCEPT",
-         SeenRule("ACCEPT", proto="tcp", matches=(("tcp", (("dport", "!53"),)),))),
+        (
+            "-A NETCUT -d 198.19.1.1/32 -p tcp -m tcp --dport 3128 -j ACCEPT",
+            SeenRule(
+                "ACCEPT",
+                proto="tcp",
+                dst="198.19.1.1/255.255.255.255",
+                matches=(("tcp", (("dport", "3128"),)),),
+            ),
+        ),
+        (
+            "-A NETCUT -p tcp -j REJECT --reject-with tcp-reset",
+            SeenRule("REJECT", proto="tcp", target_params=(("reject-with", "tcp-reset"),)),
+        ),
+        (
+            "-A OUTPUT ! -d 198.19.1.1/32 -o lo -j ACCEPT",
+            SeenRule("ACCEPT", proto="ip", dst="!198.19.1.1/32", out_iface="lo"),
+        ),
+        (
+            "-A OUTPUT -p tcp -m tcp ! --dport 53 -j ACCEPT",
+            SeenRule("ACCEPT", proto="tcp", matches=(("tcp", (("dport", "!53"),)),)),
+        ),
     ],
     ids=["jump", "keep", "reset", "negated-dst", "negated-port"],
 )

@@ -34,9 +34,24 @@ from netcut.targetref import TargetRef, canonical, default_client_id, parse_targ
         ("containerd:default/abc", TargetRef("container", "abc", "containerd", "default")),
         (TargetRef("pid", "7"), TargetRef("pid", "7")),
     ],
-    ids=["name", "netns-prefix-digits", "netns-prefix-colon", "unknown-prefix-is-a-name",
-         "proc-path", "run-path", "int", "digits", "pid-prefix", "pid-leading-zeros",
-         "container", "docker", "podman", "containerd", "containerd-namespace", "ref"],
+    ids=[
+        "name",
+        "netns-prefix-digits",
+        "netns-prefix-colon",
+        "unknown-prefix-is-a-name",
+        "proc-path",
+        "run-path",
+        "int",
+        "digits",
+        "pid-prefix",
+        "pid-leading-zeros",
+        "container",
+        "docker",
+        "podman",
+        "containerd",
+        "containerd-namespace",
+        "ref",
+    ],
 )
 def test_parse_target(value: str | int | TargetRef, expected: TargetRef) -> None:
     assert parse_target(value) == expected
@@ -51,13 +66,48 @@ def test_bare_digits_are_marked_bare() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["", 0, -1, True, "pid:", "pid:x", "pid:0", "netns:", "netns:a/b", "container:",
-     "docker:-rm", "containerd:/abc", "containerd:ns/", "a/b", "..", "pid:٣", 1.5, None,
-     "docker:a b"],
-    ids=["empty", "zero", "negative", "bool", "pid-empty", "pid-text", "pid-zero",
-         "netns-empty", "netns-slash", "container-empty", "option-like", "ctr-empty-ns",
-         "ctr-empty-id", "relative-path", "dotdot", "non-ascii-digit", "float", "none",
-         "space-in-id"],
+    [
+        "",
+        0,
+        -1,
+        True,
+        "pid:",
+        "pid:x",
+        "pid:0",
+        "netns:",
+        "netns:a/b",
+        "container:",
+        "docker:-rm",
+        "containerd:/abc",
+        "containerd:ns/",
+        "a/b",
+        "..",
+        "pid:٣",
+        1.5,
+        None,
+        "docker:a b",
+    ],
+    ids=[
+        "empty",
+        "zero",
+        "negative",
+        "bool",
+        "pid-empty",
+        "pid-text",
+        "pid-zero",
+        "netns-empty",
+        "netns-slash",
+        "container-empty",
+        "option-like",
+        "ctr-empty-ns",
+        "ctr-empty-id",
+        "relative-path",
+        "dotdot",
+        "non-ascii-digit",
+        "float",
+        "none",
+        "space-in-id",
+    ],
 )
 def test_parse_target_rejects(value: object) -> None:
     with pytest.raises(InvalidInput):
@@ -96,9 +146,15 @@ def test_default_client_ids_tell_sandboxes_apart(
 
 @pytest.mark.parametrize(
     ("make", "arg"),
-    [(target.netns, "a/b"), (target.netns, ""), (target.netns, ".."),
-     (target.netns_path, "relative"), (target.pid, "0"), (target.pid, "x"),
-     (target.container, "-rm")],
+    [
+        (target.netns, "a/b"),
+        (target.netns, ""),
+        (target.netns, ".."),
+        (target.netns_path, "relative"),
+        (target.pid, "0"),
+        (target.pid, "x"),
+        (target.container, "-rm"),
+    ],
     ids=["slash", "empty", "dotdot", "relative", "pid0", "pid-text", "option-like"],
 )
 def test_bad_refs(make: object, arg: str) -> None:
@@ -194,11 +250,28 @@ def test_canonical_reads_back_as_the_same_target(value: str | int) -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(1234, "pid:1234"), ("1234", "pid:1234"), ("pid:1234", "pid:1234"), ("sbx", "sbx"),
-     ("netns:1234", "netns:1234"), ("netns:pid:1", "netns:pid:1"), ("docker:abc", "docker:abc"),
-     ("containerd:k8s.io/abc", "containerd:k8s.io/abc"), ("/proc/1/ns/net", "/proc/1/ns/net")],
-    ids=["int", "digits", "pid", "name", "digit-name", "prefix-like-name", "docker",
-         "containerd", "path"],
+    [
+        (1234, "pid:1234"),
+        ("1234", "pid:1234"),
+        ("pid:1234", "pid:1234"),
+        ("sbx", "sbx"),
+        ("netns:1234", "netns:1234"),
+        ("netns:pid:1", "netns:pid:1"),
+        ("docker:abc", "docker:abc"),
+        ("containerd:k8s.io/abc", "containerd:k8s.io/abc"),
+        ("/proc/1/ns/net", "/proc/1/ns/net"),
+    ],
+    ids=[
+        "int",
+        "digits",
+        "pid",
+        "name",
+        "digit-name",
+        "prefix-like-name",
+        "docker",
+        "containerd",
+        "path",
+    ],
 )
 def test_canonical_spelling(value: str | int, expected: str) -> None:
     assert canonical(parse_target(value)) == expected

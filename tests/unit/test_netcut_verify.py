@@ -83,8 +83,9 @@ def seen(rule: FilterRule, family: int) -> SeenRule:
     matches = ((rule.proto or "tcp", (("dport", str(rule.dport)),)),) if rule.dport else ()
     target = "REJECT" if rule.verdict.startswith("REJECT") else rule.verdict
     anywhere = "0.0.0.0/0.0.0.0" if family == AF_INET else "::/0"
-    return SeenRule(target, rule.proto or "ip", anywhere, dst or anywhere, None, rule.out_iface,
-                    matches, params)
+    return SeenRule(
+        target, rule.proto or "ip", anywhere, dst or anywhere, None, rule.out_iface, matches, params
+    )
 
 
 def before() -> NamespaceState:
@@ -132,8 +133,12 @@ GW_METRIC_50 = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=4,
 TABLE_100 = replace(GW_METRIC_50, table=100, priority=None)
 
 
-def with_filter(family: int, *, output: tuple[SeenRule, ...] | None = None,
-                chain: tuple[SeenRule, ...] | str | None = "same") -> NamespaceState:
+def with_filter(
+    family: int,
+    *,
+    output: tuple[SeenRule, ...] | None = None,
+    chain: tuple[SeenRule, ...] | str | None = "same",
+) -> NamespaceState:
     dumps = []
     for d in CUT.filters or ():
         if d.family == family:
@@ -255,8 +260,11 @@ def test_repair_ops_leave_no_difference(name: str) -> None:
 
 @pytest.mark.parametrize(
     "output",
-    [(SeenRule("DROP", "ip", dst="198.18.0.1/255.255.255.255"), JUMP),
-     (SeenRule("REJECT", "ip"), JUMP), (JUMP, ACCEPT_ALL)],
+    [
+        (SeenRule("DROP", "ip", dst="198.18.0.1/255.255.255.255"), JUMP),
+        (SeenRule("REJECT", "ip"), JUMP),
+        (JUMP, ACCEPT_ALL),
+    ],
     ids=["drop-ahead", "reject-ahead", "accept-after-jump"],
 )
 def test_harmless_output_rules_are_not_differences(output: tuple[SeenRule, ...]) -> None:
@@ -299,15 +307,30 @@ def test_every_backstop_rule_reads_back_as_itself(family: int) -> None:
 
 @pytest.mark.parametrize(
     "rule",
-    [SeenRule("ACCEPT", "ip", dst="!198.18.0.1/32"), SeenRule("ACCEPT", "ip", in_iface="eth0"),
-     SeenRule("ACCEPT", "ip", src="198.18.0.1/32"), SeenRule("ACCEPT", "icmp"),
-     SeenRule("REJECT", "ip", target_params=(("reject-with", "icmp-host-prohibited"),)),
-     SeenRule("ACCEPT", "tcp", matches=(("tcp", (("dport", "1:65535"),)),)),
-     SeenRule("ACCEPT", "tcp", matches=(("udp", (("dport", "53"),)),)),
-     SeenRule("ACCEPT", "ip", out_iface="!lo"), SeenRule("LOG", "ip"),
-     SeenRule("ACCEPT", "ip", dst="bogus/32")],
-    ids=["negated-dst", "in-iface", "src", "icmp", "other-reject", "port-range",
-         "match-mismatch", "negated-oif", "log", "bad-dst"],
+    [
+        SeenRule("ACCEPT", "ip", dst="!198.18.0.1/32"),
+        SeenRule("ACCEPT", "ip", in_iface="eth0"),
+        SeenRule("ACCEPT", "ip", src="198.18.0.1/32"),
+        SeenRule("ACCEPT", "icmp"),
+        SeenRule("REJECT", "ip", target_params=(("reject-with", "icmp-host-prohibited"),)),
+        SeenRule("ACCEPT", "tcp", matches=(("tcp", (("dport", "1:65535"),)),)),
+        SeenRule("ACCEPT", "tcp", matches=(("udp", (("dport", "53"),)),)),
+        SeenRule("ACCEPT", "ip", out_iface="!lo"),
+        SeenRule("LOG", "ip"),
+        SeenRule("ACCEPT", "ip", dst="bogus/32"),
+    ],
+    ids=[
+        "negated-dst",
+        "in-iface",
+        "src",
+        "icmp",
+        "other-reject",
+        "port-range",
+        "match-mismatch",
+        "negated-oif",
+        "log",
+        "bad-dst",
+    ],
 )
 def test_rules_netcut_never_writes_are_not_read_as_its_own(rule: SeenRule) -> None:
     assert as_filter_rule(rule, AF_INET) is None
@@ -317,14 +340,28 @@ _text = st.one_of(st.none(), st.text(max_size=20))
 
 
 @given(
-    st.text(max_size=10), _text, _text, _text, _text, _text,
-    st.lists(st.tuples(st.text(max_size=6), st.lists(
-        st.tuples(st.text(max_size=6), st.text(max_size=8)), max_size=2).map(tuple)),
-        max_size=2).map(tuple),
+    st.text(max_size=10),
+    _text,
+    _text,
+    _text,
+    _text,
+    _text,
+    st.lists(
+        st.tuples(
+            st.text(max_size=6),
+            st.lists(st.tuples(st.text(max_size=6), st.text(max_size=8)), max_size=2).map(tuple),
+        ),
+        max_size=2,
+    ).map(tuple),
 )
 def test_as_filter_rule_reads_or_refuses_never_raises(
-    target: str, proto: str | None, src: str | None, dst: str | None, iif: str | None,
-    oif: str | None, matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
+    target: str,
+    proto: str | None,
+    src: str | None,
+    dst: str | None,
+    iif: str | None,
+    oif: str | None,
+    matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
 ) -> None:
     rule = SeenRule(target, proto, src, dst, iif, oif, matches)
     found = as_filter_rule(rule, AF_INET)

@@ -18,7 +18,9 @@ def help_of(*argv: str) -> None:
 
 def test_demo_help_prints_help_and_runs_nothing() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "egress.demo", "--help"], capture_output=True, text=True,
+        [sys.executable, "-m", "egress.demo", "--help"],
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert out.returncode == 0
@@ -33,11 +35,21 @@ def test_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
     assert "SPEC" not in top
     help_of("serve")
     serve = capsys.readouterr().out
-    for needle in ("(default: 16384)", "(default: 10.0)", "(default: 1024)", "--admin HOST:PORT",
-                   "a malformed ClientHello is always refused"):
+    for needle in (
+        "(default: 16384)",
+        "(default: 10.0)",
+        "(default: 1024)",
+        "--admin HOST:PORT",
+        "a malformed ClientHello is always refused",
+    ):
         assert needle in " ".join(serve.split()), needle
     help_of("check")
     check = " ".join(capsys.readouterr().out.split())
-    for needle in ("TARGET a URL", "--client NAME", "--framework-route URL a framework",
-                   "--resolve NAME=ADDR pin", "--reserve CIDR also refuse"):
+    for needle in (
+        "TARGET a URL",
+        "--client NAME",
+        "--framework-route URL a framework",
+        "--resolve NAME=ADDR pin",
+        "--reserve CIDR also refuse",
+    ):
         assert needle in check, needle

@@ -220,10 +220,16 @@ def test_partial_address_allow_is_default_deny_not_port() -> None:
 
 
 NETS = st.one_of(
-    st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False),
-              st.integers(0, 2**32 - 1), st.integers(0, 32)),
-    st.builds(lambda a, p: ipaddress.ip_network((a, p), strict=False),
-              st.integers(0, 2**128 - 1), st.integers(0, 128)),
+    st.builds(
+        lambda a, p: ipaddress.ip_network((a, p), strict=False),
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 32),
+    ),
+    st.builds(
+        lambda a, p: ipaddress.ip_network((a, p), strict=False),
+        st.integers(0, 2**128 - 1),
+        st.integers(0, 128),
+    ),
 )
 ADDRS = st.one_of(
     st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address),
@@ -240,7 +246,8 @@ def test_address_index_agrees_with_a_scan(
     policy = Policy(allow=[str(n) for n in nets])
     rules = policy._allow.network_matches(ips, every=every)
     naive = [
-        r for r in policy.allow_rules
+        r
+        for r in policy.allow_rules
         if (all if every else any)(ip in r.network for ip in ips)  # type: ignore[operator]
     ]
     # identical rules are one rule (the first of them decides either way)

@@ -18,8 +18,21 @@ def test_allowed_request() -> None:
     rec.bytes_up, rec.bytes_down = 10, 20
     rec.finish(1.5)
     assert keys(rec.event("allow", "allow_rule", "x.test", None, 200)) == [
-        "client", "method", "scheme", "host", "port", "path", "client_id", "rule", "reason",
-        "addr", "status", "bytes_up", "bytes_down", "duration_ms", "decision",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "path",
+        "client_id",
+        "rule",
+        "reason",
+        "addr",
+        "status",
+        "bytes_up",
+        "bytes_down",
+        "duration_ms",
+        "decision",
     ]
     assert rec.duration_ms == 500.0
 
@@ -32,8 +45,22 @@ def test_tunnel_and_sni_refusal() -> None:
     rec.bytes_up, rec.bytes_down, rec.end = 1, 2, "eof"
     rec.finish(0.1)
     assert keys(rec.event("allow", "allow_rule", "x.test", None, 200)) == [
-        "client", "method", "scheme", "host", "port", "client_id", "rule", "reason", "addr",
-        "status", "sni", "bytes_up", "bytes_down", "end", "duration_ms", "decision",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "client_id",
+        "rule",
+        "reason",
+        "addr",
+        "status",
+        "sni",
+        "bytes_up",
+        "bytes_down",
+        "end",
+        "duration_ms",
+        "decision",
     ]
     refused = AccessRecord("c", "CONNECT", "https", "x.test", 443, 0.0)
     refused.identify(None)
@@ -42,8 +69,20 @@ def test_tunnel_and_sni_refusal() -> None:
     refused.finish(0.1)
     ev = refused.event("block", "sni_mismatch", None, "SNI 'evil.test' not allowed", 200)
     assert keys(ev) == [
-        "client", "method", "scheme", "host", "port", "client_id", "rule", "reason", "addr",
-        "status", "sni", "duration_ms", "decision", "detail",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "client_id",
+        "rule",
+        "reason",
+        "addr",
+        "status",
+        "sni",
+        "duration_ms",
+        "decision",
+        "detail",
     ]
     assert (ev["reason"], ev["rule"], ev["status"]) == ("sni_mismatch", None, 200)
 
@@ -54,12 +93,31 @@ def test_refusals() -> None:
     rec.identify(None)
     rec.finish(0.0)
     assert keys(rec.event("block", "default_deny", None, "no", 403)) == [
-        "client", "method", "scheme", "host", "port", "path", "client_id", "duration_ms",
-        "decision", "reason", "rule", "status", "detail",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "path",
+        "client_id",
+        "duration_ms",
+        "decision",
+        "reason",
+        "rule",
+        "status",
+        "detail",
     ]
     early = AccessRecord("c", "-", "", "", 0, 0.0)
     assert keys(early.event("error", "bad_request", None, "bad", 400)) == [
-        "client", "method", "scheme", "host", "port", "decision", "reason", "rule", "status",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "decision",
+        "reason",
+        "rule",
+        "status",
         "detail",
     ]
 
@@ -72,6 +130,19 @@ def test_forwarder() -> None:
     rec.bytes_up, rec.bytes_down, rec.end = 1, 2, "eof"
     rec.finish(0.0)
     assert keys(rec.event("allow", "framework_route", "http://127.0.0.1:8080", None, 200)) == [
-        "client", "method", "scheme", "host", "port", "client_id", "addr", "reason", "rule",
-        "bytes_up", "bytes_down", "end", "duration_ms", "decision", "status",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "client_id",
+        "addr",
+        "reason",
+        "rule",
+        "bytes_up",
+        "bytes_down",
+        "end",
+        "duration_ms",
+        "decision",
+        "status",
     ]

@@ -24,8 +24,17 @@ from egress.proxy.transparent import absolute_form, parse_sockaddr_in
         ("*", "www.test", None),
         ("x.test:443", "www.test", None),
     ],
-    ids=["origin", "host-port", "no-host", "v6", "slash", "userinfo", "absolute", "asterisk",
-         "authority"],
+    ids=[
+        "origin",
+        "host-port",
+        "no-host",
+        "v6",
+        "slash",
+        "userinfo",
+        "absolute",
+        "asterisk",
+        "authority",
+    ],
 )
 def test_absolute_form(target: str, host: str | None, want: str | None) -> None:
     assert absolute_form(target, host, "198.19.128.1", 80) == want

@@ -56,12 +56,24 @@ def test_counts_are_ints(value: object) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
-    [({"allow": "*"}, "Policy allow"), ({"block": "evil.test"}, "Policy block"),
-     ({"allow": b"x"}, "Policy allow"), ({"allow": [1]}, "Policy allow"),
-     ({"framework_routes": "http://127.0.0.1:1"}, "Policy framework_routes"),
-     ({"default": False}, "default"), ({"allow": {"a": 1}}, "Policy allow")],
-    ids=["allow-str", "block-str", "allow-bytes", "allow-int-item", "routes-str", "default-bool",
-         "allow-dict"],
+    [
+        ({"allow": "*"}, "Policy allow"),
+        ({"block": "evil.test"}, "Policy block"),
+        ({"allow": b"x"}, "Policy allow"),
+        ({"allow": [1]}, "Policy allow"),
+        ({"framework_routes": "http://127.0.0.1:1"}, "Policy framework_routes"),
+        ({"default": False}, "default"),
+        ({"allow": {"a": 1}}, "Policy allow"),
+    ],
+    ids=[
+        "allow-str",
+        "block-str",
+        "allow-bytes",
+        "allow-int-item",
+        "routes-str",
+        "default-bool",
+        "allow-dict",
+    ],
 )
 def test_policy_types(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(TypeError, match=needle):
@@ -77,10 +89,16 @@ def test_policy_allow_star_string_allows_nothing_it_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "exc"),
-    [({"head_timeout": 0}, ValueError), ({"head_timeout": math.nan}, ValueError),
-     ({"idle_timeout": math.inf}, ValueError), ({"connect_timeout": -1.0}, ValueError),
-     ({"head_timeout": "10"}, TypeError), ({"max_connections": 0}, ValueError),
-     ({"max_connections": True}, TypeError), ({"max_head": 1.5}, TypeError)],
+    [
+        ({"head_timeout": 0}, ValueError),
+        ({"head_timeout": math.nan}, ValueError),
+        ({"idle_timeout": math.inf}, ValueError),
+        ({"connect_timeout": -1.0}, ValueError),
+        ({"head_timeout": "10"}, TypeError),
+        ({"max_connections": 0}, ValueError),
+        ({"max_connections": True}, TypeError),
+        ({"max_head": 1.5}, TypeError),
+    ],
     ids=["zero", "nan", "inf", "negative", "str", "zero-conns", "bool-conns", "float-head"],
 )
 def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: type) -> None:
@@ -91,10 +109,13 @@ def test_limits_are_validated_on_the_api_path(kwargs: dict[str, object], exc: ty
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "needle"),
-    [(("x",), {}, "EgressProxy policy"), ((Policy(),), {"audit": "a.jsonl"}, "EgressProxy audit"),
-     ((Policy(),), {"limits": {"head_timeout": 1}}, "EgressProxy limits"),
-     ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing"),
-     ((Policy(),), {"listen": "127.0.0.1:0"}, "EgressProxy listen")],
+    [
+        (("x",), {}, "EgressProxy policy"),
+        ((Policy(),), {"audit": "a.jsonl"}, "EgressProxy audit"),
+        ((Policy(),), {"limits": {"head_timeout": 1}}, "EgressProxy limits"),
+        ((Policy(),), {"sni_missing": "sometimes"}, "EgressProxy sni_missing"),
+        ((Policy(),), {"listen": "127.0.0.1:0"}, "EgressProxy listen"),
+    ],
     ids=["policy-str", "audit-path", "limits-dict", "sni-missing", "listen-str"],
 )
 def test_proxy_construction_refuses_wrong_types(
@@ -114,9 +135,13 @@ def test_settings_types() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "exc", "needle"),
-    [({"token": ""}, ValueError, "token"), ({"token": 5}, TypeError, "token"),
-     ({"client_id": ""}, ValueError, "client_id"), ({"policy": "p"}, TypeError, "policy"),
-     ({"sources": ["198.18.0.0/24"]}, TypeError, "sources")],
+    [
+        ({"token": ""}, ValueError, "token"),
+        ({"token": 5}, TypeError, "token"),
+        ({"client_id": ""}, ValueError, "client_id"),
+        ({"policy": "p"}, TypeError, "policy"),
+        ({"sources": ["198.18.0.0/24"]}, TypeError, "sources"),
+    ],
     ids=["empty-token", "int-token", "empty-id", "policy-str", "sources-list"],
 )
 def test_client_spec_types(kwargs: dict[str, object], exc: type, needle: str) -> None:
@@ -127,26 +152,58 @@ def test_client_spec_types(kwargs: dict[str, object], exc: type, needle: str) ->
 
 @pytest.mark.parametrize(
     ("kwargs", "exc", "needle"),
-    [({"mode": "bogus"}, ValueError, "mode"), ({"policy": {}}, TypeError, "policy"),
-     ({"sandbox": None}, TypeError, "sandbox"), ({"proxy": "p"}, TypeError, "proxy"),
-     ({"proxy_port": 70000}, ValueError, "proxy_port"),
-     ({"framework_routes": "http://127.0.0.1:1"}, TypeError, "framework_routes"),
-     ({"expect_blocked": "1.2.3.4:80"}, TypeError, "expect_blocked"),
-     ({"force": "false"}, TypeError, "force"), ({"token": ""}, ValueError, "token"),
-     ({"cut_mode": "nsenter"}, ValueError, "cut_mode"), ({"cut_mode": 1}, TypeError, "cut_mode"),
-     ({"sandbox": "docker:box", "mode": "gateway", "cut_mode": "helper", "helper_image": 3},
-      TypeError, "helper_image"),
-     # helper mode: a loopback listener would need setns, which helper mode exists to avoid
-     ({"sandbox": "docker:box", "cut_mode": "helper"}, ValueError,
-      r"cut_mode='helper' needs mode='gateway': a loopback listener is a socket opened "
-      r"inside the sandbox's namespace \(setns\)"),
-     ({"mode": "gateway", "cut_mode": "helper"}, ValueError,
-      "cut_mode='helper' needs a container sandbox"),
-     ({"sandbox": "containerd:k8s.io/abc", "mode": "gateway", "cut_mode": "helper"},
-      ValueError, "cut_mode='helper' does not apply to containerd")],
-    ids=["mode", "policy-dict", "sandbox-none", "proxy-str", "port", "routes-str",
-         "blocked-str", "force-str", "empty-token", "cut-mode", "cut-mode-int",
-         "helper-image-int", "helper-loopback", "helper-not-container", "helper-containerd"],
+    [
+        ({"mode": "bogus"}, ValueError, "mode"),
+        ({"policy": {}}, TypeError, "policy"),
+        ({"sandbox": None}, TypeError, "sandbox"),
+        ({"proxy": "p"}, TypeError, "proxy"),
+        ({"proxy_port": 70000}, ValueError, "proxy_port"),
+        ({"framework_routes": "http://127.0.0.1:1"}, TypeError, "framework_routes"),
+        ({"expect_blocked": "1.2.3.4:80"}, TypeError, "expect_blocked"),
+        ({"force": "false"}, TypeError, "force"),
+        ({"token": ""}, ValueError, "token"),
+        ({"cut_mode": "nsenter"}, ValueError, "cut_mode"),
+        ({"cut_mode": 1}, TypeError, "cut_mode"),
+        (
+            {"sandbox": "docker:box", "mode": "gateway", "cut_mode": "helper", "helper_image": 3},
+            TypeError,
+            "helper_image",
+        ),
+        # helper mode: a loopback listener would need setns, which helper mode exists to avoid
+        (
+            {"sandbox": "docker:box", "cut_mode": "helper"},
+            ValueError,
+            r"cut_mode='helper' needs mode='gateway': a loopback listener is a socket opened "
+            r"inside the sandbox's namespace \(setns\)",
+        ),
+        (
+            {"mode": "gateway", "cut_mode": "helper"},
+            ValueError,
+            "cut_mode='helper' needs a container sandbox",
+        ),
+        (
+            {"sandbox": "containerd:k8s.io/abc", "mode": "gateway", "cut_mode": "helper"},
+            ValueError,
+            "cut_mode='helper' does not apply to containerd",
+        ),
+    ],
+    ids=[
+        "mode",
+        "policy-dict",
+        "sandbox-none",
+        "proxy-str",
+        "port",
+        "routes-str",
+        "blocked-str",
+        "force-str",
+        "empty-token",
+        "cut-mode",
+        "cut-mode-int",
+        "helper-image-int",
+        "helper-loopback",
+        "helper-not-container",
+        "helper-containerd",
+    ],
 )
 def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
     # refused before anything is opened or cut: no namespace needed to show it
@@ -159,8 +216,15 @@ def test_prepare_execution_arguments(kwargs: dict[str, object], exc: type, needl
 
 @pytest.mark.parametrize(
     ("kwargs", "exc", "needle"),
-    [({"restore": "yes"}, TypeError, "restore"), ({"cut_mode": "nsenter"}, ValueError, "cut_mode"),
-     ({"restore": True, "cut_mode": "helper"}, ValueError, "cut_mode='helper' needs a container")],
+    [
+        ({"restore": "yes"}, TypeError, "restore"),
+        ({"cut_mode": "nsenter"}, ValueError, "cut_mode"),
+        (
+            {"restore": True, "cut_mode": "helper"},
+            ValueError,
+            "cut_mode='helper' needs a container",
+        ),
+    ],
     ids=["restore-str", "cut-mode", "helper-not-container"],
 )
 def test_release_execution_arguments(kwargs: dict[str, object], exc: type, needle: str) -> None:
@@ -178,8 +242,12 @@ def test_release_execution_arguments(kwargs: dict[str, object], exc: type, needl
 
 @pytest.mark.parametrize(
     "settings",
-    [{"network_access": "false"}, {"network_access": "true"}, {"network_access": 0},
-     {"network_access": None}],
+    [
+        {"network_access": "false"},
+        {"network_access": "true"},
+        {"network_access": 0},
+        {"network_access": None},
+    ],
     ids=["str-false", "str-true", "int", "none"],
 )
 def test_verifiers_booleans_are_booleans(settings: dict[str, object]) -> None:
@@ -207,17 +275,28 @@ def test_mappings_still_take_real_values() -> None:
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [('reserve_private = "false"', "'reserve_private' must be a boolean"),
-     ("clients = 5", "'clients' must be a table"),
-     ('clients = ["a"]', "'clients' must be a table"),
-     ('[clients.a]\ntoken = ""', "client 'a': token must not be empty"),
-     ("[clients.a]\ntoken = 5", "client 'a': token must be a string"),
-     ("[clients.a]\ntoken_env = 5", "client 'a': token_env must be a string"),
-     ('allow = "*"', "'allow' must be a list of strings"),
-     ('[clients.a]\ntoken = "t"\nsources = "198.18.0.0/24"', "'sources' must be a list"),
-     ('[clients.a]\ntoken = "t"\ndefault = true', "default must be")],
-    ids=["reserve-private-str", "clients-int", "clients-list", "empty-token", "int-token",
-         "int-token-env", "allow-str", "sources-str", "default-bool"],
+    [
+        ('reserve_private = "false"', "'reserve_private' must be a boolean"),
+        ("clients = 5", "'clients' must be a table"),
+        ('clients = ["a"]', "'clients' must be a table"),
+        ('[clients.a]\ntoken = ""', "client 'a': token must not be empty"),
+        ("[clients.a]\ntoken = 5", "client 'a': token must be a string"),
+        ("[clients.a]\ntoken_env = 5", "client 'a': token_env must be a string"),
+        ('allow = "*"', "'allow' must be a list of strings"),
+        ('[clients.a]\ntoken = "t"\nsources = "198.18.0.0/24"', "'sources' must be a list"),
+        ('[clients.a]\ntoken = "t"\ndefault = true', "default must be"),
+    ],
+    ids=[
+        "reserve-private-str",
+        "clients-int",
+        "clients-list",
+        "empty-token",
+        "int-token",
+        "int-token-env",
+        "allow-str",
+        "sources-str",
+        "default-bool",
+    ],
 )
 def test_policy_file_types(tmp_path: Path, text: str, needle: str) -> None:
     f = tmp_path / "p.toml"
@@ -243,9 +322,13 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], rc: int, needle: str) ->
 
 @pytest.mark.parametrize(
     ("content", "needle"),
-    [(b"\xff\xfe", "not UTF-8"), (b"clients = 5", "'clients' must be a table"),
-     (b'clients = ["a"]', "'clients' must be a table"), (b'[clients.a]\ntoken=""', "token"),
-     (b'reserve_private = "false"', "reserve_private")],
+    [
+        (b"\xff\xfe", "not UTF-8"),
+        (b"clients = 5", "'clients' must be a table"),
+        (b'clients = ["a"]', "'clients' must be a table"),
+        (b'[clients.a]\ntoken=""', "token"),
+        (b'reserve_private = "false"', "reserve_private"),
+    ],
     ids=["not-utf8", "clients-int", "clients-list", "empty-token", "reserve-private-str"],
 )
 def test_cli_policy_file_errors_are_one_line(
@@ -259,8 +342,13 @@ def test_cli_policy_file_errors_are_one_line(
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--head-timeout", "nan"), ("--idle-timeout", "nan"), ("--connect-timeout", "inf"),
-     ("--head-timeout", "0"), ("--idle-timeout", "-5")],
+    [
+        ("--head-timeout", "nan"),
+        ("--idle-timeout", "nan"),
+        ("--connect-timeout", "inf"),
+        ("--head-timeout", "0"),
+        ("--idle-timeout", "-5"),
+    ],
     ids=["head-nan", "idle-nan", "connect-inf", "head-zero", "idle-negative"],
 )
 def test_cli_timeouts_finite_and_positive(
@@ -278,25 +366,47 @@ def test_netcut_cut_expect_blocked_needs_a_port(capsys: pytest.CaptureFixture[st
 
 # --- any file content: a PolicyError or Settings, nothing else ----------------------------
 
-_SCALARS = st.one_of(st.booleans(), st.integers(-3, 70000), st.text(max_size=12),
-                     st.sampled_from(["deny", "allow", "a.test", "198.18.0.0/24", "a.test=1.2.3.4",
-                                      "http://127.0.0.1:8080", "", "*"]))
-_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+_SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(-3, 70000),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "deny",
+            "allow",
+            "a.test",
+            "198.18.0.0/24",
+            "a.test=1.2.3.4",
+            "http://127.0.0.1:8080",
+            "",
+            "*",
+        ]
+    ),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 _CLIENT_KEYS = ["token", "token_env", "sources", "default", "allow", "block", "framework_routes"]
 _TOP = ["default", "allow", "block", "framework_routes", "resolve", "reserve", "reserve_private"]
 
 
 @given(
     top=st.dictionaries(st.sampled_from(_TOP), _VALUES, max_size=4),
-    clients=st.none() | _VALUES | st.dictionaries(
+    clients=st.none()
+    | _VALUES
+    | st.dictionaries(
         st.sampled_from(["a", "b"]),
         st.dictionaries(st.sampled_from(_CLIENT_KEYS), _VALUES, max_size=4) | _VALUES,
         max_size=2,
     ),
 )
-def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
-                                                      clients: object) -> None:
+def test_any_file_data_is_settings_or_a_policy_error(
+    top: dict[str, object], clients: object
+) -> None:
     data = dict(top)
     if clients is not None:
         data["clients"] = clients
@@ -311,8 +421,14 @@ def test_any_file_data_is_settings_or_a_policy_error(top: dict[str, object],
         assert isinstance(settings.guard.reserve_private, bool)
 
 
-@given(st.dictionaries(st.sampled_from(["network_mode", "allow_internet", "allowed_hosts",
-                                        "network_access", "allow", "block"]), _VALUES))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["network_mode", "allow_internet", "allowed_hosts", "network_access", "allow", "block"]
+        ),
+        _VALUES,
+    )
+)
 def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, object]) -> None:
     for mapping in (from_harbor, from_verifiers):
         try:

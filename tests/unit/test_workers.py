@@ -19,10 +19,13 @@ def test_a_missing_name_stands_for_its_worker_files_in_worker_order(tmp_path: Pa
         (tmp_path / name).write_bytes(b"")
     got = order_paths([str(tmp_path / "audit.jsonl")])
     assert [Path(p).name for p in got] == [
-        "audit.w2.jsonl.1.gz", "audit.w2.jsonl", "audit.w10.jsonl",
+        "audit.w2.jsonl.1.gz",
+        "audit.w2.jsonl",
+        "audit.w10.jsonl",
     ]
     assert [[Path(p).name for p in c] for c in chains(got)] == [
-        ["audit.w2.jsonl.1.gz", "audit.w2.jsonl"], ["audit.w10.jsonl"],
+        ["audit.w2.jsonl.1.gz", "audit.w2.jsonl"],
+        ["audit.w10.jsonl"],
     ]
 
 
