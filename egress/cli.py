@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .config import Settings, build_settings, load_policy_file
+from .config import Settings, settings_from_args
 from .errors import EgressError
 
 
@@ -50,22 +50,6 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="report mode for every policy: refusals are let through and recorded as "
         "`would: block` (the address guard still refuses reserved addresses)",
-    )
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    data = load_policy_file(args.policy) if args.policy else None
-    return build_settings(
-        data,
-        allow=args.allow,
-        block=args.block,
-        default=args.default,
-        framework_routes=args.framework_route,
-        resolve=args.resolve,
-        reserve=args.reserve,
-        reserve_private=args.reserve_private,
-        report_only=args.report_only,
-        where=f"policy file {args.policy!r}" if args.policy else "policy",
     )
 
 

@@ -23,6 +23,7 @@ Command-line rules are added to the file's rules; `--default` overrides the file
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import tomllib
@@ -260,3 +261,21 @@ def _client(
         or _report_only(spec.get("mode", "report" if top_report else "enforce"), here),
     )
     return ClientSpec(cid, policy, token, tuple(sources))
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings that `egress serve`/`egress check` options and `--policy` describe
+    (also what SIGHUP re-reads: docs/proxy.md)."""
+    data = load_policy_file(args.policy) if args.policy else None
+    return build_settings(
+        data,
+        allow=args.allow,
+        block=args.block,
+        default=args.default,
+        framework_routes=args.framework_route,
+        resolve=args.resolve,
+        reserve=args.reserve,
+        reserve_private=args.reserve_private,
+        report_only=args.report_only,
+        where=f"policy file {args.policy!r}" if args.policy else "policy",
+    )

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .config import Settings
+from .config import Settings, settings_from_args
 from .policy.target import join_host_port
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
@@ -264,7 +264,6 @@ async def run_serve(
 async def reload_policy(proxy: EgressProxy, args: argparse.Namespace) -> None:
     """SIGHUP: re-read the policy file (with the same command-line options), validate it and
     swap it in; on any error keep the policy in force and say why (docs/proxy.md#sighup)."""
-    from .cli import settings_from_args
     from .errors import EgressError
 
     old = proxy.settings.policy.digest

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 
 from .clients import Identity
 from .dnsanswer import DnsResult, FakeIPs, answer_query, refuse_query
-from .listener import Listener, parse_listen
+from .listener import Listener, parse_listen, peer_text
 from .netns import call_in_netns_thread
-from .server import _fmt_addr
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -64,7 +63,7 @@ class _DnsUdp(asyncio.DatagramProtocol):
         result = _answer(self.steps.audit, data, identity, pool)
         if result.response is not None and self.transport is not None:
             self.transport.sendto(result.response, addr)
-        _emit(self.steps, dns_event(_fmt_addr(addr), identity, result, "udp"))
+        _emit(self.steps, dns_event(peer_text(addr), identity, result, "udp"))
 
 
 def _answer(audit: AuditSink | None, data: bytes, identity: Identity, pool: FakeIPs) -> DnsResult:

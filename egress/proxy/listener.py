@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import TargetError
-from ..policy.target import split_host_port
+from ..policy.target import join_host_port, split_host_port
 from .clients import Identity
 
 if TYPE_CHECKING:
@@ -89,4 +89,11 @@ def listen_socket(
     return sock
 
 
-__all__ = ["BACKLOG", "Listener", "ListenerKind", "listen_socket", "parse_listen"]
+def peer_text(peer: object) -> str:
+    """A socket peer as the audit log's `client` field: `ip:port` (`[v6]:port`)."""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return join_host_port(str(peer[0]), peer[1])
+    return "unknown"
+
+
+__all__ = ["BACKLOG", "Listener", "ListenerKind", "listen_socket", "parse_listen", "peer_text"]

@@ -46,7 +46,7 @@ from .gate import (
     admit_connection,
     refuse_head,
 )
-from .listener import Listener, parse_listen
+from .listener import Listener, parse_listen, peer_text
 from .listening import ClientSide, ListenerControl
 from .metrics import ProxyMetrics
 from .observe import DecisionCallback, Observers
@@ -245,7 +245,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
     def _accepted(self, side: ClientSide) -> None:
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
-        conn = Conn(side, _fmt_addr(peer), peer, side.listener, phase_since=self.loop.time())
+        conn = Conn(side, peer_text(peer), peer, side.listener, phase_since=self.loop.time())
         if side.listener.kind == "http" and side.listener.forward_to is None:
             # the forward proxy's kept-alive requests may take the callback fast path; a
             # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
@@ -321,12 +321,6 @@ async def _serve_other(steps: Steps, conn: Conn) -> None:
         await serve_transparent(steps, conn)
     else:
         raise RuntimeError(f"unexpected listener kind {kind!r}")
-
-
-def _fmt_addr(peer: object) -> str:
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return join_host_port(str(peer[0]), peer[1])
-    return "unknown"
 
 
 __all__ = ["AuditSink", "Conn", "EgressProxy", "Limits", "Listener", "parse_listen"]
