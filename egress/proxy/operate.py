@@ -39,9 +39,11 @@ class Operations:
     @property
     def admin_url(self) -> str | None:
         """`http://HOST:PORT` of the admin listener, once started (else None)."""
+        if self.admin is None:
+            return None  # without --admin, aiohttp and prometheus_client are never imported
         from .admin import admin_url
 
-        return None if self.admin is None else admin_url(self.admin.address)
+        return admin_url(self.admin.address)
 
     def ready(self) -> tuple[bool, str]:
         """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
