@@ -47,7 +47,36 @@ async def busybox(box: Box, *argv: str) -> tuple[int, str, str]:
 
 
 def nat_table(box: Box) -> str:
-    return sh("nsenter", f"--net={box.netns}", "iptables-legacy-save", "-t", "nat").stdout
+    return sh(*nsenter(box), "iptables-legacy-save", "-t", "nat").stdout
+
+
+async def docker_dnat_first(box: Box, audit: MemoryAudit) -> None:
+    """Should Docker's DNAT of 127.0.0.11:53 run first (its nft chain registered after the
+    cut's nat table: the kernel runs the later one first), the query reaches neither dockerd
+    nor the responder: the backstop rejects the embedded DNS's address after NAT (fail
+    closed, docs/netcut.md#the-plan)."""
+    assert embedded_dns_rejects(box) == 0  # so far every query went to the responder
+    asked = len(audit.find(method="DNS", host="allowed.test"))
+    nft = [*nsenter(box), "iptables-nft", "-t", "nat"]
+    sh(*nft, "-F", "OUTPUT")
+    sh(*nft, "-X", "OUTPUT")  # the base chain goes, and comes back as the newest nat hook
+    sh(*nft, "-A", "OUTPUT", "-d", "127.0.0.11/32", "-j", "DOCKER_OUTPUT")
+    rc, out, err = await busybox(box, "wget", "-q", "-O", "-", "http://allowed.test/again")
+    assert rc != 0, out
+    assert "bad address" in err, err
+    assert len(audit.find(method="DNS", host="allowed.test")) == asked
+    assert embedded_dns_rejects(box) > 0  # the DNAT did run first
+
+
+def embedded_dns_rejects(box: Box) -> int:
+    """Packets the backstop's `-d 127.0.0.11/32 -j REJECT` refused."""
+    saved = sh(*nsenter(box), "iptables-legacy-save", "-c", "-t", "filter").stdout
+    line = next(li for li in saved.splitlines() if "-d 127.0.0.11/32 -j REJECT" in li)
+    return int(line[1 : line.index(":")])
+
+
+def nsenter(box: Box) -> list[str]:
+    return ["nsenter", f"--net={box.netns}"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -136,6 +165,9 @@ async def test_transparent_mode_in_a_container(
             )
             assert rc != 0, (out, err)
             assert "not permitted" in err, (out, err)
+
+            if engine == "docker":
+                await docker_dnat_first(box, audit)
 
             summary = await release_execution(proxy, execution, restore=True)
             assert summary.by_host["allowed.test"] == {"allow": 1}
