@@ -19,10 +19,10 @@ from ..errors import TargetError
 from ..policy.target import make_target
 from . import socks5
 from .clients import Identity
-from .gate import Refuse, Refused, refuse_request
+from .gate import Refused, refuse_request
 from .record import AccessRecord
 from .relay import Side
-from .tunnel import read_hello, relay_tunnel, report_would_block
+from .tunnel import check_sni, relay_tunnel
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -72,13 +72,7 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
         rec.addr = steps.addr_text(addr)
         side.write(socks5.reply(socks5.REP_SUCCEEDED))
         rec.socks_reply = socks5.REP_SUCCEEDED
-        if steps.gate.wants_sni(identity.policy, target):
-            hello = await read_hello(steps, conn)
-            if hello is not None and hello.sni is not None and hello.kind == "tls":
-                rec.sni = hello.sni
-            verdict = steps.gate.sni(identity.policy, target, admitted, hello)
-            if isinstance(verdict, Refuse):
-                report_would_block(identity.policy.report_only, rec, verdict)
+        await check_sni(steps, conn, identity.policy, target, admitted, rec)
     except socks5.SocksError as exc:
         if exc.reply is not None:
             side.write(socks5.reply(exc.reply))

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING
 from ..policy.target import parse_ip_literal
 from ..reasons import End, Reason
 from . import wire
-from .gate import Refuse, Refused
+from .gate import Admit, Refuse, Refused
 from .record import AccessRecord
 from .relay import RelayEnded, Side
 from .responses import CONNECT_OK
 from .sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
 
 if TYPE_CHECKING:
+    from ..policy.rules import Policy
+    from ..policy.target import Target
     from .conn import Conn
     from .steps import Steps
 
@@ -42,19 +44,29 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
         rec.addr = steps.addr_text(addr)
         conn.side.write(CONNECT_OK)
         rec.status = 200
-        if steps.gate.wants_sni(identity.policy, target):
-            hello = await read_hello(steps, conn)
-            if hello is not None and hello.sni is not None and hello.kind == "tls":
-                rec.sni = hello.sni
-            verdict = steps.gate.sni(identity.policy, target, admitted, hello)
-            if isinstance(verdict, Refuse):
-                report_would_block(identity.policy.report_only, rec, verdict)
+        await check_sni(steps, conn, identity.policy, target, admitted, rec)
     except Refused as refused:
         steps.answer(conn, rec, refused.refusal)
         if upstream is not None:
             upstream.close()
         return
     await relay_tunnel(steps, conn, upstream, rec)
+
+
+async def check_sni(
+    steps: Steps, conn: Conn, policy: Policy, target: Target, admitted: Admit, rec: AccessRecord
+) -> None:
+    """The TLS SNI check of an open tunnel (docs/proxy.md#tls-sni-check), where the gate wants
+    one: read the ClientHello, record its SNI, and refuse (or, report-only, record) what the
+    policy would not allow. Shared by CONNECT and SOCKS5."""
+    if not steps.gate.wants_sni(policy, target):
+        return
+    hello = await read_hello(steps, conn)
+    if hello is not None and hello.sni is not None and hello.kind == "tls":
+        rec.sni = hello.sni
+    verdict = steps.gate.sni(policy, target, admitted, hello)
+    if isinstance(verdict, Refuse):
+        report_would_block(policy.report_only, rec, verdict)
 
 
 def report_would_block(report_only: bool, rec: AccessRecord, verdict: Refuse) -> None:
