@@ -21,9 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from egress.audit.follow import Follower, GapFiller
-from egress.audit.format import CONTROL_TYPES
 from egress.audit.read import (
-    DIMENSIONS,
     EventFilter,
     InputError,
     Summary,
@@ -34,6 +32,7 @@ from egress.audit.read import (
     parse_record,
     read_lines,
 )
+from egress.audit.render import format_event, printable, render_summary
 from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
 from egress.audit.verify import ChainVerifier, Problem, VerifyResult
 
@@ -41,106 +40,6 @@ DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
 DEFAULT_INTERVAL: Final = 0.25  # seconds between polls of a followed log
 MAX_PROBLEMS_SHOWN: Final = 50  # verify prints this many, then a count
-
-
-# ---- rendering ----------------------------------------------------------------------------
-
-
-def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
-    allow, block, error, other = summary.totals
-    lines = [
-        *header,
-        f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
-        + (f"  other: {other}" if other else ""),
-        f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
-        f"  runs: {summary.runs}"
-        + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else ""),
-    ]
-    titles = {
-        "host": "host",
-        "domain": "registrable domain",
-        "client": "client",
-        "reason": "reason",
-        "rule": "rule",
-    }
-    for dimension in DIMENSIONS:
-        rows, hidden = summary.rows(dimension, top)
-        lines += ["", f"By {titles[dimension]}:"]
-        lines += _table(rows, titles[dimension].upper())
-        if hidden:
-            lines.append(f"  ... and {hidden} more (--top N, or --json for all)")
-    return "\n".join(lines)
-
-
-def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
-    if not rows:
-        return ["  (none)"]
-    columns = ("block", "allow", "error", "total")
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    head = "  " + "  ".join(c.upper().rjust(widths[c]) for c in columns) + "  " + key_title
-    body = [
-        "  "
-        + "  ".join(str(r[c]).rjust(widths[c]) for c in columns)
-        + f"  {printable(str(r['key']))}"
-        for r in rows
-    ]
-    return [head, *body]
-
-
-# ---- one readable line an event ------------------------------------------------------------
-
-# What an agent controls (a path, an SNI in `detail`) must not drive the reviewer's terminal:
-# control characters (C0, DEL, C1: ANSI escapes, newlines that forge lines) and the Unicode
-# bidi controls that reorder text are shown as escapes.
-_UNSAFE = [
-    *range(0x20),
-    *range(0x7F, 0xA0),
-    0x061C,
-    0x200E,
-    0x200F,
-    *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A),
-]
-_ESCAPES: Final = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _UNSAFE}
-
-
-def printable(text: str) -> str:
-    """`text` with terminal control and bidi characters escaped; one line, always."""
-    return text.translate(_ESCAPES)
-
-
-def format_event(record: dict[str, object]) -> str:
-    """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
-    kind = record.get("type")
-    if kind in CONTROL_TYPES:
-        extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
-        return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
-    host, port = record.get("host", "-"), record.get("port")
-    target = f"{host}:{port}" if port is not None else str(host)
-    if record.get("path") is not None:
-        target += str(record["path"])
-    parts = [
-        str(record.get("ts", "-")),
-        f"{record.get('decision', '-'):<5}",
-        str(record.get("method", "-")),
-        target,
-        "from",
-        str(record.get("client", "-")),
-    ]
-    if record.get("client_id"):
-        parts.append(f"({record['client_id']})")
-    parts.append(str(record.get("reason", "-")))
-    if record.get("rule") is not None:
-        parts.append(f"rule={record['rule']}")
-    for key in ("addr", "status", "bytes_up", "bytes_down", "duration_ms"):
-        if record.get(key) is not None:
-            parts.append(f"{key}={record[key]}")
-    if record.get("detail"):
-        parts.append(f"-- {record['detail']}")
-    return printable(" ".join(parts))
-
-
-# ---- the commands ------------------------------------------------------------------------
 
 
 def _warn(message: str) -> None:
