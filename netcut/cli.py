@@ -1,4 +1,4 @@
-"""`netcut cut|probe|status|restore` (SPEC 6).
+"""`netcut cut|probe|status|restore` (docs/netcut.md).
 
 Exit codes: 0 success; 1 a check failed (probe, or a cut that could not be applied and was
 rolled back); 2 bad usage or bad input, with a one-line error naming the culprit and no
