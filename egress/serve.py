@@ -84,48 +84,18 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         "(default), always, or never; a malformed ClientHello is always refused",
     )
     lim = Limits()
-    g.add_argument(
-        "--max-head",
-        type=int,
-        default=lim.max_head,
-        metavar="BYTES",
-        help="largest request head (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-headers",
-        type=int,
-        default=lim.max_headers,
-        metavar="N",
-        help="most header fields in a request head (default: %(default)s)",
-    )
-    g.add_argument(
-        "--head-timeout",
-        type=float,
-        default=lim.head_timeout,
-        metavar="S",
-        help="seconds to receive a request head (default: %(default)s)",
-    )
-    g.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=lim.connect_timeout,
-        metavar="S",
-        help="seconds to connect upstream (default: %(default)s)",
-    )
-    g.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=lim.idle_timeout,
-        metavar="S",
-        help="seconds a connection may stay silent (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-connections",
-        type=int,
-        default=lim.max_connections,
-        metavar="N",
-        help="concurrent client connections, 503 beyond (default: %(default)s)",
-    )
+    for flag, kind, default, metavar, text in (
+        ("--max-head", int, lim.max_head, "BYTES", "largest request head"),
+        ("--max-headers", int, lim.max_headers, "N", "most header fields in a request head"),
+        ("--head-timeout", float, lim.head_timeout, "S", "seconds to receive a request head"),
+        ("--connect-timeout", float, lim.connect_timeout, "S", "seconds to connect upstream"),
+        ("--idle-timeout", float, lim.idle_timeout, "S", "seconds a connection may stay silent"),
+        ("--max-connections", int, lim.max_connections, "N", "concurrent client connections, "
+         "503 beyond"),
+    ):  # fmt: skip
+        g.add_argument(
+            flag, type=kind, default=default, metavar=metavar, help=f"{text} (default: %(default)s)"
+        )
     g.add_argument(
         "--workers",
         type=int,
