@@ -155,6 +155,6 @@ def test_a_removed_package_that_kept_its_configuration_counts_as_missing(
 
 def test_apt_install_asks_dpkg_query_for_the_installed_state() -> None:
     dev = (ROOT / "dev.sh").read_text()
-    assert "dpkg -s \"$" not in dev
+    assert 'dpkg -s "$' not in dev
     assert "dpkg-query -W -f='${Status}'" in dev
     assert '"install ok installed"' in dev
