@@ -7,14 +7,27 @@
 #   ./dev.sh setup   only set up (.venv with the project installed editable)
 #   ./dev.sh engines install podman, docker.io, containerd, runc and start the engines the
 #                    engine tests use (tests/engines/up.sh; stop them with tests/engines/down.sh)
+#   ./dev.sh missing PKG...  print the Debian packages among PKG that are not installed
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${EGRESS_VENV:-.venv}"
 
+installed() {
+    # The package's *installed* state: `dpkg -s` also answers 0 for a package that was removed
+    # but left its configuration files (state `rc`, "deinstall ok config-files"), whose
+    # programs are gone.
+    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]
+}
+
+missing_packages() {
+    local pkg
+    for pkg in "$@"; do installed "$pkg" || echo "$pkg"; done
+}
+
 apt_install() {
     # Install Debian packages only when something is missing; never touch apt otherwise.
     local missing=()
-    for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+    mapfile -t missing < <(missing_packages "$@")
     ((${#missing[@]})) || return 0
     if [[ $(id -u) -ne 0 ]]; then
         echo "dev.sh: need Debian packages ${missing[*]}; run as root or install them" >&2
@@ -85,6 +98,7 @@ cmd="${1:-help}"
 shift || true
 case "$cmd" in
     setup) setup ;;
+    missing) missing_packages "$@" ;;
     engines)
         apt_install "${ENGINE_PACKAGES[@]}"
         exec tests/engines/up.sh
@@ -118,5 +132,5 @@ case "$cmd" in
         exec "$VENV/bin/python" -m bench "$@"
         ;;
     *)
-        sed -n '2,9p' "$0"; exit 2 ;;
+        sed -n '2,10p' "$0"; exit 2 ;;
 esac
