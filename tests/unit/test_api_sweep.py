@@ -175,8 +175,8 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
         {"network_access": "bool", "allow": "list?", "block": "list?"},
     ),
     "from_harbor": (
-        lambda **kw: egress.from_harbor(kw),
-        {"allow_internet": "bool", "allowed_hosts": "list?"},
+        lambda **kw: egress.from_harbor({"network_mode": "allowlist", **kw}),
+        {"allowed_hosts": "list"},
     ),
     # netcut
     "cut": (
