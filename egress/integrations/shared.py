@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit.log import AuditLog
-from ..config import Settings
+from ..config import Settings, resolve_pins
 from ..policy.rules import Policy
 from ..proxy.server import EgressProxy
 
@@ -73,6 +73,8 @@ def configure_shared_proxy(
         raise TypeError(f"configure_shared_proxy policy must be a Policy or Settings: {policy!r}")
     if audit is not None and not isinstance(audit, str):
         raise TypeError(f"configure_shared_proxy audit must be a path, not {audit!r}")
+    if resolve is not None:
+        resolve_pins(resolve)  # checked now, not when a loop first asks for the proxy
     _config = _Config(policy, audit, resolve, dict(proxy_args))
 
 
