@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from ..errors import PolicyError, TargetError
-from ..validate import as_bool, as_str_list
+from ..validate import as_bool, as_instance, as_str_list
 from .rules import FrameworkRoute, Policy, Posture, Rule, parse_rule
 from .target import DEFAULT_PORTS, Scheme, make_target, normalize_host
 
@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 def compose(evaluator: Policy, task: Policy) -> Policy:
     """The policy an agent runs under: see the module docstring for the rules."""
+    as_instance(evaluator, "compose evaluator", Policy, "a Policy")
+    as_instance(task, "compose task", Policy, "a Policy")
     default: Posture = (
         "allow" if evaluator.default == "allow" and task.default == "allow" else "deny"
     )

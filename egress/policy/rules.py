@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..errors import PolicyError, TargetError
-from ..validate import as_list
+from ..validate import as_bool, as_list
 from .ruleset import RuleSet
 from .target import (
     DEFAULT_PORTS,
@@ -245,7 +245,8 @@ class Policy:
         self.default: Posture = default
         # docs/policy.md#report-only-mode: refusals become allows that say what would have
         # happened; the address guard still refuses
-        self.report_only = report_only
+        # a bool, never a truthy string: report_only="false" would switch enforcement off
+        self.report_only = as_bool(report_only, "Policy report_only")
         self._digest: str | None = None  # docs/policy.md#policy-hash, computed on first use
         rules = (str, Rule)
         self.allow_rules = tuple(
