@@ -37,7 +37,7 @@ from harbor.environments.docker.docker import DockerEnvironment
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from ..boundary import Execution, prepare_execution, release_execution
-from ..config import load_policy_file
+from ..config import build_settings, load_policy_file
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
 from ..proxy.observe import ExecutionSummary
@@ -70,8 +70,12 @@ def phase_policy(
     `allowed_hosts` entries naming a framework route's host are left to the route (exact
     host and port); the rest map through `from_harbor`; an `evaluator` policy, if any, is
     composed over the task's (`egress.compose`). Raises `PolicyError` as `from_harbor`."""
-    fields = dict(network_policy.model_dump(mode="json") if isinstance(network_policy, NetworkPolicy)
-                  else network_policy)  # fmt: skip
+    dump = (
+        network_policy.model_dump(mode="json")
+        if isinstance(network_policy, NetworkPolicy)
+        else None
+    )
+    fields = dict(dump if dump is not None else network_policy)
     route_hosts = {parse_framework_route(r).host for r in framework_routes}
     hosts = fields.get("allowed_hosts") or []
     if isinstance(hosts, list) and route_hosts:
@@ -152,7 +156,7 @@ def _routes(value: object) -> list[str]:
 def _evaluator(path: object) -> Policy | None:
     if path is None:
         return None
-    return load_policy_file(str(path)).policy
+    return build_settings(load_policy_file(str(path))).policy
 
 
 class EgressNetworkPolicy:
@@ -166,7 +170,7 @@ class EgressNetworkPolicy:
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         base = super().capabilities  # type: ignore[misc]
-        return base.model_copy(update=NETWORK_CAPABILITIES)  # type: ignore[no-any-return]
+        return base.model_copy(update=NETWORK_CAPABILITIES)
 
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
         if self.egress is None:
@@ -181,7 +185,7 @@ class EgressNetworkPolicy:
             await self.egress.apply(policy)
 
 
-class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):  # type: ignore[misc]
+class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
     """Harbor's docker environment with egress in place of its gost sidecar: the main
     container is cut with `netcut` (direct mode, entering its namespace from the host) and
     served by the proxy on this process's event loop. Extra kwargs (`--ek`):
@@ -224,7 +228,7 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):  # type: 
         await super().stop(delete)
 
 
-class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):  # type: ignore[misc]
+class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
     """A Harbor environment that is a network namespace plus a private root directory
     (`egress.integrations.nsbox`): no container engine, so it runs wherever `ip netns` and
     `unshare` do. Kwargs (`--ek`): `netns` (an existing namespace, wired by the operator;
@@ -311,7 +315,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):  # type: ignor
             cwd=cwd or self.task_env_config.workdir or "/app",
             env=self._merge_env(env),
             user=self._resolve_user(user),
-            timeout=timeout_sec,
+            timeout_sec=timeout_sec,
         )
         return ExecResult(stdout=done.stdout, stderr=done.stderr, return_code=done.return_code)
 
@@ -331,7 +335,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):  # type: ignor
 def _client_id(session_id: str) -> str:
     from .. import client_id_from
 
-    return client_id_from(session_id)  # type: ignore[no-any-return]
+    return client_id_from(session_id)
 
 
 async def _run(*argv: str) -> None:

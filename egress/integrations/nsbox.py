@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -33,6 +34,11 @@ READ_WRITE = ("dev",)
 # the box's own writable directories (Harbor's /logs, /solution, /tests and a workdir)
 OWN_DIRS = ("tmp", "root", "proc", "app", "logs", "solution", "tests", "opt", "var", "home")
 HOLDER_READY = "egress-nsbox-ready"
+# Dropped from every process in the box (bounding set, so no setuid binary gives them back):
+# the capabilities with which a process could undo a cut (docs/netcut.md#safety-rails).
+# Docker's default set lacks NET_ADMIN and SYS_ADMIN too.
+DROP = "-net_admin,-net_raw,-sys_admin"
+SETPRIV = ["setpriv", f"--bounding-set={DROP}", "--inh-caps=-all"]
 # an `ip netns exec` + `unshare` + a few mounts: seconds only on a loaded machine
 START_TIMEOUT = 30.0
 
@@ -67,7 +73,11 @@ class NamespaceBox:
         """Lay out the root and start the holder. Raises `BoxError` if the holder does not
         come up (its stderr is in the message)."""
         self._layout()
-        script = "set -e\n" + _mount_script(self.root) + f"echo {HOLDER_READY}\nexec sleep infinity\n"
+        script = (
+            "set -e\n"
+            + _mount_script(self.root)
+            + f"echo {HOLDER_READY}\nexec {' '.join(SETPRIV)} sleep infinity\n"
+        )
         argv = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation",
                 "private", "sh", "-c", script]  # fmt: skip
         self._holder = await asyncio.create_subprocess_exec(
@@ -90,6 +100,8 @@ class NamespaceBox:
         self.root.mkdir(parents=True, exist_ok=True)
         for name in (*READ_ONLY, *READ_WRITE, *OWN_DIRS):
             (self.root / name).mkdir(exist_ok=True)
+        for name in ("agent", "verifier", "artifacts"):  # Harbor's log directories
+            (self.root / "logs" / name).mkdir(exist_ok=True)
         (self.root / "tmp").chmod(0o1777)
         for name in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
             host = Path("/") / name
@@ -103,14 +115,14 @@ class NamespaceBox:
         cwd: str = "/",
         env: dict[str, str] | None = None,
         user: str | int | None = None,
-        timeout: float | None = None,
+        timeout_sec: float | None = None,
     ) -> BoxResult:
         """Run `command` with `sh -c` inside the box (its root, namespaces, `env` only);
-        on `timeout` the whole process group is killed and 124 returned, as `timeout(1)`."""
-        spec = [f"--userspec={user}"] if user is not None and user not in ("root", 0) else []
+        after `timeout_sec` the whole process group is killed and 124 returned, as `timeout(1)`."""
         line = f"cd {shlex.quote(cwd)} && {command}"
         argv = ["nsenter", f"--target={self.holder_pid}", "--mount", "--net", "--",
-                "chroot", *spec, str(self.root), "/bin/sh", "-c", line]  # fmt: skip
+                "chroot", str(self.root), *SETPRIV, *_as_user(user), "--",
+                "/bin/sh", "-c", line]  # fmt: skip
         base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME": "/root"}  # fmt: skip
         proc = await asyncio.create_subprocess_exec(
@@ -122,7 +134,7 @@ class NamespaceBox:
             start_new_session=True,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            out, err = await asyncio.wait_for(proc.communicate(), timeout_sec)
         except (TimeoutError, asyncio.CancelledError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -172,6 +184,20 @@ class NamespaceBox:
             await holder.wait()
         if delete:
             await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+def _as_user(user: str | int | None) -> list[str]:
+    """setpriv's arguments to run as `user` (a name or uid of the host's, hence the box's,
+    /etc/passwd; a bare uid without an entry runs with gid = uid)."""
+    if user is None or user in ("root", 0, "0"):
+        return []
+    try:
+        entry = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
+    except KeyError:
+        if not str(user).isdigit():
+            raise BoxError(f"no user {user!r} in the box's /etc/passwd") from None
+        return [f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+    return [f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups"]
 
 
 def _mount_script(root: Path) -> str:
