@@ -17,11 +17,17 @@ _counter = itertools.count(1)
 
 
 def _ci_env() -> None:
-    """Point the clients at up.sh's daemons when the caller did not choose."""
-    if not os.environ.get("DOCKER_HOST") and os.path.exists(f"{RUN_DIR}/docker.sock"):
-        os.environ["DOCKER_HOST"] = f"unix://{RUN_DIR}/docker.sock"
-    if not os.environ.get("CONTAINERD_ADDRESS") and os.path.exists(f"{RUN_DIR}/containerd.sock"):
-        os.environ["CONTAINERD_ADDRESS"] = f"{RUN_DIR}/containerd.sock"
+    """Point the clients at up.sh's engines and podman's private configuration (the variables
+    of $NETCUT_CI_RUN/env) where the caller did not choose."""
+    try:
+        with open(f"{RUN_DIR}/env") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        name, sep, value = line.removeprefix("export ").partition("=")
+        if sep and not os.environ.get(name):
+            os.environ[name] = value
 
 
 _ci_env()
