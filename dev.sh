@@ -86,6 +86,26 @@ engine_lock() {
     export NETCUT_CI_LOCKED=1
 }
 
+harbor_setup() {
+    # Harbor 0.26 needs Python >= 3.12 (ours is Debian's 3.11): its own venv, pinned, for the
+    # differential and trial tests (tests/frameworks/harborvenv.py finds it by this variable).
+    export EGRESS_HARBOR_VENV="${EGRESS_HARBOR_VENV:-$PWD/.venv-harbor}"
+    local py="${EGRESS_PYTHON312:-}"
+    [[ -n "$py" ]] || py="$(command -v python3.12 || true)"
+    [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -1)"
+    if [[ -z "$py" ]]; then
+        echo "dev.sh: Harbor needs Python >= 3.12: set EGRESS_PYTHON312" >&2
+        return 1
+    fi
+    if ! "$EGRESS_HARBOR_VENV/bin/python" -c 'import harbor' 2>/dev/null; then
+        local t0=$SECONDS
+        "$py" -m venv "$EGRESS_HARBOR_VENV"
+        "$EGRESS_HARBOR_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            "harbor==0.26.0" 2> >(grep -v "^WARNING: Location 'file:" >&2)
+        echo "dev.sh: harbor==0.26.0 installed in $((SECONDS - t0)) s" >&2
+    fi
+}
+
 cmd="${1:-help}"
 shift || true
 case "$cmd" in
@@ -101,6 +121,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        harbor_setup
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"
