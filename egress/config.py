@@ -35,7 +35,7 @@ from .errors import PolicyError, TargetError
 from .policy.addrs import AddressGuard, parse_cidr
 from .policy.rules import Policy, Posture
 from .policy.target import IPAddress, IPNetwork, normalize_host, parse_ip_literal
-from .validate import as_bool, as_instance, as_str, as_str_list, as_table
+from .validate import as_bool, as_instance, as_mapping, as_str, as_str_list, as_table
 
 T = TypeVar("T")
 
@@ -96,6 +96,7 @@ class Settings:
         """Typed at construction (docs/policy.md#types)."""
         as_instance(self.policy, "Settings policy", Policy, "a Policy")
         as_instance(self.guard, "Settings guard", AddressGuard, "an AddressGuard")
+        as_mapping(self.resolve, "Settings resolve")
         if not isinstance(self.clients, tuple) or not all(
             isinstance(c, ClientSpec) for c in self.clients
         ):
@@ -182,6 +183,19 @@ def build_settings(
 
     `report_only` (`--report-only`) puts the top-level policy and every client in report
     mode, whatever the file's `mode` keys say."""
+    # the options are typed like the Python API's (docs/policy.md#types): a TypeError names one
+    allow, block, framework_routes, resolve, reserve = (
+        as_str_list(value, f"build_settings {name}")
+        for name, value in (
+            ("allow", allow),
+            ("block", block),
+            ("framework_routes", framework_routes),
+            ("resolve", resolve),
+            ("reserve", reserve),
+        )
+    )
+    as_bool(reserve_private, "build_settings reserve_private")
+    as_bool(report_only, "build_settings report_only")
     data = file_data or {}
     top_report = report_only or _report_only(data.get("mode", "enforce"), where)
     posture = _posture(default if default is not None else data.get("default", "deny"), where)

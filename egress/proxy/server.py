@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from ..config import Settings
@@ -34,7 +35,7 @@ from ..errors import ProtocolError
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End
-from ..validate import as_choice, as_instance, as_str_list
+from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .clients import ClientTable
 from .conn import Conn, Limits, read_head, sweep
 from .control import ClientControl
@@ -104,6 +105,19 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
         as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
+        # real booleans: require_auth="false" or reuse_port="false" must not read as true
+        for flag, value in (
+            ("require_auth", require_auth),
+            ("metrics", metrics),
+            ("reuse_port", reuse_port),
+        ):
+            as_bool(value, f"EgressProxy {flag}")
+        if host_local is not None:
+            host_local = as_list(
+                host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
+            )  # type: ignore[assignment]
+        if resolver is not None:
+            as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
@@ -130,7 +144,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.hooks: list[Callable[[dict[str, object]], object]] = []
         # docs/metrics.md: metrics, summaries and callbacks see the audit log's records
         self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
-        callbacks = [on_decision] if callable(on_decision) else list(on_decision or ())
+        callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         self.admin: Any = None  # egress.proxy.admin.AdminServer once started
