@@ -175,7 +175,8 @@ async def test_identify_deadline_closes_and_records() -> None:
         writer.close()
         record = await audit.wait_for(reason="identify_timeout")
         assert record["end"] == "identify_timeout"
-        assert record["listener"] == "%s:%d" % proxy.addresses[0]
+        host, port = proxy.addresses[0]
+        assert record["listener"] == f"{host}:{port}"
 
 
 async def test_the_global_cap_never_reclaims_another_clients_connection() -> None:
@@ -192,7 +193,8 @@ async def test_the_global_cap_never_reclaims_another_clients_connection() -> Non
         import base64
 
         cred = base64.b64encode(f"x:{token}".encode()).decode()
-        return DENIED.replace(b"\r\n\r\n", f"\r\nProxy-Authorization: Basic {cred}\r\n\r\n".encode())
+        auth = f"\r\nProxy-Authorization: Basic {cred}\r\n\r\n"
+        return DENIED.replace(b"\r\n\r\n", auth.encode())
 
     async with EgressProxy(settings, audit=audit, limits=limits) as proxy:
         held = []
