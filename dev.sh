@@ -74,6 +74,18 @@ peers_setup() {
     done
 }
 
+engine_lock() {
+    # Engine-using runs of every checkout on this machine take turns: fd 7 holds an flock on
+    # the lock file until this shell exits. A caller that holds it already (.ci/run) says so.
+    [[ -n "${NETCUT_CI_LOCKED:-}" ]] && return 0
+    exec 7>"${NETCUT_CI_RUN:-/run/netcut-ci}.lock"
+    if ! flock -n 7; then
+        echo "dev.sh: another checkout's engine run is in progress; waiting for it" >&2
+        flock 7
+    fi
+    export NETCUT_CI_LOCKED=1
+}
+
 harbor_setup() {
     # Harbor 0.26 needs Python >= 3.12 (ours is Debian's 3.11): its own venv, pinned, for the
     # differential and trial tests (tests/frameworks/harborvenv.py finds it by this variable).
@@ -113,11 +125,15 @@ case "$cmd" in
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"
-        # The real-engine tests need running engines: start ours (stopped by PID on exit,
-        # whatever the outcome), unless EGRESS_ENGINES=0 asks for a run without them (those
-        # tests then skip, or fail under EGRESS_REQUIRE_ENGINE=1).
+        # The real-engine tests need running engines: start ours on data roots made for this
+        # run and take them down again at exit, whatever the outcome (the trap is set before
+        # anything starts), unless EGRESS_ENGINES=0 asks for a run without them (those tests
+        # then skip, or fail under EGRESS_REQUIRE_ENGINE=1). One engine run per machine at a
+        # time: the lock is held until the trap has taken the engines down
+        # (docs/netcut.md#engines-in-ci).
         if [[ "${EGRESS_ENGINES:-1}" != 0 ]]; then
             apt_install "${ENGINE_PACKAGES[@]}"
+            engine_lock
             trap 'tests/engines/down.sh' EXIT
             tests/engines/up.sh
             # shellcheck disable=SC1091

@@ -27,7 +27,7 @@ import argparse
 import ipaddress
 import os
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -119,6 +119,18 @@ def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[IPAddress, ...]]:
             raise PolicyError(f"--resolve {entry!r}: {addr_text!r} is not an IP address")
         pins.setdefault(host, []).append(addr)
     return {k: tuple(v) for k, v in pins.items()}
+
+
+def resolve_pins(table: Mapping[str, str | Iterable[str]]) -> dict[str, tuple[IPAddress, ...]]:
+    """`{NAME: ADDR}` or `{NAME: [ADDR, ...]}` as pins (`EgressProxy(resolve=...)`), checked
+    as `parse_resolve` checks `NAME=ADDR`."""
+    if not isinstance(table, Mapping):
+        raise TypeError(f"resolve must be a mapping of name to address(es), not {table!r}")
+    entries: list[str] = []
+    for name, addrs in table.items():
+        for addr in [addrs] if isinstance(addrs, str) else as_str_list(addrs, f"resolve {name}"):
+            entries.append(f"{as_str(name, 'resolve name')}={addr}")
+    return parse_resolve(entries)
 
 
 def load_policy_file(path: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from .execution import (
     ReleaseFailed,
     _client_id,
     _execution,
+    not_ready_kind,
 )
 from .sandboxes import (
     _audit,
@@ -158,7 +159,7 @@ async def prepare_execution(
             exc, Exception
         ):
             raise
-        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
     _audit(
         proxy,
         sandbox,

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
-from ..config import Settings
+from ..config import Settings, resolve_pins
 from ..errors import ProtocolError
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
@@ -69,6 +70,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             env = {"HTTPS_PROXY": proxy.url}
 
     `policy` is a `Policy` or full `Settings` (guard, `--resolve` pins, per-client policies).
+    `resolve` pins names to addresses (`{"api.test": "198.18.0.2"}`, or a list of addresses
+    per name), as `egress serve --resolve` does (docs/proxy.md#resolution-and---resolve); a
+    name pinned here replaces the same name's pins in `Settings`. A bad name or address is
+    a `PolicyError`.
     `listen_netns` opens every listening socket inside that network namespace (a name under
     /run/netns, a path, or a PID) while serving it from this loop. `host_local` overrides the
     discovered host addresses (None = read them from this namespace's interfaces).
@@ -99,6 +104,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         metrics: bool = True,
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
+        resolve: Mapping[str, str | Iterable[str]] | None = None,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
@@ -119,6 +125,9 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         if resolver is not None:
             as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
+        if resolve is not None:
+            pins = {**self.settings.resolve, **resolve_pins(resolve)}
+            self.settings = dataclasses.replace(self.settings, resolve=pins)
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []

@@ -88,6 +88,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "limits": "instance?",
             "audit": "instance?",
             "resolver": "instance?",
+            "resolve": "mapping?",
         },
     ),
     "Limits": (
@@ -161,6 +162,14 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
         ),
         {"proxy": "instance", "execution": "instance", "restore": "bool"},
     ),
+    "plan_execution": (
+        lambda **kw: egress.plan_execution(**{"client_id": "c", **kw}),
+        {"framework_routes": "list", "proxy_port": "port"},
+    ),
+    "configure_shared_proxy": (
+        lambda **kw: egress.configure_shared_proxy(**kw),
+        {"resolve": "mapping?"},
+    ),
     "compose": (
         lambda **kw: egress.compose(**{"evaluator": Policy(), "task": Policy(), **kw}),
         {"evaluator": "instance", "task": "instance"},
@@ -221,6 +230,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
 RESULTS = {
     "Decision",
     "Execution",
+    "ExecutionPlan",
     "ExecutionSummary",
     "Rule",
     "Target",
