@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import TargetError
 from ..policy.target import make_target
+from ..printable import printable
 from . import socks5
 from .clients import Identity
 from .gate import Refused, refuse_request
@@ -59,11 +60,13 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
         request = await read_message(side, socks5.parse_request)
         if request is None:
             return
-        rec.host, rec.port = request.host, request.port
+        # a name the agent chose: escaped until normalized, so a raw newline or ANSI escape
+        # never reaches stderr, a summary or on_decision (docs/threat-model.md)
+        rec.host, rec.port = printable(request.host), request.port
         try:
             target = make_target("https", request.host, request.port)
         except TargetError as exc:
-            raise Refused(refuse_request(str(exc))) from None
+            raise Refused(refuse_request(printable(str(exc)))) from None
         rec.host = target.host
         conn.phase, conn.served = "active", True
         admitted, addrs = await steps.authorize(identity.policy, target, rec)
