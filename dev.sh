@@ -104,6 +104,9 @@ harbor_setup() {
             "harbor==0.26.0" 2> >(grep -v "^WARNING: Location 'file:" >&2)
         echo "dev.sh: harbor==0.26.0 installed in $((SECONDS - t0)) s" >&2
     fi
+    # this checkout too, so Harbor can import egress.integrations.harbor (--env PATH)
+    "$EGRESS_HARBOR_VENV/bin/python" -m pip install -q --disable-pip-version-check -e . \
+        2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
 
 cmd="${1:-help}"

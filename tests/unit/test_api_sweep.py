@@ -104,6 +104,8 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "pool_idle": "number",
             "pool_per_key": "count",
             "max_client_connections": "count?",
+            "max_unidentified": "count",
+            "identify_timeout": "number",
         },
     ),
     "AddressGuard": (
