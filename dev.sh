@@ -92,6 +92,8 @@ harbor_setup() {
     export EGRESS_HARBOR_VENV="${EGRESS_HARBOR_VENV:-$PWD/.venv-harbor}"
     local py="${EGRESS_PYTHON312:-}"
     [[ -n "$py" ]] || py="$(command -v python3.12 || true)"
+    # (a pyenv shim is on PATH even where its version is not selected, and then fails to run)
+    [[ -n "$py" ]] && ! "$py" -c '' 2>/dev/null && py=""
     [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -1)"
     if [[ -z "$py" ]]; then
         echo "dev.sh: Harbor needs Python >= 3.12: set EGRESS_PYTHON312" >&2
