@@ -19,7 +19,7 @@ from ..policy.target import IPAddress, Target, host_header
 from . import rewrite, wire
 from .chunked import ChunkedScanner
 from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class _Request:
 
 async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> bool:
     """One absolute-form request; True if the client connection may serve another."""
-    rec = AccessRecord(conn.client, head.method, "http", "", 0, steps.loop.time())
+    rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
     upstream: Side | None = None
     try:
         parsed = steps.gate.request_target(head.target)
@@ -164,7 +164,7 @@ def finish_exchange(
     rec.bytes_up = conn.side.bytes_relayed
     rec.bytes_down = upstream.bytes_relayed
     conn.side.bytes_relayed = upstream.bytes_relayed = 0
-    rec.finish(steps.loop.time())
+    rec.finish()
     steps.emit(rec, "allow", rec.reason or "", rec.rule, None, resp.status)
     if ok and resp.keep_alive:
         steps.pool.release(upstream, addr, port)

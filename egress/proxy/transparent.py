@@ -36,7 +36,7 @@ from .clients import Identity
 from .conn import read_head
 from .forward import serve_request
 from .gate import Refuse, Refused, refuse_head, refuse_request
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .tunnel import read_hello, relay_tunnel, report_would_block
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
 
 
 def _record(steps: Steps, conn: Conn, host: str, port: int) -> AccessRecord:
-    rec = AccessRecord(conn.client, "CONNECT", "https", host, port, steps.loop.time())
+    rec = AccessRecord(conn.client, "CONNECT", "https", host, port, perf_counter_ns())
     rec.mode, rec.orig_dst = "transparent", conn.orig_dst
     return rec
 
@@ -156,7 +156,7 @@ def _reset(steps: Steps, conn: Conn, rec: AccessRecord, refusal: Refuse) -> None
     if conn.upstream is not None:
         conn.upstream.close()
     rec.end = End.RESET.value
-    rec.finish(steps.loop.time())
+    rec.finish()
     steps.emit(rec, refusal.decision, refusal.reason.value, refusal.rule, refusal.detail, None)
 
 
