@@ -90,9 +90,11 @@ class AccessRecord:
         self.reason = reason
         self.rule = rule
 
-    def finish(self) -> None:
-        """Record the duration up to now (milliseconds, 3 decimals: microseconds)."""
-        self.duration_ms = round((perf_counter_ns() - self.t0) / 1e6, 3)
+    def finish(self, now: int | None = None) -> None:
+        """Record the duration up to `now` (a `perf_counter_ns()` reading, default: now) in
+        milliseconds with 3 decimals (microseconds)."""
+        end = perf_counter_ns() if now is None else now
+        self.duration_ms = round((end - self.t0) / 1e6, 3)
 
     def event(
         self,
@@ -119,11 +121,17 @@ class AccessRecord:
             ev["policy"] = self.policy
         admitted = self.reason is not None
         forward = self.method == "FORWARD"
+        # report-only: what the policy would have done stays in the record whatever happened
+        # after the decision (a DNS or connect failure); only the guard's block overrides it
+        # (docs/audit-log.md#report-only-fields)
+        would = self.would if decision != "block" else None
         if admitted and not forward:
-            ev["rule"] = rule
+            ev["rule"] = rule if would is None else self.rule
             ev["reason"] = reason
-            if self.would is not None:
-                ev["would"] = self.would
+            if would is not None:
+                ev["would"] = would
+                if reason != self.reason:
+                    ev["would_reason"] = self.reason
         if self.addr is not None:
             ev["addr"] = self.addr
         if admitted and forward:
@@ -157,6 +165,8 @@ class AccessRecord:
             ev["status"] = status
         if detail is None:
             detail = self.detail
+        elif would is not None and self.detail is not None and detail != self.detail:
+            detail = f"{self.detail}; then: {detail}"
         if detail is not None:
             ev["detail"] = detail
         return ev

@@ -127,6 +127,9 @@ class Steps:
             early = gate.refuse_early(first)
             if early is not None:
                 raise Refused(early)
+            if first.would is not None:  # kept if the lookup or the dial fails after it
+                rec.admitted(first.reason, first.rule)
+                rec.would, rec.detail = first.would, first.detail
             if target.ip is not None:
                 addrs: tuple[IPAddress, ...] = (target.ip,)
             else:

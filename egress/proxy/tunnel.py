@@ -138,8 +138,8 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
     rec = AccessRecord(conn.client, "FORWARD", "tcp", host, port, perf_counter_ns())
     bound = conn.listener.identity
     rec.identify(bound.client_id if bound is not None else None)
-    if bound is not None:
-        rec.policy = bound.policy.digest
+    # no `policy` hash: the route decides, not a policy the log ever recorded
+    # (docs/audit-log.md#request-records)
     conn.phase = "active"
     try:
         ip = parse_ip_literal(host)
