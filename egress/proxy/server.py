@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
-from ..config import Settings
+from ..config import Settings, resolve_pins
 from ..errors import ProtocolError
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End
-from ..validate import as_choice, as_instance, as_str_list
+from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .clients import ClientTable
 from .conn import Conn, Limits, read_head, reclaim_idle, sweep
 from .control import ClientControl
@@ -68,6 +70,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             env = {"HTTPS_PROXY": proxy.url}
 
     `policy` is a `Policy` or full `Settings` (guard, `--resolve` pins, per-client policies).
+    `resolve` pins names to addresses (`{"api.test": "198.18.0.2"}`, or a list of addresses
+    per name), as `egress serve --resolve` does (docs/proxy.md#resolution-and---resolve); a
+    name pinned here replaces the same name's pins in `Settings`. A bad name or address is
+    a `PolicyError`.
     `listen_netns` opens every listening socket inside that network namespace (a name under
     /run/netns, a path, or a PID) while serving it from this loop. `host_local` overrides the
     discovered host addresses (None = read them from this namespace's interfaces).
@@ -98,13 +104,30 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         metrics: bool = True,
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
+        resolve: Mapping[str, str | Iterable[str]] | None = None,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
             raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
         as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
+        # real booleans: require_auth="false" or reuse_port="false" must not read as true
+        for flag, value in (
+            ("require_auth", require_auth),
+            ("metrics", metrics),
+            ("reuse_port", reuse_port),
+        ):
+            as_bool(value, f"EgressProxy {flag}")
+        if host_local is not None:
+            host_local = as_list(
+                host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
+            )  # type: ignore[assignment]
+        if resolver is not None:
+            as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
+        if resolve is not None:
+            pins = {**self.settings.resolve, **resolve_pins(resolve)}
+            self.settings = dataclasses.replace(self.settings, resolve=pins)
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []
@@ -130,7 +153,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.hooks: list[Callable[[dict[str, object]], object]] = []
         # docs/metrics.md: metrics, summaries and callbacks see the audit log's records
         self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
-        callbacks = [on_decision] if callable(on_decision) else list(on_decision or ())
+        callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         self.admin: Any = None  # egress.proxy.admin.AdminServer once started
