@@ -74,12 +74,26 @@ peers_setup() {
     done
 }
 
+engine_lock() {
+    # Engine-using runs of every checkout on this machine take turns: fd 7 holds an flock on
+    # the lock file until this shell exits. A caller that holds it already (.ci/run) says so.
+    [[ -n "${NETCUT_CI_LOCKED:-}" ]] && return 0
+    exec 7>"${NETCUT_CI_RUN:-/run/netcut-ci}.lock"
+    if ! flock -n 7; then
+        echo "dev.sh: another checkout's engine run is in progress; waiting for it" >&2
+        flock 7
+    fi
+    export NETCUT_CI_LOCKED=1
+}
+
 harbor_setup() {
     # Harbor 0.26 needs Python >= 3.12 (ours is Debian's 3.11): its own venv, pinned, for the
     # differential and trial tests (tests/frameworks/harborvenv.py finds it by this variable).
     export EGRESS_HARBOR_VENV="${EGRESS_HARBOR_VENV:-$PWD/.venv-harbor}"
     local py="${EGRESS_PYTHON312:-}"
     [[ -n "$py" ]] || py="$(command -v python3.12 || true)"
+    # (a pyenv shim is on PATH even where its version is not selected, and then fails to run)
+    [[ -n "$py" ]] && ! "$py" -c '' 2>/dev/null && py=""
     [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -1)"
     if [[ -z "$py" ]]; then
         echo "dev.sh: Harbor needs Python >= 3.12: set EGRESS_PYTHON312" >&2
@@ -92,6 +106,9 @@ harbor_setup() {
             "harbor==0.26.0" 2> >(grep -v "^WARNING: Location 'file:" >&2)
         echo "dev.sh: harbor==0.26.0 installed in $((SECONDS - t0)) s" >&2
     fi
+    # this checkout too, so Harbor can import egress.integrations.harbor (--env PATH)
+    "$EGRESS_HARBOR_VENV/bin/python" -m pip install -q --disable-pip-version-check -e . \
+        2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
 
 cmd="${1:-help}"
@@ -113,11 +130,15 @@ case "$cmd" in
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"
-        # The real-engine tests need running engines: start ours (stopped by PID on exit,
-        # whatever the outcome), unless EGRESS_ENGINES=0 asks for a run without them (those
-        # tests then skip, or fail under EGRESS_REQUIRE_ENGINE=1).
+        # The real-engine tests need running engines: start ours on data roots made for this
+        # run and take them down again at exit, whatever the outcome (the trap is set before
+        # anything starts), unless EGRESS_ENGINES=0 asks for a run without them (those tests
+        # then skip, or fail under EGRESS_REQUIRE_ENGINE=1). One engine run per machine at a
+        # time: the lock is held until the trap has taken the engines down
+        # (docs/netcut.md#engines-in-ci).
         if [[ "${EGRESS_ENGINES:-1}" != 0 ]]; then
             apt_install "${ENGINE_PACKAGES[@]}"
+            engine_lock
             trap 'tests/engines/down.sh' EXIT
             tests/engines/up.sh
             # shellcheck disable=SC1091

@@ -127,6 +127,7 @@ def _worker_args(
     mine.listen = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in bound]
     mine.workers = 1
     mine.worker_index = index
+    mine.worker_count = args.workers  # named in each worker's start records
     if args.audit_log:
         mine.audit_log = worker_audit_path(args.audit_log, index)
     return mine

@@ -82,6 +82,8 @@ def _emit(steps: Steps, event: dict[str, object]) -> None:
     """As `Steps.emit`, for a record that is not an `AccessRecord` (a DNS record)."""
     if steps.audit is not None:
         steps.audit.record(event)
+    if steps.metrics is not None:  # docs/metrics.md: DNS records are counted too
+        steps.metrics.record_dns(event)
     for hook in steps.hooks:
         hook(event)
 
@@ -137,6 +139,7 @@ async def serve_dns_tcp(steps: Steps, conn: Conn) -> None:
         result = _answer(steps.audit, data, identity, pool)
         if result.response is not None:
             conn.side.write(len(result.response).to_bytes(2, "big") + result.response)
+        conn.served = True
         _emit(steps, dns_event(conn.client, identity, result, "tcp"))
 
 

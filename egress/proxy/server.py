@@ -38,7 +38,7 @@ from ..policy.target import IPAddress, join_host_port
 from ..reasons import End
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .clients import ClientTable
-from .conn import Conn, Limits, read_head, reclaim_idle, sweep
+from .conn import Conn, Limits, read_head, sweep
 from .control import ClientControl
 from .forward import serve_request
 from .gate import (
@@ -243,6 +243,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                 await self._sweeper
         if self._started:
             self.pool.close()
+            self.steps.flush_refusals(everything=True)
         self.resolver.close()
         if self.admin is not None:
             await self.admin.stop()
@@ -258,6 +259,8 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             now = self.loop.time()
             for conn in list(self._conns):
                 sweep(conn, now, lim)
+            self.steps.overdue(now)
+            self.steps.flush_refusals()
             self.pool.sweep(now)
             if now >= next_refresh:
                 next_refresh = now + refresh_every
@@ -266,27 +269,33 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
 
     # --- per connection ---------------------------------------------------------------------
     def _accepted(self, side: ClientSide) -> None:
+        """A new connection: admitted (counted for its client from now on, admission.py)
+        or refused at once, before it costs a task (docs/proxy.md#limits)."""
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
-        conn = Conn(side, peer_text(peer), peer, side.listener, phase_since=self.loop.time())
-        if side.listener.kind == "http" and side.listener.forward_to is None:
+        listener = side.listener
+        conn = Conn(side, peer_text(peer), peer, listener, phase_since=self.loop.time())
+        steps = self.steps
+        audit_ok = self.audit is None or self.audit.accepting
+        refusal = admit_connection(
+            steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
+        ) or steps.admit(conn)
+        if refusal is not None:
+            # SOCKS5, DNS and transparent clients do not speak HTTP: closed without an answer
+            http = listener.kind == "http" and listener.forward_to is None
+            steps.refuse_now(conn, refusal, write=http)
+            steps.release(conn)
+            side.close()
+            return
+        if listener.kind == "http" and listener.forward_to is None:
             # the forward proxy's kept-alive requests may take the callback fast path; a
             # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
-            side.conn, side.steps = conn, self.steps
+            side.conn, side.steps = conn, steps
         self._conns.add(conn)
         conn.task = self.loop.create_task(self._serve(conn))
 
     async def _serve(self, conn: Conn) -> None:
         try:
-            open_now, cap = len(self._conns), self.limits.max_connections
-            if open_now > cap and reclaim_idle(self._conns):
-                open_now -= 1  # the reclaimed connection is on its way out
-            audit_ok = self.audit is None or self.audit.accepting
-            refusal = admit_connection(open_now, cap, closing=self.closing, audit_ok=audit_ok)
-            if refusal is not None:
-                # SOCKS5 and transparent clients do not speak HTTP: closed without an answer
-                self.steps.refuse_now(conn, refusal, write=conn.listener.kind == "http")
-                return
             forward_to = conn.listener.forward_to
             if forward_to is not None:
                 await serve_forwarder(self.steps, conn, forward_to)
@@ -300,6 +309,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             log.exception("egress: unexpected error serving %s", conn.client)
         finally:
             self._conns.discard(conn)
+            self.steps.record_closed(conn)
             self.steps.release(conn)
             conn.side.close()
             if conn.upstream is not None:
@@ -310,14 +320,14 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         try:
             head = await read_head(conn, self.limits, self.loop)
         except ProtocolError as exc:
-            if conn.end == "head_timeout":  # the sweeper already answered 408
+            if conn.end == End.HEAD_TIMEOUT.value:  # the sweeper already answered 408
                 self.steps.refuse_now(conn, HEAD_TIMEOUT, write=False)
             else:
                 self.steps.refuse_now(conn, refuse_head(exc))
             return False
         if head is None:
             return False
-        conn.phase = "active"
+        conn.phase, conn.served = "active", True
         if head.method == "CONNECT":
             await serve_tunnel(self.steps, conn, head)
             return False

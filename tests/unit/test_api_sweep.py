@@ -73,6 +73,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "max_pending_bytes": "count",
             "events_maxlen": "count",
             "close_timeout": "number",
+            "worker": "list?",
         },
     ),
     "EgressProxy": (
@@ -104,6 +105,8 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "pool_idle": "number",
             "pool_per_key": "count",
             "max_client_connections": "count?",
+            "max_unidentified": "count",
+            "identify_timeout": "number",
         },
     ),
     "AddressGuard": (

@@ -249,6 +249,8 @@ LIFECYCLE = {
     Reason.SANDBOX_REMOVED,
     Reason.LISTENER_PROBE,
 }
+# connection slots (admission.py; tests/unit/test_admission.py, test_connection_slots.py)
+SLOTS = {Reason.IDENTIFY_TIMEOUT, Reason.EVICTED}
 
 
 # written by the SOCKS5, DNS and transparent listeners' own parsers and shells (their tests:
@@ -264,7 +266,7 @@ LISTENER_KINDS = {
 
 
 def test_every_reason_is_covered() -> None:
-    assert {r.expect for r in ROWS} | LIFECYCLE | LISTENER_KINDS == set(Reason)
+    assert {r.expect for r in ROWS} | LIFECYCLE | LISTENER_KINDS | SLOTS == set(Reason)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,77 @@
+"""Workers in the chain (issue 19 item 8, docs/audit-log.md#several-workers).
+
+Repro: under `--workers 2`, deleting `audit.w1.jsonl` (a whole worker's requests) left
+`egress audit verify` saying OK, exit 0; renaming w1 to w0 passed too, and the start records
+carried no worker index or count. Now each start record names its worker and the count, and
+verify fails when a worker's file is missing or renamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from servers import run
+
+
+async def serve_workers(tmp_path: Path, *extra: str) -> asyncio.subprocess.Process:
+    """`egress serve --workers 2` with an audit log; returns once it listens."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "egress.cli", "serve", "--workers", "2",
+        "--listen", "127.0.0.1:0", "--audit-log", str(tmp_path / "audit.jsonl"), *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+    assert line.startswith("listening on"), line
+    return proc
+
+
+async def stop(proc: asyncio.subprocess.Process) -> int:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def verify(*paths: Path) -> tuple[int, str]:
+    rc, out, err = await run(
+        sys.executable, "-m", "egress.cli", "audit", "verify", *map(str, paths)
+    )
+    return rc, out + err
+
+
+async def test_verify_fails_when_a_workers_file_is_missing_or_renamed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = await serve_workers(run_dir)
+    assert await stop(proc) == 0
+    w0, w1 = run_dir / "audit.w0.jsonl", run_dir / "audit.w1.jsonl"
+    for index, path in enumerate((w0, w1)):
+        start = json.loads(path.read_text().splitlines()[0])
+        assert (start["type"], start["worker"], start["workers"]) == ("start", index, 2)
+    rc, out = await verify(run_dir / "audit.jsonl")
+    assert rc == 0, out
+
+    missing = tmp_path / "missing"
+    shutil.copytree(run_dir, missing)
+    (missing / "audit.w1.jsonl").unlink()
+    rc, out = await verify(missing / "audit.jsonl")
+    assert rc == 1, out
+    assert "no file of worker 1" in out
+
+    renamed = tmp_path / "renamed"
+    shutil.copytree(run_dir, renamed)
+    (renamed / "audit.w0.jsonl").unlink()
+    (renamed / "audit.w1.jsonl").rename(renamed / "audit.w0.jsonl")
+    rc, out = await verify(renamed / "audit.jsonl")
+    assert rc == 1, out
+    assert "start record of worker 1 of 2 in the file of worker 0" in out
