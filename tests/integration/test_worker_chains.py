@@ -75,3 +75,32 @@ async def test_verify_fails_when_a_workers_file_is_missing_or_renamed(tmp_path: 
     rc, out = await verify(renamed / "audit.jsonl")
     assert rc == 1, out
     assert "start record of worker 1 of 2 in the file of worker 0" in out
+
+
+async def test_sighup_to_workers_is_a_rolling_reload(tmp_path: Path) -> None:
+    """Repro: with `--workers 2`, SIGHUP killed the whole set (rc 129) though the docs said
+    the parent ignores it. Now each worker reloads the policy file and the set keeps serving."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('allow = ["a.test"]\n')
+    proc = await serve_workers(tmp_path, "--policy", str(policy))
+    assert proc.stderr is not None
+    try:
+        policy.write_text('allow = ["b.test"]\n')
+        proc.send_signal(signal.SIGHUP)
+        reloaded = []
+        while len(reloaded) < 2:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, f"serve exited (rc {await proc.wait()}) instead of reloading"
+            if "policy reloaded" in line:
+                reloaded.append(line)
+        assert proc.returncode is None
+    finally:
+        rc = await stop(proc)
+    assert rc == 0
+    for index in (0, 1):
+        records = [
+            json.loads(x) for x in (tmp_path / f"audit.w{index}.jsonl").read_text().splitlines()
+        ]
+        applied = [r for r in records if r.get("type") == "policy" and r["client_id"] is None]
+        assert [r["source"] for r in applied] == ["start", "sighup"]
+        assert applied[1]["canonical"]["allow"] == ["b.test"]
