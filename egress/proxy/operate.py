@@ -11,6 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from .observe import ExecutionSummary, Observers
 
+# the admin endpoint's own bounds (docs/metrics.md#the-admin-endpoint): scrapes are short,
+# so a few connections, each closed after ADMIN_TIMEOUT seconds whatever it is doing; they
+# count in the descriptor budget (fdbudget.py)
+ADMIN_MAX_CONNECTIONS = 16
+ADMIN_TIMEOUT = 10.0
+
 if TYPE_CHECKING:
     from .listener import Listener
     from .metrics import ProxyMetrics
