@@ -60,6 +60,56 @@ class Reserve:
         self.release()
 
 
+LINGER: Final = 1.0  # seconds a refused connection may take to finish sending
+LINGER_MAX: Final = 64  # refused connections lingering at once (descriptors are scarce)
+
+
+class Lingering:
+    """Refused sockets, answered and shut for writing, closed once the client has finished
+    sending (or after `LINGER`): closing with unread bytes sends a reset, and the client
+    then loses the answer (nginx's lingering close, bounded)."""
+
+    __slots__ = ("loop", "open")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.open = 0
+
+    def close(self, sock: socket.socket) -> None:
+        if self.open >= LINGER_MAX:
+            sock.close()
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return
+        fd = sock.fileno()
+        self.open += 1
+        timer: list[asyncio.TimerHandle] = []
+
+        def done() -> None:
+            if sock.fileno() < 0:
+                return
+            self.loop.remove_reader(fd)
+            timer[0].cancel()
+            sock.close()
+            self.open -= 1
+
+        def readable() -> None:
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                done()
+
+        timer.append(self.loop.call_later(LINGER, done))
+        self.loop.add_reader(fd, readable)
+
+
 class Acceptor:
     """Accepts on one listening socket: `take` admits or refuses a new connection,
     `refuse` answers one accepted while descriptors are exhausted."""
@@ -147,4 +197,4 @@ class Acceptor:
             )
 
 
-__all__ = ["Acceptor", "Reserve"]
+__all__ = ["Acceptor", "Lingering", "Reserve"]

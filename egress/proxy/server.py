@@ -40,7 +40,7 @@ from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
-from .accept import Reserve
+from .accept import Lingering, Reserve
 from .clients import ClientTable
 from .conn import Conn, Limits, read_head, sweep
 from .control import ClientControl
@@ -58,7 +58,7 @@ from .listener import BACKLOG, Listener, parse_listen, peer_text
 from .listening import ClientSide, ListenerControl
 from .metrics import ProxyMetrics
 from .observe import DecisionCallback, Observers
-from .operate import ADMIN_MAX_CONNECTIONS, Operations
+from .operate import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .pool import UpstreamPool
 from .resolve import Resolver
 from .responses import error_response
@@ -112,6 +112,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
         resolve: Mapping[str, str | Iterable[str]] | None = None,
+        admin_public: bool = False,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
@@ -123,6 +124,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             ("require_auth", require_auth),
             ("metrics", metrics),
             ("reuse_port", reuse_port),
+            ("admin_public", admin_public),
         ):
             as_bool(value, f"EgressProxy {flag}")
         if host_local is not None:
@@ -163,10 +165,13 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
+        if self.admin_spec is not None:
+            check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
         self.admin: Any = None  # egress.proxy.admin.AdminServer once started
         self.backlog = BACKLOG  # shortened when descriptors are scarce (fdbudget.py)
         self.fd_note: str | None = None  # what the descriptor budget changed, if anything
         self._reserve = Reserve()  # one descriptor to answer with when none is left
+        self._lingering: Any = None  # accept.Lingering, once the loop is known
         self._accept_failures = AcceptFailures()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -193,6 +198,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self._started = True
         lim = self.limits
         self._fit_descriptors()
+        self._lingering = Lingering(loop)
         lim = self.limits
         self.pool = UpstreamPool(
             loop,
@@ -341,10 +347,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         if listener.kind == "http" and listener.forward_to is None:
             _, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
             with contextlib.suppress(OSError):
-                sock.recv(65536)  # what the client already sent: no reset for unread bytes
-            with contextlib.suppress(OSError):
                 sock.send(data)
-        sock.close()
+            self._lingering.close(sock)
+        else:
+            sock.close()
         self.steps.refuse_now(conn, refusal, write=False)
         self.steps.release(conn)
 
