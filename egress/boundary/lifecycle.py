@@ -142,17 +142,23 @@ async def prepare_execution(
         redirect = None
         if transparent:
             redirect, blocked = (extra[0].port, extra[1].port), []
-        cut, probe = await _cut_and_prove(
-            sandbox,
-            keeps,
-            [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
-            blocked,
-            force=force,
-            allow_privileged=allow_privileged,
-            redirect=redirect,
-            cut_mode=cut_mode,
-            helper_image=helper_image,
-        )
+        for li in extra:  # the probe below connects to them: audited as the probe it is
+            li.probing = True
+        try:
+            cut, probe = await _cut_and_prove(
+                sandbox,
+                keeps,
+                [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+                blocked,
+                force=force,
+                allow_privileged=allow_privileged,
+                redirect=redirect,
+                cut_mode=cut_mode,
+                helper_image=helper_image,
+            )
+        finally:
+            for li in extra:
+                li.probing = False
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
@@ -182,8 +188,9 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     """Replace a running execution's policy at once (docs/user-guide.md#live-policy).
 
     `policy` is the new composed policy; the execution's framework routes are added as in
-    `prepare_execution`. From the next request on, the sandbox is judged by it; requests and
-    tunnels already decided keep their decision. The audit log records the new policy's
+    `prepare_execution`. From the next request on, the sandbox is judged by it; its open
+    tunnels are judged again and those it no longer allows closed (`end: revoked`,
+    docs/policy.md#live-policy-changes). The audit log records the new policy's
     hash. Raises KeyError when the execution is no longer served by `proxy`."""
     as_instance(proxy, "update_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "update_execution execution", Execution, "an Execution")
