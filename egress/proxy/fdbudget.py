@@ -64,6 +64,8 @@ def plan_fds(max_connections: int, backlog: int, admin: int, soft: int, hard: in
     fit = max(1, room * 4 // 9)  # 2 per slot plus a quarter for the pool
     while fit > 1 and fds_needed(fit, small, admin) > top:
         fit -= 1
+    while fds_needed(fit + 1, small, admin) <= top:
+        fit += 1
     note = (
         f"the file descriptor limit ({top}) is too low for max_connections "
         f"{max_connections} (it needs {need}): serving at most {fit} connections "
