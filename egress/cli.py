@@ -104,7 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             return 2
         settings = Settings(spec.policy, settings.guard, settings.resolve, settings.clients)
     if args.lint:
-        for finding in lint_policy(settings.policy):
+        for finding in lint_policy(settings.policy, settings.guard):
             print(finding)
     if not args.targets and not args.lint:
         print("egress check: no TARGET given", file=sys.stderr)
