@@ -21,6 +21,7 @@ from netcut.errors import (
     NetcutError,
     PrivilegeError,
     ProbeFailed,
+    StateError,
     TargetNotFound,
     UnsafeTarget,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "ProbeItem",
     "ProbeResult",
     "RestoreResult",
+    "StateError",
     "TargetNotFound",
     "TargetRef",
     "UnsafeTarget",
