@@ -16,7 +16,7 @@ from typing import Any
 
 import netcut.probe as probe_mod
 from netcut import apply, flow, safety
-from netcut import gc as gc_mod
+from netcut.collect import Collected, collect
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
 from netcut.model import Keep, NamespaceState, parse_keep
@@ -128,8 +128,8 @@ def cut(
     back, or `rolled_back` False when the worker died: `restore` undoes what ran), ProbeFailed.
     """
     result: CutResult = _cut_job(
-        apply.job_cut, target, keep, probe, expect_blocked, force, allow_privileged, dry_run,
-        probe_timeout, redirect,
+        apply.job_cut, target, keep, probe, (), expect_blocked, force, allow_privileged,
+        dry_run, probe_timeout, redirect,
     )  # fmt: skip
     return result
 
@@ -138,18 +138,20 @@ def cut_and_status(
     target: TargetLike,
     keep: Iterable[KeepLike] = (),
     *,
+    expect_reachable: Iterable[KeepLike] = (),
     expect_blocked: Iterable[KeepLike] = (),
     force: bool = False,
     allow_privileged: bool = False,
     probe_timeout: float = probe_mod.DEFAULT_TIMEOUT_S,
     redirect: Redirect | None = None,
 ) -> tuple[CutResult, CutStatus]:
-    """`cut` with its probe, then `status` read afresh from the namespace, in one round trip
-    to the worker: what egress's prepare_execution proves (helper mode's twin is
-    netcut.helper.cut_and_status). Raises as `cut` does."""
+    """`cut` with its probe (of the keeps with a port and `expect_reachable`), then `status`
+    read afresh from the namespace, in one round trip to the worker: what egress's
+    prepare_execution proves (helper mode's twin is netcut.helper.cut_and_status). Raises
+    as `cut` does."""
     found: tuple[CutResult, CutStatus] = _cut_job(
-        apply.job_cut_and_status, target, keep, True, expect_blocked, force, allow_privileged,
-        False, probe_timeout, redirect,
+        apply.job_cut_and_status, target, keep, True, expect_reachable, expect_blocked, force,
+        allow_privileged, False, probe_timeout, redirect,
     )  # fmt: skip
     return found
 
@@ -159,6 +161,7 @@ def _cut_job(
     target: TargetLike,
     keep: Iterable[KeepLike],
     probe: bool,
+    expect_reachable: Iterable[KeepLike],
     expect_blocked: Iterable[KeepLike],
     force: bool,
     allow_privileged: bool,
@@ -167,6 +170,7 @@ def _cut_job(
     redirect: Redirect | None,
 ) -> Any:
     keeps = parse_keeps(keep)
+    reachable = probe_targets(expect_reachable, "expect_reachable")
     blocked = probe_targets(expect_blocked, "expect_blocked")
     if redirect is not None and blocked:
         raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
@@ -187,6 +191,7 @@ def _cut_job(
             blocked,
             probe_timeout,
             redirect,
+            reachable,
         )
         store = Store.for_namespace(identity)
         timeout = DEFAULT_TIMEOUT_S + (probe_timeout if probe else 0.0)
@@ -242,10 +247,10 @@ def forget(target: TargetLike | tuple[int, int]) -> bool:
     return existed
 
 
-def gc() -> gc_mod.Collected:
+def gc() -> Collected:
     """Remove the records of namespaces that no longer exist (`netcut gc`). Raises
     StateError."""
-    return gc_mod.collect(state_dir())
+    return collect(state_dir())
 
 
 def probe(

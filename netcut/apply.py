@@ -25,7 +25,8 @@ import signal
 
 from iptc import IPTCError
 
-from netcut import backstop, flow, flows, gc, nat, plan
+from netcut import backstop, flow, flows, nat, plan
+from netcut.collect import collect_if_due
 from netcut.errors import ApplyFailed, StateError
 from netcut.model import Keep, NamespaceState, ProbeResult
 from netcut.ops import (
@@ -179,7 +180,7 @@ def job_cut(store: Store, label: str, req: flow.CutRequest) -> flow.CutResult:
     with InNamespace() as ex:
         result = flow.cut(ex, store, label, req)
     if not req.dry_run:
-        gc.collect_if_due(store.directory)
+        collect_if_due(store.directory)
     return result
 
 
@@ -189,7 +190,7 @@ def job_cut_and_status(
     """flow.cut_and_status in one job (egress's prepare_execution)."""
     with InNamespace() as ex:
         found = flow.cut_and_status(ex, store, label, req)
-    gc.collect_if_due(store.directory)
+    collect_if_due(store.directory)
     return found
 
 

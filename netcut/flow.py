@@ -119,6 +119,8 @@ class CutRequest:
     expect_blocked: tuple[Keep, ...] = ()
     probe_timeout: float = 1.0
     redirect: Redirect | None = None  # transparent mode (docs/netcut.md#transparent-mode)
+    # probed as reachable besides the keeps with a port (loopback listeners: egress)
+    expect_reachable: tuple[Keep, ...] = ()
 
 
 def cut(
@@ -239,7 +241,8 @@ def _repair(
 
 
 def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:
-    reachable = tuple(k for k in req.keeps if k.port is not None)
+    keeps = (k for k in req.keeps if k.port is not None)
+    reachable = tuple(dict.fromkeys((*keeps, *req.expect_reachable)))
     if not req.probe or not (reachable or req.expect_blocked):
         return result
     found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
