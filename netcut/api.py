@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import netcut.probe as probe_mod
@@ -197,7 +198,10 @@ def _cut_job(
         )
         store = Store.for_namespace(identity)
         timeout = DEFAULT_TIMEOUT_S + (probe_timeout if probe else 0.0)
-        return run_in_netns(fd, job, store, str(resolved), request, timeout=timeout)
+        found = run_in_netns(fd, job, store, str(resolved), request, timeout=timeout)
+        if isinstance(found, tuple):
+            return (replace(found[0], identity=identity), found[1])
+        return replace(found, identity=identity)
     finally:
         os.close(fd)
 

@@ -73,6 +73,9 @@ class CutResult:
     # `found` the differences that were repaired (docs/netcut.md#status).
     repaired: bool = False
     found: tuple[str, ...] = ()
+    # the namespace's nsfs (st_dev, st_ino), which names its record: `netcut.forget` takes
+    # it after the namespace is gone (direct mode; None in helper mode)
+    identity: tuple[int, int] | None = None
 
     @property
     def head(self) -> str:
@@ -149,11 +152,11 @@ def cut(
                 # What the earlier cut deleted is known only to its record: planning from
                 # here would record a namespace that has already lost its routes, and its
                 # restore could never put them back (docs/netcut.md#the-journal).
+                marks = "; ".join(status.details[1:])
                 raise UnsafeTarget(
-                    f"refusing to cut {label}: it carries netcut's marks but has no record, "
-                    "so the routes an earlier cut deleted cannot be known; `netcut restore` "
-                    "removes the marks, then put its routes back and cut again",
-                    status.details,
+                    f"refusing to cut {label}: it carries netcut's marks ({marks}) but has no "
+                    "record, so the routes an earlier cut deleted cannot be known; `netcut "
+                    "restore` removes the marks, then put its routes back and cut again"
                 )
             if status.state == "partial" and not req.dry_run:
                 _restore(ex, store, record, state)
@@ -274,13 +277,15 @@ def status(ex: Executor, store: Store) -> CutStatus:
 def cut_and_status(
     ex: Executor, store: Store, label: str, req: CutRequest
 ) -> tuple[CutResult, CutStatus]:
-    """`cut` (with its probe), then `status` from the live state read afresh: what egress's
-    prepare_execution proves, in one job. A fresh cut's record is the plan it holds in
-    memory, so only a cut that found the namespace cut or repaired it reads the record."""
+    """`cut` (with its probe), then `status`: what egress's prepare_execution proves, in one
+    job. A fresh cut is verified from the live state read afresh against the plan it holds
+    in memory; a cut that found the namespace cut, or repaired it, has just judged the
+    whole live state against the record (verify=True) and that status is the answer, not
+    read a second time."""
     result = cut(ex, store, label, req)
-    fresh = result.changed and not result.repaired and result.plan is not None
-    record = result.plan if fresh else store.load()
-    return result, judge_status(record, ex.read_state((), (), verify=True))
+    if not (result.changed and not result.repaired and result.plan is not None):
+        return result, result.status
+    return result, judge_status(result.plan, ex.read_state((), (), verify=True))
 
 
 def _restore(
