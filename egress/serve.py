@@ -133,7 +133,13 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 def _open_audit(args: argparse.Namespace) -> Any:
     from .audit.log import AuditLog
 
-    return AuditLog(args.audit_log, fail_mode=args.audit_fail, keep_query=args.audit_keep_query)
+    index, count = getattr(args, "worker_index", None), getattr(args, "worker_count", None)
+    return AuditLog(
+        args.audit_log,
+        fail_mode=args.audit_fail,
+        keep_query=args.audit_keep_query,
+        worker=None if index is None or count is None else (index, count),
+    )
 
 
 def _lint_in_child(settings: Settings) -> None:

@@ -183,7 +183,7 @@ def _cut_job(
     try:
         if not force:
             safety.refuse_unsafe_namespace(identity)
-        if not allow_privileged and not dry_run:
+        if not allow_privileged:  # a dry run too: it shows what the cut would do
             safety.refuse_privileged(identity)
         request = flow.CutRequest(
             keeps,

@@ -34,7 +34,7 @@ from egress.audit.read import (
 )
 from egress.audit.render import format_event, printable, render_summary
 from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
-from egress.audit.verify import ChainVerifier, Problem, VerifyResult
+from egress.audit.verify import ChainVerifier, Problem, VerifyResult, worker_problems
 
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
@@ -181,6 +181,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
         )
     problems = [p for r in results for p in r.problems]
+    # whole workers' files missing or renamed; `--head` verifies one worker on purpose
+    problems += worker_problems(groups, results, complete=not args.head)
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(problem)
     if len(problems) > MAX_PROBLEMS_SHOWN:

@@ -183,8 +183,9 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     """Replace a running execution's policy at once (docs/user-guide.md#live-policy).
 
     `policy` is the new composed policy; the execution's framework routes are added as in
-    `prepare_execution`. From the next request on, the sandbox is judged by it; requests and
-    tunnels already decided keep their decision. The audit log records the new policy's
+    `prepare_execution`. From the next request on, the sandbox is judged by it; its open
+    tunnels are judged again and those it no longer allows closed (`end: revoked`,
+    docs/policy.md#live-policy-changes). The audit log records the new policy's
     hash. Raises KeyError when the execution is no longer served by `proxy`."""
     as_instance(proxy, "update_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "update_execution execution", Execution, "an Execution")

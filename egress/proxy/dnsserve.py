@@ -82,6 +82,8 @@ def _emit(steps: Steps, event: dict[str, object]) -> None:
     """As `Steps.emit`, for a record that is not an `AccessRecord` (a DNS record)."""
     if steps.audit is not None:
         steps.audit.record(event)
+    if steps.metrics is not None:  # docs/metrics.md: DNS records are counted too
+        steps.metrics.record_dns(event)
     for hook in steps.hooks:
         hook(event)
 

@@ -105,6 +105,9 @@ async def relay_tunnel(
     """Relay both directions until both end (or one fails), then write the record
     (`status` None: SOCKS5 and transparent tunnels have no HTTP status)."""
     assert upstream is not None
+    conn.relaying = (
+        rec  # re-judged if its client's policy changes (docs/policy.md#live-policy-changes)
+    )
     metrics = steps.metrics
     if metrics is not None:
         metrics.open_tunnels += 1

@@ -44,14 +44,23 @@ def _ready(venv: Path) -> bool:
         text=True,
         timeout=120,
     )
-    return probe.returncode == 0 and probe.stdout.strip() == HARBOR.split("==")[1]
+    if probe.returncode != 0 or probe.stdout.strip() != HARBOR.split("==")[1]:
+        return False
+    # and this checkout's egress, which Harbor imports the integration from
+    where = subprocess.run(
+        [str(python), "-c", "import egress; print(egress.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return where.returncode == 0 and where.stdout.strip().startswith(str(REPO))
 
 
 def create(venv: Path) -> None:
     subprocess.run([python312(), "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-         "--disable-pip-version-check", HARBOR],
+         "--disable-pip-version-check", HARBOR, "-e", str(REPO)],
         check=True,
         timeout=1800,
     )  # fmt: skip
