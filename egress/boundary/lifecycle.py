@@ -143,17 +143,23 @@ async def prepare_execution(
         redirect = None
         if transparent:
             redirect, blocked = (extra[0].port, extra[1].port), []
-        cut, probe = await _cut_and_prove(
-            sandbox,
-            keeps,
-            [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
-            blocked,
-            force=force,
-            allow_privileged=allow_privileged,
-            redirect=redirect,
-            cut_mode=cut_mode,
-            helper_image=helper_image,
-        )
+        for li in extra:  # the probe below connects to them: audited as the probe it is
+            li.probing = True
+        try:
+            cut, probe = await _cut_and_prove(
+                sandbox,
+                keeps,
+                [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+                blocked,
+                force=force,
+                allow_privileged=allow_privileged,
+                redirect=redirect,
+                cut_mode=cut_mode,
+                helper_image=helper_image,
+            )
+        finally:
+            for li in extra:
+                li.probing = False
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
