@@ -196,6 +196,14 @@ class Reason(StrEnum):
         "block",
         "the sandbox was released, or its prepare failed (`detail` says which)",
     )
+    LISTENER_PROBE = (
+        "listener_probe",
+        0,
+        "",
+        "allow",
+        "transparent: `prepare_execution`'s probe connected to the listener itself "
+        "(method PROBE); closed, not a request",
+    )
 
     COMMAND_NOT_SUPPORTED = (
         "command_not_supported",

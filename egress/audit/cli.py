@@ -26,6 +26,7 @@ from egress.audit.read import (
     InputError,
     Summary,
     chains,
+    is_lifecycle,
     is_request,
     make_domain_of,
     order_paths,
@@ -75,6 +76,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary.runs += 1
         elif is_request(record) and window.in_window(record):
             summary.add(record)
+        elif is_lifecycle(record) and window.in_window(record):
+            summary.add_lifecycle(record)
     summary.derive_domains(make_domain_of())
     if summary.bad_lines:
         _warn(
@@ -106,6 +109,9 @@ def _selected(
             continue
         if is_request(record):
             if chooser.matches(record):
+                yield data, record
+        elif is_lifecycle(record):
+            if chooser.matches_lifecycle(record):
                 yield data, record
         elif args.control and chooser.in_window(record):
             yield data, record
@@ -221,19 +227,26 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
     window = _event_filter(args)
 
+    lifecycle = 0
+
     def records() -> Iterator[dict[str, object]]:
+        nonlocal lifecycle
         for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
             record = parse_record(line.data)
-            if record is None or not is_request(record) or not window.in_window(record):
+            if record is None or not window.in_window(record):
                 continue
             if args.client and record.get("client_id") not in args.client:
                 continue
-            yield record
+            if is_lifecycle(record):
+                lifecycle += 1
+            elif is_request(record):
+                yield record
 
     def lint(rules: list[str]) -> list[str]:
         return [str(f) for f in lint_policy(Policy(allow=rules))]
 
     result = suggest(records())
+    result.lifecycle = lifecycle
     sys.stdout.write(render(result, make_domain_of(), lint, paths))
     return 0
 
