@@ -23,7 +23,7 @@ from .clients import Identity
 from .fast import FastClient
 from .fdbudget import AcceptFailures
 from .listener import Listener, ListenerKind, listen_socket, parse_listen
-from .netns import listen_in_netns
+from .netns import listen_in_netns_async
 
 if TYPE_CHECKING:
     from .conn import Conn, Limits
@@ -59,7 +59,9 @@ class ListenerControl:
     async def _open_listener(self, listener: Listener) -> Listener:
         backlog = self.backlog
         if listener.netns:
-            sock = listen_in_netns(listener.netns, listener.host, listener.port, backlog=backlog)
+            sock = await listen_in_netns_async(
+                listener.netns, listener.host, listener.port, backlog=backlog
+            )
         else:
             sock = listen_socket(listener.host, listener.port, backlog, reuse_port=self.reuse_port)
         acceptor = Acceptor(
