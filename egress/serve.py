@@ -21,6 +21,7 @@ from typing import Any
 from .config import Settings, settings_from_args
 from .policy.target import join_host_port
 from .printable import printable
+from .proxy.listener import ListenError
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 from .workers import READY, check_worker_args, serve_workers
@@ -217,8 +218,17 @@ async def run_serve(
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
+    started = False
     try:
-        await proxy.start()
+        try:
+            await proxy.start()
+        except ListenError as exc:  # which option's address: docs/proxy.md#standalone-egress-serve
+            flag = _LISTEN_FLAGS.get(exc.role, "--listen")
+            print(
+                f"egress serve: cannot listen on {flag} {exc.address}: {exc.why}", file=sys.stderr
+            )
+            return 2
+        started = True
         if ready_fd is not None:
             os.write(ready_fd, READY)
             os.close(ready_fd)
@@ -233,7 +243,7 @@ async def run_serve(
     finally:
         await proxy.stop()
         await audit.aclose()
-        if not args.quiet:
+        if started and not args.quiet:  # nothing was served if it never started
             print(shutdown_summary(proxy.metrics()), file=sys.stderr)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
@@ -299,6 +309,9 @@ def _warn_tokens(settings: Settings, require_auth: bool) -> None:
             "(git, curl --proxy-anyauth) runs under the top-level policy with client_id null",
             file=sys.stderr,
         )
+
+
+_LISTEN_FLAGS = {"proxy": "--listen", "socks5": "--socks", "admin": "--admin"}
 
 
 def _print_request(event: dict[str, object]) -> None:

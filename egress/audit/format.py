@@ -34,6 +34,10 @@ FORMAT: Final = "egress-audit/1"
 # Record types. A line without "type" (or with type "request") is one request or tunnel.
 REQUEST_TYPES: Final = frozenset({None, "request"})
 CONTROL_TYPES: Final = frozenset({"start", "end", "rotate", "loss", "policy"})
+# Lifecycle records have a request record's shape but are no request: a sandbox bound,
+# replaced or released (SANDBOX), the cut's probe of a listener (PROBE). The reviewer's tools
+# count and show them apart (docs/audit-log.md#sandbox-records).
+LIFECYCLE_METHODS: Final = frozenset({"SANDBOX", "PROBE"})
 
 # The reason codes, decisions and tunnel ends are one vocabulary: `egress.reasons`.
 

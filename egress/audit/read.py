@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import IO, Final
 
-from egress.audit.format import REQUEST_TYPES, rotation_of
+from egress.audit.format import LIFECYCLE_METHODS, REQUEST_TYPES, rotation_of
 from egress.audit.timebounds import normalize_ts
 
 MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix
@@ -139,7 +139,14 @@ def parse_record(data: bytes) -> dict[str, object] | None:
 
 
 def is_request(record: dict[str, object]) -> bool:
-    return record.get("type") in REQUEST_TYPES
+    """A request or tunnel the proxy judged: not a control record, not a lifecycle record."""
+    return record.get("type") in REQUEST_TYPES and record.get("method") not in LIFECYCLE_METHODS
+
+
+def is_lifecycle(record: dict[str, object]) -> bool:
+    """A sandbox bound, replaced or released, or the cut's probe of a listener: shaped like a
+    request record but no request, so counted apart (docs/audit-log.md#sandbox-records)."""
+    return record.get("type") in REQUEST_TYPES and record.get("method") in LIFECYCLE_METHODS
 
 
 # ---- filtering ---------------------------------------------------------------------------
@@ -159,6 +166,15 @@ def host_matches(pattern: str, host: str) -> bool:
     return fnmatchcase(host, pattern) or (pattern.startswith("*.") and host == pattern[2:])
 
 
+def mode_of(record: dict[str, object]) -> str:
+    """How the client reached the proxy: the record's `mode`, else `forward` for a
+    framework-route forwarder, else `http` (the HTTP proxy, which writes no `mode`)."""
+    mode = record.get("mode")
+    if mode:
+        return str(mode)
+    return "forward" if record.get("method") == "FORWARD" else "http"
+
+
 @dataclass
 class EventFilter:
     decisions: set[str] = field(default_factory=set)
@@ -167,11 +183,21 @@ class EventFilter:
     reasons: set[str] = field(default_factory=set)
     since: str | None = None  # canonical ts, inclusive
     until: str | None = None  # canonical ts, exclusive
+    modes: set[str] = field(default_factory=set)  # `mode`; "http" = none (the HTTP proxy)
+
+    def matches_lifecycle(self, record: dict[str, object]) -> bool:
+        """A lifecycle record has no decision to select by: `--decision` never picks one;
+        `--reason` does only by its lifecycle reason; host and client select as usual."""
+        if self.decisions or self.modes:
+            return False
+        return self.matches(record)
 
     def matches(self, record: dict[str, object]) -> bool:
         if self.decisions and record.get("decision") not in self.decisions:
             return False
         if self.reasons and record.get("reason") not in self.reasons:
+            return False
+        if self.modes and mode_of(record) not in self.modes:
             return False
         if self.hosts and not any(host_matches(p, str(record.get("host", ""))) for p in self.hosts):
             return False
@@ -224,6 +250,12 @@ class Summary:
         self.last_ts: str | None = None
         self.runs = 0
         self.bad_lines = 0
+        # lifecycle records, apart: (event, sandbox) -> count; bounded by sandboxes
+        self.lifecycle: dict[tuple[str, str], int] = {}
+
+    def add_lifecycle(self, record: dict[str, object]) -> None:
+        key = (str(record.get("reason") or "(none)"), str(record.get("host") or "(none)"))
+        self.lifecycle[key] = self.lifecycle.get(key, 0) + 1
 
     def add(self, record: dict[str, object]) -> None:
         decision = record.get("decision")
@@ -280,10 +312,21 @@ class Summary:
                 "block": self.totals[1],
                 "error": self.totals[2],
                 "other": self.totals[3],
+                "lifecycle": sum(self.lifecycle.values()),
             },
             "runs": self.runs,
             "bad_lines": self.bad_lines,
         }
         for dimension in DIMENSIONS:
             out[f"by_{dimension}"] = self.rows(dimension, top)[0]
+        out["lifecycle"] = self.lifecycle_rows()
         return out
+
+    def lifecycle_rows(self) -> list[dict[str, object]]:
+        """The lifecycle records by sandbox, then event (docs/audit-log.md#sandbox-records)."""
+        return [
+            {"sandbox": sandbox, "event": event, "count": count}
+            for (event, sandbox), count in sorted(
+                self.lifecycle.items(), key=lambda kv: (kv[0][1], kv[0][0])
+            )
+        ]

@@ -42,6 +42,9 @@ class Listener:
     # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
     fake_ips: FakeIPs | None = None
     datagram: asyncio.DatagramTransport | None = None
+    # while `prepare_execution` proves the cut, a connection to this listener's own address
+    # is the probe, not the agent (docs/audit-log.md#sandbox-records)
+    probing: bool = False
 
     @property
     def address(self) -> tuple[str, int]:
@@ -54,14 +57,30 @@ class Listener:
             self.datagram.close()
 
 
+class ListenError(OSError):
+    """A listener could not be opened; names which one (`role`: `proxy`, `socks5`,
+    `admin`) and its address, so that a caller can say which of its options failed."""
+
+    def __init__(self, role: str, address: str, cause: OSError) -> None:
+        why = cause.strerror or str(cause)
+        if "address already in use" in why.lower():  # aiohttp's text differs from the OS's
+            why = "address already in use"
+        super().__init__(cause.errno, f"{role} listener {address}: {why}")
+        self.role, self.address, self.why = role, address, why
+
+
 def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT` / `[v6]:PORT` -> (host, port); ValueError naming the culprit."""
     try:
         host, port = split_host_port(spec)
     except TargetError as exc:
         raise ValueError(f"{flag} {spec!r}: {exc}") from None
-    if port is None or not port.isdigit() or int(port) > 65535:
+    if port is None or not port.isdigit():
         raise ValueError(f"{flag} {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
+    if int(port) > 65535:
+        raise ValueError(
+            f"{flag} {spec!r}: port {int(port)} is out of range (0-65535; 0 = ephemeral)"
+        )
     return host.strip("[]"), int(port)
 
 

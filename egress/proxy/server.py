@@ -48,7 +48,7 @@ from .gate import (
     admit_connection,
     refuse_head,
 )
-from .listener import Listener, parse_listen, peer_text
+from .listener import Listener, ListenError, parse_listen, peer_text
 from .listening import ClientSide, ListenerControl
 from .metrics import ProxyMetrics
 from .observe import DecisionCallback, Observers
@@ -197,18 +197,30 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         )
         self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
-            listener = await self._open_listener(Listener(host, port, self.listen_netns))
+            listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
         for host, port in self.socks_specs:
             listener = Listener(host, port, self.listen_netns, kind="socks5")
-            self.socks_addresses.append((await self._open_listener(listener)).address)
+            self.socks_addresses.append((await self._open_as("socks5", listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
         self._policy_applied(None, self.settings.policy, "start")
         for spec in self.settings.clients:
             self._policy_applied(spec.client_id, spec.policy, "start")
         if self.admin_spec is not None:
-            await self._start_admin(*self.admin_spec)
+            try:
+                await self._start_admin(*self.admin_spec)
+            except OSError as exc:
+                raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
+
+    async def _open_as(self, role: str, listener: Listener) -> Listener:
+        """Open a listener of `start`; `ListenError` names which one failed."""
+        try:
+            return await self._open_listener(listener)
+        except OSError as exc:
+            if isinstance(exc, ListenError):
+                raise
+            raise ListenError(role, join_host_port(listener.host, listener.port), exc) from exc
 
     async def stop(self) -> None:
         """Stop accepting, give open connections `shutdown_grace` seconds, then close them."""

@@ -148,3 +148,59 @@ async def test_oracle_trial_in_a_namespace_environment(
                            sandbox.ns)  # fmt: skip
     assert out.splitlines()[0] == "not cut", out
     assert shutil.which("curl")
+
+
+@pytest.mark.timeout(900)
+async def test_startup_policy_holds_after_setup_for_the_whole_trial(
+    test_host_factory: object, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """An `[environment]` allowlist is the baseline: setup runs online, then the cut holds for
+    the agent and the verifier alike (Harbor switches nothing)."""
+    venv = harbor_venv(tmp_path_factory.getbasetemp())
+    sandbox: harness.TestHost = test_host_factory()  # type: ignore[operator]
+    upstream: harness.TestHost = test_host_factory()  # type: ignore[operator]
+    direct = harness.link(sandbox, upstream).addr_b
+    origin: Origin = await start_origin(upstream, 80)
+    task = tmp_path / "task"
+    write_task(task, direct, f"{upstream.addr_ns}:8089", "allowlist")
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n[metadata]\n[verifier]\ntimeout_sec = 120.0\n'
+        "[agent]\ntimeout_sec = 120.0\n"
+        '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["allowed.test"]\n'
+    )
+    get = "curl -sS --max-time 10"
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/sh\n"
+        f"{get} http://allowed.test/verify-allowed > /logs/verifier/allowed.json\n"
+        f"echo $({get} -o /dev/null -w '%{{http_code}}' http://{direct}/verify-direct)"
+        " > /logs/verifier/direct.txt\necho 1 > /logs/verifier/reward.txt\n"
+    )
+    audit = tmp_path / "audit.jsonl"
+    try:
+        rc, out, err = await run(
+            "env", f"EGRESS_AUDIT={audit}",
+            f"EGRESS_RESOLVE={json.dumps({'allowed.test': upstream.addr_ns})}",
+            str(venv / "bin" / "python"), str(HERE / "harbor_trial.py"), "trials", "start",
+            "-p", str(task), "--agent", "oracle",
+            "--env", "egress.integrations.harbor:NamespaceEnvironment",
+            "--environment-kwarg", f"netns={sandbox.ns}",
+            "--trials-dir", str(tmp_path / "trials"), "--trial-name", "t2",
+            timeout=600,
+        )  # fmt: skip
+    finally:
+        await origin.close()
+    assert rc == 0, out[-3000:] + err[-3000:]
+    trial = tmp_path / "trials" / "t2"
+    result = json.loads((trial / "result.json").read_text())
+    assert result["exception_info"] is None, result["exception_info"]
+    agent = lines((trial / "agent" / "oracle.txt").read_text())
+    assert json.loads(agent["setup"])["path"] == "/setup"  # before the startup cut
+    assert json.loads(agent["allowed"])["path"] == "/agent"
+    assert agent["direct"] == "403"
+    verifier = trial / "verifier"
+    assert json.loads((verifier / "allowed.json").read_text())["path"] == "/verify-allowed"
+    assert (verifier / "direct.txt").read_text().strip() == "403"  # still cut
+    paths = [s.path for s in origin.seen]
+    assert paths == ["/setup", "/agent", "/verify-allowed"], paths
+    rc, out, err = await run(EGRESS, "audit", "verify", str(audit))
+    assert rc == 0, out + err

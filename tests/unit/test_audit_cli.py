@@ -62,7 +62,14 @@ def test_summarize_json_counts(sample_log: list[str], capsys: pytest.CaptureFixt
     assert err == ""
     summary = json.loads(out)
     total = sum(count for count, _ in SAMPLE)
-    assert summary["totals"] == {"events": total, "allow": 77, "block": 28, "error": 2, "other": 0}
+    assert summary["totals"] == {
+        "events": total,
+        "allow": 77,
+        "block": 28,
+        "error": 2,
+        "other": 0,
+        "lifecycle": 0,
+    }
     assert summary["runs"] == 1
     assert as_counts(summary["by_host"]) == expected_counts("host")
     assert as_counts(summary["by_reason"]) == expected_counts("reason")
