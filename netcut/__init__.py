@@ -13,6 +13,8 @@ and python-iptables, ~0.7 s) on first use, so that `egress` can share the target
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _package_version
 from typing import TYPE_CHECKING, Any
 
 from netcut.errors import (
@@ -21,6 +23,7 @@ from netcut.errors import (
     NetcutError,
     PrivilegeError,
     ProbeFailed,
+    StateError,
     TargetNotFound,
     UnsafeTarget,
 )
@@ -37,7 +40,11 @@ if TYPE_CHECKING:
         CutResult,
         RestoreResult,
         cut,
+        cut_and_status,
+        cut_and_status_async,
         cut_async,
+        forget,
+        gc,
         probe,
         probe_async,
         restore,
@@ -53,8 +60,9 @@ if TYPE_CHECKING:
 
 _LAZY = {
     **dict.fromkeys(
-        ("CutResult", "RestoreResult", "cut", "cut_async", "probe", "probe_async", "restore",
-         "restore_async", "status", "status_async"),
+        ("CutResult", "RestoreResult", "cut", "cut_and_status", "cut_and_status_async",
+         "cut_async", "forget", "gc", "probe", "probe_async", "restore", "restore_async",
+         "status", "status_async"),
         "netcut.api",
     ),
     "Keep": "netcut.model",
@@ -80,6 +88,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+try:  # the installed distribution's version (`netcut --version`, docs/cli.md)
+    __version__ = _package_version("egress-netcut")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
     "ApplyFailed",
     "CutPlan",
@@ -93,12 +106,17 @@ __all__ = [
     "ProbeItem",
     "ProbeResult",
     "RestoreResult",
+    "StateError",
     "TargetNotFound",
     "TargetRef",
     "UnsafeTarget",
     "container",
     "cut",
+    "cut_and_status",
+    "cut_and_status_async",
     "cut_async",
+    "forget",
+    "gc",
     "netns",
     "netns_path",
     "parse_keep",

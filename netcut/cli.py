@@ -73,7 +73,10 @@ def _add_target(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from netcut import __version__
+
     parser = _Parser(prog="netcut", description="Cut a network namespace at execution time.")
+    parser.add_argument("--version", action="version", version=f"netcut {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     cut = sub.add_parser("cut", help="cut the namespace down to loopback and --keep")
@@ -176,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--mode", choices=("direct", "helper"), default="direct")
     restore.add_argument("--helper-image", metavar="IMAGE")
     restore.add_argument("--json", action="store_true")
+
+    gc = sub.add_parser("gc", help="remove the records of namespaces that no longer exist")
+    gc.add_argument("--json", action="store_true")
 
     image = sub.add_parser(
         "helper-image", help="assemble the default helper image from this host's files"
@@ -309,6 +315,15 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gc(args: argparse.Namespace) -> int:
+    """docs/netcut.md#collecting-records."""
+    found = api.gc()
+    lines = [f"removed {len(found.removed)} record(s), kept {found.kept}"]
+    lines += [f"  removed {key}" for key in found.removed]
+    _emit(args, lines, {"removed": list(found.removed), "kept": found.kept})
+    return 0
+
+
 def _cmd_helper_image(args: argparse.Namespace) -> int:
     """`tag` prints the default image's tag; `build` imports it (docs/netcut.md#helper-mode)."""
     if args.action == "tag":
@@ -329,6 +344,7 @@ _COMMANDS = {
     "probe": _cmd_probe,
     "status": _cmd_status,
     "restore": _cmd_restore,
+    "gc": _cmd_gc,
     "helper-image": _cmd_helper_image,
 }
 

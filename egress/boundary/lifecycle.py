@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import replace
@@ -117,6 +118,11 @@ async def prepare_execution(
         framework_routes=[*policy.framework_routes, *routes],
         report_only=policy.report_only,
     )
+    # counted from before the cut, so the probe's own connections are in the summary
+    # whenever they are recorded (release_execution returns it: docs/metrics.md)
+    tracking = prior is None or cid not in proxy.observers.summaries
+    if tracking:
+        proxy.track_execution(cid)
     try:
         box = await _bind(
             proxy,
@@ -161,6 +167,8 @@ async def prepare_execution(
                 li.probing = False
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
+        if tracking:
+            proxy.execution_summary(cid, stop=True)
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
             exc, Exception
         ):
@@ -173,8 +181,6 @@ async def prepare_execution(
         "sandbox_replaced" if prior else "sandbox_added",
         f"policy {sandbox_policy!r}",
     )
-    if prior is None or cid not in proxy.observers.summaries:
-        proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
     execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
     return replace(
         execution,
@@ -212,10 +218,17 @@ async def release_execution(
     *,
     restore: bool = False,
     cut_mode: CutMode | None = None,
+    forget: bool = False,
 ) -> ExecutionSummary:
     """Release the sandbox: its client, token, source addresses, listeners and forwarders
     (a listener shared with another sandbox stays until its last holder is released), and,
     with `restore`, undo the cut.
+
+    Without `restore`, netcut's record of the cut is removed when `forget` is True (a
+    sandbox that will be destroyed: nothing is left behind) or when the namespace is already
+    gone; otherwise it stays, so a later `netcut restore` can still undo the cut. Records
+    of namespaces destroyed later are collected by netcut (`netcut gc`, and at a later cut:
+    docs/netcut.md#collecting-records).
 
     Returns what the execution did: its access records counted by decision, host and reason
     (`ExecutionSummary`, e.g. `summary.blocked_hosts` for "this run tried 3 blocked hosts").
@@ -230,6 +243,9 @@ async def release_execution(
     as_instance(proxy, "release_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "release_execution execution", Execution, "an Execution")
     as_bool(restore, "release_execution restore")
+    as_bool(forget, "release_execution forget")
+    if restore and forget:
+        raise ValueError("release_execution: restore and forget exclude each other")
     how = execution.cut_mode if cut_mode is None else cut_mode
     if as_choice(how, "release_execution cut_mode", CUT_MODES) == "helper" and restore:
         if parse_target(execution.sandbox).kind != "container":
@@ -257,4 +273,30 @@ async def release_execution(
                 await netcut.restore_async(execution.sandbox)
         except netcut.NetcutError as exc:
             raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc
+    else:
+        await _forget_record(execution, forget)
     return summary
+
+
+async def _forget_record(execution: Execution, forget: bool) -> None:
+    """Remove the cut's record when asked to, or when its namespace is gone (the sandbox's
+    namespace file no longer names the namespace that was cut)."""
+    identity = getattr(execution.cut, "identity", None)
+    if identity is None:
+        return
+    import netcut
+
+    if not forget:
+        path = parse_target(execution.sandbox).static_path
+        if path is None:
+            return  # a container: asking its runtime costs a process; netcut collects it later
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == tuple(identity):
+                return  # still there: the record stays for a later restore
+        except OSError:
+            pass
+    try:
+        await asyncio.to_thread(netcut.forget, tuple(identity))
+    except netcut.NetcutError as exc:
+        raise ReleaseFailed(f"sandbox {execution.sandbox}: forget failed: {exc}") from exc

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .clients import Identity
 from .dnsanswer import DnsResult, FakeIPs, answer_query, refuse_query
 from .listener import Listener, parse_listen, peer_text
-from .netns import call_in_netns_thread
+from .netns import call_in_netns
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -112,8 +112,10 @@ async def open_dns(
     listener = await proxy._open_listener(listener)  # TCP first: it fixes an ephemeral port
     try:
         bound = listener.port
-        sock = call_in_netns_thread(netns, lambda: _udp_socket(host, bound)) if netns else \
-            _udp_socket(host, bound)  # fmt: skip
+        if netns:
+            sock = await call_in_netns(netns, lambda: _udp_socket(host, bound))
+        else:
+            sock = _udp_socket(host, bound)
         transport, _ = await proxy.loop.create_datagram_endpoint(
             lambda: _DnsUdp(proxy.steps, listener), sock=sock
         )

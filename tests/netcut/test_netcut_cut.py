@@ -407,19 +407,18 @@ def test_a_wedged_worker_is_killed_and_replaced() -> None:
 
 
 def test_worker_inherits_none_of_the_callers_descriptors(tmp_path: pathlib.Path) -> None:
-    with nsexec._lock:  # start from no worker
-        if nsexec._worker is not None:
-            nsexec._worker.kill()
-            nsexec._worker = None
+    nsexec.stop_workers()  # start from no worker
     marker = tmp_path / "caller-only"
     with open(marker, "w"), socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         netcut.start_worker()
-        worker = nsexec._worker
-        assert worker is not None
-        fd_dir = f"/proc/{worker.pid}/fd"
-        links = {os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)}
+        pids = nsexec.worker_pids()
+        assert pids
+        links = set()
+        for pid in pids:
+            fd_dir = f"/proc/{pid}/fd"
+            links |= {os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)}
         listening = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
     assert str(marker) not in links
     assert listening not in links
