@@ -71,10 +71,13 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         record = parse_record(line.data)
         if record is None:
             summary.bad_lines += 1
-        elif record.get("type") == "start":
-            summary.runs += 1
-        elif is_request(record) and window.in_window(record):
-            summary.add(record)
+        elif is_request(record):
+            summary.ended(record)
+            if window.in_window(record):
+                summary.add(record)
+        else:
+            summary.lifecycle(record)
+    summary.crashed()
     summary.derive_domains(make_domain_of())
     if summary.bad_lines:
         _warn(
@@ -185,6 +188,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     if len(problems) > MAX_PROBLEMS_SHOWN:
         print(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
+    for r in results:
+        for note in r.continued:
+            print(note)
+        for tunnel in r.open_at_crash[:MAX_PROBLEMS_SHOWN]:
+            print(tunnel)
+        unlisted = r.open_at_crash_unlisted + max(0, len(r.open_at_crash) - MAX_PROBLEMS_SHOWN)
+        if unlisted:
+            print(f"... and {unlisted} more open at crash")
     if len(groups) > 1:  # one head per worker's chain
         for group, r in zip(groups, results, strict=True):
             print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {r.head}")
@@ -192,6 +203,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     shown = f", {len(problems)} problem(s)" if problems else ""
     lines, runs = sum(r.lines for r in results), sum(r.runs for r in results)
     requests = sum(r.requests for r in results)
+    crashed = sum(len(r.open_at_crash) + r.open_at_crash_unlisted for r in results)
+    shown += f", {crashed} open at crash" if crashed else ""
     head = result.head if len(results) == 1 else f"of {len(results)} chains above"
     print(
         f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "

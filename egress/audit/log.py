@@ -49,6 +49,7 @@ DEFAULT_MAX_BACKLOG: Final = 1_000_000
 DEFAULT_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024  # lines kept while the file is unwritable
 DEFAULT_RETRY_INTERVAL: Final = 0.5  # seconds between attempts to write an unwritable log
 DEFAULT_EVENTS_MAXLEN: Final = 1024  # events buffered per events() consumer
+DEFAULT_INTERIM_INTERVAL: Final = 60.0  # seconds between a long tunnel's progress records
 
 
 class AuditLog:
@@ -57,8 +58,10 @@ class AuditLog:
     `path` is a file (appended to; a new run starts with a start record), `"-"` for
     stdout, or None for no file at all (hooks and `events()` only). `rotate_bytes` rotates
     the file to `PATH.1.gz` (older ones shift to `.2.gz`, ...) before it would exceed that
-    size; the chain continues in the new file. Usable as `async with AuditLog(...) as log:`.
-    Raises ValueError for a bad `fail_mode` or `rotate_bytes`.
+    size; the chain continues in the new file; `keep` rotated files are kept (None: all).
+    `interim_interval`: seconds between the `progress` records of a long tunnel (the proxy
+    reads it). Usable as `async with AuditLog(...) as log:`.
+    Raises ValueError for a bad `fail_mode`, `rotate_bytes`, `keep` or `interim_interval`.
     """
 
     def __init__(
@@ -68,6 +71,8 @@ class AuditLog:
         fail_mode: FailMode = "open",
         keep_query: bool = False,
         rotate_bytes: int | None = None,
+        keep: int | None = None,
+        interim_interval: float = DEFAULT_INTERIM_INTERVAL,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
@@ -78,11 +83,17 @@ class AuditLog:
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
         if rotate_bytes is not None and rotate_bytes <= 0:
             raise ValueError(f"rotate_bytes must be positive, not {rotate_bytes}")
+        if keep is not None and keep < 0:
+            raise ValueError(f"keep must be 0 or more, not {keep}")
+        if not interim_interval > 0 or not math.isfinite(interim_interval):
+            raise ValueError(f"interim_interval must be a positive number, not {interim_interval}")
         self.path = path
         self.fail_mode: FailMode = fail_mode
         self.keep_query = keep_query
         self.rotate_bytes = rotate_bytes if path not in (None, "-") else None
         self.events_maxlen = events_maxlen
+        self.interim_interval = float(interim_interval)
+        self._links = 0  # the last link id given (`opened`)
         self._clock = Clock()
         self._redactor = Redactor(keep_query)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -97,6 +108,8 @@ class AuditLog:
             retry_interval=retry_interval,
             max_pending_bytes=max_pending_bytes,
             close_timeout=close_timeout,
+            clock=self._clock,
+            keep=keep,
         )
         self._thread: threading.Thread | None = None
         self._delivery = Delivery(events_maxlen)  # hooks and events() consumers
@@ -123,6 +136,12 @@ class AuditLog:
         return self._writer.lines_dropped + self._writer.lines_abandoned
 
     @property
+    def lines_abandoned(self) -> int:
+        """Lines never written and never reported in the file: left at close (the disk
+        still full after `close_timeout`) or recorded after it. `egress serve` exits 1."""
+        return self._writer.lines_abandoned
+
+    @property
     def writable(self) -> bool:
         """False while the last attempt to write the file failed."""
         return self._writer.writable
@@ -131,8 +150,8 @@ class AuditLog:
     def accepting(self) -> bool:
         """False when fail_mode is "closed" and the log cannot currently be written.
 
-        The proxy checks it before serving a new connection (and refuses with reason
-        `audit_unavailable` when False).
+        The proxy checks it before every request and tunnel, kept-alive or not, and refuses
+        with reason `audit_unavailable` when False (docs/audit-log.md).
         """
         return self.fail_mode == "open" or self._writer.writable
 
@@ -255,6 +274,14 @@ class AuditLog:
         delivery = self._delivery
         if delivery.hooks or delivery.subscribers:
             delivery.deliver(rec)
+
+    def opened(self, event: dict[str, object]) -> int:
+        """Record that a tunnel or request reached its upstream: an `open` record with a new
+        link `id`, returned; its request record (and its `progress` records) carry the same
+        `id`, so a crash never hides that it existed (docs/audit-log.md#open-and-progress)."""
+        self._links = link = self._links + 1
+        self.record({"type": "open", "id": link, **event})
+        return link
 
     # -- hooks and events() ----------------------------------------------------------------
 

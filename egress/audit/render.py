@@ -25,6 +25,16 @@ def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
         f"  runs: {summary.runs}"
         + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else ""),
     ]
+    if summary.open_at_crash_count:  # opened, no end record, run ended without one
+        lines.append(f"open at crash: {summary.open_at_crash_count} (no end record)")
+        for rec in summary.open_at_crash[: top or 15]:
+            who = rec.get("client_id") or rec.get("client")
+            lines.append(
+                printable(
+                    f"  {rec.get('ts')} id {rec.get('id')} {rec.get('host')}:"
+                    f"{rec.get('port')} from {who}"
+                )
+            )
     titles = {
         "host": "host",
         "domain": "registrable domain",

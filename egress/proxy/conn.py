@@ -18,6 +18,7 @@ from ..validate import as_count, as_timeout
 from . import wire
 from .gate import HEAD_TIMEOUT
 from .listener import Listener
+from .record import AccessRecord
 from .relay import Side
 from .responses import error_response
 
@@ -77,6 +78,7 @@ class Conn:
     orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
     owner: object = None  # the per-client cap's key, once the first request is identified
     task: asyncio.Task[None] | None = None
+    rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
 
 
 async def read_head(

@@ -24,6 +24,7 @@ class AccessRecord:
         "end",
         "host",
         "identified",
+        "link",
         "method",
         "mode",
         "orig_dst",
@@ -31,6 +32,7 @@ class AccessRecord:
         "policy",
         "port",
         "reason",
+        "reported",
         "rule",
         "scheme",
         "sni",
@@ -49,6 +51,10 @@ class AccessRecord:
         self.host = host
         self.port = port
         self.t0 = t0  # loop time at the start; not logged
+        # the `id` of its open record once the upstream was contacted (0: none, or the
+        # record was emitted); `reported`: loop time of the open or last progress record
+        self.link = 0
+        self.reported = t0
         self.path: str | None = None
         self.identified = False  # client_id is logged (even when None) once identified
         self.client_id: str | None = None
@@ -79,6 +85,21 @@ class AccessRecord:
         self.reason = reason
         self.rule = rule
 
+    def opened(self) -> dict[str, object]:
+        """The fields of its `open` record: who went where, as known at the dial."""
+        ev: dict[str, object] = {
+            "client": self.client,
+            "method": self.method,
+            "host": self.host,
+            "port": self.port,
+            "addr": self.addr,
+        }
+        if self.identified:
+            ev["client_id"] = self.client_id
+        if self.mode is not None:
+            ev["mode"] = self.mode
+        return ev
+
     def finish(self, now: float) -> None:
         """Record the duration (milliseconds, 3 decimals) up to loop time `now`."""
         self.duration_ms = round((now - self.t0) * 1000, 3)
@@ -100,6 +121,8 @@ class AccessRecord:
             "host": self.host,
             "port": self.port,
         }
+        if self.link:
+            ev["id"] = self.link
         if self.path is not None:
             ev["path"] = self.path
         if self.identified:

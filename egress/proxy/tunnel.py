@@ -42,6 +42,7 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
         upstream, addr = await steps.pool.dial(addrs, target.port)
         conn.upstream = upstream
         rec.addr = steps.addr_text(addr)
+        steps.opened(conn, rec)
         conn.side.write(CONNECT_OK)
         rec.status = 200
         await check_sni(steps, conn, identity.policy, target, admitted, rec)
@@ -142,6 +143,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
         rec.policy = bound.policy.digest
     conn.phase = "active"
     try:
+        steps.check_audit()
         ip = parse_ip_literal(host)
         addrs = (ip,) if ip is not None else await steps.resolve(host)
         upstream, addr = await steps.pool.dial(addrs, port)
@@ -152,6 +154,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
         return
     conn.upstream = upstream
     rec.addr = steps.addr_text(addr)
+    steps.opened(conn, rec)
     rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{host}:{port}")
     await relay_tunnel(steps, conn, upstream, rec)
 

@@ -340,7 +340,7 @@ async def test_dev_full_is_reported_counted_and_follows_fail_mode(
     assert "cannot write audit log /dev/full" in caplog.text
     assert ("refusing new connections" if fail_mode == "closed" else "still serving") in caplog.text
     assert log.lines_written == 0
-    assert log.lines_dropped == 4  # start, 2 requests, end: none could be written
+    assert log.lines_dropped == 5  # start, outage, 2 requests, end: none could be written
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
@@ -370,12 +370,15 @@ async def test_removed_directory_then_recovery(
             log.record({**EVENT, "host": "after.example"})
     assert "removed or replaced" in caplog.text
     assert "writable again" in caplog.text
-    hosts = [r.get("host") for r in read_records(path)]
-    assert hosts == ["during.example", "after.example", None]  # nothing queued was lost
+    records = read_records(path)
+    kinds = [r.get("type") or r.get("host") for r in records]
+    # the new file names where it continues (reopen), then nothing queued was lost, and the
+    # outage is marked where it began and where it ended (docs/audit-log.md)
+    assert kinds == ["reopen", "during.example", "outage", "recovered", "after.example", "end"]
+    assert records[3]["write_errors"] >= 1
     assert log.lines_dropped == 0
-    problems = verify(path)
-    assert problems  # the reviewer sees that the start of the run went with the directory
-    assert "does not begin with a start record" in problems[0]
+    # it verifies alone: the reopen record links to the removed file's last line
+    assert verify(path) == []
 
 
 async def test_closed_mode_notices_a_removed_directory_while_idle(tmp_path: Path) -> None:
