@@ -128,9 +128,14 @@ def recover_rotated(path: str, lo: int, hi: int) -> list[bytes]:
         return []
 
 
+FILL_ATTEMPTS: Final = 3  # reads of the rotated files while the writer may be renaming them
+
+
 class GapFiller:
-    """Keeps a followed log continuous: when a `rotate` record arrives with a `seq` past the
-    next one expected, the lines in between are fetched from the rotated files first."""
+    """Keeps a followed log continuous: when a `rotate` (or `reopen`) record arrives with a
+    `seq` past the next one expected, the lines in between are fetched from the rotated files
+    first; lines already shown (a file read twice across a rotation or a copytruncate) are
+    not shown again. What cannot be found is reported with its exact `seq` ranges."""
 
     def __init__(self, path: str, warn: Callable[[str], None]) -> None:
         self.path = path
@@ -141,24 +146,47 @@ class GapFiller:
         for data in lines:
             record = parse_record(data)
             seq = record.get("seq") if record else None
-            if not isinstance(seq, int):
+            if not isinstance(seq, int) or record is None:
                 yield data
                 continue
-            if (
-                record
-                and record.get("type") == "rotate"
-                and self.last is not None
-                and seq > self.last + 1
-            ):
+            kind = record.get("type")
+            if kind == "start":
+                self.last = None  # a new run: its seq starts again at 0
+            elif self.last is not None and seq <= self.last:
+                continue  # already shown
+            if kind in ("rotate", "reopen") and self.last is not None and seq > self.last + 1:
                 yield from self._fill(self.last + 1, seq - 1)
             self.last = seq
             yield data
 
     def _fill(self, lo: int, hi: int) -> list[bytes]:
-        found = recover_rotated(self.path, lo, hi)
-        if len(found) != hi - lo + 1:
+        found: dict[int, bytes] = {}
+        for _ in range(FILL_ATTEMPTS):  # the writer may have shifted files while we read
+            for data in recover_rotated(self.path, lo, hi):
+                record = parse_record(data)
+                seq = record.get("seq") if record else None
+                if isinstance(seq, int):
+                    found.setdefault(seq, data)
+            if len(found) == hi - lo + 1:
+                break
+        missing = [seq for seq in range(lo, hi + 1) if seq not in found]
+        if missing:
             self.warn(
-                f"{self.path} rotated faster than it was read: "
-                f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown"
+                f"{self.path} rotated faster than it was read: {len(missing)} line(s) "
+                f"(seq {_ranges(missing)}) not found in its rotated files"
             )
-        return found
+        return [found[seq] for seq in sorted(found)]
+
+
+def _ranges(seqs: list[int]) -> str:
+    """`3..5, 9, 12..13` for [3, 4, 5, 9, 12, 13] (sorted)."""
+    parts: list[str] = []
+    start = prev = seqs[0]
+    for seq in [*seqs[1:], None]:
+        if seq is not None and seq == prev + 1:
+            prev = seq
+            continue
+        parts.append(f"{start}..{prev}" if prev != start else str(start))
+        if seq is not None:
+            start = prev = seq
+    return ", ".join(parts)

@@ -10,11 +10,13 @@ loop never touches the file after `start()`.
 
 Failure policy: a failed write is logged at ERROR (logger `egress.audit`, which reaches
 stderr even when logging is not configured) and counted in `write_errors`; the lines stay
-queued and are retried every `retry_interval` seconds. With `fail_mode="closed"`,
-`accepting` is False while the log cannot be written and the proxy refuses new connections
-(reason `audit_unavailable`); with `"open"` it keeps serving. Lines are never dropped
-silently: a line that cannot be kept still takes its place in the chain, so `egress audit
-verify` reports the gap, and a `loss` record says how many were lost once writing resumes.
+queued and are retried every `retry_interval` seconds; `outage` and `recovered` records mark
+the outage in the chain. With `fail_mode="closed"`, `accepting` is False while the log cannot
+be written and the proxy refuses every request and tunnel (reason `audit_unavailable`); with
+`"open"` it keeps serving. Lines are never dropped silently: a line that cannot be kept
+still takes its place in the chain, so `egress audit verify` reports the gap, and a `loss`
+record says how many were lost once writing resumes; lines left unwritten at close are
+`lines_abandoned` (and `egress serve` exits 1).
 
 Memory bounds: at most `max_backlog` lines wait for the writer thread and at most
 `max_pending_bytes` of chained lines wait for a writable file (beyond either, lines are
