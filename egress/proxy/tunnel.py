@@ -122,7 +122,8 @@ async def relay_tunnel(
         conn.side.close()
         upstream.close()
         await asyncio.wait((up, down), timeout=1.0)
-    end = conn.end or _how_ended(up, down)
+    how = _how_ended(up, down)  # always: it also retrieves both futures' exceptions
+    end = conn.end or how
     if end == End.LOST.value and gone is not None:
         end = End.CLIENT_CLOSED.value if gone == "client" else End.UPSTREAM_CLOSED.value
     upstream.close()
