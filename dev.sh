@@ -7,14 +7,27 @@
 #   ./dev.sh setup   only set up (.venv with the project installed editable)
 #   ./dev.sh engines install podman, docker.io, containerd, runc and start the engines the
 #                    engine tests use (tests/engines/up.sh; stop them with tests/engines/down.sh)
+#   ./dev.sh missing PKG...  print the Debian packages among PKG that are not installed
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${EGRESS_VENV:-.venv}"
 
+installed() {
+    # The package's *installed* state: `dpkg -s` also answers 0 for a package that was removed
+    # but left its configuration files (state `rc`, "deinstall ok config-files"), whose
+    # programs are gone.
+    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]
+}
+
+missing_packages() {
+    local pkg
+    for pkg in "$@"; do installed "$pkg" || echo "$pkg"; done
+}
+
 apt_install() {
     # Install Debian packages only when something is missing; never touch apt otherwise.
     local missing=()
-    for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+    mapfile -t missing < <(missing_packages "$@")
     ((${#missing[@]})) || return 0
     if [[ $(id -u) -ne 0 ]]; then
         echo "dev.sh: need Debian packages ${missing[*]}; run as root or install them" >&2
@@ -61,10 +74,46 @@ peers_setup() {
     done
 }
 
+engine_lock() {
+    # Engine-using runs of every checkout on this machine take turns: fd 7 holds an flock on
+    # the lock file until this shell exits. A caller that holds it already (.ci/run) says so.
+    [[ -n "${NETCUT_CI_LOCKED:-}" ]] && return 0
+    exec 7>"${NETCUT_CI_RUN:-/run/netcut-ci}.lock"
+    if ! flock -n 7; then
+        echo "dev.sh: another checkout's engine run is in progress; waiting for it" >&2
+        flock 7
+    fi
+    export NETCUT_CI_LOCKED=1
+}
+
+harbor_setup() {
+    # Harbor 0.26 needs Python >= 3.12 (ours is Debian's 3.11): its own venv, pinned, for the
+    # differential and trial tests (tests/frameworks/harborvenv.py finds it by this variable).
+    export EGRESS_HARBOR_VENV="${EGRESS_HARBOR_VENV:-$PWD/.venv-harbor}"
+    local py="${EGRESS_PYTHON312:-}"
+    [[ -n "$py" ]] || py="$(command -v python3.12 || true)"
+    [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -1)"
+    if [[ -z "$py" ]]; then
+        echo "dev.sh: Harbor needs Python >= 3.12: set EGRESS_PYTHON312" >&2
+        return 1
+    fi
+    if ! "$EGRESS_HARBOR_VENV/bin/python" -c 'import harbor' 2>/dev/null; then
+        local t0=$SECONDS
+        "$py" -m venv "$EGRESS_HARBOR_VENV"
+        "$EGRESS_HARBOR_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            "harbor==0.26.0" 2> >(grep -v "^WARNING: Location 'file:" >&2)
+        echo "dev.sh: harbor==0.26.0 installed in $((SECONDS - t0)) s" >&2
+    fi
+    # this checkout too, so Harbor can import egress.integrations.harbor (--env PATH)
+    "$EGRESS_HARBOR_VENV/bin/python" -m pip install -q --disable-pip-version-check -e . \
+        2> >(grep -v "^WARNING: Location 'file:" >&2)
+}
+
 cmd="${1:-help}"
 shift || true
 case "$cmd" in
     setup) setup ;;
+    missing) missing_packages "$@" ;;
     engines)
         apt_install "${ENGINE_PACKAGES[@]}"
         exec tests/engines/up.sh
@@ -75,14 +124,19 @@ case "$cmd" in
         ;;
     test)
         setup
+        harbor_setup
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"
-        # The real-engine tests need running engines: start ours (stopped by PID on exit,
-        # whatever the outcome), unless EGRESS_ENGINES=0 asks for a run without them (those
-        # tests then skip, or fail under EGRESS_REQUIRE_ENGINE=1).
+        # The real-engine tests need running engines: start ours on data roots made for this
+        # run and take them down again at exit, whatever the outcome (the trap is set before
+        # anything starts), unless EGRESS_ENGINES=0 asks for a run without them (those tests
+        # then skip, or fail under EGRESS_REQUIRE_ENGINE=1). One engine run per machine at a
+        # time: the lock is held until the trap has taken the engines down
+        # (docs/netcut.md#engines-in-ci).
         if [[ "${EGRESS_ENGINES:-1}" != 0 ]]; then
             apt_install "${ENGINE_PACKAGES[@]}"
+            engine_lock
             trap 'tests/engines/down.sh' EXIT
             tests/engines/up.sh
             # shellcheck disable=SC1091
@@ -97,5 +151,5 @@ case "$cmd" in
         exec "$VENV/bin/python" -m bench "$@"
         ;;
     *)
-        sed -n '2,9p' "$0"; exit 2 ;;
+        sed -n '2,10p' "$0"; exit 2 ;;
 esac

@@ -15,8 +15,10 @@ from .boundary import (
     release_execution,
     update_execution,
 )
+from .boundary.plan import ExecutionPlan, client_id_from, plan_execution
 from .config import ClientSpec, Settings, build_settings, load_policy_file
 from .errors import EgressError, PolicyError, ProtocolError, TargetError
+from .integrations.shared import close_shared_proxy, configure_shared_proxy, shared_proxy
 from .policy.addrs import AddressGuard, classify
 from .policy.compose import compose, from_harbor, from_verifiers
 from .policy.judge import judge
@@ -36,6 +38,7 @@ __all__ = [
     "EgressProxy",
     "Execution",
     "ExecutionNotReady",
+    "ExecutionPlan",
     "ExecutionSummary",
     "Limits",
     "NamespaceError",
@@ -50,7 +53,10 @@ __all__ = [
     "TargetError",
     "build_settings",
     "classify",
+    "client_id_from",
+    "close_shared_proxy",
     "compose",
+    "configure_shared_proxy",
     "from_harbor",
     "from_verifiers",
     "judge",
@@ -61,7 +67,9 @@ __all__ = [
     "parse_authority",
     "parse_rule",
     "parse_url",
+    "plan_execution",
     "prepare_execution",
     "release_execution",
+    "shared_proxy",
     "update_execution",
 ]

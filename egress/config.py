@@ -27,7 +27,7 @@ import argparse
 import ipaddress
 import os
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -35,7 +35,7 @@ from .errors import PolicyError, TargetError
 from .policy.addrs import AddressGuard, parse_cidr
 from .policy.rules import Policy, Posture
 from .policy.target import IPAddress, IPNetwork, normalize_host, parse_ip_literal
-from .validate import as_bool, as_instance, as_str, as_str_list, as_table
+from .validate import as_bool, as_instance, as_mapping, as_str, as_str_list, as_table
 
 T = TypeVar("T")
 
@@ -96,6 +96,7 @@ class Settings:
         """Typed at construction (docs/policy.md#types)."""
         as_instance(self.policy, "Settings policy", Policy, "a Policy")
         as_instance(self.guard, "Settings guard", AddressGuard, "an AddressGuard")
+        as_mapping(self.resolve, "Settings resolve")
         if not isinstance(self.clients, tuple) or not all(
             isinstance(c, ClientSpec) for c in self.clients
         ):
@@ -118,6 +119,18 @@ def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[IPAddress, ...]]:
             raise PolicyError(f"--resolve {entry!r}: {addr_text!r} is not an IP address")
         pins.setdefault(host, []).append(addr)
     return {k: tuple(v) for k, v in pins.items()}
+
+
+def resolve_pins(table: Mapping[str, str | Iterable[str]]) -> dict[str, tuple[IPAddress, ...]]:
+    """`{NAME: ADDR}` or `{NAME: [ADDR, ...]}` as pins (`EgressProxy(resolve=...)`), checked
+    as `parse_resolve` checks `NAME=ADDR`."""
+    if not isinstance(table, Mapping):
+        raise TypeError(f"resolve must be a mapping of name to address(es), not {table!r}")
+    entries: list[str] = []
+    for name, addrs in table.items():
+        for addr in [addrs] if isinstance(addrs, str) else as_str_list(addrs, f"resolve {name}"):
+            entries.append(f"{as_str(name, 'resolve name')}={addr}")
+    return parse_resolve(entries)
 
 
 def load_policy_file(path: str) -> dict[str, Any]:
@@ -182,6 +195,19 @@ def build_settings(
 
     `report_only` (`--report-only`) puts the top-level policy and every client in report
     mode, whatever the file's `mode` keys say."""
+    # the options are typed like the Python API's (docs/policy.md#types): a TypeError names one
+    allow, block, framework_routes, resolve, reserve = (
+        as_str_list(value, f"build_settings {name}")
+        for name, value in (
+            ("allow", allow),
+            ("block", block),
+            ("framework_routes", framework_routes),
+            ("resolve", resolve),
+            ("reserve", reserve),
+        )
+    )
+    as_bool(reserve_private, "build_settings reserve_private")
+    as_bool(report_only, "build_settings report_only")
     data = file_data or {}
     top_report = report_only or _report_only(data.get("mode", "enforce"), where)
     posture = _posture(default if default is not None else data.get("default", "deny"), where)

@@ -158,6 +158,22 @@ class Reason(StrEnum):
         "error",
         "refused because the audit log cannot be written and `--audit-fail closed`",
     )
+    IDENTIFY_TIMEOUT = (
+        "identify_timeout",
+        0,
+        "",
+        "error",
+        "a connection on a shared listener did not name its client within "
+        "`identify_timeout` (closed without an answer; docs/proxy.md#limits)",
+    )
+    EVICTED = (
+        "evicted",
+        0,
+        "",
+        "error",
+        "a connection not yet identified was closed to make room for a newer one of the "
+        "same source (docs/proxy.md#limits)",
+    )
     # the sandbox lifecycle (method SANDBOX, docs/audit-log.md#sandbox-records): not refusals
     SANDBOX_ADDED = (
         "sandbox_added",
@@ -273,6 +289,9 @@ class End(StrEnum):
     UPSTREAM_LOST = "upstream_lost", "the upstream reset or vanished inside a response body"
     UPSTREAM_PROTOCOL = "upstream_protocol", "the upstream sent a malformed response body"
     RESET = "reset", "a transparent connection refused with a TCP reset"
+    HEAD_TIMEOUT = "head_timeout", "no complete request head (or SOCKS5 handshake) in time"
+    IDENTIFY_TIMEOUT = "identify_timeout", "not identified within `identify_timeout`"
+    EVICTED = "evicted", "closed unidentified to make room for a newer connection"
 
     text: str
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .config import Settings, settings_from_args
 from .policy.target import join_host_port
+from .printable import printable
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 from .workers import READY, check_worker_args, serve_workers
@@ -232,9 +233,11 @@ async def run_serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     reloads: set[asyncio.Task[None]] = set()
+    # one reload at a time, in signal order: the last file read is the one applied
+    serial = asyncio.Lock()
 
     def on_hup() -> None:
-        task = loop.create_task(reload_policy(proxy, args))
+        task = loop.create_task(reload_policy(proxy, args, serial))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 
@@ -269,27 +272,52 @@ async def run_serve(
     return 0
 
 
-async def reload_policy(proxy: EgressProxy, args: argparse.Namespace) -> None:
+async def reload_policy(
+    proxy: EgressProxy, args: argparse.Namespace, serial: asyncio.Lock | None = None
+) -> None:
     """SIGHUP: re-read the policy file (with the same command-line options), validate it and
-    swap it in; on any error keep the policy in force and say why (docs/proxy.md#sighup)."""
+    swap it in; on any error keep the policy in force and say why (docs/proxy.md#sighup).
+
+    Reloads hold `serial` from reading the file to applying it, and asyncio's lock wakes
+    waiters in order: two SIGHUPs 50 ms apart apply in signal order, so the file read last
+    wins (a slow parse of the older file can no longer land after the newer one)."""
+    async with serial or asyncio.Lock():
+        await _reload(proxy, args)
+
+
+async def _reload(proxy: EgressProxy, args: argparse.Namespace) -> None:
     from .errors import EgressError
 
     old = proxy.settings.policy.digest
+    before = {c.client_id: c.policy.digest for c in proxy.settings.clients}
     try:
         settings = await asyncio.to_thread(settings_from_args, args)
     except (EgressError, OSError, ValueError) as exc:
         print(
-            f"egress serve: policy reload failed, keeping policy {old}: {exc}",
+            f"egress serve: policy reload failed, keeping policy {old}: {printable(str(exc))}",
             file=sys.stderr,
             flush=True,
         )
         return
     await proxy.replace_settings(settings, source="sighup")
     print(
-        f"egress serve: policy reloaded: {old} -> {settings.policy.digest}",
+        f"egress serve: policy reloaded: {old} -> {settings.policy.digest}"
+        + reload_clients(before, {c.client_id: c.policy.digest for c in settings.clients}),
         file=sys.stderr,
         flush=True,
     )
+
+
+def reload_clients(before: dict[str, str], after: dict[str, str]) -> str:
+    """Each client's policy hash before and after a reload (`-` for none), so the message
+    says which sandboxes' policies changed; client ids escaped (docs/proxy.md#sighup)."""
+    if not before and not after:
+        return ""
+    parts = [
+        f"{printable(cid)} {before.get(cid, '-')} -> {after.get(cid, '-')}"
+        for cid in sorted(set(before) | set(after))
+    ]
+    return "; clients: " + ", ".join(parts)
 
 
 def _warn_tokens(settings: Settings, require_auth: bool) -> None:
@@ -298,7 +326,7 @@ def _warn_tokens(settings: Settings, require_auth: bool) -> None:
     named = [c.client_id for c in settings.clients if c.token is not None]
     if named and not require_auth:
         print(
-            f"egress serve: warning: clients {', '.join(named)} have tokens but "
+            f"egress serve: warning: clients {printable(', '.join(named))} have tokens but "
             "--require-auth is off: a client that sends credentials only after a 407 "
             "(git, curl --proxy-anyauth) runs under the top-level policy with client_id null",
             file=sys.stderr,
@@ -321,7 +349,9 @@ def request_line(event: dict[str, object]) -> str:
         parts.append(f"{event['duration_ms']}ms")
     if event.get("client_id"):
         parts.append(f"[{event['client_id']}]")
-    return "egress: " + " ".join(parts)
+    # the host, method and client come from the agent (a SOCKS name may hold newlines and
+    # ANSI escapes): escaped, so a name can never forge a line (docs/threat-model.md)
+    return printable("egress: " + " ".join(parts))
 
 
 def shutdown_summary(metrics: dict[str, object]) -> str:

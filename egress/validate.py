@@ -18,7 +18,7 @@ turn both into one line.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -44,15 +44,17 @@ def as_str(value: object, field: str, *, empty: bool = False) -> str:
     return value
 
 
-def as_list(value: object, field: str, item_types: tuple[type, ...] = (str,)) -> list[object]:
+def as_list(
+    value: object, field: str, item_types: tuple[type, ...] = (str,), what: str = "strings"
+) -> list[object]:
     """`value` as a list if it is a list, tuple (or other non-string iterable) of
     `item_types`; a single string or bytes is a `TypeError`, never iterated as characters."""
     if isinstance(value, str | bytes | bytearray | dict) or not isinstance(value, Iterable):
-        raise TypeError(f"{field} must be a list of strings, not {_kind(value)} {value!r}")
+        raise TypeError(f"{field} must be a list of {what}, not {_kind(value)} {value!r}")
     items = list(value)
     for item in items:
         if not isinstance(item, item_types):
-            raise TypeError(f"{field} must be a list of strings; item {item!r} is {_kind(item)}")
+            raise TypeError(f"{field} must be a list of {what}; item {item!r} is {_kind(item)}")
     return items
 
 
@@ -77,6 +79,34 @@ def as_count(value: object, field: str, *, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{field} must be at least {minimum}, not {value}")
     return value
+
+
+def as_port(value: object, field: str, *, zero: bool = True) -> int:
+    """A TCP port: an integer 1-65535 (0 too, "any free port", when `zero`)."""
+    port = as_count(value, field, minimum=0 if zero else 1)
+    if port > 65535:
+        raise ValueError(f"{field} must be at most 65535, not {port}")
+    return port
+
+
+def as_mapping(value: object, field: str) -> Mapping[object, object]:
+    """A mapping (dict-like); a string, list or number is a `TypeError` naming `field`."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{field} must be a mapping, not {_kind(value)} {value!r}")
+    return value
+
+
+def as_callables(value: object, field: str) -> list[Callable[..., object]]:
+    """One callable or a list of them (None: none)."""
+    if value is None:
+        return []
+    if callable(value):
+        return [value]
+    items = as_list(value, field, (object,), "callables")
+    for item in items:
+        if not callable(item):
+            raise TypeError(f"{field} must be a callable or a list of them; {item!r} is not")
+    return items  # type: ignore[return-value]
 
 
 def as_choice(value: object, field: str, choices: tuple[str, ...]) -> str:
@@ -104,10 +134,13 @@ def as_instance(value: object, field: str, cls: type[T] | tuple[type, ...], what
 
 __all__ = [
     "as_bool",
+    "as_callables",
     "as_choice",
     "as_count",
     "as_instance",
     "as_list",
+    "as_mapping",
+    "as_port",
     "as_str",
     "as_str_list",
     "as_table",

@@ -15,6 +15,7 @@ from typing import Any
 
 import netcut.probe as probe_mod
 from netcut import apply, flow, safety
+from netcut.argtypes import check_flags, check_list, check_seconds
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
 from netcut.model import Keep, NamespaceState, parse_keep
@@ -63,16 +64,15 @@ class DirectExecutor:
         return result
 
 
-def parse_keeps(keep: Iterable[KeepLike]) -> tuple[Keep, ...]:
-    if isinstance(keep, str):
-        raise InvalidInput("keep must be a list of ADDR[:PORT], not one string")
+def parse_keeps(keep: Iterable[KeepLike], field: str = "keep") -> tuple[Keep, ...]:
+    check_list(keep, field)
     return tuple(dict.fromkeys(parse_keep(k) for k in keep))
 
 
 def probe_targets(items: Iterable[KeepLike], field: str) -> tuple[Keep, ...]:
     """ADDR:PORTs to probe; one without a port is refused before anything is applied (a probe
     connects, so `cut --expect-blocked 1.2.3.4` must not be accepted and silently skipped)."""
-    found = parse_keeps(items)
+    found = parse_keeps(items, field)
     for keep in found:
         if keep.port is None:
             raise InvalidInput(f"{field} {keep}: give ADDR:PORT (a probe needs a port)")
@@ -129,6 +129,8 @@ def cut(
     SYS_ADMIN in it unless `allow_privileged`), PrivilegeError, ApplyFailed (rolled back),
     ProbeFailed.
     """
+    check_flags(probe=probe, force=force, allow_privileged=allow_privileged, dry_run=dry_run)
+    check_seconds(probe_timeout, "probe_timeout")
     keeps = parse_keeps(keep)
     blocked = probe_targets(expect_blocked, "expect_blocked")
     if redirect is not None and blocked:
@@ -194,6 +196,7 @@ def probe(
     Never raises for a failed expectation (check `result.ok`); raises InvalidInput for a
     target without a port, TargetNotFound, PrivilegeError.
     """
+    check_seconds(timeout, "timeout")
     reachable = probe_targets(expect_reachable, "expect_reachable")
     blocked = probe_targets(expect_blocked, "expect_blocked")
     safety.require_privilege()
@@ -209,6 +212,7 @@ def probe(
 
 async def cut_async(target: TargetLike, keep: Iterable[KeepLike] = (), **kwargs: Any) -> CutResult:
     """`cut` in a worker thread, so the caller's event loop keeps running."""
+    check_list(keep, "keep")
     return await asyncio.to_thread(cut, target, list(keep), **kwargs)
 
 
@@ -226,6 +230,8 @@ async def probe_async(
     expect_blocked: Iterable[KeepLike] = (),
     **kwargs: Any,
 ) -> ProbeResult:
+    check_list(expect_reachable, "expect_reachable")
+    check_list(expect_blocked, "expect_blocked")
     return await asyncio.to_thread(
         probe, target, list(expect_reachable), list(expect_blocked), **kwargs
     )

@@ -18,6 +18,15 @@ class InvalidInput(NetcutError):
     """A malformed argument (keep entry, target reference, probe target)."""
 
 
+class InvalidType(InvalidInput, TypeError):
+    """An argument of the wrong type (the string "false" for a flag, one string for a list);
+    a TypeError too, like egress's (docs/policy.md#types)."""
+
+
+class InvalidValue(InvalidInput, ValueError):
+    """An argument of the right type out of range (a nan or negative timeout)."""
+
+
 class TargetNotFound(NetcutError):
     """The namespace, process, container or container runtime does not exist."""
 

@@ -32,8 +32,9 @@ IMAGE_ENV = "NETCUT_HELPER_IMAGE"
 # A helper container starts in a fraction of a second; a minute means the engine is wedged.
 RUN_TIMEOUT_S = 60.0
 CAPABILITIES = ("NET_ADMIN", "NET_RAW")
-# What the engines answer for an image that is not there (with --pull never).
-_NO_IMAGE = ("no such image", "image not known", "unable to find image", "not found")
+# What the engines answer for an image that is not there (with --pull never): docker's
+# clients say `No such image: IMAGE`, podman `IMAGE: image not known`.
+_NO_IMAGE = ("no such image", "image not known", "unable to find image")
 
 
 def default_image() -> str:
@@ -70,9 +71,21 @@ def helper_argv(runtime: str, container_id: str, image: str) -> list[str]:
 
 
 def why_failed(text: str, code: int | None) -> str:
-    """The last line a failed command said (its exit status if it said nothing)."""
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else f"exit {code}"
+    """Everything a failed command said, every line (its exit status if it said nothing).
+
+    Whole, because the cause is rarely on the last line: Docker CE's client ends with
+    `Run 'docker run --help' for more information`, Debian's 20.10 with
+    `See 'docker run --help'.`, both after the daemon's `No such image: ...`."""
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    said = "\n".join(line for line in lines if line)
+    return said or f"exit {code}"
+
+
+def no_such_image(text: str) -> bool:
+    """Whether an engine's answer to `run --pull never` says the image is not there: Docker CE
+    28 and Debian's 20.10 client (`No such image: IMAGE`), podman (`IMAGE: image not known`)."""
+    lowered = text.lower()
+    return any(s in lowered for s in _NO_IMAGE)
 
 
 def _drain(fd: int, deadline: float) -> None:
@@ -141,7 +154,7 @@ class HelperExecutor:
                 return
             except ApplyFailed as exc:
                 self.started = False
-                missing = any(s in str(exc).lower() for s in _NO_IMAGE)
+                missing = no_such_image(str(exc))
                 if attempt == 2 or self.chosen is not None or not missing:
                     raise
                 helperimage.build(self.runtime, image)
@@ -258,7 +271,7 @@ class HelperExecutor:
         except ApplyFailed:
             back = -1
         said = [x for x in out.splitlines() if not x.startswith("### op ")]
-        why = said[-1] if said else f"exit {code}"
+        why = why_failed("\n".join(said), code)
         failed = ops[reached[-1]] if reached else "the helper"
         note = "rolled back" if back == 0 else "rollback incomplete: run `netcut restore`"
         raise ApplyFailed(
@@ -285,5 +298,6 @@ __all__ = [
     "HelperExecutor",
     "default_image",
     "helper_argv",
+    "no_such_image",
     "why_failed",
 ]

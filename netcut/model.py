@@ -13,7 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from netcut.errors import InvalidInput
+from netcut.errors import InvalidInput, InvalidType
 
 # is unassigned in iproute2's rt_protos and by IANA-registered routing daemons.
 NETCUT_PROTO = 110
@@ -49,6 +49,14 @@ class Keep:
 
     addr: Address
     port: int | None = None
+
+    def __post_init__(self) -> None:
+        """Typed at construction (docs/policy.md#types): a port is an int 1-65535 or None."""
+        port = self.port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
+            raise InvalidType(f"Keep port must be an integer or None, not {port!r}")
+        if port is not None and not 1 <= port <= 65535:
+            raise InvalidInput(f"Keep port must be 1-65535, not {port}")
 
     def __str__(self) -> str:
         host = f"[{self.addr}]" if self.addr.version == 6 else str(self.addr)

@@ -58,6 +58,8 @@ _TOOLS = {
     "ip6tables": "ip6tables-legacy",
     "timeout": "timeout",
     "nc": "nc",
+    "bash": "bash",
+    "busybox": "busybox",
 }
 PRELUDE = (
     "exec 2>&1\n"
@@ -175,11 +177,19 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
     lines = [
-        "echo '### links'; ncut_ip -j link show; echo \"### rc $?\"",
-        "echo '### addrs'; ncut_ip -j -N addr show; echo \"### rc $?\"",
-        "echo '### routes4'; ncut_ip -d -N -j -4 route show table all; echo \"### rc $?\"",
-        "echo '### routes6'; if [ -d /proc/sys/net/ipv6 ]; then"
-        " ncut_ip -d -N -j -6 route show table all; else echo '[]'; fi; echo \"### rc $?\"",
+        _section("links", "ip -j link show", "ncut_ip -j link show"),
+        _section("addrs", "ip -j -N addr show", "ncut_ip -j -N addr show"),
+        _section(
+            "routes4",
+            "ip -d -N -j -4 route show table all",
+            "ncut_ip -d -N -j -4 route show table all",
+        ),
+        _section(
+            "routes6",
+            "ip -d -N -j -6 route show table all",
+            "if [ -d /proc/sys/net/ipv6 ]; then"
+            " ncut_ip -d -N -j -6 route show table all; else echo '[]'; fi",
+        ),
     ]
     for keep in keeps:
         if not keep.is_loopback:
@@ -189,55 +199,91 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
                 f"echo '### get {keep.addr}'; ncut_ip -d -N -j route get {addr} 2>/dev/null"
                 " || echo '[]'; echo '### rc 0'"
             )
+    # Never a builtin's status for procfs: on Linux 6.18 `read` in dash and busybox ash
+    # returns 1 for a /proc/sys file although it read the value (bash returns 0). A sysctl
+    # always has a value, so an empty one is the failure (docs/netcut.md#helper-mode).
     lines.append(
-        "echo '### sysctls'; r=0; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
-        ' /proc/sys/net/ipv6/conf/*/accept_ra; do [ -e "$f" ] || continue;'
-        ' read -r v < "$f" || r=1; echo "$f $v"; done; echo "### rc $r"'
+        _section(
+            "sysctls",
+            "read each /proc/sys/net/ipv6/conf/*/{disable_ipv6,accept_ra}",
+            "r=0; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
+            ' /proc/sys/net/ipv6/conf/*/accept_ra; do [ -e "$f" ] || continue;'
+            ' v=; read -r v < "$f"; if [ -n "$v" ]; then echo "$f $v";'
+            ' else echo "$f: no value read"; r=1; fi; done; (exit $r)',
+        )
     )
     for family, name, names in ((AF_INET, "backstop4", "ip_tables_names"),
                                 (AF_INET6, "backstop6", "ip6_tables_names")):  # fmt: skip
         # Look at the table only if it is registered: listing it would register it.
+        tool = "ip6tables" if family == AF_INET6 else "iptables"
         lines.append(
-            f"echo '### {name}'; t=no; while read -r n; do [ \"$n\" = filter ] && t=yes;"
-            f" done < /proc/net/{names} 2>/dev/null; r=0;"
-            f" if [ $t = yes ]; then out=$({_tool(family)} -w -S {CHAIN} 2>&1); r=$?;"
-            ' if [ $r = 0 ]; then echo yes; r=0; else case "$out" in'
-            ' *"No chain"*|*"does not exist"*) echo no; r=0;; *) echo "$out";; esac; fi;'
-            ' else echo no; fi; echo "### rc $r"'
+            _section(
+                name,
+                f"{tool}-legacy -w -S {CHAIN} (if /proc/net/{names} lists filter)",
+                f"t=no; {_read_lines(names, 'filter')}; r=0;"
+                f" if [ $t = yes ]; then out=$({_tool(family)} -w -S {CHAIN} 2>&1); r=$?;"
+                ' if [ $r = 0 ]; then echo yes; r=0; else case "$out" in'
+                ' *"No chain"*|*"does not exist"*) echo no; r=0;; *) echo "$out";; esac; fi;'
+                " else echo no; fi; (exit $r)",
+            )
         )
         if verify:
             tool, v = _tool(family), name[-1]
+            shown = tool.removeprefix("ncut_") + "-legacy"
             lines.append(
                 f"if [ $t = yes ] && [ $r = 0 ] && {tool} -w -S {CHAIN} >/dev/null 2>&1; then"
-                f" echo '### output{v}'; {tool} -w -S OUTPUT; echo \"### rc $?\";"
-                f" echo '### chain{v}'; {tool} -w -S {CHAIN}; echo \"### rc $?\"; fi"
+                f" {_section(f'output{v}', f'{shown} -w -S OUTPUT', f'{tool} -w -S OUTPUT')};"
+                f" {_section(f'chain{v}', f'{shown} -w -S {CHAIN}', f'{tool} -w -S {CHAIN}')};"
+                " fi"
             )
     if verify:
-        lines.append("echo '### rules4'; ncut_ip -j -N -4 rule show; echo \"### rc $?\"")
+        lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
         lines.append(
-            "echo '### rules6'; if [ -d /proc/sys/net/ipv6 ]; then"
-            " ncut_ip -j -N -6 rule show; else echo '[]'; fi; echo \"### rc $?\""
+            _section(
+                "rules6",
+                "ip -j -N -6 rule show",
+                "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
+            )
         )
     # transparent mode's redirect chain (nat), looked at only if the nat table is registered
     lines.append(
-        "echo '### redirect'; t=no; while read -r n; do [ \"$n\" = nat ] && t=yes;"
-        " done < /proc/net/ip_tables_names 2>/dev/null;"
+        "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
         f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
         " then echo yes; else echo no; fi; echo '### rc 0'"
     )
     return "\n".join(lines) + "\n"
 
 
+def _section(name: str, command: str, body: str) -> str:
+    """One state-dump section: its name, the command it runs (for the error when it fails:
+    statedump.py quotes both with the whole output), the output, then `### rc N`."""
+    return (
+        f"echo '### {name}'; echo {shlex.quote('### cmd ' + command)}; {body}; echo \"### rc $?\""
+    )
+
+
+def _read_lines(names: str, table: str) -> str:
+    """Set t=yes if /proc/net/NAMES lists `table`. A last line without a newline still
+    counts (`read` returns 1 for it but fills the variable)."""
+    return (
+        f'while read -r n || [ -n "$n" ]; do [ "$n" = {table} ] && t=yes; n=;'
+        f" done < /proc/net/{names} 2>/dev/null"
+    )
+
+
 def probe_script(reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float) -> str:
     """Connect to every target at once; one `connected T` or `failed T` line each.
 
-    bash's /dev/tcp under `timeout` when the helper shell is bash (the default image), else
-    `nc -z -w` (an Alpine-style image); both bounded by `timeout` seconds."""
+    With the first connector the image has, whatever its /bin/sh: bash's /dev/tcp under
+    `timeout` (the default image; Debian-like images), else `nc -z -w` (netcat), else
+    busybox's `nc -w SECS ADDR PORT -e true`, which connects and exits 0 (its `nc` has no
+    `-z`; an Alpine-like image). Each is bounded by `timeout` seconds."""
     secs = str(max(1, round(timeout)))
     lines = [
-        'ncut_probe() { if [ -n "$BASH_VERSION" ] && [ -x "$NCUT_TIMEOUT" ]; then'
-        ' ncut_timeout "$3" "$BASH" -c \'exec 3<>"/dev/tcp/$0/$1"\' "$1" "$2";'
-        ' else ncut_nc -z -w "$3" "$1" "$2"; fi </dev/null >/dev/null 2>&1'
+        'ncut_probe() { if [ -x "$NCUT_BASH" ] && [ -x "$NCUT_TIMEOUT" ]; then'
+        ' ncut_timeout "$3" "$NCUT_BASH" -c \'exec 3<>"/dev/tcp/$0/$1"\' "$1" "$2";'
+        ' elif [ -x "$NCUT_NC" ]; then ncut_nc -z -w "$3" "$1" "$2";'
+        ' else ncut_busybox nc -w "$3" "$1" "$2" -e true; fi </dev/null >/dev/null 2>&1'
         ' && echo "connected $4" || echo "failed $4"; }'
     ]
     for keep in (*reachable, *blocked):

@@ -40,14 +40,19 @@ REQUIRED_SECTIONS = ("links", "addrs", "routes4", "routes6", "sysctls", "backsto
 
 def _sections(text: str) -> dict[str, str]:
     """Sections by name. Each must end with `### rc 0`: a tool that failed, a section cut
-    short, or a missing one is InvalidInput naming the section and what the tool said."""
+    short, or a missing one is InvalidInput naming the section, the command it ran (its
+    `### cmd` line) and everything the command said, every line."""
     out: dict[str, list[str]] = {}
     codes: dict[str, str] = {}
+    commands: dict[str, str] = {}
     current = None
     for line in text.splitlines():
         if line.startswith("### rc "):
             if current is not None:
                 codes[current] = line[7:].strip()
+        elif line.startswith("### cmd "):
+            if current is not None:
+                commands[current] = line[8:].strip()
         elif line.startswith("### "):
             current = line[4:].strip()
             out[current] = []
@@ -57,9 +62,11 @@ def _sections(text: str) -> dict[str, str]:
         if name not in out:
             raise InvalidInput(f"helper state dump: no {name!r} section")
         if codes.get(name) != "0":
-            said = " ".join(out[name])[:300] or "no output"
+            said = "\n".join(out[name]).strip() or "no output"
+            command = f" (`{commands[name]}`)" if name in commands else ""
             raise InvalidInput(
-                f"helper state dump: {name!r} failed (exit {codes.get(name, 'missing')}): {said}"
+                f"helper state dump: {name!r}{command} failed"
+                f" (exit {codes.get(name, 'missing')}); it said:\n{said}"
             )
     return {k: "\n".join(v) for k, v in out.items()}
 

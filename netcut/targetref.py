@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from netcut.errors import InvalidInput
+from netcut.errors import InvalidInput, InvalidType
 
 NETNS_RUN_DIR = "/run/netns"
 RUNTIMES = ("docker", "podman", "containerd")
@@ -48,6 +48,10 @@ class TargetRef:
     runtime: str | None = None
     namespace: str | None = None
     bare: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bare, bool):
+            raise InvalidType(f"TargetRef bare must be a boolean, not {self.bare!r}")
 
     def __str__(self) -> str:
         flag = {"netns": "--netns", "path": "--netns-path", "pid": "--pid"}.get(

@@ -40,6 +40,7 @@ from egress.audit.deliver import Delivery, Hook
 from egress.audit.format import Clock, encode_record
 from egress.audit.redact import Redactor
 from egress.audit.writer import CLOSE_TIMEOUT, DROPPED, STOP, LogWriter, abandon_queued
+from egress.validate import as_bool, as_choice, as_count, as_timeout
 
 logger = logging.getLogger("egress.audit")
 
@@ -81,14 +82,12 @@ class AuditLog:
         events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
         close_timeout: float = CLOSE_TIMEOUT,
     ) -> None:
-        if fail_mode not in ("open", "closed"):
-            raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
-        if rotate_bytes is not None and rotate_bytes <= 0:
-            raise ValueError(f"rotate_bytes must be positive, not {rotate_bytes}")
-        if keep is not None and keep < 0:
-            raise ValueError(f"keep must be 0 or more, not {keep}")
-        if not interim_interval > 0 or not math.isfinite(interim_interval):
-            raise ValueError(f"interim_interval must be a positive number, not {interim_interval}")
+        _check_args(path, fail_mode, keep_query, rotate_bytes, retry_interval, close_timeout,
+                    max_backlog=max_backlog, max_pending_bytes=max_pending_bytes,
+                    events_maxlen=events_maxlen)  # fmt: skip
+        if keep is not None:
+            as_count(keep, "AuditLog keep", minimum=0)
+        as_timeout(interim_interval, "AuditLog interim_interval")
         self.path = path
         self.fail_mode: FailMode = fail_mode
         self.keep_query = keep_query
@@ -309,3 +308,28 @@ def _plain(value: object) -> object:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)
+
+
+def _check_args(
+    path: object,
+    fail_mode: object,
+    keep_query: object,
+    rotate_bytes: object,
+    retry_interval: object,
+    close_timeout: object,
+    **counts: object,
+) -> None:
+    """Typed arguments (docs/policy.md#types): keep_query="false" would keep query strings."""
+    if path is not None and not isinstance(path, str):
+        raise TypeError(f"AuditLog path must be a string or None, not {path!r}")
+    try:
+        as_choice(fail_mode, "fail_mode", ("open", "closed"))
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    as_bool(keep_query, "AuditLog keep_query")
+    if rotate_bytes is not None:
+        as_count(rotate_bytes, "AuditLog rotate_bytes")
+    as_timeout(retry_interval, "AuditLog retry_interval")
+    as_timeout(close_timeout, "AuditLog close_timeout")
+    for name, value in counts.items():
+        as_count(value, f"AuditLog {name}")

@@ -9,10 +9,9 @@ them reach the reader's terminal.
 
 from __future__ import annotations
 
-from typing import Final
-
 from egress.audit.format import CONTROL_TYPES
 from egress.audit.read import DIMENSIONS, Summary
+from egress.printable import printable
 
 
 def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
@@ -67,25 +66,6 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
 
 
 # ---- one readable line an event ------------------------------------------------------------
-
-# What an agent controls (a path, an SNI in `detail`) must not drive the reviewer's terminal:
-# control characters (C0, DEL, C1: ANSI escapes, newlines that forge lines) and the Unicode
-# bidi controls that reorder text are shown as escapes.
-_UNSAFE = [
-    *range(0x20),
-    *range(0x7F, 0xA0),
-    0x061C,
-    0x200E,
-    0x200F,
-    *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A),
-]
-_ESCAPES: Final = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _UNSAFE}
-
-
-def printable(text: str) -> str:
-    """`text` with terminal control and bidi characters escaped; one line, always."""
-    return text.translate(_ESCAPES)
 
 
 def format_event(record: dict[str, object]) -> str:

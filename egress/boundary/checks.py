@@ -8,7 +8,7 @@ from netcut.targetref import TargetRef, canonical, parse_target
 
 from ..policy.rules import Policy
 from ..proxy.server import EgressProxy
-from ..validate import as_bool, as_choice, as_count, as_instance, as_str
+from ..validate import as_bool, as_choice, as_count, as_instance, as_port, as_str
 from .execution import (
     CUT_MODES,
 )
@@ -92,8 +92,8 @@ def _check_extra_args(
         ("dns_port", dns_port),
         ("socks_port", socks_port),
     ):
-        if value is not None and as_count(value, f"prepare_execution {label}", minimum=0) > 65535:
-            raise ValueError(f"prepare_execution {label} must be at most 65535, not {value}")
+        if value is not None or label != "socks_port":
+            as_port(value, f"prepare_execution {label}")
     if transparent and mode != "loopback":
         raise ValueError(
             "prepare_execution transparent needs mode='loopback' (its listeners "

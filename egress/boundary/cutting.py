@@ -14,6 +14,7 @@ from netcut.targetref import parse_target
 from .execution import (
     CutMode,
     ExecutionNotReady,
+    not_ready_kind,
 )
 
 
@@ -49,12 +50,12 @@ async def _cut_and_prove(
             probe = await netcut.probe_async(sandbox, reachable, list(blocked))
             status = await netcut.status_async(sandbox)
     except netcut.NetcutError as exc:
-        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
     if probe is None or not probe.ok:
         why = probe.reason() if probe is not None else "nothing was probed"
-        raise ExecutionNotReady(f"sandbox {sandbox}: probe failed: {why}")
+        raise ExecutionNotReady(f"sandbox {sandbox}: probe failed: {why}", "probe_failed")
     if not _is_cut(status):
-        raise ExecutionNotReady(f"sandbox {sandbox}: status after the cut is {status}")
+        raise ExecutionNotReady(f"sandbox {sandbox}: status after the cut is {status}", "not_cut")
     return cut, probe
 
 

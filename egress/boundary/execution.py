@@ -8,7 +8,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from netcut.targetref import default_client_id, parse_target
 
@@ -26,8 +26,68 @@ TRANSPARENT_PORT = 15001
 DNS_PORT = 15053
 
 
+NotReadyKind = Literal[
+    "port_in_use",
+    "privileged_process",
+    "unsafe_target",
+    "not_found",
+    "no_privilege",
+    "cut_failed",
+    "probe_failed",
+    "not_cut",
+    "namespace",
+    "client_id_taken",
+    "already_prepared",
+    "no_gateway",
+    "other",
+]
+NOT_READY_KINDS: tuple[NotReadyKind, ...] = get_args(NotReadyKind)
+
+
 class ExecutionNotReady(EgressError):
-    """The boundary could not be proven (cut, probe or listener failed): do not run the agent."""
+    """The boundary could not be proven (cut, probe or listener failed): do not run the agent.
+
+    `kind` says which step failed, so a framework can branch without parsing the message
+    (docs/user-guide.md#why-prepare-failed): `port_in_use` (a listener's port is taken inside
+    the sandbox), `privileged_process` (a process there could undo the cut), `unsafe_target`
+    (the host's or our own namespace), `not_found`, `no_privilege`, `cut_failed` (rolled
+    back), `probe_failed`, `not_cut` (status after the cut), `namespace` (cannot enter it),
+    `client_id_taken`, `already_prepared` (in another mode, or a gateway sandbox asked for new
+    routes), `no_gateway`, `other`."""
+
+    def __init__(self, message: str, kind: NotReadyKind = "other") -> None:
+        super().__init__(message)
+        self.kind: NotReadyKind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.kind))
+
+
+def not_ready_kind(exc: BaseException) -> NotReadyKind:
+    """The `ExecutionNotReady.kind` of a failure inside `prepare_execution`."""
+    import errno
+
+    from netcut import errors as ne
+
+    from ..proxy.netns import NamespaceError
+
+    if isinstance(exc, ExecutionNotReady):
+        return exc.kind
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return "port_in_use"
+    if isinstance(exc, NamespaceError):
+        return "namespace"
+    if isinstance(exc, ne.UnsafeTarget):
+        return "privileged_process" if exc.findings else "unsafe_target"
+    if isinstance(exc, ne.ProbeFailed):
+        return "probe_failed"
+    if isinstance(exc, ne.TargetNotFound):
+        return "not_found"
+    if isinstance(exc, ne.PrivilegeError):
+        return "no_privilege"
+    if isinstance(exc, ne.ApplyFailed):
+        return "cut_failed"
+    return "other"
 
 
 class ReleaseFailed(EgressError):

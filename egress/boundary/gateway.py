@@ -14,6 +14,7 @@ from netcut.targetref import parse_target
 from ..policy.target import IPNetwork
 from .execution import (
     ExecutionNotReady,
+    not_ready_kind,
 )
 
 Network = IPNetwork
@@ -42,7 +43,7 @@ async def _container_network(sandbox: str) -> Any:
     try:
         return await asyncio.to_thread(helper.inspect_network, parse_target(sandbox))
     except NetcutError as exc:
-        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
 
 
 def _inspected_gateway(sandbox: str, net: Any) -> str:
@@ -53,7 +54,8 @@ def _inspected_gateway(sandbox: str, net: Any) -> str:
         seen = ", ".join(gateways) or "none"
         raise ExecutionNotReady(
             f"sandbox {sandbox}: its runtime reports {len(gateways)} IPv4 gateways ({seen}); "
-            "pass gateway= to choose the address the proxy listens on"
+            "pass gateway= to choose the address the proxy listens on",
+            "no_gateway",
         )
     return gateways[0]
 
@@ -84,6 +86,8 @@ async def _gateway_of(sandbox: str) -> str:
 
     gw = await asyncio.to_thread(call_in_netns_thread, sandbox, read)
     if gw is None:
-        raise ExecutionNotReady(f"sandbox {sandbox}: no IPv4 default route to find the host by")
+        raise ExecutionNotReady(
+            f"sandbox {sandbox}: no IPv4 default route to find the host by", "no_gateway"
+        )
     ipaddress.ip_address(gw)
     return gw

@@ -28,6 +28,7 @@ from .execution import (
     ReleaseFailed,
     _client_id,
     _execution,
+    not_ready_kind,
 )
 from .sandboxes import (
     _audit,
@@ -158,7 +159,7 @@ async def prepare_execution(
             exc, Exception
         ):
             raise
-        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}") from exc
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
     _audit(
         proxy,
         sandbox,
@@ -184,6 +185,9 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     `prepare_execution`. From the next request on, the sandbox is judged by it; requests and
     tunnels already decided keep their decision. The audit log records the new policy's
     hash. Raises KeyError when the execution is no longer served by `proxy`."""
+    as_instance(proxy, "update_execution proxy", EgressProxy, "an EgressProxy")
+    as_instance(execution, "update_execution execution", Execution, "an Execution")
+    as_instance(policy, "update_execution policy", Policy, "a Policy")
     routes = [parse_framework_route(r) for r in execution.framework_urls]
     sandbox_policy = Policy(
         allow=policy.allow_rules,

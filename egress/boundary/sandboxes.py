@@ -6,6 +6,7 @@ everything it added, each step audited."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,14 +129,18 @@ def _refuse_taken(
     for other in reg.sandboxes.values():
         if other.client_id == cid and other.key != sandbox:
             raise ExecutionNotReady(
-                f"sandbox {sandbox}: client id {cid!r} is already used by sandbox {other.key}"
+                f"sandbox {sandbox}: client id {cid!r} is already used by sandbox {other.key}",
+                "client_id_taken",
             )
     owned = prior is not None and prior.client_id == cid
     if mode == "gateway" and not owned and proxy.clients.spec(cid) is not None:
-        raise ExecutionNotReady(f"sandbox {sandbox}: client id {cid!r} is a configured client")
+        raise ExecutionNotReady(
+            f"sandbox {sandbox}: client id {cid!r} is a configured client", "client_id_taken"
+        )
     if prior is not None and prior.mode != mode:
         raise ExecutionNotReady(
-            f"sandbox {sandbox}: already prepared in {prior.mode} mode; release it first"
+            f"sandbox {sandbox}: already prepared in {prior.mode} mode; release it first",
+            "already_prepared",
         )
 
 
@@ -152,7 +157,8 @@ def _refuse_new_keeps(
     ):
         raise ExecutionNotReady(
             f"sandbox {sandbox}: a gateway sandbox keeps its framework routes and proxy port; "
-            "release it with restore=True first"
+            "release it with restore=True first",
+            "already_prepared",
         )
 
 
@@ -271,15 +277,36 @@ async def _forwarders(
                 None,
             )
         if found is None or found not in proxy.listeners:
-            port = route.port if route.port not in used else 0
             cid = box.client_id if box.mode == "loopback" else None  # a shared one is nobody's
-            found = await proxy.add_forwarder(
-                f"{bracket(host)}:{port}", route.text, netns=netns, client_id=cid
-            )
+            found = await _open_forwarder(proxy, route, host, netns, cid, used)
         reg.leases.hold(box.key, found)
         used.add(found.port)
         out[key] = found
     return out
+
+
+async def _open_forwarder(
+    proxy: EgressProxy,
+    route: FrameworkRoute,
+    host: str,
+    netns: str | None,
+    cid: str | None,
+    used: set[int],
+) -> Listener:
+    """A forwarder on the route's own port when it is free, else on a port the kernel picks
+    (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders). Free means
+    neither one of our listeners there nor any other socket bound in the sandbox (a
+    framework's own in-sandbox service, the agent's server), which only the bind itself can
+    tell (EADDRINUSE). The `Execution`'s `framework_urls` name the port chosen."""
+    if route.port not in used:
+        try:
+            return await proxy.add_forwarder(
+                f"{bracket(host)}:{route.port}", route.text, netns=netns, client_id=cid
+            )
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    return await proxy.add_forwarder(f"{bracket(host)}:0", route.text, netns=netns, client_id=cid)
 
 
 def _release_sandbox(proxy: EgressProxy, reg: _Registry, sandbox: str, *, why: str) -> bool:

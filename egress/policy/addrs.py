@@ -106,6 +106,24 @@ class AddressGuard:
     extra: tuple[IPNetwork, ...] = ()
     reserve_private: bool = False
 
+    def __post_init__(self) -> None:
+        """Typed at construction (docs/policy.md#types): reserve_private="false" must not
+        reserve, and a string of addresses must not be taken for a set of them."""
+        if not isinstance(self.reserve_private, bool):
+            raise TypeError(
+                f"AddressGuard reserve_private must be a boolean, not {self.reserve_private!r}"
+            )
+        if not isinstance(self.host_local, frozenset) or not all(
+            isinstance(a, ipaddress.IPv4Address | ipaddress.IPv6Address) for a in self.host_local
+        ):
+            raise TypeError(
+                f"AddressGuard host_local must be a frozenset of addresses, not {self.host_local!r}"
+            )
+        if not isinstance(self.extra, tuple) or not all(
+            isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network) for n in self.extra
+        ):
+            raise TypeError(f"AddressGuard extra must be a tuple of networks, not {self.extra!r}")
+
     def classify(self, addr: IPAddress) -> str | None:
         """Return the reason code if `addr` is reserved, else None."""
         return classify(addr, self)

@@ -11,26 +11,30 @@ how much network the task needs). `compose(evaluator, task)` obeys four rules:
     host pattern on the rule's ports (a literal or a narrower wildcard of an evaluator rule).
  4. The evaluator's allow entries and framework routes remain, whatever the task says.
 
-Mappings: Harbor's task `network_mode` (`public` | `no-network` | `allowlist` with
-`allowed_hosts`; legacy `allow_internet: bool`) and verifiers-style
+Mappings: Harbor 0.26's `NetworkPolicy` (`public` | `no-network` | `allowlist` with
+`allowed_hosts`, any port) and verifiers-style
 `network_access` / `allow` / `block`.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from ..errors import PolicyError
-from ..validate import as_bool, as_str_list
-from .rules import FrameworkRoute, Policy, Posture, Rule
-from .target import DEFAULT_PORTS, Scheme, make_target
+from ..errors import PolicyError, TargetError
+from ..validate import as_bool, as_instance, as_str_list
+from .rules import FrameworkRoute, Policy, Posture, Rule, parse_rule
+from .target import DEFAULT_PORTS, Scheme, make_target, normalize_host
 
 T = TypeVar("T")
 
 
 def compose(evaluator: Policy, task: Policy) -> Policy:
     """The policy an agent runs under: see the module docstring for the rules."""
+    as_instance(evaluator, "compose evaluator", Policy, "a Policy")
+    as_instance(task, "compose task", Policy, "a Policy")
     default: Posture = (
         "allow" if evaluator.default == "allow" and task.default == "allow" else "deny"
     )
@@ -59,6 +63,8 @@ def _unique_routes(routes: Iterable[FrameworkRoute]) -> list[FrameworkRoute]:
 
 def _evaluator_covers(evaluator: Policy, rule: Rule) -> bool:
     """Would `evaluator` allow everything `rule` allows? (Conservative: may say no.)"""
+    if rule.any_port:
+        return _evaluator_covers_any_port(evaluator, rule)
     for scheme, port in _rule_ports(rule):
         if rule.network is not None:
             net = rule.network
@@ -85,6 +91,19 @@ def _evaluator_covers(evaluator: Policy, rule: Rule) -> bool:
     return True
 
 
+def _evaluator_covers_any_port(evaluator: Policy, rule: Rule) -> bool:
+    """An any-port rule (`host:*`) is covered only by an evaluator any-port rule whose host
+    pattern or network contains the rule's own."""
+    if rule.network is not None:
+        return any(
+            r.any_port and r.network is not None and rule.network.subnet_of(r.network)  # type: ignore[arg-type]
+            for r in evaluator.allow_rules
+            if r.network is not None and r.network.version == rule.network.version
+        )
+    assert rule.pattern is not None
+    return any(r.any_port for r in evaluator._allow.host_matches(rule.pattern))
+
+
 def _rule_ports(rule: Rule) -> list[tuple[Scheme, int]]:
     if rule.scheme is not None and rule.port is not None:
         return [(rule.scheme, rule.port)]
@@ -96,29 +115,166 @@ def _rule_ports(rule: Rule) -> list[tuple[Scheme, int]]:
 # --- mappings from peer frameworks ------------------------------------------------------------
 
 
-def from_harbor(task: Mapping[str, object]) -> Policy:
-    """Harbor's task network settings as a `Policy`.
+def from_harbor(policy: object) -> Policy:
+    """Harbor 0.26's `NetworkPolicy` (or its `model_dump()` dict) as a `Policy`.
 
-    `network_mode`: `public` (default allow), `no-network` (deny, nothing allowed),
-    `allowlist` (deny plus `allowed_hosts`). Legacy `allow_internet: true|false` maps to
-    `public` / `no-network`. Raises `PolicyError` for an unknown mode or a bad host.
+    Decides as Harbor's own enforcement does (docs/integrations.md#harbor):
+
+    - `public` (also: nothing set): `default = "allow"`;
+    - `no-network`: `default = "deny"` and no rules, so only the framework routes that
+      `prepare_execution` adds stay reachable;
+    - `allowlist`: `default = "deny"` plus one any-port rule per `allowed_hosts` entry
+      (Harbor's sidecar redirects every TCP port): `host:*`, `?*.suffix:*` for Harbor's
+      `*.suffix` (subdomains, never the apex), `ADDR:*` and `CIDR:*`.
+
+    Entries are validated and normalized exactly as Harbor's task config does (stripped,
+    lowercased, trailing dots removed, CIDRs strict). Raises `PolicyError` for what Harbor
+    refuses (an unknown mode, `allowed_hosts` outside `allowlist`, a bad entry), for any key
+    other than `network_mode` and `allowed_hosts`, and for a legal entry this rule language
+    cannot express exactly (it never approximates): a name our host syntax reads as an
+    address (`1.2.3`), one with a numeric last label, an invalid IDNA A-label, an
+    IPv4-mapped IPv6 address or network.
     """
-    mode = task.get("network_mode")
-    if mode is None and "allow_internet" in task:
-        # the string "false" must not read as true (docs/policy.md#types)
-        allowed = _checked(as_bool, task["allow_internet"], "harbor task: allow_internet")
-        mode = "public" if allowed else "no-network"
-    if mode is None:
-        mode = "public"  # Harbor's default when a task says nothing
-    hosts = _checked(as_str_list, task.get("allowed_hosts", []) or [], "harbor task: allowed_hosts")
+    fields = _harbor_fields(policy)
+    unknown = sorted(set(fields) - {"network_mode", "allowed_hosts"})
+    if unknown:
+        raise PolicyError(
+            f"harbor network policy: unknown key(s) {', '.join(map(repr, unknown))} "
+            "(a NetworkPolicy has network_mode and allowed_hosts)"
+        )
+    mode = fields.get("network_mode", "public")
+    mode = getattr(mode, "value", mode)  # harbor's NetworkMode is a str enum
+    if mode not in ("public", "no-network", "allowlist"):
+        raise PolicyError(
+            f"harbor network policy: network_mode {mode!r} is not one of public, "
+            "no-network, allowlist"
+        )
+    raw_hosts = fields.get("allowed_hosts", [])
+    if not isinstance(raw_hosts, list | tuple) or not all(isinstance(h, str) for h in raw_hosts):
+        raise PolicyError("harbor network policy: allowed_hosts must be a list of strings")
+    hosts = harbor_allowed_hosts(list(raw_hosts))
+    if hosts and mode != "allowlist":
+        raise PolicyError(
+            "harbor network policy: allowed_hosts is only valid when network_mode='allowlist'"
+        )
     if mode == "public":
         return Policy(default="allow")
-    if mode == "no-network":
-        return Policy(default="deny")
-    if mode == "allowlist":
-        return Policy(allow=hosts, default="deny")
-    raise PolicyError(
-        f"harbor task: network_mode {mode!r} is not one of public, no-network, allowlist"
+    return Policy(allow=[_harbor_rule(h) for h in dict.fromkeys(hosts)], default="deny")
+
+
+def _harbor_fields(policy: object) -> dict[str, object]:
+    dump = getattr(policy, "model_dump", None)
+    if callable(dump) and not isinstance(policy, Mapping):
+        policy = dump()
+    if not isinstance(policy, Mapping):
+        raise PolicyError(
+            f"harbor network policy: expected a NetworkPolicy or a dict, not "
+            f"{type(policy).__name__}"
+        )
+    if not all(isinstance(k, str) for k in policy):
+        raise PolicyError("harbor network policy: keys must be strings")
+    return dict(policy)
+
+
+_HARBOR_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_HARBOR_BAD = (
+    "harbor allowed_hosts entry {!r}: entries must be hostnames, IP addresses, or IP CIDR "
+    "ranges, not URLs, ports, or paths"
+)
+
+
+def harbor_allowed_hosts(hosts: list[str]) -> list[str]:
+    """Harbor's own validation and normalization of `allowed_hosts` (its task config's
+    `normalize_allowed_hosts`, step by step), raising `PolicyError` where Harbor raises."""
+    return [_harbor_entry(host) for host in hosts]
+
+
+def _harbor_entry(raw: str) -> str:
+    host = raw.strip().lower().rstrip(".")
+    if not host:
+        raise PolicyError("harbor allowed_hosts: entries must be non-empty hostnames")
+    if "/" in host or ":" in host:
+        if "%" in host:
+            raise PolicyError(_HARBOR_BAD.format(raw))
+        try:
+            if "/" in host:
+                return ipaddress.ip_network(host, strict=True).compressed
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise PolicyError(_HARBOR_BAD.format(raw)) from None
+        if address.version != 6:
+            raise PolicyError(_HARBOR_BAD.format(raw))
+        return address.compressed
+    if "[" in host or "]" in host:
+        raise PolicyError(_HARBOR_BAD.format(raw))
+    name = host
+    if host.startswith("*."):
+        name = host[2:]
+        if not name:
+            raise PolicyError(f"harbor allowed_hosts entry {raw!r}: a wildcard needs a suffix")
+        if _ip_or_none(name) is not None:
+            raise PolicyError(
+                f"harbor allowed_hosts entry {raw!r}: wildcards must target hostnames, "
+                "not IP address literals"
+            )
+    elif "*" in host:
+        raise PolicyError(
+            f"harbor allowed_hosts entry {raw!r}: wildcards must use a leading '*.' prefix"
+        )
+    if not all(_HARBOR_LABEL.match(label) for label in name.split(".")):
+        raise PolicyError(
+            f"harbor allowed_hosts entry {raw!r}: not an IP address, CIDR range, hostname "
+            "or leading-wildcard pattern of letters, digits, hyphens and dots"
+        )
+    return host
+
+
+def _ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _harbor_rule(entry: str) -> str:
+    """One normalized Harbor entry as an any-port rule, or `PolicyError` when no rule means
+    exactly what Harbor's sidecar matches."""
+    if "/" in entry:
+        net = ipaddress.ip_network(entry)
+        if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped:
+            raise _inexpressible(entry, "an IPv4-mapped IPv6 network (write it as IPv4)")
+        return f"{entry}:*"
+    address = _ip_or_none(entry)
+    if address is not None:
+        if isinstance(address, ipaddress.IPv6Address):
+            if address.ipv4_mapped is not None:
+                raise _inexpressible(entry, "an IPv4-mapped IPv6 address (write it as IPv4)")
+            return f"[{entry}]:*"
+        return f"{entry}:*"
+    if entry.startswith("*."):
+        # `?*.` is one or more characters and a dot: Harbor's `*.` never matches the apex.
+        # Matched on the spelling, as Harbor's sidecar does, so `*.1.2.3` is a pattern too.
+        rule = f"?*.{entry[2:]}:*"
+        if entry.rsplit(".", 1)[-1].isdigit():
+            raise _inexpressible(entry, "a numeric last label names no host here")
+        try:
+            parse_rule(rule, "allow")
+        except PolicyError as exc:
+            raise _inexpressible(entry, str(exc)) from None
+        return rule
+    try:
+        canonical = normalize_host(entry)
+    except TargetError as exc:
+        raise _inexpressible(entry, str(exc)) from None
+    if canonical != entry:
+        raise _inexpressible(entry, f"this host syntax reads it as {canonical!r}")
+    return f"{entry}:*"
+
+
+def _inexpressible(entry: str, why: str) -> PolicyError:
+    return PolicyError(
+        f"harbor allowed_hosts entry {entry!r} cannot be expressed exactly: {why} "
+        "(docs/integrations.md#harbor)"
     )
 
 

@@ -14,7 +14,8 @@ makes a reserved address reachable; only a framework route does.
 
 Ports: an allow rule without port or scheme permits CONNECT to 443 and absolute-form HTTP to
 80; a block rule without a port blocks every port and scheme; `host:port` covers both schemes
-on that port; a URL origin narrows to its scheme and port.
+on that port; `host:*` (also `ADDR:*`, `CIDR:*`) every port and scheme, which is what Harbor's
+and verifiers' host lists mean; a URL origin narrows to its scheme and port.
 
 Rule matching is done on canonical strings on both sides (`target.normalize_host`). Patterns
 are compiled once at load (`ruleset.py`: exact names to a dict, `*.suffix` patterns to a
@@ -29,11 +30,11 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..errors import PolicyError, TargetError
-from ..validate import as_list
+from ..validate import as_bool, as_list
 from .ruleset import RuleSet
 from .target import (
     DEFAULT_PORTS,
@@ -64,9 +65,12 @@ class Rule:
     network: IPNetwork | None = None  # IP literal / CIDR form
     port: int | None = None
     scheme: Scheme | None = None
+    any_port: bool = False  # the `:*` form (docs/policy.md#ports-and-schemes)
 
     def covers_port(self, scheme: Scheme, port: int) -> bool:
         """Does this rule speak about (scheme, port)? See the module docstring."""
+        if self.any_port:
+            return True
         if self.scheme is not None:
             return scheme == self.scheme and port == self.port
         if self.port is not None:
@@ -116,6 +120,13 @@ def parse_rule(text: str, action: Action) -> Rule:
     raw = text.strip()
     if not raw:
         raise PolicyError(f"{action} rule {text!r}: empty rule")
+    if raw.endswith(":*") and "://" not in raw:
+        # any port: no host, address or CIDR spelling ends in ":*", so the suffix is
+        # unambiguous; what precedes it is parsed as a rule without a port
+        rule = parse_rule(raw[:-2], action)
+        if rule.port is not None or rule.any_port:
+            raise PolicyError(f"{action} rule {raw!r}: a port and ':*' together")
+        return replace(rule, text=raw, any_port=True)
     try:
         if "://" in raw:
             return _parse_url_rule(raw, action)
@@ -234,7 +245,8 @@ class Policy:
         self.default: Posture = default
         # docs/policy.md#report-only-mode: refusals become allows that say what would have
         # happened; the address guard still refuses
-        self.report_only = report_only
+        # a bool, never a truthy string: report_only="false" would switch enforcement off
+        self.report_only = as_bool(report_only, "Policy report_only")
         self._digest: str | None = None  # docs/policy.md#policy-hash, computed on first use
         rules = (str, Rule)
         self.allow_rules = tuple(

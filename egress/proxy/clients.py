@@ -169,6 +169,23 @@ class ClientTable:
                     return identity
         return self.default
 
+    def identity_at_accept(
+        self, bound: Identity | None, source: IPAddress | None
+    ) -> Identity | None:
+        """The client of a connection before it sends anything, when that is already known:
+        its listener's, or its source address's; the default client when no token could
+        change it. None: only its first request will say (tokens, `require_auth`), so it is
+        counted as unidentified until then (docs/proxy.md#limits)."""
+        if bound is not None:
+            return bound
+        if self.require_auth:
+            return None
+        if source is not None:
+            for net, identity in self.by_source:
+                if source in net:
+                    return identity
+        return None if self.by_token else self.default
+
     def _match_token(self, token: str) -> Identity | None:
         given = token.encode()
         found: Identity | None = None

@@ -39,6 +39,11 @@ class Limits:
     # connections one client (client id, else source address) may hold; None = a quarter
     # of max_connections (at least 1)
     max_client_connections: int | None = None
+    # not-yet-identified connections on a shared listener (tokens, --require-auth): per
+    # source address (also capped at a quarter of max_connections), and how long they may
+    # stay unidentified (docs/proxy.md#limits)
+    max_unidentified: int = 64
+    identify_timeout: float = 3.0
 
     def __post_init__(self) -> None:
         """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
@@ -48,9 +53,16 @@ class Limits:
             "idle_timeout",
             "shutdown_grace",
             "pool_idle",
+            "identify_timeout",
         ):
             as_timeout(getattr(self, name), f"Limits {name}")
-        for name in ("max_head", "max_headers", "max_connections", "pool_per_key"):
+        for name in (
+            "max_head",
+            "max_headers",
+            "max_connections",
+            "pool_per_key",
+            "max_unidentified",
+        ):
             as_count(getattr(self, name), f"Limits {name}")
         if self.max_client_connections is not None:
             as_count(self.max_client_connections, "Limits max_client_connections")
@@ -60,6 +72,15 @@ class Limits:
         if self.max_client_connections is not None:
             return self.max_client_connections
         return max(1, self.max_connections // 4)
+
+    @property
+    def unidentified_total(self) -> int:
+        """Unidentified connections in all: never more than a quarter of the proxy."""
+        return max(1, self.max_connections // 4)
+
+    @property
+    def unidentified_per_source(self) -> int:
+        return min(self.max_unidentified, self.unidentified_total)
 
 
 @dataclass(slots=True, eq=False)
@@ -76,7 +97,8 @@ class Conn:
     upstream: Side | None = None
     end: str | None = None
     orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
-    owner: object = None  # the per-client cap's key, once the first request is identified
+    owner: object = None  # the per-client cap's key, once the client is known (admission.py)
+    served: bool = False  # an exchange (which writes its own record) began on it
     task: asyncio.Task[None] | None = None
     rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
 
@@ -135,7 +157,7 @@ def sweep(conn: Conn, now: float, lim: Limits) -> None:
             conn.upstream.close()
         return
     if conn.phase == "head" and now - conn.phase_since > lim.head_timeout:
-        conn.end = "head_timeout"
+        conn.end = End.HEAD_TIMEOUT.value
         if conn.side.buf:
             conn.side.write(error_response(HEAD_TIMEOUT.reason, HEAD_TIMEOUT.detail)[1])
         conn.side.close()
@@ -150,14 +172,11 @@ def sweep(conn: Conn, now: float, lim: Limits) -> None:
             conn.upstream.close()
 
 
-def reclaim_idle(conns: Iterable[Conn]) -> bool:
-    """At the global cap: close the longest-idle kept-alive connection (one between
-    requests) to make room for a new one; False if there is none (docs/proxy.md#limits)."""
-    idle = [c for c in conns if c.phase == "idle" and not c.side.buf]
-    if not idle:
-        return False
-    min(idle, key=lambda c: c.phase_since).side.close()
-    return True
+def idle_of(conns: Iterable[Conn]) -> Conn | None:
+    """The longest-idle kept-alive connection (one between requests) among `conns`: at the
+    global cap a client's own one makes room for its newcomer (docs/proxy.md#limits)."""
+    idle = [c for c in conns if c.phase == "idle" and not c.side.buf and c.end is None]
+    return min(idle, key=lambda c: c.phase_since) if idle else None
 
 
-__all__ = ["Conn", "Limits", "read_head", "reclaim_idle", "sweep"]
+__all__ = ["Conn", "Limits", "idle_of", "read_head", "sweep"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..config import ClientSpec, Settings
 from ..policy.addrs import AddressGuard, parse_cidr
 from ..policy.rules import Policy
-from ..policy.target import IPAddress, parse_ip_literal
+from ..policy.target import IPAddress, IPNetwork, parse_ip_literal
 from .clients import ClientTable, Identity
 from .hostaddrs import local_addresses_async
 from .resolve import Resolver
@@ -42,6 +42,9 @@ class ClientControl:
     _own_resolver: bool
     _fixed_host_local: frozenset[IPAddress] | None
     _started: bool
+    # networks reserved by the proxy itself (a transparent sandbox's fake-IP pool): they
+    # belong to the sandboxes, not to the configuration, so a reload keeps them
+    _owned_reserves: tuple[IPNetwork, ...] = ()
 
     @property
     def clients(self) -> ClientTable:
@@ -99,7 +102,12 @@ class ClientControl:
     async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
         """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
         `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
-        name get its new policy; other bound listeners keep theirs."""
+        name get its new policy; other bound listeners keep theirs. Networks the proxy
+        reserved for its sandboxes (fake-IP pools, `reserve`) stay reserved."""
+        guard = settings.guard
+        kept = tuple(n for n in self._owned_reserves if n not in guard.extra)
+        if kept:
+            settings = replace(settings, guard=replace(guard, extra=(*guard.extra, *kept)))
         self.settings = settings
         self.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
         if not self._own_resolver:
@@ -136,6 +144,8 @@ class ClientControl:
         """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
         be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
         net = parse_cidr(network)
+        if net not in self._owned_reserves:
+            self._owned_reserves = (*self._owned_reserves, net)
         guard = self.settings.guard
         if net in guard.extra:
             return

@@ -137,6 +137,7 @@ async def serve_dns_tcp(steps: Steps, conn: Conn) -> None:
         result = _answer(steps.audit, data, identity, pool)
         if result.response is not None:
             conn.side.write(len(result.response).to_bytes(2, "big") + result.response)
+        conn.served = True
         _emit(steps, dns_event(conn.client, identity, result, "tcp"))
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from ..errors import EgressError
+from ..validate import as_count, as_port
 from .listener import BACKLOG, listen_socket
 
 if TYPE_CHECKING:
@@ -96,4 +97,6 @@ def listen_in_netns(
     ns: NamespaceLike, host: str, port: int, *, backlog: int = BACKLOG
 ) -> socket.socket:
     """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
+    as_port(port, "listen_in_netns port")
+    as_count(backlog, "listen_in_netns backlog")
     return call_in_netns_thread(ns, lambda: listen_socket(host, port, backlog))

@@ -19,12 +19,14 @@ class AccessRecord:
         "bytes_up",
         "client",
         "client_id",
+        "count",
         "detail",
         "duration_ms",
         "end",
         "host",
         "identified",
         "link",
+        "listener",
         "method",
         "mode",
         "orig_dst",
@@ -73,6 +75,8 @@ class AccessRecord:
         self.policy: str | None = None  # the deciding policy's hash (docs/policy.md#policy-hash)
         self.would: str | None = None  # report-only: "block" (docs/audit-log.md)
         self.detail: str | None = None  # report-only: the would-be refusal's detail
+        self.listener: str | None = None  # connection records: the listener's HOST:PORT
+        self.count: int | None = None  # an aggregated refusal: how many it stands for
 
     def __repr__(self) -> str:
         return f"AccessRecord({self.method} {self.host}:{self.port} {self.reason})"
@@ -149,6 +153,8 @@ class AccessRecord:
             ev["mode"] = self.mode
         if self.orig_dst is not None:
             ev["orig_dst"] = self.orig_dst
+        if self.listener is not None:
+            ev["listener"] = self.listener
         if self.socks_reply is not None:
             ev["socks_reply"] = self.socks_reply
         late_end = self.scheme != "http"
@@ -171,6 +177,8 @@ class AccessRecord:
             detail = self.detail
         if detail is not None:
             ev["detail"] = detail
+        if self.count is not None:
+            ev["count"] = self.count
         return ev
 
 

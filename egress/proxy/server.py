@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
-from ..config import Settings
+from ..config import Settings, resolve_pins
 from ..errors import ProtocolError
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End
-from ..validate import as_choice, as_instance, as_str_list
+from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .clients import ClientTable
-from .conn import Conn, Limits, read_head, reclaim_idle, sweep
+from .conn import Conn, Limits, read_head, sweep
 from .control import ClientControl
 from .forward import serve_request
 from .gate import (
@@ -68,6 +70,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             env = {"HTTPS_PROXY": proxy.url}
 
     `policy` is a `Policy` or full `Settings` (guard, `--resolve` pins, per-client policies).
+    `resolve` pins names to addresses (`{"api.test": "198.18.0.2"}`, or a list of addresses
+    per name), as `egress serve --resolve` does (docs/proxy.md#resolution-and---resolve); a
+    name pinned here replaces the same name's pins in `Settings`. A bad name or address is
+    a `PolicyError`.
     `listen_netns` opens every listening socket inside that network namespace (a name under
     /run/netns, a path, or a PID) while serving it from this loop. `host_local` overrides the
     discovered host addresses (None = read them from this namespace's interfaces).
@@ -98,13 +104,30 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         metrics: bool = True,
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
+        resolve: Mapping[str, str | Iterable[str]] | None = None,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
             raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
         as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
         as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
+        # real booleans: require_auth="false" or reuse_port="false" must not read as true
+        for flag, value in (
+            ("require_auth", require_auth),
+            ("metrics", metrics),
+            ("reuse_port", reuse_port),
+        ):
+            as_bool(value, f"EgressProxy {flag}")
+        if host_local is not None:
+            host_local = as_list(
+                host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
+            )  # type: ignore[assignment]
+        if resolver is not None:
+            as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
+        if resolve is not None:
+            pins = {**self.settings.resolve, **resolve_pins(resolve)}
+            self.settings = dataclasses.replace(self.settings, resolve=pins)
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []
@@ -130,7 +153,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.hooks: list[Callable[[dict[str, object]], object]] = []
         # docs/metrics.md: metrics, summaries and callbacks see the audit log's records
         self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
-        callbacks = [on_decision] if callable(on_decision) else list(on_decision or ())
+        callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         self.admin: Any = None  # egress.proxy.admin.AdminServer once started
@@ -220,6 +243,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                 await self._sweeper
         if self._started:
             self.pool.close()
+            self.steps.flush_refusals(everything=True)
         self.resolver.close()
         if self.admin is not None:
             await self.admin.stop()
@@ -240,6 +264,8 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                 sweep(conn, now, lim)
                 if conn.rec is not None:  # docs/audit-log.md#open-and-progress
                     steps.progress(conn, now)
+            self.steps.overdue(now)
+            self.steps.flush_refusals()
             self.pool.sweep(now)
             if now >= next_refresh:
                 next_refresh = now + refresh_every
@@ -248,27 +274,33 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
 
     # --- per connection ---------------------------------------------------------------------
     def _accepted(self, side: ClientSide) -> None:
+        """A new connection: admitted (counted for its client from now on, admission.py)
+        or refused at once, before it costs a task (docs/proxy.md#limits)."""
         assert side.transport is not None
         peer = side.transport.get_extra_info("peername")
-        conn = Conn(side, peer_text(peer), peer, side.listener, phase_since=self.loop.time())
-        if side.listener.kind == "http" and side.listener.forward_to is None:
+        listener = side.listener
+        conn = Conn(side, peer_text(peer), peer, listener, phase_since=self.loop.time())
+        steps = self.steps
+        audit_ok = self.audit is None or self.audit.accepting
+        refusal = admit_connection(
+            steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
+        ) or steps.admit(conn)
+        if refusal is not None:
+            # SOCKS5, DNS and transparent clients do not speak HTTP: closed without an answer
+            http = listener.kind == "http" and listener.forward_to is None
+            steps.refuse_now(conn, refusal, write=http)
+            steps.release(conn)
+            side.close()
+            return
+        if listener.kind == "http" and listener.forward_to is None:
             # the forward proxy's kept-alive requests may take the callback fast path; a
             # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
-            side.conn, side.steps = conn, self.steps
+            side.conn, side.steps = conn, steps
         self._conns.add(conn)
         conn.task = self.loop.create_task(self._serve(conn))
 
     async def _serve(self, conn: Conn) -> None:
         try:
-            open_now, cap = len(self._conns), self.limits.max_connections
-            if open_now > cap and reclaim_idle(self._conns):
-                open_now -= 1  # the reclaimed connection is on its way out
-            audit_ok = self.audit is None or self.audit.accepting
-            refusal = admit_connection(open_now, cap, closing=self.closing, audit_ok=audit_ok)
-            if refusal is not None:
-                # SOCKS5 and transparent clients do not speak HTTP: closed without an answer
-                self.steps.refuse_now(conn, refusal, write=conn.listener.kind == "http")
-                return
             forward_to = conn.listener.forward_to
             if forward_to is not None:
                 await serve_forwarder(self.steps, conn, forward_to)
@@ -282,6 +314,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             log.exception("egress: unexpected error serving %s", conn.client)
         finally:
             self._conns.discard(conn)
+            self.steps.record_closed(conn)
             self.steps.release(conn)
             conn.side.close()
             if conn.upstream is not None:
@@ -292,14 +325,14 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         try:
             head = await read_head(conn, self.limits, self.loop)
         except ProtocolError as exc:
-            if conn.end == "head_timeout":  # the sweeper already answered 408
+            if conn.end == End.HEAD_TIMEOUT.value:  # the sweeper already answered 408
                 self.steps.refuse_now(conn, HEAD_TIMEOUT, write=False)
             else:
                 self.steps.refuse_now(conn, refuse_head(exc))
             return False
         if head is None:
             return False
-        conn.phase = "active"
+        conn.phase, conn.served = "active", True
         if head.method == "CONNECT":
             await serve_tunnel(self.steps, conn, head)
             return False

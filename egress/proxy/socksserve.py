@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import TargetError
 from ..policy.target import make_target
+from ..printable import printable
 from . import socks5
 from .clients import Identity
 from .gate import Refused, refuse_request
@@ -59,13 +60,15 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
         request = await read_message(side, socks5.parse_request)
         if request is None:
             return
-        rec.host, rec.port = request.host, request.port
+        # a name the agent chose: escaped until normalized, so a raw newline or ANSI escape
+        # never reaches stderr, a summary or on_decision (docs/threat-model.md)
+        rec.host, rec.port = printable(request.host), request.port
         try:
             target = make_target("https", request.host, request.port)
         except TargetError as exc:
-            raise Refused(refuse_request(str(exc))) from None
+            raise Refused(refuse_request(printable(str(exc)))) from None
         rec.host = target.host
-        conn.phase = "active"
+        conn.phase, conn.served = "active", True
         admitted, addrs = await steps.authorize(identity.policy, target, rec)
         upstream, addr = await steps.pool.dial(addrs, target.port)
         conn.upstream = upstream
@@ -75,6 +78,7 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
         rec.socks_reply = socks5.REP_SUCCEEDED
         await check_sni(steps, conn, identity.policy, target, admitted, rec)
     except socks5.SocksError as exc:
+        conn.served = True
         if exc.reply is not None:
             side.write(socks5.reply(exc.reply))
             rec.socks_reply = exc.reply
@@ -105,6 +109,7 @@ async def _handshake(steps: Steps, conn: Conn, rec: AccessRecord) -> Identity | 
     method = socks5.choose_method(greeting, require)
     side.write(socks5.method_reply(method))
     if method == socks5.METHOD_UNACCEPTABLE:
+        conn.served = True
         steps.emit(rec, "block", "auth_required", None, "SOCKS5 client offered no acceptable "
                    "authentication method (username/password required)", None)  # fmt: skip
         return None
@@ -118,6 +123,7 @@ async def _handshake(steps: Steps, conn: Conn, rec: AccessRecord) -> Identity | 
     try:
         identity = steps.identify_as(conn, authorization, rec)
     except Refused as refused:
+        conn.served = True
         if method == socks5.METHOD_USERPASS:
             side.write(socks5.auth_reply(False))
         r = refused.refusal

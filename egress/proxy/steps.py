@@ -13,18 +13,42 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ..policy.rules import Policy
-from ..policy.target import IPAddress, Target
+from ..policy.target import IPAddress, Target, join_host_port
+from ..reasons import End, Reason
 from . import wire
-from .clients import Identity
-from .conn import Conn, Limits
-from .gate import AUDIT_DOWN, Admit, Gate, Refuse, Refused, admit_client, refuse_resolve
+from .admission import Admitted, Budget, Owner, Slots
+from .clients import Identity, source_address
+from .conn import Conn, Limits, idle_of
+from .gate import AUDIT_DOWN, Admit, Gate, Refuse, Refused, refuse_resolve
 from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
 from .record import AccessRecord
 from .resolve import ResolveError, Resolver
 from .responses import error_response
+from .tally import Tally
 
 CACHE_MAX = 65536
+# how a connection the proxy closed before any exchange is recorded (docs/audit-log.md)
+_CLOSED: dict[str, tuple[Reason, str]] = {
+    End.HEAD_TIMEOUT.value: (
+        Reason.HEAD_TIMEOUT,
+        "closed: nothing received within the head timeout",
+    ),
+    End.HELLO_TIMEOUT.value: (
+        Reason.HEAD_TIMEOUT,
+        "closed: handshake not completed within the head timeout",
+    ),
+    End.IDENTIFY_TIMEOUT.value: (
+        Reason.IDENTIFY_TIMEOUT,
+        "closed: no request named its client within identify_timeout",
+    ),
+    End.EVICTED.value: (
+        Reason.EVICTED,
+        "closed unidentified: its source's budget of unidentified connections was full",
+    ),
+}
+# a connection record as the refusal tally keeps it: (record, reason, detail, status)
+_Pending = tuple[AccessRecord, str, str, int | None]
 
 
 class AuditSink(Protocol):
@@ -52,7 +76,7 @@ class Steps:
 
     __slots__ = (
         "_addr_texts",
-        "_per_client",
+        "_refusals",
         "audit",
         "closing",
         "fast_path",
@@ -65,6 +89,7 @@ class Steps:
         "observe",
         "pool",
         "resolver",
+        "slots",
     )
 
     def __init__(
@@ -95,8 +120,57 @@ class Steps:
         # serve kept-alive requests from callbacks where possible (`fast.py`); off = every
         # request takes the coroutine path (tests compare the two)
         self.fast_path = True
-        self._per_client: dict[object, int] = {}
+        # who holds which connection, from accept (admission.py, docs/proxy.md#limits)
+        self.slots: Slots[Conn] = Slots(
+            Budget(
+                limits.max_connections,
+                limits.client_cap,
+                limits.unidentified_per_source,
+                limits.unidentified_total,
+            )
+        )
+        self._refusals: Tally[_Pending] = Tally()
         self._addr_texts: dict[IPAddress, str] = {}
+
+    # --- admission: a connection belongs to a client from accept (admission.py) --------------
+    def admit(self, conn: Conn) -> Refuse | None:
+        """Count a new connection: in its client's cap when the listener (or its source
+        address) names the client, else in its source's unidentified budget. Closes what
+        must make room (an unidentified connection, or the client's own idle one)."""
+        peer = conn.peer
+        source = peer[0] if isinstance(peer, tuple) and peer else conn.client
+        owner: Owner | None = None
+        ident = self.gate.clients.identity_at_accept(
+            conn.listener.identity, source_address(peer) if self.gate.clients.by_source else None
+        )
+        if ident is not None:
+            owner = ident.client_id if ident.client_id is not None else ("source", source)
+        slots = self.slots
+        reclaim = None
+        if owner is not None and slots.total >= self.limits.max_connections:
+            reclaim = idle_of(slots.members(owner))
+        verdict = slots.admit(conn, owner, str(source), self.loop.time(),
+                              reclaimable=reclaim is not None)  # fmt: skip
+        if isinstance(verdict, Refuse):
+            conn.owner = owner
+            return verdict
+        conn.owner = owner
+        if reclaim is not None and slots.total > self.limits.max_connections:
+            reclaim.side.close()  # its own kept-alive connection, between requests
+        self._evict(verdict)
+        return None
+
+    def _evict(self, verdict: Admitted[Conn]) -> None:
+        for victim in verdict.evicted:
+            victim.end = End.EVICTED.value
+            victim.side.close()
+
+    def overdue(self, now: float) -> None:
+        """Close connections still unidentified after `identify_timeout` (the sweeper)."""
+        for conn in self.slots.overdue(now, self.limits.identify_timeout):
+            if conn.phase in ("head", "hello", "idle") and conn.end is None:
+                conn.end = End.IDENTIFY_TIMEOUT.value
+                conn.side.close()
 
     def identify(self, conn: Conn, head: wire.RequestHead, rec: AccessRecord) -> Identity:
         """The request's client (`gate.identify`), counted against its per-client cap."""
@@ -114,18 +188,19 @@ class Steps:
             rec.mode, rec.orig_dst = conn.listener.kind, conn.orig_dst
         if isinstance(found, Refuse):
             raise Refused(found)
-        rec.identify(found.client_id)
+        cid = found.client_id
+        rec.identify(cid)
         rec.policy = found.policy.digest  # docs/policy.md#policy-hash
-        if conn.owner is None:
-            owner: object = found.client_id
-            if owner is None:  # the default client: shared by everyone, so per source
-                owner = ("source", conn.peer[0] if isinstance(conn.peer, tuple) else conn.client)
-            count = self._per_client.get(owner, 0) + 1
-            self._per_client[owner] = count
-            conn.owner = owner
-            refusal = admit_client(count, self.limits.client_cap)
-            if refusal is not None:
-                raise Refused(refusal)
+        if conn.owner != cid and (cid is not None or conn.owner is None):
+            owner: Owner = cid
+            if cid is None:  # the default client: shared by everyone, so per source
+                peer = conn.peer
+                owner = ("source", peer[0] if isinstance(peer, tuple) and peer else conn.client)
+            if owner != conn.owner:
+                refusal = self.slots.identify(conn, owner)
+                if refusal is not None:
+                    raise Refused(refusal)
+                conn.owner = owner
         return found
 
     async def authorize(
@@ -255,8 +330,49 @@ class Steps:
         status, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
         if write:
             conn.side.write(data)
+        conn.served = True
+        self._connection_record(conn, refusal.reason.value, refusal.detail, status)
+
+    def record_closed(self, conn: Conn) -> None:
+        """A connection the proxy closed before any exchange (timeouts, eviction): one
+        record, so nothing a sandbox does goes unrecorded (docs/audit-log.md)."""
+        if conn.served or conn.end is None:
+            return
+        found = _CLOSED.get(conn.end)
+        if found is not None:
+            reason, detail = found
+            self._connection_record(conn, reason.value, detail, None, end=conn.end)
+
+    def _connection_record(
+        self, conn: Conn, reason: str, detail: str, status: int | None, end: str | None = None
+    ) -> None:
+        """A record naming the listener, its mode and the client when known; refusal floods
+        become one record per client, listener and reason per second (`tally.py`)."""
+        listener = conn.listener
         rec = AccessRecord(conn.client, "-", "", "", 0, 0.0)
-        self.emit(rec, "error", refusal.reason.value, None, refusal.detail, status)
+        rec.listener = join_host_port(listener.host, listener.port)
+        rec.mode = "forward" if listener.forward_to is not None else listener.kind
+        rec.end = end
+        owner = conn.owner
+        if owner is not None:
+            rec.identify(owner if isinstance(owner, str) else None)
+        who = owner if owner is not None else _source(conn)
+        key = (id(listener), who, reason)
+        now = self.loop.time()
+        for pending, count in self._refusals.add(key, (rec, reason, detail, status), now):
+            self._write_pending(pending, count)
+
+    def _write_pending(self, pending: _Pending, count: int) -> None:
+        rec, reason, detail, status = pending
+        if count > 1:
+            rec.count = count
+            detail = f"{detail} ({count} in one second, this the last)"
+        self.emit(rec, "error", reason, None, detail, status)
+
+    def flush_refusals(self, *, everything: bool = False) -> None:
+        """Write the counted refusals whose second has ended (the sweeper; stop)."""
+        for pending, count in self._refusals.due(self.loop.time(), everything=everything):
+            self._write_pending(pending, count)
 
     def answer(self, conn: Conn, rec: AccessRecord, refusal: Refuse, close: bool = True) -> None:
         """Write the refusal (unless the tunnel is already open) and audit it."""
@@ -298,13 +414,13 @@ class Steps:
             hook(event)
 
     def release(self, conn: Conn) -> None:
-        """A connection ended: it no longer counts against its client's cap."""
-        if conn.owner is not None:
-            left = self._per_client[conn.owner] - 1
-            if left:
-                self._per_client[conn.owner] = left
-            else:
-                del self._per_client[conn.owner]
+        """A connection ended: its slot is free (admission.py)."""
+        self.slots.release(conn)
+
+
+def _source(conn: Conn) -> object:
+    peer = conn.peer
+    return ("source", peer[0] if isinstance(peer, tuple) and peer else conn.client)
 
 
 def _admitted(verdict: Admit, rec: AccessRecord) -> None:

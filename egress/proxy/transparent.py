@@ -76,6 +76,7 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
         return
     dst = original_dst(conn)
     if dst is None:
+        conn.served = True
         rec = _record(steps, conn, "", 0)
         _reset(steps, conn, rec, Refuse(Reason.NOT_REDIRECTED, "no original destination "
                                         "(not a redirected connection)"))  # fmt: skip
@@ -101,7 +102,7 @@ def _record(steps: Steps, conn: Conn, host: str, port: int) -> AccessRecord:
 async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, port: int) -> None:
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
     rec = _record(steps, conn, host, port)
-    conn.phase = "active"
+    conn.phase, conn.served = "active", True
     try:
         identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
         target = _target(host, port)
@@ -121,6 +122,7 @@ async def _serve_tls(
     """TLS: judged by the ClientHello's SNI; without one, by the fake-IP name (or address)
     under the `sni_missing` option. The ClientHello is then relayed unchanged."""
     rec = _record(steps, conn, fallback, port)
+    conn.served = True  # recorded however it ends (a silent client: hello_timeout, then reset)
     try:
         identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
         hello = await read_hello(steps, conn)
@@ -173,7 +175,7 @@ async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> Non
             return
         if head is None:
             return
-        conn.phase = "active"
+        conn.phase, conn.served = "active", True
         absolute = absolute_form(head.target, head.get("host"), fallback, port)
         if head.method == "CONNECT" or absolute is None:
             steps.refuse_now(conn, refuse_request(f"unsupported request target "

@@ -142,7 +142,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
     rec.identify(bound.client_id if bound is not None else None)
     if bound is not None:
         rec.policy = bound.policy.digest
-    conn.phase = "active"
+    conn.phase, conn.served = "active", True
     try:
         steps.check_audit()
         ip = parse_ip_literal(host)

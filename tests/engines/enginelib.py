@@ -17,11 +17,17 @@ _counter = itertools.count(1)
 
 
 def _ci_env() -> None:
-    """Point the clients at up.sh's daemons when the caller did not choose."""
-    if not os.environ.get("DOCKER_HOST") and os.path.exists(f"{RUN_DIR}/docker.sock"):
-        os.environ["DOCKER_HOST"] = f"unix://{RUN_DIR}/docker.sock"
-    if not os.environ.get("CONTAINERD_ADDRESS") and os.path.exists(f"{RUN_DIR}/containerd.sock"):
-        os.environ["CONTAINERD_ADDRESS"] = f"{RUN_DIR}/containerd.sock"
+    """Point the clients at up.sh's engines and podman's private configuration (the variables
+    of $NETCUT_CI_RUN/env) where the caller did not choose."""
+    try:
+        with open(f"{RUN_DIR}/env") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        name, sep, value = line.removeprefix("export ").partition("=")
+        if sep and not os.environ.get(name):
+            os.environ[name] = value
 
 
 _ci_env()
@@ -138,3 +144,90 @@ def _start_ctr_box(box: Box) -> Box:
     sh(*inns, "route", "add", "default", "via", host)
     box.gateway, box.ip = host, inside
     return box
+
+
+# ---------------------------------------------------------------- docker clients
+
+# The docker clients these machines carry (docs/netcut.md#engines-in-ci): Docker CE's current
+# one, first on PATH, and Debian's docker.io 20.10.
+DOCKER_CLIENTS = {"ce": ("/usr/local/bin/docker", "28."), "debian": ("/usr/bin/docker", "20.10.")}
+
+
+def docker_client_path(client: str, bin_dir: str) -> str:
+    """A PATH on which `docker` is `client`'s binary (a link in `bin_dir`), after checking
+    that it is the version it should be. netcut and these tests find docker on PATH."""
+    binary, version = DOCKER_CLIENTS[client]
+    if not os.path.exists(binary):
+        raise AssertionError(f"docker client {client!r} not installed at {binary}")
+    os.makedirs(bin_dir, exist_ok=True)
+    link = os.path.join(bin_dir, "docker")
+    if not os.path.islink(link):
+        os.symlink(binary, link)
+    said = sh(link, "version", "--format", "{{.Client.Version}}").stdout.strip()
+    assert said.startswith(version), f"{binary} is client {said}, expected {version}x"
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+# ---------------------------------------------------------------- helper images by shell
+
+# Helper images whose /bin/sh is not bash, assembled offline from this host's files like the
+# default one (netcut/helperimage.py): "ash" is Alpine-like (busybox-static as /bin/sh and
+# its applets, iproute2 and iptables-legacy; no bash, no netcat: the probe uses busybox
+# `nc -e`), "dash" is Debian-like (dash as /bin/sh, bash and coreutils' timeout beside it).
+HELPER_SHELLS = ("ash", "dash")
+_built: set[tuple[str, str]] = set()
+
+
+def shell_image(engine: str, shell: str) -> str:
+    """The tag of the `shell` helper image in `engine`, imported on first use."""
+    import io
+    import tarfile
+
+    from netcut import helperimage
+
+    tag = f"nc-helper-{shell}:ci"
+    if (engine, shell) in _built:
+        return tag
+    src = helperimage.find_sources()
+    files = {
+        "/sbin/ip": src.tools["ip"],
+        "/usr/sbin/ss": src.tools["ss"],
+        "/sbin/xtables-legacy-multi": src.tools["xtables-legacy-multi"],
+    }
+    files.update({p: p for p in src.files() if p.endswith(".so")})  # xtables extensions
+    links = {f"/sbin/{n}": "xtables-legacy-multi" for n in
+             ("iptables-legacy", "ip6tables-legacy", "iptables-legacy-save",
+              "ip6tables-legacy-save")}  # fmt: skip
+    if shell == "ash":
+        files["/bin/busybox"] = "/bin/busybox"
+        links.update({f"/bin/{a}": "busybox" for a in ("sh", "true", "cat", "ls", "sleep")})
+    else:
+        files["/bin/dash"] = os.path.realpath("/bin/dash")
+        files["/bin/bash"] = os.path.realpath("/bin/bash")
+        files["/usr/bin/timeout"] = os.path.realpath("/usr/bin/timeout")
+        links["/bin/sh"] = "dash"
+    for lib in helperimage.libraries(sorted({h for h in files.values() if not h.endswith(".so")})):
+        files.setdefault(lib, lib)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dirs = {"/tmp", "/run", "/proc", "/sys", "/dev", "/etc", *map(os.path.dirname, files),
+                *map(os.path.dirname, links)}  # fmt: skip
+        for d in sorted(dirs):
+            parts = d.strip("/").split("/")
+            for i in range(1, len(parts) + 1):
+                name = "/".join(parts[:i])
+                if name not in tar.getnames():
+                    info = tarfile.TarInfo(name)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
+                    tar.addfile(info)
+        for inside, host in sorted(files.items()):
+            tar.add(os.path.realpath(host), arcname=inside.lstrip("/"))
+        for inside, target in sorted(links.items()):
+            info = tarfile.TarInfo(inside.lstrip("/"))
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    done = subprocess.run([engine, "import", "-", tag], input=buf.getvalue(),
+                          capture_output=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    _built.add((engine, shell))
+    return tag

@@ -12,28 +12,40 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
-from enginelib import BOX, Box, sh
+from enginelib import BOX, HELPER_SHELLS, Box, docker_client_path, sh, shell_image
 from pyroute2.netns import create_socket
 
 from egress import EgressProxy, build_settings
-from netcut import api, helper, target
+from netcut import api, helper, helperimage, target
 from netcut.errors import ApplyFailed, UnsafeTarget
+from netcut.helpershell import no_such_image
 
 import harness
 from servers import run, start_origin
 
 MODES = [
-    pytest.param("docker", "direct", marks=pytest.mark.engine("docker")),
-    pytest.param("docker", "helper", marks=pytest.mark.engine("docker")),
-    pytest.param("podman", "direct", marks=pytest.mark.engine("podman")),
-    pytest.param("podman", "helper", marks=pytest.mark.engine("podman")),
-    pytest.param("containerd", "direct", marks=pytest.mark.engine("containerd")),
+    pytest.param("docker", "direct", "ce", None, marks=pytest.mark.engine("docker")),
+    pytest.param("podman", "direct", None, None, marks=pytest.mark.engine("podman")),
+    pytest.param("containerd", "direct", None, None, marks=pytest.mark.engine("containerd")),
+    *(
+        pytest.param(engine, "helper", client, image, marks=pytest.mark.engine(engine),
+                     id=f"{engine}{'-' + client if client else ''}-helper-{image or 'default'}")
+        for engine, client in (("docker", "ce"), ("docker", "debian"), ("podman", None))
+        for image in (None, *HELPER_SHELLS)
+    ),
+]  # fmt: skip
+# Helper mode on each docker client (docs/netcut.md#engines-in-ci) and on podman.
+HELPER_ENGINES = [
+    pytest.param("docker", "ce", marks=pytest.mark.engine("docker"), id="docker-ce"),
+    pytest.param("docker", "debian", marks=pytest.mark.engine("docker"), id="docker-debian"),
+    pytest.param("podman", None, marks=pytest.mark.engine("podman"), id="podman"),
 ]
 pytestmark = pytest.mark.netns
 
@@ -42,19 +54,29 @@ def ref(box: Box) -> target.TargetRef:
     return target.container(box.name, box.engine)
 
 
-def do_cut(box: Box, mode: str, keep: list[str], **kw: object) -> api.CutResult:
+def do_cut(
+    box: Box, mode: str, keep: list[str], image: str | None = None, **kw: object
+) -> api.CutResult:
     if mode == "helper":
-        return helper.cut(ref(box), keep, **kw)  # type: ignore[arg-type]
+        return helper.cut(ref(box), keep, image=image, **kw)  # type: ignore[arg-type]
     return api.cut(ref(box), keep, **kw)  # type: ignore[arg-type]
 
 
-def do_status(box: Box, mode: str) -> str:
-    status = helper.status(ref(box)) if mode == "helper" else api.status(ref(box))
+def do_status(box: Box, mode: str, image: str | None = None) -> str:
+    status = helper.status(ref(box), image=image) if mode == "helper" else api.status(ref(box))
     return status.state
 
 
-def do_restore(box: Box, mode: str) -> api.RestoreResult:
-    return helper.restore(ref(box)) if mode == "helper" else api.restore(ref(box))
+def do_restore(box: Box, mode: str, image: str | None = None) -> api.RestoreResult:
+    return helper.restore(ref(box), image=image) if mode == "helper" else api.restore(ref(box))
+
+
+def use_client(
+    engine: str, client: str | None, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Make `docker` on PATH the chosen client for netcut and the test alike."""
+    if engine == "docker" and client is not None:
+        monkeypatch.setenv("PATH", docker_client_path(client, str(tmp_path / "client")))
 
 
 @contextmanager
@@ -135,10 +157,21 @@ async def curl_in(box: Box, *args: str) -> tuple[int, str, str]:
     return await run("nsenter", f"--net={box.netns}", "curl", "-sS", "--max-time", "5", *args)
 
 
-@pytest.mark.parametrize(("engine", "mode"), MODES)
+@pytest.mark.parametrize(("engine", "mode", "client", "shell"), MODES)
 async def test_cut_probe_status_restore_with_a_proxy_on_the_gateway(
-    engine: str, mode: str, make_box: Callable[..., Box], test_host: harness.TestHost
+    engine: str,
+    mode: str,
+    client: str | None,
+    shell: str | None,
+    make_box: Callable[..., Box],
+    test_host: harness.TestHost,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The whole cycle; helper mode with each docker client and with helper images whose
+    /bin/sh is bash (the default image, built here on first use), busybox ash and dash."""
+    use_client(engine, client, tmp_path, monkeypatch)
+    image = shell_image(engine, shell) if shell else None
     box = make_box(engine)
     routes = box.routes()
     origin = await start_origin(test_host, 80)
@@ -146,13 +179,13 @@ async def test_cut_probe_status_restore_with_a_proxy_on_the_gateway(
     settings = build_settings({}, allow=["pypi.test"], block=["evil.test"], resolve=pins)
     try:
         async with EgressProxy(settings, listen=[f"{box.gateway}:0"]) as proxy:
-            await _cycle(box, mode, proxy, routes)
+            await _cycle(box, mode, proxy, routes, image)
             assert [s.path for s in origin.seen] == ["/simple/"]
     finally:
         await origin.close()
 
 
-async def _cycle(box: Box, mode: str, proxy: EgressProxy, routes: str) -> None:
+async def _cycle(box: Box, mode: str, proxy: EgressProxy, routes: str, image: str | None) -> None:
     keep = f"{box.gateway}:{proxy.addresses[0][1]}"
     with echo_server(box.gateway) as side:
         flow = connect_in(box, box.gateway, side)
@@ -162,15 +195,15 @@ async def _cycle(box: Box, mode: str, proxy: EgressProxy, routes: str) -> None:
             assert await asyncio.to_thread(dns_answers, box, box.name), "embedded DNS, before"
 
         result = await asyncio.to_thread(
-            do_cut, box, mode, [keep], expect_blocked=[f"{box.gateway}:{side}"]
+            do_cut, box, mode, [keep], image, expect_blocked=[f"{box.gateway}:{side}"]
         )
         assert result.changed
         assert result.probe is not None
         assert result.probe.ok, result.probe.lines()
-        assert await asyncio.to_thread(do_status, box, mode) == "cut"
+        assert await asyncio.to_thread(do_status, box, mode, image) == "cut"
         if box.engine != "containerd":  # helper mode applies to docker and podman
             other = "direct" if mode == "helper" else "helper"
-            assert await asyncio.to_thread(do_status, box, other) == "cut"
+            assert await asyncio.to_thread(do_status, box, other, image) == "cut"
 
         assert not echoes(flow), "the established flow was destroyed"
         flow.close()
@@ -186,20 +219,60 @@ async def _cycle(box: Box, mode: str, proxy: EgressProxy, routes: str) -> None:
         if box.engine == "docker":
             assert not await asyncio.to_thread(dns_answers, box, box.name), "embedded DNS, after"
 
-        again = await asyncio.to_thread(do_cut, box, mode, [keep])
+        again = await asyncio.to_thread(do_cut, box, mode, [keep], image)
         assert not again.changed
-        restored = await asyncio.to_thread(do_restore, box, mode)
+        restored = await asyncio.to_thread(do_restore, box, mode, image)
         assert restored.changed
         assert box.routes() == routes
         assert reaches(box, box.gateway, side)
-        assert await asyncio.to_thread(do_status, box, mode) == "not cut"
+        assert await asyncio.to_thread(do_status, box, mode, image) == "not cut"
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [pytest.param(e, marks=pytest.mark.engine(e)) for e in ("docker", "podman")],
-)
-def test_either_mode_restores_the_other(engine: str, make_box: Callable[..., Box]) -> None:
+@pytest.mark.parametrize(("engine", "client"), HELPER_ENGINES)
+def test_the_default_image_is_built_on_first_use_and_engine_errors_are_whole(
+    engine: str,
+    client: str | None,
+    make_box: Callable[..., Box],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a fresh machine the helper image is not there: Docker CE's client answers
+    `No such image: ...`, a blank line and `Run 'docker run --help' for more information`,
+    whose last line alone hid the cause, so the image was never built. Each client's whole
+    answer is kept, and recognised."""
+    use_client(engine, client, tmp_path, monkeypatch)
+    box = make_box(engine)
+    default = helper.default_image()
+    sh(engine, "rmi", "-f", default, check=False)
+    assert sh(engine, "image", "inspect", default, check=False).returncode != 0
+    assert helper.status(ref(box)).state == "not cut"
+    assert sh(engine, "image", "inspect", default, check=False).returncode == 0, "built"
+
+    missing = f"nc-not-there:{box.name}"
+    with pytest.raises(ApplyFailed) as caught:
+        helper.status(ref(box), image=missing)
+    said = str(caught.value)
+    assert no_such_image(said), said
+    tail = {
+        "ce": "Run 'docker run --help' for more information",
+        "debian": "See 'docker run --help'.",
+    }
+    if client is not None:
+        assert said.splitlines()[-1] == tail[client], said
+        assert f"No such image: {missing}" in said, said
+    else:
+        assert f"{missing}: image not known" in said, said
+
+
+@pytest.mark.parametrize(("engine", "client"), HELPER_ENGINES)
+def test_either_mode_restores_the_other(
+    engine: str,
+    client: str | None,
+    make_box: Callable[..., Box],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    use_client(engine, client, tmp_path, monkeypatch)
     box = make_box(engine)
     routes = box.routes()
     keep = [f"{box.gateway}:3128"]
@@ -220,6 +293,8 @@ def test_either_mode_restores_the_other(engine: str, make_box: Callable[..., Box
 def test_a_user_supplied_helper_image_keeps_working(make_box: Callable[..., Box]) -> None:
     box = make_box("docker")
     mine = f"nc-user-helper:{box.name}"
+    if sh("docker", "image", "inspect", helper.default_image(), check=False).returncode:
+        helperimage.build(target.find_runtime("docker"))
     sh("docker", "tag", helper.default_image(), mine)
     try:
         assert helper.cut(ref(box), [f"{box.gateway}:3128"], image=mine, probe=False).changed
@@ -228,15 +303,17 @@ def test_a_user_supplied_helper_image_keeps_working(make_box: Callable[..., Box]
         sh("docker", "rmi", mine, check=False)
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [pytest.param(e, marks=pytest.mark.engine(e)) for e in ("docker", "podman")],
-)
+@pytest.mark.parametrize(("engine", "client"), HELPER_ENGINES)
 def test_a_helper_image_without_the_tools_fails_and_changes_nothing(
-    engine: str, make_box: Callable[..., Box]
+    engine: str,
+    client: str | None,
+    make_box: Callable[..., Box],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The box image has only Debian's busybox (whose `ip` applet has no -j and no iptables):
     its empty state dump must be an error before any change, never a "cut"."""
+    use_client(engine, client, tmp_path, monkeypatch)
     box = make_box(engine)
     routes = box.routes()
     with pytest.raises(ApplyFailed, match="helper state dump"):
@@ -278,15 +355,17 @@ def test_containerd_cli_cut_by_container_id(
     assert not api.status(target.pid(box.pid)).is_cut
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [pytest.param(e, marks=pytest.mark.engine(e)) for e in ("docker", "podman")],
-)
+@pytest.mark.parametrize(("engine", "client"), HELPER_ENGINES)
 def test_a_tampered_helper_cut_is_partial_in_both_modes_and_a_cut_repairs_it(
-    engine: str, make_box: Callable[..., Box]
+    engine: str,
+    client: str | None,
+    make_box: Callable[..., Box],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Root in the namespace undoes the cut (a default route back, an ACCEPT ahead of the
     backstop): status says partial in both modes, and a second helper cut repairs it."""
+    use_client(engine, client, tmp_path, monkeypatch)
     box = make_box(engine)
     routes = box.routes()
     keep = [f"{box.gateway}:3128"]

@@ -153,7 +153,8 @@ async def session(proxy: EgressProxy, requests: list[tuple[str, str]]) -> list[b
 
 def comparable(events: list[dict[str, object]]) -> list[dict[str, object]]:
     """The records without what differs between two runs (timing, the client's port)."""
-    return [{k: v for k, v in e.items() if k not in ("duration_ms", "client")} for e in events]
+    skip = ("duration_ms", "client", "listener")
+    return [{k: v for k, v in e.items() if k not in skip} for e in events]
 
 
 def count_coroutine_requests(monkeypatch: pytest.MonkeyPatch) -> list[int]:

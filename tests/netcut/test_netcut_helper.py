@@ -21,12 +21,24 @@ from netcut_testlib import Topology, wait_for
 
 from netcut import helper, target
 from netcut.cli import main
+from netcut.errors import ApplyFailed
 
 pytestmark = pytest.mark.netns
+
+# What each client prints for `run --pull never` of an image that is not there: Docker CE's
+# current client (first on PATH on these machines), Debian's docker.io 20.10, podman.
+NO_IMAGE = {
+    "docker 28": "docker: Error response from daemon: No such image: {image}\n\n"
+    "Run 'docker run --help' for more information\n",
+    "docker 20.10": "docker: Error response from daemon: No such image: {image}.\n"
+    "See 'docker run --help'.\n",
+    "podman": "Error: {image}: image not known\n",
+}
 
 FAKE_RUNTIME = """\
 #!{python}
 import json, os, sys
+NO_IMAGE = {no_image!r}
 args = sys.argv[1:]
 with open(os.environ["FAKE_RUNTIME_LOG"], "a") as f:
     f.write(json.dumps(args) + "\\n")
@@ -51,8 +63,11 @@ elif args[0] == "run":
     ns = containers[args[args.index("--network") + 1].split(":", 1)[1]]["_netns"]
     image = args[-1]
     if image.startswith("netcut-helper:") and not os.path.exists(image_file(image)):
-        sys.exit(f"Error response from daemon: No such image: {{image}}")
-    os.execvp("ip", ["ip", "netns", "exec", ns, "bash"])
+        sys.stderr.write(os.environ.get("FAKE_RUNTIME_NO_IMAGE", NO_IMAGE["docker 28"]).format(
+            image=image))
+        sys.exit(125)
+    shell = os.environ.get("FAKE_RUNTIME_SHELL", "bash").split()
+    os.execvp("ip", ["ip", "netns", "exec", ns, *shell])
 else:
     sys.exit(f"fake runtime: unsupported {{args}}")
 """
@@ -91,7 +106,7 @@ def fake_runtime(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Fak
     fake.images.mkdir()
     fake.containers.write_text("{}")
     path = fake.bin / "docker"
-    path.write_text(FAKE_RUNTIME.format(python=sys.executable))
+    path.write_text(FAKE_RUNTIME.format(python=sys.executable, no_image=NO_IMAGE))
     path.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.bin}:{os.environ['PATH']}")
     monkeypatch.delenv("NETCUT_CONTAINER_RUNTIME", raising=False)
@@ -169,6 +184,69 @@ def test_default_image_imported_once_from_host_files_and_found_by_tag(
             "netcut/bin/iptables-legacy", "bin/sh", "run"} <= names  # fmt: skip
     assert any(n.endswith("xtables/libxt_standard.so") for n in names)
     assert len(runs(fake_runtime)) == 3, "missing image, then one run per status"
+
+
+@pytest.mark.parametrize("client", sorted(NO_IMAGE))
+def test_no_such_image_is_recognised_from_every_client_and_the_image_built(
+    topo: Topology,
+    fake_runtime: FakeRuntime,
+    monkeypatch: pytest.MonkeyPatch,
+    client: str,
+) -> None:
+    """Docker CE 28 ends its answer with a blank line and `Run 'docker run --help' ...`: a
+    check of the last line only never saw "No such image", never built the image and told the
+    user only that `docker run --help` exists."""
+    monkeypatch.setenv("FAKE_RUNTIME_NO_IMAGE", NO_IMAGE[client])
+    fake_runtime.add("sandbox", topo.sandbox)
+    assert helper.status(target.container("sandbox")).state == "not cut"
+    imports = [c for c in fake_runtime.calls() if c[0] == "import"]
+    assert imports == [["import", "-", helper.default_image()]]
+
+
+def test_an_engine_error_is_kept_whole_in_the_exception_and_the_json(
+    topo: Topology,
+    fake_runtime: FakeRuntime,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A chosen image is never built: its engine's whole answer, every line, is the error."""
+    monkeypatch.setenv("FAKE_RUNTIME_NO_IMAGE", NO_IMAGE["docker 28"])
+    fake_runtime.add("sandbox", topo.sandbox)
+    image = "netcut-helper:not-there"
+    with pytest.raises(ApplyFailed) as caught:
+        helper.status(target.container("sandbox"), image=image)
+    assert f"No such image: {image}" in str(caught.value)
+    assert "Run 'docker run --help' for more information" in str(caught.value)
+    code = main(["status", "--container", "sandbox", "--mode", "helper",
+                 "--helper-image", image, "--json"])  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    assert code == data["exit_code"] != 0
+    assert data["error"].endswith(
+        f"docker: Error response from daemon: No such image: {image}\n"
+        "Run 'docker run --help' for more information"
+    )
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash", "busybox ash"])
+def test_helper_cut_probe_status_restore_with_each_shell(
+    topo: Topology, fake_runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch, shell: str
+) -> None:
+    """The helper's /bin/sh may be dash or busybox ash: on Linux 6.18 their `read` returns 1
+    for a /proc/sys file although it read the value, which failed every state dump
+    ("'sysctls' failed (exit 1)"). Here the scripts run in that shell in a real namespace,
+    with the host's tools (images without bash: tests/engines)."""
+    monkeypatch.setenv("FAKE_RUNTIME_SHELL", shell)
+    fake_runtime.add("sandbox", topo.sandbox)
+    ref = target.container("sandbox")
+    routes = topo.routes()
+    result = helper.cut(ref, [topo.proxy], expect_blocked=[f"{topo.upstream_ip}:{topo.echo_port}"])
+    assert result.probe is not None
+    assert result.probe.ok, result.probe.lines()
+    assert not topo.reaches(topo.upstream_ip, topo.echo_port)
+    assert helper.status(ref).is_cut
+    assert helper.restore(ref).changed
+    assert wait_for(lambda: topo.routes() == routes), (routes, topo.routes())
+    assert helper.status(ref).state == "not cut"
 
 
 def test_image_named_by_flag_or_env_is_not_built(

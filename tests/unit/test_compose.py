@@ -80,9 +80,25 @@ HARBOR = [
         "other.com",
         False,
     ),
-    ("legacy-true", {"allow_internet": True}, "example.com", True),
-    ("legacy-false", {"allow_internet": False}, "example.com", False),
     ("unset-is-public", {}, "example.com", True),
+]
+ALLOWLIST = {
+    "network_mode": "allowlist",
+    "allowed_hosts": ["Example.COM.", "*.pythonhosted.org", "198.18.7.0/24", "2001:db8::1"],
+}
+# Harbor's sidecar redirects every TCP port, and its `*.` is a glob on the name
+# (before: allowed_hosts covered ports 80/443 only, and `*.x` the apex `x` too)
+HARBOR_PORTS = [
+    ("name-443", "example.com", 443, True),
+    ("name-any-port", "example.com", 22, True),
+    ("name-plain-http-8080", "example.com", 8080, True),
+    ("wildcard-sub-any-port", "files.pythonhosted.org", 8443, True),
+    ("wildcard-deep", "a.b.pythonhosted.org", 443, True),
+    ("wildcard-not-apex", "pythonhosted.org", 443, False),
+    ("cidr-any-port", "198.18.7.9", 5432, True),
+    ("cidr-outside", "198.18.8.9", 443, False),
+    ("ipv6-any-port", "2001:db8::1", 22, True),
+    ("other-name", "example.org", 443, False),
 ]
 
 
@@ -91,6 +107,40 @@ HARBOR = [
 )
 def test_harbor_mapping(task: dict[str, object], host: str, want: bool) -> None:
     assert allowed(from_harbor(task), host) is want
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "want"), [c[1:] for c in HARBOR_PORTS], ids=[c[0] for c in HARBOR_PORTS]
+)
+def test_harbor_allowlist_every_port(host: str, port: int, want: bool) -> None:
+    policy = from_harbor(ALLOWLIST)
+    assert allowed(policy, host, port, "https") is want
+    assert allowed(policy, host, port, "http") is want
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["1.2.3", "2130706433", "::ffff:10.0.0.1", "::ffff:0:0/96", "xn--zz.test", "*.a.123"],
+)
+def test_harbor_entries_we_cannot_express_are_refused(entry: str) -> None:
+    with pytest.raises(PolicyError, match="cannot be expressed exactly"):
+        from_harbor({"network_mode": "allowlist", "allowed_hosts": [entry]})
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["https://a.test", "a.test:443", "*", "a*.test", "*.10.0.0.1", "10.0.0.1/8", "a_b.test", ""],
+)
+def test_harbor_entries_harbor_refuses_are_refused(entry: str) -> None:
+    with pytest.raises(PolicyError, match="harbor allowed_hosts"):
+        from_harbor({"network_mode": "allowlist", "allowed_hosts": [entry]})
+
+
+def test_any_port_task_rule_needs_an_any_port_evaluator_rule() -> None:
+    evaluator = Policy(allow=["*.test:*", "pypi.org", "10.0.0.0/8:*"])
+    task = Policy(allow=["a.test:*", "pypi.org:*", "10.1.0.0/16:*", "11.0.0.0/8:*"])
+    kept = [r.text for r in compose(evaluator, task).allow_rules]
+    assert kept == ["*.test:*", "pypi.org", "10.0.0.0/8:*", "a.test:*", "10.1.0.0/16:*"]
 
 
 def test_harbor_bad_mode() -> None:

@@ -111,3 +111,50 @@ def test_ci_starts_the_engines_and_requires_them() -> None:
     assert "trap 'tests/engines/down.sh' EXIT" in test_cmd.split("tests/engines/up.sh")[0], (
         "stopped by a trap set first"
     )
+
+
+def _dpkg_status(tmp: pathlib.Path, states: dict[str, str]) -> dict[str, str]:
+    """A real dpkg database (the `status` file dpkg-query reads) holding `states`; the
+    environment that points dpkg at it (DPKG_ADMINDIR), so the machine's own is not touched."""
+    (tmp / "info").mkdir()
+    (tmp / "updates").mkdir()
+    stanzas = []
+    for name, status in states.items():
+        conffiles = f"Conffiles:\n /etc/{name}.conf {'0' * 32}\n" if "config" in status else ""
+        stanzas.append(
+            f"Package: {name}\nStatus: {status}\nPriority: optional\nSection: misc\n"
+            "Maintainer: nobody <nobody@example.invalid>\nArchitecture: all\nVersion: 1.0\n"
+            f"{conffiles}Description: a test package\n"
+        )
+    (tmp / "status").write_text("\n".join(stanzas))
+    return {**os.environ, "DPKG_ADMINDIR": str(tmp)}
+
+
+def test_a_removed_package_that_kept_its_configuration_counts_as_missing(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`dpkg -s` exits 0 for a package in state `rc` (removed, configuration files left): a
+    machine where docker.io had been removed that way installed nothing and then failed on
+    `dockerd: command not found`. dev.sh reads the installed state instead."""
+    env = _dpkg_status(
+        tmp_path,
+        {"nc-removed": "deinstall ok config-files", "nc-present": "install ok installed"},
+    )
+    old = subprocess.run(["dpkg", "-s", "nc-removed"], env=env, capture_output=True, check=False)
+    assert old.returncode == 0, "dpkg -s calls a removed package installed (the bug)"
+    done = subprocess.run(
+        [str(ROOT / "dev.sh"), "missing", "nc-removed", "nc-present", "nc-never-seen"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nc-removed", "nc-never-seen"]
+
+
+def test_apt_install_asks_dpkg_query_for_the_installed_state() -> None:
+    dev = (ROOT / "dev.sh").read_text()
+    assert 'dpkg -s "$' not in dev
+    assert "dpkg-query -W -f='${Status}'" in dev
+    assert '"install ok installed"' in dev

@@ -244,6 +244,8 @@ def test_playbook(row: Row) -> None:
 
 # written by the sandbox lifecycle (boundary/sandboxes.py), not by the gate
 LIFECYCLE = {Reason.SANDBOX_ADDED, Reason.SANDBOX_REPLACED, Reason.SANDBOX_REMOVED}
+# connection slots (admission.py; tests/unit/test_admission.py, test_connection_slots.py)
+SLOTS = {Reason.IDENTIFY_TIMEOUT, Reason.EVICTED}
 
 
 # written by the SOCKS5, DNS and transparent listeners' own parsers and shells (their tests:
@@ -259,7 +261,7 @@ LISTENER_KINDS = {
 
 
 def test_every_reason_is_covered() -> None:
-    assert {r.expect for r in ROWS} | LIFECYCLE | LISTENER_KINDS == set(Reason)
+    assert {r.expect for r in ROWS} | LIFECYCLE | LISTENER_KINDS | SLOTS == set(Reason)
 
 
 @pytest.mark.parametrize(

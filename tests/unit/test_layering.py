@@ -31,6 +31,8 @@ PURE = [
     "proxy.dnsanswer",
     "proxy.clients",
     "proxy.metrics",
+    "proxy.admission",
+    "proxy.tally",
     "audit.format",
     "audit.redact",
     "audit.timebounds",

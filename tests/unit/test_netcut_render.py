@@ -428,3 +428,26 @@ def test_rule_spec_parses_or_raises_invalid_input(text: str) -> None:
         parse_rule_spec("-A OUTPUT " + text)
     except InvalidInput:
         pass
+
+
+def test_a_failed_section_names_itself_its_command_and_all_it_said() -> None:
+    """The error used to keep 300 characters of the output joined into one line, which cut off
+    the cause; now it names the section, the command the script ran and every line."""
+    from netcut.errors import InvalidInput
+
+    script = state_script(())
+    assert "echo '### cmd read each /proc/sys/net/ipv6/conf/" in script
+    said = [f"line {i}: " + "x" * 60 for i in range(12)]
+    broken = DUMP.replace(
+        "### sysctls\n",
+        "### sysctls\n### cmd read each /proc/sys/net/ipv6/conf/*/{disable_ipv6,accept_ra}\n"
+        + "\n".join(said)
+        + "\n### rc 1\n### ignored\n",
+        1,
+    )
+    with pytest.raises(InvalidInput) as caught:
+        parse_state_dump(broken)
+    message = str(caught.value)
+    assert "'sysctls' (`read each /proc/sys/net/ipv6/conf/*/{disable_ipv6,accept_ra}`)" in message
+    assert "failed (exit 1)" in message
+    assert message.endswith("\n".join(said))

@@ -1,0 +1,134 @@
+"""`shared_proxy()`: one `EgressProxy` per event loop, for framework integrations.
+
+Framework factories build sandboxes and environments with no arguments (a registry entry
+point, a runtime class named in a config file), so an integration cannot be handed a proxy:
+it asks for the loop's one. Lifecycle (docs/integrations.md#the-shared-proxy):
+
+- `configure_shared_proxy(...)` says what the next shared proxy is built with (policy or
+  settings, audit log path, pinned names, any other `EgressProxy` argument). Without it:
+  a deny-all proxy (every sandbox brings its own policy), auditing to `$EGRESS_AUDIT` if set.
+- The first `await shared_proxy()` on a loop builds and starts it (concurrent first calls
+  share one start); later calls on that loop return it. It opens no listener of its own:
+  every sandbox gets its own on its loopback from `prepare_execution`.
+- It stops, and its audit log is closed (flushed), on `await close_shared_proxy()`, or when
+  the loop is shut down by `asyncio.run` (or anything that runs
+  `loop.shutdown_asyncgens()`, as anyio and inspect-ai do): a frame waiting in an
+  asynchronous generator holds it. A loop closed without that leaves the audit log's last
+  lines unwritten, so close it yourself there.
+
+One audit log file belongs to one loop at a time: two loops writing one file would
+interleave two hash chains (`egress audit verify` reports it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..audit.log import AuditLog
+from ..config import Settings, resolve_pins
+from ..policy.rules import Policy
+from ..proxy.server import EgressProxy
+
+
+@dataclass(frozen=True)
+class _Config:
+    policy: Policy | Settings | None = None
+    audit: str | None = None
+    resolve: Mapping[str, str | Iterable[str]] | None = None
+    proxy_args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Shared:
+    proxy: EgressProxy
+    audit: AuditLog | None
+    keeper: AsyncIterator[None]
+
+
+_config = _Config()
+_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[_Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def configure_shared_proxy(
+    policy: Policy | Settings | None = None,
+    *,
+    audit: str | None = None,
+    resolve: Mapping[str, str | Iterable[str]] | None = None,
+    **proxy_args: Any,
+) -> None:
+    """What the next shared proxy is built with; a running one keeps what it has.
+
+    `policy` is the proxy's own (every sandbox brings its own; default deny-all); `audit` a
+    path for its `AuditLog` (default `$EGRESS_AUDIT`, else no audit log); `resolve` as
+    `EgressProxy(resolve=...)`; anything else is passed to `EgressProxy` as is."""
+    global _config
+    if policy is not None and not isinstance(policy, Policy | Settings):
+        raise TypeError(f"configure_shared_proxy policy must be a Policy or Settings: {policy!r}")
+    if audit is not None and not isinstance(audit, str):
+        raise TypeError(f"configure_shared_proxy audit must be a path, not {audit!r}")
+    if resolve is not None:
+        resolve_pins(resolve)  # checked now, not when a loop first asks for the proxy
+    _config = _Config(policy, audit, resolve, dict(proxy_args))
+
+
+async def shared_proxy() -> EgressProxy:
+    """The running loop's shared proxy, started on first use (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    task = _by_loop.get(loop)
+    if task is not None and task.done() and not task.cancelled() and task.exception() is None:
+        if task.result().proxy.closing:
+            task = None
+    elif task is not None and task.done():
+        task = None  # a failed start is tried again
+    if task is None:
+        task = _by_loop[loop] = loop.create_task(_start(_config), name="egress-shared-proxy")
+    return (await asyncio.shield(task)).proxy
+
+
+async def close_shared_proxy() -> None:
+    """Stop the running loop's shared proxy and close its audit log, if it has one."""
+    loop = asyncio.get_running_loop()
+    task = _by_loop.pop(loop, None)
+    if task is None:
+        return
+    shared = await task
+    await shared.keeper.aclose()  # type: ignore[attr-defined]
+
+
+async def _start(config: _Config) -> _Shared:
+    path = config.audit if config.audit is not None else os.environ.get("EGRESS_AUDIT") or None
+    log = AuditLog(path) if path else None
+    if log is not None:
+        await log.start()
+    proxy = EgressProxy(
+        config.policy or Policy(),
+        **{"listen": (), "audit": log, "resolve": config.resolve, **config.proxy_args},
+    )
+    try:
+        await proxy.start()
+    except BaseException:
+        await proxy.stop()
+        if log is not None:
+            await log.aclose()
+        raise
+    keeper = _keep(proxy, log)
+    await keeper.__anext__()  # registered with the loop's asynchronous generator hooks
+    return _Shared(proxy, log, keeper)
+
+
+async def _keep(proxy: EgressProxy, log: AuditLog | None) -> AsyncIterator[None]:
+    """Suspended for the proxy's whole life; closing it (explicitly, or by the loop's
+    `shutdown_asyncgens`) stops the proxy and flushes the audit log."""
+    try:
+        yield
+    finally:
+        await proxy.stop()
+        if log is not None:
+            await log.aclose()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# List what an earlier engine run left on this machine, one line each; exit 1 if anything.
+# A check, never a cleanup (tests/engines/down.sh removes it): .ci/run runs it before and
+# after the tests (docs/netcut.md#engines-in-ci).
+set -uo pipefail
+RUN_DIR="${NETCUT_CI_RUN:-/run/netcut-ci}"
+DATA_DIR="${NETCUT_CI_DATA:-/var/lib/netcut-ci}"
+found=0
+say() { echo "left over: $*"; found=1; }
+
+for dir in "$RUN_DIR" "$DATA_DIR"; do
+    [[ -e "$dir" ]] && say "$dir (engine state, images, containers, networks)"
+done
+for pid in $(pgrep -f -- "$RUN_DIR/" 2>/dev/null); do
+    [[ "$pid" != "$$" ]] && say "process $pid: $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-120)"
+done
+findmnt -rn -o TARGET | grep -F -e "$RUN_DIR/" -e "$DATA_DIR/" | while read -r mnt; do
+    echo "left over: mount $mnt"
+done | grep . && found=1
+# The engines' bridges: fixed names, and docker's user networks on 198.19.240.0/20.
+while read -r link _ addrs; do
+    case "$link" in
+        ncpod0 | docker0) say "bridge $link" ;;
+        br-*) [[ "$addrs" == *198.19.2[45]?.* ]] && say "bridge $link ($addrs)" ;;
+    esac
+done < <(ip -br -4 addr show 2>/dev/null)
+ip -br link show ncpod0 >/dev/null 2>&1 && ! ip -br -4 addr show ncpod0 | grep -q . && say "bridge ncpod0"
+# Configuration that older versions of up.sh wrote machine-wide.
+for file in /etc/containers/containers.conf /etc/cni/net.d/50-netcut-ci.conflist; do
+    grep -qs "netcut-ci" "$file" && say "$file (written by an earlier tests/engines/up.sh)"
+done
+exit "$found"

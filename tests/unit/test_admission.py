@@ -1,0 +1,76 @@
+"""Connection slots and the refusal tally, as pure data (egress/proxy/admission.py, tally.py)."""
+
+from __future__ import annotations
+
+from egress.proxy.admission import CLIENT_FULL, GLOBAL_FULL, Admitted, Budget, Slots
+from egress.proxy.tally import Tally
+
+
+def slots(total: int = 8, cap: int = 4, per_source: int = 2, unknown: int = 3) -> Slots[str]:
+    return Slots(Budget(total, cap, per_source, unknown))
+
+
+def test_a_known_client_is_capped_from_accept() -> None:
+    s = slots()
+    for i in range(4):
+        assert s.admit(f"a{i}", "a", "10.0.0.1", 0.0) == Admitted()
+    assert s.admit("a4", "a", "10.0.0.1", 0.0) is CLIENT_FULL
+    assert s.count("a") == 4
+    s.release("a0")
+    assert s.admit("a4", "a", "10.0.0.1", 0.0) == Admitted()
+
+
+def test_a_full_source_budget_evicts_its_own_oldest() -> None:
+    s = slots()
+    assert s.admit("u0", None, "127.0.0.1", 0.0) == Admitted()
+    assert s.admit("u1", None, "127.0.0.1", 1.0) == Admitted()
+    assert s.admit("u2", None, "127.0.0.1", 2.0) == Admitted(("u0",))
+    assert s.unidentified == 2
+    assert s.overdue(3.5, 2.0) == ["u1"]
+
+
+def test_the_total_budget_evicts_from_the_largest_source() -> None:
+    s = slots(per_source=3, unknown=3)
+    for i in range(3):
+        s.admit(f"x{i}", None, "10.0.0.9", float(i))
+    assert s.admit("y0", None, "10.0.0.2", 9.0) == Admitted(("x0",))
+
+
+def test_unidentified_never_fill_the_proxy_and_known_clients_displace_them() -> None:
+    s = slots(total=4, cap=4, per_source=4, unknown=4)
+    for i in range(4):
+        s.admit(f"u{i}", None, "127.0.0.1", float(i))
+    # the global cap is reached: a known client takes an unidentified one's place
+    assert s.admit("a0", "a", "127.0.0.1", 5.0) == Admitted(("u0",))
+    for i in range(1, 4):
+        s.identify(f"u{i}", "b")
+    assert s.admit("u9", None, "127.0.0.1", 6.0) is GLOBAL_FULL
+    assert s.admit("a1", "a", "127.0.0.1", 6.0) is GLOBAL_FULL
+    assert s.admit("a1", "a", "127.0.0.1", 6.0, reclaimable=True) == Admitted()
+
+
+def test_identify_moves_the_slot_and_respects_the_cap() -> None:
+    s = slots(cap=1)
+    s.admit("k", "a", "10.0.0.1", 0.0)
+    s.admit("u", None, "10.0.0.1", 0.0)
+    assert s.identify("u", "a") is CLIENT_FULL
+    assert s.owner("u") is None
+    assert s.identify("u", "b") is None
+    assert (s.owner("u"), s.unidentified, s.total) == ("b", 0, 2)
+    s.release("u")
+    s.release("u")  # idempotent
+    assert s.total == 1
+
+
+def test_tally_writes_the_first_and_then_one_count_per_window() -> None:
+    t: Tally[str] = Tally(1.0)
+    assert t.add("k", "r1", 0.0) == [("r1", 1)]
+    assert t.add("k", "r2", 0.1) == []
+    assert t.add("k", "r3", 0.2) == []
+    assert t.add("other", "o1", 0.3) == [("o1", 1)]
+    assert t.due(0.5) == []
+    assert t.due(1.1) == [("r3", 2)]
+    assert t.add("k", "r4", 1.2) == [("r4", 1)]
+    assert t.add("k", "r5", 1.3) == []
+    assert t.add("k", "r6", 2.3) == [("r5", 1), ("r6", 1)]
+    assert t.due(2.4, everything=True) == []

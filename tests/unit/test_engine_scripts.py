@@ -1,0 +1,76 @@
+"""The engine scripts' own checks (docs/netcut.md#engines-in-ci): up.sh names each missing
+binary with its Debian package before it starts anything, and leftovers.sh, which .ci/run
+runs before and after the tests, reports an earlier run's state instead of removing it."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ENGINES = ROOT / "tests" / "engines"
+
+
+def _path_without(tmp: pathlib.Path, *absent: str) -> str:
+    """A PATH holding links to the tools up.sh checks (where this machine has them) and the
+    shell utilities it uses, except `absent`."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    wanted = re.findall(r"(\S+):\S+", (ENGINES / "up.sh").read_text().split("missing=()")[1][:400])
+    for tool in {*wanted, "bash", "dirname", "mkdir", "cat"} - set(absent):
+        found = shutil.which(
+            tool, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        )
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)
+
+
+def test_up_names_a_missing_binary_and_its_package_before_starting_anything(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A machine where docker.io was removed stopped at `up.sh: dockerd: command not found`
+    with containerd already started."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PATH": _path_without(tmp_path, "dockerd"),
+           "NETCUT_CI_RUN": str(run_dir), "NETCUT_CI_DATA": str(tmp_path / "data")}  # fmt: skip
+    done = subprocess.run(["bash", str(ENGINES / "up.sh")], env=env, capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 1
+    assert "dockerd (Debian package docker.io)" in done.stderr
+    assert "./dev.sh engines" in done.stderr
+    assert not run_dir.exists(), "nothing started, nothing created"
+
+
+def test_leftovers_reports_an_earlier_run_and_removes_nothing(tmp_path: pathlib.Path) -> None:
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    env = {**os.environ, "NETCUT_CI_RUN": str(run_dir), "NETCUT_CI_DATA": str(data_dir)}
+    script = str(ENGINES / "leftovers.sh")
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script], env=env, capture_output=True, text=True, timeout=30,
+                              check=False)  # fmt: skip
+
+    clean = check()  # (this machine's engines may be up: only our directories count here)
+    assert str(data_dir) not in clean.stdout
+    (data_dir / "docker" / "image").mkdir(parents=True)
+    left = check()
+    assert left.returncode == 1
+    assert f"left over: {data_dir}" in left.stdout
+    assert (data_dir / "docker" / "image").is_dir(), "a check, not a cleanup"
+
+
+def test_ci_checks_for_leftovers_before_and_after_under_the_machine_lock() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    marks = ("flock -n 7", "if ! tests/engines/leftovers.sh", "./dev.sh test -p")
+    lock, before, test = (ci.index(m) for m in marks)
+    after = ci.rindex("tests/engines/leftovers.sh")
+    assert lock < before < test < after
+    dev = (ROOT / "dev.sh").read_text()
+    assert "flock" in dev
+    up = (ENGINES / "up.sh").read_text()
+    assert "/etc/" not in up.split("set -euo pipefail")[1], "nothing written machine-wide"
+    assert "helperimage" not in up, "no helper image built ahead of time"
