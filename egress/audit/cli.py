@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from egress.audit.follow import Follower, GapFiller, rotated_files
+from egress.audit.follow import Follower, GapFiller, rotated_history
 from egress.audit.read import (
     EventFilter,
     InputError,
@@ -134,13 +134,15 @@ def cmd_tail(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
     chooser = _event_filter(args)
     history, live = (paths[:-1], paths[-1]) if args.follow else (paths, None)
-    if live is not None and not history:  # `tail -f PATH`: its rotated files come first
-        history = list(reversed(list(rotated_files(live))))
     follower = Follower(live) if live is not None else None
     gaps = GapFiller(live, _warn) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     try:
-        older = (line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}")))
+        older: Iterator[bytes] = (
+            line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))
+        )
+        if live is not None and not history:  # `tail -f PATH`: its rotated files come first
+            older = rotated_history(live)
         # through the gap filler too, so that following goes on from their last seq
         last.extend(_selected(args, chooser, gaps.feed(older) if gaps is not None else older))
         if follower is not None and gaps is not None:

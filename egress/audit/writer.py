@@ -234,7 +234,7 @@ class LogWriter:
     def _chain(self, body: str, *, may_rotate: bool = True) -> None:
         line = chain_line(body, self.seq + 1, self.prev)
         if may_rotate and self._needs_rotation(len(line) + 1):
-            self._rotate()
+            self._rotate(len(line) + 1)
             line = chain_line(body, self.seq + 1, self.prev)
         self.seq += 1
         self.prev = line_hash(line)
@@ -388,10 +388,16 @@ class LogWriter:
         logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
         return True
 
-    def _rotate(self) -> None:
+    def _rotate(self, size: int) -> None:
         """PATH -> PATH.1.gz (older ones shift up); the chain continues in a new PATH."""
         if not self._flush() or self.path in (None, "-"):
             return
+        if self.file.replaced():  # moved or removed under us: the new file is the rotation
+            if self._reopen():
+                self._flush()
+            return
+        if not self._needs_rotation(size):
+            return  # the flush found the file replaced and began a new one: no need
         try:
             self.file.rotate()
         except OSError as exc:
@@ -414,7 +420,7 @@ class LogWriter:
     def _finish(self) -> None:
         self._report_loss()
         if self._needs_rotation(400):  # rotate first, so that "lines" counts the rotate record
-            self._rotate()
+            self._rotate(400)
         self._control(
             {
                 "type": "end",
