@@ -9,7 +9,7 @@ them reach the reader's terminal.
 
 from __future__ import annotations
 
-from egress.audit.format import CONTROL_TYPES
+from egress.audit.format import CONTROL_TYPES, LIFECYCLE_TYPES
 from egress.audit.read import DIMENSIONS, Summary
 from egress.printable import printable
 
@@ -71,7 +71,7 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
 def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
     kind = record.get("type")
-    if kind in CONTROL_TYPES:
+    if kind in CONTROL_TYPES or kind in LIFECYCLE_TYPES:  # open/progress too (--control)
         extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
         return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
     host, port = record.get("host", "-"), record.get("port")
