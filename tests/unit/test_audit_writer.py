@@ -458,3 +458,19 @@ async def test_record_from_another_thread(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)  # the hook runs on the loop, via call_soon_threadsafe
     assert [r.get("host") for r in read_records(path)] == [None, "pypi.org", None]
     assert [e["host"] for e in seen] == ["pypi.org"]
+
+
+async def test_rotate_records_are_ordered_like_the_lines_around_them(tmp_path: Path) -> None:
+    """Control records made by the writer thread take the `ts` of the line they follow, not
+    the thread's own later clock reading (docs/audit-log.md#timestamps). The lines here are
+    stamped ahead of the clock, as a line recorded before the writer got to it is."""
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path), rotate_bytes=600) as log:
+        for n in range(30):
+            log.record({**EVENT, "ts": f"2099-01-01T00:00:{n:02d}.000Z"})
+    files = [*sorted(tmp_path.glob("audit.jsonl.*.gz"), key=lambda p: -int(p.name.split(".")[2])),
+             path]  # fmt: skip
+    lines = [r for f in files for r in read_records(f)]
+    assert sum(r.get("type") == "rotate" for r in lines) >= 5
+    stamps = [r["ts"] for r in lines if r.get("type") not in ("start", "end")]
+    assert stamps == sorted(stamps)
