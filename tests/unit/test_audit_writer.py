@@ -474,3 +474,26 @@ async def test_rotate_records_are_ordered_like_the_lines_around_them(tmp_path: P
     assert sum(r.get("type") == "rotate" for r in lines) >= 5
     stamps = [r["ts"] for r in lines if r.get("type") not in ("start", "end")]
     assert stamps == sorted(stamps)
+
+
+async def test_opened_builds_the_same_line_as_record(tmp_path: Path) -> None:
+    """`opened` serializes its few fields itself (the hot path); the line must be exactly
+    what `record` makes of the same event, escapes included, with a new id each time."""
+    path = tmp_path / "audit.jsonl"
+    hostile = 'evil"\n\x1b[31m\u202e\u00e9.test'
+    event: dict[str, object] = {"client": "198.18.0.2:1", "method": "CONNECT", "host": hostile,
+                                "port": 443, "addr": "198.18.0.3", "client_id": None}  # fmt: skip
+    async with AuditLog(str(path)) as log:
+        first = log.opened(event)
+        second = log.opened({**event, "mode": "socks5", "client_id": "task-7"})
+        log.opened({**event, "secret_token": "x"})  # not one of its fields: record() drops it
+        log.record({"type": "open", "id": first, **event})
+    assert second == first + 1
+    lines = [r for r in read_records(path) if r.get("type") == "open"]
+    assert lines[0]["host"] == hostile
+    assert lines[1]["client_id"] == "task-7"
+    assert "secret_token" not in lines[2]
+    strip = [{k: v for k, v in r.items() if k not in ("seq", "prev", "ts")} for r in lines]
+    assert strip[0] == strip[3]
+    raw = path.read_bytes().splitlines()
+    assert all(line.isascii() for line in raw)
