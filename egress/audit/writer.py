@@ -216,8 +216,11 @@ class LogWriter:
             self.requests += 1  # policy, open and progress records are not requests
         if not self.writable:
             self.outage_lines += 1
-            if '"audit_unavailable"' in body:
-                self.outage_refused += 1
+            if '"audit_unavailable"' in body:  # an aggregated refusal says how many
+                at = body.find('"count":')
+                end = body.find(",", at) if at >= 0 else -1
+                count = body[at + 8 : end] if end > 0 else ""
+                self.outage_refused += int(count) if count.isdigit() else 1
         self.last_body = body
         self._chain(body)
 

@@ -202,9 +202,10 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
             refused += 1
             assert await kept[2].connect_tunnel("example.test:7000") == 503  # a new tunnel
             refused += 1
-            for _ in range(5):  # new connections too
-                client = await Client.connect(proxy.address)
-                assert (await client.get("http://example.test/during"))[0] == 503
+            for _ in range(5):  # new connections too: refused at accept (503, or a reset
+                client = await Client.connect(proxy.address)  # when the request crossed it)
+                with contextlib.suppress(ConnectionResetError, asyncio.IncompleteReadError):
+                    assert (await client.get("http://example.test/during"))[0] == 503
                 refused += 1
                 client.close()
             filler.unlink()  # space again: the writer's retry writes everything queued
@@ -226,10 +227,18 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     outage, recovered = kinds.index("outage"), kinds.index("recovered")
     assert outage < recovered
     between = requests_of(recs[outage:recovered])
+
+    def refusals(rs: list[dict[str, object]]) -> int:  # aggregated ones carry a count
+        return sum(
+            int(str(r.get("count", 1))) for r in rs if r.get("reason") == "audit_unavailable"
+        )
+
     unavailable = [r for r in requests_of(recs) if r["reason"] == "audit_unavailable"]
-    assert len(unavailable) == refused  # every refusal is recorded, none lost
-    assert recs[recovered]["refused"] == sum(r["reason"] == "audit_unavailable" for r in between)
-    assert recs[recovered]["refused"] >= refused - 1  # the last one may come after recovery
+    assert refusals(unavailable) == refused  # every refusal is recorded, none lost
+    assert recs[recovered]["refused"] == refusals(between)
+    # the three refused requests on kept-alive connections at least (refusals at accept are
+    # aggregated per second: the rest of a second may be written after the recovery)
+    assert recs[recovered]["refused"] >= 3
     assert recs[recovered]["lost"] == 0
     assert recs[recovered]["write_errors"] >= 1
     assert all(r["status"] == 503 for r in unavailable)
