@@ -513,13 +513,13 @@ async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path:
     )  # fmt: skip
     try:
         async with AuditLog(str(log), rotate_bytes=700) as audit:
-            for n in range(2000):
+            for n in range(1000):
                 audit.record({"client": "198.18.0.2:1", "method": "GET", "host": "h.test",
                               "port": 80, "decision": "allow", "reason": "x", "rule": None,
                               "n": n})  # fmt: skip
                 if n % 25 == 0:
                     await asyncio.sleep(0)  # let the loop hand the lines over
-        assert len(list(tmp_path.glob("audit.jsonl.*"))) > 300
+        assert len(list(tmp_path.glob("audit.jsonl.*"))) > 100
         assert child.stdout is not None
         shown = []
         while True:
@@ -534,5 +534,5 @@ async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path:
         _, err = await asyncio.wait_for(child.communicate(), 10)
     seqs = [r["seq"] for r in shown]
     assert seqs == list(range(len(seqs)))  # every line, once, in order, from the start record
-    assert [r["n"] for r in shown if "n" in r] == list(range(2000))
+    assert [r["n"] for r in shown if "n" in r] == list(range(1000))
     assert b"rotated faster" not in err, err
