@@ -92,6 +92,8 @@ harbor_setup() {
     export EGRESS_HARBOR_VENV="${EGRESS_HARBOR_VENV:-$PWD/.venv-harbor}"
     local py="${EGRESS_PYTHON312:-}"
     [[ -n "$py" ]] || py="$(command -v python3.12 || true)"
+    # (a pyenv shim is on PATH even where its version is not selected, and then fails to run)
+    [[ -n "$py" ]] && ! "$py" -c '' 2>/dev/null && py=""
     [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -1)"
     if [[ -z "$py" ]]; then
         echo "dev.sh: Harbor needs Python >= 3.12: set EGRESS_PYTHON312" >&2
@@ -107,6 +109,29 @@ harbor_setup() {
     # this checkout too, so Harbor can import egress.integrations.harbor (--env PATH)
     "$EGRESS_HARBOR_VENV/bin/python" -m pip install -q --disable-pip-version-check -e . \
         2> >(grep -v "^WARNING: Location 'file:" >&2)
+}
+
+frameworks_setup() {
+    # verifiers and inspect-ai at their pinned versions, each with this repository (editable)
+    # in a Python 3.11 venv of its own (tests/frameworks/frameworkvenv.py finds them by these
+    # variables): the integration tests run our modules inside the framework's own process.
+    local name pin dir t0
+    for name in verifiers inspect; do
+        case "$name" in
+            verifiers) pin="verifiers==0.4.0" ;;
+            inspect) pin="inspect-ai==0.3.285" ;;
+        esac
+        dir="$PWD/.venv-frameworks/$name"
+        export "EGRESS_${name^^}_VENV=$dir"
+        if ! "$dir/bin/python" -c "import importlib.metadata as m, sys; \
+                sys.exit(m.version('${pin%%==*}') != '${pin##*==}')" 2>/dev/null; then
+            t0=$SECONDS
+            python3 -m venv "$dir"
+            "$dir/bin/python" -m pip install -q --disable-pip-version-check "$pin" -e . \
+                2> >(grep -v "^WARNING: Location 'file:" >&2)
+            echo "dev.sh: $pin installed in $((SECONDS - t0)) s" >&2
+        fi
+    done
 }
 
 cmd="${1:-help}"
@@ -125,6 +150,7 @@ case "$cmd" in
     test)
         setup
         harbor_setup
+        frameworks_setup
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"

@@ -340,6 +340,11 @@ def render(path: Path, docs: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--scale" in argv:  # `./dev.sh bench --scale`: hundreds of sandboxes (bench/scale.py)
+        from bench import scale
+
+        return scale.main([a for a in argv if a != "--scale"])
     args = parse_args(argv)
     if args.render:
         return render(args.render, args.docs)

@@ -109,9 +109,8 @@ def cpu_seconds() -> float:
     from netcut import nsexec
 
     total = sum(os.times()[:2])
-    worker = nsexec._worker
-    if worker is not None:
-        with open(f"/proc/{worker.pid}/stat") as f:
+    for pid in nsexec.worker_pids():
+        with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total

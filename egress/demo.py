@@ -355,8 +355,9 @@ def unprivileged() -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="./dev.sh demo",
-        description="The end-to-end demo: two network namespaces on this machine (a sandbox "
+        prog="python -m egress.demo",
+        description="The end-to-end demo (`./dev.sh demo` sets up, then runs this): two "
+        "network namespaces on this machine (a sandbox "
         "and an upstream, addresses in 198.18.128.0/17 only), the cut, an agent behind the "
         "proxy, and the audit log. Needs root; without it, runs `egress check` on the "
         "example policy. Removes everything it created, also on Ctrl-C.",

@@ -196,6 +196,14 @@ class Reason(StrEnum):
         "block",
         "the sandbox was released, or its prepare failed (`detail` says which)",
     )
+    LISTENER_PROBE = (
+        "listener_probe",
+        0,
+        "",
+        "allow",
+        "transparent: `prepare_execution`'s probe connected to the listener itself "
+        "(method PROBE); closed, not a request",
+    )
 
     COMMAND_NOT_SUPPORTED = (
         "command_not_supported",
@@ -285,6 +293,7 @@ class End(StrEnum):
         "no complete TLS ClientHello within the head timeout (SNI check)",
     )
     RELEASED = "released", "its sandbox was released while it was open"
+    REVOKED = "revoked", "a policy change no longer allowed it while it was open"
     UPSTREAM_EOF = "upstream_eof", "the upstream closed inside a response body"
     UPSTREAM_LOST = "upstream_lost", "the upstream reset or vanished inside a response body"
     UPSTREAM_PROTOCOL = "upstream_protocol", "the upstream sent a malformed response body"

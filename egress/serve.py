@@ -157,6 +157,7 @@ def _open_audit(args: argparse.Namespace) -> Any:
     if args.audit_keep is not None:
         as_count(args.audit_keep, "--audit-keep", minimum=0)
     as_timeout(args.audit_interim, "--audit-interim")
+    index, count = getattr(args, "worker_index", None), getattr(args, "worker_count", None)
     return AuditLog(
         args.audit_log,
         fail_mode=args.audit_fail,
@@ -164,6 +165,7 @@ def _open_audit(args: argparse.Namespace) -> Any:
         rotate_bytes=args.audit_rotate_bytes,
         keep=args.audit_keep,
         interim_interval=args.audit_interim,
+        worker=None if index is None or count is None else (index, count),
     )
 
 

@@ -7,8 +7,9 @@ waits until all of them accept, then prints the `listening on` lines itself: one
 as without workers. Each worker writes its own audit chain, `audit.jsonl` -> `audit.w0.jsonl`,
 `audit.w1.jsonl`, ... (docs/audit-log.md#several-workers). SIGTERM or SIGINT to the parent is
 passed to every worker, each stops gracefully (the same grace as a single process), and the
-parent exits 0 once all have. A worker that dies on its own takes the service down (exit 1):
-a supervisor restarts the whole set, never a half-served port.
+parent exits 0 once all have. SIGHUP to the parent is a rolling reload: passed to each worker
+in turn, and each re-reads the policy file. A worker that dies on its own takes the service
+down (exit 1): a supervisor restarts the whole set, never a half-served port.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import PurePath
 from .config import Settings
 
 READY = b"ready\n"
-_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP}
 
 
 def worker_audit_path(path: str, index: int) -> str:
@@ -127,6 +128,7 @@ def _worker_args(
     mine.listen = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in bound]
     mine.workers = 1
     mine.worker_index = index
+    mine.worker_count = args.workers  # named in each worker's start records
     if args.audit_log:
         mine.audit_log = worker_audit_path(args.audit_log, index)
     return mine
@@ -172,10 +174,18 @@ def _wait_ready(fd: int) -> bool:
 
 
 def _supervise(pids: list[int]) -> int:
-    """Wait for SIGTERM/SIGINT (pass it on) or a worker's death (stop the rest)."""
+    """Wait for SIGTERM/SIGINT (pass it on), SIGHUP (a rolling reload: passed to each
+    worker in turn, worker 0 first; each re-reads the policy file as a single process does,
+    docs/proxy.md#sighup) or a worker's death (stop the rest)."""
     live = set(pids)
     while live:
         sig = signal.sigwait(_SIGNALS)
+        if sig == signal.SIGHUP:
+            for pid in pids:
+                if pid in live:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGHUP)
+            continue
         if sig != signal.SIGCHLD:
             _signal_all(live, signal.SIGTERM)
             return _reap_all(live)

@@ -2,8 +2,9 @@
 
 Each resolves the target, opens the namespace file once (the fd names the namespace for the
 whole operation, so a name re-pointed meanwhile cannot redirect it), applies the safety rails,
-then runs one job inside the namespace in netcut's worker process (nsexec.py). The caller's own
-namespace, netfilter tables and event loop are never touched.
+then runs the whole operation as one job inside the namespace in one of netcut's worker
+processes (nsexec.py, apply.py's jobs): a cut with its probe (and, for egress, its status) is
+one round trip. The caller's own namespace, netfilter tables and event loop are never touched.
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import netcut.probe as probe_mod
 from netcut import apply, flow, safety
 from netcut.argtypes import check_flags, check_list, check_seconds
+from netcut.collect import Collected, collect
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
 from netcut.model import Keep, NamespaceState, parse_keep
-from netcut.nsexec import ns_identity, run_in_netns
-from netcut.ops import Op
+from netcut.nsexec import DEFAULT_TIMEOUT_S, ns_identity, run_in_netns
 from netcut.probe import ProbeResult
-from netcut.records import Store
+from netcut.records import Store, state_dir
 from netcut.redirect import Redirect
 from netcut.status import CutStatus
 from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
@@ -30,12 +32,23 @@ from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_
 TargetLike = TargetRef | ResolvedTarget | str | int
 KeepLike = str | Keep
 
-__all__ = ["CutResult", "DirectExecutor", "RestoreResult", "cut", "probe", "restore", "status"]
+__all__ = [
+    "CutResult",
+    "DirectExecutor",
+    "RestoreResult",
+    "cut",
+    "cut_and_status",
+    "forget",
+    "gc",
+    "probe",
+    "restore",
+    "status",
+]
 
 
 class DirectExecutor:
-    """Direct mode's primitives (flow.Executor): each runs in netcut's worker after it
-    entered the namespace named by `fd` (nsexec.py)."""
+    """Reads a namespace's state through netcut's worker (tests compare it with helper
+    mode's); the operations themselves run whole in the worker (apply.InNamespace)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -47,21 +60,6 @@ class DirectExecutor:
             self.fd, apply.job_read_state, keeps, nameservers, verify
         )
         return state
-
-    def apply(self, ops: tuple[Op, ...]) -> None:
-        run_in_netns(self.fd, apply.job_apply, ops)
-
-    def undo(self, ops: tuple[Op, ...]) -> list[str]:
-        errors: list[str] = run_in_netns(self.fd, apply.job_undo, ops)
-        return errors
-
-    def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
-    ) -> ProbeResult:
-        result: ProbeResult = run_in_netns(
-            self.fd, probe_mod.run_probe, reachable, blocked, timeout, timeout=timeout + 10
-        )
-        return result
 
 
 def parse_keeps(keep: Iterable[KeepLike], field: str = "keep") -> tuple[Keep, ...]:
@@ -126,12 +124,56 @@ def cut(
 
     Raises InvalidInput (bad keep, or already cut with other keeps), TargetNotFound,
     UnsafeTarget (own/host namespace unless `force`; a process holding NET_ADMIN, NET_RAW or
-    SYS_ADMIN in it unless `allow_privileged`), PrivilegeError, ApplyFailed (rolled back),
-    ProbeFailed.
+    SYS_ADMIN in it unless `allow_privileged`; netcut's marks without a record), PrivilegeError,
+    StateError (the record directory cannot be written: nothing changed), ApplyFailed (rolled
+    back, or `rolled_back` False when the worker died: `restore` undoes what ran), ProbeFailed.
     """
+    result: CutResult = _cut_job(
+        apply.job_cut, target, keep, probe, (), expect_blocked, force, allow_privileged,
+        dry_run, probe_timeout, redirect,
+    )  # fmt: skip
+    return result
+
+
+def cut_and_status(
+    target: TargetLike,
+    keep: Iterable[KeepLike] = (),
+    *,
+    expect_reachable: Iterable[KeepLike] = (),
+    expect_blocked: Iterable[KeepLike] = (),
+    force: bool = False,
+    allow_privileged: bool = False,
+    probe_timeout: float = probe_mod.DEFAULT_TIMEOUT_S,
+    redirect: Redirect | None = None,
+) -> tuple[CutResult, CutStatus]:
+    """`cut` with its probe (of the keeps with a port and `expect_reachable`), then `status`
+    read afresh from the namespace, in one round trip to the worker: what egress's
+    prepare_execution proves (helper mode's twin is netcut.helper.cut_and_status). Raises
+    as `cut` does."""
+    found: tuple[CutResult, CutStatus] = _cut_job(
+        apply.job_cut_and_status, target, keep, True, expect_reachable, expect_blocked, force,
+        allow_privileged, False, probe_timeout, redirect,
+    )  # fmt: skip
+    return found
+
+
+def _cut_job(
+    job: Any,
+    target: TargetLike,
+    keep: Iterable[KeepLike],
+    probe: bool,
+    expect_reachable: Iterable[KeepLike],
+    expect_blocked: Iterable[KeepLike],
+    force: bool,
+    allow_privileged: bool,
+    dry_run: bool,
+    probe_timeout: float,
+    redirect: Redirect | None,
+) -> Any:
     check_flags(probe=probe, force=force, allow_privileged=allow_privileged, dry_run=dry_run)
     check_seconds(probe_timeout, "probe_timeout")
     keeps = parse_keeps(keep)
+    reachable = probe_targets(expect_reachable, "expect_reachable")
     blocked = probe_targets(expect_blocked, "expect_blocked")
     if redirect is not None and blocked:
         raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
@@ -141,7 +183,7 @@ def cut(
     try:
         if not force:
             safety.refuse_unsafe_namespace(identity)
-        if not allow_privileged and not dry_run:
+        if not allow_privileged:  # a dry run too: it shows what the cut would do
             safety.refuse_privileged(identity)
         request = flow.CutRequest(
             keeps,
@@ -152,9 +194,14 @@ def cut(
             blocked,
             probe_timeout,
             redirect,
+            reachable,
         )
         store = Store.for_namespace(identity)
-        return flow.cut(DirectExecutor(fd), store, str(resolved), request)
+        timeout = DEFAULT_TIMEOUT_S + (probe_timeout if probe else 0.0)
+        found = run_in_netns(fd, job, store, str(resolved), request, timeout=timeout)
+        if isinstance(found, tuple):
+            return (replace(found[0], identity=identity), found[1])
+        return replace(found, identity=identity)
     finally:
         os.close(fd)
 
@@ -163,12 +210,16 @@ def restore(target: TargetLike) -> RestoreResult:
     """Undo a cut: put back exactly what it removed, remove exactly what it added.
 
     Restoring a namespace that is not cut changes nothing (changed is False). Raises
-    TargetNotFound, PrivilegeError, ApplyFailed (restore incomplete; run it again).
+    TargetNotFound, PrivilegeError, StateError (the record directory cannot be written:
+    nothing changed), ApplyFailed (restore incomplete; run it again).
     """
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
-        return flow.restore(DirectExecutor(fd), Store.for_namespace(identity), str(resolved))
+        result: RestoreResult = run_in_netns(
+            fd, apply.job_restore, Store.for_namespace(identity), str(resolved)
+        )
+        return result
     finally:
         os.close(fd)
 
@@ -179,9 +230,33 @@ def status(target: TargetLike) -> CutStatus:
     safety.require_privilege()
     _, fd, identity = _open(target)
     try:
-        return flow.status(DirectExecutor(fd), Store.for_namespace(identity))
+        found: CutStatus = run_in_netns(fd, apply.job_status, Store.for_namespace(identity))
+        return found
     finally:
         os.close(fd)
+
+
+def forget(target: TargetLike | tuple[int, int]) -> bool:
+    """Remove the record of a namespace that will be destroyed, without restoring it (a
+    later restore could then no longer put its routes back). `target` may be the namespace's
+    identity (st_dev, st_ino), as `CutResult.identity` holds it, which works after the
+    namespace is gone. Returns whether a record was removed. Raises StateError."""
+    if isinstance(target, tuple):
+        store = Store.for_namespace(target)
+    else:
+        _, fd, identity = _open(target)
+        os.close(fd)
+        store = Store.for_namespace(identity)
+    with store.locked():
+        existed = os.path.exists(store.path)
+        store.remove()
+    return existed
+
+
+def gc() -> Collected:
+    """Remove the records of namespaces that no longer exist (`netcut gc`). Raises
+    StateError."""
+    return collect(state_dir())
 
 
 def probe(
@@ -214,6 +289,14 @@ async def cut_async(target: TargetLike, keep: Iterable[KeepLike] = (), **kwargs:
     """`cut` in a worker thread, so the caller's event loop keeps running."""
     check_list(keep, "keep")
     return await asyncio.to_thread(cut, target, list(keep), **kwargs)
+
+
+async def cut_and_status_async(
+    target: TargetLike, keep: Iterable[KeepLike] = (), **kwargs: Any
+) -> tuple[CutResult, CutStatus]:
+    """`cut_and_status` in a worker thread."""
+    check_list(keep, "keep")
+    return await asyncio.to_thread(cut_and_status, target, list(keep), **kwargs)
 
 
 async def restore_async(target: TargetLike) -> RestoreResult:

@@ -3,22 +3,32 @@ plus the jobs that run inside the namespace (nsexec.run_in_netns): direct mode's
 primitives for the one cut algorithm in flow.py.
 
 Strategy. A cut writes its record (records.py) *before* the first change, then applies ops one
-by one, remembering each that succeeded; when one fails, the inverses of the done ops run in
-reverse order (best effort, each one tolerant) and ApplyFailed is raised; the record is
-removed only when the rollback itself completed, else it stays for `restore`. Restore ops are
-tolerant by design: putting back a route that exists, or removing one that is gone, is not an
-error, so restore can finish a rollback or a cut that was killed midway.
+by one, noting each that succeeded in the record's journal; when one fails, the inverses of
+the done ops run in reverse order (best effort, each one tolerant) and ApplyFailed is raised;
+the record is removed only when the rollback itself completed, else it stays for `restore`.
+Restore ops are tolerant by design: putting back a route that exists, or removing one that is
+gone, is not an error, so restore can finish a rollback or a cut that was killed midway.
+
+The jobs at the end run a whole operation (flow.py's cut with its probe and status, restore,
+status) inside the namespace with `InNamespace`, so a cut is one round trip to the worker.
+
+`NETCUT_FAULT_KILL_AFTER_OP=N` (read when a worker starts; for fault-injection tests only)
+makes the worker SIGKILL itself right after op N of a cut is journaled: a kill at that step
+boundary (docs/netcut.md#the-journal).
 """
 
 from __future__ import annotations
 
 import errno
+import os
+import signal
 
 from iptc import IPTCError
 
-from netcut import backstop, flows, nat, plan
-from netcut.errors import ApplyFailed
-from netcut.model import Keep, NamespaceState
+from netcut import backstop, flow, flows, nat, plan
+from netcut.collect import collect_if_due
+from netcut.errors import ApplyFailed, StateError
+from netcut.model import Keep, NamespaceState, ProbeResult
 from netcut.ops import (
     AddAddr,
     AddBackstop,
@@ -32,8 +42,14 @@ from netcut.ops import (
     RemoveRedirect,
     SetSysctl,
 )
+from netcut.probe import run_probe
+from netcut.records import Journal, Store
 from netcut.rtnl import NetlinkError, Rtnl
 from netcut.state import read_state
+from netcut.status import CutStatus
+
+FAULT_ENV = "NETCUT_FAULT_KILL_AFTER_OP"
+_kill_after = int(os.environ.get(FAULT_ENV, "-1") or -1)
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
 
@@ -74,18 +90,24 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
         raise RuntimeError(f"unexpected {op!r}")
 
 
-def apply_plan(rt: Rtnl, ops: tuple[Op, ...]) -> None:
-    """Apply `ops` in order; on a failure roll back what was done and raise ApplyFailed."""
+def apply_plan(rt: Rtnl, ops: tuple[Op, ...], journal: Journal | None = None) -> None:
+    """Apply `ops` in order, noting each in `journal` once done; on a failure (of an op, or
+    of the journal: a cut that cannot be recorded does not go on) roll back what was done
+    and raise ApplyFailed."""
     done: list[Op] = []
-    for op in ops:
+    for index, op in enumerate(ops):
         try:
             apply_op(rt, op)
-        except ApplyFailed as exc:
+            done.append(op)
+            if journal is not None:
+                journal.step(index)
+        except (ApplyFailed, StateError) as exc:
             leftovers = rollback(rt, done)
             note = f"; rollback incomplete: {'; '.join(leftovers)}" if leftovers else ""
             msg = f"cut failed at: {exc}; rolled back {len(done)} change(s){note}"
             raise ApplyFailed(msg, rolled_back=not leftovers) from None
-        done.append(op)
+        if index == _kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rollback(rt: Rtnl, done: list[Op]) -> list[str]:
@@ -102,30 +124,95 @@ def rollback(rt: Rtnl, done: list[Op]) -> list[str]:
     return errors
 
 
+def undo_ops(rt: Rtnl, ops: tuple[Op, ...]) -> list[str]:
+    """Apply ops tolerantly, each one even when another failed; return the errors."""
+    errors = []
+    for op in ops:
+        try:
+            apply_op(rt, op, tolerant=True)
+        except ApplyFailed as exc:
+            errors.append(str(exc))
+    return errors
+
+
+class InNamespace:
+    """Direct mode's executor (flow.Executor, flow.Journaling): the kernel calls themselves,
+    made by netcut's worker after it entered the namespace (nsexec.py). One netlink socket
+    for the whole job."""
+
+    def __init__(self) -> None:
+        self.rt = Rtnl()
+
+    def close(self) -> None:
+        self.rt.close()
+
+    def __enter__(self) -> InNamespace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read_state(
+        self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
+    ) -> NamespaceState:
+        return read_state(self.rt, keeps, nameservers, verify=verify)
+
+    def apply(self, ops: tuple[Op, ...]) -> None:
+        apply_plan(self.rt, ops)
+
+    def apply_journaled(self, ops: tuple[Op, ...], journal: Journal) -> None:
+        apply_plan(self.rt, ops, journal)
+
+    def undo(self, ops: tuple[Op, ...]) -> list[str]:
+        return undo_ops(self.rt, ops)
+
+    def probe(
+        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+    ) -> ProbeResult:
+        return run_probe(reachable, blocked, timeout)
+
+
 # ---------------------------------------------------------------- jobs run inside the namespace
+
+
+def job_cut(store: Store, label: str, req: flow.CutRequest) -> flow.CutResult:
+    """flow.cut with its probe, in one job; then, now and then, dead records collected."""
+    with InNamespace() as ex:
+        result = flow.cut(ex, store, label, req)
+    if not req.dry_run:
+        collect_if_due(store.directory)
+    return result
+
+
+def job_cut_and_status(
+    store: Store, label: str, req: flow.CutRequest
+) -> tuple[flow.CutResult, CutStatus]:
+    """flow.cut_and_status in one job (egress's prepare_execution)."""
+    with InNamespace() as ex:
+        found = flow.cut_and_status(ex, store, label, req)
+    collect_if_due(store.directory)
+    return found
+
+
+def job_restore(store: Store, label: str) -> flow.RestoreResult:
+    with InNamespace() as ex:
+        return flow.restore(ex, store, label)
+
+
+def job_status(store: Store) -> CutStatus:
+    with InNamespace() as ex:
+        return flow.status(ex, store)
 
 
 def job_read_state(
     keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
 ) -> NamespaceState:
-    """The namespace's state (flow.Executor.read_state, direct mode)."""
+    """The namespace's state (tests and benchmarks read it through the worker)."""
     with Rtnl() as rt:
         return read_state(rt, keeps, nameservers, verify=verify)
 
 
 def job_apply(ops: tuple[Op, ...]) -> None:
-    """Apply ops in order with rollback (flow.Executor.apply, direct mode)."""
+    """Apply ops in order with rollback, without a record (tests: a failure midway)."""
     with Rtnl() as rt:
         apply_plan(rt, ops)
-
-
-def job_undo(ops: tuple[Op, ...]) -> list[str]:
-    """Apply ops tolerantly, each one even when another failed; return the errors."""
-    errors = []
-    with Rtnl() as rt:
-        for op in ops:
-            try:
-                apply_op(rt, op, tolerant=True)
-            except ApplyFailed as exc:
-                errors.append(str(exc))
-    return errors

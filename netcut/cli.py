@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 a check failed (probe, or a cut that could not be applied and was
 rolled back); 2 bad usage or bad input, with a one-line error naming the culprit and no
-traceback. `--json` prints one JSON object on stdout for machines.
+traceback; `status` exits 0 only for `cut`, 3 for `partial`, 4 for `not cut`
+(docs/netcut.md#exit-codes). `--json` prints one JSON object on stdout for machines.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from netcut.plan import plan_to_data
 from netcut.probe import ProbeResult
 from netcut.redirect import Redirect
 from netcut.status import CutStatus
+
+# `netcut status`: 0 only when the namespace is cut (docs/netcut.md#exit-codes).
+STATUS_EXIT = {"cut": 0, "partial": 3, "not cut": 4}
 
 
 def _seconds(text: str) -> float:
@@ -42,6 +46,9 @@ class _Parser(argparse.ArgumentParser):
                     "probe": None}  # fmt: skip
             print(json.dumps(data, sort_keys=True), flush=True)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+_JSON_HELP = "print one JSON object on stdout (errors included)"
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
@@ -71,7 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cut = sub.add_parser("cut", help="cut the namespace down to loopback and --keep")
     _add_target(cut)
-    cut.add_argument("--keep", action="append", default=[], metavar="ADDR[:PORT]")
+    cut.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="ADDR[:PORT]",
+        help="an address (and port) the namespace may still reach, e.g. the egress proxy;"
+        " repeat for several",
+    )
     cut.add_argument(
         "--expect-blocked",
         action="append",
@@ -79,15 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="probe after the cut that this is not reachable",
     )
-    cut.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    cut.add_argument("--mode", choices=("direct", "helper"), default="direct")
+    cut.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="read the state, run the safety checks and print the plan; change nothing",
+    )
+    cut.add_argument(
+        "--mode",
+        choices=("direct", "helper"),
+        default="direct",
+        help="direct: enter the namespace from this process (root); helper: run a helper"
+        " container in the container's namespace (default: direct)",
+    )
     cut.add_argument(
         "--helper-image",
         metavar="IMAGE",
         help=f"helper image (default: ${helper.IMAGE_ENV}, else built once)",
     )
     cut.add_argument("--no-probe", action="store_true", help="do not probe after the cut")
-    cut.add_argument("--probe-timeout", type=_seconds, default=1.0, metavar="SECONDS")
+    cut.add_argument(
+        "--probe-timeout",
+        type=_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="how long the probe waits for each connection (default: 1)",
+    )
     cut.add_argument(
         "--force",
         action="store_true",
@@ -108,14 +138,32 @@ def build_parser() -> argparse.ArgumentParser:
                      help="transparent mode: the proxy's transparent listener port")  # fmt: skip
     cut.add_argument("--dns-to", type=int, metavar="PORT",
                      help="transparent mode: the proxy's DNS responder port")  # fmt: skip
-    cut.add_argument("--json", action="store_true")
+    cut.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     probe = sub.add_parser("probe", help="check reachability from inside the namespace")
     _add_target(probe)
-    probe.add_argument("--expect-reachable", action="append", default=[], metavar="ADDR:PORT")
-    probe.add_argument("--expect-blocked", action="append", default=[], metavar="ADDR:PORT")
-    probe.add_argument("--timeout", type=_seconds, default=1.0, metavar="SECONDS")
-    probe.add_argument("--json", action="store_true")
+    probe.add_argument(
+        "--expect-reachable",
+        action="append",
+        default=[],
+        metavar="ADDR:PORT",
+        help="must accept a TCP connection from inside; repeat for several",
+    )
+    probe.add_argument(
+        "--expect-blocked",
+        action="append",
+        default=[],
+        metavar="ADDR:PORT",
+        help="must not accept a TCP connection from inside; repeat for several",
+    )
+    probe.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="how long to wait for the connections, all at once (default: 1)",
+    )
+    probe.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     status = sub.add_parser("status", help="say whether and how the namespace is cut")
     _add_target(status)
@@ -128,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--mode", choices=("direct", "helper"), default="direct")
     restore.add_argument("--helper-image", metavar="IMAGE")
     restore.add_argument("--json", action="store_true")
+
+    gc = sub.add_parser("gc", help="remove the records of namespaces that no longer exist")
+    gc.add_argument("--json", action="store_true")
 
     image = sub.add_parser(
         "helper-image", help="assemble the default helper image from this host's files"
@@ -236,7 +287,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         status = api.status(ref)
     _emit(args, status.lines(), _status_data(status))
-    return 0
+    return STATUS_EXIT[status.state]
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
@@ -261,6 +312,15 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gc(args: argparse.Namespace) -> int:
+    """docs/netcut.md#collecting-records."""
+    found = api.gc()
+    lines = [f"removed {len(found.removed)} record(s), kept {found.kept}"]
+    lines += [f"  removed {key}" for key in found.removed]
+    _emit(args, lines, {"removed": list(found.removed), "kept": found.kept})
+    return 0
+
+
 def _cmd_helper_image(args: argparse.Namespace) -> int:
     """`tag` prints the default image's tag; `build` imports it (docs/netcut.md#helper-mode)."""
     if args.action == "tag":
@@ -281,6 +341,7 @@ _COMMANDS = {
     "probe": _cmd_probe,
     "status": _cmd_status,
     "restore": _cmd_restore,
+    "gc": _cmd_gc,
     "helper-image": _cmd_helper_image,
 }
 

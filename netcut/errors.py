@@ -47,6 +47,12 @@ class UnsafeTarget(NetcutError):
         return (type(self), (str(self), self.findings))
 
 
+class StateError(NetcutError):
+    """netcut's record directory ($NETCUT_STATE_DIR) cannot be written or read: read-only,
+    full, or missing permissions. Nothing in the namespace was changed (a cut writes its
+    record before its first change; a restore takes the record's lock before its first)."""
+
+
 class ApplyFailed(NetcutError):
     """A change could not be applied; what was done before it has been rolled back, unless
     `rolled_back` is False (then `netcut restore` finishes the job from the record)."""

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from netcut import plan as plan_mod
 from netcut import verify
-from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed
+from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, UnsafeTarget
 from netcut.model import Keep, NamespaceState, ProbeResult
 from netcut.ops import AddRedirect, Op
 from netcut.plan import CutPlan
-from netcut.records import Store
+from netcut.records import Journal, Store
 from netcut.redirect import Redirect, redirect_rules
 from netcut.status import CutStatus, judge_status
 
@@ -47,6 +47,15 @@ class Executor(Protocol):
     ) -> ProbeResult: ...
 
 
+@runtime_checkable
+class Journaling(Protocol):
+    """An executor that notes each op in the record's journal as it completes (direct mode:
+    docs/netcut.md#the-journal). One that is not (helper mode) gets a record that stands
+    for the whole plan, undone tolerantly."""
+
+    def apply_journaled(self, ops: tuple[Op, ...], journal: Journal) -> None: ...
+
+
 @dataclass(frozen=True)
 class CutResult:
     """What a cut did. `changed` is False when the namespace was already cut (then nothing
@@ -64,6 +73,9 @@ class CutResult:
     # `found` the differences that were repaired (docs/netcut.md#status).
     repaired: bool = False
     found: tuple[str, ...] = ()
+    # the namespace's nsfs (st_dev, st_ino), which names its record: `netcut.forget` takes
+    # it after the namespace is gone (direct mode; None in helper mode)
+    identity: tuple[int, int] | None = None
 
     @property
     def head(self) -> str:
@@ -110,6 +122,8 @@ class CutRequest:
     expect_blocked: tuple[Keep, ...] = ()
     probe_timeout: float = 1.0
     redirect: Redirect | None = None  # transparent mode (docs/netcut.md#transparent-mode)
+    # probed as reachable besides the keeps with a port (loopback listeners: egress)
+    expect_reachable: tuple[Keep, ...] = ()
 
 
 def cut(
@@ -125,7 +139,7 @@ def cut(
         status = judge_status(record, state)
         same = record is not None and set(record.keeps) == set(req.keeps)
         if status.state == "partial" and record is not None and same:
-            result = _repair(ex, label, record, state, req, render, start)
+            result = _repair(ex, store, label, record, state, req, render, start)
         elif status.is_cut:
             if record is not None and set(record.keeps) != set(req.keeps) and not req.dry_run:
                 had = ", ".join(str(k) for k in record.keeps) or "loopback only"
@@ -134,6 +148,16 @@ def cut(
                 _same_redirect(label, record, req.redirect)
             result = CutResult(label, status, record, False, dry_run=req.dry_run)
         else:
+            if status.state == "partial" and record is None and not req.dry_run:
+                # What the earlier cut deleted is known only to its record: planning from
+                # here would record a namespace that has already lost its routes, and its
+                # restore could never put them back (docs/netcut.md#the-journal).
+                marks = "; ".join(status.details[1:])
+                raise UnsafeTarget(
+                    f"refusing to cut {label}: it carries netcut's marks ({marks}) but has no "
+                    "record, so the routes an earlier cut deleted cannot be known; `netcut "
+                    "restore` removes the marks, then put its routes back and cut again"
+                )
             if status.state == "partial" and not req.dry_run:
                 _restore(ex, store, record, state)
                 state = ex.read_state(req.keeps, req.nameservers)
@@ -141,19 +165,32 @@ def cut(
             if req.dry_run:
                 script = render(planned.ops) if render else None
                 return CutResult(label, status, planned, False, dry_run=True, script=script)
-            store.save(planned, req.meta or {"target": label})
-            try:
-                ex.apply(planned.ops)
-            except ApplyFailed as exc:
-                if exc.rolled_back:
-                    store.remove()  # else keep it: `restore` finishes what the rollback could not
-                raise
+            _apply_recorded(ex, store, planned, req.meta or {"target": label})
             elapsed = (time.perf_counter() - start) * 1000
             result = CutResult(label, CutStatus("cut", planned.keeps), planned, True,
                                elapsed_ms=elapsed)  # fmt: skip
     if req.dry_run:
         return result
     return _probed(ex, label, result, req)
+
+
+def _apply_recorded(ex: Executor, store: Store, planned: CutPlan, meta: dict[str, str]) -> None:
+    """Record the plan, then apply it: as a journal (each op noted as it completes) when the
+    executor can, else as a whole. The record is removed only when the rollback of a failed
+    apply completed; a worker that died or went silent is no rollback (ApplyFailed with
+    `rolled_back` False), and its record lets `restore` undo exactly what ran."""
+    journaling = isinstance(ex, Journaling)
+    store.save(planned, meta, journal=journaling)
+    try:
+        if isinstance(ex, Journaling):
+            with store.journal() as journal:
+                ex.apply_journaled(planned.ops, journal)
+        else:
+            ex.apply(planned.ops)
+    except ApplyFailed as exc:
+        if exc.rolled_back:
+            store.remove()  # else keep it: `restore` finishes what the rollback could not
+        raise
 
 
 def _same_redirect(label: str, record: CutPlan, redirect: Redirect | None) -> None:
@@ -172,6 +209,7 @@ class RenderHook(Protocol):
 
 def _repair(
     ex: Executor,
+    store: Store,
     label: str,
     record: CutPlan,
     state: NamespaceState,
@@ -194,13 +232,20 @@ def _repair(
     if errors or not after.is_cut:
         left = "; ".join([*errors, *after.details])
         raise ApplyFailed(f"repair of the partial cut incomplete: {left}", rolled_back=False)
+    if record.applied is not None and record.applied < len(record.ops):
+        # An interrupted cut, now completed: its journal must say every op ran, so that
+        # restore undoes them all.
+        with store.journal() as journal:
+            for index in range(record.applied, len(record.ops)):
+                journal.step(index)
     elapsed = (time.perf_counter() - start) * 1000
     return CutResult(label, after, fix, True, elapsed_ms=elapsed, repaired=True,
                      found=before.details)  # fmt: skip
 
 
 def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:
-    reachable = tuple(k for k in req.keeps if k.port is not None)
+    keeps = (k for k in req.keeps if k.port is not None)
+    reachable = tuple(dict.fromkeys((*keeps, *req.expect_reachable)))
     if not req.probe or not (reachable or req.expect_blocked):
         return result
     found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
@@ -227,6 +272,20 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
 
 def status(ex: Executor, store: Store) -> CutStatus:
     return judge_status(store.load(), ex.read_state((), (), verify=True))
+
+
+def cut_and_status(
+    ex: Executor, store: Store, label: str, req: CutRequest
+) -> tuple[CutResult, CutStatus]:
+    """`cut` (with its probe), then `status`: what egress's prepare_execution proves, in one
+    job. A fresh cut is verified from the live state read afresh against the plan it holds
+    in memory; a cut that found the namespace cut, or repaired it, has just judged the
+    whole live state against the record (verify=True) and that status is the answer, not
+    read a second time."""
+    result = cut(ex, store, label, req)
+    if not (result.changed and not result.repaired and result.plan is not None):
+        return result, result.status
+    return result, judge_status(result.plan, ex.read_state((), (), verify=True))
 
 
 def _restore(

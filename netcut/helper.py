@@ -238,7 +238,7 @@ def _cut_in(
 ) -> CutResult:
     """The cut on an open session: the privilege rail from `inspect`, then flow.cut."""
     findings = container_findings(c.info)
-    if findings and not allow_privileged and not dry_run:
+    if findings and not allow_privileged:  # a dry run too: it shows what the cut would do
         raise UnsafeTarget(
             f"refusing to cut {c}: {'; '.join(findings)}; pass --allow-privileged to cut anyway",
             findings,

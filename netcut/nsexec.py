@@ -5,17 +5,22 @@ and Chain objects (and libiptc its handles) process-wide, and pyroute2's synchro
 an event loop of its own. A worker process that enters the namespace, does the work and answers
 through a socket leaves the caller's namespace, netfilter state and event loop untouched.
 
-Why one long-lived worker, started as a fresh interpreter: a fork per call costs ~4 ms for an
+Why long-lived workers, started as fresh interpreters: a fork per call costs ~4 ms for an
 interpreter that has loaded pyroute2 and python-iptables, plus copy-on-write faults on every
 page the child touches (a cut took ~30 ms that way, ~5 ms in a warm worker). A *forked* worker
 would also inherit the caller's file descriptors (an embedding proxy's client sockets would not
 close while the worker held copies), locks held by other threads, and garbage whose finalizers
-could close the wrong fd. So the worker is a new `python` (exec, close_fds) started on first use
-or by `start_worker()`; it serves one job at a time (a lock serializes callers), enters the
-job's namespace by the fd passed with SCM_RIGHTS, drops python-iptables' cached tables before
-each job, and goes back to its own namespace after it. A job that overruns `timeout` gets the
-worker killed (the next call starts a fresh one), so a wedged kernel call cannot hang the
-caller. The worker exits when the caller's end of the socket closes (the caller exited).
+could close the wrong fd. So a worker is a new `python` (exec, close_fds) started on first use
+or by `start_worker()`. Each serves one job at a time; a small pool of them ($NETCUT_WORKERS,
+default the CPU count, 2 to 4) serves jobs for different namespaces at once, and a job takes
+the record's own lock (records.py), so only jobs for the same namespace wait for each other
+(docs/netcut.md#latency). A worker enters the job's namespace by the fd passed with SCM_RIGHTS,
+drops python-iptables' cached tables before each job, and goes back to its own namespace after
+it. A job that overruns `timeout` gets its worker killed (a fresh one replaces it), so a wedged
+kernel call cannot hang the caller. A worker that dies or is killed mid-job is never taken for
+a rollback: the caller gets ApplyFailed with `rolled_back` False and the record stays, so
+`restore` can undo exactly what ran (docs/netcut.md#the-journal). A worker exits when the
+caller's end of its socket closes (the caller exited).
 """
 
 from __future__ import annotations
@@ -106,44 +111,116 @@ class _Worker:
         self.sock.close()
 
 
-_worker: _Worker | None = None
-_lock = threading.Lock()
+POOL_ENV = "NETCUT_WORKERS"
 
 
-def _forget_worker_in_child() -> None:
-    """A child forked from the caller must not talk to the caller's worker: it gets its own."""
-    global _worker, _lock
-    _worker, _lock = None, threading.Lock()
+def pool_size() -> int:
+    """How many workers may run at once: $NETCUT_WORKERS, else the CPU count within 2..4
+    (each is ~50 MB of RSS; more than the CPUs would only queue in the kernel instead)."""
+    try:
+        wanted = int(os.environ.get(POOL_ENV, "0"))
+    except ValueError:
+        wanted = 0
+    return wanted if wanted > 0 else min(4, max(2, os.cpu_count() or 1))
 
 
-os.register_at_fork(after_in_child=_forget_worker_in_child)
+class _Pool:
+    """Idle workers, and how many exist; a caller takes one for a job and gives it back."""
 
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.idle: list[_Worker] = []
+        self.every: set[_Worker] = set()
 
-def _stop_worker_at_exit() -> None:
-    """Reap the worker when the caller exits (no orphan, no unclosed socket)."""
-    global _worker
-    worker, _worker = _worker, None
-    if worker is not None and not worker.dead():
+    def take(self) -> _Worker:
+        with self.cond:
+            while True:
+                while self.idle:
+                    worker = self.idle.pop()
+                    if not worker.dead():
+                        return worker
+                    self._drop(worker)
+                if len(self.every) < pool_size():
+                    worker = _Worker()
+                    self.every.add(worker)
+                    return worker
+                self.cond.wait()
+
+    def give_back(self, worker: _Worker) -> None:
+        with self.cond:
+            self.idle.append(worker)
+            self.cond.notify()
+
+    def discard(self, worker: _Worker) -> None:
+        """Kill a worker that failed (timeout, EOF); a waiting caller may start another."""
         with contextlib.suppress(OSError):
             worker.kill()
+        with self.cond:
+            self._drop(worker)
+            self.cond.notify()
+
+    def _drop(self, worker: _Worker) -> None:
+        self.every.discard(worker)
+        if worker in self.idle:
+            self.idle.remove(worker)
 
 
-atexit.register(_stop_worker_at_exit)
+_pool = _Pool()
+
+
+def _forget_workers_in_child() -> None:
+    """A child forked from the caller must not talk to the caller's workers: it gets its own."""
+    global _pool
+    _pool = _Pool()
+
+
+os.register_at_fork(after_in_child=_forget_workers_in_child)
+
+
+def stop_workers() -> None:
+    """Kill the idle workers and reap them (at exit; tests that need fresh workers)."""
+    with _pool.cond:
+        idle, _pool.idle = _pool.idle, []
+        for worker in idle:
+            _pool.every.discard(worker)
+    for worker in idle:
+        if not worker.dead():
+            with contextlib.suppress(OSError):
+                worker.kill()
+
+
+atexit.register(stop_workers)
+
+
+def worker_pids() -> list[int]:
+    """The PIDs of the workers that exist now (tests, benchmarks)."""
+    with _pool.cond:
+        return sorted(worker.pid for worker in _pool.every)
 
 
 def start_worker() -> None:
-    """Start the worker now (it takes ~0.5 s to import pyroute2 and python-iptables), so
-    that the first cut does not pay for it."""
-    global _worker
-    with _lock:
-        if _worker is None or _worker.dead():
-            _worker = _Worker()
-        try:
-            _worker.wait_ready()
-        except (OSError, EOFError, TimeoutError) as exc:
-            _worker.kill()
-            _worker = None
-            raise ApplyFailed(f"namespace worker did not start: {exc!r}") from None
+    """Start the pool's workers now, in parallel (each takes ~0.5 s to import pyroute2 and
+    python-iptables), so that the first cuts do not pay for it."""
+    taken = []
+    try:
+        for _ in range(pool_size()):
+            with _pool.cond:
+                if len(_pool.every) >= pool_size():
+                    break
+                worker = _Worker()
+                _pool.every.add(worker)
+            taken.append(worker)
+        for worker in taken:
+            try:
+                worker.wait_ready()
+            except (OSError, EOFError, TimeoutError) as exc:
+                raise ApplyFailed(f"namespace worker did not start: {exc!r}") from None
+    except BaseException:
+        for worker in taken:
+            _pool.discard(worker)
+        raise
+    for worker in taken:
+        _pool.give_back(worker)
 
 
 def run_in_netns(
@@ -153,22 +230,26 @@ def run_in_netns(
 
     `func` must be a module-level function (it is pickled by name). Exceptions it raises come
     back as themselves when they are NetcutErrors, as ApplyFailed otherwise. Raises
-    ApplyFailed when the worker dies or overruns `timeout` (the worker is then killed).
+    ApplyFailed with `rolled_back` False when the worker dies or overruns `timeout` (it is
+    then killed): whatever the job did so far stays done.
     """
-    global _worker
-    with _lock:
-        if _worker is None or _worker.dead():
-            _worker = _Worker()
-        worker = _worker
-        try:
-            status, value = worker.call(fd, func, args, timeout)
-        except (OSError, EOFError, TimeoutError) as exc:
-            worker.kill()
-            _worker = None
-            if isinstance(exc, TimeoutError):
-                msg = f"namespace worker did not answer within {timeout:g}s; killed"
-                raise ApplyFailed(msg) from None
-            raise ApplyFailed(f"namespace worker failed: {exc!r}") from None
+    worker = _pool.take()
+    try:
+        status, value = worker.call(fd, func, args, timeout)
+    except (OSError, EOFError, TimeoutError) as exc:
+        _pool.discard(worker)
+        if isinstance(exc, TimeoutError):
+            msg = f"namespace worker did not answer within {timeout:g}s; killed"
+        else:
+            msg = f"namespace worker died mid-job ({exc!r})"
+        note = "; nothing was rolled back: `netcut status` shows the namespace, `netcut restore`"
+        raise ApplyFailed(
+            msg + note + " undoes what the record says ran", rolled_back=False
+        ) from None
+    except BaseException:
+        _pool.discard(worker)  # interrupted mid-call: its socket is out of step
+        raise
+    _pool.give_back(worker)
     if status == "ok":
         return value  # type: ignore[no-any-return]
     if isinstance(value, NetcutError):

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from netcut.errors import InvalidInput
 from netcut.model import (
     AF_INET,
     AF_INET6,
-    IFA_F_NODAD,
     NETCUT_PROTO,
     RT_SCOPE_LINK,
     RT_SCOPE_UNIVERSE,
@@ -76,6 +75,9 @@ class CutPlan:
     keeps: tuple[Keep, ...]
     ops: tuple[Op, ...]
     nameservers: tuple[str, ...] = field(default=())
+    # From a record's journal (records.py): how many ops are known to have completed; None
+    # for a complete cut (every op ran). Never serialized with the plan.
+    applied: int | None = field(default=None, compare=False)
 
     def lines(self) -> list[str]:
         kept = ", ".join(str(k) for k in self.keeps) or "nothing but loopback"
@@ -273,7 +275,8 @@ def invert(op: Op) -> Op | None:
     if isinstance(op, DelRoute):
         return AddRoute(op.route)
     if isinstance(op, DelAddr):
-        return AddAddr(replace(op.addr, flags=op.addr.flags | IFA_F_NODAD))
+        # its own flags: a restore gives back the address as it was, DAD included
+        return AddAddr(op.addr)
     if isinstance(op, AddAddr):
         return DelAddr(op.addr)
     if isinstance(op, SetSysctl):
@@ -285,10 +288,15 @@ def invert(op: Op) -> Op | None:
 
 def plan_restore(record: CutPlan | None, state: NamespaceState) -> RestorePlan:
     """Undo `record` (the plan of the cut, as recorded before it ran), then remove whatever
-    still carries netcut's marks. Without a record only the marked additions are removed."""
+    still carries netcut's marks. Without a record only the marked additions are removed.
+
+    A journal that says `applied` ops completed undoes those and the one after them (it may
+    have completed without its line being written: every undo op is tolerant), never an op
+    that did not start (docs/netcut.md#the-journal)."""
     ops: list[Op] = []
     if record is not None:
-        ops += [inv for op in reversed(record.ops) if (inv := invert(op)) is not None]
+        ran = record.ops if record.applied is None else record.ops[: record.applied + 1]
+        ops += [inv for op in reversed(ran) if (inv := invert(op)) is not None]
     undone = {op.route.key for op in ops if isinstance(op, DelRoute)}
     ops += [DelRoute(r) for r in state.marked_routes if r.key not in undone]
     if state.redirect and RemoveRedirect() not in ops:

@@ -1,34 +1,52 @@
 """Where a cut is recorded so that `restore` can undo exactly it.
 
-One JSON file per namespace, `$NETCUT_STATE_DIR/<st_dev>-<st_ino>.json` in direct mode and
+One file per namespace, `$NETCUT_STATE_DIR/<st_dev>-<st_ino>.json` in direct mode and
 `container-<full id>.json` in helper mode (default directory /run/netcut: tmpfs, so records
-vanish with the boot, as do the namespaces they describe). The
-file is written atomically before the cut's first change and removed after a restore. A record
-alone proves nothing: status also checks the namespace's own marks (routes with protocol
-NETCUT_PROTO, chain NETCUT), so a stale record left by a namespace whose inode was reused is
-reported as a partial cut and cleaned up by restore or the next cut.
+vanish with the boot, as do the namespaces they describe). A record is written atomically
+*before* the cut's first change. In direct mode it is a journal (docs/netcut.md#the-journal):
+line 1 is the plan (JSON), and the worker appends one line per op as each completes, so a cut
+killed at any point, worker and caller alike, leaves a record that says which ops ran; the
+record is removed only after a restore or a completed rollback. A record alone proves
+nothing: status also checks the namespace's own marks (routes with protocol NETCUT_PROTO,
+chain NETCUT), so a stale record left by a namespace whose inode was reused is reported as a
+partial cut and cleaned up by restore or the next cut.
+
+Every failure of the directory itself (read-only, full, not ours) is a `StateError` raised
+before the namespace is touched, with no temporary file left behind.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import struct
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from netcut.errors import InvalidInput
+from netcut.errors import InvalidInput, StateError
 from netcut.plan import CutPlan, plan_from_data, plan_to_data
 
 STATE_DIR_ENV = "NETCUT_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/netcut"
+LOCK_NAME = ".lock"
+# struct flock (x86_64, aarch64): l_type, l_whence, l_start, l_len, l_pid, padding.
+_FLOCK = struct.Struct("hhqqi4x")
+_F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 
 
 def state_dir() -> str:
     return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+
+
+def _state_error(directory: str, exc: OSError, doing: str) -> StateError:
+    why = exc.strerror or str(exc)
+    return StateError(f"state directory {directory}: cannot {doing}: {why} (${STATE_DIR_ENV})")
 
 
 @dataclass(frozen=True)
@@ -52,35 +70,89 @@ class Store:
     def path(self) -> str:
         return os.path.join(self.directory, f"{self.key}.json")
 
-    def save(self, plan: CutPlan, meta: dict[str, str]) -> None:
-        """Write atomically (temporary file, then rename)."""
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+    def _makedirs(self) -> None:
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise _state_error(self.directory, exc, "create it") from None
+
+    def save(self, plan: CutPlan, meta: dict[str, str], *, journal: bool = False) -> None:
+        """Write atomically (temporary file, then rename); on any failure the temporary file
+        is removed and StateError raised. With `journal`, completed ops are appended later
+        (`Journal`); without it the record stands for a complete cut."""
+        self._makedirs()
         data: dict[str, Any] = {**plan_to_data(plan), "meta": meta, "created": time.time()}
+        if journal:
+            data["journal"] = True
+        text = json.dumps(data, sort_keys=True) + "\n"
         tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, sort_keys=True)
-        os.replace(tmp, self.path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(text.encode())
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise _state_error(self.directory, exc, f"write the record {self.key}.json") from None
 
     def load(self) -> CutPlan | None:
-        """The recorded plan, or None. Raises InvalidInput for a record it cannot read."""
+        """The recorded plan (with `applied` set from a journal), or None. Raises
+        InvalidInput for a record it cannot read."""
         try:
             with open(self.path) as f:
-                data = json.load(f)
+                text = f.read()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise InvalidInput(f"netcut record {self.path}: {exc}") from None
-        return plan_from_data(data)
+        head, _, tail = text.partition("\n")
+        try:
+            data = json.loads(head)
+        except ValueError as exc:
+            raise InvalidInput(f"netcut record {self.path}: {exc}") from None
+        plan = plan_from_data(data)
+        if data.get("journal"):
+            plan = replace(plan, applied=journal_progress(tail))
+        return plan
+
+    def journal(self) -> Journal:
+        """The record's journal, for appending completed ops (after `save(journal=True)`)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _state_error(self.directory, exc, f"open the record {self.key}.json") from None
+        return Journal(self.directory, fd)
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Serialize cuts and restores across processes (flock, released when the holder
-        exits, however it exits). One lock for the directory, not one per namespace: a cut
-        takes milliseconds, and a per-namespace lock file could never be removed safely."""
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        fd = os.open(os.path.join(self.directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        """Serialize cuts and restores of *this namespace* across processes and threads: an
+        open-file-description lock (released when its holder exits, however it exits) on
+        one byte of the directory's `.lock` file, chosen by the key. Other namespaces lock
+        other bytes and run at the same time; two keys sharing a byte only wait for each
+        other. One lock file rather than one per namespace: a lock file could never be
+        removed safely."""
+        self._makedirs()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            path = os.path.join(self.directory, LOCK_NAME)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise _state_error(self.directory, exc, "open its lock file for writing") from None
+        try:
+            offset = zlib.crc32(self.key.encode()) & 0x7FFFFFFF
+            lock = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+            try:
+                fcntl.fcntl(fd, _F_OFD_SETLKW, lock)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise _state_error(self.directory, exc, "lock a record") from None
+                fcntl.flock(fd, fcntl.LOCK_EX)  # no OFD locks (Linux < 3.15): the whole file
             yield
         finally:
             os.close(fd)
@@ -90,3 +162,59 @@ class Store:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise _state_error(self.directory, exc, f"remove the record {self.key}.json") from None
+
+
+class Journal:
+    """The append end of a record: one line per op that completed, by its index."""
+
+    def __init__(self, directory: str, fd: int) -> None:
+        self.directory = directory
+        self.fd = fd
+
+    def step(self, index: int) -> None:
+        """Note op `index` as done; StateError when the directory cannot take the line."""
+        try:
+            os.write(self.fd, b"%d\n" % index)
+        except OSError as exc:
+            raise _state_error(self.directory, exc, "append to a record") from None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def journal_progress(tail: str) -> int:
+    """How many ops the journal lines say completed (ops complete in order: the highest
+    index + 1). A torn last line (the writer killed mid-write) is ignored."""
+    done = 0
+    for line in tail.splitlines():
+        if line.strip().isdigit():
+            done = max(done, int(line) + 1)
+    return done
+
+
+# ---------------------------------------------------------------- collecting dead records
+
+
+def recorded_namespaces(directory: str) -> list[tuple[int, int]]:
+    """The namespace identities (st_dev, st_ino) that have a record in `directory`."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise _state_error(directory, exc, "list it") from None
+    found = []
+    for name in names:
+        stem, dot, ext = name.partition(".")
+        dev, dash, ino = stem.partition("-")
+        if ext == "json" and dot and dash and dev.isdigit() and ino.isdigit():
+            found.append((int(dev), int(ino)))
+    return found

@@ -142,18 +142,25 @@ SAFETY_NET = "198.18.0.0/15"
 
 
 @contextlib.contextmanager
-def safety_net() -> Iterator[bool]:
+def safety_net(net: str = SAFETY_NET) -> Iterator[bool]:
     """A `prohibit 198.18.0.0/15` route in the root namespace while tests run.
 
     Test hosts' connected /30 routes are more specific and still win; a packet to any other
     198.18/15 address fails locally instead of following the default route off the machine.
+
+    Each test session adds a route of its own (its metric is the session's PID) and removes
+    only that one: with one shared route, a session that found it already there relied on it,
+    and the session that had added it removed it when it ended, in the middle of the other's
+    run (test_stray_benchmark_address_fails_locally then failed, depending on which ended
+    first).
     """
-    added = ip("route", "add", "prohibit", SAFETY_NET, check=False).returncode == 0
+    mine = ("prohibit", net, "metric", str(os.getpid()))
+    added = ip("route", "add", *mine, check=False).returncode == 0
     try:
         yield added
     finally:
         if added:
-            ip("route", "del", "prohibit", SAFETY_NET, check=False)
+            ip("route", "del", *mine, check=False)
 
 
 @dataclass

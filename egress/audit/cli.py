@@ -26,6 +26,7 @@ from egress.audit.read import (
     InputError,
     Summary,
     chains,
+    is_lifecycle,
     is_request,
     make_domain_of,
     order_paths,
@@ -34,7 +35,7 @@ from egress.audit.read import (
 )
 from egress.audit.render import format_event, printable, render_summary
 from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
-from egress.audit.verify import ChainVerifier, Problem, VerifyResult
+from egress.audit.verify import ChainVerifier, Problem, VerifyResult, worker_problems
 
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
@@ -75,8 +76,11 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary.ended(record)
             if window.in_window(record):
                 summary.add(record)
+        elif is_lifecycle(record):
+            if window.in_window(record):
+                summary.add_lifecycle(record)
         else:
-            summary.lifecycle(record)
+            summary.track(record)
     summary.crashed()
     summary.derive_domains(make_domain_of())
     if summary.bad_lines:
@@ -109,6 +113,9 @@ def _selected(
             continue
         if is_request(record):
             if chooser.matches(record):
+                yield data, record
+        elif is_lifecycle(record):
+            if chooser.matches_lifecycle(record):
                 yield data, record
         elif args.control and chooser.in_window(record):
             yield data, record
@@ -184,6 +191,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
         )
     problems = [p for r in results for p in r.problems]
+    # whole workers' files missing or renamed; `--head` verifies one worker on purpose
+    problems += worker_problems(groups, results, complete=not args.head)
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(problem)
     if len(problems) > MAX_PROBLEMS_SHOWN:
@@ -232,19 +241,26 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
     window = _event_filter(args)
 
+    lifecycle = 0
+
     def records() -> Iterator[dict[str, object]]:
+        nonlocal lifecycle
         for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
             record = parse_record(line.data)
-            if record is None or not is_request(record) or not window.in_window(record):
+            if record is None or not window.in_window(record):
                 continue
             if args.client and record.get("client_id") not in args.client:
                 continue
-            yield record
+            if is_lifecycle(record):
+                lifecycle += 1
+            elif is_request(record):
+                yield record
 
     def lint(rules: list[str]) -> list[str]:
         return [str(f) for f in lint_policy(Policy(allow=rules))]
 
     result = suggest(records())
+    result.lifecycle = lifecycle
     sys.stdout.write(render(result, make_domain_of(), lint, paths))
     return 0
 

@@ -36,9 +36,13 @@ REQUEST_TYPES: Final = frozenset({None, "request"})
 CONTROL_TYPES: Final = frozenset(
     {"start", "end", "rotate", "reopen", "loss", "outage", "recovered", "policy"}
 )
-# A tunnel's or a contacted request's life: `open` when the upstream is contacted, `progress`
-# at an interval while it lasts, then its request record; all three carry the same `id`.
-LIFECYCLE_TYPES: Final = frozenset({"open", "progress"})
+# Records linked to a request record by its `id`: `open` when the upstream is contacted,
+# `progress` at an interval while it lasts (docs/audit-log.md#open-and-progress-records).
+LINKED_TYPES: Final = frozenset({"open", "progress"})
+# Lifecycle records have a request record's shape but are no request: a sandbox bound,
+# replaced or released (SANDBOX), the cut's probe of a listener (PROBE). The reviewer's tools
+# count and show them apart (docs/audit-log.md#sandbox-records).
+LIFECYCLE_METHODS: Final = frozenset({"SANDBOX", "PROBE"})
 
 # The reason codes, decisions and tunnel ends are one vocabulary: `egress.reasons`.
 

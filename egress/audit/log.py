@@ -82,6 +82,7 @@ class AuditLog:
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
         close_timeout: float = CLOSE_TIMEOUT,
+        worker: tuple[int, int] | None = None,
     ) -> None:
         _check_args(path, fail_mode, keep_query, rotate_bytes, retry_interval, close_timeout,
                     max_backlog=max_backlog, max_pending_bytes=max_pending_bytes,
@@ -113,6 +114,9 @@ class AuditLog:
             clock=self._clock,
             keep=keep,
         )
+        if worker is not None:  # docs/audit-log.md#several-workers: verify checks them
+            index, count = _check_worker(worker)
+            self._writer.start_fields = {"worker": index, "workers": count}
         self._thread: threading.Thread | None = None
         self._delivery = Delivery(events_maxlen)  # hooks and events() consumers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -374,3 +378,14 @@ def _check_args(
     as_timeout(close_timeout, "AuditLog close_timeout")
     for name, value in counts.items():
         as_count(value, f"AuditLog {name}")
+
+
+def _check_worker(worker: object) -> tuple[int, int]:
+    """(index, count) of an `egress serve --workers` worker: 0 <= index < count."""
+    if not isinstance(worker, tuple) or len(worker) != 2:
+        raise TypeError(f"AuditLog worker must be a tuple (index, count), not {worker!r}")
+    index, count = worker
+    as_count(count, "AuditLog worker count")
+    if as_count(index, "AuditLog worker index", minimum=0) >= count:
+        raise ValueError(f"AuditLog worker index {index} must be below the count {count}")
+    return index, count

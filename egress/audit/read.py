@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import IO, Final
 
-from egress.audit.format import REQUEST_TYPES, rotation_of
+from egress.audit.format import LIFECYCLE_METHODS, REQUEST_TYPES, rotation_of
 from egress.audit.timebounds import normalize_ts
 
 MAX_LINE: Final = 1024 * 1024  # a longer line is not the writer's: kept as a 1 MiB prefix
@@ -139,7 +139,14 @@ def parse_record(data: bytes) -> dict[str, object] | None:
 
 
 def is_request(record: dict[str, object]) -> bool:
-    return record.get("type") in REQUEST_TYPES
+    """A request or tunnel the proxy judged: not a control record, not a lifecycle record."""
+    return record.get("type") in REQUEST_TYPES and record.get("method") not in LIFECYCLE_METHODS
+
+
+def is_lifecycle(record: dict[str, object]) -> bool:
+    """A sandbox bound, replaced or released, or the cut's probe of a listener: shaped like a
+    request record but no request, so counted apart (docs/audit-log.md#sandbox-records)."""
+    return record.get("type") in REQUEST_TYPES and record.get("method") in LIFECYCLE_METHODS
 
 
 # ---- filtering ---------------------------------------------------------------------------
@@ -167,6 +174,13 @@ class EventFilter:
     reasons: set[str] = field(default_factory=set)
     since: str | None = None  # canonical ts, inclusive
     until: str | None = None  # canonical ts, exclusive
+
+    def matches_lifecycle(self, record: dict[str, object]) -> bool:
+        """A lifecycle record has no decision to select by: `--decision` never picks one;
+        `--reason` does only by its lifecycle reason; host and client select as usual."""
+        if self.decisions:
+            return False
+        return self.matches(record)
 
     def matches(self, record: dict[str, object]) -> bool:
         if self.decisions and record.get("decision") not in self.decisions:
@@ -233,7 +247,7 @@ class Summary:
         self.open_at_crash: list[dict[str, object]] = []  # the first OPEN_WINDOW of them
         self.open_at_crash_count = 0
 
-    def lifecycle(self, record: dict[str, object]) -> None:
+    def track(self, record: dict[str, object]) -> None:
         """A record that is not a request: pairs opens with ends (docs/audit-log.md)."""
         kind = record.get("type")
         if kind == "open":
@@ -262,6 +276,12 @@ class Summary:
                     {k: record.get(k) for k in ("ts", "id", "client", "client_id", "host", "port")}
                 )
         self._opened.clear()
+        # lifecycle records, apart: (event, sandbox) -> count; bounded by sandboxes
+        self.lifecycle: dict[tuple[str, str], int] = {}
+
+    def add_lifecycle(self, record: dict[str, object]) -> None:
+        key = (str(record.get("reason") or "(none)"), str(record.get("host") or "(none)"))
+        self.lifecycle[key] = self.lifecycle.get(key, 0) + 1
 
     def add(self, record: dict[str, object]) -> None:
         decision = record.get("decision")
@@ -318,6 +338,7 @@ class Summary:
                 "block": self.totals[1],
                 "error": self.totals[2],
                 "other": self.totals[3],
+                "lifecycle": sum(self.lifecycle.values()),
             },
             "runs": self.runs,
             "bad_lines": self.bad_lines,
@@ -326,4 +347,14 @@ class Summary:
         }
         for dimension in DIMENSIONS:
             out[f"by_{dimension}"] = self.rows(dimension, top)[0]
+        out["lifecycle"] = self.lifecycle_rows()
         return out
+
+    def lifecycle_rows(self) -> list[dict[str, object]]:
+        """The lifecycle records by sandbox, then event (docs/audit-log.md#sandbox-records)."""
+        return [
+            {"sandbox": sandbox, "event": event, "count": count}
+            for (event, sandbox), count in sorted(
+                self.lifecycle.items(), key=lambda kv: (kv[0][1], kv[0][0])
+            )
+        ]

@@ -9,17 +9,19 @@ them reach the reader's terminal.
 
 from __future__ import annotations
 
-from egress.audit.format import CONTROL_TYPES, LIFECYCLE_TYPES
+from egress.audit.format import CONTROL_TYPES, LIFECYCLE_METHODS, LINKED_TYPES
 from egress.audit.read import DIMENSIONS, Summary
 from egress.printable import printable
 
 
 def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
     allow, block, error, other = summary.totals
+    lifecycle = sum(summary.lifecycle.values())
     lines = [
         *header,
         f"events: {sum(summary.totals)}  block: {block}  allow: {allow}  error: {error}"
-        + (f"  other: {other}" if other else ""),
+        + (f"  other: {other}" if other else "")
+        + (f"  (and {lifecycle} lifecycle records)" if lifecycle else ""),
         f"from {summary.first_ts or '-'} to {summary.last_ts or '-'}"
         f"  runs: {summary.runs}"
         + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else ""),
@@ -47,7 +49,23 @@ def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
         lines += _table(rows, titles[dimension].upper())
         if hidden:
             lines.append(f"  ... and {hidden} more (--top N, or --json for all)")
+    lines += ["", "Sandbox lifecycle (not requests, not counted above):"]
+    lines += _lifecycle_table(summary.lifecycle_rows())
     return "\n".join(lines)
+
+
+def _lifecycle_table(rows: list[dict[str, object]]) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    width = max(len("COUNT"), *(len(str(r["count"])) for r in rows))
+    event = max(len("EVENT"), *(len(str(r["event"])) for r in rows))
+    head = f"  {'COUNT'.rjust(width)}  {'EVENT'.ljust(event)}  SANDBOX"
+    body = [
+        f"  {str(r['count']).rjust(width)}  {printable(str(r['event'])).ljust(event)}"
+        f"  {printable(str(r['sandbox']))}"
+        for r in rows
+    ]
+    return [head, *body]
 
 
 def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
@@ -71,9 +89,11 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
 def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
     kind = record.get("type")
-    if kind in CONTROL_TYPES or kind in LIFECYCLE_TYPES:  # open/progress too (--control)
+    if kind in CONTROL_TYPES or kind in LINKED_TYPES:  # open/progress too (--control)
         extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
         return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
+    if kind in (None, "request") and record.get("method") in LIFECYCLE_METHODS:
+        return _lifecycle_event(record)
     host, port = record.get("host", "-"), record.get("port")
     target = f"{host}:{port}" if port is not None else str(host)
     if record.get("path") is not None:
@@ -94,6 +114,19 @@ def format_event(record: dict[str, object]) -> str:
     for key in ("addr", "status", "bytes_up", "bytes_down", "duration_ms"):
         if record.get(key) is not None:
             parts.append(f"{key}={record[key]}")
+    if record.get("detail"):
+        parts.append(f"-- {record['detail']}")
+    return printable(" ".join(parts))
+
+
+def _lifecycle_event(record: dict[str, object]) -> str:
+    """`TS --- sandbox_removed SANDBOX (client_id) -- released`: not a request line."""
+    what = str(record.get("host", "-"))
+    if record.get("method") == "PROBE":
+        what = f"{what}:{record.get('port')} from {record.get('client', '-')}"
+    parts = [str(record.get("ts", "-")), "---", str(record.get("reason", "-")), what]
+    if record.get("client_id"):
+        parts.append(f"({record['client_id']})")
     if record.get("detail"):
         parts.append(f"-- {record['detail']}")
     return printable(" ".join(parts))

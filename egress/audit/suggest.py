@@ -44,8 +44,10 @@ class Suggestion:
     blocked: dict[str, _Seen] = field(default_factory=dict)  # host:port -> counts, rule
     sni: dict[str, _Seen] = field(default_factory=dict)
     refused: dict[str, _Seen] = field(default_factory=dict)  # enforce-mode default denials
+    failed: dict[str, _Seen] = field(default_factory=dict)  # errors before any verdict
     routes: int = 0
-    skipped: int = 0
+    skipped: int = 0  # not a destination (no host or port): not counted in `records`
+    lifecycle: int = 0  # sandbox lifecycle records: no requests, left out
 
     def add(self, record: dict[str, object]) -> None:
         host = str(record.get("host") or "")
@@ -60,24 +62,28 @@ class Suggestion:
         if record.get("client_id"):
             self.clients.add(str(record["client_id"]))
         where = f"{_bracket(host)}:{port}"
+        would = record.get("would") == "block"
+        # report-only: the policy's verdict, also when the request failed after it
+        # (`would_reason`, docs/audit-log.md#report-only-fields)
+        verdict = str(record.get("would_reason") or reason) if would else reason
         if reason == "framework_route" or record.get("method") == "FORWARD":
             self.routes += 1
-        elif reason in GUARD_REASONS:
+        elif verdict in GUARD_REASONS:
             _bump(self.reserved, where, str(record.get("detail") or ""))
-        elif reason == "block_rule":
+        elif verdict == "block_rule":
             _bump(self.blocked, where, f"rule {record.get('rule')!r}")
-        elif reason in SNI_REASONS:
+        elif verdict in SNI_REASONS:
             _bump(self.sni, where, str(record.get("detail") or reason))
-        elif decision == "allow" or reason in AFTER_DECISION_ERRORS:
+        elif decision == "allow" or reason in AFTER_DECISION_ERRORS or would:
             rule = exact_rule(scheme, host, port)
             seen = _bump(self.allowed, rule)
             self.hosts[rule] = host
-            seen.would += record.get("would") == "block"
+            seen.would += would
             seen.errors += decision == "error"
         elif decision == "block" and reason in WANTS_RULE:
             _bump(self.refused, f"{scheme} {where}", reason)
-        else:
-            self.skipped += 1
+        else:  # an error before any verdict could be used (a name that did not resolve)
+            _bump(self.failed, where, reason)
 
 
 def _bump(table: dict[str, _Seen], key: str, note: str = "") -> _Seen:
@@ -140,7 +146,7 @@ def render(
             if seen.would:
                 extra.append(f"{seen.would} would have been blocked")
             if seen.errors:
-                extra.append(f"{seen.errors} failed upstream")
+                extra.append(f"{seen.errors} failed after the decision")
             note = f" ({'; '.join(extra)})" if extra else ""
             lines.append(f"    {_toml_str(rule)},  # {seen.count}{note}")
     lines.append("]")
@@ -166,6 +172,7 @@ def _callouts(s: Suggestion) -> list[str]:
             "refused for want of an allow rule in an enforcing run; not allowed "
             "(add them by hand if wanted)",
         ),
+        (s.failed, "failed before the policy's verdict was used (not allowed)"),
     )
     for table, title in sections:
         if not table:
@@ -180,6 +187,8 @@ def _callouts(s: Suggestion) -> list[str]:
             "",
             f"# {s.routes} framework-route record(s): covered by framework_routes, not by rules",
         ]
+    if s.lifecycle:
+        out += ["", f"# {s.lifecycle} sandbox lifecycle record(s): not requests, left out"]
     return out
 
 

@@ -7,6 +7,7 @@ remembered hashes plus one entry per gap found, never by the number of lines.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
@@ -61,6 +62,8 @@ class VerifyResult:
     runs: int
     requests: int
     head: str | None  # SHA-256 of the last line: compare with a value kept out of band
+    # (worker, workers, where) of each start record written under `serve --workers`
+    workers: list[tuple[int, int, str]] = field(default_factory=list)
     open_at_crash: list[OpenAtCrash] = field(default_factory=list)
     open_at_crash_unlisted: int = 0  # beyond OPEN_WINDOW per run
     continued: list[str] = field(default_factory=list)  # chains that begin mid-run: notes
@@ -81,6 +84,7 @@ class ChainVerifier:
         self._lines = 0
         self._runs = 0
         self._requests = 0
+        self._workers: list[tuple[int, int, str]] = []
         self.open_at_crash: list[OpenAtCrash] = []
         self._open_unlisted = 0
         self.continued: list[str] = []
@@ -128,6 +132,9 @@ class ChainVerifier:
     def _start(self, where: str, line: bytes, record: dict[str, object]) -> None:
         self._end_run(where)
         self._runs += 1
+        index, count = record.get("worker"), record.get("workers")
+        if type(index) is int and type(count) is int:
+            self._workers.append((index, count, where))
         if record["seq"] != 0:
             self._fail(where, f"start record with seq {record['seq']} (expected 0)")
         prev = record["prev"]
@@ -295,6 +302,7 @@ class ChainVerifier:
             self._runs,
             self._requests,
             head,
+            self._workers,
             self.open_at_crash,
             self._open_unlisted,
             self.continued,
@@ -302,3 +310,41 @@ class ChainVerifier:
 
     def _fail(self, where: str, message: str) -> None:
         self.problems.append(Problem(where, message))
+
+
+_WORKER_FILE = re.compile(r"\.w(\d+)(?:\.[^./]*)?(?:\.\d+(?:\.gz)?)?$")
+
+
+def worker_problems(
+    chains: list[list[str]], results: list[VerifyResult], *, complete: bool = True
+) -> list[Problem]:
+    """Whole workers missing or renamed (docs/audit-log.md#several-workers): each chain
+    verifies on its own, so deleting `audit.w1.jsonl` or renaming it to `audit.w0.jsonl`
+    left every remaining chain intact. The start records name their worker and the worker
+    count: a start record must sit in its own worker's file, and (when `complete`, i.e. all
+    workers' files were meant to be given) every worker of a count must have a file."""
+    problems: list[Problem] = []
+    seen: dict[int, set[int]] = {}
+    for paths, result in zip(chains, results, strict=True):
+        named = _WORKER_FILE.search(paths[0]) if paths else None
+        for index, count, where in result.workers:
+            seen.setdefault(count, set()).add(index)
+            if named is not None and int(named.group(1)) != index:
+                problems.append(
+                    Problem(
+                        where,
+                        f"start record of worker {index} of {count} in the file of worker "
+                        f"{named.group(1)} (a worker's file renamed)",
+                    )
+                )
+    if complete:
+        for count, indexes in sorted(seen.items()):
+            for index in sorted(set(range(count)) - indexes):
+                problems.append(
+                    Problem(
+                        "input",
+                        f"no file of worker {index}: its start records say {count} workers "
+                        "wrote chains (a worker's file missing or renamed)",
+                    )
+                )
+    return problems

@@ -21,6 +21,8 @@ import os
 import queue
 import time
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 from egress.audit.format import (
@@ -47,6 +49,9 @@ STOP: Final = object()  # queued by aclose(): write the end record and stop
 
 class LogWriter:
     """Everything that happens on the writer thread. Counters are read by other threads."""
+
+    # extra start-record fields: `worker`/`workers` under `egress serve --workers`
+    start_fields: Mapping[str, object] = MappingProxyType({})
 
     def __init__(
         self,
@@ -127,6 +132,7 @@ class LogWriter:
                     "fail_mode": self.fail_mode,
                     "keep_query": self.keep_query,
                     "rotate_bytes": self.rotate_bytes,
+                    **self.start_fields,
                 }
             )
             self._flush()

@@ -1,6 +1,6 @@
-"""The cut and its proof: netcut's cut, probe and status in direct mode, or one helper run in
-helper mode (docs/netcut.md#helper-mode); anything short of a probed `cut` is
-`ExecutionNotReady` (fail closed)."""
+"""The cut and its proof: netcut's cut, probe and status, in one job of netcut's worker in
+direct mode or one helper run in helper mode (docs/netcut.md#helper-mode); anything short of
+a probed `cut` is `ExecutionNotReady` (fail closed)."""
 
 from __future__ import annotations
 
@@ -39,16 +39,17 @@ async def _cut_and_prove(
                 sandbox, keeps, reachable, list(blocked), allow_privileged, helper_image
             )
         else:
-            cut = await netcut.cut_async(
+            # one round trip to netcut's worker: cut, probe and status in one job
+            cut, status = await netcut.cut_and_status_async(
                 sandbox,
                 keeps,
-                probe=False,
+                expect_reachable=list(reachable),
+                expect_blocked=list(blocked),
                 force=force,
                 allow_privileged=allow_privileged,
                 redirect=Redirect(*redirect) if redirect is not None else None,
             )
-            probe = await netcut.probe_async(sandbox, reachable, list(blocked))
-            status = await netcut.status_async(sandbox)
+            probe = cut.probe
     except netcut.NetcutError as exc:
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
     if probe is None or not probe.ok:

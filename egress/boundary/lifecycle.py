@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import replace
@@ -142,17 +143,23 @@ async def prepare_execution(
         redirect = None
         if transparent:
             redirect, blocked = (extra[0].port, extra[1].port), []
-        cut, probe = await _cut_and_prove(
-            sandbox,
-            keeps,
-            [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
-            blocked,
-            force=force,
-            allow_privileged=allow_privileged,
-            redirect=redirect,
-            cut_mode=cut_mode,
-            helper_image=helper_image,
-        )
+        for li in extra:  # the probe below connects to them: audited as the probe it is
+            li.probing = True
+        try:
+            cut, probe = await _cut_and_prove(
+                sandbox,
+                keeps,
+                [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+                blocked,
+                force=force,
+                allow_privileged=allow_privileged,
+                redirect=redirect,
+                cut_mode=cut_mode,
+                helper_image=helper_image,
+            )
+        finally:
+            for li in extra:
+                li.probing = False
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
@@ -182,8 +189,9 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     """Replace a running execution's policy at once (docs/user-guide.md#live-policy).
 
     `policy` is the new composed policy; the execution's framework routes are added as in
-    `prepare_execution`. From the next request on, the sandbox is judged by it; requests and
-    tunnels already decided keep their decision. The audit log records the new policy's
+    `prepare_execution`. From the next request on, the sandbox is judged by it; its open
+    tunnels are judged again and those it no longer allows closed (`end: revoked`,
+    docs/policy.md#live-policy-changes). The audit log records the new policy's
     hash. Raises KeyError when the execution is no longer served by `proxy`."""
     as_instance(proxy, "update_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "update_execution execution", Execution, "an Execution")
@@ -205,10 +213,17 @@ async def release_execution(
     *,
     restore: bool = False,
     cut_mode: CutMode | None = None,
+    forget: bool = False,
 ) -> ExecutionSummary:
     """Release the sandbox: its client, token, source addresses, listeners and forwarders
     (a listener shared with another sandbox stays until its last holder is released), and,
     with `restore`, undo the cut.
+
+    Without `restore`, netcut's record of the cut is removed when `forget` is True (a
+    sandbox that will be destroyed: nothing is left behind) or when the namespace is already
+    gone; otherwise it stays, so a later `netcut restore` can still undo the cut. Records
+    of namespaces destroyed later are collected by netcut (`netcut gc`, and at a later cut:
+    docs/netcut.md#collecting-records).
 
     Returns what the execution did: its access records counted by decision, host and reason
     (`ExecutionSummary`, e.g. `summary.blocked_hosts` for "this run tried 3 blocked hosts").
@@ -223,6 +238,9 @@ async def release_execution(
     as_instance(proxy, "release_execution proxy", EgressProxy, "an EgressProxy")
     as_instance(execution, "release_execution execution", Execution, "an Execution")
     as_bool(restore, "release_execution restore")
+    as_bool(forget, "release_execution forget")
+    if restore and forget:
+        raise ValueError("release_execution: restore and forget exclude each other")
     how = execution.cut_mode if cut_mode is None else cut_mode
     if as_choice(how, "release_execution cut_mode", CUT_MODES) == "helper" and restore:
         if parse_target(execution.sandbox).kind != "container":
@@ -250,4 +268,30 @@ async def release_execution(
                 await netcut.restore_async(execution.sandbox)
         except netcut.NetcutError as exc:
             raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc
+    else:
+        await _forget_record(execution, forget)
     return summary
+
+
+async def _forget_record(execution: Execution, forget: bool) -> None:
+    """Remove the cut's record when asked to, or when its namespace is gone (the sandbox's
+    namespace file no longer names the namespace that was cut)."""
+    identity = getattr(execution.cut, "identity", None)
+    if identity is None:
+        return
+    import netcut
+
+    if not forget:
+        path = parse_target(execution.sandbox).static_path
+        if path is None:
+            return  # a container: asking its runtime costs a process; netcut collects it later
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) == tuple(identity):
+                return  # still there: the record stays for a later restore
+        except OSError:
+            pass
+    try:
+        await asyncio.to_thread(netcut.forget, tuple(identity))
+    except netcut.NetcutError as exc:
+        raise ReleaseFailed(f"sandbox {execution.sandbox}: forget failed: {exc}") from exc

@@ -12,8 +12,7 @@ how much network the task needs). `compose(evaluator, task)` obeys four rules:
  4. The evaluator's allow entries and framework routes remain, whatever the task says.
 
 Mappings: Harbor 0.26's `NetworkPolicy` (`public` | `no-network` | `allowlist` with
-`allowed_hosts`, any port) and verifiers-style
-`network_access` / `allow` / `block`.
+`allowed_hosts`, any port) and verifiers 0.4's `NetworkPolicyConfig` (`verifiers.py`).
 """
 
 from __future__ import annotations
@@ -24,9 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from ..errors import PolicyError, TargetError
-from ..validate import as_bool, as_instance, as_str_list
+from ..validate import as_instance
 from .rules import FrameworkRoute, Policy, Posture, Rule, parse_rule
 from .target import DEFAULT_PORTS, Scheme, make_target, normalize_host
+from .verifiers import from_verifiers as from_verifiers
 
 T = TypeVar("T")
 
@@ -276,20 +276,6 @@ def _inexpressible(entry: str, why: str) -> PolicyError:
         f"harbor allowed_hosts entry {entry!r} cannot be expressed exactly: {why} "
         "(docs/integrations.md#harbor)"
     )
-
-
-def from_verifiers(settings: Mapping[str, object]) -> Policy:
-    """verifiers-style `network_access` / `allow` / `block` as a `Policy`.
-
-    `network_access = false` is `default = "deny"` (allow entries still apply);
-    `network_access = true` is `default = "allow"` with the block rules.
-    """
-    access = _checked(
-        as_bool, settings.get("network_access", False), "verifiers settings: network_access"
-    )
-    allow = _checked(as_str_list, settings.get("allow", []) or [], "verifiers settings: allow")
-    block = _checked(as_str_list, settings.get("block", []) or [], "verifiers settings: block")
-    return Policy(allow=allow, block=block, default="allow" if access else "deny")
 
 
 def _checked(check: Callable[[object, str], T], value: object, field: str) -> T:

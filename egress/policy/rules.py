@@ -357,7 +357,10 @@ def decide(policy: Policy, target: Target, addrs: Sequence[IPAddress] = ()) -> D
         )
     if policy.default == "allow":
         return Decision(True, "default_allow", None, "default posture allow", pending_block)
-    pending = (pending_block or bool(policy._allow.networks)) and not resolved
+    # a refusal waits for addresses only if an address could turn it into an allow: a block
+    # CIDR can only refuse what is refused already, so it never costs a DNS lookup here
+    # (docs/policy.md#address-rules)
+    pending = bool(policy._allow.networks) and not resolved
     # some address rule covers every address, so only its port or scheme did not match
     if host_allows or policy._allow.network_matches(ips, every=True):
         names = ", ".join(repr(r.text) for r in host_allows) or "an address rule"

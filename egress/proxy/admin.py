@@ -50,6 +50,14 @@ class _ProxyCollector(Collector):
         for client, decision, reason, n in m.request_series():
             req.add_metric([client, decision, reason], n)
         yield req
+        dns = CounterMetricFamily(
+            "egress_dns_queries",
+            "DNS records (transparent mode's responder) by client, decision and reason",
+            labels=["client", "decision", "reason"],
+        )
+        for client, decision, reason, n in m.dns_series():
+            dns.add_metric([client, decision, reason], n)
+        yield dns
         up, down = m.byte_series()
         for name, table, text in (
             ("egress_bytes_up", up, "Bytes relayed from clients to upstreams"),

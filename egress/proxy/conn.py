@@ -99,6 +99,8 @@ class Conn:
     orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
     owner: object = None  # the per-client cap's key, once the client is known (admission.py)
     served: bool = False  # an exchange (which writes its own record) began on it
+    # the record of the tunnel it relays: a policy change re-judges it (control.py)
+    relaying: object = None
     task: asyncio.Task[None] | None = None
     rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
 

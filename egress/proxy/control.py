@@ -10,18 +10,24 @@ the accept path reads it with no indirection.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..config import ClientSpec, Settings
+from ..errors import TargetError
 from ..policy.addrs import AddressGuard, parse_cidr
+from ..policy.judge import judge
 from ..policy.rules import Policy
-from ..policy.target import IPAddress, IPNetwork, parse_ip_literal
+from ..policy.target import IPAddress, IPNetwork, make_target, parse_ip_literal
+from ..reasons import End
 from .clients import ClientTable, Identity
 from .hostaddrs import local_addresses_async
+from .record import AccessRecord
 from .resolve import Resolver
 
 if TYPE_CHECKING:
+    from .conn import Conn
     from .gate import Gate
     from .listener import Listener
     from .steps import AuditSink, Steps
@@ -42,6 +48,7 @@ class ClientControl:
     _own_resolver: bool
     _fixed_host_local: frozenset[IPAddress] | None
     _started: bool
+    _conns: set[Conn]
     # networks reserved by the proxy itself (a transparent sandbox's fake-IP pool): they
     # belong to the sandboxes, not to the configuration, so a reload keeps them
     _owned_reserves: tuple[IPNetwork, ...] = ()
@@ -79,8 +86,8 @@ class ClientControl:
     # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
     def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
         """Replace one client's policy, atomically: every request identified from now on
-        (the next request on a kept-alive connection too) is judged by `policy`; requests
-        and tunnels already decided keep their decision. Also re-binds listeners bound to
+        (the next request on a kept-alive connection too) is judged by `policy`, and its open
+        tunnels are judged again (`revoke_tunnels`). Also re-binds listeners bound to
         that client (a sandbox's own listener). Raises KeyError for an unknown client."""
         known = self.clients.spec(client_id) is not None
         bound = [
@@ -98,6 +105,7 @@ class ClientControl:
         for listener in bound:
             listener.identity = Identity(client_id, policy)
         self._policy_applied(client_id, policy, source)
+        self.revoke_tunnels({client_id: policy})
 
     async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
         """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
@@ -124,6 +132,36 @@ class ClientControl:
         self._policy_applied(None, settings.policy, source)
         for spec in settings.clients:
             self._policy_applied(spec.client_id, spec.policy, source)
+        policies: dict[str | None, Policy] = {None: settings.policy}
+        policies.update(by_id)
+        self.revoke_tunnels(policies)
+
+    def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
+        """Re-judge every open tunnel (CONNECT, SOCKS5, transparent) of the clients in
+        `policies` under its new policy, with the address it was dialed at; close those it
+        no longer allows, recorded `end: revoked` (docs/policy.md#live-policy-changes).
+        Framework-route forwarders are not client policy and stay. Returns how many closed."""
+        closed = 0
+        for conn in list(self._conns):
+            rec = conn.relaying
+            if not isinstance(rec, AccessRecord) or conn.end is not None:
+                continue
+            if rec.method == "FORWARD" or rec.client_id not in policies:
+                continue
+            try:
+                target = make_target(rec.scheme, rec.host, rec.port)  # type: ignore[arg-type]
+            except TargetError:
+                continue
+            ip = parse_ip_literal(rec.addr) if rec.addr else None
+            addrs = () if ip is None else (ip,)
+            if judge(policies[rec.client_id], self.gate.guard, target, addrs).allowed:
+                continue
+            conn.end = End.REVOKED.value
+            conn.side.abort()
+            if conn.upstream is not None:
+                conn.upstream.abort()
+            closed += 1
+        return closed
 
     def _policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
         """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""

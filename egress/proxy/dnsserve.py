@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .clients import Identity
 from .dnsanswer import DnsResult, FakeIPs, answer_query, refuse_query
 from .listener import Listener, parse_listen, peer_text
-from .netns import call_in_netns_thread
+from .netns import call_in_netns
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -82,6 +82,8 @@ def _emit(steps: Steps, event: dict[str, object]) -> None:
     """As `Steps.emit`, for a record that is not an `AccessRecord` (a DNS record)."""
     if steps.audit is not None:
         steps.audit.record(event)
+    if steps.metrics is not None:  # docs/metrics.md: DNS records are counted too
+        steps.metrics.record_dns(event)
     for hook in steps.hooks:
         hook(event)
 
@@ -110,8 +112,10 @@ async def open_dns(
     listener = await proxy._open_listener(listener)  # TCP first: it fixes an ephemeral port
     try:
         bound = listener.port
-        sock = call_in_netns_thread(netns, lambda: _udp_socket(host, bound)) if netns else \
-            _udp_socket(host, bound)  # fmt: skip
+        if netns:
+            sock = await call_in_netns(netns, lambda: _udp_socket(host, bound))
+        else:
+            sock = _udp_socket(host, bound)
         transport, _ = await proxy.loop.create_datagram_endpoint(
             lambda: _DnsUdp(proxy.steps, listener), sock=sock
         )

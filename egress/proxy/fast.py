@@ -36,7 +36,7 @@ from ..policy.target import IPAddress
 from . import wire
 from .forward import answer_refusal, finish_exchange, framer_for, request_out, response_out
 from .gate import Refuse, Refused, refuse_upstream, response_step
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .relay import RelayEnded, Side
 
 if TYPE_CHECKING:
@@ -260,8 +260,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     head, used = parsed
     if used != len(data) or head.framing.kind != "none" or head.method == "CONNECT":
         return False
-    t0 = steps.loop.time()
-    rec = AccessRecord(conn.client, head.method, "http", "", 0, t0)
+    rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
     found = steps.gate.request_target(head.target)
     if isinstance(found, Refuse):
         return False
@@ -294,7 +293,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     conn.upstream = upstream
     rec.addr = steps.addr_text(addr)
     steps.opened(conn, rec)
-    side.last_active = t0
+    side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, rec, upstream, addr, target.port)
     side.fast = fx
     upstream.on_wake = fx.on_upstream

@@ -14,12 +14,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError
-from ..policy.target import IPAddress, Target, host_header
+from ..errors import ProtocolError, TargetError
+from ..policy.target import IPAddress, Target, host_header, make_target
 from . import rewrite, wire
 from .chunked import ChunkedScanner
 from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
@@ -40,11 +40,13 @@ class _Request:
 
 async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> bool:
     """One absolute-form request; True if the client connection may serve another."""
-    rec = AccessRecord(conn.client, head.method, "http", "", 0, steps.loop.time())
+    rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
     upstream: Side | None = None
     try:
         parsed = steps.gate.request_target(head.target)
         if isinstance(parsed, Refuse):
+            if parsed.where is not None:  # ws:// names a destination: the policy first
+                await _judge_websocket(steps, conn, head, rec, parsed)
             raise Refused(parsed)
         target, path, explicit_port = parsed
         rec.host, rec.port, rec.path = target.host, target.port, path
@@ -62,6 +64,27 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         return answer_refusal(steps, conn, head, rec, refused.refusal)
     finally:
         conn.upstream = None
+
+
+async def _judge_websocket(
+    steps: Steps, conn: Conn, head: wire.RequestHead, rec: AccessRecord, refusal: Refuse
+) -> None:
+    """A `ws://`/`wss://` request is refused (docs/proxy.md#websocket), but an attempt on a
+    destination the policy refuses is that refusal (403 `block_rule`...), as a curl
+    `Upgrade` request to the same host is; raises `Refused` with it. Returns when the policy
+    may let the destination through, so the caller answers the 400 that says what to do."""
+    assert refusal.where is not None
+    host, port = refusal.where
+    secure = head.target[:6].lower() == "wss://"
+    rec.host, rec.port = host, port
+    try:
+        target = make_target("https" if secure else "http", host, port)
+    except TargetError:
+        return
+    identity = steps.identify(conn, head, rec)
+    early = steps.gate.refuse_early(steps.gate.decide(identity.policy, target))
+    if early is not None:  # no DNS: the 400 is the answer for anything else
+        raise Refused(early)
 
 
 def answer_refusal(
@@ -165,7 +188,7 @@ def finish_exchange(
     rec.bytes_up = conn.side.bytes_relayed
     rec.bytes_down = upstream.bytes_relayed
     conn.side.bytes_relayed = upstream.bytes_relayed = 0
-    rec.finish(steps.loop.time())
+    rec.finish()
     steps.emit(rec, "allow", rec.reason or "", rec.rule, None, resp.status)
     if ok and resp.keep_alive:
         steps.pool.release(upstream, addr, port)

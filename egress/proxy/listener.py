@@ -42,6 +42,9 @@ class Listener:
     # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
     fake_ips: FakeIPs | None = None
     datagram: asyncio.DatagramTransport | None = None
+    # while `prepare_execution` proves the cut, a connection to this listener's own address
+    # is the probe, not the agent (docs/audit-log.md#sandbox-records)
+    probing: bool = False
 
     @property
     def address(self) -> tuple[str, int]:

@@ -20,7 +20,7 @@ from ..reasons import End
 from .clients import Identity
 from .fast import FastClient
 from .listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
-from .netns import listen_in_netns
+from .netns import listen_in_netns_async
 
 if TYPE_CHECKING:
     from .conn import Conn, Limits
@@ -54,7 +54,7 @@ class ListenerControl:
 
     async def _open_listener(self, listener: Listener) -> Listener:
         if listener.netns:
-            sock = listen_in_netns(listener.netns, listener.host, listener.port)
+            sock = await listen_in_netns_async(listener.netns, listener.host, listener.port)
         else:
             sock = listen_socket(listener.host, listener.port, reuse_port=self.reuse_port)
         listener.server = await self.loop.create_server(

@@ -129,6 +129,9 @@ class ProxyMetrics:
         self.requests: Counter[tuple[str | None, str, str]] = Counter()
         self.bytes_up: dict[str | None, int] = {}
         self.bytes_down: dict[str | None, int] = {}
+        # DNS records (transparent mode's responder): counted apart, so request counters stay
+        # one per request while requests + dns_queries equal the audit log's records
+        self.dns_queries: Counter[tuple[str | None, str, str]] = Counter()
         self.open_tunnels = 0
         self.open_connections = open_connections
         self.decision = Histogram()
@@ -153,6 +156,14 @@ class ProxyMetrics:
         )
         if len(pending) >= BATCH:
             self.fold()
+
+    def record_dns(self, event: dict[str, object]) -> None:
+        """Count one DNS record (docs/audit-log.md#dns-records); off the request hot path."""
+        key = (event.get("client_id"), str(event["decision"]), str(event["reason"]))
+        table = self.dns_queries
+        if key not in table and len(table) >= MAX_SERIES:
+            key = ("other", key[1], key[2])  # bounded like the request table
+        table[key] += 1  # type: ignore[index]
 
     def fold(self) -> None:
         """Count the pending records."""
@@ -187,6 +198,10 @@ class ProxyMetrics:
         self.fold()
         return sorted((c or NO_CLIENT, d, r, n) for (c, d, r), n in self.requests.items())
 
+    def dns_series(self) -> list[tuple[str, str, str, int]]:
+        """(client, decision, reason, count) of the DNS records."""
+        return sorted((c or NO_CLIENT, d, r, n) for (c, d, r), n in self.dns_queries.items())
+
     def byte_series(self) -> tuple[dict[str, int], dict[str, int]]:
         """Bytes up and down by client label."""
         self.fold()
@@ -202,6 +217,10 @@ class ProxyMetrics:
             "requests": [
                 {"client_id": c, "decision": d, "reason": r, "count": n}
                 for c, d, r, n in self.request_series()
+            ],
+            "dns_queries": [
+                {"client_id": c, "decision": d, "reason": r, "count": n}
+                for c, d, r, n in self.dns_series()
             ],
             "bytes_up": up,
             "bytes_down": down,

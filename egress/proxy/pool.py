@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..policy.target import IPAddress
 from .gate import Refuse, Refused, refuse_dial
 from .metrics import ProxyMetrics
+from .record import perf_counter_ns, seconds_since
 from .relay import Side
 
 
@@ -45,12 +46,12 @@ class UpstreamPool:
         last: Refuse | None = None
         metrics = self.metrics
         for addr in addrs:
-            t0 = loop.time()
+            t0 = perf_counter_ns()
             try:
                 async with asyncio.timeout(self.connect_timeout):
                     _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
                 if metrics is not None:  # docs/metrics.md: successful connects
-                    metrics.connect.observe(loop.time() - t0)
+                    metrics.connect.observe(seconds_since(t0))
                 return side, addr
             except OSError as exc:  # TimeoutError and ConnectionRefusedError included
                 last = refuse_dial(exc, addr, port)

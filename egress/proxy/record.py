@@ -9,6 +9,17 @@ admitted request carries `rule` and `reason` right after `client_id`.
 
 from __future__ import annotations
 
+from time import perf_counter_ns
+
+# Durations come from the monotonic high-resolution counter, never from the event loop's
+# clock: uvloop's loop time has whole milliseconds, which made every sub-millisecond
+# request 0 or 1 ms in the records, on stderr and in the histograms (docs/audit-log.md).
+
+
+def seconds_since(t0: int) -> float:
+    """Seconds from `t0` (a `perf_counter_ns()` reading) to now."""
+    return (perf_counter_ns() - t0) / 1e9
+
 
 class AccessRecord:
     """What is known so far about one request; `event` renders the audit line's dict."""
@@ -45,18 +56,18 @@ class AccessRecord:
     )
 
     def __init__(
-        self, client: str, method: str, scheme: str, host: str, port: int, t0: float
+        self, client: str, method: str, scheme: str, host: str, port: int, t0: int
     ) -> None:
         self.client = client
         self.method = method
         self.scheme = scheme
         self.host = host
         self.port = port
-        self.t0 = t0  # loop time at the start; not logged
+        self.t0 = t0  # perf_counter_ns() at the start; not logged
         # the `id` of its open record once the upstream was contacted (0: none, or the
         # record was emitted); `reported`: loop time of the open or last progress record
         self.link = 0
-        self.reported = t0
+        self.reported = 0.0
         self.path: str | None = None
         self.identified = False  # client_id is logged (even when None) once identified
         self.client_id: str | None = None
@@ -104,9 +115,11 @@ class AccessRecord:
             ev["mode"] = self.mode
         return ev
 
-    def finish(self, now: float) -> None:
-        """Record the duration (milliseconds, 3 decimals) up to loop time `now`."""
-        self.duration_ms = round((now - self.t0) * 1000, 3)
+    def finish(self, now: int | None = None) -> None:
+        """Record the duration up to `now` (a `perf_counter_ns()` reading, default: now) in
+        milliseconds with 3 decimals (microseconds)."""
+        end = perf_counter_ns() if now is None else now
+        self.duration_ms = round((end - self.t0) / 1e6, 3)
 
     def event(
         self,
@@ -135,11 +148,17 @@ class AccessRecord:
             ev["policy"] = self.policy
         admitted = self.reason is not None
         forward = self.method == "FORWARD"
+        # report-only: what the policy would have done stays in the record whatever happened
+        # after the decision (a DNS or connect failure); only the guard's block overrides it
+        # (docs/audit-log.md#report-only-fields)
+        would = self.would if decision != "block" else None
         if admitted and not forward:
-            ev["rule"] = rule
+            ev["rule"] = rule if would is None else self.rule
             ev["reason"] = reason
-            if self.would is not None:
-                ev["would"] = self.would
+            if would is not None:
+                ev["would"] = would
+                if reason != self.reason:
+                    ev["would_reason"] = self.reason
         if self.addr is not None:
             ev["addr"] = self.addr
         if admitted and forward:
@@ -175,6 +194,8 @@ class AccessRecord:
             ev["status"] = status
         if detail is None:
             detail = self.detail
+        elif would is not None and self.detail is not None and detail != self.detail:
+            detail = f"{self.detail}; then: {detail}"
         if detail is not None:
             ev["detail"] = detail
         if self.count is not None:
@@ -182,4 +203,4 @@ class AccessRecord:
         return ev
 
 
-__all__ = ["AccessRecord"]
+__all__ = ["AccessRecord", "perf_counter_ns", "seconds_since"]

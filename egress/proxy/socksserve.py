@@ -21,7 +21,7 @@ from ..printable import printable
 from . import socks5
 from .clients import Identity
 from .gate import Refused, refuse_request
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .relay import Side
 from .tunnel import check_sni, relay_tunnel
 
@@ -48,7 +48,7 @@ async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | 
 
 async def serve_socks(steps: Steps, conn: Conn) -> None:
     """Serve one SOCKS5 client connection to its end (the caller closes the sockets)."""
-    rec = AccessRecord(conn.client, "CONNECT", "https", "", 0, steps.loop.time())
+    rec = AccessRecord(conn.client, "CONNECT", "https", "", 0, perf_counter_ns())
     rec.mode = "socks5"
     conn.phase, conn.phase_since = "hello", steps.loop.time()
     side = conn.side
@@ -82,7 +82,7 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
         if exc.reply is not None:
             side.write(socks5.reply(exc.reply))
             rec.socks_reply = exc.reply
-        rec.finish(steps.loop.time())
+        rec.finish()
         steps.emit(rec, "error", exc.reason, None, str(exc), None)
         return
     except Refused as refused:
@@ -92,7 +92,7 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
             side.write(socks5.reply(rec.socks_reply))
         if upstream is not None:
             upstream.close()
-        rec.finish(steps.loop.time())
+        rec.finish()
         steps.emit(rec, r.decision, r.reason.value, r.rule, r.detail, None)
         return
     await relay_tunnel(steps, conn, upstream, rec, status=None)

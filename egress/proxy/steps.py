@@ -22,7 +22,7 @@ from .conn import Conn, Limits, idle_of
 from .gate import AUDIT_DOWN, Admit, Gate, Refuse, Refused, refuse_resolve
 from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns, seconds_since
 from .resolve import ResolveError, Resolver
 from .responses import error_response
 from .tally import Tally
@@ -219,6 +219,9 @@ class Steps:
             early = gate.refuse_early(first)
             if early is not None:
                 raise Refused(early)
+            if first.would is not None:  # kept if the lookup or the dial fails after it
+                rec.admitted(first.reason, first.rule)
+                rec.would, rec.detail = first.would, first.detail
             if target.ip is not None:
                 addrs: tuple[IPAddress, ...] = (target.ip,)
             else:
@@ -226,7 +229,7 @@ class Steps:
             verdict = gate.admit(policy, target, first, addrs)
         finally:
             if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
-                metrics.decision.observe(self.loop.time() - rec.t0)
+                metrics.decision.observe(seconds_since(rec.t0))
         if isinstance(verdict, Refuse):
             raise Refused(verdict)
         _admitted(verdict, rec)
@@ -264,7 +267,7 @@ class Steps:
         if metrics is not None:  # docs/metrics.md
             if target.ip is None:  # a resolver cache hit: answered without a wait
                 metrics.dns.observe(0.0)
-            metrics.decision.observe(self.loop.time() - rec.t0)
+            metrics.decision.observe(seconds_since(rec.t0))
         _admitted(verdict, rec)
 
     def check_audit(self) -> None:
@@ -301,20 +304,20 @@ class Steps:
                 "client": rec.client,
                 "bytes_up": conn.side.bytes_relayed,
                 "bytes_down": upstream.bytes_relayed if upstream is not None else 0,
-                "duration_ms": round((now - rec.t0) * 1000, 3),
+                "duration_ms": round((perf_counter_ns() - rec.t0) / 1e6, 3),
             }
         )
 
     async def resolve(self, host: str) -> tuple[IPAddress, ...]:
         metrics = self.metrics
-        t0 = self.loop.time() if metrics is not None else 0.0
+        t0 = perf_counter_ns() if metrics is not None else 0
         try:
             return await self.resolver.resolve(host)
         except (ResolveError, TimeoutError) as exc:
             raise Refused(refuse_resolve(exc, host)) from None
         finally:
             if metrics is not None:
-                metrics.dns.observe(self.loop.time() - t0)
+                metrics.dns.observe(seconds_since(t0))
 
     def addr_text(self, addr: IPAddress) -> str:
         text = self._addr_texts.get(addr)
@@ -349,7 +352,7 @@ class Steps:
         """A record naming the listener, its mode and the client when known; refusal floods
         become one record per client, listener and reason per second (`tally.py`)."""
         listener = conn.listener
-        rec = AccessRecord(conn.client, "-", "", "", 0, 0.0)
+        rec = AccessRecord(conn.client, "-", "", "", 0, perf_counter_ns())
         rec.listener = join_host_port(listener.host, listener.port)
         rec.mode = "forward" if listener.forward_to is not None else listener.kind
         rec.end = end
@@ -384,7 +387,7 @@ class Steps:
                 refusal.reason, refusal.detail, status=refusal.status, close=close
             )
             conn.side.write(data)
-        rec.finish(self.loop.time())
+        rec.finish()
         reason = refusal.reason.value  # a plain str in the event, as before the enum
         self.emit(rec, refusal.decision, reason, refusal.rule, refusal.detail, status)
 

@@ -36,7 +36,7 @@ from .clients import Identity
 from .conn import read_head
 from .forward import serve_request
 from .gate import Refuse, Refused, refuse_head, refuse_request
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .tunnel import read_hello, relay_tunnel, report_would_block
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
         return
     addr, port = dst
     conn.orig_dst = f"{addr}:{port}"
+    if conn.listener.probing and (str(addr), port) == conn.listener.address:
+        _probed(steps, conn, identity)
+        return
     pool = conn.listener.fake_ips
     name = pool.name_for(addr) if pool is not None else None
     if port == HTTP_PORT:
@@ -93,8 +96,24 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
         await _serve_raw(steps, conn, identity, name or str(addr), port)
 
 
+def _probed(steps: Steps, conn: Conn, identity: Identity) -> None:
+    """`prepare_execution`'s probe of this listener: a lifecycle record (method PROBE), not
+    a request the agent made (docs/audit-log.md#sandbox-records); the connection is closed."""
+    rec = AccessRecord(conn.client, "PROBE", "tcp", *conn.listener.address, perf_counter_ns())
+    rec.mode, rec.orig_dst = "transparent", conn.orig_dst
+    rec.identify(identity.client_id)
+    conn.side.close()
+    rec.finish()
+    detail = "prepare_execution's probe of the transparent listener"
+    event = rec.event("allow", Reason.LISTENER_PROBE.value, None, detail)
+    if steps.audit is not None:  # not a request: no metrics, not in the execution summary
+        steps.audit.record(event)
+    for hook in steps.hooks:
+        hook(event)
+
+
 def _record(steps: Steps, conn: Conn, host: str, port: int) -> AccessRecord:
-    rec = AccessRecord(conn.client, "CONNECT", "https", host, port, steps.loop.time())
+    rec = AccessRecord(conn.client, "CONNECT", "https", host, port, perf_counter_ns())
     rec.mode, rec.orig_dst = "transparent", conn.orig_dst
     return rec
 
@@ -160,7 +179,7 @@ def _reset(steps: Steps, conn: Conn, rec: AccessRecord, refusal: Refuse) -> None
     if conn.upstream is not None:
         conn.upstream.close()
     rec.end = End.RESET.value
-    rec.finish(steps.loop.time())
+    rec.finish()
     steps.emit(rec, refusal.decision, refusal.reason.value, refusal.rule, refusal.detail, None)
 
 

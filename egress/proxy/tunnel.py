@@ -16,7 +16,7 @@ from ..policy.target import parse_ip_literal
 from ..reasons import End, Reason
 from . import wire
 from .gate import Admit, Refuse, Refused
-from .record import AccessRecord
+from .record import AccessRecord, perf_counter_ns
 from .relay import RelayEnded, Side
 from .responses import CONNECT_OK
 from .sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:
     """One CONNECT: target, identity, verdict, dial, `200`, SNI check, relay, record."""
-    rec = AccessRecord(conn.client, "CONNECT", "https", head.target, 0, steps.loop.time())
+    rec = AccessRecord(conn.client, "CONNECT", "https", head.target, 0, perf_counter_ns())
     upstream: Side | None = None
     try:
         target = steps.gate.connect_target(head.target)
@@ -106,6 +106,9 @@ async def relay_tunnel(
     """Relay both directions until both end (or one fails), then write the record
     (`status` None: SOCKS5 and transparent tunnels have no HTTP status)."""
     assert upstream is not None
+    conn.relaying = (
+        rec  # re-judged if its client's policy changes (docs/policy.md#live-policy-changes)
+    )
     metrics = steps.metrics
     if metrics is not None:
         metrics.open_tunnels += 1
@@ -130,18 +133,18 @@ async def relay_tunnel(
     rec.bytes_up = conn.side.bytes_relayed
     rec.bytes_down = upstream.bytes_relayed
     rec.end = end
-    rec.finish(steps.loop.time())
+    rec.finish()
     steps.emit(rec, "allow", rec.reason or "", rec.rule, None, status)
 
 
 async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int]) -> None:
     """A forwarder connection: relay it to the listener's framework route."""
     host, port = forward_to
-    rec = AccessRecord(conn.client, "FORWARD", "tcp", host, port, steps.loop.time())
+    rec = AccessRecord(conn.client, "FORWARD", "tcp", host, port, perf_counter_ns())
     bound = conn.listener.identity
     rec.identify(bound.client_id if bound is not None else None)
-    if bound is not None:
-        rec.policy = bound.policy.digest
+    # no `policy` hash: the route decides, not a policy the log ever recorded
+    # (docs/audit-log.md#request-records)
     conn.phase, conn.served = "active", True
     try:
         steps.check_audit()
@@ -149,7 +152,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
         addrs = (ip,) if ip is not None else await steps.resolve(host)
         upstream, addr = await steps.pool.dial(addrs, port)
     except Refused as refused:
-        rec.finish(steps.loop.time())
+        rec.finish()
         r = refused.refusal
         steps.emit(rec, r.decision, r.reason.value, None, r.detail, None)
         return

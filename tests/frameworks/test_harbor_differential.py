@@ -132,6 +132,7 @@ def _ours(policy: Policy, host: str, port: int) -> bool | None:
     return decisions.pop()
 
 
+@pytest.mark.timeout(900)  # a first run installs Harbor into a venv of its own
 def test_from_harbor_decides_as_harbor(tmp_path_factory: pytest.TempPathFactory) -> None:
     venv = harbor_venv(tmp_path_factory.getbasetemp())
     rng = random.Random(int(os.environ.get("EGRESS_HARBOR_DIFF_SEED", "21")))

@@ -116,3 +116,19 @@ async def test_refused_when_the_audit_log_cannot_be_written(
     rc, out, err = await run("ip", "netns", "exec", resolv_conf.ns, sys.executable, "-c", script)
     assert rc == 0, err
     assert out.strip() == "REFUSED 0"
+
+
+async def test_dns_records_are_counted_in_the_metrics(
+    resolv_conf: harness.TestHost, responder: tuple[EgressProxy, Listener, MemoryAudit]
+) -> None:
+    """Issue 19 item 9: DNS records were written to the audit log but missing from the
+    metrics; now every one is counted (docs/metrics.md)."""
+    proxy, _listener, audit = responder
+    for name in ("www.allowed.test", "bad.allowed.test"):
+        await run("ip", "netns", "exec", resolv_conf.ns, "getent", "ahostsv4", name)
+    await audit.wait_for(host="bad.allowed.test", qtype="A")
+    dns_records = [e for e in audit.events if e.get("method") == "DNS"]
+    rows: list[dict[str, object]] = proxy.metrics()["dns_queries"]  # type: ignore[assignment]
+    assert sum(int(r["count"]) for r in rows) == len(dns_records)  # type: ignore[call-overload]
+    seen = {(r["client_id"], r["decision"]) for r in rows}
+    assert seen >= {("sb", "allow"), ("sb", "block")}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import harness
@@ -39,3 +43,45 @@ def test_stray_benchmark_address_fails_locally() -> None:
     # The safety net: no test host holds 198.18.255.254, so the prohibit route answers.
     r = harness.ip("route", "get", "198.18.255.254", check=False)
     assert "prohibit" in r.stdout or r.returncode != 0
+    mine = harness.ip("route", "show", "type", "prohibit", harness.SAFETY_NET).stdout
+    assert f"metric {os.getpid()}" in mine, "this session's own route, whoever else runs"
+
+
+SESSION = """
+import sys
+sys.path.insert(0, {tests!r})
+import harness
+with harness.safety_net({net!r}) as added:
+    print(added, flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_the_safety_net_outlives_a_concurrent_session_that_ends_first() -> None:
+    """Several checkouts run their tests on one machine at once. With one shared route, the
+    session that added it removed it when it ended, while a later one still relied on it.
+    Two sessions here, on an unused /30 of the test range: the first ends, the second's net
+    holds; after both, nothing is left."""
+    net = "198.19.254.248/30"
+
+    def held() -> str:
+        return harness.ip("route", "show", "type", "prohibit", net).stdout.strip()
+
+    code = SESSION.format(tests=os.path.dirname(harness.__file__), net=net)
+    first, second = (
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    )
+    try:
+        for session in (first, second):
+            assert session.stdout is not None
+            assert session.stdout.readline().strip() == "True"
+        first.communicate("", timeout=60)
+        assert held() == f"prohibit {net} metric {second.pid}"
+    finally:
+        for session in (first, second):
+            if session.poll() is None:
+                session.communicate("", timeout=60)
+    assert held() == ""

@@ -92,3 +92,27 @@ async def test_raw_socks_names_never_reach_summaries_or_callbacks() -> None:
     for text in hosts:
         assert not any(c in text for c in UNSAFE), repr(text)
     assert seen[0]["decision"] != "allow"
+
+
+async def test_a_sandbox_summary_stays_bounded_over_real_sockets() -> None:
+    """Item 4 over real SOCKS connections: distinct names beyond the summary's bound are
+    folded into `other`, never kept one by one (the 200k-host RSS test is in
+    tests/unit/test_summary_bounds.py)."""
+    proxy = EgressProxy(Policy(), socks=["127.0.0.1:0"])
+    async with proxy:
+        proxy.add_client(ClientSpec("sb", Policy(block=["blocked.test"]), token="tok"))
+        summary = proxy.track_execution("sb")
+        summary.max_hosts = 20
+        await socks_connect(*proxy.socks_addresses[0], "blocked.test", "sb", "tok")
+        for i in range(100):
+            await socks_connect(*proxy.socks_addresses[0], f"h{i}.agent.test", "sb", "tok")
+            assert len(summary.by_host) <= 40
+        async with asyncio.timeout(10):
+            while summary.total < 101:
+                await asyncio.sleep(0.01)
+        final = proxy.execution_summary("sb", stop=True)
+    assert final.total == 101
+    assert len(final.by_host) == 20
+    assert final.other_hosts == 81
+    assert sum(final.other.values()) == 81
+    assert "blocked.test" in final.blocked_hosts

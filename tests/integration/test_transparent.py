@@ -343,7 +343,19 @@ async def test_a_direct_connection_to_the_listener_is_refused(scene: Scene) -> N
     guard (or the policy) refuses; never a loop back into the proxy."""
     _, out, err = await agent(scene, sys.executable, "-c", RAW_CLIENT, "127.0.0.1", "15001")
     assert out.startswith("refused") or "banner  reply" in out, (out, err)
-    event = await scene.audit.wait_for(mode="transparent", orig_dst="127.0.0.1:15001")
+    event = await scene.audit.wait_for(
+        mode="transparent", orig_dst="127.0.0.1:15001", method="CONNECT"
+    )
     assert event["decision"] == "block"
     assert event["reason"] in ("default_deny", "port_not_allowed", "reserved_address")
     assert "addr" not in event
+
+
+async def test_the_cuts_probe_is_recorded_as_a_probe(scene: Scene) -> None:
+    """prepare_execution's probe of the transparent listener is no request the agent made:
+    a lifecycle record (method PROBE), never `block CONNECT 127.0.0.1:15001`."""
+    probes = scene.audit.find(reason="listener_probe")
+    assert probes, scene.audit.events
+    assert all(p["method"] == "PROBE" and p["decision"] == "allow" for p in probes)
+    assert all(p["orig_dst"] == "127.0.0.1:15001" for p in probes)
+    assert not scene.audit.find(method="CONNECT", orig_dst="127.0.0.1:15001")

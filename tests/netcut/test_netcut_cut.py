@@ -178,6 +178,12 @@ def test_privileged_process_in_target_is_refused(topo: Topology) -> None:
         with pytest.raises(netcut.UnsafeTarget) as info:
             netcut.cut(topo.sandbox, [topo.proxy])
         assert f"pid {proc.pid}" in str(info.value)
+        # A dry run runs the same safety scan: it says what the cut would do, a refusal too.
+        with pytest.raises(netcut.UnsafeTarget, match="CAP_NET_ADMIN"):
+            netcut.cut(topo.sandbox, [topo.proxy], dry_run=True)
+        dry = cli("cut", "--netns", topo.sandbox, "--keep", topo.proxy, "--dry-run")
+        assert dry.returncode == 2, dry.stdout
+        assert f"pid {proc.pid}" in dry.stderr
         assert "CAP_NET_ADMIN" in str(info.value)
         assert netcut.status(topo.sandbox).state == "not cut"
         assert netcut.cut(topo.sandbox, [topo.proxy], allow_privileged=True).changed
@@ -286,7 +292,7 @@ def test_dry_run_and_status_cli(topo: Topology) -> None:
     assert topo.routes() == routes
 
     st = cli("status", "--netns", topo.sandbox)
-    assert st.returncode == 0
+    assert st.returncode == 4, "exit 0 only for cut (docs/netcut.md#exit-codes)"
     assert st.stdout.splitlines()[0] == "not cut"
     after = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout
     assert after == tables, "a dry run and a status change nothing, not even table registration"
@@ -297,6 +303,7 @@ def test_dry_run_and_status_cli(topo: Topology) -> None:
     assert json.loads(st.stdout)["cut"] is True
     st = cli("status", "--netns", topo.sandbox)
     assert st.stdout.splitlines()[0] == "cut"
+    assert st.returncode == 0
 
 
 def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
@@ -308,6 +315,9 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     status = netcut.status(topo.sandbox)
     assert status.state == "partial"
     assert status.lines()[0] == "partial"
+    st = cli("status", "--netns", topo.sandbox, "--json")
+    assert st.returncode == 3, "partial has its own code (docs/netcut.md#exit-codes)"
+    assert json.loads(st.stdout)["state"] == "partial"
     assert "iptables: chain NETCUT is gone" in status.details
     again = netcut.cut(topo.sandbox, [topo.proxy])  # repairs the partial cut to its plan
     assert again.changed
@@ -397,19 +407,18 @@ def test_a_wedged_worker_is_killed_and_replaced() -> None:
 
 
 def test_worker_inherits_none_of_the_callers_descriptors(tmp_path: pathlib.Path) -> None:
-    with nsexec._lock:  # start from no worker
-        if nsexec._worker is not None:
-            nsexec._worker.kill()
-            nsexec._worker = None
+    nsexec.stop_workers()  # start from no worker
     marker = tmp_path / "caller-only"
     with open(marker, "w"), socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         netcut.start_worker()
-        worker = nsexec._worker
-        assert worker is not None
-        fd_dir = f"/proc/{worker.pid}/fd"
-        links = {os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)}
+        pids = nsexec.worker_pids()
+        assert pids
+        links = set()
+        for pid in pids:
+            fd_dir = f"/proc/{pid}/fd"
+            links |= {os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)}
         listening = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
     assert str(marker) not in links
     assert listening not in links

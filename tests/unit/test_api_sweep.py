@@ -75,6 +75,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "max_pending_bytes": "count",
             "events_maxlen": "count",
             "close_timeout": "number",
+            "worker": "list?",
         },
     ),
     "EgressProxy": (

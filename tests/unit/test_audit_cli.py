@@ -62,7 +62,14 @@ def test_summarize_json_counts(sample_log: list[str], capsys: pytest.CaptureFixt
     assert err == ""
     summary = json.loads(out)
     total = sum(count for count, _ in SAMPLE)
-    assert summary["totals"] == {"events": total, "allow": 77, "block": 28, "error": 2, "other": 0}
+    assert summary["totals"] == {
+        "events": total,
+        "allow": 77,
+        "block": 28,
+        "error": 2,
+        "other": 0,
+        "lifecycle": 0,
+    }
     assert summary["runs"] == 1
     assert as_counts(summary["by_host"]) == expected_counts("host")
     assert as_counts(summary["by_reason"]) == expected_counts("reason")
@@ -304,6 +311,12 @@ async def test_follower_with_gap_filler_survives_rotation_faster_than_polls(tmp_
 
 
 async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
+    """`tail -f` in a child process follows the log through rotation. In lockstep, so that no
+    timing decides the outcome: each `block` record (the ones it prints) is flushed and then
+    awaited on the child's stdout before the next records are written, so the child is known
+    to have started (and opened the log) before the first rotation, and each rotation renames
+    a file the child has read to its end. (Rotations faster than the reader: the in-process
+    test above.)"""
     path = tmp_path / "audit.jsonl"
     script = textwrap.dedent("""
         import sys
@@ -324,8 +337,9 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert child.stdout is not None
+    seen: list[str] = []
     try:
-        await asyncio.sleep(0.3)  # the log does not exist yet: tail -f waits for it
         async with AuditLog(str(path), rotate_bytes=1500) as log:
             for port in range(30):
                 decision = "block" if port % 3 == 0 else "allow"
@@ -340,17 +354,16 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
                         "rule": None,
                     }
                 )
-                await asyncio.sleep(0.03)  # a file lasts ~0.2 s, many polls (see docs)
+                if decision == "block":
+                    await log.flush()
+                    # a bound for a hung child, not a measurement
+                    line = await asyncio.wait_for(child.stdout.readline(), timeout=120)
+                    seen.append(line.decode())
         assert list(tmp_path.glob("audit.jsonl.*.gz"))  # it did rotate under the follower
-        seen = []
-        assert child.stdout is not None
-        while len(seen) < 10:
-            line = await asyncio.wait_for(child.stdout.readline(), timeout=10)
-            seen.append(line.decode())
         assert [int(line.split()[3].rsplit(":", 1)[1]) for line in seen] == list(range(0, 30, 3))
     finally:
         child.send_signal(signal.SIGINT)
-        code = await asyncio.wait_for(child.wait(), timeout=10)
+        code = await asyncio.wait_for(child.wait(), timeout=60)
     assert code == 0
 
 

@@ -148,16 +148,61 @@ def test_harbor_bad_mode() -> None:
         from_harbor({"network_mode": "sometimes"})
 
 
+# verifiers 0.4's NetworkPolicyConfig (issue 21): each case was decided otherwise before
+# (tests/frameworks/test_verifiers_differential.py compares thousands against verifiers)
 VERIFIERS = [
-    ("no-access", {"network_access": False}, "example.com", False),
-    ("no-access-allow", {"network_access": False, "allow": ["example.com"]}, "example.com", True),
-    ("access", {"network_access": True}, "example.com", True),
-    ("access-block", {"network_access": True, "block": ["example.com"]}, "example.com", False),
+    # the default allow=["*"] is every port, not 80/443
+    ("default-any-port", {}, ("https", "example.com", 8443), True),
+    ("star-any-port", {"allow": ["*"]}, ("http", "198.18.0.2", 22), True),
+    # a bare block domain covers its subdomains
+    ("block-subdomain", {"block": ["example.com"]}, ("https", "sub.example.com", 443), False),
+    ("block-apex", {"block": ["example.com"]}, ("http", "example.com", 8080), False),
+    ("block-other", {"block": ["example.com"]}, ("https", "example.org", 443), True),
+    # `*.x` is subdomains only
+    ("star-dot-no-apex", {"allow": ["*.example.com"]}, ("https", "example.com", 443), False),
+    ("star-dot-sub", {"allow": ["*.example.com"]}, ("https", "a.b.example.com", 22), True),
+    # a host rule is every port and scheme; a URL origin its own
+    ("host-any-port", {"allow": ["a.test"]}, ("http", "a.test", 8080), True),
+    ("url-scheme", {"allow": ["https://a.test"]}, ("http", "a.test", 443), False),
+    ("url-port", {"allow": ["https://a.test"]}, ("https", "a.test", 443), True),
+    # framework-only: network_access=False, allow=[], a `*` in block
+    ("no-access", {"network_access": False}, ("https", "example.com", 443), False),
+    ("empty-allow", {"allow": []}, ("https", "example.com", 443), False),
+    ("star-block", {"block": ["x.test", "*"]}, ("https", "example.com", 443), False),
+    # TaskData lists (alone: over the default runtime config)
+    ("task-allow", {"network_allow": ["a.test"]}, ("https", "a.test", 22), True),
+    ("task-allow-other", {"network_allow": ["a.test"]}, ("https", "b.test", 443), False),
+    ("task-block", {"network_block": ["a.test"]}, ("https", "x.a.test", 443), False),
 ]
 
 
 @pytest.mark.parametrize(
-    ("settings", "host", "want"), [c[1:] for c in VERIFIERS], ids=[c[0] for c in VERIFIERS]
+    ("settings", "dest", "want"), [c[1:] for c in VERIFIERS], ids=[c[0] for c in VERIFIERS]
 )
-def test_verifiers_mapping(settings: dict[str, object], host: str, want: bool) -> None:
-    assert allowed(from_verifiers(settings), host) is want
+def test_verifiers_mapping(
+    settings: dict[str, object], dest: tuple[str, str, int], want: bool
+) -> None:
+    scheme, host, port = dest
+    assert allowed(from_verifiers(settings), host, port, scheme) is want
+
+
+def test_verifiers_task_intersects_the_runtime_allow_list() -> None:
+    policy = from_verifiers({"allow": ["*.test"]}, task={"network_allow": ["a.test", "b.org"]})
+    assert [r.text for r in policy.allow_rules] == ["a.test:*"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"allow": ["a.test"], "block": ["b.test"]}, "mutually exclusive"),
+        ({"network_access": False, "allow": ["a.test"]}, "network_access=false"),
+        ({"allow": ["*"], "extra": 1}, "unknown key"),
+        ({"network_allow": ["a.test"], "image": "x"}, "unknown key"),
+        ({"allow": "*"}, "allow"),
+        ({"allow": ["[0:0::1]"]}, "cannot be expressed exactly"),
+    ],
+    ids=["allow-and-block", "no-access-with-rules", "unknown", "task-unknown", "str", "ip"],
+)
+def test_verifiers_refusals(settings: dict[str, object], match: str) -> None:
+    with pytest.raises(PolicyError, match=match):
+        from_verifiers(settings)

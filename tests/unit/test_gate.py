@@ -243,7 +243,12 @@ def test_playbook(row: Row) -> None:
 
 
 # written by the sandbox lifecycle (boundary/sandboxes.py), not by the gate
-LIFECYCLE = {Reason.SANDBOX_ADDED, Reason.SANDBOX_REPLACED, Reason.SANDBOX_REMOVED}
+LIFECYCLE = {
+    Reason.SANDBOX_ADDED,
+    Reason.SANDBOX_REPLACED,
+    Reason.SANDBOX_REMOVED,
+    Reason.LISTENER_PROBE,
+}
 # connection slots (admission.py; tests/unit/test_admission.py, test_connection_slots.py)
 SLOTS = {Reason.IDENTIFY_TIMEOUT, Reason.EVICTED}
 

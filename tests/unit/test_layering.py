@@ -17,6 +17,7 @@ PURE = [
     "policy.addrs",
     "policy.judge",
     "policy.compose",
+    "policy.verifiers",
     "proxy.gate",
     "proxy.record",
     "proxy.responses",

@@ -92,3 +92,29 @@ def test_usage_errors_are_json_with_json(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         main(["cut", "--netns", "x", "--bogus"])
     assert capsys.readouterr().out == ""  # without --json, stdout stays empty
+
+
+@pytest.mark.parametrize("command", ["cut", "probe"])
+def test_every_cut_and_probe_flag_has_help(command: str) -> None:
+    from netcut.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and command in a.choices)
+    assert isinstance(sub.choices, dict)
+    flags = [a for a in sub.choices[command]._actions if a.option_strings]
+    assert len(flags) > 8
+    silent = [a.option_strings[0] for a in flags if not a.help]
+    assert silent == []
+
+
+def test_status_exit_codes_are_distinct_and_documented() -> None:
+    import pathlib
+
+    from netcut.cli import STATUS_EXIT
+
+    assert STATUS_EXIT["cut"] == 0
+    assert len(set(STATUS_EXIT.values())) == 3
+    assert not {1, 2} & {STATUS_EXIT["partial"], STATUS_EXIT["not cut"]}, "1 and 2 mean others"
+    docs = (pathlib.Path(__file__).parents[2] / "docs" / "netcut.md").read_text()
+    for state, code in STATUS_EXIT.items():
+        assert f"**{code}** `{state}`" in docs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -247,10 +248,10 @@ def test_kill_flows_spares_kept_and_local_peers() -> None:
         (DelRoute(CONNECTED), AddRoute(CONNECTED)),
         (SetSysctl("k", "1", "0"), SetSysctl("k", "0", "1")),
         (AddBackstop(AF_INET, ()), RemoveBackstop(AF_INET)),
-        (DelAddr(ADDRS[3]), AddAddr(Addr(AF_INET6, "fe80::1", 64, 2, "eth0", 0x82, 253))),
+        (DelAddr(ADDRS[3]), AddAddr(Addr(AF_INET6, "fe80::1", 64, 2, "eth0", 0x80, 253))),
         (KillFlows(()), None),
     ],
-    ids=["add-route", "del-route", "sysctl", "backstop", "addr-nodad", "flows"],
+    ids=["add-route", "del-route", "sysctl", "backstop", "addr-as-it-was", "flows"],
 )
 def test_invert(op: object, inverse: object) -> None:
     assert invert(op) == inverse  # type: ignore[arg-type]
@@ -266,6 +267,16 @@ def test_restore_is_the_reverse_of_the_cut_plus_stray_marks() -> None:
     re_added = [op.route for op in undo.ops if isinstance(op, AddRoute)]
     assert re_added == [V6_LL, CONNECTED, DEFAULT], "connected routes before gateways"
     assert DelRoute(stray) in undo.ops
+
+
+def test_restore_of_a_journal_undoes_what_ran_and_the_op_in_flight() -> None:
+    plan = plan_cut(state(), (PROXY,))
+    killed = replace(plan, applied=2)  # ops 0 and 1 noted; op 2 may have run unnoted
+    undo = plan_restore(killed, state(backstop=(AF_INET,)))
+    expected = [inv for op in reversed(plan.ops[:3]) if (inv := invert(op)) is not None]
+    assert list(undo.ops[: len(expected)]) == expected
+    assert not any(isinstance(op, SetSysctl) for op in undo.ops), "sysctls never ran"
+    assert undo.complete
 
 
 def test_restore_without_record_removes_marks_only() -> None:

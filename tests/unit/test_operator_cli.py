@@ -24,7 +24,8 @@ def test_demo_help_prints_help_and_runs_nothing() -> None:
         timeout=60,
     )
     assert out.returncode == 0
-    assert out.stdout.startswith("usage: ./dev.sh demo")
+    # `python -m egress.demo --help` said `usage: ./dev.sh demo` (issue 22)
+    assert out.stdout.startswith("usage: python -m egress.demo ")
     assert "--audit-log PATH" in out.stdout
     assert "an agent's network, cut down" not in out.stdout  # the story did not start
 

@@ -10,13 +10,13 @@ def keys(ev: dict[str, object]) -> list[str]:
 
 
 def test_allowed_request() -> None:
-    rec = AccessRecord("127.0.0.1:5", "GET", "http", "x.test", 80, 1.0)
+    rec = AccessRecord("127.0.0.1:5", "GET", "http", "x.test", 80, 1_000_000_000)
     rec.path = "/"
     rec.identify(None)
     rec.admitted("allow_rule", "x.test")
     rec.addr, rec.status = "198.18.0.1", 200
     rec.bytes_up, rec.bytes_down = 10, 20
-    rec.finish(1.5)
+    rec.finish(1_500_000_000)
     assert keys(rec.event("allow", "allow_rule", "x.test", None, 200)) == [
         "client",
         "method",
@@ -35,15 +35,17 @@ def test_allowed_request() -> None:
         "decision",
     ]
     assert rec.duration_ms == 500.0
+    rec.finish(1_000_223_456)  # nanoseconds in, microseconds out (never whole ms only)
+    assert rec.duration_ms == 0.223
 
 
 def test_tunnel_and_sni_refusal() -> None:
-    rec = AccessRecord("c", "CONNECT", "https", "x.test", 443, 0.0)
+    rec = AccessRecord("c", "CONNECT", "https", "x.test", 443, 0)
     rec.identify("task")
     rec.admitted("allow_rule", "x.test")
     rec.addr, rec.status, rec.sni = "198.18.0.1", 200, "ok.test"
     rec.bytes_up, rec.bytes_down, rec.end = 1, 2, "eof"
-    rec.finish(0.1)
+    rec.finish(100_000_000)
     assert keys(rec.event("allow", "allow_rule", "x.test", None, 200)) == [
         "client",
         "method",
@@ -62,11 +64,11 @@ def test_tunnel_and_sni_refusal() -> None:
         "duration_ms",
         "decision",
     ]
-    refused = AccessRecord("c", "CONNECT", "https", "x.test", 443, 0.0)
+    refused = AccessRecord("c", "CONNECT", "https", "x.test", 443, 0)
     refused.identify(None)
     refused.admitted("allow_rule", "x.test")
     refused.addr, refused.status, refused.sni = "198.18.0.1", 200, "evil.test"
-    refused.finish(0.1)
+    refused.finish(100_000_000)
     ev = refused.event("block", "sni_mismatch", None, "SNI 'evil.test' not allowed", 200)
     assert keys(ev) == [
         "client",
@@ -88,10 +90,10 @@ def test_tunnel_and_sni_refusal() -> None:
 
 
 def test_refusals() -> None:
-    rec = AccessRecord("c", "GET", "http", "x.test", 80, 0.0)
+    rec = AccessRecord("c", "GET", "http", "x.test", 80, 0)
     rec.path = "/"
     rec.identify(None)
-    rec.finish(0.0)
+    rec.finish(0)
     assert keys(rec.event("block", "default_deny", None, "no", 403)) == [
         "client",
         "method",
@@ -107,7 +109,7 @@ def test_refusals() -> None:
         "status",
         "detail",
     ]
-    early = AccessRecord("c", "-", "", "", 0, 0.0)
+    early = AccessRecord("c", "-", "", "", 0, 0)
     assert keys(early.event("error", "bad_request", None, "bad", 400)) == [
         "client",
         "method",
@@ -123,12 +125,12 @@ def test_refusals() -> None:
 
 
 def test_forwarder() -> None:
-    rec = AccessRecord("c", "FORWARD", "tcp", "127.0.0.1", 8080, 0.0)
+    rec = AccessRecord("c", "FORWARD", "tcp", "127.0.0.1", 8080, 0)
     rec.identify("task")
     rec.addr = "127.0.0.1"
     rec.admitted("framework_route", "http://127.0.0.1:8080")
     rec.bytes_up, rec.bytes_down, rec.end = 1, 2, "eof"
-    rec.finish(0.0)
+    rec.finish(0)
     assert keys(rec.event("allow", "framework_route", "http://127.0.0.1:8080", None, 200)) == [
         "client",
         "method",
@@ -146,3 +148,23 @@ def test_forwarder() -> None:
         "decision",
         "status",
     ]
+
+
+def test_report_only_keeps_would_and_rule_after_a_failure() -> None:
+    """A would-be block whose name then failed DNS: the record still says what the policy
+    would have done (docs/audit-log.md#report-only-fields)."""
+    rec = AccessRecord("c", "GET", "http", "blocked.test", 80, 0)
+    rec.identify(None)
+    rec.admitted("block_rule", "blocked.test")
+    rec.would, rec.detail = "block", "report-only, would block: blocked by rule 'blocked.test'"
+    ev = rec.event("error", "dns_error", None, "blocked.test: name does not resolve", 502)
+    assert (ev["decision"], ev["reason"], ev["would"]) == ("error", "dns_error", "block")
+    assert (ev["rule"], ev["would_reason"]) == ("blocked.test", "block_rule")
+    assert ev["detail"] == (
+        "report-only, would block: blocked by rule 'blocked.test'; "
+        "then: blocked.test: name does not resolve"
+    )
+    # the address guard is not in report mode: its block carries no `would`
+    ev = rec.event("block", "reserved_address", None, "127.0.0.1 is reserved", 403)
+    assert "would" not in ev
+    assert ev["rule"] is None

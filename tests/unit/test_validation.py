@@ -447,5 +447,6 @@ def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, objec
         except PolicyError:
             continue
         assert policy.default in ("deny", "allow")
-        if mapping is from_verifiers:
-            assert (policy.default == "allow") == (task.get("network_access") is True)
+        if mapping is from_verifiers and task.get("network_access") is False:
+            assert policy.default == "deny"  # framework-only
+            assert not policy.allow_rules

@@ -1,0 +1,99 @@
+"""Checks of `egress.integrations.harbor` that need Harbor's own classes but no sandbox; run
+in Harbor's venv by `test_harbor_environments.py` (prints `ok N` per check, exits 1 on the
+first failure).
+
+- `EgressDockerEnvironment` is Harbor's docker environment without its gost sidecar: Harbor's
+  own start-up validation accepts allowlist and no-network phases, and the compose project
+  gets no sidecar (`_enable_egress_control` is what adds it);
+- Harbor itself refuses an IPv6 allowlist entry before start (a cut sandbox has no IPv6);
+- `phase_policy` turns the model host into a framework route and composes an evaluator.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from harbor.models.task.config import EnvironmentConfig, NetworkPolicy
+from harbor.models.trial.paths import TrialPaths
+
+from egress import Policy, make_target
+from egress.integrations.harbor import (
+    EgressDockerEnvironment,
+    NamespaceEnvironment,
+    phase_policy,
+)
+
+ALLOW = NetworkPolicy(network_mode="allowlist", allowed_hosts=["pypi.org", "198.18.0.1"])
+NONE = NetworkPolicy(network_mode="no-network")
+V6 = NetworkPolicy(network_mode="allowlist", allowed_hosts=["2001:db8::1"])
+
+
+def environment(cls: type, tmp: Path, phases: list[NetworkPolicy]) -> object:
+    env_dir = tmp / "environment"
+    env_dir.mkdir(exist_ok=True)
+    (env_dir / "Dockerfile").write_text("FROM scratch\n")
+    return cls(
+        environment_dir=env_dir,
+        environment_name="t",
+        session_id="t1__env",
+        trial_paths=TrialPaths(tmp / "trial"),
+        task_env_config=EnvironmentConfig(),
+        network_policy=NetworkPolicy(),
+        phase_network_policies=phases,
+    )
+
+
+def check_docker(tmp: Path) -> None:
+    env = environment(EgressDockerEnvironment, tmp, [ALLOW, NONE])
+    caps = env.capabilities  # type: ignore[attr-defined]
+    assert caps.network_allowlist
+    assert caps.dynamic_network_policy
+    assert caps.disable_internet
+    assert env._enable_egress_control is False  # type: ignore[attr-defined]  # no sidecar
+
+
+def check_namespace(tmp: Path) -> None:
+    env = environment(NamespaceEnvironment, tmp, [ALLOW, NONE])
+    assert env.capabilities.network_allowlist_wildcard_hostnames  # type: ignore[attr-defined]
+
+
+def refusal(cls: type, tmp: Path, phases: list[NetworkPolicy]) -> str:
+    try:
+        environment(cls, tmp, phases)
+    except ValueError as exc:
+        return str(exc)
+    return f"{cls.__name__} accepted {phases}"
+
+
+def check_ipv6_refused_by_harbor(tmp: Path) -> None:
+    for cls in (EgressDockerEnvironment, NamespaceEnvironment):
+        message = refusal(cls, tmp, [V6])
+        assert "IPv6 addresses is not supported" in message, message
+
+
+def check_phase_policy(_: Path) -> None:
+    policy = phase_policy(ALLOW, ["http://198.18.0.1:8089/v1"])
+    assert [r.text for r in policy.allow_rules] == ["pypi.org:*"]
+    assert policy.decide(make_target("https", "pypi.org", 22)).allowed
+    # the model host is not an any-port allow rule (prepare_execution adds the route)
+    assert not policy.decide(make_target("http", "198.18.0.1", 80)).allowed
+    evaluator = Policy(allow=["*.org:*"], block=["evil.org"])
+    composed = phase_policy(ALLOW, (), evaluator)
+    assert [r.text for r in composed.block_rules] == ["evil.org"]
+    assert [r.text for r in composed.allow_rules] == ["*.org:*", "pypi.org:*"]
+    assert phase_policy(NONE, ["http://198.18.0.1:8089/v1"]).allow_rules == ()
+
+
+def main() -> None:
+    checks = [check_docker, check_namespace, check_ipv6_refused_by_harbor, check_phase_policy]
+    for n, check in enumerate(checks, 1):
+        with tempfile.TemporaryDirectory() as tmp:
+            check(Path(tmp))
+        print(f"ok {n} {check.__name__}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Churn without leftovers (issue 23): sandboxes made, prepared, released and destroyed over
+and over leave no netcut record, listener or fd behind, whether released with `restore=True`
+or with `restore=False` for a sandbox about to be destroyed; records of namespaces destroyed
+without a release are collected by `netcut gc` and by a later cut. Real namespaces, the real
+API, netcut's real workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import netcut
+from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
+from netcut import nsexec
+
+pytestmark = pytest.mark.netns
+CYCLES = 24
+
+
+@pytest.fixture
+def state_dir(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> str:
+    path = os.path.join(str(tmp_path), "netcut-state")
+    monkeypatch.setenv("NETCUT_STATE_DIR", path)
+    return path
+
+
+def records(directory: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except FileNotFoundError:
+        return []
+
+
+def make_ns(name: str) -> str:
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=30)
+    return name
+
+
+def drop_ns(name: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
+
+
+def ns_name(i: int) -> str:
+    return f"ncch{os.getpid() % 10000}x{i}"
+
+
+async def test_churn_leaves_no_record_listener_or_fd(state_dir: str) -> None:
+    proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
+    await proxy.start()
+    try:
+        listeners = len(proxy.listeners)
+        # a first cycle warms up what stays for the proxy's lifetime (the workers' sockets)
+        for warm in (True, False):
+            name = make_ns(ns_name(99))
+            try:
+                ex = await prepare_execution(name, Policy(), proxy)
+                await release_execution(proxy, ex, restore=warm, forget=not warm)
+            finally:
+                drop_ns(name)
+        fds = len(os.listdir("/proc/self/fd"))
+        for cycle in range(CYCLES):
+            name = make_ns(ns_name(cycle % 4))
+            try:
+                ex = await prepare_execution(name, Policy(), proxy)
+                assert ex.cut.status.is_cut
+                assert len(records(state_dir)) == 1
+                restore = cycle % 2 == 0
+                await release_execution(proxy, ex, restore=restore, forget=not restore)
+            finally:
+                drop_ns(name)
+            assert records(state_dir) == [], f"cycle {cycle} (restore={restore}) left a record"
+        assert len(proxy.listeners) == listeners
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        await proxy.stop()
+
+
+async def test_release_without_forget_keeps_the_record_of_a_live_namespace(
+    state_dir: str,
+) -> None:
+    """The record is what a later restore needs: it goes only when asked or when the
+    namespace is gone."""
+    proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
+    await proxy.start()
+    name = make_ns(ns_name(50))
+    try:
+        ex = await prepare_execution(name, Policy(), proxy)
+        await release_execution(proxy, ex)
+        assert len(records(state_dir)) == 1
+        assert netcut.status(name).is_cut
+        assert netcut.restore(name).changed
+        ex = await prepare_execution(name, Policy(), proxy)
+        drop_ns(name)  # destroyed before its release
+        await release_execution(proxy, ex)
+        assert records(state_dir) == []
+    finally:
+        drop_ns(name)
+        await proxy.stop()
+
+
+def test_gc_and_the_next_cut_collect_records_of_destroyed_namespaces(state_dir: str) -> None:
+    live, dead, later = (make_ns(ns_name(i)) for i in (60, 61, 62))
+    try:
+        for name in (live, dead):
+            netcut.cut(name, [])
+        drop_ns(dead)
+        assert len(records(state_dir)) == 2
+
+        done = subprocess.run(
+            [sys.executable, "-m", "netcut.cli", "gc", "--json"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert len(data["removed"]) == 1
+        assert data["kept"] == 1
+        assert len(records(state_dir)) == 1
+        assert netcut.status(live).is_cut, "a live namespace keeps its record"
+
+        netcut.cut(later, [])
+        drop_ns(later)
+        nsexec.stop_workers()  # a fresh worker collects at its first cut
+        netcut.restore(live)
+        netcut.cut(live, [])
+        assert len(records(state_dir)) == 1, "the cut collected the destroyed one's record"
+        assert netcut.restore(live).changed
+    finally:
+        for name in (live, dead, later):
+            drop_ns(name)
