@@ -246,6 +246,8 @@ class Summary:
         self._opened: dict[object, dict[str, object]] = {}  # id -> open record, this run
         self.open_at_crash: list[dict[str, object]] = []  # the first OPEN_WINDOW of them
         self.open_at_crash_count = 0
+        # lifecycle records, apart: (event, sandbox) -> count; bounded by sandboxes
+        self.lifecycle: dict[tuple[str, str], int] = {}
 
     def track(self, record: dict[str, object]) -> None:
         """A record that is not a request: pairs opens with ends (docs/audit-log.md)."""
@@ -276,8 +278,6 @@ class Summary:
                     {k: record.get(k) for k in ("ts", "id", "client", "client_id", "host", "port")}
                 )
         self._opened.clear()
-        # lifecycle records, apart: (event, sandbox) -> count; bounded by sandboxes
-        self.lifecycle: dict[tuple[str, str], int] = {}
 
     def add_lifecycle(self, record: dict[str, object]) -> None:
         key = (str(record.get("reason") or "(none)"), str(record.get("host") or "(none)"))
