@@ -6,6 +6,9 @@ Public API (everything else is internal)::
     async with AuditLog("audit.jsonl") as log, EgressProxy(policy, audit=log) as proxy: ...
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _package_version
+
 from .audit.log import AuditLog
 from .boundary import (
     Execution,
@@ -28,6 +31,11 @@ from .proxy.netns import NamespaceError, listen_in_netns
 from .proxy.observe import ExecutionSummary
 from .proxy.server import EgressProxy, Limits
 from .thread import ProxyThread
+
+try:  # the installed distribution's version (`egress --version`, docs/cli.md)
+    __version__ = _package_version("egress-netcut")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AddressGuard",

@@ -54,7 +54,10 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="egress", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"egress {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="judge targets against a policy, without a proxy")
@@ -81,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_options(serve)
 
-    audit = sub.add_parser("audit", help="read audit logs (summarize|tail|filter|verify|suggest)")
+    audit = sub.add_parser(
+        "audit", help="read audit logs (summarize|tail|filter|verify|suggest|report|export)"
+    )
     audit.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
@@ -101,7 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             return 2
         settings = Settings(spec.policy, settings.guard, settings.resolve, settings.clients)
     if args.lint:
-        for finding in lint_policy(settings.policy):
+        for finding in lint_policy(settings.policy, settings.guard):
             print(finding)
     if not args.targets and not args.lint:
         print("egress check: no TARGET given", file=sys.stderr)
@@ -121,6 +126,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return status
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return parser  # pragma: no cover - build_parser always has subcommands
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["audit"]:
@@ -128,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(audit_main(argv[1:]))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top level's: `egress serve --lisen ...`
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "check":
             return cmd_check(args)

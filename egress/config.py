@@ -103,20 +103,23 @@ class Settings:
             raise TypeError(f"Settings clients must be a tuple of ClientSpec, not {self.clients!r}")
 
 
-def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[IPAddress, ...]]:
-    """`NAME=ADDR` pins (repeatable; several ADDRs for one NAME accumulate)."""
+def parse_resolve(
+    entries: Sequence[str], label: str = "--resolve"
+) -> dict[str, tuple[IPAddress, ...]]:
+    """`NAME=ADDR` pins (repeatable; several ADDRs for one NAME accumulate); errors name
+    the entry as `label` (the option, or a policy file's `resolve` key)."""
     pins: dict[str, list[IPAddress]] = {}
     for entry in entries:
         name, sep, addr_text = entry.partition("=")
         if not sep or not name or not addr_text:
-            raise PolicyError(f"--resolve {entry!r}: expected NAME=ADDR")
+            raise PolicyError(f"{label} {entry!r}: expected NAME=ADDR (e.g. 'pypi.org=198.18.0.5')")
         try:
             host = normalize_host(name.strip())
         except TargetError as exc:
-            raise PolicyError(f"--resolve {entry!r}: {exc}") from None
+            raise PolicyError(f"{label} {entry!r}: {exc}") from None
         addr = parse_ip_literal(addr_text.strip())
         if addr is None:
-            raise PolicyError(f"--resolve {entry!r}: {addr_text!r} is not an IP address")
+            raise PolicyError(f"{label} {entry!r}: {addr_text!r} is not an IP address")
         pins.setdefault(host, []).append(addr)
     return {k: tuple(v) for k, v in pins.items()}
 
@@ -211,19 +214,26 @@ def build_settings(
     data = file_data or {}
     top_report = report_only or _report_only(data.get("mode", "enforce"), where)
     posture = _posture(default if default is not None else data.get("default", "deny"), where)
-    routes = [*_str_list(data, "framework_routes", where), *framework_routes]
+    file_routes = _str_list(data, "framework_routes", where)
+    file_allow, file_block = _str_list(data, "allow", where), _str_list(data, "block", where)
+    if file_data is not None:  # the file's own entries first, so an error names the file
+        try:
+            Policy(allow=file_allow, block=file_block, framework_routes=file_routes)
+        except PolicyError as exc:
+            raise PolicyError(f"{where}: {exc}") from None
+    routes = [*file_routes, *framework_routes]
     policy = Policy(
-        allow=[*_str_list(data, "allow", where), *allow],
-        block=[*_str_list(data, "block", where), *block],
+        allow=[*file_allow, *allow],
+        block=[*file_block, *block],
         default=posture,
         framework_routes=routes,
         report_only=top_report,
     )
-    pins = parse_resolve([*_resolve_entries(data.get("resolve", []), where), *resolve])
-    try:
-        extra = tuple(parse_cidr(c) for c in [*_str_list(data, "reserve", where), *reserve])
-    except ValueError as exc:
-        raise PolicyError(f"{where}: reserve: {exc}") from None
+    pins = parse_resolve(_resolve_entries(data.get("resolve", []), where), f"{where}: resolve")
+    pins = _merge_pins(pins, parse_resolve(resolve))
+    extra = tuple(
+        _reserve(c, f"{where}: reserve") for c in _str_list(data, "reserve", where)
+    ) + tuple(_reserve(c, "--reserve") for c in reserve)
     private = _checked(as_bool, data.get("reserve_private", False), f"{where}: 'reserve_private'")
     guard = AddressGuard(extra=extra, reserve_private=private or reserve_private)
     top_blocks = [*_str_list(data, "block", where), *block]
@@ -233,6 +243,31 @@ def build_settings(
         for cid, spec in table.items()
     )
     return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
+
+
+def _merge_pins(
+    first: dict[str, tuple[IPAddress, ...]], then: dict[str, tuple[IPAddress, ...]]
+) -> dict[str, tuple[IPAddress, ...]]:
+    out = dict(first)
+    for name, addrs in then.items():
+        out[name] = (*out.get(name, ()), *addrs)
+    return out
+
+
+def _reserve(text: str, label: str) -> IPNetwork:
+    """A reserved network; host bits are refused (`10.0.0.1/8` is a typo for `10.0.0.0/8`
+    or `10.0.0.1/32`, and guessing which could reserve far less than meant)."""
+    try:
+        network = parse_cidr(text)
+    except ValueError as exc:
+        raise PolicyError(f"{label}: {exc}") from None
+    given = text.strip().replace("[", "").replace("]", "")
+    if "/" in given and str(network.network_address) != given.split("/", 1)[0]:
+        raise PolicyError(
+            f"{label}: {text!r} has host bits set: did you mean {str(network)!r} "
+            f"(the network) or '{given.split('/', 1)[0]}' (one address)?"
+        )
+    return network
 
 
 def _resolve_entries(value: object, where: str) -> list[str]:
@@ -278,14 +313,18 @@ def _client(
             raise PolicyError(f"{here}: source {text!r}: {exc}") from None
     if token is None and not sources:
         raise PolicyError(f"{here}: needs a token, token_env or sources")
-    policy = Policy(
-        allow=_str_list(spec, "allow", here),
-        block=[*top_blocks, *_str_list(spec, "block", here)],
-        default=_posture(spec.get("default", "deny"), here),
-        framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
-        report_only=force_report
-        or _report_only(spec.get("mode", "report" if top_report else "enforce"), here),
-    )
+    try:
+        policy = Policy(
+            allow=_str_list(spec, "allow", here),
+            block=[*top_blocks, *_str_list(spec, "block", here)],
+            default=_posture(spec.get("default", "deny"), here),
+            framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
+            report_only=force_report
+            or _report_only(spec.get("mode", "report" if top_report else "enforce"), here),
+        )
+    except PolicyError as exc:
+        message = str(exc)
+        raise PolicyError(message if message.startswith(here) else f"{here}: {message}") from None
     return ClientSpec(cid, policy, token, tuple(sources))
 
 

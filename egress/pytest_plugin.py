@@ -13,6 +13,9 @@ available to every test suite; nothing runs unless a test asks for a fixture.
 
 Every namespace and link is named with the test process's pid and removed whatever the
 outcome. Test traffic stays on this machine: addresses come from 198.18.0.0/15 only.
+
+Requirements: pytest 8; the fixtures are synchronous, so `async def` tests that use them
+need pytest-asyncio as well (`pip install 'egress-netcut[pytest]'`), as any async test does.
 """
 
 from __future__ import annotations
@@ -93,9 +96,11 @@ class ProxyHandle:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(make(), loop)
         return future.result(timeout)
 
-    def listen_in(self, namespace: str, address: str = "127.0.0.1:3128") -> Listener:
-        """Open a proxy listener inside `namespace` (a sandbox reaches it on its loopback)."""
-        return self.call(lambda: self.proxy.add_listener(address, netns=namespace))
+    def listen_in(self, namespace: str | Namespace, address: str = "127.0.0.1:3128") -> Listener:
+        """Open a proxy listener inside `namespace` (its name, or the `egress_sandbox`
+        fixture itself); a sandbox reaches it on its loopback."""
+        name = namespace.name if isinstance(namespace, Namespace) else namespace
+        return self.call(lambda: self.proxy.add_listener(address, netns=name))
 
 
 @dataclass
@@ -104,6 +109,10 @@ class Namespace:
 
     name: str
     links: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        """The namespace's name: the fixture can stand where a name is formatted in."""
+        return self.name
 
     def exec(self, *argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

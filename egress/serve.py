@@ -21,6 +21,8 @@ from typing import Any
 from .config import Settings, settings_from_args
 from .policy.target import join_host_port
 from .printable import printable
+from .proxy.listener import ListenError
+from .proxy.operate import check_admin_address
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 from .workers import READY, check_worker_args, serve_workers
@@ -57,7 +59,13 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--admin",
         metavar="HOST:PORT",
-        help="serve /metrics (Prometheus), /healthz and /readyz here (docs/metrics.md)",
+        help="serve /metrics (Prometheus), /healthz and /readyz here (docs/metrics.md); "
+        "a loopback address unless --admin-public",
+    )
+    g.add_argument(
+        "--admin-public",
+        action="store_true",
+        help="allow --admin on a non-loopback address (anyone who reaches it reads /metrics)",
     )
     g.add_argument(
         "--audit-fail",
@@ -228,6 +236,7 @@ async def run_serve(
         sni_missing=args.sni_missing,
         reuse_port=ready_fd is not None,
         admin=args.admin,
+        admin_public=args.admin_public,
         on_decision=on_decision,
     )
     stop = asyncio.Event()
@@ -244,8 +253,17 @@ async def run_serve(
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hup)
+    started = False
     try:
-        await proxy.start()
+        try:
+            await proxy.start()
+        except ListenError as exc:  # which option's address: docs/proxy.md#standalone-egress-serve
+            flag = _LISTEN_FLAGS.get(exc.role, "--listen")
+            print(
+                f"egress serve: cannot listen on {flag} {exc.address}: {exc.why}", file=sys.stderr
+            )
+            return 2
+        started = True
         if ready_fd is not None:
             os.write(ready_fd, READY)
             os.close(ready_fd)
@@ -260,7 +278,7 @@ async def run_serve(
     finally:
         await proxy.stop()
         await audit.aclose()
-        if not args.quiet:
+        if started and not args.quiet:  # nothing was served if it never started
             print(shutdown_summary(proxy.metrics()), file=sys.stderr)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
@@ -335,6 +353,9 @@ def _warn_tokens(settings: Settings, require_auth: bool) -> None:
         )
 
 
+_LISTEN_FLAGS = {"proxy": "--listen", "socks5": "--socks", "admin": "--admin"}
+
+
 def _print_request(event: dict[str, object]) -> None:
     """One stderr line per access record when there is no --audit-log (docs/proxy.md)."""
     print(request_line(event), file=sys.stderr, flush=True)
@@ -381,7 +402,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         for spec in args.socks:
             parse_listen(spec)
         if args.admin:
-            parse_listen(args.admin, "--admin")
+            admin_host, _ = parse_listen(args.admin, "--admin")
+            check_admin_address(admin_host, args.admin_public, "--admin")
             if args.workers > 1:
                 raise ValueError("--admin serves one process's numbers: not with --workers > 1")
     except ValueError as exc:

@@ -13,6 +13,8 @@ and python-iptables, ~0.7 s) on first use, so that `egress` can share the target
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _package_version
 from typing import TYPE_CHECKING, Any
 
 from netcut.errors import (
@@ -85,6 +87,11 @@ def __getattr__(name: str) -> Any:
             globals()[other] = getattr(loaded, other)
     return value
 
+
+try:  # the installed distribution's version (`netcut --version`, docs/cli.md)
+    __version__ = _package_version("egress-netcut")
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ApplyFailed",

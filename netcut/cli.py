@@ -73,7 +73,10 @@ def _add_target(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from netcut import __version__
+
     parser = _Parser(prog="netcut", description="Cut a network namespace at execution time.")
+    parser.add_argument("--version", action="version", version=f"netcut {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     cut = sub.add_parser("cut", help="cut the namespace down to loopback and --keep")

@@ -37,6 +37,7 @@ from egress.audit.render import format_event, printable, render_summary
 from egress.audit.timebounds import canonical_ts, parse_time_bound, utc_now
 from egress.audit.verify import ChainVerifier, Problem, VerifyResult, worker_problems
 
+MODES: Final = ("http", "socks5", "transparent", "dns", "forward")  # records' `mode`
 DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
 DEFAULT_INTERVAL: Final = 0.25  # seconds between polls of a followed log
@@ -54,14 +55,34 @@ def _event_filter(args: argparse.Namespace) -> EventFilter:
         until = canonical_ts(parse_time_bound(args.until, now)) if args.until else None
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    return EventFilter(
+    reasons = set(getattr(args, "reason", None) or ())
+    for code in sorted(reasons):
+        _known_reason(code)
+    found = EventFilter(
         set(getattr(args, "decision", None) or ()),
         list(getattr(args, "host", None) or ()),
         list(getattr(args, "client", None) or ()),
-        set(getattr(args, "reason", None) or ()),
+        reasons,
         since,
         until,
     )
+    found.modes = set(getattr(args, "mode", None) or ())
+    return found
+
+
+def _known_reason(code: str) -> None:
+    """An unknown `--reason` would select nothing, silently: refuse it, naming the nearest
+    codes (docs/audit-log.md#reason-codes)."""
+    from difflib import get_close_matches
+
+    from egress.reasons import Reason
+
+    known = [r.value for r in Reason]
+    if code in known:
+        return
+    near = get_close_matches(code, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(near)}?" if near else "see docs/audit-log.md#reason-codes"
+    raise InputError(f"--reason {code!r}: not a reason code; {hint}")
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
@@ -265,6 +286,66 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """One self-contained HTML page for a reviewer (docs/audit-log.md#egress-audit-report):
+    the chain verified first, then one streaming pass; exit 1 when the chain is broken (the
+    page is written all the same, and says so at the top)."""
+    from egress.audit.report import ReportData, Verified, render_html
+
+    paths = order_paths(args.paths)
+    results = [_verify_chain(group, args.live) for group in chains(paths)]
+    problems = [str(p) for r in results for p in r.problems]
+    lines = sum(r.lines for r in results)
+    requests = sum(r.requests for r in results)
+    verdict = (
+        f"{'FAILED' if problems else 'OK'}: {lines} lines in {len(paths)} file(s), "
+        f"{sum(r.runs for r in results)} run(s), {requests} request records"
+        + (f", {len(problems)} problem(s)" if problems else "")
+        + (f"; head {results[0].head}" if len(results) == 1 else f"; {len(results)} chains")
+    )
+    data = ReportData()
+    for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
+        record = parse_record(line.data)
+        if record is None:
+            data.summary.bad_lines += 1
+        else:
+            data.add(record)
+    data.summary.derive_domains(make_domain_of())
+    shown = problems[:MAX_PROBLEMS_SHOWN]
+    if len(problems) > len(shown):
+        shown.append(f"... and {len(problems) - len(shown)} more problems")
+    page = render_html(data, Verified(not problems, verdict, shown), paths, make_domain_of())
+    temporary = f"{args.html}.tmp{os.getpid()}"
+    try:
+        with open(temporary, "w", encoding="utf-8") as out:
+            out.write(page)
+        os.replace(temporary, args.html)
+    except OSError as exc:
+        raise InputError(f"cannot write {args.html}: {exc.strerror or exc}") from None
+    print(f"wrote {args.html} ({len(page.encode())} bytes); {verdict}")
+    return 1 if problems else 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The request records as OCSF events, one JSON line each; control and lifecycle records
+    are left out, and counted on stderr (docs/audit-log.md#egress-audit-export)."""
+    from egress import __version__
+    from egress.audit.ocsf import to_ocsf
+
+    window = _event_filter(args)
+    left_out = 0
+    for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}")):
+        record = parse_record(line.data)
+        if record is None or not is_request(record):
+            left_out += 1
+            continue
+        if window.in_window(record):
+            print(json.dumps(to_ocsf(record, __version__), separators=(",", ":")))
+    if left_out:
+        _warn(f"{left_out} control, lifecycle or unreadable line(s) left out (not requests)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="egress audit", description="Read, filter and verify egress audit logs."
@@ -320,6 +401,26 @@ def _parser() -> argparse.ArgumentParser:
         help="only records of this client_id (repeatable)",
     )
     suggest.add_argument("paths", nargs="+", metavar="LOG")
+    report = commands.add_parser(
+        "report",
+        help="write one self-contained HTML page for a reviewer (verify result, timelines, "
+        "blocked hosts and domains, refusals, policy changes); exit 1 if the chain is broken",
+    )
+    report.add_argument("--html", required=True, metavar="OUT", help="the page to write")
+    report.add_argument(
+        "--live",
+        action="store_true",
+        help="accept a last run without an end record (still being written)",
+    )
+    report.add_argument("paths", nargs="+", metavar="LOG")
+    export = commands.add_parser(
+        "export",
+        help="print the request records as OCSF 1.7.0 events (HTTP, Network and DNS "
+        "Activity), one JSON line each, for a SIEM",
+    )
+    export.add_argument("--format", required=True, choices=("ocsf",), help="the event format")
+    _add_window(export)
+    export.add_argument("paths", nargs="+", metavar="LOG")
     verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
     verify.add_argument(
         "--live",
@@ -369,7 +470,19 @@ def _add_selectors(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="matches ip:port, ip or client_id (fnmatch)",
     )
-    parser.add_argument("--reason", action="append", metavar="CODE")
+    parser.add_argument(
+        "--reason",
+        action="append",
+        metavar="CODE",
+        help="a reason code (docs/audit-log.md#reason-codes); an unknown one is an error",
+    )
+    parser.add_argument(
+        "--mode",
+        action="append",
+        choices=MODES,
+        help="how the client reached the proxy: http (the HTTP proxy), socks5, transparent, "
+        "dns (transparent mode's DNS), forward (a framework-route forwarder)",
+    )
     parser.add_argument(
         "--control", action="store_true", help="also print start/rotate/loss/end records"
     )
@@ -382,6 +495,8 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "tail": cmd_tail,
     "verify": cmd_verify,
     "suggest": cmd_suggest,
+    "report": cmd_report,
+    "export": cmd_export,
 }
 
 

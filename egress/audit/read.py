@@ -166,6 +166,15 @@ def host_matches(pattern: str, host: str) -> bool:
     return fnmatchcase(host, pattern) or (pattern.startswith("*.") and host == pattern[2:])
 
 
+def mode_of(record: dict[str, object]) -> str:
+    """How the client reached the proxy: the record's `mode`, else `forward` for a
+    framework-route forwarder, else `http` (the HTTP proxy, which writes no `mode`)."""
+    mode = record.get("mode")
+    if mode:
+        return str(mode)
+    return "forward" if record.get("method") == "FORWARD" else "http"
+
+
 @dataclass
 class EventFilter:
     decisions: set[str] = field(default_factory=set)
@@ -174,11 +183,12 @@ class EventFilter:
     reasons: set[str] = field(default_factory=set)
     since: str | None = None  # canonical ts, inclusive
     until: str | None = None  # canonical ts, exclusive
+    modes: set[str] = field(default_factory=set)  # `mode`; "http" = none (the HTTP proxy)
 
     def matches_lifecycle(self, record: dict[str, object]) -> bool:
         """A lifecycle record has no decision to select by: `--decision` never picks one;
         `--reason` does only by its lifecycle reason; host and client select as usual."""
-        if self.decisions:
+        if self.decisions or self.modes:
             return False
         return self.matches(record)
 
@@ -186,6 +196,8 @@ class EventFilter:
         if self.decisions and record.get("decision") not in self.decisions:
             return False
         if self.reasons and record.get("reason") not in self.reasons:
+            return False
+        if self.modes and mode_of(record) not in self.modes:
             return False
         if self.hosts and not any(host_matches(p, str(record.get("host", ""))) for p in self.hosts):
             return False

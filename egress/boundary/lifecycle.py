@@ -118,6 +118,11 @@ async def prepare_execution(
         framework_routes=[*policy.framework_routes, *routes],
         report_only=policy.report_only,
     )
+    # counted from before the cut, so the probe's own connections are in the summary
+    # whenever they are recorded (release_execution returns it: docs/metrics.md)
+    tracking = prior is None or cid not in proxy.observers.summaries
+    if tracking:
+        proxy.track_execution(cid)
     try:
         box = await _bind(
             proxy,
@@ -162,6 +167,8 @@ async def prepare_execution(
                 li.probing = False
     except BaseException as exc:
         _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
+        if tracking:
+            proxy.execution_summary(cid, stop=True)
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
             exc, Exception
         ):
@@ -174,8 +181,6 @@ async def prepare_execution(
         "sandbox_replaced" if prior else "sandbox_added",
         f"policy {sandbox_policy!r}",
     )
-    if prior is None or cid not in proxy.observers.summaries:
-        proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
     execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
     return replace(
         execution,

@@ -3,13 +3,16 @@
 Findings (docs/policy.md#lint): a host pattern that covers a whole public suffix
 (`*.com`, `*.co.uk`, `*`),
 judged with tldextract's bundled list; a URL rule with a path (paths are ignored, so the rule
-is broader than it reads). Lint never changes a decision or an exit code.
+is broader than it reads); an allow rule for addresses the address guard refuses whatever the
+policy says (`127.0.0.1:8089`: it can never allow anything; a framework service there is a
+framework route). Lint never changes a decision or an exit code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .addrs import AddressGuard
 from .psl import is_public_suffix
 from .rules import Policy, Rule
 
@@ -50,9 +53,36 @@ def _covers_public_suffix(pattern: str) -> bool:
     return is_public_suffix(rest)
 
 
-def lint_policy(policy: Policy) -> list[Finding]:
-    """Every finding, allow rules first, in definition order."""
+def lint_guarded(rule: Rule, guard: AddressGuard) -> Finding | None:
+    """An allow rule whose every address the guard refuses: it can never allow anything."""
+    net = rule.network
+    if rule.action != "allow" or net is None:
+        return None
+    first, last = net.network_address, net.broadcast_address
+    why = guard.classify(first)
+    if why is None or guard.classify(last) != why:
+        return None
+    route = f"http://{first if net.version == 4 else f'[{first}]'}"
+    if rule.port is not None:
+        route += f":{rule.port}"
+    hint = f" (framework_routes = [{route!r}])" if net.num_addresses == 1 else ""
+    return Finding(
+        rule.text,
+        rule.action,
+        f"the address guard refuses {net} ({why}) whatever the policy says, so this rule "
+        f"never allows anything; a framework service there is a framework route{hint} "
+        "(docs/policy.md#lint)",
+    )
+
+
+def lint_policy(policy: Policy, guard: AddressGuard | None = None) -> list[Finding]:
+    """Every finding, allow rules first, in definition order; `guard` is the address guard
+    the policy runs under (default: the built-in reserved ranges only)."""
+    guard = guard or AddressGuard()
     found: list[Finding] = []
     for rule in (*policy.allow_rules, *policy.block_rules):
         found.extend(lint_rule(rule))
+        guarded = lint_guarded(rule, guard)
+        if guarded is not None:
+            found.append(guarded)
     return found

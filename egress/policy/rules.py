@@ -134,9 +134,35 @@ def parse_rule(text: str, action: Action) -> Rule:
             return _parse_cidr_rule(raw, action)
         return _parse_host_rule(raw, action)
     except PolicyError as exc:
-        raise PolicyError(f"{action} {exc}") from None
+        raise PolicyError(f"{action} {exc}{_hint(raw)}") from None
     except (TargetError, ValueError) as exc:
-        raise PolicyError(f"{action} rule {raw!r}: {exc}") from None
+        raise PolicyError(f"{action} rule {raw!r}: {exc}{_hint(raw)}") from None
+
+
+def _hint(raw: str) -> str:
+    """What a rule that does not parse was most likely meant to be (docs/policy.md#rule-forms):
+    a host with a path, a CIDR with a port, a leading-dot domain, a CIDR with host bits."""
+    if "://" in raw:
+        return ""
+    head, _, tail = raw.partition("/")
+    if "/" in raw and parse_ip_literal(head.strip("[]")) is None:
+        return f"; rules match hosts, not paths: did you mean {head!r} or 'https://{head}'?"
+    if "/" in raw and ":" in tail:
+        cidr = f"{head}/{tail.split(':', 1)[0]}"
+        return (
+            f"; a CIDR rule takes no port: did you mean {cidr!r} (ports 80 and 443) "
+            f"or '{cidr}:*' (every port)?"
+        )
+    if "/" in raw:
+        try:
+            network = ipaddress.ip_network(raw.replace("[", "").replace("]", ""), strict=False)
+        except ValueError:
+            return ""
+        return f"; did you mean {str(network)!r}?"
+    if raw.startswith(".") and len(raw) > 1:
+        rest = raw.lstrip(".")
+        return f"; did you mean '*.{rest}' (it and its subdomains) or {rest!r}?"
+    return ""
 
 
 def _parse_url_rule(raw: str, action: Action) -> Rule:

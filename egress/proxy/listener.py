@@ -17,6 +17,7 @@ from ..policy.target import join_host_port, split_host_port
 from .clients import Identity
 
 if TYPE_CHECKING:
+    from .accept import Acceptor
     from .dnsanswer import FakeIPs
 
 BACKLOG = 1024
@@ -36,7 +37,7 @@ class Listener:
     netns: str | None = None
     identity: Identity | None = None
     forward_to: tuple[str, int] | None = None
-    server: asyncio.base_events.Server | None = None
+    acceptor: Acceptor | None = None  # accepts on its socket (accept.py)
     kind: ListenerKind = "http"
     # transparent mode: the sandbox's fake-IP map (shared with its DNS responder) and, for a
     # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
@@ -51,10 +52,22 @@ class Listener:
         return self.host, self.port
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        if self.acceptor is not None:
+            self.acceptor.close()
         if self.datagram is not None:
             self.datagram.close()
+
+
+class ListenError(OSError):
+    """A listener could not be opened; names which one (`role`: `proxy`, `socks5`,
+    `admin`) and its address, so that a caller can say which of its options failed."""
+
+    def __init__(self, role: str, address: str, cause: OSError) -> None:
+        why = cause.strerror or str(cause)
+        if "address already in use" in why.lower():  # aiohttp's text differs from the OS's
+            why = "address already in use"
+        super().__init__(cause.errno, f"{role} listener {address}: {why}")
+        self.role, self.address, self.why = role, address, why
 
 
 def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
@@ -63,8 +76,12 @@ def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
         host, port = split_host_port(spec)
     except TargetError as exc:
         raise ValueError(f"{flag} {spec!r}: {exc}") from None
-    if port is None or not port.isdigit() or int(port) > 65535:
+    if port is None or not port.isdigit():
         raise ValueError(f"{flag} {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
+    if int(port) > 65535:
+        raise ValueError(
+            f"{flag} {spec!r}: port {int(port)} is out of range (0-65535; 0 = ephemeral)"
+        )
     return host.strip("[]"), int(port)
 
 

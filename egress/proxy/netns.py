@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 from ..errors import EgressError
+from ..validate import as_count, as_port
 from .listener import BACKLOG, listen_socket
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ def listen_in_netns(
     ns: NamespaceLike, host: str, port: int, *, backlog: int = BACKLOG
 ) -> socket.socket:
     """A listening TCP socket bound to `host:port` inside namespace `ns` (non-blocking)."""
+    _check_listen(port, backlog, "listen_in_netns")
     return call_in_netns_thread(ns, lambda: listen_socket(host, port, backlog))
 
 
@@ -147,4 +149,11 @@ async def listen_in_netns_async(
     ns: NamespaceLike, host: str, port: int, *, backlog: int = BACKLOG
 ) -> socket.socket:
     """`listen_in_netns` off the event loop."""
+    _check_listen(port, backlog, "listen_in_netns_async")
     return await call_in_netns(ns, lambda: listen_socket(host, port, backlog))
+
+
+def _check_listen(port: object, backlog: object, what: str) -> None:
+    """Typed before the namespace is entered (docs/policy.md#types)."""
+    as_port(port, f"{what} port")
+    as_count(backlog, f"{what} backlog")

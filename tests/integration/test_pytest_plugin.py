@@ -61,7 +61,9 @@ async def test_fixtures_work_from_async_tests(
 def test_sandbox_reaches_the_upstream_only_through_the_proxy(
     egress_proxy: ProxyHandle, egress_upstream: Upstream, egress_sandbox: Namespace
 ) -> None:
-    listener = egress_proxy.listen_in(egress_sandbox.name)
+    # the fixture itself, not only its name (issue 22: it failed given the fixture)
+    listener = egress_proxy.listen_in(egress_sandbox, "127.0.0.1:0")
+    assert listener.netns == egress_sandbox.name == str(egress_sandbox)
     inside = f"http://127.0.0.1:{listener.port}"
     direct = egress_sandbox.exec(
         "curl", "-sS", "--max-time", "2", f"http://{egress_upstream.addr}/"
@@ -70,3 +72,20 @@ def test_sandbox_reaches_the_upstream_only_through_the_proxy(
     via = egress_sandbox.exec("curl", "-sS", "--max-time", "5", "-x", inside, egress_upstream.url)
     assert via.returncode == 0, via.stderr
     assert egress_proxy.find(host="upstream.test", decision="allow")
+
+
+def test_the_plugin_declares_what_async_tests_need() -> None:
+    """Async tests need pytest-asyncio: the plugin says so, and an extra installs it."""
+    import tomllib
+    from pathlib import Path
+
+    import egress.pytest_plugin
+
+    assert "pytest-asyncio" in (egress.pytest_plugin.__doc__ or "")
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    extra = project["project"]["optional-dependencies"]["pytest"]
+    assert any(req.startswith("pytest-asyncio") for req in extra)
+    docs = (Path(__file__).parents[2] / "docs" / "testing.md").read_text()
+    assert "pytest-asyncio" in docs
+    for page in ("README.md", "docs/user-guide.md"):  # docs/testing.md is reachable
+        assert "testing.md" in (Path(__file__).parents[2] / page).read_text(), page

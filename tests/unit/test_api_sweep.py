@@ -86,6 +86,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "require_auth": "bool",
             "metrics": "bool",
             "reuse_port": "bool",
+            "admin_public": "bool",
             "host_local": "list?",
             "on_decision": "callbacks?",
             "limits": "instance?",
@@ -163,7 +164,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
         lambda **kw: egress.release_execution(
             **{"proxy": _proxy(), "execution": _execution(), **kw}
         ),
-        {"proxy": "instance", "execution": "instance", "restore": "bool"},
+        {"proxy": "instance", "execution": "instance", "restore": "bool", "forget": "bool"},
     ),
     "plan_execution": (
         lambda **kw: egress.plan_execution(**{"client_id": "c", **kw}),
@@ -209,6 +210,21 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
         lambda **kw: netcut.cut_async(**{"target": NOWHERE, **kw}),
         {"keep": "list", "probe": "bool", "force": "bool", "dry_run": "bool"},
     ),
+    "cut_and_status": (
+        lambda **kw: netcut.cut_and_status(**{"target": NOWHERE, **kw}),
+        {
+            "keep": "list",
+            "expect_reachable": "list",
+            "expect_blocked": "list",
+            "force": "bool",
+            "allow_privileged": "bool",
+            "probe_timeout": "number",
+        },
+    ),
+    "cut_and_status_async": (
+        lambda **kw: netcut.cut_and_status_async(**{"target": NOWHERE, **kw}),
+        {"keep": "list", "force": "bool", "probe_timeout": "number"},
+    ),
     "probe": (
         lambda **kw: netcut.probe(**{"target": NOWHERE, **kw}),
         {"expect_reachable": "list", "expect_blocked": "list", "timeout": "number"},
@@ -249,7 +265,12 @@ RESULTS = {
 # (Policy, AddressGuard, Target); a check there would be paid by every request
 PER_REQUEST = {"judge", "classify", "make_target", "parse_url"}
 # parameters whose annotation mentions int but take a string too (a PID is "1234" or 1234)
-STRING_OR_INT = {("pid", "value"), ("parse_target", "target"), ("prepare_execution", "sandbox")}
+STRING_OR_INT = {
+    ("pid", "value"),
+    ("parse_target", "target"),
+    ("prepare_execution", "sandbox"),
+    ("forget", "target"),  # a target, or the (st_dev, st_ino) identity of a gone namespace
+}
 
 _TYPED = re.compile(r"\b(bool|int|float|Iterable|Sequence|tuple|list|frozenset)\b")
 

@@ -1,0 +1,414 @@
+"""`egress audit report --html`: one self-contained HTML page for a reviewer
+(docs/audit-log.md#egress-audit-report).
+
+Strategy: the page is built from what one streaming pass keeps, so memory is bounded by
+distinct values, never by lines (as `summarize`): the `Summary` tables, per blocked host its
+reasons and rules, per client (execution or sandbox) its decisions per minute, the policy
+records (up to `MAX_POLICIES`), the lifecycle records (up to `MAX_LIFECYCLE`). The chain's
+verify result is computed by the caller and shown first: a report of a doctored log is worth
+nothing.
+
+The page has no script, no font, no stylesheet or image from anywhere: inline CSS and inline
+SVG only, so it opens offline and from an attachment. Everything from the log is untrusted
+(an agent chooses hosts and paths): every field goes through `_text` (terminal-control and
+bidi characters escaped as by `printable`, then HTML-escaped, quotes included).
+
+Pure: records in, text out.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final
+
+from egress.audit.read import Summary, client_ip, is_lifecycle, is_request
+from egress.printable import printable
+
+MAX_POLICIES: Final = 1000  # policy records listed; the rest counted
+MAX_LIFECYCLE: Final = 1000  # lifecycle records listed; the rest counted
+MAX_TIMELINES: Final = 50  # clients with a timeline (busiest first); the rest counted
+MAX_ROWS: Final = 200  # rows per table; the rest counted
+COLUMNS: Final = 60  # bars per timeline
+MAX_SLICES: Final = 200_000  # (client, time slice) counters kept before coarsening
+_PAD: Final = {19: "", 16: ":00", 13: ":00:00", 10: "T00:00:00"}
+_SLOT: Final = {"allow": 0, "block": 1, "error": 2}
+_COLORS: Final = ("#2e7d32", "#c62828", "#ef6c00")  # allow, block, error
+
+
+@dataclass
+class Verified:
+    """The chain's verify result, as `egress audit verify` prints it."""
+
+    ok: bool
+    verdict: str  # the last line: `OK: ...` or `FAILED: ...`
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReportData:
+    """What the page shows, fed one record at a time (`add`)."""
+
+    summary: Summary = field(default_factory=Summary)
+    # blocked host -> {(reason, rule): count}
+    blocked: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)
+    # client -> time slice (a ts prefix: `2026-11-30T05:22:07`) -> [allow, block, error]
+    timeline: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    resolution: int = 19  # the ts prefix kept: seconds, coarsened when slices are too many
+    slices: int = 0
+    policies: list[dict[str, object]] = field(default_factory=list)
+    policies_more: int = 0
+    lifecycle: list[dict[str, object]] = field(default_factory=list)
+    lifecycle_more: int = 0
+
+    def add(self, record: dict[str, object]) -> None:
+        kind = record.get("type")
+        if kind == "start":
+            self.summary.runs += 1
+        elif kind == "policy":
+            if len(self.policies) < MAX_POLICIES:
+                self.policies.append(record)
+            else:
+                self.policies_more += 1
+        elif is_lifecycle(record):
+            self.summary.add_lifecycle(record)
+            if len(self.lifecycle) < MAX_LIFECYCLE:
+                self.lifecycle.append(record)
+            else:
+                self.lifecycle_more += 1
+        elif is_request(record):
+            self._request(record)
+
+    def _request(self, record: dict[str, object]) -> None:
+        self.summary.add(record)
+        decision = record.get("decision")
+        slot = _SLOT.get(decision) if isinstance(decision, str) else None
+        if slot is None:
+            return
+        if slot == 1:
+            host = str(record.get("host") or "(none)")
+            rule = record.get("rule")
+            key = (str(record.get("reason") or "(none)"), "" if rule is None else str(rule))
+            per_host = self.blocked.setdefault(host, {})
+            per_host[key] = per_host.get(key, 0) + 1
+        ts = record.get("ts")
+        if isinstance(ts, str) and len(ts) >= 19:
+            client = str(record.get("client_id") or client_ip(record.get("client", "(none)")))
+            slices = self.timeline.setdefault(client, {})
+            moment = ts[: self.resolution]
+            counts = slices.get(moment)
+            if counts is None:
+                counts = slices[moment] = [0, 0, 0]
+                self.slices += 1
+                if self.slices > MAX_SLICES:
+                    self._coarsen()
+                    self._request_slot(client, ts, slot)
+                    return
+            counts[slot] += 1
+
+    def _request_slot(self, client: str, ts: str, slot: int) -> None:
+        slices = self.timeline[client]
+        key = ts[: self.resolution]
+        slices.setdefault(key, [0, 0, 0])[slot] += 1
+
+    def _coarsen(self) -> None:
+        """Seconds -> minutes -> hours -> days: memory stays bounded on long logs."""
+        self.resolution = {19: 16, 16: 13}.get(self.resolution, 10)
+        merged: dict[str, dict[str, list[int]]] = {}
+        for client, slices in self.timeline.items():
+            out = merged[client] = {}
+            for key, counts in slices.items():
+                total = out.setdefault(key[: self.resolution], [0, 0, 0])
+                for i in range(3):
+                    total[i] += counts[i]
+        self.timeline = merged
+        self.slices = sum(len(v) for v in merged.values())
+
+
+def _text(value: object) -> str:
+    """A log field as HTML text: one line, no terminal controls, every markup char escaped."""
+    return html.escape(printable(str(value)), quote=True)
+
+
+_CSS: Final = """
+body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:.5em 0}td,th{padding:2px 8px;text-align:left;
+border-bottom:1px solid #eee;vertical-align:top}td.n,th.n{text-align:right}
+.ok{background:#e8f5e9;border:1px solid #2e7d32;padding:.6em}
+.failed{background:#ffebee;border:1px solid #c62828;padding:.6em}
+code{font-family:ui-monospace,monospace;word-break:break-all}.more{color:#666}
+.legend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px}
+"""
+
+
+def render_html(
+    data: ReportData,
+    verified: Verified,
+    files: list[str],
+    domain_of: Callable[[str], str],
+) -> str:
+    """The whole page."""
+    s = data.summary
+    allow, block, error, _ = s.totals
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>egress audit report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>egress audit report</h1>",
+        _verify_section(verified),
+        "<p>Files: " + ", ".join(f"<code>{_text(f)}</code>" for f in files) + "</p>",
+        '<table id="totals"><tr>'
+        + "".join(
+            f'<th class="n">{name}</th>'
+            for name in ("requests", "block", "allow", "error", "lifecycle", "runs")
+        )
+        + "</tr><tr>"
+        + "".join(
+            f'<td class="n" data-count="{name}">{value}</td>'
+            for name, value in (
+                ("requests", sum(s.totals)),
+                ("block", block),
+                ("allow", allow),
+                ("error", error),
+                ("lifecycle", sum(s.lifecycle.values())),
+                ("runs", s.runs),
+            )
+        )
+        + "</tr></table>",
+        f"<p>From <code>{_text(s.first_ts or '-')}</code> to "
+        f"<code>{_text(s.last_ts or '-')}</code>"
+        + (f"; {s.bad_lines} unreadable line(s)" if s.bad_lines else "")
+        + "</p>",
+        _timelines(data),
+        _blocked_hosts(data, domain_of),
+        _refusals(s),
+        _policies(data),
+        _lifecycle(data),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _verify_section(v: Verified) -> str:
+    cls = "ok" if v.ok else "failed"
+    lines = [f'<div id="verify" class="{cls}" data-ok="{str(v.ok).lower()}">']
+    lines.append(f"<strong>Hash chain: {'verified' if v.ok else 'FAILED'}</strong><br>")
+    lines.append(f"<code>{_text(v.verdict)}</code>")
+    if v.problems:
+        lines.append("<ul>" + "".join(f"<li>{_text(p)}</li>" for p in v.problems) + "</ul>")
+    lines.append("</div>")
+    return "\n".join(lines)
+
+
+def _timelines(data: ReportData) -> str:
+    out = [
+        '<h2 id="timelines">Decisions over time, per execution or sandbox</h2>',
+        '<p class="legend">'
+        + "".join(
+            f'<span style="background:{c}"></span>{n}'
+            for n, c in zip(("allow", "block", "error"), _COLORS, strict=True)
+        )
+        + "</p>",
+    ]
+    if not data.timeline:
+        return "\n".join([*out, "<p>(no requests)</p>"])
+    pad = _PAD[data.resolution]
+    moments = {key: _epoch(key + pad) for per in data.timeline.values() for key in per}
+    first, last = min(moments.values()), max(moments.values())
+    step = {19: 1, 16: 60, 13: 3600}.get(data.resolution, 86400)
+    columns = min(COLUMNS, (last - first) // step + 1)
+    width = max(step, -(-(last - first + step) // columns))  # seconds per bar
+    busiest = sorted(
+        data.timeline.items(), key=lambda kv: (-sum(sum(c) for c in kv[1].values()), kv[0])
+    )
+    start, end = min(moments, key=moments.__getitem__), max(moments, key=moments.__getitem__)
+    out.append(
+        f"<p>{_text(start + pad)}Z to {_text(end + pad)}Z, {_duration(width)} per bar, "
+        "all clients on one time axis.</p>"
+    )
+    out.append('<table class="timelines">')
+    for client, per in busiest[:MAX_TIMELINES]:
+        bars = [[0, 0, 0] for _ in range(columns)]
+        for key, counts in per.items():
+            column = bars[min(columns - 1, (moments[key] - first) // width)]
+            for slot in range(3):
+                column[slot] += counts[slot]
+        totals = [sum(col[slot] for col in bars) for slot in range(3)]
+        out.append(
+            f'<tr class="timeline" data-client="{_text(client)}" '
+            f'data-block="{totals[1]}" data-allow="{totals[0]}" data-error="{totals[2]}">'
+            f"<td><code>{_text(client)}</code><br>{totals[1]} block, {totals[0]} allow, "
+            f"{totals[2]} error</td><td>{_bars_svg(bars)}</td></tr>"
+        )
+    out.append("</table>")
+    if len(busiest) > MAX_TIMELINES:
+        out.append(f'<p class="more">... and {len(busiest) - MAX_TIMELINES} more clients</p>')
+    return "\n".join(out)
+
+
+def _epoch(text: str) -> int:
+    """`2026-11-30T05:22:07` (UTC) as whole seconds since the epoch; 0 if not a time."""
+    try:
+        moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        return 0
+    return int(moment.timestamp())
+
+
+def _duration(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def _bars_svg(bars: list[list[int]]) -> str:
+    """Stacked bars (allow, block, error) per column, as inline SVG."""
+    width, height, bar = 8 * len(bars), 40, 7
+    peak = max((sum(col) for col in bars), default=0) or 1
+    rects = []
+    for i, col in enumerate(bars):
+        y = float(height)
+        for slot in (0, 2, 1):  # blocks on top, where the eye goes
+            if col[slot]:
+                h = max(1.0, height * col[slot] / peak)
+                y -= h
+                rects.append(
+                    f'<rect x="{i * 8}" y="{y:.1f}" width="{bar}" height="{h:.1f}" '
+                    f'fill="{_COLORS[slot]}"><title>{col[slot]}</title></rect>'
+                )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'role="img" aria-label="decisions over time">{"".join(rects)}</svg>'
+    )
+
+
+def _blocked_hosts(data: ReportData, domain_of: Callable[[str], str]) -> str:
+    out = ['<h2 id="blocked">Blocked hosts</h2>']
+    hosts = sorted(data.blocked.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    if not hosts:
+        return "\n".join([*out, "<p>(none)</p>"])
+    out.append(
+        '<table id="blocked-hosts"><tr><th class="n">blocks</th><th>host</th>'
+        "<th>reasons and rules</th></tr>"
+    )
+    for host, hits in hosts[:MAX_ROWS]:
+        detail = "<br>".join(
+            f"{n} {_text(reason)}" + (f" <code>{_text(rule)}</code>" if rule else "")
+            for (reason, rule), n in sorted(hits.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        out.append(
+            f'<tr class="blocked-host" data-host="{_text(host)}" '
+            f'data-blocks="{sum(hits.values())}"><td class="n">{sum(hits.values())}</td>'
+            f"<td><code>{_text(host)}</code></td><td>{detail}</td></tr>"
+        )
+    out.append("</table>")
+    if len(hosts) > MAX_ROWS:
+        out.append(f'<p class="more">... and {len(hosts) - MAX_ROWS} more hosts</p>')
+    domains: dict[str, int] = {}
+    for host, hits in hosts:
+        key = domain_of(host)
+        domains[key] = domains.get(key, 0) + sum(hits.values())
+    out.append('<h2 id="blocked-domains-title">Blocked registrable domains</h2>')
+    out.append('<table id="blocked-domains"><tr><th class="n">blocks</th><th>domain</th></tr>')
+    ranked = sorted(domains.items(), key=lambda kv: (-kv[1], kv[0]))
+    for domain, n in ranked[:MAX_ROWS]:
+        out.append(
+            f'<tr class="blocked-domain" data-domain="{_text(domain)}" data-blocks="{n}">'
+            f'<td class="n">{n}</td><td><code>{_text(domain)}</code></td></tr>'
+        )
+    out.append("</table>")
+    if len(ranked) > MAX_ROWS:
+        out.append(f'<p class="more">... and {len(ranked) - MAX_ROWS} more domains</p>')
+    return "\n".join(out)
+
+
+def _refusals(s: Summary) -> str:
+    out = ['<h2 id="refusals-title">Refusals by reason</h2>']
+    rows = [
+        (key, counts[1] + counts[2])
+        for key, counts in s.tables["reason"].items()
+        if counts[1] + counts[2]
+    ]
+    rows.sort(key=lambda kv: (-kv[1], kv[0]))
+    if not rows:
+        return "\n".join([*out, "<p>(none)</p>"])
+    peak = rows[0][1]
+    out.append('<table id="refusals"><tr><th class="n">count</th><th>reason</th><th></th></tr>')
+    for reason, n in rows[:MAX_ROWS]:
+        width = max(1, round(300 * n / peak))
+        svg = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="300" height="12" role="img" '
+            f'aria-label="{n}"><rect width="{width}" height="12" fill="{_COLORS[1]}"/></svg>'
+        )
+        out.append(
+            f'<tr class="refusal" data-reason="{_text(reason)}" data-count="{n}">'
+            f'<td class="n">{n}</td><td><code>{_text(reason)}</code></td><td>{svg}</td></tr>'
+        )
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _policies(data: ReportData) -> str:
+    out = ['<h2 id="policies-title">Policy changes</h2>']
+    if not data.policies:
+        return "\n".join([*out, "<p>(no policy records)</p>"])
+    out.append(
+        '<table id="policies"><tr><th>time</th><th>client</th><th>source</th><th>hash</th>'
+        "<th>policy</th></tr>"
+    )
+    for record in data.policies:
+        client = record.get("client_id")
+        canonical = record.get("canonical")
+        shown = _policy_text(canonical) if isinstance(canonical, dict) else ""
+        out.append(
+            f'<tr class="policy" data-hash="{_text(record.get("policy", ""))}">'
+            f"<td><code>{_text(record.get('ts', '-'))}</code></td>"
+            f"<td>{_text('(top level)' if client is None else client)}</td>"
+            f"<td>{_text(record.get('source', '-'))}</td>"
+            f"<td><code>{_text(record.get('policy', '-'))}</code></td>"
+            f"<td>{shown}</td></tr>"
+        )
+    out.append("</table>")
+    if data.policies_more:
+        out.append(f'<p class="more">... and {data.policies_more} more policy records</p>')
+    return "\n".join(out)
+
+
+def _policy_text(canonical: dict[object, object]) -> str:
+    lines = []
+    for key in ("default", "mode", "allow", "block", "framework_routes"):
+        value = canonical.get(key)
+        if isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "-"
+        lines.append(f"{_text(key)}: <code>{_text(value if value is not None else '-')}</code>")
+    return "<br>".join(lines)
+
+
+def _lifecycle(data: ReportData) -> str:
+    out = ['<h2 id="lifecycle-title">Sandbox lifecycle (not requests)</h2>']
+    if not data.lifecycle:
+        return "\n".join([*out, "<p>(none)</p>"])
+    out.append(
+        '<table id="lifecycle"><tr><th>time</th><th>event</th><th>sandbox</th><th>detail</th></tr>'
+    )
+    for record in data.lifecycle:
+        out.append(
+            f'<tr class="lifecycle" data-event="{_text(record.get("reason", ""))}">'
+            f"<td><code>{_text(record.get('ts', '-'))}</code></td>"
+            f"<td>{_text(record.get('reason', '-'))}</td>"
+            f"<td><code>{_text(record.get('host', '-'))}</code></td>"
+            f"<td>{_text(record.get('detail', ''))}</td></tr>"
+        )
+    out.append("</table>")
+    if data.lifecycle_more:
+        out.append(f'<p class="more">... and {data.lifecycle_more} more lifecycle records</p>')
+    return "\n".join(out)
+
+
+__all__ = ["ReportData", "Verified", "render_html"]
