@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from docexamples import ROOT, examples, run_shell
 
 pytestmark = pytest.mark.netns

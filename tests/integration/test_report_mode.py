@@ -14,13 +14,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from docexamples import examples, normalize
 
 from egress import AuditLog, EgressProxy, judge
 from egress.check import parse_check_target
 from egress.config import build_settings
 
 import harness
+from docexamples import examples, normalize
 from proxykit import MemoryAudit, raw_exchange
 from servers import echo, run, start_origin, start_tcp
 

@@ -9,6 +9,7 @@ import doctest
 import re
 
 import pytest
+
 from docexamples import ROOT, examples, run_shell
 
 PLAIN = [e for e in examples() if not e.needs]
