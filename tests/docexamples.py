@@ -124,7 +124,9 @@ def run_shell(
     """Run the example's commands in one bash session (stderr with stdout, as a terminal
     shows them); returns (command, expected, got) per step, both normalized. `ports` maps
     the doc's port to the real one (commands get the real one, output is mapped back)."""
+    import contextlib
     import os
+    import signal
     import subprocess
     import sys
 
@@ -138,11 +140,18 @@ def run_shell(
     # unbuffered output (stdbuf for C programs like curl, PYTHONUNBUFFERED for ours), so
     # stdout and stderr interleave as on a terminal
     argv = [*prefix.split(), "stdbuf", "-o0", "-e0", "bash", "-c", "exec 2>&1\n" + "".join(script)]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    # its own process group: whatever an example starts is ended with it, also on a timeout
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
         env={**os.environ, "PATH": path, "COLUMNS": "100", "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    outputs = done.stdout.split(MARK)
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            stdout, _ = proc.communicate(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    outputs = stdout.split(MARK)
     back = {real: shown for shown, real in (ports or {}).items()}
     results = []
     for i, step in enumerate(example.steps):
