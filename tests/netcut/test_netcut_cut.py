@@ -447,3 +447,21 @@ def test_a_job_for_another_namespace_runs_while_one_worker_is_busy(
         fifo.write_text("go")
         held.join(30)
         os.close(fd)
+
+
+def test_a_worker_retires_after_its_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers are recycled (libxtables leaks a little per decoded backstop): after
+    RECYCLE_AFTER_JOBS jobs a worker exits and a fresh one serves the next job."""
+    monkeypatch.setenv(nsexec.POOL_ENV, "1")
+    monkeypatch.setattr(nsexec, "RECYCLE_AFTER_JOBS", 2)
+    nsexec.stop_workers()
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        first = [nsexec.run_in_netns(fd, os.getpid) for _ in range(2)]
+        then = nsexec.run_in_netns(fd, os.getpid)
+    finally:
+        os.close(fd)
+        nsexec.stop_workers()
+    assert first[0] == first[1]
+    assert then != first[0]
+    assert not os.path.exists(f"/proc/{first[0]}/status"), "the retired worker was reaped"
