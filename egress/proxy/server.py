@@ -48,6 +48,7 @@ from .gate import (
     admit_connection,
     refuse_head,
 )
+from .heap import Heap
 from .listener import Listener, ListenError, parse_listen, peer_text
 from .listening import ClientSide, ListenerControl
 from .metrics import ProxyMetrics
@@ -80,6 +81,11 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
 
     Raises `OSError` from `start()` when a listener cannot be bound, `NamespaceError` when the
     namespace cannot be entered.
+
+    `tune_gc` (default True) tunes this process's garbage collector so that hundreds of
+    sandboxes cause no long pauses: thresholds raised, long-lived objects frozen after
+    start-up and after each prepare/release burst (docs/proxy.md#garbage-collection). False
+    leaves the collector alone.
     """
 
     # set by start(): plain attributes, not properties, because the hot path reads them
@@ -105,6 +111,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
         resolve: Mapping[str, str | Iterable[str]] | None = None,
+        tune_gc: bool = True,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
@@ -116,6 +123,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             ("require_auth", require_auth),
             ("metrics", metrics),
             ("reuse_port", reuse_port),
+            ("tune_gc", tune_gc),
         ):
             as_bool(value, f"EgressProxy {flag}")
         if host_local is not None:
@@ -157,6 +165,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.observers = Observers(self._metrics, callbacks)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         self.admin: Any = None  # egress.proxy.admin.AdminServer once started
+        self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
     # --- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> EgressProxy:
@@ -212,6 +221,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                 await self._start_admin(*self.admin_spec)
             except OSError as exc:
                 raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
+        self.heap.started(loop)
 
     async def _open_as(self, role: str, listener: Listener) -> Listener:
         """Open a listener of `start`; `ListenError` names which one failed."""
@@ -259,6 +269,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.resolver.close()
         if self.admin is not None:
             await self.admin.stop()
+        self.heap.stopped()
 
     # --- the sweeper: timeouts without per-operation timers --------------------------------
     async def _sweep(self) -> None:
