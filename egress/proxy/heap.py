@@ -55,7 +55,8 @@ class Heap:
         self._timer: asyncio.TimerHandle | None = None
 
     def started(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start-up done: tune the thresholds, collect once, freeze what is left."""
+        """Start-up done: tune the thresholds, collect once, freeze what is left (what an
+        earlier proxy froze stays frozen: no full walk for every proxy of a process)."""
         global _users, _saved
         if not self.enabled or self._tuned:
             return
@@ -65,7 +66,10 @@ class Heap:
             gc.set_threshold(YOUNG, *OLDER)
         _users += 1
         self._tuned = True
-        self.compact()
+        gc.collect()  # walks what is not frozen yet: the whole heap only for the first proxy
+        gc.freeze()
+        self.base = gc.get_freeze_count()
+        self.settled += 1
 
     def stopped(self) -> None:
         """The proxy stopped: the thresholds it set are restored when no other proxy runs."""
