@@ -46,6 +46,9 @@ apt_install() {
 # `iptables` package ships (tests/unit/test_fresh_setup.py checks this list against dpkg).
 # nodejs: the transparent-mode tests run Node's built-in fetch, which ignores proxy variables.
 SYSTEM_PACKAGES=(iptables iproute2 curl openssl procps nodejs)
+# What only the tests need: Debian's chromium opens `egress audit report`'s page headless
+# (tests/integration/test_audit_report_browser.py; docs/audit-log.md#egress-audit-report).
+TEST_PACKAGES=(chromium)
 # The engines the real-engine tests run on (docs/netcut.md#engines-in-ci).
 ENGINE_PACKAGES=(podman docker.io containerd runc busybox-static containernetworking-plugins uidmap)
 
@@ -149,6 +152,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        apt_install "${TEST_PACKAGES[@]}"
         harbor_setup
         frameworks_setup
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench

@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Final
 
 from egress.audit.read import Summary, client_ip, is_lifecycle, is_request
@@ -31,6 +32,8 @@ MAX_LIFECYCLE: Final = 1000  # lifecycle records listed; the rest counted
 MAX_TIMELINES: Final = 50  # clients with a timeline (busiest first); the rest counted
 MAX_ROWS: Final = 200  # rows per table; the rest counted
 COLUMNS: Final = 60  # bars per timeline
+MAX_SLICES: Final = 200_000  # (client, time slice) counters kept before coarsening
+_PAD: Final = {19: "", 16: ":00", 13: ":00:00", 10: "T00:00:00"}
 _SLOT: Final = {"allow": 0, "block": 1, "error": 2}
 _COLORS: Final = ("#2e7d32", "#c62828", "#ef6c00")  # allow, block, error
 
@@ -51,8 +54,10 @@ class ReportData:
     summary: Summary = field(default_factory=Summary)
     # blocked host -> {(reason, rule): count}
     blocked: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)
-    # client -> minute (`2026-11-30T05:22`) -> [allow, block, error]
+    # client -> time slice (a ts prefix: `2026-11-30T05:22:07`) -> [allow, block, error]
     timeline: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    resolution: int = 19  # the ts prefix kept: seconds, coarsened when slices are too many
+    slices: int = 0
     policies: list[dict[str, object]] = field(default_factory=list)
     policies_more: int = 0
     lifecycle: list[dict[str, object]] = field(default_factory=list)
@@ -89,13 +94,37 @@ class ReportData:
             per_host = self.blocked.setdefault(host, {})
             per_host[key] = per_host.get(key, 0) + 1
         ts = record.get("ts")
-        if isinstance(ts, str) and len(ts) >= 16:
+        if isinstance(ts, str) and len(ts) >= 19:
             client = str(record.get("client_id") or client_ip(record.get("client", "(none)")))
-            minutes = self.timeline.setdefault(client, {})
-            counts = minutes.get(ts[:16])
+            slices = self.timeline.setdefault(client, {})
+            moment = ts[: self.resolution]
+            counts = slices.get(moment)
             if counts is None:
-                counts = minutes[ts[:16]] = [0, 0, 0]
+                counts = slices[moment] = [0, 0, 0]
+                self.slices += 1
+                if self.slices > MAX_SLICES:
+                    self._coarsen()
+                    self._request_slot(client, ts, slot)
+                    return
             counts[slot] += 1
+
+    def _request_slot(self, client: str, ts: str, slot: int) -> None:
+        slices = self.timeline[client]
+        key = ts[: self.resolution]
+        slices.setdefault(key, [0, 0, 0])[slot] += 1
+
+    def _coarsen(self) -> None:
+        """Seconds -> minutes -> hours -> days: memory stays bounded on long logs."""
+        self.resolution = {19: 16, 16: 13}.get(self.resolution, 10)
+        merged: dict[str, dict[str, list[int]]] = {}
+        for client, slices in self.timeline.items():
+            out = merged[client] = {}
+            for key, counts in slices.items():
+                total = out.setdefault(key[: self.resolution], [0, 0, 0])
+                for i in range(3):
+                    total[i] += counts[i]
+        self.timeline = merged
+        self.slices = sum(len(v) for v in merged.values())
 
 
 def _text(value: object) -> str:
@@ -188,23 +217,25 @@ def _timelines(data: ReportData) -> str:
     ]
     if not data.timeline:
         return "\n".join([*out, "<p>(no requests)</p>"])
-    minutes = sorted({m for per in data.timeline.values() for m in per})
-    first, last = minutes[0], minutes[-1]
-    index = {m: i for i, m in enumerate(minutes)}
-    per_column = max(1, -(-len(minutes) // COLUMNS))
-    columns = -(-len(minutes) // per_column)
+    pad = _PAD[data.resolution]
+    moments = {key: _epoch(key + pad) for per in data.timeline.values() for key in per}
+    first, last = min(moments.values()), max(moments.values())
+    step = {19: 1, 16: 60, 13: 3600}.get(data.resolution, 86400)
+    columns = min(COLUMNS, (last - first) // step + 1)
+    width = max(step, -(-(last - first + step) // columns))  # seconds per bar
     busiest = sorted(
         data.timeline.items(), key=lambda kv: (-sum(sum(c) for c in kv[1].values()), kv[0])
     )
+    start, end = min(moments, key=moments.__getitem__), max(moments, key=moments.__getitem__)
     out.append(
-        f"<p>{_text(first)} to {_text(last)} (UTC), {per_column} minute(s) per bar, "
+        f"<p>{_text(start + pad)}Z to {_text(end + pad)}Z, {_duration(width)} per bar, "
         "all clients on one time axis.</p>"
     )
     out.append('<table class="timelines">')
     for client, per in busiest[:MAX_TIMELINES]:
         bars = [[0, 0, 0] for _ in range(columns)]
-        for minute, counts in per.items():
-            column = bars[index[minute] // per_column]
+        for key, counts in per.items():
+            column = bars[min(columns - 1, (moments[key] - first) // width)]
             for slot in range(3):
                 column[slot] += counts[slot]
         totals = [sum(col[slot] for col in bars) for slot in range(3)]
@@ -218,6 +249,22 @@ def _timelines(data: ReportData) -> str:
     if len(busiest) > MAX_TIMELINES:
         out.append(f'<p class="more">... and {len(busiest) - MAX_TIMELINES} more clients</p>')
     return "\n".join(out)
+
+
+def _epoch(text: str) -> int:
+    """`2026-11-30T05:22:07` (UTC) as whole seconds since the epoch; 0 if not a time."""
+    try:
+        moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        return 0
+    return int(moment.timestamp())
+
+
+def _duration(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
 
 
 def _bars_svg(bars: list[list[int]]) -> str:

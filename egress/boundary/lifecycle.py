@@ -7,8 +7,7 @@ import asyncio
 import functools
 import os
 import secrets
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import replace
 
 from netcut.targetref import TargetRef, parse_target
@@ -119,56 +118,65 @@ async def prepare_execution(
         framework_routes=[*policy.framework_routes, *routes],
         report_only=policy.report_only,
     )
-    with _burst(proxy):  # the heap settles when a burst ends (docs/proxy.md#garbage-collection)
+    # counted from before the cut, so the probe's own connections are in the summary
+    # whenever they are recorded (release_execution returns it: docs/metrics.md)
+    tracking = prior is None or cid not in proxy.observers.summaries
+    if tracking:
+        proxy.track_execution(cid)
+    proxy.heap.enter()  # a burst settles the heap when it ends: docs/proxy.md#garbage-collection
+    try:
+        box = await _bind(
+            proxy,
+            reg,
+            sandbox,
+            cid,
+            tok,
+            sandbox_policy,
+            routes,
+            mode,
+            proxy_port,
+            gateway,
+            prior,
+            cut_mode,
+        )
+        assert box.main is not None
+        listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
+        ports = (transparent_port, dns_port) if transparent else None
+        extra = await _extras(proxy, reg, box, ports, socks_port)
+        # gateway mode keeps every listener it opened on the gateway (a SOCKS5 one too)
+        kept = (*listeners, *extra) if mode == "gateway" else ()
+        keeps = [f"{li.host}:{li.port}" for li in kept]
+        redirect = None
+        if transparent:
+            redirect, blocked = (extra[0].port, extra[1].port), []
+        for li in extra:  # the probe below connects to them: audited as the probe it is
+            li.probing = True
         try:
-            box = await _bind(
-                proxy,
-                reg,
+            cut, probe = await _cut_and_prove(
                 sandbox,
-                cid,
-                tok,
-                sandbox_policy,
-                routes,
-                mode,
-                proxy_port,
-                gateway,
-                prior,
-                cut_mode,
+                keeps,
+                [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+                blocked,
+                force=force,
+                allow_privileged=allow_privileged,
+                redirect=redirect,
+                cut_mode=cut_mode,
+                helper_image=helper_image,
             )
-            assert box.main is not None
-            listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
-            ports = (transparent_port, dns_port) if transparent else None
-            extra = await _extras(proxy, reg, box, ports, socks_port)
-            # gateway mode keeps every listener it opened on the gateway (a SOCKS5 one too)
-            kept = (*listeners, *extra) if mode == "gateway" else ()
-            keeps = [f"{li.host}:{li.port}" for li in kept]
-            redirect = None
-            if transparent:
-                redirect, blocked = (extra[0].port, extra[1].port), []
-            for li in extra:  # the probe below connects to them: audited as the probe it is
-                li.probing = True
-            try:
-                cut, probe = await _cut_and_prove(
-                    sandbox,
-                    keeps,
-                    [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
-                    blocked,
-                    force=force,
-                    allow_privileged=allow_privileged,
-                    redirect=redirect,
-                    cut_mode=cut_mode,
-                    helper_image=helper_image,
-                )
-            finally:
-                for li in extra:
-                    li.probing = False
-        except BaseException as exc:
-            _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
-            if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
-                exc, Exception
-            ):
-                raise
-            raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
+        finally:
+            for li in extra:
+                li.probing = False
+    except BaseException as exc:
+        _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
+        if tracking:
+            proxy.execution_summary(cid, stop=True)
+        if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
+            exc, Exception
+        ):
+            raise
+        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
+    finally:
+        proxy.heap.leave()
     _audit(
         proxy,
         sandbox,
@@ -176,8 +184,6 @@ async def prepare_execution(
         "sandbox_replaced" if prior else "sandbox_added",
         f"policy {sandbox_policy!r}",
     )
-    if prior is None or cid not in proxy.observers.summaries:
-        proxy.track_execution(cid)  # release_execution returns the summary (docs/metrics.md)
     execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
     return replace(
         execution,
@@ -250,40 +256,29 @@ async def release_execution(
                 f"release_execution cut_mode='helper' needs a container sandbox, "
                 f"not {execution.sandbox!r}"
             )
-    with _burst(proxy):
-        summary = proxy.execution_summary(execution.client_id, stop=True)
-        reg = _registry(proxy)
-        if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):
-            for listener in execution.listeners:  # an execution from before a failed re-prepare
-                if not reg.leases.holders(listener):
-                    proxy.remove_listener(listener)
-        if restore:
-            import netcut
+    summary = proxy.execution_summary(execution.client_id, stop=True)
+    reg = _registry(proxy)
+    if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):
+        for listener in execution.listeners:  # an execution from before a failed re-prepare
+            if not reg.leases.holders(listener):
+                proxy.remove_listener(listener)
+    if restore:
+        import netcut
 
-            try:
-                if how == "helper":
-                    from netcut import helper
+        try:
+            if how == "helper":
+                from netcut import helper
 
-                    ref = parse_target(execution.sandbox)
-                    image = execution.helper_image
-                    await asyncio.to_thread(functools.partial(helper.restore, ref, image=image))
-                else:
-                    await netcut.restore_async(execution.sandbox)
-            except netcut.NetcutError as exc:
-                raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc
-        else:
-            await _forget_record(execution, forget)
+                ref = parse_target(execution.sandbox)
+                image = execution.helper_image
+                await asyncio.to_thread(functools.partial(helper.restore, ref, image=image))
+            else:
+                await netcut.restore_async(execution.sandbox)
+        except netcut.NetcutError as exc:
+            raise ReleaseFailed(f"sandbox {execution.sandbox}: restore failed: {exc}") from exc
+    else:
+        await _forget_record(execution, forget)
     return summary
-
-
-@contextmanager
-def _burst(proxy: EgressProxy) -> Iterator[None]:
-    """One prepare or release in flight: the last of a burst to end settles the proxy's heap."""
-    proxy.heap.enter()
-    try:
-        yield
-    finally:
-        proxy.heap.leave()
 
 
 async def _forget_record(execution: Execution, forget: bool) -> None:

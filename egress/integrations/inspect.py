@@ -65,7 +65,7 @@ class EgressSandboxConfig(BaseModel):  # type: ignore[misc]
     framework_routes: tuple[str, ...] = ()
     """Host services the agent reaches without the proxy (forwarded inside the sandbox)."""
     transparent: bool = False
-    """Also judge tools that ignore proxy settings (docs/proxy.md#transparent-mode)."""
+    """Also judge tools that ignore proxy settings (docs/proxy.md#transparent-mode-and-socks5)."""
     cut: Literal["sample_start", "sample_init"] = "sample_start"
     """`sample_start`: after inspect's setup (online), before the solver; `sample_init`:
     before setup too."""

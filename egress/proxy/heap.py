@@ -6,7 +6,7 @@ and connections) and the modules of a real application, a full collection took 7
 the middle of the data path (docs/benchmarks.md#hundreds-of-sandboxes). What lives as long as
 the proxy, or as long as a sandbox, is not garbage, and need not be walked again and again:
 
-- after start-up, and after each burst of prepares or releases (once none is in flight), the
+- after start-up, and after each burst of prepares (once none is in flight), the
   objects that are not garbage are moved out of the collector's sight (`gc.freeze()`), after
   one collection of what is *not* frozen yet, so no garbage is frozen with them. Frozen
   objects are still freed by reference counting as usual.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-SETTLE_AFTER = 0.05  # seconds without a prepare or release in flight: the burst has ended
+SETTLE_AFTER = 0.05  # seconds without a prepare in flight: the burst has ended
 YOUNG = 5_000  # first threshold (CPython's default: 700)
 OLDER = (20, 20)  # second and third thresholds (default: 10, 10)
 
@@ -38,9 +38,9 @@ _saved: tuple[int, int, int] | None = None
 
 
 class Heap:
-    """When to collect and freeze: at start-up and at the end of each prepare/release burst.
+    """When to collect and freeze: at start-up and at the end of each prepare burst.
 
-    The boundary calls `enter`/`leave` around each prepare and release; the last `leave`
+    The boundary calls `enter`/`leave` around each prepare; the last `leave`
     of a burst settles the heap (`settle`). Not thread-safe: the proxy's loop calls it.
     """
 
@@ -91,7 +91,7 @@ class Heap:
             self._timer = None
 
     def leave(self) -> None:
-        """One prepare or release ended; when none has been in flight for `SETTLE_AFTER`
+        """One prepare ended; when none has been in flight for `SETTLE_AFTER`
         seconds, the burst has ended and the heap is settled (not in the last call's time)."""
         self.in_flight -= 1
         if self.in_flight == 0 and self._tuned and self._loop is not None:

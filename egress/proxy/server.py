@@ -84,7 +84,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
 
     `tune_gc` (default True) tunes this process's garbage collector so that hundreds of
     sandboxes cause no long pauses: thresholds raised, long-lived objects frozen after
-    start-up and after each prepare/release burst (docs/proxy.md#garbage-collection). False
+    start-up and after each prepare burst (docs/proxy.md#garbage-collection). False
     leaves the collector alone.
     """
 

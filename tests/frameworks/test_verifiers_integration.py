@@ -12,6 +12,7 @@ the host's loopback: the route reaches the agent through a forwarder at the same
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -129,3 +130,26 @@ async def test_a_failed_prepare_fails_the_rollout(
     assert "ExecutionNotReady" in str(result["errors"])
     assert result["outputs"] == []
     assert [s.path for s in scene.origin.seen] == []  # setup in a namespace that is not there
+
+
+def test_docker_runtime_without_an_engine(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # EgressDockerRuntime's own parts, in verifiers' venv (no Docker engine is run here):
+    # verifiers_docker_check.py says what each value means
+    venv = framework_venv("verifiers", tmp_path_factory.getbasetemp())
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), str(HERE / "verifiers_docker_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["allow"] == ["**.pypi.test:*", "https://files.test:443"]  # from_verifiers
+    assert out["default"] == "deny"
+    assert out["client_id"]
+    assert out["split"] == [["http://127.0.0.1:8089"], ["https://api.example.test"]]
+    # verifiers asks for its network image: not there outside our start, "there" inside,
+    # and no other question is touched
+    assert out["image_question"] == [1, 0, 1, 2]
+    assert out["exec_env"] == [False, True]
+    assert out["background_env"]

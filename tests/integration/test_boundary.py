@@ -6,6 +6,7 @@ goes that way), and the proxy in this process reaches `upstream` through its own
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -165,6 +166,14 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
         token=execution.token,
     )
     assert again.proxy_url == execution.proxy_url
+    # each prepare's probe connects to the forwarder; the second one's record may land
+    # just after prepare returns (it is the forwarder's, on the proxy's loop)
+    deadline = asyncio.get_running_loop().time() + 5
+    while asyncio.get_running_loop().time() < deadline:
+        so_far = scene.proxy.execution_summary(execution.client_id)
+        if so_far.by_reason.get("framework_route", 0) >= 3:
+            break
+        await asyncio.sleep(0.01)
     summary = await release_execution(scene.proxy, execution, restore=True)
     assert not (await netcut.status_async(scene.sandbox.ns)).is_cut
     # what this execution did, counted from its access records (docs/metrics.md)
@@ -175,9 +184,9 @@ async def test_setup_then_cut_then_agent_behind_proxy(scene: Scene) -> None:
         "allow_rule": 1,
         "block_rule": 1,
         "default_deny": 1,
-        "framework_route": 2,
-    }  # the probe's and the agent's
-    assert summary.by_decision == {"allow": 3, "block": 2}
+        "framework_route": 3,
+    }  # the two probes' and the agent's
+    assert summary.by_decision == {"allow": 4, "block": 2}
 
 
 async def test_fails_closed_when_the_cut_cannot_be_proven(scene: Scene) -> None:

@@ -62,10 +62,7 @@ async def test_a_burst_leaves_a_small_heap_for_full_collections(state_dir: str) 
         walked = len(gc.get_objects())
         assert walked < WALKED_AFTER_BURST, f"a full collection walks {walked} objects"
         assert gc.get_freeze_count() > frozen, "the burst's sandboxes were frozen"
-        before = proxy.heap.settled
         await asyncio.gather(*(release_execution(proxy, ex, restore=True) for ex in executions))
-        await settled(proxy, before)
-        assert len(gc.get_objects()) < WALKED_AFTER_BURST
     finally:
         await proxy.stop()
         for h in hosts:

@@ -86,6 +86,14 @@ def test_every_loaded_file_comes_from_a_package_dev_sh_installs() -> None:
     assert _owner(_loaded_files()[-1]) == "iptables"
 
 
+def test_test_packages_cover_the_browser_test() -> None:
+    """The report's browser test runs Debian's chromium: dev.sh test installs it."""
+    assert "chromium" in _dev_sh_packages("TEST_PACKAGES")
+    found = shutil.which("chromium", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if found is not None:
+        assert _owner(os.path.realpath(found)) == "chromium"
+
+
 def test_engine_packages_cover_the_engine_tests() -> None:
     engines = _dev_sh_packages("ENGINE_PACKAGES")
     assert {"podman", "docker.io", "containerd", "runc", "busybox-static"} <= engines

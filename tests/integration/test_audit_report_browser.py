@@ -1,0 +1,194 @@
+"""`egress audit report --html` in a real browser (docs/audit-log.md#egress-audit-report):
+headless Chromium (Debian's `chromium` package, installed by `./dev.sh test`) loads the page
+from a file, the page logs nothing to the console, the DOM shows the counts of the log, and a
+screenshot is kept as a test artifact (its path is printed).
+
+Console messages are read from Chromium's own log (`--enable-logging=stderr --v=0` prints
+each as `CONSOLE`); a page that does log an error is checked first, so a detector that sees
+nothing cannot pass for a clean page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from egress.audit.cli import audit_main
+from egress.audit.log import AuditLog
+from egress.audit.read import is_lifecycle, is_request
+
+ARTIFACTS = Path(os.environ.get("EGRESS_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: ./dev.sh test installs Debian's package")
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args, url],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+
+def console_messages(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def load(page: Path) -> tuple[str, list[str]]:
+    """The DOM after load, and the console messages logged while loading."""
+    done = chromium("--dump-dom", url=page.resolve().as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, console_messages(done.stderr)
+
+
+def screenshot(page: Path, name: str, capsys: pytest.CaptureFixture[str]) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"{name}.png"
+    shot.unlink(missing_ok=True)
+    done = chromium(
+        f"--screenshot={shot}", "--window-size=1200,2000", "--hide-scrollbars",
+        url=page.resolve().as_uri(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert shot.stat().st_size > 10_000  # a rendered page, not an empty canvas
+    with capsys.disabled():
+        print(f"\n[artifact] screenshot of {page.name}: {shot}")
+    return shot
+
+
+class Dom(HTMLParser):
+    """Elements by tag, with their attributes and the text they contain."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def find(self, tag: str, **want: str) -> list[dict[str, str]]:
+        return [
+            attrs
+            for name, attrs in self.elements
+            if name == tag
+            and all(attrs.get(k.rstrip("_").replace("_", "-")) == v for k, v in want.items())
+        ]
+
+
+def test_the_console_detector_sees_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><script>console.error("seen-it")</script>')
+    _, messages = load(bad)
+    assert any("seen-it" in m for m in messages), messages
+
+
+@pytest.mark.netns
+async def test_the_demo_report_in_chromium(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from servers import run
+
+    log = tmp_path / "demo.jsonl"
+    rc, out, err = await run(
+        sys.executable, "-m", "egress.demo", "--audit-log", str(log), timeout=120
+    )
+    assert rc == 0, out + err
+    page = tmp_path / "report.html"
+    assert audit_main(["report", "--html", str(page), str(log)]) == 0
+    capsys.readouterr()
+    dom_text, messages = load(page)
+    assert messages == []
+    shot = screenshot(page, "audit-report-demo", capsys)
+    assert shot.exists()
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    requests = [r for r in records if is_request(r)]
+    blocked = {str(r["host"]) for r in requests if r["decision"] == "block"}
+    dom = Dom(dom_text)
+    assert dom.find("div", id="verify")[0]["data-ok"] == "true"
+    counts = {a["data-count"]: a for a in dom.find("td") if "data-count" in a}
+    assert set(counts) >= {"requests", "block", "allow", "error", "lifecycle"}
+    cells = re.findall(r'<td class="n" data-count="(\w+)">(\d+)</td>', dom_text)
+    shown = {name: int(n) for name, n in cells}
+    assert shown["requests"] == len(requests)
+    assert shown["block"] == sum(1 for r in requests if r["decision"] == "block")
+    assert shown["lifecycle"] == sum(1 for r in records if is_lifecycle(r))
+    hosts = {a["data-host"]: int(a["data-blocks"]) for a in dom.find("tr", class_="blocked-host")}
+    assert set(hosts) == blocked
+    assert sum(hosts.values()) == shown["block"]
+    hashes = [a["data-hash"] for a in dom.find("tr", class_="policy")]
+    assert hashes == [r["policy"] for r in records if r.get("type") == "policy"]
+    assert len(dom.find("tr", class_="timeline")) == 1  # the demo's one sandbox
+    assert dom.find("svg")  # the charts are inline SVG
+    assert {a["data-event"] for a in dom.find("tr", class_="lifecycle")} == {
+        "sandbox_added",
+        "sandbox_removed",
+    }
+
+
+HOSTILE_HOST = '<script>alert("host")</script>.test'
+HOSTILE_DETAIL = '"><img src=x onerror=alert(1)><style>body{display:none}</style>'
+
+
+async def test_a_hostile_log_is_shown_never_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "audit.jsonl"
+    async with AuditLog(str(log)) as audit:
+        audit.record(
+            {
+                "client": "198.18.0.2:1",
+                "client_id": "</td><script>x()</script>",
+                "method": "GET",
+                "scheme": "http",
+                "host": HOSTILE_HOST,
+                "port": 80,
+                "path": "/\u202etxt.exe\x1b[31m",
+                "decision": "block",
+                "reason": "default_deny",
+                "rule": '"><b>rule\u202etxt\x1b[31m',
+                "detail": HOSTILE_DETAIL,
+            }
+        )
+        audit.record({"type": "policy", "client_id": "<i>c</i>", "policy": '"><x>',
+                      "source": "api", "canonical": {"allow": ["<u>a</u>"]}})  # fmt: skip
+    page = tmp_path / "report.html"
+    assert audit_main(["report", "--html", str(page), str(log)]) == 0
+    capsys.readouterr()
+    source = page.read_text()
+    # self-contained: nothing is fetched, nothing runs (the SVG namespace is a name, not a fetch)
+    assert "<script" not in source
+    assert not re.search(r"\b(src|href)=|@import|url\(", source)
+    assert re.findall(r"https?://[^\"' <]+", source) == ["http://www.w3.org/2000/svg"] * len(
+        re.findall("<svg", source)
+    )
+    dom_text, messages = load(page)
+    assert messages == []
+    dom = Dom(dom_text)
+    assert not dom.find("script")
+    assert not dom.find("img")
+    assert not dom.find("style")[1:]  # only the page's own stylesheet
+    for tag in ("b", "i", "u", "x"):
+        assert not dom.find(tag), tag
+    text = "".join(dom.text)
+    assert HOSTILE_HOST in text  # shown as text
+    assert "\\u202e" in source  # bidi and terminal controls are shown escaped
+    assert "\\x1b" in source
+    hosts = [a["data-host"] for a in dom.find("tr", class_="blocked-host")]
+    assert hosts == [HOSTILE_HOST]
+    screenshot(page, "audit-report-hostile", capsys)
