@@ -528,6 +528,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0 if two else None,
         help="pin the load process to CPU (default 0 on 2+ CPUs)",
     )
+    p.add_argument("--no-pin", action="store_true", help="pin nothing (a smoke run in CI)")
     p.add_argument(
         "--seconds",
         type=float,
@@ -539,7 +540,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--churn-slots", type=int, default=8, help="churn cycles at a time")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
     p.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.no_pin:
+        args.pin = args.load_cpu = None
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
