@@ -6,10 +6,10 @@ and connections) and the modules of a real application, a full collection took 7
 the middle of the data path (docs/benchmarks.md#hundreds-of-sandboxes). What lives as long as
 the proxy, or as long as a sandbox, is not garbage, and need not be walked again and again:
 
-- after start-up, and after each burst of prepares (once none is in flight), the
-  objects that are not garbage are moved out of the collector's sight (`gc.freeze()`), after
-  one collection of what is *not* frozen yet, so no garbage is frozen with them. Frozen
-  objects are still freed by reference counting as usual.
+- after start-up, what there is (modules, the policy, the proxy) is moved out of the
+  collector's sight (`gc.freeze()`); after each burst of prepares (once none is in flight),
+  what is not frozen yet is collected once, then the survivors are frozen too, so no garbage
+  is frozen with them. Frozen objects are still freed by reference counting as usual.
 - Cycles among frozen objects that became garbage later (a released sandbox's, a closed
   connection's) are only found by a *compaction* (unfreeze, full collection, freeze again),
   run at a burst's end when the frozen set has doubled since the last one: memory stays
@@ -55,8 +55,8 @@ class Heap:
         self._timer: asyncio.TimerHandle | None = None
 
     def started(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start-up done: tune the thresholds, collect once, freeze what is left (what an
-        earlier proxy froze stays frozen: no full walk for every proxy of a process)."""
+        """Start-up done: tune the thresholds and freeze what there is (what an earlier proxy
+        froze stays frozen: no full walk for every proxy of a process)."""
         global _users, _saved
         if not self.enabled or self._tuned:
             return
@@ -66,8 +66,8 @@ class Heap:
             gc.set_threshold(YOUNG, *OLDER)
         _users += 1
         self._tuned = True
-        gc.collect()  # walks what is not frozen yet: the whole heap only for the first proxy
-        gc.freeze()
+        gc.freeze()  # no collection first: start-up stays pause-free (the next compaction
+        # finds what garbage was frozen with it)
         self.base = gc.get_freeze_count()
         self.settled += 1
 
