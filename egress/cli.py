@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_options(serve)
 
-    audit = sub.add_parser("audit", help="read audit logs (summarize|tail|filter|verify|suggest)")
+    audit = sub.add_parser(
+        "audit", help="read audit logs (summarize|tail|filter|verify|suggest|report|export)"
+    )
     audit.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 

@@ -22,6 +22,7 @@ from .config import Settings, settings_from_args
 from .policy.target import join_host_port
 from .printable import printable
 from .proxy.listener import ListenError
+from .proxy.operate import check_admin_address
 from .proxy.server import EgressProxy, Limits, parse_listen
 from .validate import as_count, as_timeout
 from .workers import READY, check_worker_args, serve_workers
@@ -58,7 +59,13 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--admin",
         metavar="HOST:PORT",
-        help="serve /metrics (Prometheus), /healthz and /readyz here (docs/metrics.md)",
+        help="serve /metrics (Prometheus), /healthz and /readyz here (docs/metrics.md); "
+        "a loopback address unless --admin-public",
+    )
+    g.add_argument(
+        "--admin-public",
+        action="store_true",
+        help="allow --admin on a non-loopback address (anyone who reaches it reads /metrics)",
     )
     g.add_argument(
         "--audit-fail",
@@ -202,6 +209,7 @@ async def run_serve(
         sni_missing=args.sni_missing,
         reuse_port=ready_fd is not None,
         admin=args.admin,
+        admin_public=args.admin_public,
         on_decision=on_decision,
     )
     stop = asyncio.Event()
@@ -360,7 +368,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         for spec in args.socks:
             parse_listen(spec)
         if args.admin:
-            parse_listen(args.admin, "--admin")
+            admin_host, _ = parse_listen(args.admin, "--admin")
+            check_admin_address(admin_host, args.admin_public, "--admin")
             if args.workers > 1:
                 raise ValueError("--admin serves one process's numbers: not with --workers > 1")
     except ValueError as exc:

@@ -45,13 +45,20 @@ from netcut.helpershell import (
     HelperExecutor,
     default_image,
     helper_argv,
+    is_ctr,
     why_failed,
 )
 from netcut.model import Keep
 from netcut.records import Store
 from netcut.render import parse_probe, render_script
 from netcut.status import CutStatus
-from netcut.target import TargetRef, find_runtime, parse_nameservers
+from netcut.target import (
+    TargetRef,
+    containerd_namespace,
+    containerd_task,
+    find_runtime,
+    parse_nameservers,
+)
 
 _DANGEROUS = {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
 
@@ -148,11 +155,15 @@ def inspect_network(target: TargetRef) -> ContainerNetwork:
 class _Container:
     """One container target: its runtime, full id, PID, inspect data."""
 
-    def __init__(self, ref: TargetRef) -> None:
+    def __init__(self, ref: TargetRef, runtime: str | None = None) -> None:
         if ref.kind != "container":
             raise InvalidInput(f"{ref}: helper mode needs --container")
         self.ref = ref
-        self.runtime = find_runtime(ref.runtime)
+        self.runtime = runtime or find_runtime(ref.runtime)
+        self.namespace: str | None = None
+        if is_ctr(self.runtime):
+            self._containerd()
+            return
         done = _run([self.runtime, "inspect", "--format", "{{json .}}", ref.value], RUN_TIMEOUT_S)
         if done.returncode != 0:
             why = why_failed(done.stderr or done.stdout, done.returncode)
@@ -167,6 +178,26 @@ class _Container:
         if pid == 0:
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: not running")
         self.pid = pid
+
+    def _containerd(self) -> None:
+        """A containerd task: its PID from `ctr task ls`, its capabilities from the OCI
+        spec in `ctr containers info` (the bounding set, judged like podman's)."""
+        resolved = containerd_task(self.ref, self.runtime)
+        assert resolved.pid is not None
+        self.namespace = containerd_namespace(self.ref)
+        self.pid, self.id = resolved.pid, self.ref.value
+        argv = [self.runtime, "-n", self.namespace, "containers", "info", self.id]
+        done = _run(argv, RUN_TIMEOUT_S)
+        try:
+            spec = json.loads(done.stdout)["Spec"]
+            process = spec.get("process") or {}
+            bounding = (process.get("capabilities") or {}).get("bounding") or []
+        except (ValueError, KeyError, TypeError, AttributeError):
+            why = why_failed(done.stderr or done.stdout, done.returncode)
+            raise TargetNotFound(
+                f"container {self.id!r} via ctr: no readable spec: {why}"
+            ) from None
+        self.info = {"Id": self.id, "BoundingCaps": list(bounding)}
 
     def __str__(self) -> str:
         return f"{self.ref} (helper via {os.path.basename(self.runtime)})"
@@ -261,9 +292,15 @@ def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container,
     one inspect per operation, overlapped: docs/netcut.md#helper-mode)."""
     if target.kind != "container":
         raise InvalidInput(f"{target}: helper mode needs --container")
-    with HelperExecutor(find_runtime(target.runtime), target.value, image) as ex:
-        ex.start()
-        c = _Container(target)
+    runtime = find_runtime(target.runtime)
+    with HelperExecutor(runtime, target.value, image) as ex:
+        if is_ctr(runtime):  # its helper joins the task's namespace by PID: resolve first
+            c = _Container(target, runtime)
+            ex.netns, ex.namespace = f"/proc/{c.pid}/ns/net", c.namespace
+            ex.start()
+        else:
+            ex.start()
+            c = _Container(target, runtime)
         ex.nameservers = c.nameservers()
         yield c, ex
 

@@ -167,27 +167,81 @@ class Built:
     files: int
 
 
-def build(runtime: str, tag: str | None = None) -> Built:
-    """Assemble the rootfs and `RUNTIME import` it as `tag` (default: `image_tag()`)."""
+def build(runtime: str, tag: str | None = None, *, namespace: str | None = None) -> Built:
+    """Assemble the rootfs and `RUNTIME import` it as `tag` (default: `image_tag()`); for
+    containerd (`ctr`), as a one-layer OCI archive into containerd namespace `namespace`."""
     start = time.perf_counter()
     sources = find_sources()
     tag = tag or image_tag(sources)
     data = rootfs_tar(sources)
+    if os.path.basename(runtime) == "ctr":
+        argv = [runtime, "-n", namespace or "default", "images", "import", "-"]
+        payload = oci_archive(data, tag)
+    else:
+        argv, payload = [runtime, "import", "-", tag], data
     try:
         done = subprocess.run(
-            [runtime, "import", "-", tag],
-            input=data,
-            capture_output=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
+            argv, input=payload, capture_output=True, timeout=BUILD_TIMEOUT_S, check=False
         )
     except FileNotFoundError:
         raise TargetNotFound(f"container runtime {runtime} not found") from None
     except subprocess.TimeoutExpired:
-        raise TargetNotFound(f"{runtime} import: no answer within {BUILD_TIMEOUT_S:g}s") from None
+        raise TargetNotFound(f"{runtime} import: no answer in {BUILD_TIMEOUT_S:g}s") from None
     if done.returncode != 0:
-        why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
-        raise TargetNotFound(f"importing helper image {tag} with {runtime}: {why[0]}")
+        why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        raise TargetNotFound(f"importing helper image {tag} with {runtime}: {why}")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         count = sum(1 for m in tar.getmembers() if m.isfile())
     return Built(tag, len(data), time.perf_counter() - start, count)
+
+
+def oci_archive(rootfs: bytes, tag: str) -> bytes:
+    """`rootfs` (a tar) as a one-layer OCI image archive named `tag`, for containerd's
+    `ctr images import`, which takes image archives only (docker and podman import a bare
+    rootfs tar). Deterministic: the same rootfs gives the same digests."""
+    import json
+
+    def blob(data: bytes) -> tuple[str, dict[str, object]]:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        return digest, {"digest": digest, "size": len(data)}
+
+    layer_digest, layer = blob(rootfs)
+    config = json.dumps({
+        "architecture": _oci_arch(), "os": "linux",
+        "config": {"Entrypoint": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    }, sort_keys=True).encode()  # fmt: skip
+    config_digest, config_desc = blob(config)
+    manifest = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer}],
+    }, sort_keys=True).encode()  # fmt: skip
+    manifest_digest, manifest_desc = blob(manifest)
+    name = tag if "/" in tag.split(":")[0] else f"docker.io/library/{tag}"
+    index = json.dumps({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
+            "annotations": {"io.containerd.image.name": name,
+                            "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1]},
+        }],
+    }, sort_keys=True).encode()  # fmt: skip
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for path, data in (
+            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+            ("index.json", index),
+            *((f"blobs/sha256/{d.split(':')[1]}", b) for d, b in (
+                (layer_digest, rootfs), (config_digest, config), (manifest_digest, manifest))),
+        ):  # fmt: skip
+            info = _info(path, tarfile.REGTYPE, 0o644)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _oci_arch() -> str:
+    machine = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)

@@ -42,12 +42,67 @@ def default_image() -> str:
     return helperimage.image_tag()
 
 
-def helper_argv(runtime: str, container_id: str, image: str) -> list[str]:
+# ctr's default capability set (containerd's oci.WithDefaultSpec); ctr 1.6 knows no
+# `--cap-drop ALL`, so each is dropped but NET_RAW, which the helper needs.
+_CTR_DEFAULT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "SETGID", "SETUID",
+                     "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL",
+                     "AUDIT_WRITE")  # fmt: skip
+# Where a containerd helper sees the target's net sysctls writable (render.PRELUDE's NCUT_SYS).
+CTR_SYS_NET = "/netcut/sys/net"
+
+
+def is_ctr(runtime: str) -> bool:
+    """Whether `runtime` is containerd's client, whose helper joins the namespace by path."""
+    return os.path.basename(runtime) == "ctr"
+
+
+def ctr_image(image: str) -> str:
+    """An image reference as containerd stores it: docker's short names in full."""
+    first = image.split("/", 1)[0]
+    if "/" not in image:
+        return f"docker.io/library/{image}"
+    if "." in first or ":" in first or first == "localhost":
+        return image
+    return f"docker.io/{image}"
+
+
+def helper_argv(
+    runtime: str,
+    container_id: str,
+    image: str,
+    *,
+    netns: str | None = None,
+    namespace: str | None = None,
+) -> list[str]:
     """argv of the helper run: shares only the network namespace, holds NET_ADMIN and
-    NET_RAW only, reads its commands from stdin."""
+    NET_RAW only, reads its commands from stdin. docker and podman join the container's
+    namespace (`--network container:ID`); containerd's `ctr run` joins it by the path of the
+    task's namespace file (`netns`, `--with-ns network:PATH`) in containerd namespace
+    `namespace`, and, since it cannot unmask /proc/sys, gets the target's net sysctls bound
+    writable at /netcut/sys/net (resolved in the namespace it runs in)."""
+    caps = [arg for cap in CAPABILITIES for arg in ("--cap-add", cap)]
+    if is_ctr(runtime):
+        if netns is None or namespace is None:
+            raise InvalidInput("a containerd helper needs the task's namespace file")
+        drop = [arg for cap in _CTR_DEFAULT_CAPS for arg in ("--cap-drop", f"CAP_{cap}")]
+        return [
+            runtime,
+            "-n",
+            namespace,
+            "run",
+            "--rm",
+            "--with-ns",
+            f"network:{netns}",
+            *drop,
+            *(arg if arg == "--cap-add" else f"CAP_{arg}" for arg in caps),
+            "--mount",
+            f"type=bind,src=/proc/sys/net,dst={CTR_SYS_NET},options=rbind:rw",
+            ctr_image(image),
+            f"netcut-helper-{secrets.token_hex(6)}",
+            "/bin/sh",
+        ]
     podman = "podman" in os.path.basename(runtime)
     unmask = "unmask=/proc/sys" if podman else "systempaths=unconfined"
-    caps = [arg for cap in CAPABILITIES for arg in ("--cap-add", cap)]
     return [
         runtime,
         "run",
@@ -83,8 +138,11 @@ def why_failed(text: str, code: int | None) -> str:
 
 def no_such_image(text: str) -> bool:
     """Whether an engine's answer to `run --pull never` says the image is not there: Docker CE
-    28 and Debian's 20.10 client (`No such image: IMAGE`), podman (`IMAGE: image not known`)."""
+    28 and Debian's 20.10 client (`No such image: IMAGE`), podman (`IMAGE: image not known`),
+    ctr (`ctr: image "IMAGE": not found`)."""
     lowered = text.lower()
+    if 'ctr: image "' in lowered and '": not found' in lowered:
+        return True
     return any(s in lowered for s in _NO_IMAGE)
 
 
@@ -126,6 +184,8 @@ class HelperExecutor:
         self.buffer = b""
         self.started = False  # the prelude answered
         self.runs = 0  # containers started (the goal is one per operation)
+        self.netns: str | None = None  # containerd: the task's namespace file
+        self.namespace: str | None = None  # containerd: its namespace
 
     def __enter__(self) -> HelperExecutor:
         return self
@@ -157,11 +217,13 @@ class HelperExecutor:
                 missing = no_such_image(str(exc))
                 if attempt == 2 or self.chosen is not None or not missing:
                     raise
-                helperimage.build(self.runtime, image)
+                helperimage.build(self.runtime, image, namespace=self.namespace)
 
     def _spawn(self, image: str) -> None:
         self.close()
-        argv = helper_argv(self.runtime, self.target, image)
+        argv = helper_argv(
+            self.runtime, self.target, image, netns=self.netns, namespace=self.namespace
+        )
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -296,8 +358,10 @@ __all__ = [
     "IMAGE_ENV",
     "RUN_TIMEOUT_S",
     "HelperExecutor",
+    "ctr_image",
     "default_image",
     "helper_argv",
+    "is_ctr",
     "no_such_image",
     "why_failed",
 ]

@@ -73,6 +73,9 @@ PRELUDE = (
         f'ncut_find NCUT_{n.upper()} {tool}; ncut_{n}() {{ "$NCUT_{n.upper()}" "$@"; }}\n'
         for n, tool in _TOOLS.items()
     )
+    # Where the net sysctls are writable: /proc/sys (docker and podman unmask it), or the
+    # bind mount a containerd helper gets, which ctr cannot unmask (helpershell.helper_argv).
+    + "NCUT_SYS=/proc/sys; if [ -d /netcut/sys/net ]; then NCUT_SYS=/netcut/sys; fi\n"
 )
 
 
@@ -142,7 +145,7 @@ def render_op(op: Op) -> list[str]:
         ]
         return [_q(args + (["nodad"] if isinstance(op, AddAddr) and a.family == AF_INET6 else []))]
     if isinstance(op, SetSysctl):
-        return [f"echo {shlex.quote(op.value)} > {shlex.quote('/proc/sys/' + op.key)}"]
+        return [f'echo {shlex.quote(op.value)} > "$NCUT_SYS"/{shlex.quote(op.key)}']
     if isinstance(op, KillFlows):
         return [_kill_flows(op)]
     raise RuntimeError(f"unexpected {op!r}")

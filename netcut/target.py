@@ -46,9 +46,10 @@ _ANSWER_ARGS = {
     "podman": ["info", "--format", "{{.Version.Version}}"],
     "containerd": ["--connect-timeout", "2s", "version"],
 }
-# Runtimes a helper container can be started with (helper.py): containerd has no
-# `run --network container:ID`.
-HELPER_RUNTIMES = ("docker", "podman")
+# Runtimes a helper container can be started with (helper.py): docker and podman join the
+# container's namespace (`--network container:ID`), containerd the task's by its path
+# (`ctr run --with-ns network:/proc/PID/ns/net`).
+HELPER_RUNTIMES = ("docker", "podman", "containerd")
 
 __all__ = [
     "CONTAINERD_NAMESPACE",
@@ -58,6 +59,8 @@ __all__ = [
     "TargetRef",
     "as_ref",
     "container",
+    "containerd_namespace",
+    "containerd_task",
     "find_runtime",
     "netns",
     "netns_path",
@@ -185,11 +188,22 @@ def _pid_target(ref: TargetRef, number: int, **extra: str) -> ResolvedTarget:
     return ResolvedTarget(ref, path, pid=number, resolv_conf=resolv, **extra)
 
 
+def containerd_namespace(ref: TargetRef) -> str:
+    """The containerd namespace of a container reference: `--namespace`, else
+    $CONTAINERD_NAMESPACE, else k8s.io (the kubelet's)."""
+    env = os.environ.get(CONTAINERD_NAMESPACE_ENV, "").strip()
+    return ref.namespace or env or CONTAINERD_NAMESPACE
+
+
+def containerd_task(ref: TargetRef, ctr: str) -> ResolvedTarget:
+    """A containerd task's namespace, by its PID (`ctr -n NS task ls`)."""
+    return _containerd_target(ref, ctr, containerd_namespace(ref))
+
+
 def _container_target(ref: TargetRef) -> ResolvedTarget:
     name, runtime = choose_runtime(ref.runtime)
     if name == "containerd":
-        env = os.environ.get(CONTAINERD_NAMESPACE_ENV, "").strip()
-        return _containerd_target(ref, runtime, ref.namespace or env or CONTAINERD_NAMESPACE)
+        return containerd_task(ref, runtime)
     argv = [runtime, "inspect", "--format", "{{.State.Pid}}", ref.value]
     done = _ask(argv)
     out = done.stdout.strip()

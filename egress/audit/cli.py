@@ -312,6 +312,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """The request records as OCSF events, one JSON line each; control and lifecycle records
+    are left out, and counted on stderr (docs/audit-log.md#egress-audit-export)."""
+    from egress import __version__
+    from egress.audit.ocsf import to_ocsf
+
+    window = _event_filter(args)
+    left_out = 0
+    for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}")):
+        record = parse_record(line.data)
+        if record is None or not is_request(record):
+            left_out += 1
+            continue
+        if window.in_window(record):
+            print(json.dumps(to_ocsf(record, __version__), separators=(",", ":")))
+    if left_out:
+        _warn(f"{left_out} control, lifecycle or unreadable line(s) left out (not requests)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="egress audit", description="Read, filter and verify egress audit logs."
@@ -379,6 +399,14 @@ def _parser() -> argparse.ArgumentParser:
         help="accept a last run without an end record (still being written)",
     )
     report.add_argument("paths", nargs="+", metavar="LOG")
+    export = commands.add_parser(
+        "export",
+        help="print the request records as OCSF 1.7.0 events (HTTP, Network and DNS "
+        "Activity), one JSON line each, for a SIEM",
+    )
+    export.add_argument("--format", required=True, choices=("ocsf",), help="the event format")
+    _add_window(export)
+    export.add_argument("paths", nargs="+", metavar="LOG")
     verify = commands.add_parser("verify", help="check the hash chain: exit 1 if broken")
     verify.add_argument(
         "--live",
@@ -454,6 +482,7 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "verify": cmd_verify,
     "suggest": cmd_suggest,
     "report": cmd_report,
+    "export": cmd_export,
 }
 
 

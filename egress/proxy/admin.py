@@ -9,7 +9,9 @@ so two embedded proxies never mix their numbers and nothing touches the global r
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -105,7 +107,9 @@ class AdminServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_ProxyCollector(metrics))
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
         self.address: tuple[str, int] | None = None
+        self.open = 0  # connections open now (bounded by `start`'s `max_connections`)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -114,19 +118,41 @@ class AdminServer:
         app.router.add_get("/readyz", self._readyz)
         return app
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        """Listen on `host:port` (0 = ephemeral); returns the bound address. OSError."""
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        server = site._server  # aiohttp exposes the bound socket only here
-        assert server is not None
-        sockname = server.sockets[0].getsockname()  # type: ignore[attr-defined]
+    async def start(
+        self, host: str, port: int, max_connections: int = 16, lifetime: float = 10.0
+    ) -> tuple[str, int]:
+        """Listen on `host:port` (0 = ephemeral); returns the bound address. OSError.
+
+        At most `max_connections` at once (beyond: 503 and closed), each closed `lifetime`
+        seconds after it was accepted whatever it is doing: a scrape takes milliseconds,
+        and idle or trickling connections must not hold descriptors the proxy needs
+        (docs/metrics.md#admin-endpoint-limits)."""
+        from .listener import listen_socket
+
+        runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=lifetime / 2
+        )
+        self._runner = runner
+        await runner.setup()
+        handlers = runner.server
+        assert handlers is not None
+        loop = asyncio.get_running_loop()
+
+        def factory() -> asyncio.Protocol:
+            if self.open >= max_connections:
+                return _Busy()
+            return _Bounded(self, handlers(), loop, lifetime)
+
+        sock = listen_socket(host, port, 16)
+        self._server = await loop.create_server(factory, sock=sock)
+        sockname = sock.getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
         return self.address
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -141,6 +167,56 @@ class AdminServer:
     async def _readyz(self, _: web.Request) -> web.Response:
         ok, why = self.ready()
         return web.Response(text=f"{why}\n", status=200 if ok else 503)
+
+
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class _Busy(asyncio.Protocol):
+    """Over the admin endpoint's connection limit: 503 and closed at once (it must not
+    hold a descriptor; a client that already sent its request may see a reset instead)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement the interface without subclassing asyncio's
+        cast(asyncio.WriteTransport, transport).write(BUSY)
+        transport.close()
+
+
+class _Bounded(asyncio.Protocol):
+    """aiohttp's request handler for one connection, counted and closed after `timeout`."""
+
+    def __init__(
+        self, owner: AdminServer, inner: asyncio.Protocol, loop: asyncio.AbstractEventLoop,
+        timeout: float,
+    ) -> None:  # fmt: skip
+        owner.open += 1
+        self.owner = owner
+        self.inner = inner
+        self.loop = loop
+        self.timeout = timeout
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.timer = self.loop.call_later(self.timeout, cast(asyncio.Transport, transport).abort)
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.open -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
 
 
 def admin_url(address: tuple[str, int]) -> str:

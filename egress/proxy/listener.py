@@ -17,6 +17,7 @@ from ..policy.target import join_host_port, split_host_port
 from .clients import Identity
 
 if TYPE_CHECKING:
+    from .accept import Acceptor
     from .dnsanswer import FakeIPs
 
 BACKLOG = 1024
@@ -36,7 +37,7 @@ class Listener:
     netns: str | None = None
     identity: Identity | None = None
     forward_to: tuple[str, int] | None = None
-    server: asyncio.base_events.Server | None = None
+    acceptor: Acceptor | None = None  # accepts on its socket (accept.py)
     kind: ListenerKind = "http"
     # transparent mode: the sandbox's fake-IP map (shared with its DNS responder) and, for a
     # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
@@ -51,8 +52,8 @@ class Listener:
         return self.host, self.port
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        if self.acceptor is not None:
+            self.acceptor.close()
         if self.datagram is not None:
             self.datagram.close()
 

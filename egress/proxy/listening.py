@@ -11,15 +11,18 @@ closing what it accepted. A mixin of `EgressProxy` (`server.py`). The socket its
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..config import ClientSpec
 from ..policy.rules import Policy, parse_framework_route
 from ..reasons import End
+from .accept import Acceptor, Reserve
 from .clients import Identity
 from .fast import FastClient
-from .listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
+from .fdbudget import AcceptFailures
+from .listener import Listener, ListenerKind, listen_socket, parse_listen
 from .netns import listen_in_netns_async
 
 if TYPE_CHECKING:
@@ -32,12 +35,7 @@ class ClientSide(FastClient):
 
     def __init__(self, proxy: ListenerControl, listener: Listener) -> None:
         super().__init__(proxy.loop, max_buffer=proxy.limits.max_head)
-        self.proxy = proxy
         self.listener = listener
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.proxy._accepted(self)
 
 
 class ListenerControl:
@@ -48,18 +46,34 @@ class ListenerControl:
     limits: Limits
     listeners: list[Listener]
     reuse_port: bool
+    backlog: int  # shortened when descriptors are scarce (fdbudget.py)
     _conns: set[Conn]
-    _accepted: Callable[[ClientSide], None]  # EgressProxy's: starts serving a connection
+    # EgressProxy's: admit (and serve) or refuse an accepted socket; refuse one accepted
+    # with the reserved descriptor (accept.py)
+    _take: Callable[[Listener, socket.socket, object], None]
+    _refuse_exhausted: Callable[[Listener, socket.socket, object], None]
+    _reserve: Reserve
+    _accept_failures: AcceptFailures
     _policy_applied: Callable[[str | None, Policy, str], None]  # ClientControl's
 
     async def _open_listener(self, listener: Listener) -> Listener:
+        backlog = self.backlog
         if listener.netns:
-            sock = await listen_in_netns_async(listener.netns, listener.host, listener.port)
+            sock = await listen_in_netns_async(
+                listener.netns, listener.host, listener.port, backlog=backlog
+            )
         else:
-            sock = listen_socket(listener.host, listener.port, reuse_port=self.reuse_port)
-        listener.server = await self.loop.create_server(
-            lambda: ClientSide(self, listener), sock=sock, backlog=BACKLOG
+            sock = listen_socket(listener.host, listener.port, backlog, reuse_port=self.reuse_port)
+        acceptor = Acceptor(
+            self.loop,
+            sock,
+            lambda s, addr: self._take(listener, s, addr),
+            lambda s, addr: self._refuse_exhausted(listener, s, addr),
+            self._reserve,
+            self._accept_failures,
         )
+        listener.acceptor = acceptor
+        acceptor.start()
         bound = sock.getsockname()
         listener.host, listener.port = str(bound[0]), int(bound[1])
         self.listeners.append(listener)

@@ -7,9 +7,40 @@ the counting itself is `Observers` (`observe.py`), fed from the access records.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .observe import ExecutionSummary, Observers
+
+log = logging.getLogger("egress")
+
+# the admin endpoint's own bounds (docs/metrics.md#admin-endpoint-limits): scrapes are short,
+# so a few connections, each closed after ADMIN_TIMEOUT seconds whatever it is doing; they
+# count in the descriptor budget (fdbudget.py)
+ADMIN_MAX_CONNECTIONS = 16
+ADMIN_TIMEOUT = 10.0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_admin_address(host: str, public: bool, what: str) -> None:
+    """The admin endpoint on a non-loopback address must be asked for (`admin_public`,
+    `--admin-public`): its numbers name every client and destination host seen."""
+    if not public and not is_loopback(host):
+        raise ValueError(
+            f"{what} {host!r} is not a loopback address: /metrics would be open to every "
+            "host that can reach it; pass admin_public=True (egress serve --admin-public) "
+            "to mean it (docs/metrics.md#admin-endpoint-limits)"
+        )
+
 
 if TYPE_CHECKING:
     from .listener import Listener
@@ -61,7 +92,13 @@ class Operations:
         if self._metrics is None:
             raise ValueError("the admin listener needs metrics (metrics=True)")
         self.admin = AdminServer(self._metrics, self.ready)
-        await self.admin.start(host, port)
+        await self.admin.start(host, port, ADMIN_MAX_CONNECTIONS, ADMIN_TIMEOUT)
+        if not is_loopback(host):
+            log.warning(
+                "egress: the admin endpoint listens on %s, not a loopback address: anyone "
+                "who can reach it reads /metrics (docs/metrics.md#admin-endpoint-limits)",
+                host,
+            )
 
     def track_execution(self, client_id: str) -> ExecutionSummary:
         """Count `client_id`'s access records from now on (`prepare_execution` does this)."""

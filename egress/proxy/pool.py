@@ -3,8 +3,8 @@
 Shell. Like httpcore's connection pool, keyed by what was *checked*: the (address, port) the
 gate admitted, never the name, so a pooled connection is only reused for a request that was
 itself judged and resolved to that address (docs/architecture.md#one-request). Bounds:
-`per_key` idle connections per key, each closed after `idle` seconds (the server's sweeper
-calls `sweep`).
+`per_key` idle connections per key and `max_idle` in all (they count in the descriptor
+budget, `fdbudget.py`), each closed after `idle` seconds (the server's sweeper calls `sweep`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,17 @@ from .relay import Side
 class UpstreamPool:
     """Idle upstream `Side`s by (address, port), and the dialer that makes new ones."""
 
-    __slots__ = ("_idle", "_loop", "closing", "connect_timeout", "idle", "metrics", "per_key")
+    __slots__ = (
+        "_held",
+        "_idle",
+        "_loop",
+        "closing",
+        "connect_timeout",
+        "idle",
+        "max_idle",
+        "metrics",
+        "per_key",
+    )
 
     def __init__(
         self,
@@ -31,6 +41,7 @@ class UpstreamPool:
         connect_timeout: float,
         idle: float,
         per_key: int,
+        max_idle: int = 256,
     ) -> None:
         self._loop = loop
         self.metrics: ProxyMetrics | None = None  # set by the proxy (docs/metrics.md)
@@ -38,6 +49,8 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self.idle = idle
         self.per_key = per_key
+        self.max_idle = max_idle
+        self._held = 0  # idle connections in all
         self.closing = False
 
     async def dial(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
@@ -71,6 +84,7 @@ class UpstreamPool:
             idle = self._idle.get((addr, port))
             while idle:
                 side = idle.pop()
+                self._held -= 1
                 t = side.transport
                 if not side.eof and not side.buf and t is not None and not t.is_closing():
                     return side, addr
@@ -83,10 +97,11 @@ class UpstreamPool:
             upstream.close()
             return
         idle = self._idle.setdefault((ip, port), [])
-        if len(idle) >= self.per_key:
+        if len(idle) >= self.per_key or self._held >= self.max_idle:
             upstream.close()
             return
         idle.append(upstream)
+        self._held += 1
 
     def sweep(self, now: float) -> None:
         """Close idle connections that saw EOF or sat unused for longer than `idle`."""
@@ -97,6 +112,7 @@ class UpstreamPool:
                     side.close()
                 else:
                     keep.append(side)
+            self._held -= len(sides) - len(keep)
             if keep:
                 self._idle[key] = keep
             else:
@@ -108,6 +124,7 @@ class UpstreamPool:
             for side in sides:
                 side.close()
         self._idle.clear()
+        self._held = 0
 
 
 __all__ = ["UpstreamPool"]

@@ -27,35 +27,42 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import resource
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
-from typing import Any
+from typing import Any, Final
 
 from ..config import Settings, resolve_pins
 from ..errors import ProtocolError
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
-from ..reasons import End
+from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
+from .accept import Lingering, Reserve
 from .clients import ClientTable
 from .conn import Conn, Limits, read_head, sweep
 from .control import ClientControl
+from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
 from .forward import serve_request
 from .gate import (
     HEAD_TIMEOUT,
     Gate,
+    Refuse,
     SniMissing,
     admit_connection,
     refuse_head,
 )
 from .heap import Heap
-from .listener import Listener, ListenError, parse_listen, peer_text
+from .listener import BACKLOG, Listener, ListenError, parse_listen, peer_text
 from .listening import ClientSide, ListenerControl
 from .metrics import ProxyMetrics
 from .observe import DecisionCallback, Observers
-from .operate import Operations
+from .operate import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .pool import UpstreamPool
 from .resolve import Resolver
+from .responses import error_response
 from .steps import AuditSink, Steps
 from .tunnel import serve_forwarder, serve_tunnel
 
@@ -111,6 +118,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         on_decision: DecisionCallback | Iterable[DecisionCallback] | None = None,
         reuse_port: bool = False,
         resolve: Mapping[str, str | Iterable[str]] | None = None,
+        admin_public: bool = False,
         tune_gc: bool = True,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
@@ -123,6 +131,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             ("require_auth", require_auth),
             ("metrics", metrics),
             ("reuse_port", reuse_port),
+            ("admin_public", admin_public),
             ("tune_gc", tune_gc),
         ):
             as_bool(value, f"EgressProxy {flag}")
@@ -164,7 +173,14 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
+        if self.admin_spec is not None:
+            check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
         self.admin: Any = None  # egress.proxy.admin.AdminServer once started
+        self.backlog = BACKLOG  # shortened when descriptors are scarce (fdbudget.py)
+        self.fd_note: str | None = None  # what the descriptor budget changed, if anything
+        self._reserve = Reserve()  # one descriptor to answer with when none is left
+        self._lingering: Any = None  # accept.Lingering, once the loop is known
+        self._accept_failures = AcceptFailures()
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -190,8 +206,15 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.loop = loop = asyncio.get_running_loop()
         self._started = True
         lim = self.limits
+        self._fit_descriptors()
+        self._lingering = Lingering(loop)
+        lim = self.limits
         self.pool = UpstreamPool(
-            loop, connect_timeout=lim.connect_timeout, idle=lim.pool_idle, per_key=lim.pool_per_key
+            loop,
+            connect_timeout=lim.connect_timeout,
+            idle=lim.pool_idle,
+            per_key=lim.pool_per_key,
+            max_idle=pool_max_idle(lim.max_connections),
         )
         self.steps = Steps(
             loop,
@@ -255,10 +278,6 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                     conn.upstream.abort()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        for listener in self.listeners:
-            if listener.server is not None:
-                with contextlib.suppress(Exception):
-                    await listener.server.wait_closed()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -269,7 +288,33 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.resolver.close()
         if self.admin is not None:
             await self.admin.stop()
+        self._reserve.close()
         self.heap.stopped()
+
+    # --- descriptors (docs/proxy.md#file-descriptors) ---------------------------------------
+    def _fit_descriptors(self) -> None:
+        """Make `max_connections` fit RLIMIT_NOFILE: raise the soft limit when it is lower
+        than the cap needs, else lower the cap (and the listen backlog) and say so."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        top = None if hard == resource.RLIM_INFINITY else hard
+        admin = ADMIN_MAX_CONNECTIONS if self.admin_spec is not None else 0
+        try:
+            in_use = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            in_use = 0
+        cap = self.limits.max_connections
+        plan = plan_fds(cap, BACKLOG, admin + in_use, soft, top)
+        if plan.soft != soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (plan.soft, hard))
+            except (ValueError, OSError):
+                plan = plan_fds(cap, BACKLOG, admin + in_use, soft, soft)
+        if plan.max_connections != cap:
+            self.limits = dataclasses.replace(self.limits, max_connections=plan.max_connections)
+        self.backlog = plan.backlog
+        self.fd_note = plan.note
+        if plan.note is not None:
+            log.warning("egress: %s", plan.note)
 
     # --- the sweeper: timeouts without per-operation timers --------------------------------
     async def _sweep(self) -> None:
@@ -291,34 +336,56 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                     await self.refresh_host_local()
 
     # --- per connection ---------------------------------------------------------------------
-    def _accepted(self, side: ClientSide) -> None:
+    def _take(self, listener: Listener, sock: socket.socket, addr: object) -> None:
         """A new connection: admitted (counted for its client from now on, admission.py)
-        or refused at once, before it costs a task (docs/proxy.md#limits)."""
-        assert side.transport is not None
-        peer = side.transport.get_extra_info("peername")
-        listener = side.listener
-        conn = Conn(side, peer_text(peer), peer, listener, phase_since=self.loop.time())
+        and served, or refused at once, before it costs a transport or a task
+        (docs/proxy.md#limits)."""
+        sock.setblocking(False)
+        side = ClientSide(self, listener)
+        conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         steps = self.steps
         audit_ok = self.audit is None or self.audit.accepting
         refusal = admit_connection(
             steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
         ) or steps.admit(conn)
         if refusal is not None:
-            # SOCKS5, DNS and transparent clients do not speak HTTP: closed without an answer
-            http = listener.kind == "http" and listener.forward_to is None
-            steps.refuse_now(conn, refusal, write=http)
-            steps.release(conn)
-            side.close()
+            self._refuse_socket(conn, sock, refusal)
             return
         if listener.kind == "http" and listener.forward_to is None:
             # the forward proxy's kept-alive requests may take the callback fast path; a
             # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
             side.conn, side.steps = conn, steps
         self._conns.add(conn)
-        conn.task = self.loop.create_task(self._serve(conn))
+        conn.task = self.loop.create_task(self._serve(conn, sock))
 
-    async def _serve(self, conn: Conn) -> None:
+    def _refuse_exhausted(self, listener: Listener, sock: socket.socket, addr: object) -> None:
+        """A connection accepted with the reserved descriptor: answered 503, recorded."""
+        conn = Conn(ClientSide(self, listener), peer_text(addr), addr, listener)
+        self._refuse_socket(conn, sock, OUT_OF_DESCRIPTORS)
+
+    def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:
+        """Answer (HTTP) or just close (SOCKS5, DNS, transparent: no protocol to answer in)
+        straight on the socket, and record it."""
+        listener = conn.listener
+        if listener.kind == "http" and listener.forward_to is None:
+            _, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
+            with contextlib.suppress(OSError):
+                sock.send(data)
+            self._lingering.close(sock)
+        else:
+            sock.close()
+        self.steps.refuse_now(conn, refusal, write=False)
+        self.steps.release(conn)
+
+    async def _serve(self, conn: Conn, sock: socket.socket) -> None:
         try:
+            try:
+                await self.loop.connect_accepted_socket(lambda: conn.side, sock)
+            except OSError:
+                sock.close()
+                return
+            if conn.end is not None or self.closing:  # evicted, or stopping, meanwhile
+                return
             forward_to = conn.listener.forward_to
             if forward_to is not None:
                 await serve_forwarder(self.steps, conn, forward_to)
@@ -357,6 +424,12 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         keep = await serve_request(self.steps, conn, head)
         conn.phase, conn.phase_since = "idle", self.loop.time()
         return keep
+
+
+OUT_OF_DESCRIPTORS: Final = Refuse(
+    Reason.TOO_MANY_CONNECTIONS,
+    "out of file descriptors (docs/proxy.md#file-descriptors)",
+)
 
 
 async def _serve_other(steps: Steps, conn: Conn) -> None:

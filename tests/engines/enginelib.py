@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -143,6 +144,12 @@ def _start_ctr_box(box: Box) -> Box:
     sh(*inns, "link", "set", "lo", "up")
     sh(*inns, "route", "add", "default", "via", host)
     box.gateway, box.ip = host, inside
+    # The kernel gives eth0 its IPv6 link-local address (and routes) a moment after it comes
+    # up: wait for them, so that the routes the tests compare are the settled ones.
+    deadline = time.monotonic() + 30
+    while "fe80::/64 dev eth0" not in sh(*inns, "-6", "route", "show").stdout:
+        assert time.monotonic() < deadline, "eth0 never got its IPv6 link-local route"
+        time.sleep(0.05)
     return box
 
 
@@ -226,8 +233,13 @@ def shell_image(engine: str, shell: str) -> str:
             info = tarfile.TarInfo(inside.lstrip("/"))
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
-    done = subprocess.run([engine, "import", "-", tag], input=buf.getvalue(),
-                          capture_output=True, timeout=300, check=False)  # fmt: skip
+    if engine == "containerd":
+        argv = ["ctr", "-n", CTR_NAMESPACE, "images", "import", "-"]
+        payload = helperimage.oci_archive(buf.getvalue(), tag)
+    else:
+        argv, payload = [engine, "import", "-", tag], buf.getvalue()
+    done = subprocess.run(argv, input=payload, capture_output=True, timeout=300, check=False)
+
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     _built.add((engine, shell))
     return tag

@@ -153,3 +153,4 @@ def test_docker_runtime_without_an_engine(tmp_path_factory: pytest.TempPathFacto
     assert out["image_question"] == [1, 0, 1, 2]
     assert out["exec_env"] == [False, True]
     assert out["background_env"]
+    assert out["objects"] == [["a.pypi.test:*"], ["*.evil.test:*"], "allow"]

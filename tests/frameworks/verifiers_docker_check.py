@@ -10,10 +10,13 @@ import asyncio
 import json
 from types import SimpleNamespace
 
+from verifiers.v1.configs.runtime import NetworkPolicyConfig
 from verifiers.v1.runtimes import container
 from verifiers.v1.runtimes import docker as docker_mod
 from verifiers.v1.runtimes.docker import DockerConfig
+from verifiers.v1.task import TaskData
 
+from egress import from_verifiers
 from egress.integrations import verifiers as integration
 from egress.integrations.verifiers import EgressDockerRuntime
 
@@ -57,6 +60,12 @@ async def main() -> dict[str, object]:
     out["exec_env"] = ["HTTPS_PROXY=http://c:t@127.0.0.1:3128" in before,
                        "HTTPS_PROXY=http://c:t@127.0.0.1:3128" in after]  # fmt: skip
     out["background_env"] = runtime._proxy_env() == dict(runtime.egress.plan.env)
+    # from_verifiers takes verifiers' own objects too: a config and a TaskData
+    task = TaskData(prompt="x", network_allow=["a.pypi.test", "b.test"], network_block=[])
+    mapped = from_verifiers(NetworkPolicyConfig(allow=["*.pypi.test"]), task=task)
+    alone = from_verifiers(TaskData(prompt="x", network_block=["evil.test"]))
+    out["objects"] = [[r.text for r in mapped.allow_rules], [r.text for r in alone.block_rules],
+                      alone.default]  # fmt: skip
     return out
 
 

@@ -139,6 +139,20 @@ async def test_the_demo_report_in_chromium(
         "sandbox_added",
         "sandbox_removed",
     }
+    # the same log exported for a SIEM passes the published OCSF schema
+    import jsonschema
+    from ocsf_json_schema import OcsfJsonSchemaEmbedded, get_ocsf_schema
+
+    assert audit_main(["export", "--format", "ocsf", str(log)]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(events) == len(requests)
+    schema = OcsfJsonSchemaEmbedded(get_ocsf_schema(version="1.7.0"))
+    names = {4001: "network_activity", 4002: "http_activity", 4003: "dns_activity"}
+    for event in events:
+        js = schema.get_class_schema(
+            class_name=names[event["class_uid"]], profiles=["security_control"]
+        )
+        assert not list(jsonschema.Draft202012Validator(js).iter_errors(event)), event
 
 
 HOSTILE_HOST = '<script>alert("host")</script>.test'

@@ -273,7 +273,7 @@ def test_dry_run_prints_the_helper_script(
     assert "helper script:" in out
     assert f"ncut_ip -4 route add {topo.gateway}/32 dev eth0 table 254 proto 110" in out
     assert "ncut_iptables -w -N NETCUT" in out
-    assert "echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6" in out
+    assert 'echo 1 > "$NCUT_SYS"/net/ipv6/conf/eth0/disable_ipv6' in out
     assert len(runs(fake_runtime)) <= 2, "one run (after the image import), state dump only"
     assert topo.routes() == routes
 

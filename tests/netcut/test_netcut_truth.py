@@ -88,7 +88,7 @@ def test_tampered_cut_is_partial_and_a_second_cut_repairs_it(topo: Topology, nam
     assert any(d.startswith(difference) for d in status.details), status.details
     shown = cli("status", "--netns", t.sandbox, "--json")
     data = json.loads(shown.stdout)
-    assert shown.returncode == 0
+    assert shown.returncode == 3, "partial (docs/netcut.md#exit-codes)"
     assert data["state"] == "partial"
     assert any(d.startswith(difference) for d in data["details"])
     assert cli("status", "--netns", t.sandbox).stdout.splitlines()[0] == "partial"

@@ -84,6 +84,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "require_auth": "bool",
             "metrics": "bool",
             "reuse_port": "bool",
+            "admin_public": "bool",
             "tune_gc": "bool",
             "host_local": "list?",
             "on_decision": "callbacks?",

@@ -34,6 +34,7 @@ PURE = [
     "proxy.metrics",
     "proxy.admission",
     "proxy.tally",
+    "proxy.fdbudget",
     "audit.format",
     "audit.redact",
     "audit.timebounds",

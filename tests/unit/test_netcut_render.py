@@ -112,7 +112,7 @@ def test_malformed_dump_is_invalid_input(text: str) -> None:
         ),
         (
             SetSysctl("net/ipv6/conf/eth0/disable_ipv6", "1", "0"),
-            ["echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6"],
+            ['echo 1 > "$NCUT_SYS"/net/ipv6/conf/eth0/disable_ipv6'],
         ),
         (
             AddBackstop(AF_INET6, (FilterRule("ACCEPT", out_iface="lo"),)),

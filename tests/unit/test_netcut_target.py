@@ -182,7 +182,11 @@ def test_runtime_order(flag: str | None, env: dict[str, str], expected: list[str
 
 
 def test_helper_runtimes_exclude_containerd() -> None:
-    assert target.runtime_candidates(None, {}, target.HELPER_RUNTIMES) == ["docker", "podman"]
+    assert target.runtime_candidates(None, {}, target.HELPER_RUNTIMES) == [
+        "docker",
+        "podman",
+        "containerd",
+    ]
 
 
 def test_missing_runtime_names_what_was_tried(monkeypatch: pytest.MonkeyPatch) -> None:
