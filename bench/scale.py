@@ -194,24 +194,28 @@ def origin_namespace() -> Iterator[tuple[str, str]]:
 
 
 class Pauses:
-    """Every garbage-collector pause while recording (gc.callbacks): (generation, ms)."""
+    """Every garbage-collector pause while recording (gc.callbacks): (generation, wall ms,
+    CPU ms). The wall time is what the loop waited; the CPU time (the thread's) is what the
+    collection cost, without the time the scheduler gave other processes meanwhile."""
 
     def __init__(self) -> None:
         self.recording = False
-        self.pauses: list[tuple[int, float]] = []
-        self._t0 = 0.0
+        self.pauses: list[tuple[int, float, float]] = []
+        self._t0 = self._c0 = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0, self._c0 = time.perf_counter(), time.thread_time()
         elif self.recording:
-            self.pauses.append((info["generation"], (time.perf_counter() - self._t0) * 1000))
+            wall = (time.perf_counter() - self._t0) * 1000
+            self.pauses.append((info["generation"], wall, (time.thread_time() - self._c0) * 1000))
 
     def summary(self) -> dict[str, Any]:
-        by_gen = {g: [ms for gen, ms in self.pauses if gen == g] for g in (0, 1, 2)}
+        by_gen = {g: [ms for gen, ms, _ in self.pauses if gen == g] for g in (0, 1, 2)}
         return {
             "gc_pauses": len(self.pauses),
-            "gc_max_ms": round(max((ms for _, ms in self.pauses), default=0.0), 2),
+            "gc_max_ms": round(max((ms for _, ms, _ in self.pauses), default=0.0), 2),
+            "gc_max_cpu_ms": round(max((c for _, _, c in self.pauses), default=0.0), 2),
             **{f"gc_gen{g}": len(v) for g, v in by_gen.items()},
             **{f"gc_gen{g}_max_ms": round(max(v, default=0.0), 2) for g, v in by_gen.items()},
         }
@@ -246,12 +250,14 @@ async def prepare_release(proxy: Any, names: list[str]) -> dict[str, Any]:
     from egress import prepare_execution, release_execution
 
     rss0, wrss0, fds0 = rss_kib("self"), sum(rss_kib(p) for p in worker_pids()), fds()
+    own0 = sum(os.times()[:2])
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     prepared = await asyncio.gather(
         *(_timed(prepare_execution(n, policy_of(i), proxy)) for i, n in enumerate(names))
     )
     batch = (time.perf_counter() - t0) * 1000
     cpu_prepare = (cpu_seconds() - cpu0) * 1000 / len(names)
+    cpu_prepare_proxy = (sum(os.times()[:2]) - own0) * 1000 / len(names)
     not_cut = [ex.sandbox for _, ex in prepared if ex.cut is None or not ex.probe.ok]
     rss1, wrss1, fds1 = rss_kib("self"), sum(rss_kib(p) for p in worker_pids()), fds()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
@@ -269,6 +275,7 @@ async def prepare_release(proxy: Any, names: list[str]) -> dict[str, Any]:
         "prepare_ms_p99": round(pct(prep, 0.99), 1),
         "prepare_batch_ms": round(batch, 1),
         "prepare_cpu_ms": round(cpu_prepare, 2),
+        "prepare_cpu_proxy_ms": round(cpu_prepare_proxy, 2),
         "release_ms_p50": round(statistics.median(rel), 1),
         "release_ms_p99": round(pct(rel, 0.99), 1),
         "release_batch_ms": round(release_batch, 1),
@@ -352,8 +359,22 @@ async def datapath(
             ticker.lags.clear()
             pauses.recording = ticker.recording = True
             cmd = {"phase": phase, "n": len(names), "rate": args.rate, "seconds": args.seconds}
+            cpu0 = sum(os.times()[:2])
+            profiler = None
+            if args.profile and phase == "paced" and len(names) == max(args.n):
+                import cProfile
+
+                profiler = cProfile.Profile()
+                profiler.enable()
             found = await asyncio.to_thread(load.ask, cmd)
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(args.profile)
+            cpu = sum(os.times()[:2]) - cpu0
             pauses.recording = ticker.recording = False
+            # load-independent: this process's CPU per request (the ticker's share included)
+            found["proxy_cpu_us_per_request"] = round(cpu * 1e6 / max(1, found["requests"]), 1)
+            found["proxy_cpu_share"] = round(cpu / args.seconds, 2)
             found.update(pauses.summary())
             found.update(ticker.summary())
             out[phase] = found
@@ -500,6 +521,67 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     return out
 
 
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The run's tables for docs/benchmarks.md#hundreds-of-sandboxes."""
+    lines = ["| N | prepare p50 / p99 ms | whole batch ms | CPU per prepare ms (proxy) "
+             "| release p50 / p99 ms | CPU per release ms | load avg |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in result["runs"]:
+        lines.append(
+            f"| {r['n']} | {_cell(r['prepare_ms_p50'])} / {_cell(r['prepare_ms_p99'])} "
+            f"| {_cell(r['prepare_batch_ms'])} | {_cell(r['prepare_cpu_ms'])} "
+            f"({_cell(r.get('prepare_cpu_proxy_ms'))}) "
+            f"| {_cell(r['release_ms_p50'])} / {_cell(r['release_ms_p99'])} "
+            f"| {_cell(r['release_cpu_ms'])} | {r['load_average']:.1f} |"
+        )
+    lines += ["", "| N | proxy RSS KiB / sandbox | workers RSS KiB / sandbox | fds / sandbox |",
+              "|---|---|---|---|"]  # fmt: skip
+    for r in result["runs"]:
+        if r["n"] >= 50:
+            lines.append(
+                f"| {r['n']} | {_cell(r['proxy_rss_kib_per_sandbox'])} "
+                f"| {_cell(r['workers_rss_kib_per_sandbox'])} | {_cell(r['fds_per_sandbox'])} |"
+            )
+    if result.get("datapath"):
+        lines += ["", "| N | phase | req/s | p50 / p99 / max ms | loop lag p50 / p99 / max ms "
+                  "| GC pauses (gen 2) | longest GC wall / CPU ms | proxy CPU us/req "
+                  "| proxy CPU share | cross-sandbox 200 / 403 | load avg |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for d in result["datapath"]:
+            for phase in ("paced", "closed"):
+                x = d[phase]
+                lines.append(
+                    f"| {d['n']} | {phase} | {_cell(x['rps'])} "
+                    f"| {_cell(x['ms_p50'])} / {_cell(x['ms_p99'])} / {_cell(x['ms_max'])} "
+                    f"| {_cell(x['lag_ms_p50'])} / {_cell(x['lag_ms_p99'])} "
+                    f"/ {_cell(x['lag_ms_max'])} | {x['gc_pauses']} ({x['gc_gen2']}) "
+                    f"| {_cell(x['gc_max_ms'])} / {_cell(x.get('gc_max_cpu_ms'))} "
+                    f"| {_cell(x.get('proxy_cpu_us_per_request'))} "
+                    f"| {_cell(x.get('proxy_cpu_share'))} "
+                    f"| {x['cross_200']} / {x['cross_403']} | {d['load_average']:.1f} |"
+                )
+    if result.get("churn"):
+        c = result["churn"]
+        lines += ["", "| cycles (slots) | cycles/s | records / listeners / fds / namespaces left "
+                  "| proxy / workers RSS growth over the last half, KiB |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {c['cycles']} ({c['slots']}) | {_cell(c['cycles_per_s'])} "
+            f"| {c['records_left']} / {c['listeners_left']} / {c['fds_left']} "
+            f"/ {c['namespaces_left']} | {c['proxy_rss_growth_last_half_kib']} "
+            f"/ {c['workers_rss_growth_last_half_kib']} |"
+        )
+    audit = result.get("audit", {})
+    lines += ["", f"Audit chain: {'verified' if audit.get('verified') else 'NOT verified'} "
+              f"({audit.get('verify_output', '').strip()[:80]}). Namespaces left after the run: "
+              f"{len(result.get('namespaces_left', []))}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     two = (os.cpu_count() or 1) >= 2
     p = argparse.ArgumentParser(
@@ -539,7 +621,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--churn", type=int, default=0, metavar="CYCLES", help="churn cycles")
     p.add_argument("--churn-slots", type=int, default=8, help="churn cycles at a time")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results here")
+    p.add_argument("--profile", metavar="PATH",
+                   help="cProfile the paced phase at the largest N into PATH")  # fmt: skip
     p.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots here")
+    p.add_argument("--markdown", type=Path, metavar="JSON",
+                   help="print the tables of an earlier run's JSON, run nothing")  # fmt: skip
     args = p.parse_args(argv)
     if args.no_pin:
         args.pin = args.load_cpu = None
@@ -548,6 +634,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())), end="")
+        return 0
     if os.geteuid() != 0:
         print("bench.scale: needs root (network namespaces)", file=sys.stderr)
         return 2
