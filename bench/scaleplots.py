@@ -55,8 +55,8 @@ def datapath(result: dict[str, Any], path: Path) -> Path:
     axes[0].axhline(10, ls="--", c="grey", lw=0.8)
     axes[1].axhline(5, ls="--", c="grey", lw=0.8)
     axes[2].axhline(10, ls="--", c="grey", lw=0.8)
-    axes[0].set(xlabel="sandboxes", ylabel="ms", title="Request latency")
-    axes[1].set(xlabel="sandboxes", ylabel="ms", title="Event-loop lag")
+    axes[0].set(xlabel="sandboxes", ylabel="ms (symlog)", title="Request latency", yscale="symlog")
+    axes[1].set(xlabel="sandboxes", ylabel="ms (symlog)", title="Event-loop lag", yscale="symlog")
     axes[2].set(xlabel="sandboxes", ylabel="ms", title="GC pause")
     for ax in axes:
         ax.grid(alpha=0.3)
