@@ -6,9 +6,10 @@ a task step and several coroutine frames, about ten times the cost of the same h
 a plain callback (bench/profile.md). Here the client's `data_received` parses the head and
 drives the same `Exchange` synchronously (the gate's cached verdicts, a name only from the
 resolver's cache), writes it to an idle pooled upstream already dialed for that checked
-address, and the upstream's callback (`Side.on_wake`) parses the response head and relays it with the same
-functions the coroutine path uses (`forward.response_out`, `forward.finish_exchange`: the
-same audit record and metrics, docs/architecture.md#the-callback-fast-path).
+address, and the upstream's callback (`Side.on_wake`) parses the response head and relays
+it with the functions the coroutine path uses (`forward.response_out`,
+`forward.finish_exchange`: the same audit record and metrics,
+docs/architecture.md#the-callback-fast-path).
 
 Only what needs no waiting before the upstream write is taken: a complete bodiless head and
 nothing after it, an absolute `http://` target whose head can be forwarded,
