@@ -512,6 +512,8 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         finally:
             await proxy.stop()
             await audit.aclose()
+        out["heap"] = {"settles": proxy.heap.settled, "compactions": proxy.heap.compactions,
+                       "longest_settle_ms": round(proxy.heap.longest_ms, 2)}  # fmt: skip
     out["audit"] = verify_audit(audit_path)
     out["namespaces_left"] = namespaces_left()
     out["load_average_end"] = os.getloadavg()
@@ -580,6 +582,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"/ {c['namespaces_left']} | {c['proxy_rss_growth_last_half_kib']} "
             f"/ {c['workers_rss_growth_last_half_kib']} |"
         )
+    heap = result.get("heap")
+    if heap:
+        longest = heap["longest_settle_ms"]
+        lines += ["", f"The proxy's heap (docs/proxy.md#garbage-collection): {heap['settles']} "
+                  f"settles, {heap['compactions']} compactions, the longest {longest:g} ms "
+                  "(at a burst's end, not in a phase)."]  # fmt: skip
     audit = result.get("audit", {})
     lines += ["", f"Audit chain: {'verified' if audit.get('verified') else 'NOT verified'} "
               f"({audit.get('verify_output', '').strip()[:80]}). Namespaces left after the run: "

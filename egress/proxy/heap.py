@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 SETTLE_AFTER = 0.05  # seconds without a prepare in flight: the burst has ended
 YOUNG = 5_000  # first threshold (CPython's default: 700)
@@ -50,6 +51,7 @@ class Heap:
         self.base = 0  # frozen objects after the last compaction
         self.settled = 0  # how many times the heap was settled (for tests and the bench)
         self.compactions = 0
+        self.longest_ms = 0.0  # the longest settle: the one pause this class makes itself
         self._tuned = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -108,14 +110,20 @@ class Heap:
         if gc.get_freeze_count() > 2 * self.base:
             self.compact()
             return
+        start = time.perf_counter()
         gc.collect()
         gc.freeze()
-        self.settled += 1
+        self._took(start)
 
     def compact(self) -> None:
+        start = time.perf_counter()
         gc.unfreeze()
         gc.collect()
         gc.freeze()
         self.base = gc.get_freeze_count()
         self.compactions += 1
+        self._took(start)
+
+    def _took(self, start: float) -> None:
         self.settled += 1
+        self.longest_ms = max(self.longest_ms, (time.perf_counter() - start) * 1000)
