@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
-from egress.audit.format import GENESIS, REQUEST_TYPES, line_hash
+from egress.audit.format import GENESIS, LIFECYCLE_METHODS, REQUEST_TYPES, line_hash
 
 HASH_WINDOW: Final = 4096  # hashes remembered by seq, to check a reordered line's prev
 OPEN_WINDOW: Final = 65536  # open records remembered per run while waiting for their end
@@ -221,8 +221,8 @@ class ChainVerifier:
     def _account(self, where: str, record: dict[str, object]) -> None:
         assert self._run is not None
         kind = record.get("type")
-        if kind in REQUEST_TYPES:
-            self._run.requests += 1
+        if kind in REQUEST_TYPES and record.get("method") not in LIFECYCLE_METHODS:
+            self._run.requests += 1  # a lifecycle record is no request (docs/audit-log.md)
             self._requests += 1
             link = record.get("id")
             if link is not None and not isinstance(link, dict | list):
