@@ -100,7 +100,7 @@ async def test_agent_run_behind_the_proxy(
     assert result["reopened"] == "200"
     assert [s.path for s in scene.origin.seen] == ["/setup", "/agent", "/setup/again"]
     records = [json.loads(line) for line in audit.read_text().splitlines()]
-    judged = [(r["method"], r["host"], r["decision"]) for r in records if "method" in r]
+    judged = [(r["method"], r["host"], r["decision"]) for r in records if "decision" in r]
     assert ("GET", "allowed.test", "allow") in judged
     assert ("GET", "blocked.test", "block") in judged
     assert any(m == "FORWARD" for m, _, _ in judged)  # the endpoint, through its forwarder
