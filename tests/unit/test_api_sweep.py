@@ -68,6 +68,8 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
         {
             "keep_query": "bool",
             "rotate_bytes": "count?",
+            "keep": "count?",
+            "interim_interval": "number",
             "retry_interval": "number",
             "max_backlog": "count",
             "max_pending_bytes": "count",
@@ -85,6 +87,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "metrics": "bool",
             "reuse_port": "bool",
             "admin_public": "bool",
+            "tune_gc": "bool",
             "host_local": "list?",
             "on_decision": "callbacks?",
             "limits": "instance?",
