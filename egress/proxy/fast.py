@@ -54,6 +54,7 @@ class FastExchange:
         "conn",
         "head",
         "keep",
+        "owner",
         "port",
         "rec",
         "resp",
@@ -82,6 +83,7 @@ class FastExchange:
         self.searched = 0
         self.resp: wire.ResponseHead | None = None
         self.keep = False
+        self.owner = conn.owner  # its client's request slot, given back at the end
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
@@ -196,6 +198,7 @@ class FastExchange:
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
+        self.steps.turns.give_back(self.owner)
         conn = self.conn
         conn.upstream = None
         conn.phase, conn.phase_since = "idle", self.steps.loop.time()
@@ -280,8 +283,11 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     if decided is None:
         return False
     verdict, addrs = decided
+    if not steps.turns.try_take(conn.owner):
+        return False  # its client is at its fair share: the coroutine path waits its turn
     taken = steps.pool.take_idle(addrs, target.port)
     if taken is None:
+        steps.turns.give_back(conn.owner)
         return False
     # from here on the request is ours: nothing below falls back
     upstream, addr = taken

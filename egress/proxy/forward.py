@@ -42,6 +42,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
     """One absolute-form request; True if the client connection may serve another."""
     rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
     upstream: Side | None = None
+    turn: object = None  # whose request slot this request holds (fairshare.py)
     try:
         parsed = steps.gate.request_target(head.target)
         if isinstance(parsed, Refuse):
@@ -51,6 +52,10 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         target, path, explicit_port = parsed
         rec.host, rec.port, rec.path = target.host, target.port, path
         identity = steps.identify(conn, head, rec)
+        if conn.owner is not None:  # a fair share: at most N of this client's at once
+            if not steps.turns.try_take(conn.owner):
+                await steps.turns.take(conn.owner)
+            turn = conn.owner
         _, addrs = await steps.authorize(identity.policy, target, rec)
         upstream, addr = await steps.pool.acquire(addrs, target.port)
         conn.upstream = upstream
@@ -63,6 +68,8 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         return answer_refusal(steps, conn, head, rec, refused.refusal)
     finally:
         conn.upstream = None
+        if turn is not None:
+            steps.turns.give_back(turn)
 
 
 async def _judge_websocket(

@@ -19,6 +19,7 @@ from . import wire
 from .admission import Admitted, Budget, Owner, Slots
 from .clients import Identity, source_address
 from .conn import Conn, Limits, idle_of
+from .fairshare import Turns
 from .gate import Admit, Gate, Refuse, Refused, refuse_resolve
 from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
@@ -78,6 +79,7 @@ class Steps:
         "pool",
         "resolver",
         "slots",
+        "turns",
     )
 
     def __init__(
@@ -116,6 +118,8 @@ class Steps:
             )
         )
         self._refusals: Tally[_Pending] = Tally()
+        # requests in flight per client (fairshare.py, docs/proxy.md#fair-share)
+        self.turns = Turns(loop, limits.max_client_inflight)
         self._addr_texts: dict[IPAddress, str] = {}
 
     # --- admission: a connection belongs to a client from accept (admission.py) --------------
