@@ -14,11 +14,11 @@ import base64
 
 import pytest
 
-import harness
 from egress import EgressProxy, Policy
 from egress.config import ClientSpec, Settings
 from egress.proxy.netns import listen_in_netns
-from egress.proxy.server import Limits
+
+import harness
 from proxykit import read_response
 
 pytestmark = pytest.mark.netns
@@ -68,14 +68,12 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served(
     test_host: harness.TestHost,
 ) -> None:
     origin = HoldingOrigin()
-    server = await asyncio.start_server(origin.serve, sock=listen_in_netns(test_host.ns,
-                                                                          test_host.addr_ns, 80))  # fmt: skip
     ip = test_host.addr_ns
+    server = await asyncio.start_server(origin.serve, sock=listen_in_netns(test_host.ns, ip, 80))
     policy = Policy(allow=[ip])
     clients = (ClientSpec("hostile", policy, token="h"), ClientSpec("victim", policy, token="v"))
-    limits = Limits(max_client_inflight=8)
-    try:
-        async with EgressProxy(Settings(Policy(), clients=clients), limits=limits) as proxy:
+    try:  # the default Limits: max_client_inflight 8
+        async with EgressProxy(Settings(Policy(), clients=clients)) as proxy:
             host, port = proxy.addresses[0]
 
             async def one(path: str, token: str) -> int:
@@ -93,3 +91,9 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served(
     finally:
         server.close()
     assert origin.most_held == 8  # before: every one of the 20 reached the origin at once
+
+
+def test_the_default_share_is_eight() -> None:
+    from egress.proxy.server import Limits
+
+    assert Limits().max_client_inflight == 8
