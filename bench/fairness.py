@@ -50,7 +50,7 @@ NETNS_FLAG = "EGRESS_FAIRNESS_NETNS"
 
 
 # --- the proxy (its own process, core 0) ------------------------------------------------------
-async def serve_proxy(origin_port: int, workdir: Path) -> None:
+async def serve_proxy(origin_port: int, workdir: Path, fair: bool) -> None:
     import ipaddress
 
     from egress import AuditLog, EgressProxy, Policy
@@ -58,6 +58,7 @@ async def serve_proxy(origin_port: int, workdir: Path) -> None:
     from egress.proxy.clients import Identity
     from egress.proxy.dnsanswer import FakeIPs
     from egress.proxy.dnsserve import open_dns
+    from egress.proxy.server import Limits
 
     policy = Policy(framework_routes=[f"http://127.0.0.1:{origin_port}"])
     clients = tuple(
@@ -66,7 +67,8 @@ async def serve_proxy(origin_port: int, workdir: Path) -> None:
     )
     audit = AuditLog(str(workdir / "audit.jsonl"))
     await audit.start()
-    proxy = EgressProxy(Settings(Policy(), clients=clients), audit=audit)
+    limits = Limits() if fair else Limits(max_client_inflight=None)
+    proxy = EgressProxy(Settings(Policy(), clients=clients), audit=audit, limits=limits)
     await proxy.start()
     hostile = clients[0]
     socks = await proxy.add_listener(f"{OWN}:0", client=hostile, kind="socks5")
@@ -254,13 +256,14 @@ def child(*args: str, cpu: int, nice: int = 0) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def run(seconds: float) -> dict[str, Any]:
+def run(seconds: float, fair: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="egress-fairness-") as tmp:
         workdir = Path(tmp)
         origin = child("-m", "bench.origin", cpu=1)
         assert origin.stdout is not None
         origin_port = json.loads(origin.stdout.readline())["http_ports"][0]
-        proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir), cpu=0)
+        proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir),
+                      "fair" if fair else "unfair", cpu=0)  # fmt: skip
         assert proxy.stdout is not None
         ports = json.loads(proxy.stdout.readline())
         subprocess.run(
@@ -295,6 +298,7 @@ def run(seconds: float) -> dict[str, Any]:
         refusals = [json.loads(x) for x in lines if '"method":"-"' in x]
         return {
             "sandboxes": SANDBOXES,
+            "fair_share": fair,
             "seconds": seconds,
             "max_connections": ports["max_connections"],
             "baseline": base,
@@ -357,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__)
     p.add_argument("--seconds", type=float, default=10.0, help="per phase (default 10)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    p.add_argument("--proxy", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--no-fair-share",
+        action="store_true",
+        help="the proxy without a per-client cap on requests in flight (to compare)",
+    )
+    p.add_argument("--proxy", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--victims", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--hostile", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.proxy:
-        uv_run(serve_proxy(int(args.proxy[0]), Path(args.proxy[1])))
+        origin, workdir, fair = args.proxy
+        uv_run(serve_proxy(int(origin), Path(workdir), fair == "fair"))
         return 0
     if args.victims:
         port, origin, seconds = args.victims
@@ -382,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(argv, env=env, check=False).returncode
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     socket.setdefaulttimeout(10)
-    result = run(args.seconds)
+    result = run(args.seconds, not args.no_fair_share)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
