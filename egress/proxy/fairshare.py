@@ -4,11 +4,12 @@ Shell (futures). Why (docs/proxy.md#fair-share): one event loop serves every san
 runs ready callbacks first come, first served, so a sandbox with 250 connections of
 back-to-back GETs got 250 turns for every one of another sandbox's, and raised the other 49
 sandboxes' p99 from 2.9 ms to 331 ms. Each client (client id, else source address: the
-connection's `owner`) may have at most `cap` forward-proxy requests between identification
-and their record; the next one waits, first in first out per client, and takes over a slot
-of its own client the moment one is given back. So whatever one client sends, each loop
-turn carries at most `cap` of its requests, and every other client's requests are served
-round-robin beside them (the cap bounds a client's share, the loop interleaves the rest).
+connection's `owner`) may have at most `cap` forward-proxy requests between their verdict
+(after DNS, so a name that never resolves holds no slot) and their record; the next waits,
+first in first out per client, and takes over a slot of its own client the moment one is
+given back. So whatever one client sends, each loop turn carries at most `cap` of its
+requests, and every other client's requests are served round-robin beside them (the cap
+bounds a client's share, the loop interleaves the rest).
 """
 
 from __future__ import annotations

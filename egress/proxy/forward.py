@@ -52,11 +52,11 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         target, path, explicit_port = parsed
         rec.host, rec.port, rec.path = target.host, target.port, path
         identity = steps.identify(conn, head, rec)
+        _, addrs = await steps.authorize(identity.policy, target, rec)
         if conn.owner is not None:  # a fair share: at most N of this client's at once
-            if not steps.turns.try_take(conn.owner):
+            if not steps.turns.try_take(conn.owner):  # (after DNS: a slow name holds none)
                 await steps.turns.take(conn.owner)
             turn = conn.owner
-        _, addrs = await steps.authorize(identity.policy, target, rec)
         upstream, addr = await steps.pool.acquire(addrs, target.port)
         conn.upstream = upstream
         rec.addr = steps.addr_text(addr)
