@@ -37,6 +37,9 @@ def _new_rule(family: int) -> Any:
 
 
 _built: dict[tuple[int, FilterRule], Any] = {}
+# A long-lived worker cuts thousands of sandboxes: the cache keeps the fixed rules and the
+# recent keeps, never one entry per address it ever saw (its memory stays flat).
+_BUILT_MAX = 512
 
 
 def cached_rule(family: int, spec: FilterRule) -> Any:
@@ -44,6 +47,9 @@ def cached_rule(family: int, spec: FilterRule) -> Any:
     through ctypes is most of a backstop commit's cost), append copies of it anywhere."""
     key = (family, spec)
     if key not in _built:
+        if len(_built) >= _BUILT_MAX:  # kept addresses differ per sandbox: stay bounded
+            _built.clear()
+            prewarm()
         _built[key] = build_rule(family, spec)
     return _built[key]
 

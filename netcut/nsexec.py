@@ -83,6 +83,7 @@ class _Worker:
             child.close()
         self.sock = parent
         self.ready = False
+        self.jobs = 0
 
     def wait_ready(self) -> None:
         """The worker says `R` once it has imported what jobs need."""
@@ -112,6 +113,10 @@ class _Worker:
 
 
 POOL_ENV = "NETCUT_WORKERS"
+# libxtables leaks ~1 KB for each backstop a status decodes (python-iptables' rule decoding,
+# docs/netcut.md#latency): a worker retires after this many jobs, so a long-lived caller's
+# workers stay within a few MB of where they started.
+RECYCLE_AFTER_JOBS = 4000
 
 
 def pool_size() -> int:
@@ -147,6 +152,10 @@ class _Pool:
                 self.cond.wait()
 
     def give_back(self, worker: _Worker) -> None:
+        worker.jobs += 1
+        if worker.jobs >= RECYCLE_AFTER_JOBS:
+            self.discard(worker)  # the next job starts a fresh one
+            return
         with self.cond:
             self.idle.append(worker)
             self.cond.notify()

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
-from egress.audit.follow import Follower, GapFiller
+from egress.audit.follow import Follower, GapFiller, rotated_history
 from egress.audit.read import (
     EventFilter,
     InputError,
@@ -93,12 +93,16 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         record = parse_record(line.data)
         if record is None:
             summary.bad_lines += 1
-        elif record.get("type") == "start":
-            summary.runs += 1
-        elif is_request(record) and window.in_window(record):
-            summary.add(record)
-        elif is_lifecycle(record) and window.in_window(record):
-            summary.add_lifecycle(record)
+        elif is_request(record):
+            summary.ended(record)
+            if window.in_window(record):
+                summary.add(record)
+        elif is_lifecycle(record):
+            if window.in_window(record):
+                summary.add_lifecycle(record)
+        else:
+            summary.track(record)
+    summary.crashed()
     summary.derive_domains(make_domain_of())
     if summary.bad_lines:
         _warn(
@@ -162,13 +166,13 @@ def cmd_tail(args: argparse.Namespace) -> int:
     gaps = GapFiller(live, _warn) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     try:
-        last.extend(
-            _selected(
-                args,
-                chooser,
-                (line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))),
-            )
+        older: Iterator[bytes] = (
+            line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))
         )
+        if live is not None and not history:  # `tail -f PATH`: its rotated files come first
+            older = rotated_history(live)
+        # through the gap filler too, so that following goes on from their last seq
+        last.extend(_selected(args, chooser, gaps.feed(older) if gaps is not None else older))
         if follower is not None and gaps is not None:
             last.extend(_selected(args, chooser, gaps.feed(_drain(follower))))
         for data, record in last:
@@ -214,6 +218,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     if len(problems) > MAX_PROBLEMS_SHOWN:
         print(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems")
+    for r in results:
+        for note in r.continued:
+            print(note)
+        for tunnel in r.open_at_crash[:MAX_PROBLEMS_SHOWN]:
+            print(tunnel)
+        unlisted = r.open_at_crash_unlisted + max(0, len(r.open_at_crash) - MAX_PROBLEMS_SHOWN)
+        if unlisted:
+            print(f"... and {unlisted} more open at crash")
     if len(groups) > 1:  # one head per worker's chain
         for group, r in zip(groups, results, strict=True):
             print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {r.head}")
@@ -221,6 +233,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     shown = f", {len(problems)} problem(s)" if problems else ""
     lines, runs = sum(r.lines for r in results), sum(r.runs for r in results)
     requests = sum(r.requests for r in results)
+    crashed = sum(len(r.open_at_crash) + r.open_at_crash_unlisted for r in results)
+    shown += f", {crashed} open at crash" if crashed else ""
     head = result.head if len(results) == 1 else f"of {len(results)} chains above"
     print(
         f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "

@@ -8,13 +8,15 @@ more than once between two polls, fetching the missed lines from the rotated fil
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final
 
-from egress.audit.format import rotated_name
-from egress.audit.read import GZIP_MAGIC, InputError, open_log, parse_record, read_lines
+from egress.audit.format import rotated_name, rotation_of
+from egress.audit.read import GZIP_MAGIC, InputError, open_log, parse_record
 
 READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
 
@@ -96,41 +98,97 @@ def rotated_files(path: str, limit: int = 1000) -> Iterator[str]:
         yield name
 
 
-def _first_seq(name: str) -> int | None:
-    with open_log(name) as stream:
-        record = parse_record(stream.readline().rstrip(b"\n"))
-    seq = record.get("seq") if record else None
-    return seq if isinstance(seq, int) else None
+def _rotated_now(path: str) -> list[str]:
+    """PATH's rotated files as one directory listing has them, newest first (by number:
+    probing `PATH.1`, `PATH.2`, ... one by one stops at the hole a shift leaves)."""
+    directory = os.path.dirname(path) or "."
+    found: list[tuple[int, str]] = []
+    for name in os.listdir(directory):
+        full = os.path.join(directory, name)
+        rotation = rotation_of(full)
+        if rotation is not None and rotation[0] == path:
+            found.append((rotation[1], full))
+    return [name for _, name in sorted(found)]
+
+
+def rotated_history(path: str) -> Iterator[bytes]:
+    """The lines of PATH's rotated files, oldest first (for `tail -f PATH`): every file of one
+    listing is opened before any is read, so a writer shifting names meanwhile cannot make
+    us skip one (a listing whose file vanished before it was opened is taken again)."""
+    streams: list[IO[bytes]] = []
+    for _ in range(FILL_ATTEMPTS):
+        for stream in streams:
+            stream.close()
+        streams = []
+        try:
+            for name in reversed(_rotated_now(path)):
+                streams.append(open_log(name))
+            break
+        except FileNotFoundError:
+            continue
+        except InputError as exc:  # open_log's "cannot read": a file renamed away
+            if "No such file" not in str(exc):
+                raise
+    try:
+        for stream in streams:
+            with contextlib.suppress(EOFError, OSError, zlib.error):
+                for raw in stream:
+                    yield raw.rstrip(b"\n")
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 def recover_rotated(path: str, lo: int, hi: int) -> list[bytes]:
-    """The lines with `lo <= seq <= hi` from PATH's rotated files, oldest first.
+    """The lines with `lo <= seq <= hi` found in PATH's rotated files (any order).
 
     For a follower that was too slow: the log rotated more than once between two polls, so
-    whole files went by unread. Best effort (the writer may be renaming files meanwhile);
-    the caller compares what came back with what it expected.
+    whole files went by unread. Best effort: the writer may be renaming files meanwhile (each
+    file is read through the one descriptor that judged it; a file renamed between the
+    listing and its opening is missed, and the caller tries again).
     """
-    needed: list[str] = []
+    lines: list[bytes] = []
     try:
-        for name in rotated_files(path):
-            needed.append(name)
-            first = _first_seq(name)
+        for name in _rotated_now(path):
+            try:
+                first = _collect(name, lo, hi, lines)
+            except FileNotFoundError:
+                continue
             if first is None or first <= lo:
-                break
-        lines = []
-        for line in read_lines(reversed(needed), lambda _path, _why: None):
-            record = parse_record(line.data)
+                break  # older files hold nothing we need
+    except (InputError, OSError, EOFError, zlib.error):
+        pass
+    return lines
+
+
+def _collect(name: str, lo: int, hi: int, into: list[bytes]) -> int | None:
+    """Append `name`'s lines with `lo <= seq <= hi` to `into`; its first line's seq."""
+    with open_log(name) as stream:
+        head = stream.readline().rstrip(b"\n")
+        record = parse_record(head)
+        first = record.get("seq") if record else None
+        if not isinstance(first, int):
+            return None
+        if first > hi:
+            return first  # newer than the gap
+        for raw in (head, *stream):
+            data = raw.rstrip(b"\n")
+            record = parse_record(data)
             seq = record.get("seq") if record else None
             if isinstance(seq, int) and lo <= seq <= hi:
-                lines.append(line.data)
-        return lines
-    except (InputError, OSError, EOFError, zlib.error):
-        return []
+                into.append(data)
+        return first
+
+
+FILL_ATTEMPTS: Final = 5  # reads of the rotated files while the writer may be renaming them
+FILL_PAUSE: Final = 0.02  # seconds between them: a shift of many files takes a moment
 
 
 class GapFiller:
-    """Keeps a followed log continuous: when a `rotate` record arrives with a `seq` past the
-    next one expected, the lines in between are fetched from the rotated files first."""
+    """Keeps a followed log continuous: when a `rotate` (or `reopen`) record arrives with a
+    `seq` past the next one expected, the lines in between are fetched from the rotated files
+    first; lines already shown (a file read twice across a rotation or a copytruncate) are
+    not shown again. What cannot be found is reported with its exact `seq` ranges."""
 
     def __init__(self, path: str, warn: Callable[[str], None]) -> None:
         self.path = path
@@ -141,24 +199,49 @@ class GapFiller:
         for data in lines:
             record = parse_record(data)
             seq = record.get("seq") if record else None
-            if not isinstance(seq, int):
+            if not isinstance(seq, int) or record is None:
                 yield data
                 continue
-            if (
-                record
-                and record.get("type") == "rotate"
-                and self.last is not None
-                and seq > self.last + 1
-            ):
+            kind = record.get("type")
+            if kind == "start":
+                self.last = None  # a new run: its seq starts again at 0
+            elif self.last is not None and seq <= self.last:
+                continue  # already shown
+            if kind in ("rotate", "reopen") and self.last is not None and seq > self.last + 1:
                 yield from self._fill(self.last + 1, seq - 1)
             self.last = seq
             yield data
 
     def _fill(self, lo: int, hi: int) -> list[bytes]:
-        found = recover_rotated(self.path, lo, hi)
-        if len(found) != hi - lo + 1:
+        found: dict[int, bytes] = {}
+        for attempt in range(FILL_ATTEMPTS):  # the writer may be shifting files as we read
+            if attempt:
+                time.sleep(FILL_PAUSE)
+            for data in recover_rotated(self.path, lo, hi):
+                record = parse_record(data)
+                seq = record.get("seq") if record else None
+                if isinstance(seq, int):
+                    found.setdefault(seq, data)
+            if len(found) == hi - lo + 1:
+                break
+        missing = [seq for seq in range(lo, hi + 1) if seq not in found]
+        if missing:
             self.warn(
-                f"{self.path} rotated faster than it was read: "
-                f"{hi - lo + 1 - len(found)} line(s) (seq {lo}..{hi}) not shown"
+                f"{self.path} rotated faster than it was read: {len(missing)} line(s) "
+                f"(seq {_ranges(missing)}) not found in its rotated files"
             )
-        return found
+        return [found[seq] for seq in sorted(found)]
+
+
+def _ranges(seqs: list[int]) -> str:
+    """`3..5, 9, 12..13` for [3, 4, 5, 9, 12, 13] (sorted)."""
+    parts: list[str] = []
+    start = prev = seqs[0]
+    for seq in [*seqs[1:], None]:
+        if seq is not None and seq == prev + 1:
+            prev = seq
+            continue
+        parts.append(f"{start}..{prev}" if prev != start else str(start))
+        if seq is not None:
+            start = prev = seq
+    return ", ".join(parts)

@@ -33,7 +33,12 @@ FORMAT: Final = "egress-audit/1"
 
 # Record types. A line without "type" (or with type "request") is one request or tunnel.
 REQUEST_TYPES: Final = frozenset({None, "request"})
-CONTROL_TYPES: Final = frozenset({"start", "end", "rotate", "loss", "policy"})
+CONTROL_TYPES: Final = frozenset(
+    {"start", "end", "rotate", "reopen", "loss", "outage", "recovered", "policy"}
+)
+# Records linked to a request record by its `id`: `open` when the upstream is contacted,
+# `progress` at an interval while it lasts (docs/audit-log.md#open-and-progress-records).
+LINKED_TYPES: Final = frozenset({"open", "progress"})
 # Lifecycle records have a request record's shape but are no request: a sandbox bound,
 # replaced or released (SANDBOX), the cut's probe of a listener (PROBE). The reviewer's tools
 # count and show them apart (docs/audit-log.md#sandbox-records).
@@ -67,36 +72,65 @@ class Clock:
     """RFC 3339 UTC timestamps with milliseconds, `2026-11-30T05:01:02.123Z`.
 
     The second-resolution prefix is cached, so a call costs one `time.time()` and one
-    small format; no datetime objects on the hot path.
+    small format; no datetime objects on the hot path. One clock serves the event loop and
+    the writer thread (docs/audit-log.md#timestamps): each cache is one tuple, replaced
+    whole, so a reader on another thread never sees half of an update.
     """
 
     def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
-        self._milli = -1
-        self._text = ""
+        self._second: tuple[int, str] = (-1, "")
+        self._milli: tuple[int, str] = (-1, "")
 
     def now(self) -> str:
         milli = int(time.time() * 1000)
-        if milli != self._milli:  # under load many events share a millisecond
-            self._milli = milli
-            self._text = self._format(milli)
-        return self._text
+        cached = self._milli
+        if milli == cached[0]:  # under load many events share a millisecond
+            return cached[1]
+        text = self._format(milli)
+        self._milli = (milli, text)
+        return text
 
     def format(self, t: float) -> str:
         return self._format(int(t * 1000))
 
     def _format(self, milli: int) -> str:
         second, fraction = divmod(milli, 1000)
-        if second != self._second:
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
-        return f"{self._prefix}.{fraction:03d}Z"
+        cached = self._second
+        if second == cached[0]:
+            prefix = cached[1]
+        else:
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, prefix)
+        return f"{prefix}.{fraction:03d}Z"
 
 
 def line_hash(line: bytes) -> str:
     """The `prev` that the line after `line` carries."""
     return hashlib.sha256(line).hexdigest()
+
+
+def record_ts(body: str) -> str | None:
+    """The `ts` of a serialized record that begins with it (as `AuditLog.record` writes
+    them), else None."""
+    if body.startswith('{"ts":"'):
+        end = body.find('"', 7)
+        if end > 7:
+            return body[7:end]
+    return None
+
+
+def unchain_line(line: bytes) -> tuple[str, int, str] | None:
+    """(body, seq, prev) of a chained line: `chain_line` undone; None if it is not one."""
+    at = line.rfind(b'"seq":')
+    if at < 1 or not line.endswith(b'"}') or len(line) < at + 80:
+        return None
+    try:
+        seq = int(line[at + 6 : line.index(b",", at)])
+    except ValueError:
+        return None
+    prev = line[-66:-2].decode("ascii", "replace")
+    head = line[: at - 1] if line[at - 1 : at] == b"," else line[:at]
+    return head.decode("ascii", "replace") + "}", seq, prev
 
 
 def chain_line(body: str, seq: int, prev: str) -> bytes:

@@ -10,11 +10,13 @@ loop never touches the file after `start()`.
 
 Failure policy: a failed write is logged at ERROR (logger `egress.audit`, which reaches
 stderr even when logging is not configured) and counted in `write_errors`; the lines stay
-queued and are retried every `retry_interval` seconds. With `fail_mode="closed"`,
-`accepting` is False while the log cannot be written and the proxy refuses new connections
-(reason `audit_unavailable`); with `"open"` it keeps serving. Lines are never dropped
-silently: a line that cannot be kept still takes its place in the chain, so `egress audit
-verify` reports the gap, and a `loss` record says how many were lost once writing resumes.
+queued and are retried every `retry_interval` seconds; `outage` and `recovered` records mark
+the outage in the chain. With `fail_mode="closed"`, `accepting` is False while the log cannot
+be written and the proxy refuses every request and tunnel (reason `audit_unavailable`); with
+`"open"` it keeps serving. Lines are never dropped silently: a line that cannot be kept
+still takes its place in the chain, so `egress audit verify` reports the gap, and a `loss`
+record says how many were lost once writing resumes; lines left unwritten at close are
+`lines_abandoned` (and `egress serve` exits 1).
 
 Memory bounds: at most `max_backlog` lines wait for the writer thread and at most
 `max_pending_bytes` of chained lines wait for a writable file (beyond either, lines are
@@ -31,6 +33,7 @@ import math
 import queue
 import threading
 from collections.abc import AsyncIterator
+from json.encoder import encode_basestring_ascii
 from types import TracebackType
 from typing import Final, Literal
 
@@ -50,6 +53,7 @@ DEFAULT_MAX_BACKLOG: Final = 1_000_000
 DEFAULT_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024  # lines kept while the file is unwritable
 DEFAULT_RETRY_INTERVAL: Final = 0.5  # seconds between attempts to write an unwritable log
 DEFAULT_EVENTS_MAXLEN: Final = 1024  # events buffered per events() consumer
+DEFAULT_INTERIM_INTERVAL: Final = 60.0  # seconds between a long tunnel's progress records
 
 
 class AuditLog:
@@ -58,8 +62,10 @@ class AuditLog:
     `path` is a file (appended to; a new run starts with a start record), `"-"` for
     stdout, or None for no file at all (hooks and `events()` only). `rotate_bytes` rotates
     the file to `PATH.1.gz` (older ones shift to `.2.gz`, ...) before it would exceed that
-    size; the chain continues in the new file. Usable as `async with AuditLog(...) as log:`.
-    Raises ValueError for a bad `fail_mode` or `rotate_bytes`.
+    size; the chain continues in the new file; `keep` rotated files are kept (None: all).
+    `interim_interval`: seconds between the `progress` records of a long tunnel (the proxy
+    reads it). Usable as `async with AuditLog(...) as log:`.
+    Raises ValueError for a bad `fail_mode`, `rotate_bytes`, `keep` or `interim_interval`.
     """
 
     def __init__(
@@ -69,6 +75,8 @@ class AuditLog:
         fail_mode: FailMode = "open",
         keep_query: bool = False,
         rotate_bytes: int | None = None,
+        keep: int | None = None,
+        interim_interval: float = DEFAULT_INTERIM_INTERVAL,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
@@ -79,11 +87,16 @@ class AuditLog:
         _check_args(path, fail_mode, keep_query, rotate_bytes, retry_interval, close_timeout,
                     max_backlog=max_backlog, max_pending_bytes=max_pending_bytes,
                     events_maxlen=events_maxlen)  # fmt: skip
+        if keep is not None:
+            as_count(keep, "AuditLog keep", minimum=0)
+        as_timeout(interim_interval, "AuditLog interim_interval")
         self.path = path
         self.fail_mode: FailMode = fail_mode
         self.keep_query = keep_query
         self.rotate_bytes = rotate_bytes if path not in (None, "-") else None
         self.events_maxlen = events_maxlen
+        self.interim_interval = float(interim_interval)
+        self._links = 0  # the last link id given (`opened`)
         self._clock = Clock()
         self._redactor = Redactor(keep_query)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -98,6 +111,8 @@ class AuditLog:
             retry_interval=retry_interval,
             max_pending_bytes=max_pending_bytes,
             close_timeout=close_timeout,
+            clock=self._clock,
+            keep=keep,
         )
         if worker is not None:  # docs/audit-log.md#several-workers: verify checks them
             index, count = _check_worker(worker)
@@ -127,6 +142,12 @@ class AuditLog:
         return self._writer.lines_dropped + self._writer.lines_abandoned
 
     @property
+    def lines_abandoned(self) -> int:
+        """Lines never written and never reported in the file: left at close (the disk
+        still full after `close_timeout`) or recorded after it. `egress serve` exits 1."""
+        return self._writer.lines_abandoned
+
+    @property
     def writable(self) -> bool:
         """False while the last attempt to write the file failed."""
         return self._writer.writable
@@ -135,8 +156,8 @@ class AuditLog:
     def accepting(self) -> bool:
         """False when fail_mode is "closed" and the log cannot currently be written.
 
-        The proxy checks it before serving a new connection (and refuses with reason
-        `audit_unavailable` when False).
+        The proxy checks it before every request and tunnel, kept-alive or not, and refuses
+        with reason `audit_unavailable` when False (docs/audit-log.md).
         """
         return self.fail_mode == "open" or self._writer.writable
 
@@ -260,6 +281,48 @@ class AuditLog:
         if delivery.hooks or delivery.subscribers:
             delivery.deliver(rec)
 
+    def opened(self, event: dict[str, object]) -> int:
+        """Record that a tunnel or request reached its upstream: an `open` record with a new
+        link `id`, returned; its request record (and its `progress` records) carry the same
+        `id`, so a crash never hides that it existed (docs/audit-log.md#open-and-progress).
+
+        Once per request on the hot path, so the line is built here from the proxy's few
+        flat fields (`OPEN_FIELDS`, str/int/None: nothing to redact) rather than through
+        `record()`'s copy, redaction and encoder; anything else takes `record()`."""
+        self._links = link = self._links + 1
+        delivery = self._delivery
+        if (
+            not self._serialize
+            or self._closed
+            or delivery.hooks
+            or delivery.subscribers
+            or self._enqueued - self._writer.dequeued >= self._max_backlog
+            or threading.get_ident() != self._loop_thread
+        ):
+            self.record({"type": "open", "id": link, **event})
+            return link
+        parts = [f'{{"ts":"{self._clock.now()}","type":"open","id":{link}']
+        for key, value in event.items():
+            prefix = _OPEN_PREFIX.get(key)
+            if prefix is None:
+                self.record({"type": "open", "id": link, **event})
+                return link
+            if isinstance(value, str):
+                parts.append(prefix + _json_str(value))
+            elif value is None:
+                parts.append(prefix + "null")
+            elif value.__class__ is int:
+                parts.append(prefix + str(value))
+            else:
+                self.record({"type": "open", "id": link, **event})
+                return link
+        parts.append("}")
+        self._enqueued += 1
+        if not self._batch and self._loop is not None:
+            self._loop.call_soon(self._hand_over)
+        self._batch.append("".join(parts))
+        return link
+
     # -- hooks and events() ----------------------------------------------------------------
 
     def add_hook(self, callback: Hook) -> None:
@@ -271,6 +334,12 @@ class AuditLog:
         """Recorded events, from now until `aclose()`. A consumer that falls more than
         `events_maxlen` behind loses the oldest ones (counted in `events_dropped`)."""
         return self._delivery.subscribe(self._closed)
+
+
+# The fields of an open record that `opened` serializes itself (docs/audit-log.md).
+OPEN_FIELDS: Final = ("client", "method", "host", "port", "addr", "client_id", "mode")
+_OPEN_PREFIX: Final = {key: f',"{key}":' for key in OPEN_FIELDS}
+_json_str: Final = encode_basestring_ascii
 
 
 def _plain(value: object) -> object:

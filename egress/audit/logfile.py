@@ -59,7 +59,7 @@ class LogFile:
             return True
         return (st.st_dev, st.st_ino) != self.ident
 
-    def write(self, data: bytes) -> tuple[int, OSError | None]:
+    def write(self, data: bytes | memoryview) -> tuple[int, OSError | None]:
         """Append all of `data`: (bytes written, the error that stopped it or None)."""
         assert self.fd is not None
         written = 0
@@ -88,6 +88,21 @@ class LogFile:
         _shift_rotated(self.path)
         os.rename(self.path, rotated_name(self.path, 1, compressed=False))
         self.open()
+
+    def prune(self, keep: int) -> None:
+        """Remove the rotated files numbered above `keep` (the oldest); raises OSError."""
+        assert self.path is not None
+        index = keep + 1
+        while True:
+            found = False
+            for compressed in (True, False):
+                name = rotated_name(self.path, index, compressed=compressed)
+                if os.path.exists(name):
+                    os.unlink(name)
+                    found = True
+            if not found:
+                return
+            index += 1
 
     def compress_rotated(self) -> None:
         """PATH.1 -> PATH.1.gz; raises on failure (PATH.1 then stays: readers accept both)."""

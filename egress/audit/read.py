@@ -240,8 +240,13 @@ def make_domain_of() -> Callable[[str], str]:
     return domain_of
 
 
+OPEN_WINDOW: Final = 65536  # open records awaiting their end, per summary (oldest dropped)
+
+
 class Summary:
-    """Counts by decision per host, client, reason and rule; domains derived from hosts."""
+    """Counts by decision per host, client, reason and rule; domains derived from hosts.
+    Also pairs `open` records with their request records by `id` within a run: those left
+    without one when the run ends without an end record are `open_at_crash`."""
 
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, list[int]]] = {d: {} for d in DIMENSIONS}
@@ -250,8 +255,41 @@ class Summary:
         self.last_ts: str | None = None
         self.runs = 0
         self.bad_lines = 0
+        self._opened: dict[object, dict[str, object]] = {}  # id -> open record, this run
+        self.open_at_crash: list[dict[str, object]] = []  # the first OPEN_WINDOW of them
+        self.open_at_crash_count = 0
         # lifecycle records, apart: (event, sandbox) -> count; bounded by sandboxes
         self.lifecycle: dict[tuple[str, str], int] = {}
+
+    def track(self, record: dict[str, object]) -> None:
+        """A record that is not a request: pairs opens with ends (docs/audit-log.md)."""
+        kind = record.get("type")
+        if kind == "open":
+            link = record.get("id")
+            if isinstance(link, int | str):
+                if len(self._opened) >= OPEN_WINDOW:
+                    self._opened.pop(next(iter(self._opened)))
+                self._opened[link] = record
+        elif kind == "start":
+            self.runs += 1
+            self.crashed()
+        elif kind == "end":
+            self._opened.clear()
+
+    def ended(self, record: dict[str, object]) -> None:
+        link = record.get("id")
+        if self._opened and isinstance(link, int | str):
+            self._opened.pop(link, None)
+
+    def crashed(self) -> None:
+        """The run ended without an end record (a new start, or the end of the input)."""
+        for record in self._opened.values():
+            self.open_at_crash_count += 1
+            if len(self.open_at_crash) < OPEN_WINDOW:
+                self.open_at_crash.append(
+                    {k: record.get(k) for k in ("ts", "id", "client", "client_id", "host", "port")}
+                )
+        self._opened.clear()
 
     def add_lifecycle(self, record: dict[str, object]) -> None:
         key = (str(record.get("reason") or "(none)"), str(record.get("host") or "(none)"))
@@ -316,6 +354,8 @@ class Summary:
             },
             "runs": self.runs,
             "bad_lines": self.bad_lines,
+            "open_at_crash": self.open_at_crash_count,
+            "open_at_crash_records": self.open_at_crash[: top if top is not None else None],
         }
         for dimension in DIMENSIONS:
             out[f"by_{dimension}"] = self.rows(dimension, top)[0]

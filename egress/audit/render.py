@@ -9,7 +9,7 @@ them reach the reader's terminal.
 
 from __future__ import annotations
 
-from egress.audit.format import CONTROL_TYPES, LIFECYCLE_METHODS
+from egress.audit.format import CONTROL_TYPES, LIFECYCLE_METHODS, LINKED_TYPES
 from egress.audit.read import DIMENSIONS, Summary
 from egress.printable import printable
 
@@ -26,6 +26,16 @@ def render_summary(summary: Summary, top: int | None, header: list[str]) -> str:
         f"  runs: {summary.runs}"
         + (f"  unreadable lines: {summary.bad_lines}" if summary.bad_lines else ""),
     ]
+    if summary.open_at_crash_count:  # opened, no end record, run ended without one
+        lines.append(f"open at crash: {summary.open_at_crash_count} (no end record)")
+        for rec in summary.open_at_crash[: top or 15]:
+            who = rec.get("client_id") or rec.get("client")
+            lines.append(
+                printable(
+                    f"  {rec.get('ts')} id {rec.get('id')} {rec.get('host')}:"
+                    f"{rec.get('port')} from {who}"
+                )
+            )
     titles = {
         "host": "host",
         "domain": "registrable domain",
@@ -79,7 +89,7 @@ def _table(rows: list[dict[str, object]], key_title: str) -> list[str]:
 def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
     kind = record.get("type")
-    if kind in CONTROL_TYPES:
+    if kind in CONTROL_TYPES or kind in LINKED_TYPES:  # open/progress too (--control)
         extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
         return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
     if kind in (None, "request") and record.get("method") in LIFECYCLE_METHODS:

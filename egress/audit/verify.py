@@ -12,9 +12,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
-from egress.audit.format import GENESIS, REQUEST_TYPES, line_hash
+from egress.audit.format import GENESIS, LIFECYCLE_METHODS, REQUEST_TYPES, line_hash
 
 HASH_WINDOW: Final = 4096  # hashes remembered by seq, to check a reordered line's prev
+OPEN_WINDOW: Final = 65536  # open records remembered per run while waiting for their end
+CONTINUES: Final = frozenset({"rotate", "reopen"})  # may begin a file: the chain goes on
 
 
 @dataclass
@@ -35,6 +37,22 @@ class _Run:
     requests: int = 0
     hashes: OrderedDict[int, tuple[str, str]] = field(default_factory=OrderedDict)
     missing: list[tuple[int, int, str]] = field(default_factory=list)  # lo, hi, where
+    # open records without their end record yet: id -> (where, what)
+    opened: OrderedDict[object, tuple[str, str]] = field(default_factory=OrderedDict)
+    opened_overflow: int = 0  # open records beyond OPEN_WINDOW (counted, not listed)
+
+
+@dataclass
+class OpenAtCrash:
+    """A tunnel or request whose open record has no end record in a run that crashed."""
+
+    where: str  # "file:line" of its open record
+    run_id: str
+    link: object  # its `id`
+    what: str  # "CONNECT host:port from client"
+
+    def __str__(self) -> str:
+        return f"{self.where}: open at crash: id {self.link} {self.what} (run {self.run_id})"
 
 
 @dataclass
@@ -46,6 +64,9 @@ class VerifyResult:
     head: str | None  # SHA-256 of the last line: compare with a value kept out of band
     # (worker, workers, where) of each start record written under `serve --workers`
     workers: list[tuple[int, int, str]] = field(default_factory=list)
+    open_at_crash: list[OpenAtCrash] = field(default_factory=list)
+    open_at_crash_unlisted: int = 0  # beyond OPEN_WINDOW per run
+    continued: list[str] = field(default_factory=list)  # chains that begin mid-run: notes
 
 
 class ChainVerifier:
@@ -64,6 +85,9 @@ class ChainVerifier:
         self._runs = 0
         self._requests = 0
         self._workers: list[tuple[int, int, str]] = []
+        self.open_at_crash: list[OpenAtCrash] = []
+        self._open_unlisted = 0
+        self.continued: list[str] = []
 
     def feed(self, where: str, line: bytes, *, complete: bool = True) -> None:
         """One line without its newline; `complete=False` if the file ended without one."""
@@ -135,10 +159,22 @@ class ChainVerifier:
         seq = record["seq"]
         assert isinstance(seq, int)
         if run is None:
-            self._fail(
-                where, "chain does not begin with a start record (earlier lines or files missing?)"
-            )
-            run = self._run = _Run(run_id="?", where=where, last_seq=seq)
+            kind = record.get("type")
+            run_id = str(record.get("run", "?"))
+            if kind in CONTINUES and self._prev_line is None:
+                # a rotated or reopened file given without its predecessors (removed by
+                # --audit-keep, or kept elsewhere): it links to them by seq and prev
+                self.continued.append(
+                    f"{where}: chain continues run {run_id} after seq {seq - 1} "
+                    f"(hash {record['prev']}) in a file not given"
+                )
+                self._runs += 1
+            else:
+                self._fail(
+                    where,
+                    "chain does not begin with a start record (earlier lines or files missing?)",
+                )
+            run = self._run = _Run(run_id=run_id, where=where, last_seq=seq)
             self._remember(seq, line_hash(line), where)
             return
         if run.ended:
@@ -185,9 +221,14 @@ class ChainVerifier:
     def _account(self, where: str, record: dict[str, object]) -> None:
         assert self._run is not None
         kind = record.get("type")
-        if kind in REQUEST_TYPES:
-            self._run.requests += 1
+        if kind in REQUEST_TYPES and record.get("method") not in LIFECYCLE_METHODS:
+            self._run.requests += 1  # a lifecycle record is no request (docs/audit-log.md)
             self._requests += 1
+            link = record.get("id")
+            if link is not None and not isinstance(link, dict | list):
+                self._run.opened.pop(link, None)
+        elif kind == "open":
+            self._open(where, record)
         elif kind == "end":
             self._run.ended = True
             if record.get("lines") != record["seq"]:
@@ -195,6 +236,22 @@ class ChainVerifier:
                     where,
                     f"end record says lines={record.get('lines')} but has seq {record['seq']}",
                 )
+
+    def _open(self, where: str, record: dict[str, object]) -> None:
+        assert self._run is not None
+        link = record.get("id")
+        if link is None or isinstance(link, dict | list):
+            self._fail(where, "open record without a valid id")
+            return
+        opened = self._run.opened
+        if len(opened) >= OPEN_WINDOW:
+            opened.popitem(last=False)
+            self._run.opened_overflow += 1
+        what = (
+            f"{record.get('method', '?')} {record.get('host', '?')}:{record.get('port', '?')} "
+            f"from {record.get('client', '?')}"
+        )
+        opened[link] = (where, what)
 
     def _remember(self, seq: int, digest: str, where: str) -> None:
         if self._run is None:
@@ -215,6 +272,17 @@ class ChainVerifier:
                 f"{count} line(s) missing just before this one "
                 f"(seq {lo}..{hi}: deleted, lost, or a rotated file not given)",
             )
+        if run.ended and run.opened:
+            first = next(iter(run.opened.values()))[0]
+            self._fail(
+                first,
+                f"{len(run.opened) + run.opened_overflow} open record(s) of a cleanly ended "
+                "run have no end record (end records deleted?)",
+            )
+        elif not run.ended and not (at_eof and self.live):
+            for link, (open_where, what) in run.opened.items():
+                self.open_at_crash.append(OpenAtCrash(open_where, run.run_id, link, what))
+            self._open_unlisted += run.opened_overflow
         if not run.ended and not (at_eof and self.live):
             self._fail(
                 where if not at_eof else "end of input",
@@ -229,7 +297,15 @@ class ChainVerifier:
         if self._lines == 0:
             self._fail("input", "no lines")
         return VerifyResult(
-            self.problems, self._lines, self._runs, self._requests, head, self._workers
+            self.problems,
+            self._lines,
+            self._runs,
+            self._requests,
+            head,
+            self._workers,
+            self.open_at_crash,
+            self._open_unlisted,
+            self.continued,
         )
 
     def _fail(self, where: str, message: str) -> None:

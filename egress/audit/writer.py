@@ -32,6 +32,8 @@ from egress.audit.format import (
     chain_line,
     encode_record,
     line_hash,
+    record_ts,
+    unchain_line,
 )
 from egress.audit.logfile import LogFile
 
@@ -61,6 +63,8 @@ class LogWriter:
         retry_interval: float,
         max_pending_bytes: int,
         close_timeout: float,
+        clock: Clock | None = None,
+        keep: int | None = None,
     ) -> None:
         self.path = path
         self.fail_mode = fail_mode
@@ -69,7 +73,9 @@ class LogWriter:
         self.retry_interval = retry_interval
         self.max_pending_bytes = max_pending_bytes
         self.run_id = os.urandom(16).hex()
-        self.clock = Clock()
+        # one clock for every record (docs/audit-log.md#timestamps): the AuditLog's
+        self.clock = clock if clock is not None else Clock()
+        self.keep = keep  # rotated files kept (None: all)
         self.file = LogFile(path)
         self.seq = -1
         self.prev = GENESIS
@@ -77,6 +83,8 @@ class LogWriter:
         self.rotations = 0
         self.pending: deque[bytes] = deque()  # chained lines with "\n", not yet written
         self.pending_bytes = 0
+        self.head_written = 0  # bytes of pending[0] already in the file (a partial write)
+        self.last_body = ""  # the last line taken from the queue: mid-run control records' ts
         self.dequeued = 0
         self.write_errors = 0
         self.lines_written = 0
@@ -88,6 +96,12 @@ class LogWriter:
         self.cursor = 0  # index in the batch being processed
         self.close_timeout = close_timeout
         self._last_error_log = 0.0
+        # the outage in progress (docs/audit-log.md#when-the-log-cannot-be-written)
+        self.outage_since = 0.0
+        self.outage_lines = 0  # lines taken from the queue while unwritable
+        self.outage_refused = 0  # ... of which audit_unavailable refusals
+        self.outage_errors = 0  # write_errors when it began
+        self.outage_dropped = 0  # lines_dropped when it began
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -203,19 +217,33 @@ class LogWriter:
 
     def _line(self, body: str) -> None:
         self.dequeued += 1
-        if '"type":"policy"' not in body[:80]:  # a policy record is not a request
-            self.requests += 1
+        head = body[:64]  # `ts` comes first (AuditLog.record), `type` right after it
+        if '"type":"' not in head or '"type":"request"' in head:
+            self.requests += 1  # policy, open and progress records are not requests
+        if not self.writable:
+            self.outage_lines += 1
+            if '"audit_unavailable"' in body:  # an aggregated refusal says how many
+                at = body.find('"count":')
+                end = body.find(",", at) if at >= 0 else -1
+                count = body[at + 8 : end] if end > 0 else ""
+                self.outage_refused += int(count) if count.isdigit() else 1
+        self.last_body = body
         self._chain(body)
 
-    def _control(self, fields: dict[str, object]) -> None:
-        record: dict[str, object] = {"type": fields.pop("type"), "ts": self.clock.now()}
+    def _control(self, fields: dict[str, object], *, now: bool = False) -> None:
+        """Chain a control record. Its `ts` is the clock's now for start and end, and
+        otherwise that of the line taken from the queue last, so the file's timestamps stay
+        in order around it (docs/audit-log.md#timestamps)."""
+        ts = (None if now else record_ts(self.last_body)) or self.clock.now()
+        record: dict[str, object] = {"type": fields.pop("type"), "ts": ts}
         record.update(fields)
-        self._chain(encode_record(record), may_rotate=record["type"] != "rotate")
+        # rotate, reopen, outage and recovered records come from inside a write or a rotation
+        self._chain(encode_record(record), may_rotate=record["type"] in ("start", "loss", "end"))
 
     def _chain(self, body: str, *, may_rotate: bool = True) -> None:
         line = chain_line(body, self.seq + 1, self.prev)
         if may_rotate and self._needs_rotation(len(line) + 1):
-            self._rotate()
+            self._rotate(len(line) + 1)
             line = chain_line(body, self.seq + 1, self.prev)
         self.seq += 1
         self.prev = line_hash(line)
@@ -255,17 +283,25 @@ class LogWriter:
         if (self.file.fd is None or self.file.replaced()) and not self._reopen():
             return False
         data = b"".join(self.pending)
-        written, exc = self.file.write(data)
+        skip = self.head_written
+        written, exc = self.file.write(memoryview(data)[skip:] if skip else data)
         if exc is not None:
-            self.lines_written += data.count(b"\n", 0, written)
+            done = skip + written
+            # keep whole lines: the first one not fully written stays with its offset, so
+            # a file reopened now gets it whole (`_relink`)
+            start = data.rfind(b"\n", 0, done) + 1
+            self.lines_written += data.count(b"\n", skip, done)
             self.pending.clear()
-            self.pending.append(data[written:])
-            self.pending_bytes = len(data) - written
+            if start < len(data):
+                self.pending.append(data[start:])
+            self.pending_bytes = len(data) - start
+            self.head_written = done - start
             self._failed(f"cannot write audit log {self.path}: {exc}")
             return False
-        self.lines_written += data.count(b"\n")
+        self.lines_written += data.count(b"\n", skip)
         self.pending.clear()
         self.pending_bytes = 0
+        self.head_written = 0
         self._succeeded()
         return True
 
@@ -278,11 +314,41 @@ class LogWriter:
         except OSError as exc:
             self._failed(f"cannot reopen audit log {self.path}: {exc}")
             return False
+        if self.seq >= 0:
+            self._relink()
         return True
+
+    def _relink(self) -> None:
+        """A file opened mid-run begins with a `reopen` record whose `seq` - 1 and `prev`
+        name the last line the previous file got, so it verifies alone and after it; the
+        lines that file did not get follow, chained anew (a gap stays a gap)."""
+        data = b"".join(self.pending)
+        self.pending.clear()
+        self.pending_bytes = self.head_written = 0
+        lines = [unchain_line(line) for line in data.split(b"\n") if line]
+        parsed = [line for line in lines if line is not None]
+        if parsed:  # rewind to the last line written
+            _, first_seq, first_prev = parsed[0]
+            self.seq, self.prev = first_seq - 1, first_prev
+        self._control({"type": "reopen", "run": self.run_id})
+        last = self.seq - 1
+        for body, seq, _ in parsed:
+            if seq > last + 1:  # lines lost in between keep their places
+                self.seq += seq - last - 1
+                self.prev = GENESIS
+            last = seq
+            self._chain(body, may_rotate=False)
 
     def _failed(self, message: str) -> None:
         self.write_errors += 1
         now = time.monotonic()
+        if self.writable and self.seq >= 0:  # an outage begins: mark its place in the chain
+            self.outage_since = now
+            self.outage_lines = self.outage_refused = 0
+            self.outage_errors, self.outage_dropped = self.write_errors - 1, self.lines_dropped
+            self._control(
+                {"type": "outage", "run": self.run_id, "error": message, "mode": self.fail_mode}
+            )
         if self.writable or now - self._last_error_log >= ERROR_LOG_INTERVAL:
             mode = (
                 "refusing new connections (--audit-fail closed)"
@@ -300,12 +366,27 @@ class LogWriter:
         self.writable = False
 
     def _succeeded(self) -> None:
+        recovered = False
         if not self.writable:
             logger.warning(
                 "audit log %s is writable again after %d write errors", self.path, self.write_errors
             )
             self.writable = True
-        if self._report_loss():
+            if self.outage_since:
+                recovered = True
+                self._control(
+                    {
+                        "type": "recovered",
+                        "run": self.run_id,
+                        "outage_ms": round((time.monotonic() - self.outage_since) * 1000),
+                        "write_errors": self.write_errors - self.outage_errors,
+                        "lines": self.outage_lines,
+                        "refused": self.outage_refused,
+                        "lost": self.lines_dropped - self.outage_dropped,
+                    }
+                )
+                self.outage_since = 0.0
+        if self._report_loss() or recovered:
             self._flush()
 
     def _report_loss(self) -> bool:
@@ -316,10 +397,16 @@ class LogWriter:
         logger.error("audit log %s: %d lines lost so far", self.path, self.lines_dropped)
         return True
 
-    def _rotate(self) -> None:
+    def _rotate(self, size: int) -> None:
         """PATH -> PATH.1.gz (older ones shift up); the chain continues in a new PATH."""
         if not self._flush() or self.path in (None, "-"):
             return
+        if self.file.replaced():  # moved or removed under us: the new file is the rotation
+            if self._reopen():
+                self._flush()
+            return
+        if not self._needs_rotation(size):
+            return  # the flush found the file replaced and began a new one: no need
         try:
             self.file.rotate()
         except OSError as exc:
@@ -333,11 +420,16 @@ class LogWriter:
             self.file.compress_rotated()
         except Exception as exc:  # the uncompressed PATH.1 stays; readers accept both
             logger.error("cannot compress rotated audit log %s.1: %s", self.path, exc)
+        if self.keep is not None:
+            try:
+                self.file.prune(self.keep)
+            except OSError as exc:
+                logger.error("cannot remove old rotated audit logs of %s: %s", self.path, exc)
 
     def _finish(self) -> None:
         self._report_loss()
         if self._needs_rotation(400):  # rotate first, so that "lines" counts the rotate record
-            self._rotate()
+            self._rotate(400)
         self._control(
             {
                 "type": "end",
@@ -346,7 +438,8 @@ class LogWriter:
                 "requests": self.requests,
                 "write_errors": self.write_errors,
                 "dropped": self.lines_dropped,
-            }
+            },
+            now=True,
         )
         deadline = time.monotonic() + self.close_timeout
         while not self._flush() and time.monotonic() < deadline:

@@ -24,6 +24,7 @@ Two environments (pass their import path to `harbor trials start --env`):
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import tempfile
 import uuid
@@ -37,12 +38,14 @@ from harbor.environments.docker.docker import DockerEnvironment
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from ..boundary import Execution, prepare_execution, release_execution
+from ..boundary.plan import client_id_from
 from ..config import build_settings, load_policy_file
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
 from ..proxy.observe import ExecutionSummary
 from ..proxy.server import EgressProxy
 from .nsbox import NamespaceBox
+from .shared import shared_proxy
 
 # What egress enforces of Harbor's capability flags. IPv6 entries are refused by Harbor
 # before start: a cut sandbox has no IPv6 at all, so an IPv6 allowlist entry could not be
@@ -110,8 +113,6 @@ class HarborEgress:
 
     async def proxy(self) -> EgressProxy:
         if self._proxy is None:
-            from .. import shared_proxy
-
             self._proxy = await shared_proxy()
         return self._proxy
 
@@ -333,14 +334,10 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
 
 
 def _client_id(session_id: str) -> str:
-    from .. import client_id_from
-
     return client_id_from(session_id)
 
 
 async def _run(*argv: str) -> None:
-    import asyncio
-
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )

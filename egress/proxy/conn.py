@@ -18,6 +18,7 @@ from ..validate import as_count, as_timeout
 from . import wire
 from .gate import HEAD_TIMEOUT
 from .listener import Listener
+from .record import AccessRecord
 from .relay import Side
 from .responses import error_response
 
@@ -106,6 +107,7 @@ class Conn:
     # the record of the tunnel it relays: a policy change re-judges it (control.py)
     relaying: object = None
     task: asyncio.Task[None] | None = None
+    rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
 
 
 async def read_head(

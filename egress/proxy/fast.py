@@ -298,6 +298,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     conn.raw_head = data
     conn.upstream = upstream
     rec.addr = steps.addr_text(addr)
+    steps.opened(conn, rec)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, rec, upstream, addr, target.port)
     side.fast = fx

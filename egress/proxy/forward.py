@@ -60,6 +60,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         upstream, addr = await steps.pool.acquire(addrs, target.port)
         conn.upstream = upstream
         rec.addr = steps.addr_text(addr)
+        steps.opened(conn, rec)
         request = _Request(head, target, path, explicit_port, addr)
         return await _exchange(steps, conn, request, upstream, rec)
     except Refused as refused:

@@ -88,6 +88,7 @@ class Refused(Exception):
 
 
 HEAD_TIMEOUT: Final = Refuse(Reason.HEAD_TIMEOUT, "request head not received")
+AUDIT_DOWN: Final = Refuse(Reason.AUDIT_UNAVAILABLE, "audit log cannot be written")
 
 
 def admit_connection(
@@ -97,7 +98,7 @@ def admit_connection(
     if open_connections > max_connections or closing:
         return Refuse(Reason.TOO_MANY_CONNECTIONS, "connection limit reached")
     if not audit_ok:
-        return Refuse(Reason.AUDIT_UNAVAILABLE, "audit log cannot be written")
+        return AUDIT_DOWN
     return None
 
 

@@ -36,6 +36,7 @@ class AccessRecord:
         "end",
         "host",
         "identified",
+        "link",
         "listener",
         "method",
         "mode",
@@ -44,6 +45,7 @@ class AccessRecord:
         "policy",
         "port",
         "reason",
+        "reported",
         "rule",
         "scheme",
         "sni",
@@ -62,6 +64,10 @@ class AccessRecord:
         self.host = host
         self.port = port
         self.t0 = t0  # perf_counter_ns() at the start; not logged
+        # the `id` of its open record once the upstream was contacted (0: none, or the
+        # record was emitted); `reported`: loop time of the open or last progress record
+        self.link = 0
+        self.reported = 0.0
         self.path: str | None = None
         self.identified = False  # client_id is logged (even when None) once identified
         self.client_id: str | None = None
@@ -94,6 +100,21 @@ class AccessRecord:
         self.reason = reason
         self.rule = rule
 
+    def opened(self) -> dict[str, object]:
+        """The fields of its `open` record: who went where, as known at the dial."""
+        ev: dict[str, object] = {
+            "client": self.client,
+            "method": self.method,
+            "host": self.host,
+            "port": self.port,
+            "addr": self.addr,
+        }
+        if self.identified:
+            ev["client_id"] = self.client_id
+        if self.mode is not None:
+            ev["mode"] = self.mode
+        return ev
+
     def finish(self, now: int | None = None) -> None:
         """Record the duration up to `now` (a `perf_counter_ns()` reading, default: now) in
         milliseconds with 3 decimals (microseconds)."""
@@ -117,6 +138,8 @@ class AccessRecord:
             "host": self.host,
             "port": self.port,
         }
+        if self.link:
+            ev["id"] = self.link
         if self.path is not None:
             ev["path"] = self.path
         if self.identified:

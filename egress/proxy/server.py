@@ -308,7 +308,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
     # --- the sweeper: timeouts without per-operation timers --------------------------------
     async def _sweep(self) -> None:
         lim = self.limits
-        tick = max(0.05, min(1.0, lim.head_timeout / 4, lim.idle_timeout / 4))
+        steps = self.steps
+        lifecycle = steps.lifecycle
+        interim = lifecycle.interim_interval if lifecycle is not None else lim.idle_timeout
+        tick = max(0.05, min(1.0, lim.head_timeout / 4, lim.idle_timeout / 4, interim / 4))
         refresh_every = 30.0
         next_refresh = self.loop.time() + refresh_every
         while True:
@@ -316,6 +319,8 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             now = self.loop.time()
             for conn in list(self._conns):
                 sweep(conn, now, lim)
+                if conn.rec is not None:  # docs/audit-log.md#open-and-progress
+                    steps.progress(conn, now)
             self.steps.overdue(now)
             self.steps.flush_refusals()
             self.pool.sweep(now)

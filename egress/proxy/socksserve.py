@@ -73,6 +73,7 @@ async def serve_socks(steps: Steps, conn: Conn) -> None:
         upstream, addr = await steps.pool.dial(addrs, target.port)
         conn.upstream = upstream
         rec.addr = steps.addr_text(addr)
+        steps.opened(conn, rec)
         side.write(socks5.reply(socks5.REP_SUCCEEDED))
         rec.socks_reply = socks5.REP_SUCCEEDED
         await check_sni(steps, conn, identity.policy, target, admitted, rec)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, Target, join_host_port
@@ -20,7 +20,7 @@ from .admission import Admitted, Budget, Owner, Slots
 from .clients import Identity, source_address
 from .conn import Conn, Limits, idle_of
 from .fairshare import Turns
-from .gate import Admit, Gate, Refuse, Refused, refuse_resolve
+from .gate import AUDIT_DOWN, Admit, Gate, Refuse, Refused, refuse_resolve
 from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
 from .record import AccessRecord, perf_counter_ns, seconds_since
@@ -61,6 +61,17 @@ class AuditSink(Protocol):
     def record(self, event: dict[str, object]) -> None: ...
 
 
+@runtime_checkable
+class LifecycleSink(AuditSink, Protocol):
+    """A sink that also takes open and progress records (`egress.audit.AuditLog` does); a
+    plain `AuditSink` gets request records only (docs/audit-log.md#open-and-progress)."""
+
+    @property
+    def interim_interval(self) -> float: ...
+
+    def opened(self, event: dict[str, object]) -> int: ...
+
+
 class Steps:
     """The shared steps of one running proxy (built by `EgressProxy.start`)."""
 
@@ -72,6 +83,7 @@ class Steps:
         "fast_path",
         "gate",
         "hooks",
+        "lifecycle",
         "limits",
         "loop",
         "metrics",
@@ -99,6 +111,8 @@ class Steps:
         self.pool = pool
         self.resolver = resolver
         self.audit = audit
+        # open/progress records go to a sink that takes them (`LifecycleSink`)
+        self.lifecycle = audit if isinstance(audit, LifecycleSink) else None
         self.limits = limits
         self.hooks = hooks
         # docs/metrics.md: metrics, summaries and callbacks get each record the audit log gets
@@ -201,6 +215,9 @@ class Steps:
         Times head-to-verdict for the metrics (docs/metrics.md)."""
         gate = self.gate
         metrics = self.metrics
+        audit = self.audit
+        if audit is not None and not audit.accepting:  # closed mode: docs/audit-log.md
+            raise Refused(AUDIT_DOWN)
         try:
             first = gate.decide(policy, target)
             early = gate.refuse_early(first)
@@ -230,6 +247,9 @@ class Steps:
         the callback fast path (`fast.py`) then leaves the request to the coroutine path,
         which decides again and answers. Records nothing: see `authorized_now`."""
         gate = self.gate
+        audit = self.audit
+        if audit is not None and not audit.accepting:  # the coroutine path refuses it
+            return None
         first = gate.decide(policy, target)
         if gate.refuse_early(first) is not None:
             return None
@@ -253,6 +273,44 @@ class Steps:
                 metrics.dns.observe(0.0)
             metrics.decision.observe(seconds_since(rec.t0))
         _admitted(verdict, rec)
+
+    def check_audit(self) -> None:
+        """Raise `Refused` (`audit_unavailable`) when the log cannot record what would be
+        served (closed mode); `authorize` does this for every request and tunnel."""
+        audit = self.audit
+        if audit is not None and not audit.accepting:
+            raise Refused(AUDIT_DOWN)
+
+    def opened(self, conn: Conn, rec: AccessRecord) -> None:
+        """The upstream is contacted: write the `open` record (docs/audit-log.md#open-and-
+        progress) before the first byte goes to it; the end record will carry its `id`."""
+        audit = self.lifecycle
+        if audit is not None:
+            rec.link = audit.opened(rec.opened())
+            rec.reported = self.loop.time()
+            conn.rec = rec
+
+    def progress(self, conn: Conn, now: float) -> None:
+        """A `progress` record for a long tunnel or exchange (the sweeper calls this every
+        `interim_interval`): bytes so far, so a crash loses at most one interval."""
+        rec = conn.rec
+        audit = self.lifecycle
+        if rec is None or not rec.link or audit is None:
+            return
+        if now - rec.reported < audit.interim_interval:
+            return
+        rec.reported = now
+        upstream = conn.upstream
+        audit.record(
+            {
+                "type": "progress",
+                "id": rec.link,
+                "client": rec.client,
+                "bytes_up": conn.side.bytes_relayed,
+                "bytes_down": upstream.bytes_relayed if upstream is not None else 0,
+                "duration_ms": round((perf_counter_ns() - rec.t0) / 1e6, 3),
+            }
+        )
 
     async def resolve(self, host: str) -> tuple[IPAddress, ...]:
         metrics = self.metrics
@@ -347,6 +405,7 @@ class Steps:
         status: int | None,
     ) -> None:
         event = rec.event(decision, reason, rule, detail, status)
+        rec.link = 0  # ended: no more progress records
         if self.audit is not None:
             self.audit.record(event)
         metrics = self.metrics
@@ -377,4 +436,4 @@ def _admitted(verdict: Admit, rec: AccessRecord) -> None:
         rec.would, rec.detail = verdict.would, verdict.detail
 
 
-__all__ = ["AuditSink", "Steps"]
+__all__ = ["AuditSink", "LifecycleSink", "Steps"]

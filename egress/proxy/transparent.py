@@ -128,6 +128,7 @@ async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, po
         _, addrs = await steps.authorize(identity.policy, target, rec)
         conn.upstream, addr = await steps.pool.dial(addrs, target.port)
         rec.addr = steps.addr_text(addr)
+        steps.opened(conn, rec)
     except Refused as refused:
         _reset(steps, conn, rec, refused.refusal)
         return
@@ -158,6 +159,7 @@ async def _serve_tls(
                 report_would_block(identity.policy.report_only, rec, verdict)
         conn.upstream, addr = await steps.pool.dial(addrs, target.port)
         rec.addr = steps.addr_text(addr)
+        steps.opened(conn, rec)
     except Refused as refused:
         _reset(steps, conn, rec, refused.refusal)
         return

@@ -42,6 +42,7 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
         upstream, addr = await steps.pool.dial(addrs, target.port)
         conn.upstream = upstream
         rec.addr = steps.addr_text(addr)
+        steps.opened(conn, rec)
         conn.side.write(CONNECT_OK)
         rec.status = 200
         await check_sni(steps, conn, identity.policy, target, admitted, rec)
@@ -124,7 +125,8 @@ async def relay_tunnel(
         conn.side.close()
         upstream.close()
         await asyncio.wait((up, down), timeout=1.0)
-    end = conn.end or _how_ended(up, down)
+    how = _how_ended(up, down)  # always: it also retrieves both futures' exceptions
+    end = conn.end or how
     if end == End.LOST.value and gone is not None:
         end = End.CLIENT_CLOSED.value if gone == "client" else End.UPSTREAM_CLOSED.value
     upstream.close()
@@ -145,6 +147,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
     # (docs/audit-log.md#request-records)
     conn.phase, conn.served = "active", True
     try:
+        steps.check_audit()
         ip = parse_ip_literal(host)
         addrs = (ip,) if ip is not None else await steps.resolve(host)
         upstream, addr = await steps.pool.dial(addrs, port)
@@ -155,6 +158,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
         return
     conn.upstream = upstream
     rec.addr = steps.addr_text(addr)
+    steps.opened(conn, rec)
     rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{host}:{port}")
     await relay_tunnel(steps, conn, upstream, rec)
 

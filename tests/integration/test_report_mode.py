@@ -20,6 +20,7 @@ from egress.check import parse_check_target
 from egress.config import build_settings
 
 import harness
+from docexamples import examples, normalize
 from proxykit import MemoryAudit, raw_exchange
 from servers import echo, run, start_origin, start_tcp
 
@@ -77,8 +78,13 @@ async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
     assert by_host["loopy.test"]["reason"] == "reserved_address"
     assert by_host["echo.test"]["would"] == "block"
 
-    rc, text, err = await run(sys.executable, "-m", "egress.cli", "audit", "suggest", str(log_path))
+    rc, text, err = await run(
+        sys.executable, "-m", "egress.cli", "audit", "suggest", "audit.jsonl", cwd=str(tmp_path)
+    )
     assert rc == 0, err
+    # docs/audit-log.md#egress-audit-suggest shows exactly this output
+    [doc] = [e for e in examples() if e.needs.endswith(f"::{_this_test()}")]
+    assert normalize(text) == normalize(doc.steps[0].expected)
     suggested = tomllib.loads(text)
     assert suggested["default"] == "deny"
     assert sorted(suggested["allow"]) == ["echo.test:7000", "http://other.test", "http://www.test"]
@@ -101,6 +107,10 @@ async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
         verdict = judge(applied.policy, applied.guard, parse_check_target(probe))
         assert verdict.allowed == (probe in observed), (probe, verdict)
     assert applied.policy.decide(parse_check_target("http://loopy.test/")).allowed is False
+
+
+def _this_test() -> str:
+    return "test_report_mode_passes_traffic_and_suggest_allows_exactly_it"
 
 
 async def test_report_mode_per_client_and_cli_flag(tmp_path: Path) -> None:

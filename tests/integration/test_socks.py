@@ -305,7 +305,11 @@ async def test_egress_serve_socks_flag(test_host: harness.TestHost, tmp_path: Pa
         await origin.close()
     assert proc.returncode == 0
     records = [json.loads(x) for x in log.read_text().splitlines()]
-    found = [r for r in records if r.get("mode") == "socks5" and r.get("host") == "www.test"]
+    found = [
+        r
+        for r in records
+        if r.get("mode") == "socks5" and r.get("host") == "www.test" and "type" not in r
+    ]
     assert found
     assert (found[0]["decision"], found[0]["rule"]) == ("allow", "www.test:80")
 

@@ -422,3 +422,46 @@ def test_worker_inherits_none_of_the_callers_descriptors(tmp_path: pathlib.Path)
         listening = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
     assert str(marker) not in links
     assert listening not in links
+
+
+def test_a_job_for_another_namespace_runs_while_one_worker_is_busy(
+    topo: Topology, tmp_path: pathlib.Path
+) -> None:
+    """The pool serves namespaces in parallel: one worker blocked in a job (reading a FIFO
+    nobody writes yet) does not hold up a cut of another namespace."""
+    import threading
+
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    fd = os.open(ns_path(topo.peer), os.O_RDONLY)
+    held = threading.Thread(target=nsexec.run_in_netns, args=(fd, pathlib.Path.read_text, fifo))
+    held.start()
+    try:
+        done = threading.Thread(target=netcut.cut, args=(topo.sandbox, [topo.proxy]))
+        done.start()
+        done.join(60)
+        assert not done.is_alive(), "the cut waited for the busy worker"
+        assert held.is_alive()
+        assert netcut.status(topo.sandbox).is_cut
+    finally:
+        fifo.write_text("go")
+        held.join(30)
+        os.close(fd)
+
+
+def test_a_worker_retires_after_its_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers are recycled (libxtables leaks a little per decoded backstop): after
+    RECYCLE_AFTER_JOBS jobs a worker exits and a fresh one serves the next job."""
+    monkeypatch.setenv(nsexec.POOL_ENV, "1")
+    monkeypatch.setattr(nsexec, "RECYCLE_AFTER_JOBS", 2)
+    nsexec.stop_workers()
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        first = [nsexec.run_in_netns(fd, os.getpid) for _ in range(2)]
+        then = nsexec.run_in_netns(fd, os.getpid)
+    finally:
+        os.close(fd)
+        nsexec.stop_workers()
+    assert first[0] == first[1]
+    assert then != first[0]
+    assert not os.path.exists(f"/proc/{first[0]}/status"), "the retired worker was reaped"

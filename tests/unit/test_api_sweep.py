@@ -68,6 +68,8 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
         {
             "keep_query": "bool",
             "rotate_bytes": "count?",
+            "keep": "count?",
+            "interim_interval": "number",
             "retry_interval": "number",
             "max_backlog": "count",
             "max_pending_bytes": "count",

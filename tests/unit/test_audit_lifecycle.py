@@ -155,3 +155,9 @@ def test_suggest_accounts_for_every_record(log: str, capsys: pytest.CaptureFixtu
     )
     allowed = sum(1 for line in out.splitlines() if line.startswith('    "'))
     assert counted + allowed == 3  # every request record is accounted for, once
+
+
+def test_verify_counts_requests_not_lifecycle(log: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(capsys, "verify", log)
+    assert code == 0
+    assert ", 3 request records;" in out

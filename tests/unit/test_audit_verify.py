@@ -218,7 +218,22 @@ def test_missing_rotated_file(clean_log: list[Path], capsys: pytest.CaptureFixtu
 
 
 def test_oldest_file_not_given(clean_log: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
+    # a rotated file begins with a rotate record that links to its predecessor: without the
+    # older files (removed by --audit-keep) the chain still verifies, and says where it
+    # continues from; a file missing in the middle is still a gap (test_missing_rotated_file)
     code, out = run(capsys, *map(str, clean_log[1:]))
+    assert code == 0
+    assert "chain continues run" in out[0]
+    assert "in a file not given" in out[0]
+
+
+def test_a_file_that_begins_mid_chain_without_a_link_record(
+    clean_log: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = tmp_path / "cut.jsonl"
+    lines = clean_log[-1].read_bytes().splitlines(keepends=True)
+    cut.write_bytes(b"".join(lines[1:]))  # its rotate record removed
+    code, out = run(capsys, str(cut))
     assert code == 1
     assert "does not begin with a start record" in out[0]
 

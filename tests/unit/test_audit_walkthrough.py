@@ -20,6 +20,8 @@ from pathlib import Path
 
 from audit_samples import write_sample
 
+from docexamples import normalize
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "audit-log.md"
 AUDIT = f"{sys.executable} -m egress.audit.cli"
@@ -110,10 +112,28 @@ def outputs(work: Path) -> dict[str, str]:
     return out
 
 
+def _same_run_apart(text: str) -> str:
+    """A block without what differs between two runs of the same sample (times, hashes, run
+    ids, pids, client ports, file sizes and dates): the rest must be what the page shows."""
+    text = normalize(text)
+    text = re.sub(
+        r"^(-rw\S+ \d+ \S+ \S+) +\d+ \w+ +\d+ \d\d:\d\d ", r"\1 <SIZE> <DATE> ", text, flags=re.M
+    )
+    text = re.sub(r'"pid":\d+', '"pid":<PID>', text)
+    return re.sub(r"\b198\.18\.0\.(\d+):\d+\b", r"198.18.0.\1:<PORT>", text)
+
+
 def test_walkthrough_outputs(tmp_path: Path) -> None:
     results = outputs(tmp_path)
-    blocks = set(re.findall(r"```output:(\w+)\n", DOC.read_text()))
+    page = DOC.read_text()
+    blocks = set(re.findall(r"```output:(\w+)\n", page))
     assert blocks == set(results)
+    for name, output in results.items():  # the page shows what the commands print today
+        shown = re.search(rf"```output:{name}\n(.*?)```", page, re.DOTALL)
+        assert shown is not None
+        assert _same_run_apart(output) == _same_run_apart(shown.group(1)), (
+            f"docs/audit-log.md block {name} is stale: python tests/unit/test_audit_walkthrough.py"
+        )
     assert "OK:" in results["verify"]
     assert "OK:" in results["head"]
     for name in ("tamper", "missing", "truncated"):

@@ -340,7 +340,7 @@ async def test_dev_full_is_reported_counted_and_follows_fail_mode(
     assert "cannot write audit log /dev/full" in caplog.text
     assert ("refusing new connections" if fail_mode == "closed" else "still serving") in caplog.text
     assert log.lines_written == 0
-    assert log.lines_dropped == 4  # start, 2 requests, end: none could be written
+    assert log.lines_dropped == 5  # start, outage, 2 requests, end: none could be written
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
@@ -370,12 +370,15 @@ async def test_removed_directory_then_recovery(
             log.record({**EVENT, "host": "after.example"})
     assert "removed or replaced" in caplog.text
     assert "writable again" in caplog.text
-    hosts = [r.get("host") for r in read_records(path)]
-    assert hosts == ["during.example", "after.example", None]  # nothing queued was lost
+    records = read_records(path)
+    kinds = [r.get("type") or r.get("host") for r in records]
+    # the new file names where it continues (reopen), then nothing queued was lost, and the
+    # outage is marked where it began and where it ended (docs/audit-log.md)
+    assert kinds == ["reopen", "during.example", "outage", "recovered", "after.example", "end"]
+    assert records[3]["write_errors"] >= 1
     assert log.lines_dropped == 0
-    problems = verify(path)
-    assert problems  # the reviewer sees that the start of the run went with the directory
-    assert "does not begin with a start record" in problems[0]
+    # it verifies alone: the reopen record links to the removed file's last line
+    assert verify(path) == []
 
 
 async def test_closed_mode_notices_a_removed_directory_while_idle(tmp_path: Path) -> None:
@@ -455,3 +458,42 @@ async def test_record_from_another_thread(tmp_path: Path) -> None:
         await asyncio.sleep(0.01)  # the hook runs on the loop, via call_soon_threadsafe
     assert [r.get("host") for r in read_records(path)] == [None, "pypi.org", None]
     assert [e["host"] for e in seen] == ["pypi.org"]
+
+
+async def test_rotate_records_are_ordered_like_the_lines_around_them(tmp_path: Path) -> None:
+    """Control records made by the writer thread take the `ts` of the line they follow, not
+    the thread's own later clock reading (docs/audit-log.md#timestamps). The lines here are
+    stamped ahead of the clock, as a line recorded before the writer got to it is."""
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path), rotate_bytes=600) as log:
+        for n in range(30):
+            log.record({**EVENT, "ts": f"2099-01-01T00:00:{n:02d}.000Z"})
+    files = [*sorted(tmp_path.glob("audit.jsonl.*.gz"), key=lambda p: -int(p.name.split(".")[2])),
+             path]  # fmt: skip
+    lines = [r for f in files for r in read_records(f)]
+    assert sum(r.get("type") == "rotate" for r in lines) >= 5
+    stamps = [r["ts"] for r in lines if r.get("type") not in ("start", "end")]
+    assert stamps == sorted(stamps)
+
+
+async def test_opened_builds_the_same_line_as_record(tmp_path: Path) -> None:
+    """`opened` serializes its few fields itself (the hot path); the line must be exactly
+    what `record` makes of the same event, escapes included, with a new id each time."""
+    path = tmp_path / "audit.jsonl"
+    hostile = 'evil"\n\x1b[31m\u202e\u00e9.test'
+    event: dict[str, object] = {"client": "198.18.0.2:1", "method": "CONNECT", "host": hostile,
+                                "port": 443, "addr": "198.18.0.3", "client_id": None}  # fmt: skip
+    async with AuditLog(str(path)) as log:
+        first = log.opened(event)
+        second = log.opened({**event, "mode": "socks5", "client_id": "task-7"})
+        log.opened({**event, "secret_token": "x"})  # not one of its fields: record() drops it
+        log.record({"type": "open", "id": first, **event})
+    assert second == first + 1
+    lines = [r for r in read_records(path) if r.get("type") == "open"]
+    assert lines[0]["host"] == hostile
+    assert lines[1]["client_id"] == "task-7"
+    assert "secret_token" not in lines[2]
+    strip = [{k: v for k, v in r.items() if k not in ("seq", "prev", "ts")} for r in lines]
+    assert strip[0] == strip[3]
+    raw = path.read_bytes().splitlines()
+    assert all(line.isascii() for line in raw)
