@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from ..errors import ProtocolError
 from ..policy.target import IPAddress
 from . import wire
+from .fairshare import Ticket
 from .forward import answer_refusal, finish_exchange, framer_for, request_out, response_out
 from .gate import Refuse, Refused, refuse_upstream, response_step
 from .record import AccessRecord, perf_counter_ns
@@ -54,12 +55,12 @@ class FastExchange:
         "conn",
         "head",
         "keep",
-        "owner",
         "port",
         "rec",
         "resp",
         "searched",
         "steps",
+        "ticket",
         "upstream",
     )
 
@@ -83,7 +84,7 @@ class FastExchange:
         self.searched = 0
         self.resp: wire.ResponseHead | None = None
         self.keep = False
-        self.owner = conn.owner  # its client's request slot, given back at the end
+        self.ticket: Ticket | None = None  # its client's request slot, given back at the end
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
@@ -198,7 +199,8 @@ class FastExchange:
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
-        self.steps.turns.give_back(self.owner)
+        if self.ticket is not None:
+            self.steps.turns.give_back(self.ticket)
         conn = self.conn
         conn.upstream = None
         conn.phase, conn.phase_since = "idle", self.steps.loop.time()
@@ -283,11 +285,12 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     if decided is None:
         return False
     verdict, addrs = decided
-    if not steps.turns.try_take(conn.owner):
+    ticket = steps.turns.try_take(conn.owner)
+    if ticket is None:
         return False  # its client is at its fair share: the coroutine path waits its turn
     taken = steps.pool.take_idle(addrs, target.port)
     if taken is None:
-        steps.turns.give_back(conn.owner)
+        steps.turns.give_back(ticket)
         return False
     # from here on the request is ours: nothing below falls back
     upstream, addr = taken
@@ -301,6 +304,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     steps.opened(conn, rec)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, rec, upstream, addr, target.port)
+    fx.ticket = ticket
     side.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(out)

@@ -18,6 +18,7 @@ from ..errors import ProtocolError, TargetError
 from ..policy.target import IPAddress, Target, host_header, make_target
 from . import rewrite, wire
 from .chunked import ChunkedScanner
+from .fairshare import Ticket
 from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
 from .record import AccessRecord, perf_counter_ns
 from .relay import Framer, LengthFramer, RelayEnded, Side
@@ -42,7 +43,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
     """One absolute-form request; True if the client connection may serve another."""
     rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
     upstream: Side | None = None
-    turn: object = None  # whose request slot this request holds (fairshare.py)
+    turn: Ticket | None = None  # this request's slot of its client (fairshare.py)
     try:
         parsed = steps.gate.request_target(head.target)
         if isinstance(parsed, Refuse):
@@ -54,9 +55,9 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         identity = steps.identify(conn, head, rec)
         _, addrs = await steps.authorize(identity.policy, target, rec)
         if conn.owner is not None:  # a fair share: at most N of this client's at once
-            if not steps.turns.try_take(conn.owner):  # (after DNS: a slow name holds none)
-                await steps.turns.take(conn.owner)
-            turn = conn.owner
+            turn = steps.turns.try_take(conn.owner)  # (after DNS: a slow name holds none)
+            if turn is None:
+                turn = await steps.turns.take(conn.owner)
         upstream, addr = await steps.pool.acquire(addrs, target.port)
         conn.upstream = upstream
         rec.addr = steps.addr_text(addr)

@@ -34,6 +34,7 @@ class HoldingOrigin:
         self.most_held = 0
         self.eight_held = asyncio.Event()
         self.victim_seen = asyncio.Event()
+        self.changed = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -44,6 +45,7 @@ class HoldingOrigin:
                     self.victim_seen.set()
                     continue
                 self.held += 1
+                self.changed.set()
                 self.most_held = max(self.most_held, self.held)
                 if self.held >= 8:
                     self.eight_held.set()
@@ -74,6 +76,7 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served(
     clients = (ClientSpec("hostile", policy, token="h"), ClientSpec("victim", policy, token="v"))
     try:  # the default Limits: max_client_inflight 8
         async with EgressProxy(Settings(Policy(), clients=clients)) as proxy:
+            proxy.steps.turns.long = 60.0  # held requests stay short ones here, however slow
             host, port = proxy.addresses[0]
 
             async def one(path: str, token: str) -> int:
@@ -91,6 +94,34 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served(
     finally:
         server.close()
     assert origin.most_held == 8  # before: every one of the 20 reached the origin at once
+
+
+async def test_long_requests_stop_counting(test_host: harness.TestHost) -> None:
+    """A request holding its slot for `LONG` (a long poll) stops counting: ten held requests
+    of one client all reach the upstream, the last two once the first have grown long."""
+    origin = HoldingOrigin()
+    ip = test_host.addr_ns
+    server = await asyncio.start_server(origin.serve, sock=listen_in_netns(test_host.ns, ip, 80))
+    clients = (ClientSpec("poller", Policy(allow=[ip]), token="p"),)
+    try:
+        async with EgressProxy(Settings(Policy(), clients=clients)) as proxy:
+            proxy.steps.turns.long = 0.2
+            host, port = proxy.addresses[0]
+            writers = []
+            for _ in range(10):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(request("/h", "p", ip))
+                writers.append((reader, writer))
+            async with asyncio.timeout(20):
+                while origin.held < 10:
+                    origin.changed.clear()
+                    await origin.changed.wait()
+            origin.victim_seen.set()
+            for reader, writer in writers:
+                assert (await asyncio.wait_for(read_response(reader), 20))[0] == 200
+                writer.close()
+    finally:
+        server.close()
 
 
 def test_the_default_share_is_eight() -> None:
