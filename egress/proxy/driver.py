@@ -9,7 +9,7 @@ read, and the record emitted at the end (docs/architecture.md#one-exchange).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from . import socks5 as socks5_codec
@@ -34,10 +34,13 @@ async def drive(
     x: Exchange,
     action: Action,
     keep: Callable[[Verdict], bool] | None = None,
+    before_pooled: Callable[[], Awaitable[None]] | None = None,
 ) -> Relay | None:
     """Carry out `action` and the ones after it until the exchange relays (the `Relay` is
     returned: the caller relays) or ended (None: answered, recorded). `keep`: whether the
-    client connection survives a refusal (requests: `gate.keep_alive_after`)."""
+    client connection survives a refusal (requests: `gate.keep_alive_after`);
+    `before_pooled`: awaited before a request's upstream is taken (its client's fair
+    share, docs/proxy.md#fair-share)."""
     timed = False
     metrics = steps.metrics
     while True:
@@ -49,6 +52,8 @@ async def drive(
             if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
                 metrics.decision.observe(seconds_since(x.record.t0))
         if isinstance(action, Dial):
+            if action.pooled and before_pooled is not None:
+                await before_pooled()
             pool = steps.pool
             idle = pool.take_idle(action.addrs, action.port) if action.pooled else None
             found = idle if idle is not None else await pool.connect(action.addrs, action.port)

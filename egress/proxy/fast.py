@@ -37,6 +37,7 @@ from ..policy.target import Target
 from . import wire
 from .core.actions import Dial, Refuse, Relay, Resolve
 from .core.exchange import Exchange
+from .fairshare import Ticket
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
 from .gate import Refuse as Verdict
 from .gate import refuse_upstream
@@ -53,7 +54,18 @@ log = logging.getLogger("egress")
 class FastExchange:
     """One request in flight on the fast path (see the module docstring)."""
 
-    __slots__ = ("conn", "end", "head", "keep", "resp", "searched", "steps", "upstream", "x")
+    __slots__ = (
+        "conn",
+        "end",
+        "head",
+        "keep",
+        "resp",
+        "searched",
+        "steps",
+        "ticket",
+        "upstream",
+        "x",
+    )
 
     def __init__(
         self, steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, upstream: Side
@@ -67,6 +79,7 @@ class FastExchange:
         self.searched = 0
         self.resp: wire.ResponseHead | None = None
         self.keep = False
+        self.ticket: Ticket | None = None  # its client's request slot, given back at the end
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
@@ -172,6 +185,8 @@ class FastExchange:
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
+        if self.ticket is not None:
+            self.steps.turns.give_back(self.ticket)
         conn = self.conn
         conn.upstream = None
         conn.phase, conn.phase_since = "idle", self.steps.loop.time()
@@ -259,8 +274,12 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
         action = x.resolved(addrs)
     if not isinstance(action, Dial):
         return False  # a refusal: the coroutine path decides again and answers it
+    ticket = steps.turns.try_take(conn.owner)
+    if ticket is None:
+        return False  # its client is at its fair share: the coroutine path waits its turn
     taken = steps.pool.take_idle(action.addrs, action.port)
     if taken is None:
+        steps.turns.give_back(ticket)
         return False
     # from here on the request is ours: nothing below falls back
     upstream, addr = taken
@@ -279,6 +298,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     steps.link(conn, x)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
+    fx.ticket = ticket
     side.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(out)

@@ -23,6 +23,7 @@ from .core.actions import Refuse as Refusal
 from .core.exchange import Exchange
 from .core.intent import Intent
 from .driver import drive, refuse
+from .fairshare import Ticket
 from .gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
 from .record import perf_counter_ns
 from .relay import Framer, LengthFramer, RelayEnded, Side
@@ -96,8 +97,20 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
     """One absolute-form request; True if the client connection may serve another."""
     x = Exchange(steps.gate, conn.listener.mode.request_front)
     intent = request_intent(steps, conn, head, perf_counter_ns())
+    turn: Ticket | None = None  # this request's slot of its client (fairshare.py)
+
+    async def take_turn() -> None:
+        """A fair share: at most N of this client's at once (after DNS: a slow name holds
+        none; docs/proxy.md#fair-share)."""
+        nonlocal turn
+        if conn.owner is not None:
+            turn = steps.turns.try_take(conn.owner)
+            if turn is None:
+                turn = await steps.turns.take(conn.owner)
+
     try:
-        relay = await drive(steps, conn, x, x.start(intent), keep=_keeper(steps, head))
+        keep = _keeper(steps, head)
+        relay = await drive(steps, conn, x, x.start(intent), keep=keep, before_pooled=take_turn)
         if relay is None:
             return _kept(steps, head, x.refusal)
         upstream = conn.upstream
@@ -107,6 +120,8 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         return await _exchange(steps, conn, request, upstream, x)
     finally:
         conn.upstream = None
+        if turn is not None:
+            steps.turns.give_back(turn)
 
 
 def _kept(steps: Steps, head: wire.RequestHead, verdict: Refuse | None) -> bool:

@@ -20,6 +20,7 @@ from .clients import Identity, source_address
 from .conn import Conn, Limits, idle_of
 from .core.actions import Done
 from .core.exchange import Exchange, connection_record, emitted, reported, tallied
+from .fairshare import Turns
 from .gate import Gate, Refuse
 from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
@@ -91,6 +92,7 @@ class Steps:
         "pool",
         "resolver",
         "slots",
+        "turns",
     )
 
     def __init__(
@@ -131,6 +133,8 @@ class Steps:
             )
         )
         self._refusals: Tally[_Pending] = Tally()
+        # requests in flight per client (fairshare.py, docs/proxy.md#fair-share)
+        self.turns = Turns(loop, limits.max_client_inflight)
         self._addr_texts: dict[IPAddress, str] = {}
 
     # --- admission: a connection belongs to a client from accept (admission.py) --------------
