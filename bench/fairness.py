@@ -55,8 +55,8 @@ async def serve_proxy(origin_port: int, workdir: Path, fair: bool) -> None:
 
     from egress import AuditLog, EgressProxy, Policy
     from egress.config import ClientSpec, Settings
-    from egress.proxy.clients import Identity
-    from egress.proxy.dnsanswer import FakeIPs
+    from egress.proxy.codec.dns import FakeIPs
+    from egress.proxy.core.clients import Identity
     from egress.proxy.dnsserve import open_dns
     from egress.proxy.server import Limits
 

@@ -55,7 +55,7 @@ def cases() -> dict[str, Callable[[], object]]:
 
     try:  # the package layout (egress.proxy, egress.audit.format), or the flat one before it
         from egress.audit.format import chain_line, encode_record, line_hash
-        from egress.proxy import wire
+        from egress.proxy.codec import http1 as wire
     except ImportError:
         from egress import wire  # type: ignore[attr-defined,no-redef]
         from egress.auditfmt import (  # type: ignore[import-not-found,no-redef]
@@ -63,8 +63,8 @@ def cases() -> dict[str, Callable[[], object]]:
             encode_record,
             line_hash,
         )
-    try:  # heads as sent on: egress.proxy.rewrite, or still in wire before it was split out
-        from egress.proxy import rewrite
+    try:  # heads as sent on: egress.proxy.codec.rewrite, or still in wire before it was split out
+        from egress.proxy.codec import rewrite
     except ImportError:
         rewrite = wire  # type: ignore[assignment]
 

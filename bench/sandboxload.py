@@ -34,7 +34,7 @@ import time
 from typing import Any, cast
 
 from bench.origin import CountingHTTP
-from egress.proxy.netns import call_in_netns_thread
+from egress.proxy.net.netns import call_in_netns_thread
 
 CROSS_EVERY = 10
 _LENGTH = re.compile(rb"(?i)\r\ncontent-length:[ \t]*(\d+)")

@@ -9,6 +9,9 @@ Public API (everything else is internal)::
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _package_version
 
+from egress.proxy.net.netns import NamespaceError, listen_in_netns
+from egress.proxy.telemetry.observe import ExecutionSummary
+
 from .audit.log import AuditLog
 from .boundary import (
     Execution,
@@ -27,8 +30,6 @@ from .policy.compose import compose, from_harbor, from_verifiers
 from .policy.judge import judge
 from .policy.rules import Decision, Policy, Rule, parse_rule
 from .policy.target import Target, make_target, normalize_host, parse_authority, parse_url
-from .proxy.netns import NamespaceError, listen_in_netns
-from .proxy.observe import ExecutionSummary
 from .proxy.server import EgressProxy, Limits
 from .thread import ProxyThread
 

@@ -28,7 +28,7 @@ from .audit.log import AuditLog
 from .boundary import prepare_execution, release_execution
 from .config import build_settings, load_policy_file
 from .policy.rules import Policy
-from .proxy.netns import listen_in_netns
+from .proxy.net.netns import listen_in_netns
 from .proxy.server import EgressProxy
 
 # Capabilities dropped and an unprivileged user: what a well-run agent process looks like.

@@ -36,8 +36,8 @@ import pytest
 
 from .config import Settings, parse_resolve
 from .policy.rules import Policy
-from .proxy.listener import Listener
-from .proxy.netns import listen_in_netns
+from .proxy.net.listener import Listener
+from .proxy.net.netns import listen_in_netns
 from .proxy.server import EgressProxy
 from .thread import ProxyThread
 

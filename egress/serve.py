@@ -21,9 +21,9 @@ from typing import Any
 from .config import Settings, settings_from_args
 from .policy.target import join_host_port
 from .printable import printable
-from .proxy.listener import ListenError
-from .proxy.operate import check_admin_address
+from .proxy.net.listener import ListenError
 from .proxy.server import EgressProxy, Limits, parse_listen
+from .proxy.telemetry.insight import check_admin_address
 from .validate import as_count, as_timeout
 from .workers import READY, check_worker_args, serve_workers
 

@@ -6,8 +6,9 @@ root side holding 198.18.X.1/30 and the namespace side 198.18.X.2/30 — address
 carries the creating pid, so a sweep can remove what a killed run left behind.
 
 Servers for a test host are created from the test process itself: a thread enters the
-namespace only to create and bind the listening socket (`egress.proxy.netns.listen_in_netns`), and
-the test's event loop serves it. Clients run inside namespaces with `ip netns exec`.
+namespace only to create and bind the listening socket
+(`egress.proxy.net.netns.listen_in_netns`), and the test's event loop serves it. Clients
+run inside namespaces with `ip netns exec`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from egress.proxy.netns import listen_in_netns
+from egress.proxy.net.netns import listen_in_netns
 
 from harness import TestHost
 

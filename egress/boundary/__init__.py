@@ -37,7 +37,7 @@ ones importable from `egress.boundary`.
 
 from __future__ import annotations
 
-from ..proxy.observe import ExecutionSummary as ExecutionSummary
+from ..proxy.telemetry.observe import ExecutionSummary as ExecutionSummary
 from .execution import CUT_MODES as CUT_MODES
 from .execution import DNS_PORT as DNS_PORT
 from .execution import PROXY_ENV as PROXY_ENV

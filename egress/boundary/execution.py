@@ -69,7 +69,7 @@ def not_ready_kind(exc: BaseException) -> NotReadyKind:
 
     from netcut import errors as ne
 
-    from ..proxy.netns import NamespaceError
+    from ..proxy.net.netns import NamespaceError
 
     if isinstance(exc, ExecutionNotReady):
         return exc.kind

@@ -24,8 +24,8 @@ async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
     """The sandbox's own non-loopback addresses, as /32 (/128) source networks."""
     import asyncio
 
-    from ..proxy.hostaddrs import local_addresses
-    from ..proxy.netns import call_in_netns_thread
+    from ..proxy.net.hostaddrs import local_addresses
+    from ..proxy.net.netns import call_in_netns_thread
 
     found = await asyncio.to_thread(call_in_netns_thread, sandbox, local_addresses)
     return tuple(
@@ -69,7 +69,7 @@ async def _gateway_of(sandbox: str) -> str:
     """The IPv4 gateway of the sandbox's default route (the host as the sandbox sees it)."""
     import asyncio
 
-    from ..proxy.netns import call_in_netns_thread
+    from ..proxy.net.netns import call_in_netns_thread
 
     def read() -> str | None:
         # netcut's rtnetlink client, not pyroute2.IPRoute (netcut/rtnl.py says why)

@@ -13,8 +13,8 @@ from dataclasses import replace
 from netcut.targetref import TargetRef, parse_target
 
 from ..policy.rules import Policy, parse_framework_route
-from ..proxy.observe import ExecutionSummary
 from ..proxy.server import EgressProxy
+from ..proxy.telemetry.observe import ExecutionSummary
 from ..validate import as_bool, as_choice, as_instance, as_str_list
 from .checks import _check_args, _check_extra_args
 from .cutting import _cut_and_prove

@@ -16,7 +16,7 @@ from netcut.targetref import parse_target
 from ..config import ClientSpec
 from ..policy.rules import FrameworkRoute, Policy
 from ..policy.target import bracket, join_host_port
-from ..proxy.clients import Identity, Leases
+from ..proxy.core.clients import Identity, Leases
 from ..proxy.server import EgressProxy, Listener
 from .execution import (
     CutMode,
@@ -74,7 +74,7 @@ async def _extras(
     SOCKS5 listener, on the sandbox's loopback (or the gateway listener's address for SOCKS5
     in gateway mode); reused from a previous prepare, bound to the sandbox's current policy,
     and the ones no longer asked for released."""
-    from ..proxy.dnsanswer import FakeIPs
+    from ..proxy.codec.dns import FakeIPs
     from ..proxy.dnsserve import open_dns
 
     assert box.main is not None
@@ -217,7 +217,7 @@ async def _namespace_file(sandbox: str) -> str:
     runtime off the event loop (`docker inspect` takes ~0.1 s, `podman info` ~0.7 s)."""
     if parse_target(sandbox).kind != "container":
         return sandbox
-    from ..proxy.netns import namespace_path
+    from ..proxy.net.netns import namespace_path
 
     return await asyncio.to_thread(namespace_path, sandbox)
 

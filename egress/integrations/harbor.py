@@ -42,8 +42,8 @@ from ..boundary.plan import client_id_from
 from ..config import build_settings, load_policy_file
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
-from ..proxy.observe import ExecutionSummary
 from ..proxy.server import EgressProxy
+from ..proxy.telemetry.observe import ExecutionSummary
 from .nsbox import NamespaceBox
 from .shared import shared_proxy
 

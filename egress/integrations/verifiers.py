@@ -40,7 +40,7 @@ from ..boundary import Execution, prepare_execution, release_execution
 from ..boundary.plan import ExecutionPlan, client_id_from, plan_execution
 from ..policy.rules import Policy
 from ..policy.verifiers import from_verifiers
-from ..proxy.netns import listen_in_netns, namespace_path
+from ..proxy.net.netns import listen_in_netns, namespace_path
 from .shared import shared_proxy
 
 

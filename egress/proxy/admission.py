@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 from ..reasons import Reason
-from .gate import Refuse
+from .core.gate import Refuse
 
 C = TypeVar("C", bound=Hashable)
 Owner = Hashable  # a client id (str), or ("source", ip) for the default client

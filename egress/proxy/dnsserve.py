@@ -15,15 +15,15 @@ import asyncio
 import socket
 from typing import TYPE_CHECKING
 
-from .clients import Identity
-from .dnsanswer import DnsResult, FakeIPs, answer_query, refuse_query
-from .listener import Listener, parse_listen, peer_text
-from .netns import call_in_netns
+from .codec.dns import DnsResult, FakeIPs, answer_query, refuse_query
+from .core.clients import Identity
+from .net.listener import Listener, parse_listen, peer_text
+from .net.netns import call_in_netns
 
 if TYPE_CHECKING:
-    from .conn import Conn
+    from .net.conn import Conn
+    from .runtime import AuditSink, Steps
     from .server import EgressProxy
-    from .steps import AuditSink, Steps
 
 MAX_TCP_MESSAGE = 65535  # the two-byte length prefix's own bound
 

@@ -12,20 +12,20 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from . import socks5 as socks5_codec
+from .codec import socks5 as socks5_codec
+from .codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
 from .core.actions import Action, Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
 from .core.exchange import Exchange
+from .core.gate import Refuse as Verdict
 from .core.intent import Answer
-from .gate import Refuse as Verdict
+from .core.record import perf_counter_ns, seconds_since
+from .core.responses import CONNECT_OK
 from .modes.http import render_refusal
-from .record import perf_counter_ns, seconds_since
-from .resolve import ResolveError
-from .responses import CONNECT_OK
-from .sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
+from .net.resolve import ResolveError
 
 if TYPE_CHECKING:
-    from .conn import Conn
-    from .steps import Steps
+    from .net.conn import Conn
+    from .runtime import Steps
 
 
 async def drive(

@@ -34,19 +34,19 @@ from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
 from ..policy.target import Target
-from . import wire
+from .codec import http1 as wire
 from .core.actions import Dial, Refuse, Relay, Resolve
 from .core.exchange import Exchange
+from .core.gate import Refuse as Verdict
+from .core.gate import refuse_upstream
+from .core.record import perf_counter_ns, seconds_since
 from .fairshare import Ticket
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
-from .gate import Refuse as Verdict
-from .gate import refuse_upstream
-from .record import perf_counter_ns, seconds_since
-from .relay import RelayEnded, Side
+from .net.relay import RelayEnded, Side
 
 if TYPE_CHECKING:
-    from .conn import Conn
-    from .steps import Steps
+    from .net.conn import Conn
+    from .runtime import Steps
 
 log = logging.getLogger("egress")
 

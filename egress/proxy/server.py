@@ -40,30 +40,23 @@ from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
-from .accept import Lingering, Reserve
-from .clients import ClientTable
-from .conn import Conn, Limits, read_head, sweep
-from .control import ClientControl
+from .core.clients import ClientTable
+from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
+from .core.responses import error_response
+from .endpoints import ClientSide, ListenerControl
 from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
 from .forward import serve_request
-from .gate import (
-    HEAD_TIMEOUT,
-    Gate,
-    Refuse,
-    SniMissing,
-    admit_connection,
-    refuse_head,
-)
 from .heap import Heap
-from .listener import BACKLOG, Listener, ListenError, parse_listen, peer_text
-from .listening import ClientSide, ListenerControl
-from .metrics import ProxyMetrics
-from .observe import DecisionCallback, Observers
-from .operate import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
-from .pool import UpstreamPool
-from .resolve import Resolver
-from .responses import error_response
-from .steps import AuditSink, Steps
+from .net.accept import Lingering, Reserve
+from .net.conn import Conn, Limits, read_head, sweep
+from .net.listener import BACKLOG, Listener, ListenError, parse_listen, peer_text
+from .net.pool import UpstreamPool
+from .net.resolve import Resolver
+from .runtime import AuditSink, Steps
+from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
+from .telemetry.metrics import ProxyMetrics
+from .telemetry.observe import DecisionCallback, Observers
+from .tenants import ClientControl
 from .tunnel import serve_forwarder, serve_tunnel
 
 log = logging.getLogger("egress")
@@ -175,7 +168,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         if self.admin_spec is not None:
             check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
-        self.admin: Any = None  # egress.proxy.admin.AdminServer once started
+        self.admin: Any = None  # egress.proxy.telemetry.admin.AdminServer once started
         self.backlog = BACKLOG  # shortened when descriptors are scarce (fdbudget.py)
         self.fd_note: str | None = None  # what the descriptor budget changed, if anything
         self._reserve = Reserve()  # one descriptor to answer with when none is left

@@ -19,20 +19,20 @@ from ..errors import TargetError
 from ..policy.target import Target, make_target
 from ..printable import printable
 from ..reasons import Reason, reason_of
-from . import socks5
-from .clients import Identity
+from .codec import socks5
+from .core.clients import Identity
 from .core.exchange import Exchange
+from .core.gate import Refuse, refuse_request
 from .core.intent import Intent
+from .core.record import perf_counter_ns
 from .driver import drive
-from .gate import Refuse, refuse_request
 from .modes.socks5 import SOCKS5
-from .record import perf_counter_ns
-from .relay import Side
+from .net.relay import Side
 from .tunnel import relay_tunnel
 
 if TYPE_CHECKING:
-    from .conn import Conn
-    from .steps import Steps
+    from .net.conn import Conn
+    from .runtime import Steps
 
 T = TypeVar("T")
 

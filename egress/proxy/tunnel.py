@@ -14,19 +14,19 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..reasons import End
-from . import wire
+from .codec import http1 as wire
 from .core.exchange import Exchange
+from .core.gate import Refuse
 from .core.intent import Intent
+from .core.record import perf_counter_ns
 from .driver import drive
-from .gate import Refuse
 from .modes.connect import CONNECT
 from .modes.forwarder import FORWARDER
-from .record import perf_counter_ns
-from .relay import RelayEnded
+from .net.relay import RelayEnded
 
 if TYPE_CHECKING:
-    from .conn import Conn
-    from .steps import Steps
+    from .net.conn import Conn
+    from .runtime import Steps
 
 
 async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:

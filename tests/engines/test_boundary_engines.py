@@ -86,8 +86,8 @@ def no_setns(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         raise AssertionError(f"helper mode entered a namespace: {args!r}")
 
     with monkeypatch.context() as m:
-        m.setattr("egress.proxy.netns._libc", refuse)
-        m.setattr("egress.proxy.netns.namespace_path", refuse)
+        m.setattr("egress.proxy.net.netns._libc", refuse)
+        m.setattr("egress.proxy.net.netns.namespace_path", refuse)
         m.setattr("netcut.api.run_in_netns", refuse)
         yield
 

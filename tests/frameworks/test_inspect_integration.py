@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from egress.proxy.netns import listen_in_netns
+from egress.proxy.net.netns import listen_in_netns
 
 import harness
 from .frameworkvenv import framework_venv

@@ -548,7 +548,7 @@ async def test_closed_mode_checks_kept_alive_fast_path_and_socks_requests(
     callback fast path serves the second one when it can) and between a SOCKS5 handshake
     and its CONNECT: both are refused `audit_unavailable` (today both were served)."""
     from egress.config import build_settings
-    from egress.proxy import socks5
+    from egress.proxy.codec import socks5
     from egress.proxy.server import EgressProxy
 
     from proxykit import MemoryAudit

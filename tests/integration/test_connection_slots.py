@@ -21,7 +21,7 @@ import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import Execution
 from egress.config import ClientSpec, Settings
-from egress.proxy.netns import call_in_netns_thread
+from egress.proxy.net.netns import call_in_netns_thread
 from egress.proxy.server import Limits
 
 import harness

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from egress.policy.rules import Policy
-from egress.proxy.clients import Identity
-from egress.proxy.dnsanswer import FakeIPs
+from egress.proxy.codec.dns import FakeIPs
+from egress.proxy.core.clients import Identity
 from egress.proxy.dnsserve import open_dns
-from egress.proxy.listener import Listener
+from egress.proxy.net.listener import Listener
 from egress.proxy.server import EgressProxy
 
 import harness

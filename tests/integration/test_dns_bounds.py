@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from egress import EgressProxy, Policy, Settings
-from egress.proxy.resolve import ResolveError, Resolver, ResolveTimeout
+from egress.proxy.net.resolve import ResolveError, Resolver, ResolveTimeout
 
 import harness
 from proxykit import MemoryAudit, raw_exchange

@@ -16,7 +16,7 @@ import pytest
 
 from egress import EgressProxy, Policy
 from egress.config import ClientSpec, Settings
-from egress.proxy.netns import listen_in_netns
+from egress.proxy.net.netns import listen_in_netns
 
 import harness
 from proxykit import read_response

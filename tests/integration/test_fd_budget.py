@@ -150,8 +150,8 @@ async def test_idle_admin_connections_cannot_starve_the_proxy(tmp_path: Path) ->
 async def test_admin_connections_are_bounded_and_timed_out() -> None:
     """The admin endpoint's own limits, with small numbers: at most N connections (503
     beyond), each closed `lifetime` seconds after it was accepted."""
-    from egress.proxy.admin import AdminServer
-    from egress.proxy.metrics import ProxyMetrics
+    from egress.proxy.telemetry.admin import AdminServer
+    from egress.proxy.telemetry.metrics import ProxyMetrics
 
     server = AdminServer(ProxyMetrics(lambda: 0), lambda: (True, "ready"))
     host, port = await server.start("127.0.0.1", 0, max_connections=3, lifetime=0.5)

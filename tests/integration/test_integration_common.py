@@ -29,7 +29,7 @@ from egress import (
     release_execution,
     shared_proxy,
 )
-from egress.proxy.netns import listen_in_netns
+from egress.proxy.net.netns import listen_in_netns
 
 import harness
 from servers import Origin, run, start_origin

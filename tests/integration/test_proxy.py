@@ -502,7 +502,7 @@ async def tls_world(world: World, cert: tuple[str, str]) -> AsyncIterator[World]
         finally:
             writer.close()
 
-    from egress.proxy.netns import listen_in_netns
+    from egress.proxy.net.netns import listen_in_netns
 
     sock = listen_in_netns(world.host.ns, "0.0.0.0", 443)
     server = await asyncio.start_server(tls_echo, sock=sock, ssl=ctx)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from egress import EgressProxy, Limits
 from egress.config import build_settings, load_policy_file
-from egress.proxy.dnsanswer import DEFAULT_FAKE_NETWORK
+from egress.proxy.codec.dns import DEFAULT_FAKE_NETWORK
 
 from proxykit import raw_exchange
 

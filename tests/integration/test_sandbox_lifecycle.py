@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import _REGISTRIES, ExecutionNotReady, ReleaseFailed
-from egress.proxy.netns import call_in_netns_thread
+from egress.proxy.net.netns import call_in_netns_thread
 
 import harness
 from servers import Origin, run, start_origin

@@ -20,7 +20,7 @@ import pytest
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import ExecutionNotReady
-from egress.proxy.netns import NamespaceError, namespace_path
+from egress.proxy.net.netns import NamespaceError, namespace_path
 
 import harness
 from servers import Origin, run, start_origin

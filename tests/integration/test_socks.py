@@ -15,8 +15,8 @@ import pytest
 
 from egress.config import ClientSpec, build_settings
 from egress.policy.rules import Policy
-from egress.proxy import socks5
-from egress.proxy.netns import listen_in_netns
+from egress.proxy.codec import socks5
+from egress.proxy.net.netns import listen_in_netns
 from egress.proxy.server import EgressProxy
 
 import harness

@@ -18,7 +18,7 @@ import pytest
 
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.boundary import Execution
-from egress.proxy.netns import listen_in_netns
+from egress.proxy.net.netns import listen_in_netns
 
 import harness
 from proxykit import MemoryAudit

@@ -19,7 +19,7 @@ import pytest
 import egress
 from egress import EgressProxy
 from egress.config import build_settings, load_policy_file
-from egress.proxy.resolve import Resolver
+from egress.proxy.net.resolve import Resolver
 
 from proxykit import MemoryAudit, raw_exchange
 

@@ -26,7 +26,7 @@ from egress.audit.ocsf import (
     PROFILES,
     to_ocsf,
 )
-from egress.proxy.record import AccessRecord
+from egress.proxy.core.record import AccessRecord
 
 CLASSES = {HTTP_ACTIVITY: "http_activity", NETWORK_ACTIVITY: "network_activity",
            DNS_ACTIVITY: "dns_activity"}  # fmt: skip

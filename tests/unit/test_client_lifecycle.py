@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from egress.config import ClientSpec, Settings
 from egress.policy.rules import Policy
-from egress.proxy.clients import AuthError, ClientError, ClientTable, Leases
+from egress.proxy.core.clients import AuthError, ClientError, ClientTable, Leases
 
 IDS = ["a", "b", "c", "d"]
 TOKENS = ["t1", "t2", "t3", "t4", "t5"]

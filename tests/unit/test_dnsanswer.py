@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from egress.policy.rules import Policy
-from egress.proxy.dnsanswer import FakeIPs, answer_query, judge_name
+from egress.proxy.codec.dns import FakeIPs, answer_query, judge_name
 
 POLICY = Policy(
     allow=["*.allowed.test", "git.test:22", "http://plain.test"],

@@ -22,19 +22,19 @@ from egress.config import ClientSpec, Settings
 from egress.policy.addrs import AddressGuard
 from egress.policy.rules import Policy
 from egress.policy.target import IPAddress, Target, make_target
-from egress.proxy.clients import ClientTable, Identity
+from egress.proxy.codec.tls_hello import MALFORMED, ClientHelloResult
 from egress.proxy.core.actions import Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from egress.proxy.core.clients import ClientTable, Identity
 from egress.proxy.core.exchange import TRANSITIONS, Exchange, SequenceError, State
+from egress.proxy.core.gate import Gate, refuse_request
+from egress.proxy.core.gate import Refuse as Verdict
 from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
-from egress.proxy.gate import Gate, refuse_request
-from egress.proxy.gate import Refuse as Verdict
 from egress.proxy.modes.connect import CONNECT
 from egress.proxy.modes.forwarder import FORWARDER
 from egress.proxy.modes.http import HTTP
 from egress.proxy.modes.socks5 import SOCKS5
 from egress.proxy.modes.transparent import TRANSPARENT, TRANSPARENT_HTTP
-from egress.proxy.resolve import ResolveError
-from egress.proxy.sni import MALFORMED, ClientHelloResult
+from egress.proxy.net.resolve import ResolveError
 from egress.reasons import End, Reason
 
 WORLD = ipaddress.ip_address("198.18.7.10")

@@ -21,8 +21,10 @@ from egress.errors import ProtocolError
 from egress.policy.addrs import AddressGuard
 from egress.policy.rules import Policy
 from egress.policy.target import IPAddress, Target, parse_authority
-from egress.proxy.clients import ClientTable, Identity
-from egress.proxy.gate import (
+from egress.proxy.codec.http1 import RequestHead, parse_request_head
+from egress.proxy.codec.tls_hello import MALFORMED, NOT_TLS, ClientHelloResult
+from egress.proxy.core.clients import ClientTable, Identity
+from egress.proxy.core.gate import (
     HEAD_TIMEOUT,
     Admit,
     Gate,
@@ -35,9 +37,7 @@ from egress.proxy.gate import (
     refuse_resolve,
     response_step,
 )
-from egress.proxy.resolve import ResolveError
-from egress.proxy.sni import MALFORMED, NOT_TLS, ClientHelloResult
-from egress.proxy.wire import RequestHead, parse_request_head
+from egress.proxy.net.resolve import ResolveError
 from egress.reasons import End, Reason
 
 WORLD = ipaddress.ip_address("198.18.7.10")

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from egress.proxy.hostaddrs import (
+from egress.proxy.net.hostaddrs import (
     IFA_ADDRESS,
     IFA_LOCAL,
     NLMSG_DONE,

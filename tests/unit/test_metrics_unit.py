@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from egress.audit.suggest import exact_rule
-from egress.proxy.metrics import BATCH, LATENCY_BUCKETS, MAX_SERIES, Histogram, ProxyMetrics
+from egress.proxy.telemetry.metrics import (
+    BATCH,
+    LATENCY_BUCKETS,
+    MAX_SERIES,
+    Histogram,
+    ProxyMetrics,
+)
 
 events = st.fixed_dictionaries(
     {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from egress.proxy.responses import REFUSALS, error_response, refusal_for
+from egress.proxy.core.responses import REFUSALS, error_response, refusal_for
 from egress.reasons import DECISIONS, End, Reason
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from egress.proxy.record import AccessRecord
+from egress.proxy.core.record import AccessRecord
 
 
 def keys(ev: dict[str, object]) -> list[str]:

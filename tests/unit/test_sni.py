@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from egress.proxy.sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
+from egress.proxy.codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
 
 
 def real_hello(server_hostname: str | None, **options: object) -> bytes:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from egress.proxy import socks5
-from egress.proxy.socks5 import SocksError
+from egress.proxy.codec import socks5
+from egress.proxy.codec.socks5 import SocksError
 
 Parser = Callable[[bytes], Any]
 PARSERS: list[Parser] = [socks5.parse_greeting, socks5.parse_credentials, socks5.parse_request]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import os
 
-from egress.proxy.observe import MAX_SUMMARY_HOSTS, ExecutionSummary, Observers
+from egress.proxy.telemetry.observe import MAX_SUMMARY_HOSTS, ExecutionSummary, Observers
 
 
 def _rss() -> int:

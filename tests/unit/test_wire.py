@@ -1,4 +1,4 @@
-"""Tests for egress.proxy.wire: heads, framing, forwarding, and the chunked scanner.
+"""Tests for egress.proxy.codec.http1: heads, framing, forwarding, and the chunked scanner.
 
 Parsers are fed whole, byte by byte (every prefix) and with trailing bytes, as in h11's
 tests/test_io.py; hypothesis checks the invariant "a result, None, or ProtocolError".
@@ -14,20 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from egress.errors import ProtocolError
-from egress.proxy.chunked import ChunkedScanner
-from egress.proxy.rewrite import (
-    forward_headers,
-    forward_response_headers,
-    serialize_request_head,
-    serialize_response_head,
-)
-from egress.proxy.wire import (
+from egress.proxy.codec.chunked import ChunkedScanner
+from egress.proxy.codec.http1 import (
     MAX_REQUEST_HEAD_SIZE,
     BodyFraming,
     RequestHead,
     ResponseHead,
     parse_request_head,
     parse_response_head,
+)
+from egress.proxy.codec.rewrite import (
+    forward_headers,
+    forward_response_headers,
+    serialize_request_head,
+    serialize_response_head,
 )
 
 PIPELINED = b"GET http://next.example/ HTTP/1.1\r\nHost: next.example\r\n\r\n"

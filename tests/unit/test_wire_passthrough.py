@@ -2,7 +2,8 @@
 
 import pytest
 
-from egress.proxy import rewrite, wire
+from egress.proxy.codec import http1 as wire
+from egress.proxy.codec import rewrite
 
 GOOD = b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nX-Y: z\r\n\r\n"
 

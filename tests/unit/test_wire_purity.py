@@ -17,10 +17,10 @@ import egress
 PURE_MODULES = ["wire", "wirefields", "wirerequest", "wireresponse", "sni", "chunked", "rewrite"]
 ALLOWED_PROJECT_IMPORTS = {
     "egress.errors",
-    "egress.proxy.wire",
-    "egress.proxy.wirefields",
-    "egress.proxy.wirerequest",
-    "egress.proxy.wireresponse",
+    "egress.proxy.codec.http1",
+    "egress.proxy.codec.fields",
+    "egress.proxy.codec.request",
+    "egress.proxy.codec.response",
 }
 FORBIDDEN_STDLIB = {"asyncio", "socket", "ssl", "selectors", "threading", "subprocess"}
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...policy.target import IPAddress
-from ..gate import Refuse as Verdict
-from ..record import AccessRecord
+from .gate import Refuse as Verdict
 from .intent import Answer
+from .record import AccessRecord
 
 
 @dataclass(frozen=True, slots=True)

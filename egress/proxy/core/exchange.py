@@ -20,13 +20,13 @@ from typing import Final
 from ...policy.rules import Decision
 from ...policy.target import IPAddress, Target, parse_ip_literal
 from ...reasons import End, Reason
-from ..clients import Identity
-from ..gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
-from ..gate import Refuse as Verdict
-from ..record import AccessRecord
-from ..sni import ClientHelloResult
+from ..codec.tls_hello import ClientHelloResult
 from .actions import Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from .clients import Identity
+from .gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
+from .gate import Refuse as Verdict
 from .intent import CLOSE, Answer, Front, Intent
+from .record import AccessRecord
 
 
 class SequenceError(Exception):

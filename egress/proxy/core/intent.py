@@ -14,9 +14,9 @@ from typing import Final, Literal
 
 from ...policy.target import Target
 from ...reasons import Reason
-from ..clients import Identity
-from ..gate import Refuse
-from ..sni import ClientHelloResult
+from ..codec.tls_hello import ClientHelloResult
+from .clients import Identity
+from .gate import Refuse
 
 # how an answer is written: an HTTP status line, a SOCKS5 reply code, a TCP reset, a plain
 # close, a DNS rcode

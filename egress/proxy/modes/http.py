@@ -13,7 +13,7 @@ from typing import Final
 from ...reasons import Reason
 from ..core.actions import Refuse
 from ..core.intent import CLOSE, Answer, Front
-from ..responses import error_response
+from ..core.responses import error_response
 
 
 def http_answers() -> Mapping[Reason, Answer]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from ...reasons import Reason
-from .. import socks5 as codec
+from ..codec import socks5 as codec
 from ..core.actions import Refuse
 from ..core.intent import Answer, Front
 

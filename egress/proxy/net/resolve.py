@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from ..policy.target import IPAddress, canonical_addresses
-from ..validate import as_count, as_timeout
+from ...policy.target import IPAddress, canonical_addresses
+from ...validate import as_count, as_timeout
 
 Lookup = Callable[[str], Iterable[str]]
 V = TypeVar("V")

@@ -14,9 +14,9 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ..config import ClientSpec, Settings
-from ..policy.rules import Policy
-from ..policy.target import IPAddress, IPNetwork
+from ...config import ClientSpec, Settings
+from ...policy.rules import Policy
+from ...policy.target import IPAddress, IPNetwork
 
 Network = IPNetwork
 R = TypeVar("R")

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 from ..config import ClientSpec
 from ..policy.rules import Policy, parse_framework_route
 from ..reasons import End
-from .accept import Acceptor, Reserve
-from .clients import Identity
+from .core.clients import Identity
 from .fast import FastClient
 from .fdbudget import AcceptFailures
-from .listener import Listener, ListenerKind, listen_socket, parse_listen
-from .netns import listen_in_netns_async
+from .net.accept import Acceptor, Reserve
+from .net.listener import Listener, ListenerKind, listen_socket, parse_listen
+from .net.netns import listen_in_netns_async
 
 if TYPE_CHECKING:
-    from .conn import Conn, Limits
+    from .net.conn import Conn, Limits
 
 
 class ClientSide(FastClient):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from ..policy.target import IPAddress
-from .gate import Refuse, refuse_dial
-from .metrics import ProxyMetrics
-from .record import perf_counter_ns, seconds_since
+from ...policy.target import IPAddress
+from ..core.gate import Refuse, refuse_dial
+from ..core.record import perf_counter_ns, seconds_since
+from ..telemetry.metrics import ProxyMetrics
 from .relay import Side
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from egress.errors import ProtocolError
-from egress.proxy.wirefields import (
+from egress.proxy.codec.fields import (
     _FIELD_TEXT,
     CHUNKED,
     MAX_RESPONSE_HEAD_SIZE,

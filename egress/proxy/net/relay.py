@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol, cast
 
-from ..errors import ProtocolError
+from ...errors import ProtocolError
 
 # 256 KiB of queued output per transport before the feeder is paused: large enough to keep a
 # loopback link busy (bulk throughput), small enough that 1,024 connections stay well below

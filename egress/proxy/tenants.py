@@ -21,16 +21,16 @@ from ..policy.judge import judge
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, IPNetwork, make_target, parse_ip_literal
 from ..reasons import End
-from .clients import ClientTable, Identity
-from .hostaddrs import local_addresses_async
-from .record import AccessRecord
-from .resolve import Resolver
+from .core.clients import ClientTable, Identity
+from .core.record import AccessRecord
+from .net.hostaddrs import local_addresses_async
+from .net.resolve import Resolver
 
 if TYPE_CHECKING:
-    from .conn import Conn
-    from .gate import Gate
-    from .listener import Listener
-    from .steps import AuditSink, Steps
+    from .core.gate import Gate
+    from .net.conn import Conn
+    from .net.listener import Listener
+    from .runtime import AuditSink, Steps
 
 
 class ClientControl:

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
-from ..errors import EgressError
-from ..validate import as_count, as_port
+from ...errors import EgressError
+from ...validate import as_count, as_port
 from .listener import BACKLOG, listen_socket
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import os
 import socket
 import struct
 
-from ..policy.target import IPAddress, canonical_ip
+from ...policy.target import IPAddress, canonical_ip
 
 NETLINK_ROUTE = 0
 RTM_GETADDR = 22

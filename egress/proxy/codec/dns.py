@@ -30,9 +30,9 @@ import dns.rdatatype
 import dns.rdtypes.IN.A
 import dns.rrset
 
-from ..errors import TargetError
-from ..policy.rules import Decision, Policy
-from ..policy.target import normalize_host, parse_ip_literal
+from ...errors import TargetError
+from ...policy.rules import Decision, Policy
+from ...policy.target import normalize_host, parse_ip_literal
 
 # The default pool: the upper half of 198.19.0.0/16, inside the RFC 2544 benchmarking block
 # 198.18.0.0/15, which is never routed on the internet. Inside a cut namespace there is no

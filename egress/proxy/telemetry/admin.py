@@ -127,7 +127,7 @@ class AdminServer:
         seconds after it was accepted whatever it is doing: a scrape takes milliseconds,
         and idle or trickling connections must not hold descriptors the proxy needs
         (docs/metrics.md#admin-endpoint-limits)."""
-        from .listener import listen_socket
+        from ..net.listener import listen_socket
 
         runner = web.AppRunner(
             self.app(), access_log=None, handle_signals=False, keepalive_timeout=lifetime / 2

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ..errors import ProtocolError
+from ...errors import ProtocolError
 
 VERSION = 5
 AUTH_VERSION = 1  # RFC 1929 sub-negotiation version

@@ -12,15 +12,15 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import ProtocolError
-from ..reasons import End
-from ..validate import as_count, as_timeout
-from . import wire
-from .gate import HEAD_TIMEOUT
+from ...errors import ProtocolError
+from ...reasons import End
+from ...validate import as_count, as_timeout
+from ..codec import http1 as wire
+from ..core.gate import HEAD_TIMEOUT
+from ..core.record import AccessRecord
+from ..core.responses import error_response
 from .listener import Listener
-from .record import AccessRecord
 from .relay import Side
-from .responses import error_response
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..reasons import Reason
+from ...reasons import Reason
 
 PROXY_NAME = "egress"
 _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")

@@ -25,15 +25,15 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 from weakref import WeakKeyDictionary
 
-from ..errors import ProtocolError, TargetError
-from ..policy.addrs import AddressGuard
-from ..policy.judge import judge
-from ..policy.rules import Decision, Policy
-from ..policy.target import IPAddress, Target, parse_authority, split_url, url_target
-from ..reasons import DecisionWord, Reason, reason_of
+from ...errors import ProtocolError, TargetError
+from ...policy.addrs import AddressGuard
+from ...policy.judge import judge
+from ...policy.rules import Decision, Policy
+from ...policy.target import IPAddress, Target, parse_authority, split_url, url_target
+from ...reasons import DecisionWord, Reason, reason_of
+from ..codec.http1 import RequestHead
+from ..codec.tls_hello import ClientHelloResult
 from .clients import AuthError, ClientTable, Identity, source_address
-from .sni import ClientHelloResult
-from .wire import RequestHead
 
 SniMissing = Literal["if-named", "allow", "deny"]
 CACHE_MAX: Final = 65536  # entries per cache before it is cleared (docs/architecture.md)

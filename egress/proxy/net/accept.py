@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Final
 
-from .fdbudget import AcceptFailures
+from ..fdbudget import AcceptFailures
 
 log = logging.getLogger("egress")
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..audit.redact import Redactor
+from ...audit.redact import Redactor
 from .metrics import ProxyMetrics
 
 log = logging.getLogger("egress")

@@ -43,9 +43,9 @@ def check_admin_address(host: str, public: bool, what: str) -> None:
 
 
 if TYPE_CHECKING:
-    from .listener import Listener
+    from ..net.listener import Listener
+    from ..runtime import AuditSink
     from .metrics import ProxyMetrics
-    from .steps import AuditSink
 
 
 class Operations:
@@ -56,7 +56,7 @@ class Operations:
     audit: AuditSink | None
     listeners: list[Listener]
     closing: bool
-    admin: Any  # egress.proxy.admin.AdminServer once started
+    admin: Any  # egress.proxy.telemetry.admin.AdminServer once started
     _metrics: ProxyMetrics | None
 
     def metrics(self) -> dict[str, object]:

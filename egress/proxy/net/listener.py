@@ -12,14 +12,14 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..errors import TargetError
-from ..policy.target import join_host_port, split_host_port
-from .clients import Identity
-from .modes.kinds import ListenerMode, mode_for
+from ...errors import TargetError
+from ...policy.target import join_host_port, split_host_port
+from ..core.clients import Identity
+from ..modes.kinds import ListenerMode, mode_for
 
 if TYPE_CHECKING:
+    from ..codec.dns import FakeIPs
     from .accept import Acceptor
-    from .dnsanswer import FakeIPs
 
 BACKLOG = 1024
 # What a listening socket speaks: the HTTP forward proxy, SOCKS5, transparent redirects, or

@@ -16,18 +16,18 @@ from typing import Protocol, runtime_checkable
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from .admission import Admitted, Budget, Owner, Slots
-from .clients import Identity, source_address
-from .conn import Conn, Limits, idle_of
 from .core.actions import Done
+from .core.clients import Identity, source_address
 from .core.exchange import Exchange, connection_record, emitted, reported, tallied
+from .core.gate import Gate, Refuse
+from .core.record import AccessRecord, perf_counter_ns
+from .core.responses import error_response
 from .fairshare import Turns
-from .gate import Gate, Refuse
-from .metrics import BATCH, ProxyMetrics
-from .pool import UpstreamPool
-from .record import AccessRecord, perf_counter_ns
-from .resolve import Resolver
-from .responses import error_response
+from .net.conn import Conn, Limits, idle_of
+from .net.pool import UpstreamPool
+from .net.resolve import Resolver
 from .tally import Tally
+from .telemetry.metrics import BATCH, ProxyMetrics
 
 CACHE_MAX = 65536
 # how a connection the proxy closed before any exchange is recorded (docs/audit-log.md)

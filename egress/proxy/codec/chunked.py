@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from egress.errors import ProtocolError
-from egress.proxy.wire import (
+from egress.proxy.codec.http1 import (
     _FIELD_TEXT,
     _HOP_BY_HOP,
     _NEVER_HOP_BY_HOP,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from egress.proxy.wire import _HOP_BY_HOP, _NEVER_HOP_BY_HOP, RequestHead, ResponseHead
+from egress.proxy.codec.http1 import _HOP_BY_HOP, _NEVER_HOP_BY_HOP, RequestHead, ResponseHead
 
 __all__ = [
     "forward_headers",

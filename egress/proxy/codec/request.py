@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from egress.errors import ProtocolError
-from egress.proxy.wirefields import (
+from egress.proxy.codec.fields import (
     _TCHAR,
     _VCHAR,
     CHUNKED,

@@ -1,0 +1,1 @@
+"""The I/O shell: listeners, connections, relays, the upstream pool, resolution, netns."""

@@ -1,0 +1,1 @@
+"""What the proxy says about itself: metrics, observers, admin endpoint, summaries."""
