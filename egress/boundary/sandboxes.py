@@ -197,7 +197,7 @@ async def _bind(
     # the policy switch: one assignment (loopback) or one table swap (gateway)
     if mode == "loopback":
         box.main.identity = Identity(cid, policy)
-        proxy._policy_applied(cid, policy, "sandbox")  # docs/policy.md#policy-hash
+        proxy.tenants.policy_applied(cid, policy, "sandbox")  # docs/policy.md#policy-hash
     else:
         sources = _inspected_sources(net) if net else await _sandbox_sources(sandbox)
         proxy.add_client(ClientSpec(cid, policy, token=tok, sources=sources))

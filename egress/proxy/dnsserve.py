@@ -109,7 +109,7 @@ async def open_dns(
     host, port = parse_listen(listen)
     proxy.reserve(str(fake_ips.network))
     listener = Listener(host, port, netns, identity, kind="dns", fake_ips=fake_ips)
-    listener = await proxy._open_listener(listener)  # TCP first: it fixes an ephemeral port
+    listener = await proxy.endpoints.open(listener)  # TCP first: it fixes an ephemeral port
     try:
         bound = listener.port
         if netns:

@@ -10,9 +10,6 @@ closing what it accepted. A mixin of `EgressProxy` (`server.py`). The socket its
 
 from __future__ import annotations
 
-import asyncio
-import socket
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..config import ClientSpec
@@ -20,63 +17,52 @@ from ..policy.rules import Policy, parse_framework_route
 from ..reasons import End
 from .core.clients import Identity
 from .fast import FastClient
-from .fdbudget import AcceptFailures
-from .net.accept import Acceptor, Reserve
+from .net.accept import Acceptor
 from .net.listener import Listener, ListenerKind, listen_socket, parse_listen
 from .net.netns import listen_in_netns_async
 
 if TYPE_CHECKING:
-    from .net.conn import Conn, Limits
+    from .server import EgressProxy
 
 
 class ClientSide(FastClient):
     """A client connection's socket: tells the proxy when it is accepted (a forward-proxy
     connection's kept-alive requests may then take the callback fast path, `fast.py`)."""
 
-    def __init__(self, proxy: ListenerControl, listener: Listener) -> None:
+    def __init__(self, proxy: EgressProxy, listener: Listener) -> None:
         super().__init__(proxy.loop, max_buffer=proxy.limits.max_head)
         self.listener = listener
 
 
 class ListenerControl:
-    """The proxy's listening sockets; mixed into `EgressProxy`."""
+    """The proxy's listening sockets, a component of `EgressProxy`."""
 
-    # the proxy's state (set by EgressProxy.__init__ / start())
-    loop: asyncio.AbstractEventLoop
-    limits: Limits
-    listeners: list[Listener]
-    reuse_port: bool
-    backlog: int  # shortened when descriptors are scarce (fdbudget.py)
-    _conns: set[Conn]
-    # EgressProxy's: admit (and serve) or refuse an accepted socket; refuse one accepted
-    # with the reserved descriptor (accept.py)
-    _take: Callable[[Listener, socket.socket, object], None]
-    _refuse_exhausted: Callable[[Listener, socket.socket, object], None]
-    _reserve: Reserve
-    _accept_failures: AcceptFailures
-    _policy_applied: Callable[[str | None, Policy, str], None]  # ClientControl's
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
 
-    async def _open_listener(self, listener: Listener) -> Listener:
-        backlog = self.backlog
+    async def open(self, listener: Listener) -> Listener:
+        backlog = self.proxy.backlog
         if listener.netns:
             sock = await listen_in_netns_async(
                 listener.netns, listener.host, listener.port, backlog=backlog
             )
         else:
-            sock = listen_socket(listener.host, listener.port, backlog, reuse_port=self.reuse_port)
+            sock = listen_socket(
+                listener.host, listener.port, backlog, reuse_port=self.proxy.reuse_port
+            )
         acceptor = Acceptor(
-            self.loop,
+            self.proxy.loop,
             sock,
-            lambda s, addr: self._take(listener, s, addr),
-            lambda s, addr: self._refuse_exhausted(listener, s, addr),
-            self._reserve,
-            self._accept_failures,
+            lambda s, addr: self.proxy._take(listener, s, addr),
+            lambda s, addr: self.proxy._refuse_exhausted(listener, s, addr),
+            self.proxy._reserve,
+            self.proxy._accept_failures,
         )
         listener.acceptor = acceptor
         acceptor.start()
         bound = sock.getsockname()
         listener.host, listener.port = str(bound[0]), int(bound[1])
-        self.listeners.append(listener)
+        self.proxy.listeners.append(listener)
         return listener
 
     async def add_listener(
@@ -99,9 +85,9 @@ class ListenerControl:
         identity = Identity(client.client_id, client.policy) if client is not None else None
         if kind == "transparent" and identity is None:
             raise ValueError("a transparent listener serves one sandbox: pass client=")
-        listener = await self._open_listener(Listener(host, port, netns, identity, kind=kind))
+        listener = await self.open(Listener(host, port, netns, identity, kind=kind))
         if client is not None:
-            self._policy_applied(client.client_id, client.policy, "listener")
+            self.proxy.tenants.policy_applied(client.client_id, client.policy, "listener")
         return listener
 
     async def add_forwarder(
@@ -116,23 +102,23 @@ class ListenerControl:
         dest = parse_framework_route(route)
         host, port = parse_listen(listen)
         policy = Policy(framework_routes=[dest])
-        return await self._open_listener(
+        return await self.open(
             Listener(host, port, netns, Identity(client_id, policy), (dest.host, dest.port))
         )
 
     async def remove_listeners(self, netns: str) -> None:
         """Stop every listener opened inside `netns` (a sandbox being released)."""
-        for listener in [li for li in self.listeners if li.netns == netns]:
+        for listener in [li for li in self.proxy.listeners if li.netns == netns]:
             self.remove_listener(listener)
 
     def remove_listener(self, listener: Listener) -> bool:
         """Stop `listener` and close the connections it accepted (a released sandbox keeps
         nothing open). Idempotent; False if it was not one of ours."""
-        if listener not in self.listeners:
+        if listener not in self.proxy.listeners:
             return False
-        self.listeners.remove(listener)
+        self.proxy.listeners.remove(listener)
         listener.close()
-        for conn in [c for c in self._conns if c.listener is listener]:
+        for conn in [c for c in self.proxy._conns if c.listener is listener]:
             conn.end = End.RELEASED.value
             conn.side.abort()
             if conn.upstream is not None:

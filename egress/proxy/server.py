@@ -1,9 +1,10 @@
 """`EgressProxy`: the asyncio forward proxy (CONNECT tunnels and absolute-form HTTP).
 
-Shell, and thin: lifecycle, accepting connections and the sweeper; the rest of the public
-API comes from three mixins, one concept each: `ClientControl` (`control.py`: clients and
-live policy), `ListenerControl` (`listening.py`: listeners of every kind) and `Operations`
-(`operate.py`: metrics, admin listener, execution summaries). Refusals are answered and
+Shell, and thin: lifecycle, accepting connections and the sweeper; it owns three components,
+one concept each, and delegates the rest of its public API to them: `tenants`
+(`ClientControl`, `tenants.py`: clients and live policy), `endpoints` (`ListenerControl`,
+`endpoints.py`: listeners of every kind) and `insight` (`Operations`,
+`telemetry/insight.py`: metrics, admin listener, execution summaries). Refusals are answered and
 audit records written in one place, `steps.py`. Each client connection runs one coroutine:
 *read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every decision is the pure
 gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal, 1xx/101); the
@@ -34,13 +35,14 @@ from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Final
 
-from ..config import Settings, resolve_pins
+from ..config import ClientSpec, Settings, resolve_pins
 from ..errors import ProtocolError
+from ..policy.addrs import AddressGuard
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
-from .core.clients import ClientTable
+from .core.clients import ClientTable, Identity
 from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
 from .core.responses import error_response
 from .endpoints import ClientSide, ListenerControl
@@ -49,20 +51,20 @@ from .forward import serve_request
 from .heap import Heap
 from .net.accept import Lingering, Reserve
 from .net.conn import Conn, Limits, read_head, sweep
-from .net.listener import BACKLOG, Listener, ListenError, parse_listen, peer_text
+from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
 from .net.pool import UpstreamPool
 from .net.resolve import Resolver
 from .runtime import AuditSink, Steps
 from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .telemetry.metrics import ProxyMetrics
-from .telemetry.observe import DecisionCallback, Observers
+from .telemetry.observe import DecisionCallback, ExecutionSummary, Observers
 from .tenants import ClientControl
 from .tunnel import serve_forwarder, serve_tunnel
 
 log = logging.getLogger("egress")
 
 
-class EgressProxy(ClientControl, ListenerControl, Operations):
+class EgressProxy:
     """An embeddable egress proxy sharing the caller's event loop.
 
     ::
@@ -134,6 +136,10 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             )  # type: ignore[assignment]
         if resolver is not None:
             as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
+        # its components, each one concept, each holding this proxy (composition, not mixins)
+        self.tenants = ClientControl(self)
+        self.endpoints = ListenerControl(self)
+        self.insight = Operations(self)
         self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
         if resolve is not None:
             pins = {**self.settings.resolve, **resolve_pins(resolve)}
@@ -177,6 +183,120 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
     # --- lifecycle ------------------------------------------------------------------------
+    # -- the public API of its components (composition: docs/architecture.md) ------------
+
+    @property
+    def clients(self) -> ClientTable:
+        return self.tenants.clients
+
+    @property
+    def guard(self) -> AddressGuard:
+        """The address guard in force (the host's own addresses included)."""
+        return self.tenants.guard
+
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        return self.tenants.add_client(spec)
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        return self.tenants.remove_client(client_id)
+
+    def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
+        """Replace one client's policy, atomically: every request identified from now on
+        (the next request on a kept-alive connection too) is judged by `policy`, and its open
+        tunnels are judged again (`revoke_tunnels`). Also re-binds listeners bound to
+        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
+        return self.tenants.set_client_policy(client_id, policy, source=source)
+
+    async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
+        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
+        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
+        name get its new policy; other bound listeners keep theirs. Networks the proxy
+        reserved for its sandboxes (fake-IP pools, `reserve`) stay reserved."""
+        return await self.tenants.replace_settings(settings, source=source)
+
+    def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
+        """Re-judge every open tunnel (CONNECT, SOCKS5, transparent) of the clients in
+        `policies` under its new policy, with the address it was dialed at; close those it
+        no longer allows, recorded `end: revoked` (docs/policy.md#live-policy-changes).
+        Framework-route forwarders are not client policy and stay. Returns how many closed."""
+        return self.tenants.revoke_tunnels(policies)
+
+    def reserve(self, network: str) -> None:
+        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
+        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
+        return self.tenants.reserve(network)
+
+    async def refresh_host_local(self) -> None:
+        """Re-read this host's interface addresses into the guard (also done periodically)."""
+        return await self.tenants.refresh_host_local()
+
+    async def add_listener(
+        self,
+        listen: str,
+        *,
+        netns: str | None = None,
+        client: ClientSpec | None = None,
+        kind: ListenerKind = "http",
+    ) -> Listener:
+        """Listen on `HOST:PORT` (inside `netns` if given) while running.
+
+        With `client`, every connection on this listener is that client (its policy and
+        id), whatever credentials it presents: a listener on a sandbox's own loopback can
+        only be reached from inside that sandbox. `kind` says what it speaks: the HTTP
+        proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`;
+        docs/proxy.md#transparent-mode-and-socks5). Raises OSError / NamespaceError.
+        """
+        return await self.endpoints.add_listener(listen, netns=netns, client=client, kind=kind)
+
+    async def add_forwarder(
+        self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
+    ) -> Listener:
+        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
+
+        Lets a sandbox reach a framework service on the host's loopback at an address of its
+        own (its loopback, or its gateway) without any proxy setting. Every connection is
+        audited (method `FORWARD`, reason `framework_route`).
+        """
+        return await self.endpoints.add_forwarder(listen, route, netns=netns, client_id=client_id)
+
+    async def remove_listeners(self, netns: str) -> None:
+        """Stop every listener opened inside `netns` (a sandbox being released)."""
+        return await self.endpoints.remove_listeners(netns)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        return self.endpoints.remove_listener(listener)
+
+    def metrics(self) -> dict[str, object]:
+        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
+
+        Raises RuntimeError when the proxy was built with `metrics=False`."""
+        return self.insight.metrics()
+
+    @property
+    def admin_url(self) -> str | None:
+        """`http://HOST:PORT` of the admin listener, once started (else None)."""
+        return self.insight.admin_url
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
+        return self.insight.ready()
+
+    def track_execution(self, client_id: str) -> ExecutionSummary:
+        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
+        return self.insight.track_execution(client_id)
+
+    def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
+        """Counts by decision, host and reason of `client_id`'s records since tracking began
+        (`stop` ends the tracking; `release_execution` does this)."""
+        return self.insight.execution_summary(client_id, stop=stop)
+
     async def __aenter__(self) -> EgressProxy:
         await self.start()
         return self
@@ -229,12 +349,12 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             self.socks_addresses.append((await self._open_as("socks5", listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
-        self._policy_applied(None, self.settings.policy, "start")
+        self.tenants.policy_applied(None, self.settings.policy, "start")
         for spec in self.settings.clients:
-            self._policy_applied(spec.client_id, spec.policy, "start")
+            self.tenants.policy_applied(spec.client_id, spec.policy, "start")
         if self.admin_spec is not None:
             try:
-                await self._start_admin(*self.admin_spec)
+                await self.insight.start_admin(*self.admin_spec)
             except OSError as exc:
                 raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
         self.heap.started(loop)
@@ -242,7 +362,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
     async def _open_as(self, role: str, listener: Listener) -> Listener:
         """Open a listener of `start`; `ListenError` names which one failed."""
         try:
-            return await self._open_listener(listener)
+            return await self.endpoints.open(listener)
         except OSError as exc:
             if isinstance(exc, ListenError):
                 raise

@@ -19,7 +19,7 @@ from ..errors import TargetError
 from ..policy.addrs import AddressGuard, parse_cidr
 from ..policy.judge import judge
 from ..policy.rules import Policy
-from ..policy.target import IPAddress, IPNetwork, make_target, parse_ip_literal
+from ..policy.target import IPNetwork, make_target, parse_ip_literal
 from ..reasons import End
 from .core.clients import ClientTable, Identity
 from .core.record import AccessRecord
@@ -27,40 +27,27 @@ from .net.hostaddrs import local_addresses_async
 from .net.resolve import Resolver
 
 if TYPE_CHECKING:
-    from .core.gate import Gate
-    from .net.conn import Conn
-    from .net.listener import Listener
-    from .runtime import AuditSink, Steps
+    from .server import EgressProxy
 
 
 class ClientControl:
-    """Who the proxy serves and under which policy; mixed into `EgressProxy`."""
+    """Who the proxy serves and under which policy, a component of `EgressProxy`."""
 
-    # the proxy's state (set by EgressProxy.__init__ / start())
-    settings: Settings
-    gate: Gate
-    resolver: Resolver
-    audit: AuditSink | None
-    listeners: list[Listener]
-    addresses: list[tuple[str, int]]
-    listen_netns: str | None
-    steps: Steps
-    _own_resolver: bool
-    _fixed_host_local: frozenset[IPAddress] | None
-    _started: bool
-    _conns: set[Conn]
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+
     # networks reserved by the proxy itself (a transparent sandbox's fake-IP pool): they
     # belong to the sandboxes, not to the configuration, so a reload keeps them
     _owned_reserves: tuple[IPNetwork, ...] = ()
 
     @property
     def clients(self) -> ClientTable:
-        return self.gate.clients
+        return self.proxy.gate.clients
 
     @property
     def guard(self) -> AddressGuard:
         """The address guard in force (the host's own addresses included)."""
-        return self.gate.guard
+        return self.proxy.gate.guard
 
     def add_client(self, spec: ClientSpec) -> Identity:
         """Serve a client (sandbox) with its own policy, or replace the client of the same
@@ -68,20 +55,20 @@ class ClientControl:
         effect at once. Raises `ClientError` if the token or sources belong to another client.
         """
         identity = self.clients.put(spec)
-        self._sync_settings()
-        self._policy_applied(spec.client_id, spec.policy, "api")
+        self.sync_settings()
+        self.policy_applied(spec.client_id, spec.policy, "api")
         return identity
 
     def remove_client(self, client_id: str) -> ClientSpec | None:
         """Forget a client: its token and source addresses identify nobody any more."""
         spec = self.clients.remove(client_id)
-        self._sync_settings()
+        self.sync_settings()
         return spec
 
-    def _sync_settings(self) -> None:
-        s = self.settings
+    def sync_settings(self) -> None:
+        s = self.proxy.settings
         specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
-        self.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
+        self.proxy.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
     # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
     def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
@@ -92,7 +79,7 @@ class ClientControl:
         known = self.clients.spec(client_id) is not None
         bound = [
             li
-            for li in self.listeners
+            for li in self.proxy.listeners
             if li.identity is not None
             and li.identity.client_id == client_id
             and li.forward_to is None
@@ -101,10 +88,10 @@ class ClientControl:
             raise KeyError(f"no client {client_id!r} on this proxy")
         if known:
             self.clients.replace(client_id, policy)
-            self._sync_settings()
+            self.sync_settings()
         for listener in bound:
             listener.identity = Identity(client_id, policy)
-        self._policy_applied(client_id, policy, source)
+        self.policy_applied(client_id, policy, source)
         self.revoke_tunnels({client_id: policy})
 
     async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
@@ -116,22 +103,22 @@ class ClientControl:
         kept = tuple(n for n in self._owned_reserves if n not in guard.extra)
         if kept:
             settings = replace(settings, guard=replace(guard, extra=(*guard.extra, *kept)))
-        self.settings = settings
-        self.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
-        if not self._own_resolver:
-            old, self.resolver = self.resolver, Resolver(settings.resolve)
-            if self._started:
-                self.steps.resolver = self.resolver
+        self.proxy.settings = settings
+        self.proxy.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
+        if not self.proxy._own_resolver:
+            old, self.proxy.resolver = self.proxy.resolver, Resolver(settings.resolve)
+            if self.proxy._started:
+                self.proxy.steps.resolver = self.proxy.resolver
             old.close()
         by_id = {c.client_id: c.policy for c in settings.clients}
-        for listener in self.listeners:
+        for listener in self.proxy.listeners:
             ident = listener.identity
             if ident is not None and listener.forward_to is None and ident.client_id in by_id:
                 listener.identity = Identity(ident.client_id, by_id[ident.client_id])
         await self.refresh_host_local()  # the guard from the new settings
-        self._policy_applied(None, settings.policy, source)
+        self.policy_applied(None, settings.policy, source)
         for spec in settings.clients:
-            self._policy_applied(spec.client_id, spec.policy, source)
+            self.policy_applied(spec.client_id, spec.policy, source)
         policies: dict[str | None, Policy] = {None: settings.policy}
         policies.update(by_id)
         self.revoke_tunnels(policies)
@@ -142,7 +129,7 @@ class ClientControl:
         no longer allows, recorded `end: revoked` (docs/policy.md#live-policy-changes).
         Framework-route forwarders are not client policy and stay. Returns how many closed."""
         closed = 0
-        for conn in list(self._conns):
+        for conn in list(self.proxy._conns):
             rec = conn.relaying
             if not isinstance(rec, AccessRecord) or conn.end is not None:
                 continue
@@ -154,7 +141,7 @@ class ClientControl:
                 continue
             ip = parse_ip_literal(rec.addr) if rec.addr else None
             addrs = () if ip is None else (ip,)
-            if judge(policies[rec.client_id], self.gate.guard, target, addrs).allowed:
+            if judge(policies[rec.client_id], self.proxy.gate.guard, target, addrs).allowed:
                 continue
             conn.end = End.REVOKED.value
             conn.side.abort()
@@ -163,11 +150,11 @@ class ClientControl:
             closed += 1
         return closed
 
-    def _policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
+    def policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
         """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""
-        if self.audit is None or not self._started:
+        if self.proxy.audit is None or not self.proxy._started:
             return
-        self.audit.record(
+        self.proxy.audit.record(
             {
                 "type": "policy",
                 "client_id": client_id,
@@ -184,21 +171,25 @@ class ClientControl:
         net = parse_cidr(network)
         if net not in self._owned_reserves:
             self._owned_reserves = (*self._owned_reserves, net)
-        guard = self.settings.guard
+        guard = self.proxy.settings.guard
         if net in guard.extra:
             return
-        self.settings = replace(self.settings, guard=replace(guard, extra=(*guard.extra, net)))
-        self.gate.set_guard(replace(self.gate.guard, extra=self.settings.guard.extra))
+        self.proxy.settings = replace(
+            self.proxy.settings, guard=replace(guard, extra=(*guard.extra, net))
+        )
+        self.proxy.gate.set_guard(
+            replace(self.proxy.gate.guard, extra=self.proxy.settings.guard.extra)
+        )
 
     async def refresh_host_local(self) -> None:
         """Re-read this host's interface addresses into the guard (also done periodically)."""
-        if self._fixed_host_local is not None:
-            found = self._fixed_host_local
+        if self.proxy._fixed_host_local is not None:
+            found = self.proxy._fixed_host_local
         else:
             found = await local_addresses_async()
-        own = {parse_ip_literal(h) for h, _ in self.addresses if not self.listen_netns}
+        own = {parse_ip_literal(h) for h, _ in self.proxy.addresses if not self.proxy.listen_netns}
         extra = frozenset(a for a in own if a is not None and not a.is_unspecified)
-        self.gate.set_guard(self.settings.guard.with_host_local(found | extra))
+        self.proxy.gate.set_guard(self.proxy.settings.guard.with_host_local(found | extra))
 
 
 __all__ = ["ClientControl"]

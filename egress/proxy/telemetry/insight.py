@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .observe import ExecutionSummary, Observers
+from .observe import ExecutionSummary
 
 log = logging.getLogger("egress")
 
@@ -43,56 +43,49 @@ def check_admin_address(host: str, public: bool, what: str) -> None:
 
 
 if TYPE_CHECKING:
-    from ..net.listener import Listener
-    from ..runtime import AuditSink
-    from .metrics import ProxyMetrics
+    from ..server import EgressProxy
 
 
 class Operations:
-    """What an operator asks the proxy; mixed into `EgressProxy`."""
+    """What an operator asks the proxy, a component of `EgressProxy`."""
 
-    # the proxy's state (set by EgressProxy.__init__)
-    observers: Observers
-    audit: AuditSink | None
-    listeners: list[Listener]
-    closing: bool
-    admin: Any  # egress.proxy.telemetry.admin.AdminServer once started
-    _metrics: ProxyMetrics | None
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
 
     def metrics(self) -> dict[str, object]:
         """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
 
         Raises RuntimeError when the proxy was built with `metrics=False`."""
-        if self._metrics is None:
+        if self.proxy._metrics is None:
             raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
-        return self._metrics.snapshot()
+        return self.proxy._metrics.snapshot()
 
     @property
     def admin_url(self) -> str | None:
         """`http://HOST:PORT` of the admin listener, once started (else None)."""
-        if self.admin is None:
+        if self.proxy.admin is None:
             return None  # without --admin, aiohttp and prometheus_client are never imported
         from .admin import admin_url
 
-        return admin_url(self.admin.address)
+        return admin_url(self.proxy.admin.address)
 
     def ready(self) -> tuple[bool, str]:
         """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
-        if self.closing:
+        if self.proxy.closing:
             return False, "stopping"
-        if not self.listeners:
+        if not self.proxy.listeners:
             return False, "not listening"
-        if self.audit is not None and not self.audit.accepting:
+        if self.proxy.audit is not None and not self.proxy.audit.accepting:
             return False, "audit log not accepting"
         return True, "ready"
 
-    async def _start_admin(self, host: str, port: int) -> None:
+    async def start_admin(self, host: str, port: int) -> None:
         from .admin import AdminServer
 
-        if self._metrics is None:
+        if self.proxy._metrics is None:
             raise ValueError("the admin listener needs metrics (metrics=True)")
-        self.admin = AdminServer(self._metrics, self.ready)
-        await self.admin.start(host, port, ADMIN_MAX_CONNECTIONS, ADMIN_TIMEOUT)
+        self.proxy.admin = AdminServer(self.proxy._metrics, self.ready)
+        await self.proxy.admin.start(host, port, ADMIN_MAX_CONNECTIONS, ADMIN_TIMEOUT)
         if not is_loopback(host):
             log.warning(
                 "egress: the admin endpoint listens on %s, not a loopback address: anyone "
@@ -102,14 +95,14 @@ class Operations:
 
     def track_execution(self, client_id: str) -> ExecutionSummary:
         """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
-        return self.observers.track(client_id)
+        return self.proxy.observers.track(client_id)
 
     def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
         """Counts by decision, host and reason of `client_id`'s records since tracking began
         (`stop` ends the tracking; `release_execution` does this)."""
         if stop:
-            return self.observers.untrack(client_id)
-        return self.observers.summaries.get(client_id) or ExecutionSummary(client_id)
+            return self.proxy.observers.untrack(client_id)
+        return self.proxy.observers.summaries.get(client_id) or ExecutionSummary(client_id)
 
 
 __all__ = ["Operations"]
