@@ -118,9 +118,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
         ("--head-timeout", float, lim.head_timeout, "S", "seconds to receive a request head"),
         ("--connect-timeout", float, lim.connect_timeout, "S", "seconds to connect upstream"),
         ("--idle-timeout", float, lim.idle_timeout, "S", "seconds a connection may stay silent"),
-        ("--max-connections", int, lim.max_connections, "N", "concurrent client connections, "
-         "503 beyond"),
-    ):  # fmt: skip
+        (
+            "--max-connections",
+            int,
+            lim.max_connections,
+            "N",
+            "concurrent client connections, 503 beyond",
+        ),
+    ):
         g.add_argument(
             flag, type=kind, default=default, metavar=metavar, help=f"{text} (default: %(default)s)"
         )

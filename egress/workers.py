@@ -191,8 +191,10 @@ def _supervise(pids: list[int]) -> int:
             return _reap_all(live)
         died = _reap(live, block=False)
         if died:
-            print(f"egress serve: worker pid(s) {sorted(died)} exited; stopping the others",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"egress serve: worker pid(s) {sorted(died)} exited; stopping the others",
+                file=sys.stderr,
+            )
             _signal_all(live, signal.SIGTERM)
             _reap_all(live)
             return 1

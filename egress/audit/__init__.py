@@ -1,0 +1,1 @@
+"""The hash-chained audit log: its writer, format, verification, reports and CLI."""

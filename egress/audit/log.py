@@ -84,9 +84,17 @@ class AuditLog:
         close_timeout: float = CLOSE_TIMEOUT,
         worker: tuple[int, int] | None = None,
     ) -> None:
-        _check_args(path, fail_mode, keep_query, rotate_bytes, retry_interval, close_timeout,
-                    max_backlog=max_backlog, max_pending_bytes=max_pending_bytes,
-                    events_maxlen=events_maxlen)  # fmt: skip
+        _check_args(
+            path,
+            fail_mode,
+            keep_query,
+            rotate_bytes,
+            retry_interval,
+            close_timeout,
+            max_backlog=max_backlog,
+            max_pending_bytes=max_pending_bytes,
+            events_maxlen=events_maxlen,
+        )
         if keep is not None:
             as_count(keep, "AuditLog keep", minimum=0)
         as_timeout(interim_interval, "AuditLog interim_interval")

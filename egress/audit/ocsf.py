@@ -65,10 +65,30 @@ _VERDICT: Final = {
 _SEVERITY: Final = {1: "Informational", 2: "Low", 3: "Medium"}
 # record fields that a mapped attribute carries whole; the others go to `unmapped`
 _MAPPED: Final = frozenset(
-    {"ts", "client", "client_id", "method", "scheme", "host", "port", "path", "addr",
-     "bytes_up", "bytes_down", "decision", "reason", "rule", "policy", "detail",
-     "qtype", "rcode", "answer", "seq", "prev"}
-)  # fmt: skip
+    {
+        "ts",
+        "client",
+        "client_id",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "path",
+        "addr",
+        "bytes_up",
+        "bytes_down",
+        "decision",
+        "reason",
+        "rule",
+        "policy",
+        "detail",
+        "qtype",
+        "rcode",
+        "answer",
+        "seq",
+        "prev",
+    }
+)
 
 
 def event_class(record: dict[str, object]) -> int:

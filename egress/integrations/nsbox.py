@@ -78,8 +78,19 @@ class NamespaceBox:
             + _mount_script(self.root)
             + f"echo {HOLDER_READY}\nexec {' '.join(SETPRIV)} sleep infinity\n"
         )
-        argv = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation",
-                "private", "sh", "-c", script]  # fmt: skip
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+        ]
         self._holder = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -120,11 +131,25 @@ class NamespaceBox:
         """Run `command` with `sh -c` inside the box (its root, namespaces, `env` only);
         after `timeout_sec` the whole process group is killed and 124 returned, as `timeout(1)`."""
         line = f"cd {shlex.quote(cwd)} && {command}"
-        argv = ["nsenter", f"--target={self.holder_pid}", "--mount", "--net", "--",
-                "chroot", str(self.root), *SETPRIV, *_as_user(user), "--",
-                "/bin/sh", "-c", line]  # fmt: skip
-        base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME": "/root"}  # fmt: skip
+        argv = [
+            "nsenter",
+            f"--target={self.holder_pid}",
+            "--mount",
+            "--net",
+            "--",
+            "chroot",
+            str(self.root),
+            *SETPRIV,
+            *_as_user(user),
+            "--",
+            "/bin/sh",
+            "-c",
+            line,
+        ]
+        base = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+        }
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -143,8 +168,9 @@ class NamespaceBox:
                 raise
             return BoxResult(out.decode(errors="replace"), err.decode(errors="replace"), 124)
         assert proc.returncode is not None
-        return BoxResult(out.decode(errors="replace"), err.decode(errors="replace"),
-                         proc.returncode)  # fmt: skip
+        return BoxResult(
+            out.decode(errors="replace"), err.decode(errors="replace"), proc.returncode
+        )
 
     def host_path(self, path: str) -> Path:
         """The host path of the box's absolute `path`; `BoxError` if it leaves the root
@@ -204,8 +230,7 @@ def _mount_script(root: Path) -> str:
     r = shlex.quote(str(root))
     lines = []
     for name in READ_ONLY:
-        lines += [f"mount --rbind /{name} {r}/{name}",
-                  f"mount -o remount,bind,ro {r}/{name}"]  # fmt: skip
+        lines += [f"mount --rbind /{name} {r}/{name}", f"mount -o remount,bind,ro {r}/{name}"]
     lines += [f"mount --rbind /{name} {r}/{name}" for name in READ_WRITE]
     lines.append(f"mount -t proc proc {r}/proc")
     return "\n".join(lines) + "\n"

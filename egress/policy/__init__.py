@@ -1,0 +1,1 @@
+"""The policy engine: rules, targets, the address guard and the verdict (pure)."""

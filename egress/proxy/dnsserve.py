@@ -33,11 +33,20 @@ def dns_event(
 ) -> dict[str, object]:
     """The audit record of one query (docs/audit-log.md#dns-records)."""
     event: dict[str, object] = {
-        "client": client, "method": "DNS", "scheme": "dns", "host": result.host, "port": 53,
-        "mode": "transparent", "transport": transport, "client_id": identity.client_id,
-        "qtype": result.qtype, "rcode": result.rcode, "decision": result.decision,
-        "reason": result.reason, "rule": result.rule,
-    }  # fmt: skip
+        "client": client,
+        "method": "DNS",
+        "scheme": "dns",
+        "host": result.host,
+        "port": 53,
+        "mode": "transparent",
+        "transport": transport,
+        "client_id": identity.client_id,
+        "qtype": result.qtype,
+        "rcode": result.rcode,
+        "decision": result.decision,
+        "reason": result.reason,
+        "rule": result.rule,
+    }
     if result.answer is not None:
         event["answer"] = result.answer
     if result.detail is not None:
@@ -101,9 +110,13 @@ def _udp_socket(host: str, port: int) -> socket.socket:
 
 
 async def open_dns(
-    proxy: EgressProxy, listen: str, *, identity: Identity, fake_ips: FakeIPs,
+    proxy: EgressProxy,
+    listen: str,
+    *,
+    identity: Identity,
+    fake_ips: FakeIPs,
     netns: str | None = None,
-) -> Listener:  # fmt: skip
+) -> Listener:
     """A DNS responder on `HOST:PORT` (UDP and TCP, inside `netns` if given) answering for
     one sandbox. Port 0 picks a port free for both. Raises OSError / NamespaceError."""
     host, port = parse_listen(listen)

@@ -154,8 +154,9 @@ class Steps:
         reclaim = None
         if owner is not None and slots.total >= self.limits.max_connections:
             reclaim = idle_of(slots.members(owner))
-        verdict = slots.admit(conn, owner, str(source), self.loop.time(),
-                              reclaimable=reclaim is not None)  # fmt: skip
+        verdict = slots.admit(
+            conn, owner, str(source), self.loop.time(), reclaimable=reclaim is not None
+        )
         if isinstance(verdict, Refuse):
             conn.owner = owner
             return verdict

@@ -98,8 +98,9 @@ def judge_name(policy: Policy, name: str) -> Decision:
     if policy.default == "allow":
         return Decision(True, "default_allow", None, "default posture allow")
     if any(rule.network is not None for rule in policy.allow_rules):
-        return Decision(True, "address_rules", None, "address rules may allow it; judged per "
-                        "connection")  # fmt: skip
+        return Decision(
+            True, "address_rules", None, "address rules may allow it; judged per connection"
+        )
     return Decision(False, "default_deny", None, "no allow rule matches (default deny)")
 
 
@@ -127,25 +128,48 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
     except (dns.exception.DNSException, ValueError, UnicodeError) as exc:
         return _formerr(data, f"malformed DNS query: {exc.__class__.__name__}")
     if query.flags & dns.flags.QR:
-        return DnsResult(None, "", "", "", "error", "bad_request", detail="a DNS response, "
-                         "not a query")  # fmt: skip
+        return DnsResult(
+            None, "", "", "", "error", "bad_request", detail="a DNS response, not a query"
+        )
     if query.opcode() != dns.opcode.QUERY or len(query.question) != 1:
-        return _reply(query, dns.rcode.NOTIMP, "", "", "error", "bad_request",
-                      detail="only single-question standard queries are answered")  # fmt: skip
+        return _reply(
+            query,
+            dns.rcode.NOTIMP,
+            "",
+            "",
+            "error",
+            "bad_request",
+            detail="only single-question standard queries are answered",
+        )
     question = query.question[0]
     qtype = dns.rdatatype.to_text(question.rdtype)
     raw = question.name.to_text(omit_final_dot=True)
     if question.rdclass != dns.rdataclass.IN:
-        return _reply(query, dns.rcode.REFUSED, raw, qtype, "error", "bad_request",
-                      detail="only class IN is answered")  # fmt: skip
+        return _reply(
+            query,
+            dns.rcode.REFUSED,
+            raw,
+            qtype,
+            "error",
+            "bad_request",
+            detail="only class IN is answered",
+        )
     try:
         host = normalize_host(raw)
     except TargetError as exc:
-        return _reply(query, dns.rcode.NXDOMAIN, raw[:253], qtype, "error", "bad_request",
-                      detail=str(exc))  # fmt: skip
+        return _reply(
+            query, dns.rcode.NXDOMAIN, raw[:253], qtype, "error", "bad_request", detail=str(exc)
+        )
     if parse_ip_literal(host) is not None:
-        return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", "not_a_name",
-                      detail="an address spelling is not a name")  # fmt: skip
+        return _reply(
+            query,
+            dns.rcode.NXDOMAIN,
+            host,
+            qtype,
+            "block",
+            "not_a_name",
+            detail="an address spelling is not a name",
+        )
     verdict = judge_name(policy, host)
     would = None
     if not verdict.allowed and not policy.report_only:
@@ -160,13 +184,20 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
             detail=verdict.detail,
         )
     if not verdict.allowed:  # report-only: answered, the record says it would be refused
-        would = f"report-only, would block: {verdict.detail}"  # fmt: skip
+        would = f"report-only, would block: {verdict.detail}"
     answer = None
     if question.rdtype == dns.rdatatype.A:
         addr = pool.address_for(host)
         if addr is None:
-            return _reply(query, dns.rcode.SERVFAIL, host, qtype, "error", "pool_exhausted",
-                          detail=f"fake address pool {pool.network} is full")  # fmt: skip
+            return _reply(
+                query,
+                dns.rcode.SERVFAIL,
+                host,
+                qtype,
+                "error",
+                "pool_exhausted",
+                detail=f"fake address pool {pool.network} is full",
+            )
         answer = str(addr)
     result = _reply(
         query,
@@ -179,7 +210,7 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
         answer,
         detail=would,
     )
-    return replace(result, would="block") if would is not None else result  # fmt: skip
+    return replace(result, would="block") if would is not None else result
 
 
 def refuse_query(data: bytes, detail: str) -> DnsResult:
@@ -189,15 +220,20 @@ def refuse_query(data: bytes, detail: str) -> DnsResult:
         query = dns.message.from_wire(data)
     except (dns.exception.DNSException, ValueError, UnicodeError):
         return _formerr(data, detail)
-    return _reply(query, dns.rcode.REFUSED, "", "", "block", "audit_unavailable",
-                  detail=detail)  # fmt: skip
+    return _reply(query, dns.rcode.REFUSED, "", "", "block", "audit_unavailable", detail=detail)
 
 
 def _reply(
-    query: dns.message.Message, rcode: dns.rcode.Rcode, host: str, qtype: str,
-    decision: str, reason: str, rule: str | None = None, answer: str | None = None,
+    query: dns.message.Message,
+    rcode: dns.rcode.Rcode,
+    host: str,
+    qtype: str,
+    decision: str,
+    reason: str,
+    rule: str | None = None,
+    answer: str | None = None,
     detail: str | None = None,
-) -> DnsResult:  # fmt: skip
+) -> DnsResult:
     response = dns.message.make_response(query)
     response.flags |= dns.flags.RA
     response.set_rcode(rcode)
@@ -205,8 +241,17 @@ def _reply(
         name = query.question[0].name
         rdata = dns.rdtypes.IN.A.A(dns.rdataclass.IN, dns.rdatatype.A, answer)  # type: ignore[no-untyped-call]
         response.answer.append(dns.rrset.from_rdata(name, ANSWER_TTL, rdata))
-    return DnsResult(response.to_wire(), host, qtype, dns.rcode.to_text(rcode), decision,
-                     reason, rule, answer, detail)  # fmt: skip
+    return DnsResult(
+        response.to_wire(),
+        host,
+        qtype,
+        dns.rcode.to_text(rcode),
+        decision,
+        reason,
+        rule,
+        answer,
+        detail,
+    )
 
 
 def _formerr(data: bytes, detail: str) -> DnsResult:
@@ -216,10 +261,14 @@ def _formerr(data: bytes, detail: str) -> DnsResult:
     response = dns.message.Message(id=int.from_bytes(data[:2], "big"))
     response.flags = dns.flags.QR | dns.flags.RA
     response.set_rcode(dns.rcode.FORMERR)
-    return DnsResult(response.to_wire(), "", "", "FORMERR", "error", "bad_request",
-                     detail=detail)  # fmt: skip
+    return DnsResult(response.to_wire(), "", "", "FORMERR", "error", "bad_request", detail=detail)
 
 
 __all__ = [
-    "DEFAULT_FAKE_NETWORK", "DnsResult", "FakeIPs", "answer_query", "judge_name", "refuse_query",
-]  # fmt: skip
+    "DEFAULT_FAKE_NETWORK",
+    "DnsResult",
+    "FakeIPs",
+    "answer_query",
+    "judge_name",
+    "refuse_query",
+]

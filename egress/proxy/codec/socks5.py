@@ -180,8 +180,9 @@ def parse_request(buf: bytes | bytearray) -> tuple[Request, int] | None:
     if cmd != CMD_CONNECT:
         raise SocksError(
             f"SOCKS5 command {cmd:#04x} not supported (only CONNECT)",
-            REP_COMMAND_NOT_SUPPORTED, "command_not_supported",
-        )  # fmt: skip
+            REP_COMMAND_NOT_SUPPORTED,
+            "command_not_supported",
+        )
     if port == 0:
         raise SocksError("SOCKS5 request for port 0", REP_GENERAL_FAILURE)
     return request, end
@@ -214,8 +215,9 @@ def _parse_address(buf: bytes | bytearray, atyp: int) -> tuple[str, int] | None:
             raise SocksError("SOCKS5 name is not UTF-8", REP_GENERAL_FAILURE) from None
     raise SocksError(
         f"SOCKS5 address type {atyp:#04x} not supported",
-        REP_ATYP_NOT_SUPPORTED, "address_type_not_supported",
-    )  # fmt: skip
+        REP_ATYP_NOT_SUPPORTED,
+        "address_type_not_supported",
+    )
 
 
 def serialize_request(host: str, port: int, *, cmd: int = CMD_CONNECT) -> bytes:

@@ -186,9 +186,12 @@ class _Bounded(asyncio.Protocol):
     """aiohttp's request handler for one connection, counted and closed after `timeout`."""
 
     def __init__(
-        self, owner: AdminServer, inner: asyncio.Protocol, loop: asyncio.AbstractEventLoop,
+        self,
+        owner: AdminServer,
+        inner: asyncio.Protocol,
+        loop: asyncio.AbstractEventLoop,
         timeout: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         owner.open += 1
         self.owner = owner
         self.inner = inner
