@@ -150,7 +150,7 @@ def wait_listening_line(proc: subprocess.Popen[bytes], log: Path) -> int:
     raise StartError(f"no `listening on` line after {START_TIMEOUT_S}s: {_tail(log)}")
 
 
-def _version(argv: list[str], pattern: str) -> str:
+def version_of(argv: list[str], pattern: str) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -250,7 +250,7 @@ FilterDefaultDeny Yes
     proc = launch([exe, "-d", "-c", str(d / "tinyproxy.conf")], d, "tinyproxy")
     with stop_on_error(proc):
         wait_port(proc, port, d / "tinyproxy.out")
-    version = _version([exe, "-v"], r"tinyproxy ([\d.]+)")
+    version = version_of([exe, "-v"], r"tinyproxy ([\d.]+)")
     return Running("tinyproxy", port, proc, version=f"tinyproxy {version}")
 
 
@@ -317,7 +317,7 @@ http_access deny all
     proc = launch(argv, d, "squid")
     with stop_on_error(proc):
         wait_port(proc, port, d / "cache.log")
-    version = _version([exe, "-v"], r"Version ([\d.]+)")
+    version = version_of([exe, "-v"], r"Version ([\d.]+)")
     return Running("squid", port, proc, version=f"squid {version}")
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import egress
 
-PURE_MODULES = ["wire", "wirefields", "wirerequest", "wireresponse", "sni", "chunked", "rewrite"]
+PURE_MODULES = ["http1", "fields", "request", "response", "tls_hello", "chunked", "rewrite"]
 ALLOWED_PROJECT_IMPORTS = {
     "egress.errors",
     "egress.proxy.codec.http1",
@@ -39,7 +39,7 @@ def imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("module", PURE_MODULES)
 def test_pure_module_imports(module: str) -> None:
-    path = Path(egress.__file__).parent / "proxy" / f"{module}.py"
+    path = Path(egress.__file__).parent / "proxy" / "codec" / f"{module}.py"
     for name in imported_modules(path):
         top = name.partition(".")[0]
         if name in ALLOWED_PROJECT_IMPORTS or top == "__future__":

@@ -11,15 +11,15 @@ from typing import NoReturn
 
 from egress.errors import ProtocolError
 from egress.proxy.codec.http1 import (
-    _FIELD_TEXT,
-    _HOP_BY_HOP,
-    _NEVER_HOP_BY_HOP,
-    _TCHAR,
+    FIELD_TEXT,
+    HOP_BY_HOP,
     MAX_CHUNK_LINE,
     MAX_CHUNK_SIZE_DIGITS,
     MAX_TRAILER_FIELDS,
     MAX_TRAILER_SIZE,
-    _bad_field_line,
+    NEVER_HOP_BY_HOP,
+    TCHAR,
+    bad_field_line,
 )
 
 __all__ = ["ChunkedScanner"]
@@ -40,7 +40,7 @@ _CHUNK_LINE = re.compile(
 # Fields that must not appear as trailers (RFC 9110 6.5.1: framing, routing, and the
 # hop-by-hop fields we could not remove from relayed bytes); a next hop that merges trailers
 # into the header section would otherwise let a client reframe or reroute after our checks.
-_FORBIDDEN_TRAILERS = frozenset(name.encode() for name in _HOP_BY_HOP | _NEVER_HOP_BY_HOP)
+_FORBIDDEN_TRAILERS = frozenset(name.encode() for name in HOP_BY_HOP | NEVER_HOP_BY_HOP)
 
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
 _LineHandler = Callable[[bytes], None]
@@ -147,9 +147,9 @@ class ChunkedScanner:
             self._fail("too many trailer fields")
         field = line[:-2]
         name, colon, value = field.partition(b":")
-        if not name or name.translate(None, _TCHAR):
-            self._fail("trailer " + _bad_field_line(field, colon))
-        if value.translate(None, _FIELD_TEXT):
+        if not name or name.translate(None, TCHAR):
+            self._fail("trailer " + bad_field_line(field, colon))
+        if value.translate(None, FIELD_TEXT):
             self._fail("control character in trailer field")
         if name.lower() in _FORBIDDEN_TRAILERS:
             self._fail(f"{name.decode('ascii')} is not allowed in a trailer section")

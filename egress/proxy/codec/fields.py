@@ -37,15 +37,15 @@ MAX_TRAILER_FIELDS = 100
 
 # Byte classes (RFC 9110 5.6.2 tchar, 5.5 field-vchar/obs-text), used with bytes.translate:
 # `x.translate(None, CLASS)` is empty exactly when every byte of x is in CLASS.
-_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_VCHAR = bytes(range(0x21, 0x7F))
-_FIELD_TEXT = b"\t " + _VCHAR + bytes(range(0x80, 0x100))  # field values, reason phrases
-_OWS = b" \t"
-_VERSIONS = {b"HTTP/1.1": "HTTP/1.1", b"HTTP/1.0": "HTTP/1.0"}
-_OTHER_VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
+TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+VCHAR = bytes(range(0x21, 0x7F))
+FIELD_TEXT = b"\t " + VCHAR + bytes(range(0x80, 0x100))  # field values, reason phrases
+OWS = b" \t"
+VERSIONS = {b"HTTP/1.1": "HTTP/1.1", b"HTTP/1.0": "HTTP/1.0"}
+OTHER_VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
 
 # Hop-by-hop fields (RFC 9110 7.6.1, docs/proxy.md#requests), removed when forwarding.
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -59,7 +59,7 @@ _HOP_BY_HOP = frozenset(
 )
 # Never removed because `Connection` names them: dropping a framing header while framing the
 # body by it would desynchronise us from the next hop (smuggling), and Host is ours to set.
-_NEVER_HOP_BY_HOP = frozenset({"content-length", "transfer-encoding", "host"})
+NEVER_HOP_BY_HOP = frozenset({"content-length", "transfer-encoding", "host"})
 
 FramingKind = Literal["none", "length", "chunked", "close"]
 
@@ -82,7 +82,7 @@ CHUNKED = BodyFraming("chunked")
 UNTIL_CLOSE = BodyFraming("close")
 
 
-class _Fields:
+class FieldBlock:
     """Case-insensitive access to a head's `headers` (shared by request and response)."""
 
     __slots__ = ()
@@ -104,7 +104,7 @@ class _Fields:
     @property
     def connection_tokens(self) -> frozenset[str]:
         """Lowercased tokens of all `Connection` fields (`close`, `keep-alive`, field names)."""
-        return _tokens(self.get_all("connection"))
+        return tokens_of(self.get_all("connection"))
 
     def __repr__(self) -> str:
         # Credentials never reach a log through a repr: tokens are never logged
@@ -113,15 +113,15 @@ class _Fields:
         for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
             value = getattr(self, name)
             if name == "headers":
-                value = tuple((n, "<redacted>" if n.lower() in _SECRETS else v) for n, v in value)
+                value = tuple((n, "<redacted>" if n.lower() in SECRETS else v) for n, v in value)
             parts.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-_SECRETS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+SECRETS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 
 
-def _as_bytes(buf: bytes | bytearray | memoryview, max_size: int) -> bytes | bytearray:
+def as_bytes(buf: bytes | bytearray | memoryview, max_size: int) -> bytes | bytearray:
     # bytes and bytearray are searched in place; a memoryview has no find(), so copy what
     # can matter (a bounded amount).
     if isinstance(buf, memoryview):
@@ -129,7 +129,7 @@ def _as_bytes(buf: bytes | bytearray | memoryview, max_size: int) -> bytes | byt
     return buf
 
 
-def _split_head(
+def split_head(
     data: bytes | bytearray,
     start: int,
     max_size: int,
@@ -139,24 +139,24 @@ def _split_head(
 ) -> tuple[bytes, bytes, int] | None:
     """(start line, field block, bytes consumed), or None if the head is incomplete.
 
-    The field block is every field line, each preceded by its CRLF (see `_parse_fields`).
+    The field block is every field line, each preceded by its CRLF (see `parse_fields`).
     Bytes before `searched` were seen incomplete and valid so far, and are not searched again.
     """
     searched = min(searched, len(data), max_size)
     end = data.find(b"\r\n\r\n", max(start, searched - 3), max_size)
     if end < 0:
-        _check_partial(data, max(start, searched), max_size, status)
+        check_partial(data, max(start, searched), max_size, status)
         if len(data) >= max_size:
-            raise ProtocolError(f"no complete head within {max_size} bytes", _431(status))
+            raise ProtocolError(f"no complete head within {max_size} bytes", STATUS_431(status))
         return None
     first_end = data.find(b"\r\n", start, end + 2)
     block = bytes(data[first_end:end])
     if block.count(b"\r\n") > max_headers:
-        raise ProtocolError(f"more than {max_headers} header fields", _431(status))
+        raise ProtocolError(f"more than {max_headers} header fields", STATUS_431(status))
     return bytes(data[start:first_end]), block, end + 4
 
 
-def _check_partial(data: bytes | bytearray, start: int, max_size: int, status: int) -> None:
+def check_partial(data: bytes | bytearray, start: int, max_size: int, status: int) -> None:
     # Fail fast on an incomplete head that can never become valid (a bare CR or LF), rather
     # than waiting for more bytes until the size limit or a timeout. A final CR may still be
     # followed by its LF; so when resuming, a CR just before `start` is checked again.
@@ -170,30 +170,30 @@ def _check_partial(data: bytes | bytearray, start: int, max_size: int, status: i
         raise ProtocolError("bare CR or LF in head (lines must end in CRLF)", status)
 
 
-def _431(status: int) -> int:
+def STATUS_431(status: int) -> int:
     return 431 if status == 400 else status
 
 
-def _version(raw: bytes, status: int) -> str:
-    version = _VERSIONS.get(raw)
+def version_of(raw: bytes, status: int) -> str:
+    version = VERSIONS.get(raw)
     if version is not None:
         return version
-    if _OTHER_VERSION.fullmatch(raw):
+    if OTHER_VERSION.fullmatch(raw):
         raise ProtocolError("HTTP version not supported", 505 if status == 400 else status)
     raise ProtocolError("malformed HTTP version", status)
 
 
-def _parse_fields(
+def parse_fields(
     block: bytes, status: int
 ) -> tuple[tuple[tuple[str, str], ...], dict[str, list[str]]]:
-    """(headers, the values of the fields in `_WATCHED` by lowercased name).
+    """(headers, the values of the fields in `WATCHED` by lowercased name).
 
     The whole block is validated by one regular expression (each line `token ":"
     field-text`: so no bare CR or LF, no obs-fold, no whitespace before the colon, no control
     character); only a failing block is walked line by line, for the error message.
     """
-    if _FIELD_BLOCK.fullmatch(block) is None:
-        raise ProtocolError(_bad_field_block(block), status)
+    if FIELD_BLOCK.fullmatch(block) is None:
+        raise ProtocolError(bad_field_block(block), status)
     lines = block.decode("latin-1").split("\r\n")
     headers = []
     special: dict[str, list[str]] = {}
@@ -202,29 +202,29 @@ def _parse_fields(
         value = value.strip(" \t")
         headers.append((name, value))
         key = name.lower()
-        if key in _WATCHED:
+        if key in WATCHED:
             special.setdefault(key, []).append(value)
     return tuple(headers), special
 
 
-_WATCHED = frozenset(
+WATCHED = frozenset(
     {"content-length", "transfer-encoding", "connection", "host"}
     | {"content_length", "transfer_encoding"}
 )
-_FIELD_BLOCK = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*")
+FIELD_BLOCK = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*")
 
 
-def _bad_field_block(block: bytes) -> str:
+def bad_field_block(block: bytes) -> str:
     for line in block.split(b"\r\n")[1:]:
         name, colon, value = line.partition(b":")
-        if not name or name.translate(None, _TCHAR):
-            return _bad_field_line(line, colon)
-        if value.translate(None, _FIELD_TEXT):
-            return _bad_field_value(value)
+        if not name or name.translate(None, TCHAR):
+            return bad_field_line(line, colon)
+        if value.translate(None, FIELD_TEXT):
+            return bad_field_value(value)
     return "malformed header field"
 
 
-def _bad_field_line(line: bytes, colon: bytes) -> str:
+def bad_field_line(line: bytes, colon: bytes) -> str:
     if line[:1] in (b" ", b"\t"):
         return "obs-fold (a header line starting with whitespace) is not accepted"
     if b"\r" in line or b"\n" in line:
@@ -232,37 +232,37 @@ def _bad_field_line(line: bytes, colon: bytes) -> str:
     if not colon:
         return "header line without a colon"
     name = line.partition(b":")[0]
-    if name.rstrip(_OWS) != name:
+    if name.rstrip(OWS) != name:
         return "whitespace between header name and colon"
     return "header name is not a token"
 
 
-def _bad_field_value(value: bytes) -> str:
+def bad_field_value(value: bytes) -> str:
     if b"\r" in value or b"\n" in value:
         return "bare CR or LF in head (lines must end in CRLF)"
     return "control character in a header value"
 
 
-def _keep_alive(version: str, special: dict[str, list[str]]) -> bool:
+def keep_alive_of(version: str, special: dict[str, list[str]]) -> bool:
     connection = special.get("connection")
     if connection is None:
         return version == "HTTP/1.1"
-    tokens = _tokens(connection)
+    tokens = tokens_of(connection)
     if version == "HTTP/1.1":
         return "close" not in tokens
     return "keep-alive" in tokens and "close" not in tokens
 
 
-def _tokens(values: list[str]) -> frozenset[str]:
+def tokens_of(values: list[str]) -> frozenset[str]:
     if len(values) == 1 and "," not in values[0]:  # the usual `Connection: keep-alive`
-        return frozenset((values[0].lower(),)) - _EMPTY
-    return frozenset([t.strip(" \t").lower() for v in values for t in v.split(",")]) - _EMPTY
+        return frozenset((values[0].lower(),)) - EMPTY
+    return frozenset([t.strip(" \t").lower() for v in values for t in v.split(",")]) - EMPTY
 
 
-_EMPTY = frozenset({""})
+EMPTY = frozenset({""})
 
 
-def _content_length(values: list[str], status: int) -> int:
+def content_length_of(values: list[str], status: int) -> int:
     if len(values) != 1:
         raise ProtocolError("more than one Content-Length header field", status)
     value = values[0]

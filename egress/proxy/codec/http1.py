@@ -35,19 +35,11 @@ Every name stays importable from here, the one module the rest of the proxy impo
 
 from __future__ import annotations
 
-from egress.proxy.codec.fields import _EMPTY as _EMPTY
-from egress.proxy.codec.fields import _FIELD_BLOCK as _FIELD_BLOCK
-from egress.proxy.codec.fields import _FIELD_TEXT as _FIELD_TEXT
-from egress.proxy.codec.fields import _HOP_BY_HOP as _HOP_BY_HOP
-from egress.proxy.codec.fields import _NEVER_HOP_BY_HOP as _NEVER_HOP_BY_HOP
-from egress.proxy.codec.fields import _OTHER_VERSION as _OTHER_VERSION
-from egress.proxy.codec.fields import _OWS as _OWS
-from egress.proxy.codec.fields import _SECRETS as _SECRETS
-from egress.proxy.codec.fields import _TCHAR as _TCHAR
-from egress.proxy.codec.fields import _VCHAR as _VCHAR
-from egress.proxy.codec.fields import _VERSIONS as _VERSIONS
-from egress.proxy.codec.fields import _WATCHED as _WATCHED
 from egress.proxy.codec.fields import CHUNKED as CHUNKED
+from egress.proxy.codec.fields import EMPTY as EMPTY
+from egress.proxy.codec.fields import FIELD_BLOCK as FIELD_BLOCK
+from egress.proxy.codec.fields import FIELD_TEXT as FIELD_TEXT
+from egress.proxy.codec.fields import HOP_BY_HOP as HOP_BY_HOP
 from egress.proxy.codec.fields import MAX_CHUNK_LINE as MAX_CHUNK_LINE
 from egress.proxy.codec.fields import MAX_CHUNK_SIZE_DIGITS as MAX_CHUNK_SIZE_DIGITS
 from egress.proxy.codec.fields import MAX_CONTENT_LENGTH_DIGITS as MAX_CONTENT_LENGTH_DIGITS
@@ -61,31 +53,39 @@ from egress.proxy.codec.fields import (
 )
 from egress.proxy.codec.fields import MAX_TRAILER_FIELDS as MAX_TRAILER_FIELDS
 from egress.proxy.codec.fields import MAX_TRAILER_SIZE as MAX_TRAILER_SIZE
+from egress.proxy.codec.fields import NEVER_HOP_BY_HOP as NEVER_HOP_BY_HOP
 from egress.proxy.codec.fields import NO_BODY as NO_BODY
+from egress.proxy.codec.fields import OTHER_VERSION as OTHER_VERSION
+from egress.proxy.codec.fields import OWS as OWS
+from egress.proxy.codec.fields import SECRETS as SECRETS
+from egress.proxy.codec.fields import STATUS_431 as STATUS_431
+from egress.proxy.codec.fields import TCHAR as TCHAR
 from egress.proxy.codec.fields import UNTIL_CLOSE as UNTIL_CLOSE
+from egress.proxy.codec.fields import VCHAR as VCHAR
+from egress.proxy.codec.fields import VERSIONS as VERSIONS
+from egress.proxy.codec.fields import WATCHED as WATCHED
+from egress.proxy.codec.fields import FieldBlock as FieldBlock
 from egress.proxy.codec.fields import FramingKind as FramingKind
-from egress.proxy.codec.fields import _431 as _431
-from egress.proxy.codec.fields import _as_bytes as _as_bytes
-from egress.proxy.codec.fields import _bad_field_block as _bad_field_block
-from egress.proxy.codec.fields import _bad_field_line as _bad_field_line
-from egress.proxy.codec.fields import _bad_field_value as _bad_field_value
-from egress.proxy.codec.fields import _check_partial as _check_partial
-from egress.proxy.codec.fields import _content_length as _content_length
-from egress.proxy.codec.fields import _Fields as _Fields
-from egress.proxy.codec.fields import _keep_alive as _keep_alive
-from egress.proxy.codec.fields import _parse_fields as _parse_fields
-from egress.proxy.codec.fields import _split_head as _split_head
-from egress.proxy.codec.fields import _tokens as _tokens
-from egress.proxy.codec.fields import _version as _version
-from egress.proxy.codec.request import _REQUEST_LINE as _REQUEST_LINE
+from egress.proxy.codec.fields import as_bytes as as_bytes
+from egress.proxy.codec.fields import bad_field_block as bad_field_block
+from egress.proxy.codec.fields import bad_field_line as bad_field_line
+from egress.proxy.codec.fields import bad_field_value as bad_field_value
+from egress.proxy.codec.fields import check_partial as check_partial
+from egress.proxy.codec.fields import content_length_of as content_length_of
+from egress.proxy.codec.fields import keep_alive_of as keep_alive_of
+from egress.proxy.codec.fields import parse_fields as parse_fields
+from egress.proxy.codec.fields import split_head as split_head
+from egress.proxy.codec.fields import tokens_of as tokens_of
+from egress.proxy.codec.fields import version_of as version_of
+from egress.proxy.codec.request import REQUEST_LINE as REQUEST_LINE
 from egress.proxy.codec.request import RequestHead, parse_request_head
-from egress.proxy.codec.request import _bad_request_line as _bad_request_line
-from egress.proxy.codec.request import _parse_request_line as _parse_request_line
-from egress.proxy.codec.request import _request_framing as _request_framing
-from egress.proxy.codec.request import _skip_empty_lines as _skip_empty_lines
+from egress.proxy.codec.request import bad_request_line as bad_request_line
+from egress.proxy.codec.request import parse_request_line as parse_request_line
+from egress.proxy.codec.request import request_framing as request_framing
+from egress.proxy.codec.request import skip_empty_lines as skip_empty_lines
 from egress.proxy.codec.response import ResponseHead, parse_response_head
-from egress.proxy.codec.response import _parse_status_line as _parse_status_line
-from egress.proxy.codec.response import _response_framing as _response_framing
+from egress.proxy.codec.response import parse_status_line as parse_status_line
+from egress.proxy.codec.response import response_framing as response_framing
 
 __all__ = [
     "MAX_REQUEST_HEADERS",

@@ -9,26 +9,26 @@ from typing import NoReturn
 
 from egress.errors import ProtocolError
 from egress.proxy.codec.fields import (
-    _TCHAR,
-    _VCHAR,
     CHUNKED,
     MAX_LEADING_EMPTY_LINES,
     MAX_REQUEST_HEAD_SIZE,
     MAX_REQUEST_HEADERS,
     NO_BODY,
+    TCHAR,
+    VCHAR,
     BodyFraming,
-    _as_bytes,
-    _content_length,
-    _Fields,
-    _keep_alive,
-    _parse_fields,
-    _split_head,
-    _version,
+    FieldBlock,
+    as_bytes,
+    content_length_of,
+    keep_alive_of,
+    parse_fields,
+    split_head,
+    version_of,
 )
 
 
 @dataclass(frozen=True, slots=True, repr=False)
-class RequestHead(_Fields):
+class RequestHead(FieldBlock):
     """A parsed request head. `target` is exactly as sent; `headers` keep order and case.
 
     Its repr hides the values of Authorization, Proxy-Authorization, Cookie and Set-Cookie.
@@ -65,21 +65,21 @@ def parse_request_head(
     docs/wire.md), 431 when no complete head fits in `max_size` bytes or it has more than
     `max_headers` fields, and 505 for an HTTP version other than 1.0 and 1.1.
     """
-    data = _as_bytes(buf, max_size)
-    split = _split_head(data, _skip_empty_lines(data), max_size, max_headers, 400, searched)
+    data = as_bytes(buf, max_size)
+    split = split_head(data, skip_empty_lines(data), max_size, max_headers, 400, searched)
     if split is None:
         return None
     first, block, consumed = split
-    method, target, version = _parse_request_line(first)
-    headers, special = _parse_fields(block, 400)
+    method, target, version = parse_request_line(first)
+    headers, special = parse_fields(block, 400)
     if len(special.get("host", ())) > 1:
         raise ProtocolError("more than one Host header field", 400)
-    framing = _request_framing(version, special)
-    keep_alive = _keep_alive(version, special)
+    framing = request_framing(version, special)
+    keep_alive = keep_alive_of(version, special)
     return RequestHead(method, target, version, headers, keep_alive, framing), consumed
 
 
-def _skip_empty_lines(data: bytes | bytearray) -> int:
+def skip_empty_lines(data: bytes | bytearray) -> int:
     if not data.startswith(b"\r\n"):
         return 0
     start = 0
@@ -90,34 +90,34 @@ def _skip_empty_lines(data: bytes | bytearray) -> int:
     return start
 
 
-def _parse_request_line(line: bytes) -> tuple[str, str, str]:
-    if _REQUEST_LINE.fullmatch(line) is not None:
+def parse_request_line(line: bytes) -> tuple[str, str, str]:
+    if REQUEST_LINE.fullmatch(line) is not None:
         method, target, version = line.decode("ascii").split(" ")
         return method, target, version
-    return _bad_request_line(line)
+    return bad_request_line(line)
 
 
 # request-line = method SP request-target SP HTTP-version (RFC 9112 3): the target is any
 # run of visible ASCII (so no CR, LF, HTAB, control or non-ASCII byte).
-_REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [\x21-\x7e]+ HTTP/1\.[01]")
+REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [\x21-\x7e]+ HTTP/1\.[01]")
 
 
-def _bad_request_line(line: bytes) -> NoReturn:
+def bad_request_line(line: bytes) -> NoReturn:
     if b"\r" in line or b"\n" in line:
         raise ProtocolError("bare CR or LF in head (lines must end in CRLF)", 400)
     parts = line.split(b" ")
     if len(parts) != 3:
         raise ProtocolError("request line is not 'method SP target SP version'", 400)
     method, target, version = parts
-    if not method or method.translate(None, _TCHAR):
+    if not method or method.translate(None, TCHAR):
         raise ProtocolError("request method is not a token", 400)
-    if not target or target.translate(None, _VCHAR):
+    if not target or target.translate(None, VCHAR):
         raise ProtocolError("request target is empty or has a non-visible character", 400)
-    _version(version, 400)
+    version_of(version, 400)
     raise ProtocolError("malformed request line", 400)  # pragma: no cover - unreachable
 
 
-def _request_framing(version: str, special: dict[str, list[str]]) -> BodyFraming:
+def request_framing(version: str, special: dict[str, list[str]]) -> BodyFraming:
     # RFC 9112 6.1-6.3, refusing every shape that two parsers could read differently.
     cl = special.get("content-length")
     te = special.get("transfer-encoding")
@@ -133,5 +133,5 @@ def _request_framing(version: str, special: dict[str, list[str]]) -> BodyFraming
             raise ProtocolError("Transfer-Encoding other than a single 'chunked'", 400)
         return CHUNKED
     if cl:
-        return BodyFraming("length", _content_length(cl, 400))
+        return BodyFraming("length", content_length_of(cl, 400))
     return NO_BODY

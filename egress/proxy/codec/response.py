@@ -7,26 +7,26 @@ from dataclasses import dataclass
 
 from egress.errors import ProtocolError
 from egress.proxy.codec.fields import (
-    _FIELD_TEXT,
     CHUNKED,
+    FIELD_TEXT,
     MAX_RESPONSE_HEAD_SIZE,
     MAX_RESPONSE_HEADERS,
     NO_BODY,
     UNTIL_CLOSE,
     BodyFraming,
-    _as_bytes,
-    _bad_field_value,
-    _content_length,
-    _Fields,
-    _keep_alive,
-    _parse_fields,
-    _split_head,
-    _version,
+    FieldBlock,
+    as_bytes,
+    bad_field_value,
+    content_length_of,
+    keep_alive_of,
+    parse_fields,
+    split_head,
+    version_of,
 )
 
 
 @dataclass(frozen=True, slots=True, repr=False)
-class ResponseHead(_Fields):
+class ResponseHead(FieldBlock):
     """A parsed response head; `framing` already accounts for the request method.
 
     Its repr hides credential and cookie values, like `RequestHead`'s.
@@ -62,38 +62,38 @@ def parse_response_head(
     Raises `ProtocolError` with status 502 (the answer a proxy owes its client for a broken
     upstream) for a malformed head, an over-long head or too many fields.
     """
-    data = _as_bytes(buf, max_size)
-    split = _split_head(data, 0, max_size, max_headers, 502, searched)
+    data = as_bytes(buf, max_size)
+    split = split_head(data, 0, max_size, max_headers, 502, searched)
     if split is None:
         return None
     first, block, consumed = split
-    version, status, reason = _parse_status_line(first)
-    headers, special = _parse_fields(block, 502)
-    framing = _response_framing(version, special)
+    version, status, reason = parse_status_line(first)
+    headers, special = parse_fields(block, 502)
+    framing = response_framing(version, special)
     leaves_http = status == 101 or (request_method == "CONNECT" and 200 <= status < 300)
     if leaves_http or request_method == "HEAD" or status < 200 or status in (204, 304):
         framing = NO_BODY
-    keep_alive = _keep_alive(version, special) and framing is not UNTIL_CLOSE and not leaves_http
+    keep_alive = keep_alive_of(version, special) and framing is not UNTIL_CLOSE and not leaves_http
     return ResponseHead(version, status, reason, headers, keep_alive, framing), consumed
 
 
-def _parse_status_line(line: bytes) -> tuple[str, int, str]:
+def parse_status_line(line: bytes) -> tuple[str, int, str]:
     # status-line = HTTP-version SP status-code SP [ reason-phrase ]; like h11 (and most
     # clients) we also accept a missing final SP, which real servers omit.
     parts = line.split(b" ", 2)
     if len(parts) < 2:
         raise ProtocolError("status line is not 'version SP status SP reason'", 502)
-    version = _version(parts[0], 502)
+    version = version_of(parts[0], 502)
     code = parts[1]
     if len(code) != 3 or not code.isdigit() or code[0] == 0x30:
         raise ProtocolError("status code is not three digits (100-999)", 502)
     reason = parts[2] if len(parts) == 3 else b""
-    if reason.translate(None, _FIELD_TEXT):
-        raise ProtocolError(_bad_field_value(reason), 502)
+    if reason.translate(None, FIELD_TEXT):
+        raise ProtocolError(bad_field_value(reason), 502)
     return version, int(code), reason.decode("latin-1")
 
 
-def _response_framing(version: str, special: dict[str, list[str]]) -> BodyFraming:
+def response_framing(version: str, special: dict[str, list[str]]) -> BodyFraming:
     # RFC 9112 6.3 items 3-7; a 1.0 response with Transfer-Encoding is faulty (6.1), and
     # both framing fields at once is refused rather than resolved in favour of chunked.
     cl = special.get("content-length")
@@ -108,5 +108,5 @@ def _response_framing(version: str, special: dict[str, list[str]]) -> BodyFramin
             raise ProtocolError("malformed Transfer-Encoding", 502)
         return CHUNKED if codings[-1] == "chunked" else UNTIL_CLOSE
     if cl:
-        return BodyFraming("length", _content_length(cl, 502))
+        return BodyFraming("length", content_length_of(cl, 502))
     return UNTIL_CLOSE

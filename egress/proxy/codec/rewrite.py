@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from egress.proxy.codec.http1 import _HOP_BY_HOP, _NEVER_HOP_BY_HOP, RequestHead, ResponseHead
+from egress.proxy.codec.http1 import HOP_BY_HOP, NEVER_HOP_BY_HOP, RequestHead, ResponseHead
 
 __all__ = [
     "forward_headers",
@@ -29,7 +29,7 @@ def forward_headers(head: RequestHead, host_header: str) -> list[tuple[str, str]
     `Content-Length` and `Transfer-Encoding` are kept, even if `Connection` names them,
     because the body is relayed with its original framing.
     """
-    drop = _HOP_BY_HOP | (head.connection_tokens - _NEVER_HOP_BY_HOP)
+    drop = HOP_BY_HOP | (head.connection_tokens - NEVER_HOP_BY_HOP)
     out: list[tuple[str, str]] = []
     has_host = False
     for name, value in head.headers:
@@ -50,14 +50,14 @@ def forward_response_headers(head: ResponseHead) -> list[tuple[str, str]]:
 
     Framing fields are kept (see `forward_headers`); the body is relayed unchanged.
     """
-    drop = _HOP_BY_HOP | (head.connection_tokens - _NEVER_HOP_BY_HOP)
+    drop = HOP_BY_HOP | (head.connection_tokens - NEVER_HOP_BY_HOP)
     return [(n, v) for n, v in head.headers if n.lower() not in drop]
 
 
 # A hop-by-hop field name at the start of a line of a *validated* head (names are tokens, so
 # "\r\nNAME:" can only be a field line). One C-level scan instead of a loop over fields.
 _HOP_BY_HOP_LINE = re.compile(
-    rb"\r\n(?:" + b"|".join(re.escape(n.encode()) for n in sorted(_HOP_BY_HOP)) + rb"):",
+    rb"\r\n(?:" + b"|".join(re.escape(n.encode()) for n in sorted(HOP_BY_HOP)) + rb"):",
     re.IGNORECASE,
 )
 
