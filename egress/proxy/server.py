@@ -49,6 +49,7 @@ from .endpoints import ClientSide, ListenerControl
 from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
 from .forward import serve_request
 from .heap import Heap
+from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
 from .net.accept import Lingering, Reserve
 from .net.conn import Conn, Limits, read_head, sweep
 from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
@@ -470,7 +471,7 @@ class EgressProxy:
         if refusal is not None:
             self._refuse_socket(conn, sock, refusal)
             return
-        if listener.kind == "http" and listener.forward_to is None:
+        if listener.mode.fast_path:
             # the forward proxy's kept-alive requests may take the callback fast path; a
             # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
             side.conn, side.steps = conn, steps
@@ -485,8 +486,7 @@ class EgressProxy:
     def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:
         """Answer (HTTP) or just close (SOCKS5, DNS, transparent: no protocol to answer in)
         straight on the socket, and record it."""
-        listener = conn.listener
-        if listener.kind == "http" and listener.forward_to is None:
+        if conn.listener.mode.answers_at_accept:
             _, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
             with contextlib.suppress(OSError):
                 sock.send(data)
@@ -505,12 +505,13 @@ class EgressProxy:
                 return
             if conn.end is not None or self.closing:  # evicted, or stopping, meanwhile
                 return
-            forward_to = conn.listener.forward_to
-            if forward_to is not None:
-                await serve_forwarder(self.steps, conn, forward_to)
+            listener = conn.listener
+            mode = listener.mode
+            if mode is ROUTE and listener.forward_to is not None:
+                await serve_forwarder(self.steps, conn, listener.forward_to)
                 return
-            if conn.listener.kind != "http":
-                await _serve_other(self.steps, conn)
+            if mode is not PROXY:
+                await _serve_other(self.steps, conn, mode)
                 return
             while await self._one_request(conn):
                 pass
@@ -551,24 +552,24 @@ OUT_OF_DESCRIPTORS: Final = Refuse(
 )
 
 
-async def _serve_other(steps: Steps, conn: Conn) -> None:
-    """A SOCKS5, DNS or transparent connection (docs/proxy.md#transparent-mode-and-socks5);
-    imported late: those modules build on this one."""
-    kind = conn.listener.kind
-    if kind == "socks5":
+async def _serve_other(steps: Steps, conn: Conn, mode: ListenerMode) -> None:
+    """A SOCKS5, DNS or transparent connection (docs/proxy.md#transparent-mode-and-socks5),
+    by its listener's mode; imported on first use: a proxy that never opens such a listener
+    never loads them (the DNS codec is dnspython)."""
+    if mode is SOCKS:
         from .socksserve import serve_socks
 
         await serve_socks(steps, conn)
-    elif kind == "dns":
+    elif mode is RESOLVER:
         from .dnsserve import serve_dns_tcp
 
         await serve_dns_tcp(steps, conn)
-    elif kind == "transparent":
+    elif mode is REDIRECTED:
         from .transparent import serve_transparent
 
         await serve_transparent(steps, conn)
     else:
-        raise RuntimeError(f"unexpected listener kind {kind!r}")
+        raise RuntimeError(f"unexpected listener mode {mode.name!r}")
 
 
 __all__ = ["AuditSink", "Conn", "EgressProxy", "Limits", "Listener", "parse_listen"]

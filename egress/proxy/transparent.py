@@ -124,9 +124,9 @@ def _intent(
     port: int,
     target: Target | Refuse,
     identity: Identity | None,
+    *,
     cap: Refuse | None = None,
     hello: ClientHelloResult | None = None,
-    *,
     hello_first: bool = False,
 ) -> Intent:
     """A redirected connection as an intent: a CONNECT to `host:port`, the listener's client."""
@@ -150,7 +150,7 @@ async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, po
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
     conn.phase, conn.served = "active", True
     cap = steps.cap(conn, identity)  # the listener's client; per-client cap
-    await _exchange(steps, conn, _intent(conn, host, port, _target(host, port), identity, cap))
+    await _exchange(steps, conn, _intent(conn, host, port, _target(host, port), identity, cap=cap))
 
 
 async def _serve_tls(
@@ -167,7 +167,7 @@ async def _serve_tls(
     else:
         sni = hello.sni if hello is not None and hello.kind == "tls" else None
         target = _target(sni or fallback, port)
-    intent = _intent(conn, fallback, port, target, identity, cap, hello, hello_first=True)
+    intent = _intent(conn, fallback, port, target, identity, cap=cap, hello=hello, hello_first=True)
     await _exchange(steps, conn, intent)
 
 
