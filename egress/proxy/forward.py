@@ -54,7 +54,7 @@ def request_intent(steps: Steps, conn: Conn, head: wire.RequestHead, t0: int) ->
     audit_ok = audit is None or audit.accepting
     if isinstance(parsed, Refuse):
         ws = _websocket_target(head, parsed)
-        if ws is None:
+        if not isinstance(ws, Target):  # not ws://, or not a destination: the 400 alone
             return Intent(conn.client, head.method, "http", "", 0, t0, parsed, None)
         target, path, explicit, then = ws, None, False, parsed
         audit_ok = True  # answered 400 or the policy's refusal, as before any dial
@@ -81,9 +81,9 @@ def request_intent(steps: Steps, conn: Conn, head: wire.RequestHead, t0: int) ->
     )
 
 
-def _websocket_target(head: wire.RequestHead, refusal: Refuse) -> Target | Refuse | None:
-    """A `ws://`/`wss://` request's destination (None: not one; the refusal when it is
-    not a valid destination, answered with the refusal's 400)."""
+def _websocket_target(head: wire.RequestHead, refusal: Refuse) -> Target | None:
+    """A `ws://`/`wss://` request's destination (None: not one, or not a valid
+    destination: answered with the refusal's 400 alone)."""
     if refusal.where is None:
         return None
     host, port = refusal.where
@@ -91,7 +91,7 @@ def _websocket_target(head: wire.RequestHead, refusal: Refuse) -> Target | Refus
     try:
         return make_target("https" if secure else "http", host, port)
     except TargetError:
-        return refusal
+        return None
 
 
 async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> bool:
