@@ -17,7 +17,7 @@ from ..policy.target import IPAddress, Target, join_host_port
 from ..reasons import End, Reason
 from . import wire
 from .admission import Admitted, Budget, Owner, Slots
-from .clients import Identity, source_address
+from .clients import Identity
 from .conn import Conn, Limits, idle_of
 from .fairshare import Turns
 from .gate import AUDIT_DOWN, Admit, Gate, Refuse, Refused, refuse_resolve
@@ -144,9 +144,7 @@ class Steps:
         peer = conn.peer
         source = peer[0] if isinstance(peer, tuple) and peer else conn.client
         owner: Owner | None = None
-        ident = self.gate.clients.identity_at_accept(
-            conn.listener.identity, source_address(peer) if self.gate.clients.by_source else None
-        )
+        ident = self.gate.clients.identity_at_accept(conn.listener.identity, str(source))
         if ident is not None:
             owner = ident.client_id if ident.client_id is not None else ("source", source)
         slots = self.slots
