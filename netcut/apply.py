@@ -1,4 +1,5 @@
-"""The executor: one dispatcher that turns plan ops into netlink, sysctl and netfilter calls,
+"""The executor: one dispatcher that turns plan ops into netlink, sysctl and netfilter calls
+(the latter through the netfilter backend, netfilter.py),
 plus the jobs that run inside the namespace (nsexec.run_in_netns): direct mode's executor
 primitives for the one cut algorithm in flow.py.
 
@@ -23,12 +24,12 @@ import errno
 import os
 import signal
 
-from iptc import IPTCError
-
-from netcut import backstop, flow, flows, nat, plan
+from netcut import flow, flows, plan
 from netcut.collect import collect_if_due
 from netcut.errors import ApplyFailed, StateError
+from netcut.iptables import Iptables
 from netcut.model import Keep, NamespaceState, ProbeResult
+from netcut.netfilter import Netfilter
 from netcut.ops import (
     AddAddr,
     AddBackstop,
@@ -53,6 +54,9 @@ _kill_after = int(os.environ.get(FAULT_ENV, "-1") or -1)
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
 
+# The netfilter backend (netfilter.py): the one place that chooses it.
+NETFILTER: Netfilter = Iptables()
+
 
 def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
     """Run one op. `tolerant`: an add of what exists or a delete of what is gone passes."""
@@ -64,7 +68,7 @@ def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
         raise ApplyFailed(f"{op}: {exc.args[-1] if exc.args else exc}") from None
     except OSError as exc:
         raise ApplyFailed(f"{op}: {exc.strerror or exc}") from None
-    except IPTCError as exc:
+    except NETFILTER.errors as exc:
         raise ApplyFailed(f"{op}: {exc}") from None
 
 
@@ -77,15 +81,15 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
         with open(f"/proc/sys/{op.key}", "w") as f:
             f.write(op.value)
     elif isinstance(op, AddBackstop):
-        backstop.install(op.family, op.rules)
+        NETFILTER.install_backstop(op.family, op.rules)
     elif isinstance(op, RemoveBackstop):
-        backstop.remove(op.family)
+        NETFILTER.remove_backstop(op.family)
     elif isinstance(op, KillFlows):
         flows.kill_flows(op.allowed)
     elif isinstance(op, AddRedirect):
-        nat.install(op.rules)
+        NETFILTER.install_redirects(op.rules)
     elif isinstance(op, RemoveRedirect):
-        nat.remove()
+        NETFILTER.remove_redirects()
     else:
         raise RuntimeError(f"unexpected {op!r}")
 
@@ -155,7 +159,7 @@ class InNamespace:
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
     ) -> NamespaceState:
-        return read_state(self.rt, keeps, nameservers, verify=verify)
+        return read_state(self.rt, NETFILTER, keeps, nameservers, verify=verify)
 
     def apply(self, ops: tuple[Op, ...]) -> None:
         apply_plan(self.rt, ops)
@@ -209,7 +213,7 @@ def job_read_state(
 ) -> NamespaceState:
     """The namespace's state (tests and benchmarks read it through the worker)."""
     with Rtnl() as rt:
-        return read_state(rt, keeps, nameservers, verify=verify)
+        return read_state(rt, NETFILTER, keeps, nameservers, verify=verify)
 
 
 def job_apply(ops: tuple[Op, ...]) -> None:

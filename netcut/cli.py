@@ -17,8 +17,8 @@ from typing import Any
 
 from netcut import api, helper, helperimage, target
 from netcut.errors import InvalidInput, NetcutError, ProbeFailed
-from netcut.plan import plan_to_data
 from netcut.probe import ProbeResult
+from netcut.records import plan_to_data
 from netcut.redirect import Redirect
 from netcut.status import CutStatus
 

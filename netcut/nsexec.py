@@ -320,9 +320,9 @@ def serve(fileno: int) -> None:  # pragma: no cover - the worker's main, reports
 def _warm_up() -> None:  # pragma: no cover - runs in the worker
     """Load, once per worker, what every job needs: the executor's modules and the xtables
     extensions of the backstop (building rules opens no table)."""
-    from netcut import apply, backstop  # noqa: F401 - imported for the jobs
+    from netcut import apply
 
-    backstop.prewarm()
+    apply.NETFILTER.prewarm()
 
 
 def _run_job(fd: int, func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:  # pragma: no cover

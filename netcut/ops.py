@@ -8,48 +8,25 @@ union. See docs/netcut.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import TypeAlias
 
-from netcut.model import AF_INET6, CHAIN, NAT_CHAIN, Addr, Route
+from netcut.model import AF_INET6, Addr, OutputRule, RedirectRule, Route
 
 
-@dataclass(frozen=True)
-class FilterRule:
-    """One backstop rule; `verdict` is ACCEPT, REJECT, or REJECT-RST (REJECT with tcp-reset)."""
-
-    verdict: Literal["ACCEPT", "REJECT", "REJECT-RST"]
-    proto: Literal["tcp", "udp"] | None = None
-    dst: str | None = None  # CIDR
-    dport: int | None = None
-    out_iface: str | None = None
-    dst_local: bool = False  # -m addrtype --dst-type LOCAL (transparent mode's narrower lo)
-
-    def iptables_args(self) -> list[str]:
-        args: list[str] = []
-        if self.out_iface:
-            args += ["-o", self.out_iface]
-        if self.dst_local:
-            args += ["-m", "addrtype", "--dst-type", "LOCAL"]
-        if self.dst:
-            args += ["-d", self.dst]
-        if self.proto:
-            args += ["-p", self.proto]
-        if self.dport is not None:
-            args += ["-m", self.proto or "tcp", "--dport", str(self.dport)]
-        if self.verdict == "REJECT-RST":
-            return [*args, "-j", "REJECT", "--reject-with", "tcp-reset"]
-        return [*args, "-j", self.verdict]
+def _family(family: int) -> str:
+    return "IPv6" if family == AF_INET6 else "IPv4"
 
 
 @dataclass(frozen=True)
 class AddBackstop:
+    """The backstop of one family: every packet the namespace sends meets `rules` first."""
+
     family: int
-    rules: tuple[FilterRule, ...]
+    rules: tuple[OutputRule, ...]
 
     def __str__(self) -> str:
-        tool = "ip6tables" if self.family == AF_INET6 else "iptables"
-        body = "; ".join(" ".join(r.iptables_args()) for r in self.rules)
-        return f"{tool}: chain {CHAIN} jumped to first from OUTPUT: {body}"
+        body = "; ".join(map(str, self.rules))
+        return f"{_family(self.family)} backstop, first on output: {body}"
 
 
 @dataclass(frozen=True)
@@ -57,8 +34,7 @@ class RemoveBackstop:
     family: int
 
     def __str__(self) -> str:
-        tool = "ip6tables" if self.family == AF_INET6 else "iptables"
-        return f"{tool}: remove chain {CHAIN} and its jump from OUTPUT"
+        return f"remove the {_family(self.family)} backstop"
 
 
 @dataclass(frozen=True)
@@ -115,47 +91,19 @@ class KillFlows:
 
 
 @dataclass(frozen=True)
-class NatRule:
-    """One rule of the transparent-mode redirect chain (nat OUTPUT): RETURN leaves the packet
-    alone, REDIRECT sends it to `to_port` on the namespace's own loopback."""
-
-    verdict: Literal["RETURN", "REDIRECT"]
-    proto: Literal["tcp", "udp"] | None = None
-    dst: str | None = None  # CIDR
-    dport: int | None = None
-    dst_local: bool = False  # -m addrtype --dst-type LOCAL: loopback and own addresses
-    to_port: int | None = None
-
-    def iptables_args(self) -> list[str]:
-        args: list[str] = []
-        if self.dst:
-            args += ["-d", self.dst]
-        if self.dst_local:
-            args += ["-m", "addrtype", "--dst-type", "LOCAL"]
-        if self.proto:
-            args += ["-p", self.proto]
-        if self.dport is not None:
-            args += ["-m", self.proto or "tcp", "--dport", str(self.dport)]
-        if self.verdict == "REDIRECT":
-            return [*args, "-j", "REDIRECT", "--to-ports", str(self.to_port)]
-        return [*args, "-j", "RETURN"]
-
-
-@dataclass(frozen=True)
 class AddRedirect:
-    """Transparent mode: chain NETCUT_REDIRECT in the nat table, jumped to first from OUTPUT."""
+    """Transparent mode (IPv4): every packet the namespace sends meets `rules` first."""
 
-    rules: tuple[NatRule, ...]
+    rules: tuple[RedirectRule, ...]
 
     def __str__(self) -> str:
-        body = "; ".join(" ".join(r.iptables_args()) for r in self.rules)
-        return f"iptables -t nat: chain {NAT_CHAIN} jumped to first from OUTPUT: {body}"
+        return f"IPv4 redirects, first on output: {'; '.join(map(str, self.rules))}"
 
 
 @dataclass(frozen=True)
 class RemoveRedirect:
     def __str__(self) -> str:
-        return f"iptables -t nat: remove chain {NAT_CHAIN} and its jump from OUTPUT"
+        return "remove the redirects"
 
 
 Op: TypeAlias = (

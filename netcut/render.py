@@ -20,15 +20,8 @@ from __future__ import annotations
 
 import shlex
 
-from netcut.model import (
-    AF_INET,
-    AF_INET6,
-    CHAIN,
-    NAT_CHAIN,
-    Keep,
-    ProbeItem,
-    ProbeResult,
-)
+from netcut.iptables_text import CHAIN, NAT_CHAIN, filter_args, nat_args
+from netcut.model import AF_INET, AF_INET6, Keep, ProbeItem, ProbeResult
 from netcut.ops import (
     AddAddr,
     AddBackstop,
@@ -102,7 +95,7 @@ def render_op(op: Op) -> list[str]:
             _q([t, "-w", "-I", "OUTPUT", "1", *_HOLD]),
             f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
             f"{_q([t, '-w', '-N', CHAIN])} 2>/dev/null || {_q([t, '-w', '-F', CHAIN])}",
-            *(_q([t, "-w", "-A", CHAIN, *rule.iptables_args()]) for rule in op.rules),
+            *(_q([t, "-w", "-A", CHAIN, *filter_args(rule)]) for rule in op.rules),
             _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
             _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
         ]
@@ -118,7 +111,7 @@ def render_op(op: Op) -> list[str]:
         t = _tool(AF_INET)
         return [
             _q([t, "-w", "-t", "nat", "-N", NAT_CHAIN]),
-            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *r.iptables_args()]) for r in op.rules),
+            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *nat_args(r)]) for r in op.rules),
             _q([t, "-w", "-t", "nat", "-I", "OUTPUT", "1", "-j", NAT_CHAIN]),
         ]
     if isinstance(op, RemoveRedirect):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from netcut.model import CHAIN, NAT_CHAIN, Keep, NamespaceState
+from netcut.model import AF_INET6, Keep, NamespaceState
 from netcut.verify import differences, unverified
 
 if TYPE_CHECKING:
@@ -48,8 +48,8 @@ def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
     if record is None:
         if state.marked_routes or state.backstop or state.redirect:
             marks = [f"marked route {r}" for r in state.marked_routes]
-            marks += [f"backstop chain {CHAIN} (family {f})" for f in state.backstop]
-            marks += [f"redirect chain {NAT_CHAIN} (nat)"] if state.redirect else []
+            marks += [f"{'IPv6' if f == AF_INET6 else 'IPv4'} backstop" for f in state.backstop]
+            marks += ["redirects"] if state.redirect else []
             return CutStatus("partial", details=("no restore record", *marks))
         return CutStatus("not cut")
     if not state.marked_routes and not state.backstop and not state.redirect:

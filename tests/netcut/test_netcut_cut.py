@@ -318,7 +318,7 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     st = cli("status", "--netns", topo.sandbox, "--json")
     assert st.returncode == 3, "partial has its own code (docs/netcut.md#exit-codes)"
     assert json.loads(st.stdout)["state"] == "partial"
-    assert "iptables: chain NETCUT is gone" in status.details
+    assert "IPv4 backstop is gone" in status.details
     again = netcut.cut(topo.sandbox, [topo.proxy])  # repairs the partial cut to its plan
     assert again.changed
     assert again.repaired

@@ -18,6 +18,7 @@ PURE = [
     "statedump",
     "verify",
     "targetref",
+    "iptables_text",
 ]
 FORBIDDEN = {"socket", "asyncio", "pyroute2", "iptc", "subprocess", "selectors"}
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "netcut"

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput
+from netcut.iptables_text import filter_args
 from netcut.model import (
     AF_INET,
     AF_INET6,
@@ -22,6 +23,7 @@ from netcut.model import (
     Link,
     Lookup,
     NamespaceState,
+    OutputRule,
     Route,
     parse_keep,
 )
@@ -31,7 +33,6 @@ from netcut.ops import (
     AddRoute,
     DelAddr,
     DelRoute,
-    FilterRule,
     KillFlows,
     RemoveBackstop,
     SetSysctl,
@@ -41,10 +42,9 @@ from netcut.plan import (
     backstop_rules,
     invert,
     plan_cut,
-    plan_from_data,
     plan_restore,
-    plan_to_data,
 )
+from netcut.records import plan_from_data, plan_to_data
 from netcut.status import judge_status
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
@@ -222,7 +222,7 @@ def test_sysctls_already_in_place_are_not_touched() -> None:
 
 def test_backstop_rules_dns_first_then_loopback_then_keeps_then_reject() -> None:
     rules = backstop_rules(AF_INET, (PROXY, parse_keep("198.19.5.5")), ("127.0.0.11", "127.0.0.1"))
-    args = [" ".join(r.iptables_args()) for r in rules]
+    args = [" ".join(filter_args(r)) for r in rules]
     assert args == [
         "-p udp -m udp --dport 53 -j REJECT",
         "-p tcp -m tcp --dport 53 -j REJECT --reject-with tcp-reset",
@@ -339,8 +339,8 @@ def test_family_constants_match_the_socket_module() -> None:
     assert (AF_INET, AF_INET6) == (socket.AF_INET, socket.AF_INET6)
 
 
-def test_filter_rule_reject_rst() -> None:
-    assert FilterRule("REJECT-RST", proto="tcp").iptables_args() == [
+def test_output_rule_reset() -> None:
+    assert filter_args(OutputRule("reset", proto="tcp")) == [
         "-p",
         "tcp",
         "-j",
