@@ -15,12 +15,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from netcut import api, helper, helperimage, target
+from netcut import api, resolve
+from netcut.direct.probe import ProbeResult
 from netcut.errors import InvalidInput, NetcutError, ProbeFailed
-from netcut.probe import ProbeResult
+from netcut.helper import image as helperimage
+from netcut.helper import mode as helper
+from netcut.plan.status import CutStatus
+from netcut.plan.transparent import Redirect
 from netcut.records import plan_to_data
-from netcut.redirect import Redirect
-from netcut.status import CutStatus
 
 # `netcut status`: 0 only when the namespace is cut (docs/netcut.md#exit-codes).
 STATUS_EXIT = {"cut": 0, "partial": 3, "not cut": 4}
@@ -61,14 +63,14 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--runtime",
-        choices=target.RUNTIMES,
+        choices=resolve.RUNTIMES,
         help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, else the first engine"
         " that answers of docker, podman, containerd)",
     )
     p.add_argument(
         "--namespace",
         metavar="NS",
-        help=f"containerd namespace of --container (default: {target.CONTAINERD_NAMESPACE})",
+        help=f"containerd namespace of --container (default: {resolve.CONTAINERD_NAMESPACE})",
     )
 
 
@@ -187,22 +189,22 @@ def build_parser() -> argparse.ArgumentParser:
         "helper-image", help="assemble the default helper image from this host's files"
     )
     image.add_argument("action", choices=("build", "tag"))
-    image.add_argument("--runtime", choices=target.HELPER_RUNTIMES, help="engine to import into")
+    image.add_argument("--runtime", choices=resolve.HELPER_RUNTIMES, help="engine to import into")
     image.add_argument("--json", action="store_true")
     return parser
 
 
-def _target(args: argparse.Namespace) -> target.TargetRef:
+def _target(args: argparse.Namespace) -> resolve.TargetRef:
     if (args.runtime or args.namespace) and not args.container:
         raise NetcutError("--runtime and --namespace apply to --container only")
     if args.netns is not None:
-        return target.netns(args.netns)
+        return resolve.netns(args.netns)
     if args.netns_path is not None:
-        return target.netns_path(args.netns_path)
+        return resolve.netns_path(args.netns_path)
     if args.pid is not None:
-        return target.pid(args.pid)
+        return resolve.pid(args.pid)
     runtime = args.runtime or ("containerd" if args.namespace else None)
-    return target.container(args.container, runtime, args.namespace)
+    return resolve.container(args.container, runtime, args.namespace)
 
 
 def _emit(args: argparse.Namespace, lines: list[str], data: dict[str, Any]) -> None:
@@ -330,7 +332,7 @@ def _cmd_helper_image(args: argparse.Namespace) -> int:
         tag = helperimage.image_tag()
         _emit(args, [tag], {"tag": tag})
         return 0
-    built = helperimage.build(target.find_runtime(args.runtime))
+    built = helperimage.build(resolve.find_runtime(args.runtime))
     lines = [f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
              f" {built.seconds:.2f} s"]  # fmt: skip
     data = {"tag": built.tag, "files": built.files, "size_bytes": built.size_bytes,

@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from netcut import plan as plan_mod
-from netcut import verify
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, UnsafeTarget
-from netcut.model import Keep, NamespaceState, ProbeResult
-from netcut.ops import AddRedirect, Op
-from netcut.plan import CutPlan
+from netcut.plan import planner as plan_mod
+from netcut.plan import verify
+from netcut.plan.changes import AddRedirect, Op
+from netcut.plan.model import Keep, NamespaceState, ProbeResult
+from netcut.plan.planner import CutPlan
+from netcut.plan.status import CutStatus, judge_status
+from netcut.plan.transparent import Redirect, redirect_rules
 from netcut.records import Journal, Store
-from netcut.redirect import Redirect, redirect_rules
-from netcut.status import CutStatus, judge_status
 
 
 class Executor(Protocol):

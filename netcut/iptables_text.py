@@ -1,12 +1,12 @@
 """iptables' rule language for netcut's backstop and redirects. Pure: data in, text out,
 and text (or python-iptables' decoding) back in, in the plan's terms.
 
-The plan (netcut/plan.py and friends) speaks of a backstop that every packet sent meets first
-and of redirects; this module says how the iptables backend writes them: chain `NETCUT` in
+The plan (netcut/plan/) speaks of a backstop that every packet sent meets first and of
+redirects; this module says how the iptables backend writes them: chain `NETCUT` in
 the filter table (iptables and ip6tables) jumped to first from OUTPUT, and chain
 `NETCUT_REDIRECT` in the nat table (IPv4), jumped to first from OUTPUT. Direct mode's
-python-iptables driver (iptables.py) and helper mode's shell scripts (render.py,
-statedump.py) both use it, so both modes write, read back and judge the same rules
+python-iptables driver (direct/iptables.py) and helper mode's shell scripts (helper/script.py,
+helper/dump.py) both use it, so both modes write, read back and judge the same rules
 (docs/netcut.md#backends).
 
 Reading back is strict: a rule with anything netcut never writes decodes to None, which never
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from netcut.errors import InvalidInput
-from netcut.model import AF_INET6, OutputRule, RedirectRule, SeenBackstop
+from netcut.plan.model import AF_INET6, OutputRule, RedirectRule, SeenBackstop
 
 # The chain that holds the backstop (filter table, iptables and ip6tables).
 CHAIN = "NETCUT"
@@ -232,7 +232,7 @@ def rule_specs(text: str, chain: str) -> tuple[SeenRule, ...]:
 
 def parse_rule_spec(line: str) -> SeenRule:
     """One `-A CHAIN ...` line as the SeenRule python-iptables would decode for it (direct
-    mode's `backstop.dump`), so verify.py compares both modes' dumps the same way. A negated
+    mode's `backstop.dump`), so plan/verify.py compares both modes' dumps the same way. A negated
     option (`! -d X`, `! --dport N`) keeps its `!`, which never equals a planned rule."""
     try:
         words = shlex.split(line)[2:]

@@ -14,7 +14,7 @@ partial cut and cleaned up by restore or the next cut.
 The format on disk (and in `netcut cut --json`) is version 1 as it always was: a rule's
 verdict is written in the words records have always used (ACCEPT, REJECT-RST, REDIRECT...),
 mapped to and from the plan's own words here, so a record written by any netcut version
-restores with any other (docs/netcut.md#records).
+restores with any other (docs/netcut.md#the-journal).
 
 Every failure of the directory itself (read-only, full, not ours) is a `StateError` raised
 before the namespace is touched, with no temporary file left behind.
@@ -35,8 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from netcut.errors import InvalidInput, StateError
-from netcut.model import Addr, OutputRule, RedirectRule, Route, parse_keep
-from netcut.ops import (
+from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
     AddRedirect,
@@ -49,7 +48,8 @@ from netcut.ops import (
     RemoveRedirect,
     SetSysctl,
 )
-from netcut.plan import CutPlan
+from netcut.plan.model import Addr, OutputRule, RedirectRule, Route, parse_keep
+from netcut.plan.planner import CutPlan
 
 # Format version of the JSON record written before a cut.
 RECORD_VERSION = 1

@@ -16,9 +16,11 @@ import pytest
 from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh, wait_for
 
 import netcut
-from netcut import api, apply, nsexec, safety
-from netcut.model import Route
-from netcut.ops import DelRoute
+from netcut import api, safety
+from netcut.direct import executor as apply
+from netcut.direct import worker as nsexec
+from netcut.plan.changes import DelRoute
+from netcut.plan.model import Route
 
 pytestmark = pytest.mark.netns
 

@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput
 from netcut.iptables_text import filter_args
-from netcut.model import (
+from netcut.plan.changes import (
+    AddAddr,
+    AddBackstop,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    KillFlows,
+    RemoveBackstop,
+    SetSysctl,
+)
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -27,25 +37,15 @@ from netcut.model import (
     Route,
     parse_keep,
 )
-from netcut.ops import (
-    AddAddr,
-    AddBackstop,
-    AddRoute,
-    DelAddr,
-    DelRoute,
-    KillFlows,
-    RemoveBackstop,
-    SetSysctl,
-)
-from netcut.plan import (
+from netcut.plan.planner import (
     CutPlan,
     backstop_rules,
     invert,
     plan_cut,
     plan_restore,
 )
+from netcut.plan.status import judge_status
 from netcut.records import plan_from_data, plan_to_data
-from netcut.status import judge_status
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)

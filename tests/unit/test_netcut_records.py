@@ -1,7 +1,7 @@
 """netcut's record format on disk does not change with the code's layout: a record written
 by the netcut that still spoke iptables in its plan (the fixture, written by that version's
 `Store.save` and journal) loads, restores and is written again byte for byte
-(docs/netcut.md#records)."""
+(docs/netcut.md#the-journal)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 from test_netcut_plan import state
 
-from netcut.model import Lookup, NamespaceState, parse_keep
-from netcut.ops import RemoveBackstop, RemoveRedirect
-from netcut.plan import plan_cut, plan_restore
+from netcut.plan.changes import RemoveBackstop, RemoveRedirect
+from netcut.plan.model import Lookup, NamespaceState, parse_keep
+from netcut.plan.planner import plan_cut, plan_restore
+from netcut.plan.transparent import Redirect
 from netcut.records import Store, plan_to_data
-from netcut.redirect import Redirect
 
 FIXTURE = Path(__file__).with_name("netcut_record_v1.json")
 KEEPS = (parse_keep("198.19.1.1:3128"), parse_keep("198.19.5.5"), parse_keep("127.0.0.1:9"))

@@ -1,4 +1,5 @@
-"""Transparent mode's plan (netcut/redirect.py): rules, order, backstop, undo, status, record."""
+"""Transparent mode's plan (netcut/plan/transparent.py): rules, order, backstop, undo,
+status, record."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ import pytest
 from test_netcut_plan import PROXY, _after, state
 
 from netcut.errors import InvalidInput
+from netcut.helper.script import render_op
 from netcut.iptables_text import as_output_rule, nat_args
-from netcut.model import AF_INET, NETCUT_PROTO, OutputRule, RedirectRule
-from netcut.ops import (
+from netcut.plan.changes import (
     AddBackstop,
     AddRedirect,
     AddRoute,
     DelRoute,
     RemoveRedirect,
 )
-from netcut.plan import plan_cut, plan_restore
+from netcut.plan.model import AF_INET, NETCUT_PROTO, OutputRule, RedirectRule
+from netcut.plan.planner import plan_cut, plan_restore
+from netcut.plan.status import judge_status
+from netcut.plan.transparent import Redirect, redirect_rules
 from netcut.records import plan_from_data, plan_to_data
-from netcut.redirect import Redirect, redirect_rules
-from netcut.render import render_op
-from netcut.status import judge_status
 
 REDIRECT = Redirect(15001, 15053)
 
@@ -93,7 +94,7 @@ def test_render_and_bad_ports() -> None:
 
 def test_status_verification_knows_transparent_rules() -> None:
     from netcut.iptables_text import SeenRule
-    from netcut.verify import differences, repair_ops
+    from netcut.plan.verify import differences, repair_ops
 
     seen = SeenRule("ACCEPT", out_iface="lo", matches=(("addrtype", (("dst-type", "LOCAL"),)),))
     assert as_output_rule(seen, AF_INET) == OutputRule("allow", out_iface="lo", dst_local=True)
@@ -110,8 +111,8 @@ def test_status_verification_knows_transparent_rules() -> None:
 def test_helper_state_dump_reports_the_redirect_chain() -> None:
     from test_netcut_render import DUMP
 
-    from netcut.render import state_script
-    from netcut.statedump import parse_state_dump
+    from netcut.helper.dump import parse_state_dump
+    from netcut.helper.script import state_script
 
     assert "-t nat -S NETCUT_REDIRECT" in state_script(())
     assert "= nat ] && t=yes" in state_script(())

@@ -9,9 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netcut import helper
+from netcut.helper import mode as helper
+from netcut.helper.dump import parse_state_dump
+from netcut.helper.script import render_op, render_script, state_script
 from netcut.iptables_text import SeenRule, parse_rule_spec
-from netcut.model import (
+from netcut.plan.changes import AddBackstop, AddRoute, KillFlows, RemoveBackstop, SetSysctl
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -20,10 +23,7 @@ from netcut.model import (
     Route,
     parse_keep,
 )
-from netcut.ops import AddBackstop, AddRoute, KillFlows, RemoveBackstop, SetSysctl
-from netcut.plan import plan_cut
-from netcut.render import render_op, render_script, state_script
-from netcut.statedump import parse_state_dump
+from netcut.plan.planner import plan_cut
 
 DUMP = """\
 ### links

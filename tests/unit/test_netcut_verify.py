@@ -14,7 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut.iptables_text import CHAIN, SeenRule, as_output_rule, seen_backstop
-from netcut.model import (
+from netcut.plan.changes import (
+    AddBackstop,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    KillFlows,
+    Op,
+    SetSysctl,
+)
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -28,18 +37,9 @@ from netcut.model import (
     Route,
     parse_keep,
 )
-from netcut.ops import (
-    AddBackstop,
-    AddRoute,
-    DelAddr,
-    DelRoute,
-    KillFlows,
-    Op,
-    SetSysctl,
-)
-from netcut.plan import CutPlan, backstop_rules, plan_cut
-from netcut.status import judge_status
-from netcut.verify import differences, ipv6_sysctls, repair_ops
+from netcut.plan.planner import CutPlan, backstop_rules, plan_cut
+from netcut.plan.status import judge_status
+from netcut.plan.verify import differences, ipv6_sysctls, repair_ops
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)

@@ -46,7 +46,7 @@ _ANSWER_ARGS = {
     "podman": ["info", "--format", "{{.Version.Version}}"],
     "containerd": ["--connect-timeout", "2s", "version"],
 }
-# Runtimes a helper container can be started with (helper.py): docker and podman join the
+# Runtimes a helper container can be started with (helper/mode.py): docker and podman join the
 # container's namespace (`--network container:ID`), containerd the task's by its path
 # (`ctr run --with-ns network:/proc/PID/ns/net`).
 HELPER_RUNTIMES = ("docker", "podman", "containerd")

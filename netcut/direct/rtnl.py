@@ -30,7 +30,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from netcut.model import AF_INET6, Addr, Route
+from netcut.plan.model import AF_INET6, Addr, Route
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 _RECV = 65536

@@ -1,11 +1,11 @@
 """The data netcut plans with: keep entries, a namespace's state, packet rules, probe
 results. Pure.
 
-The plan's ops are `ops.py`.
+The plan's ops are changes.py.
 
 Frozen dataclasses with readable `str`s (what `netcut cut --dry-run` prints). A `Route` carries
-every attribute `ip route` shows, so a deleted route can be put back exactly. No I/O here: this
-module imports neither socket, asyncio, pyroute2 nor iptc.
+every attribute `ip route` shows, so a deleted route can be put back exactly. No I/O here
+(tests/unit/test_netcut_imports.py checks its imports).
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ class NamespaceState:
     nameservers: tuple[str, ...] = ()
     lookups: tuple[Lookup, ...] = ()
     backstop: tuple[int, ...] = ()  # families that hold netcut's backstop
-    # Read for `status` (verify.py); None when the reader did not dump them (a plain cut's
+    # Read for `status` (plan/verify.py); None when the reader did not dump them (a plain cut's
     # planning needs neither), and then they are reported as not verified.
     filters: tuple[SeenBackstop, ...] | None = None
     policy_rules: tuple[PolicyRule, ...] | None = None
@@ -302,7 +302,7 @@ class NamespaceState:
 
     @property
     def has_ipv6(self) -> bool:
-        """False on a kernel booted with ipv6.disable=1 (no net/ipv6 sysctls, no ip6tables)."""
+        """False on a kernel booted with ipv6.disable=1 (no net/ipv6 sysctls, no IPv6 netfilter)."""
         return any(key.startswith("net/ipv6/") for key, _ in self.sysctls)
 
     @property

@@ -1,6 +1,6 @@
 """The executor: one dispatcher that turns plan ops into netlink, sysctl and netfilter calls
-(the latter through the netfilter backend, netfilter.py),
-plus the jobs that run inside the namespace (nsexec.run_in_netns): direct mode's executor
+(the latter through the netfilter backend, direct/netfilter.py),
+plus the jobs that run inside the namespace (worker.run_in_netns): direct mode's executor
 primitives for the one cut algorithm in flow.py.
 
 Strategy. A cut writes its record (records.py) *before* the first change, then applies ops one
@@ -24,13 +24,17 @@ import errno
 import os
 import signal
 
-from netcut import flow, flows, plan
+from netcut import flow
 from netcut.collect import collect_if_due
+from netcut.direct import sockdestroy
+from netcut.direct.iptables import Iptables
+from netcut.direct.kernelstate import read_state
+from netcut.direct.netfilter import Netfilter
+from netcut.direct.probe import run_probe
+from netcut.direct.rtnl import NetlinkError, Rtnl
 from netcut.errors import ApplyFailed, StateError
-from netcut.iptables import Iptables
-from netcut.model import Keep, NamespaceState, ProbeResult
-from netcut.netfilter import Netfilter
-from netcut.ops import (
+from netcut.plan import planner
+from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
     AddRedirect,
@@ -43,18 +47,16 @@ from netcut.ops import (
     RemoveRedirect,
     SetSysctl,
 )
-from netcut.probe import run_probe
+from netcut.plan.model import Keep, NamespaceState, ProbeResult
+from netcut.plan.status import CutStatus
 from netcut.records import Journal, Store
-from netcut.rtnl import NetlinkError, Rtnl
-from netcut.state import read_state
-from netcut.status import CutStatus
 
 FAULT_ENV = "NETCUT_FAULT_KILL_AFTER_OP"
 _kill_after = int(os.environ.get(FAULT_ENV, "-1") or -1)
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
 
-# The netfilter backend (netfilter.py): the one place that chooses it.
+# The netfilter backend (direct/netfilter.py): the one place that chooses it.
 NETFILTER: Netfilter = Iptables()
 
 
@@ -85,7 +87,7 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
     elif isinstance(op, RemoveBackstop):
         NETFILTER.remove_backstop(op.family)
     elif isinstance(op, KillFlows):
-        flows.kill_flows(op.allowed)
+        sockdestroy.kill_flows(op.allowed)
     elif isinstance(op, AddRedirect):
         NETFILTER.install_redirects(op.rules)
     elif isinstance(op, RemoveRedirect):
@@ -118,7 +120,7 @@ def rollback(rt: Rtnl, done: list[Op]) -> list[str]:
     """Undo `done` in reverse order; return the errors of undo steps that failed."""
     errors = []
     for op in reversed(done):
-        inverse = plan.invert(op)
+        inverse = planner.invert(op)
         if inverse is None:
             continue
         try:
@@ -141,7 +143,7 @@ def undo_ops(rt: Rtnl, ops: tuple[Op, ...]) -> list[str]:
 
 class InNamespace:
     """Direct mode's executor (flow.Executor, flow.Journaling): the kernel calls themselves,
-    made by netcut's worker after it entered the namespace (nsexec.py). One netlink socket
+    made by netcut's worker after it entered the namespace (direct/worker.py). One netlink socket
     for the whole job."""
 
     def __init__(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.plan.model import (
     AF_INET,
     NETCUT_PROTO,
     RT_SCOPE_LINK,

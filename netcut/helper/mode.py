@@ -18,7 +18,7 @@ registry.
 
 The image is `--helper-image`, else $NETCUT_HELPER_IMAGE, else `netcut-helper:<hash>`, which
 is assembled from this host's own files and imported the first time it is missing
-(helperimage.py; `netcut helper-image build` does it ahead of time). The record of a cut is
+(helper/image.py; `netcut helper-image build` does it ahead of time). The record of a cut is
 kept on the host, keyed by the namespace's inode like direct mode's, so either mode restores
 a cut made by the other.
 """
@@ -38,7 +38,8 @@ from netcut import flow
 from netcut.api import KeepLike, parse_keeps, probe_targets
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
-from netcut.helpershell import (
+from netcut.helper.script import parse_probe, render_script
+from netcut.helper.session import (
     CAPABILITIES,
     IMAGE_ENV,
     RUN_TIMEOUT_S,
@@ -48,11 +49,10 @@ from netcut.helpershell import (
     is_ctr,
     why_failed,
 )
-from netcut.model import Keep
+from netcut.plan.model import Keep
+from netcut.plan.status import CutStatus
 from netcut.records import Store
-from netcut.render import parse_probe, render_script
-from netcut.status import CutStatus
-from netcut.target import (
+from netcut.resolve import (
     TargetRef,
     containerd_namespace,
     containerd_task,

@@ -17,25 +17,16 @@ open the backstop without removing it. Each invariant answers with readable line
     present, and no interface but loopback holds an IPv6 address;
  5. transparent mode: the redirects are present (their content is not compared: a redirect
     that stops working leaves the traffic to the backstop, which refuses it, so it can only
-    close, never open; redirect.py).
+    close, never open; plan/transparent.py).
 
 `repair_ops` turns the same findings into ops that bring the namespace back to the plan
 without touching the record (what the tamper added is removed, never put back by restore).
-No I/O here: this module imports neither socket, asyncio, pyroute2 nor iptc.
+No I/O here (tests/unit/test_netcut_imports.py checks its imports).
 """
 
 from __future__ import annotations
 
-from netcut.model import (
-    AF_INET6,
-    FR_ACT_TO_TBL,
-    RT_TABLE_LOCAL,
-    RTN_UNICAST,
-    Addr,
-    NamespaceState,
-    Route,
-)
-from netcut.ops import (
+from netcut.plan.changes import (
     AddBackstop,
     AddRedirect,
     AddRoute,
@@ -44,6 +35,15 @@ from netcut.ops import (
     KillFlows,
     Op,
     SetSysctl,
+)
+from netcut.plan.model import (
+    AF_INET6,
+    FR_ACT_TO_TBL,
+    RT_TABLE_LOCAL,
+    RTN_UNICAST,
+    Addr,
+    NamespaceState,
+    Route,
 )
 
 # The kernel's own rules (priority, table): local, main, default. Every lookup goes through
@@ -85,7 +85,7 @@ def unverified(state: NamespaceState) -> tuple[str, ...]:
     """What the state dump did not include, so `differences` could not check it."""
     missing = []
     if state.filters is None:
-        missing.append("backstop rules and hook (only the backstop's presence)")
+        missing.append("backstop rules and their place first (only the backstop's presence)")
     if state.policy_rules is None:
         missing.append("policy rules")
     return tuple(f"not verified: {m}" for m in missing)

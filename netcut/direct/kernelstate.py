@@ -1,7 +1,7 @@
 """Read a namespace's state into model.NamespaceState. Runs *inside* the namespace.
 
-Call these only from a process that has entered the target namespace (nsexec.run_in_netns):
-an `Rtnl` (rtnl.py) opened there talks to that namespace's netlink, /proc/sys/net shows its
+Call these only from a process that has entered the target namespace (worker.run_in_netns):
+an `Rtnl` (direct/rtnl.py) opened there talks to that namespace's netlink, /proc/sys/net shows its
 sysctls, and the netfilter backend opens its tables. Nothing here opens a namespace by name, so
 nothing can be created by accident (pyroute2 creates a missing named namespace unless told
 flags=0).
@@ -13,8 +13,10 @@ import errno
 import socket
 from typing import Any
 
+from netcut.direct.netfilter import Netfilter
+from netcut.direct.rtnl import NetlinkError, Rtnl
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     Addr,
@@ -25,8 +27,6 @@ from netcut.model import (
     PolicyRule,
     Route,
 )
-from netcut.netfilter import Netfilter
-from netcut.rtnl import NetlinkError, Rtnl
 
 LOOPBACK_INDEX = 1
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")

@@ -1,9 +1,9 @@
-"""The iptables backend (netfilter.py's `Netfilter`), driven through python-iptables:
+"""The iptables backend (direct/netfilter.py's `Netfilter`), driven through python-iptables:
 the backstop is chain NETCUT in the filter table (iptables and ip6tables), the redirects
 chain NETCUT_REDIRECT in the nat table (IPv4), each jumped to first from OUTPUT
 (iptables_text.py holds the rule language both modes share).
 
-Runs *inside* the target namespace only (netcut's worker process, see nsexec.py):
+Runs *inside* the target namespace only (netcut's worker process, see direct/worker.py):
 python-iptables has no namespace support and caches Table objects process-wide, and libiptc
 binds a table handle to the namespace of the socket it opened. Each function here therefore
 drops the cached table and opens a fresh one, and each install/remove is a single commit
@@ -22,8 +22,8 @@ from typing import Any
 import iptc
 
 from netcut.iptables_text import CHAIN, NAT_CHAIN, TARGETS, SeenRule, seen_backstop
-from netcut.model import AF_INET, AF_INET6, OutputRule, RedirectRule, SeenBackstop
-from netcut.plan import backstop_rules
+from netcut.plan.model import AF_INET, AF_INET6, OutputRule, RedirectRule, SeenBackstop
+from netcut.plan.planner import backstop_rules
 
 _FILTER = "filter"
 _NAT = "nat"

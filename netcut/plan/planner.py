@@ -1,7 +1,7 @@
 """The cut as data: a namespace's state in, a plan of small operations out. Pure.
 
 Strategy. The executor of a mode reads the namespace (netlink, sysctls, its netfilter
-backend) into the frozen dataclasses of model.py; `plan_cut` turns a `NamespaceState` and
+backend) into the frozen dataclasses of plan/model.py; `plan_cut` turns a `NamespaceState` and
 the keep list into a `CutPlan`, a tuple of ops in the order they must run; `plan_restore`
 turns the recorded plan (and what the namespace holds now) into the ops that undo it. Direct
 mode's executor is a single dispatcher over these ops, helper mode turns the same ops into
@@ -17,7 +17,7 @@ gateway routes before the connected routes they depend on; (4) IPv6 addresses ar
 IPv6 disabled per interface, router advertisements ignored; (5) TCP flows to anything not kept
 are destroyed. Restore runs the inverse ops in reverse order.
 
-No I/O here: this module imports neither socket, asyncio, pyroute2 nor iptc.
+No I/O here (tests/unit/test_netcut_imports.py checks its imports).
 """
 
 from __future__ import annotations
@@ -26,7 +26,20 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.plan.changes import (
+    AddAddr,
+    AddBackstop,
+    AddRedirect,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    KillFlows,
+    Op,
+    RemoveBackstop,
+    RemoveRedirect,
+    SetSysctl,
+)
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -43,26 +56,13 @@ from netcut.model import (
     OutputRule,
     Route,
 )
-from netcut.ops import (
-    AddAddr,
-    AddBackstop,
-    AddRedirect,
-    AddRoute,
-    DelAddr,
-    DelRoute,
-    KillFlows,
-    Op,
-    RemoveBackstop,
-    RemoveRedirect,
-    SetSysctl,
-)
-from netcut.redirect import (
+from netcut.plan.transparent import (
     Redirect,
     loopback_default_route,
     redirect_rules,
     transparent_backstop,
 )
-from netcut.verify import ipv6_sysctls
+from netcut.plan.verify import ipv6_sysctls
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def plan_cut(
 ) -> CutPlan:
     """Compute the ops that cut `state` down to loopback and `keeps`.
 
-    With `redirect` (transparent mode, see redirect.py), TCP and DNS are also redirected to
+    With `redirect` (transparent mode, see plan/transparent.py), TCP and DNS are also redirected to
     the proxy's in-namespace listeners. Raises InvalidInput for a keep that cannot be
     honoured: an IPv6 address other than loopback (the cut disables IPv6), a port-53 keep
     (the DNS drop wins), or an address the namespace has no route to.

@@ -2,9 +2,9 @@
 redirects into the kernel, reads them back, and takes them out (docs/netcut.md#backends).
 
 Modelled on `flow.Executor`: a mode is an executor, and direct mode's executor holds one
-backend. Every method runs inside the target namespace (netcut's worker, nsexec.py) and acts
+backend. Every method runs inside the target namespace (netcut's worker, direct/worker.py) and acts
 on that namespace alone. The plan never names a backend's terms (no tables, chains or
-targets); `iptables.py` is the one backend today, and an nftables backend is one new module
+targets); `direct/iptables.py` is the one backend today, and an nftables backend is one new module
 that implements this protocol.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from netcut.model import OutputRule, RedirectRule, SeenBackstop
+from netcut.plan.model import OutputRule, RedirectRule, SeenBackstop
 
 
 class Netfilter(Protocol):

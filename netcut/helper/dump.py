@@ -14,7 +14,7 @@ from typing import Any
 
 from netcut.errors import InvalidInput
 from netcut.iptables_text import CHAIN, rule_specs, seen_backstop
-from netcut.model import (
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     FR_ACT_TO_TBL,

@@ -1,5 +1,5 @@
-"""The plan's ops: each one change `apply.py` (direct mode) or `render.py` (helper mode)
-carries out, and that `plan.invert` can undo. Pure.
+"""The plan's ops: each one change that direct/executor.py (direct mode) or helper/script.py
+(helper mode) carries out, and that `planner.invert` can undo. Pure.
 
 Frozen dataclasses with readable `str`s (what `netcut cut --dry-run` prints); `Op` is their
 union. See docs/netcut.md.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from netcut.model import AF_INET6, Addr, OutputRule, RedirectRule, Route
+from netcut.plan.model import AF_INET6, Addr, OutputRule, RedirectRule, Route
 
 
 def _family(family: int) -> str:

@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from netcut.model import AF_INET6, Keep, NamespaceState
-from netcut.verify import differences, unverified
+from netcut.plan.model import AF_INET6, Keep, NamespaceState
+from netcut.plan.verify import differences, unverified
 
 if TYPE_CHECKING:
-    from netcut.plan import CutPlan
+    from netcut.plan.planner import CutPlan
 
 
 @dataclass(frozen=True)
 class CutStatus:
     """Whether a namespace is cut. `state` is "cut" (the whole live state matches the
-    recorded plan: verify.py), "not cut" (no record, no marks), or "partial" (marks or a
+    recorded plan: plan/verify.py), "not cut" (no record, no marks), or "partial" (marks or a
     record, but the state differs: not a cut; `details` lists every difference, a second
     `cut` repairs it and `restore` undoes it)."""
 

@@ -1,6 +1,6 @@
 """Plan ops as shell commands for the helper container, and the scripts that dump its state
 and probe from it. Pure: text in, text or data out. The dump is parsed back into a
-NamespaceState by `statedump.py`.
+NamespaceState by `helper/dump.py`.
 
 The helper image carries iproute2 (`ip`, `ss`) and iptables' legacy backend (the same one
 python-iptables drives in direct mode, so either mode sees the other's backstop). A cut script
@@ -11,7 +11,7 @@ No busybox is assumed (docs/netcut.md#helper-mode): `PRELUDE` finds every tool b
 path, skipping busybox applets (Debian's busybox ash runs its own `ip` applet ahead of PATH,
 and that applet has no `-j`), and the scripts call them through `ncut_*` functions, whose names
 no shell has a builtin or applet for. Every state dump proves itself: each tool's exit status is
-printed after its output, and `statedump.parse_state_dump` refuses a dump with a failed tool,
+printed after its output, and `dump.parse_state_dump` refuses a dump with a failed tool,
 without the loopback interface, or with output that does not parse, so a broken helper can
 never make an empty namespace look cut.
 """
@@ -21,8 +21,7 @@ from __future__ import annotations
 import shlex
 
 from netcut.iptables_text import CHAIN, NAT_CHAIN, filter_args, nat_args
-from netcut.model import AF_INET, AF_INET6, Keep, ProbeItem, ProbeResult
-from netcut.ops import (
+from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
     AddRedirect,
@@ -35,6 +34,7 @@ from netcut.ops import (
     RemoveRedirect,
     SetSysctl,
 )
+from netcut.plan.model import AF_INET, AF_INET6, Keep, ProbeItem, ProbeResult
 
 # The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
 _HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
@@ -42,7 +42,7 @@ _TOLERANT = " 2>/dev/null || true"
 
 
 # Where the helper looks for its tools, in order: the default image's own directory first
-# (helperimage.py), then the usual places of a user-supplied image.
+# (helper/image.py), then the usual places of a user-supplied image.
 TOOL_DIRS = ("/netcut/bin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _TOOLS = {
     "ip": "ip",
@@ -67,7 +67,7 @@ PRELUDE = (
         for n, tool in _TOOLS.items()
     )
     # Where the net sysctls are writable: /proc/sys (docker and podman unmask it), or the
-    # bind mount a containerd helper gets, which ctr cannot unmask (helpershell.helper_argv).
+    # bind mount a containerd helper gets, which ctr cannot unmask (session.helper_argv).
     + "NCUT_SYS=/proc/sys; if [ -d /netcut/sys/net ]; then NCUT_SYS=/netcut/sys; fi\n"
 )
 
@@ -85,9 +85,9 @@ def _fam(family: int) -> str:
 
 
 def render_op(op: Op) -> list[str]:
-    """Shell commands equivalent to `op` (apply.py's dispatcher, in iproute2/iptables)."""
+    """Shell commands equivalent to `op` (direct/executor.py's dispatcher, in iproute2/iptables)."""
     if isinstance(op, AddBackstop):
-        # Like backstop.install: (re)fill the chain, one jump first in OUTPUT. A chain that
+        # Like direct/iptables.install: (re)fill the chain, one jump first in OUTPUT. A chain that
         # exists (a repair) is rebuilt behind a temporary REJECT, so the namespace never
         # opens while it is empty.
         t = _tool(op.family)
@@ -166,7 +166,7 @@ def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
 
 
 def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
-    """A script whose output `statedump.parse_state_dump` reads: JSON from `ip`, sysctls,
+    """A script whose output `dump.parse_state_dump` reads: JSON from `ip`, sysctls,
     chain marks; with `verify` also the policy rules and, where the chain exists, OUTPUT's
     and NETCUT's rules (`iptables -S`), which status compares with the plan
     (docs/netcut.md#status).
@@ -252,7 +252,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
 
 def _section(name: str, command: str, body: str) -> str:
     """One state-dump section: its name, the command it runs (for the error when it fails:
-    statedump.py quotes both with the whole output), the output, then `### rc N`."""
+    helper/dump.py quotes both with the whole output), the output, then `### rc N`."""
     return (
         f"echo '### {name}'; echo {shlex.quote('### cmd ' + command)}; {body}; echo \"### rc $?\""
     )
