@@ -123,6 +123,7 @@ async def prepare_execution(
     tracking = prior is None or cid not in proxy.observers.summaries
     if tracking:
         proxy.track_execution(cid)
+    proxy.heap.enter()  # a burst settles the heap when it ends: docs/proxy.md#garbage-collection
     try:
         box = await _bind(
             proxy,
@@ -174,6 +175,8 @@ async def prepare_execution(
         ):
             raise
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
+    finally:
+        proxy.heap.leave()
     _audit(
         proxy,
         sandbox,

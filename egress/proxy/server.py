@@ -54,6 +54,7 @@ from .gate import (
     admit_connection,
     refuse_head,
 )
+from .heap import Heap
 from .listener import BACKLOG, Listener, ListenError, parse_listen, peer_text
 from .listening import ClientSide, ListenerControl
 from .metrics import ProxyMetrics
@@ -87,6 +88,11 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
 
     Raises `OSError` from `start()` when a listener cannot be bound, `NamespaceError` when the
     namespace cannot be entered.
+
+    `tune_gc` (default True) tunes this process's garbage collector so that hundreds of
+    sandboxes cause no long pauses: thresholds raised, long-lived objects frozen after
+    start-up and after each prepare burst (docs/proxy.md#garbage-collection). False
+    leaves the collector alone.
     """
 
     # set by start(): plain attributes, not properties, because the hot path reads them
@@ -113,6 +119,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         reuse_port: bool = False,
         resolve: Mapping[str, str | Iterable[str]] | None = None,
         admin_public: bool = False,
+        tune_gc: bool = True,
     ) -> None:
         as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
         if audit is not None and not callable(getattr(audit, "record", None)):
@@ -125,6 +132,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
             ("metrics", metrics),
             ("reuse_port", reuse_port),
             ("admin_public", admin_public),
+            ("tune_gc", tune_gc),
         ):
             as_bool(value, f"EgressProxy {flag}")
         if host_local is not None:
@@ -173,6 +181,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         self._reserve = Reserve()  # one descriptor to answer with when none is left
         self._lingering: Any = None  # accept.Lingering, once the loop is known
         self._accept_failures = AcceptFailures()
+        self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
     # --- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> EgressProxy:
@@ -235,6 +244,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                 await self._start_admin(*self.admin_spec)
             except OSError as exc:
                 raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
+        self.heap.started(loop)
 
     async def _open_as(self, role: str, listener: Listener) -> Listener:
         """Open a listener of `start`; `ListenError` names which one failed."""
@@ -279,6 +289,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         if self.admin is not None:
             await self.admin.stop()
         self._reserve.close()
+        self.heap.stopped()
 
     # --- descriptors (docs/proxy.md#file-descriptors) ---------------------------------------
     def _fit_descriptors(self) -> None:

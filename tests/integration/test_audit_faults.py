@@ -536,3 +536,47 @@ async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path:
     assert seqs == list(range(len(seqs)))  # every line, once, in order, from the start record
     assert [r["n"] for r in shown if "n" in r] == list(range(1000))
     assert b"rotated faster" not in err, err
+
+
+# ---- closed mode on every path -------------------------------------------------------------
+
+
+async def test_closed_mode_checks_kept_alive_fast_path_and_socks_requests(
+    test_host: harness.TestHost,
+) -> None:
+    """The audit sink stops accepting between two requests of a kept-alive connection (the
+    callback fast path serves the second one when it can) and between a SOCKS5 handshake
+    and its CONNECT: both are refused `audit_unavailable` (today both were served)."""
+    from egress.config import build_settings
+    from egress.proxy import socks5
+    from egress.proxy.server import EgressProxy
+
+    from proxykit import MemoryAudit
+
+    origin = await start_origin(test_host, 80)
+    audit = MemoryAudit()
+    settings = build_settings(
+        {"allow": ["example.test", "example.test:80"]},
+        resolve=[f"example.test={test_host.addr_ns}"],
+    )
+    async with EgressProxy(settings, socks=["127.0.0.1:0"], audit=audit) as proxy:
+        client = await Client.connect(proxy.addresses[0])
+        for _ in range(3):  # the second and third take the fast path (pooled upstream)
+            assert (await client.get("http://example.test/ok"))[0] == 200
+        reader, writer = await asyncio.open_connection(*proxy.socks_addresses[0])
+        writer.write(b"\x05\x01\x00")
+        assert await reader.readexactly(2) == b"\x05\x00"
+        audit.accepting = False  # the disk just filled
+        status, body = await client.get("http://example.test/refused")
+        assert status == 503
+        assert b"audit_unavailable" in body
+        writer.write(socks5.serialize_request("example.test", 80))
+        reply = await asyncio.wait_for(reader.read(10), 5)
+        assert reply[:2] != b"\x05\x00"  # not "succeeded"
+        client.close()
+        writer.close()
+    await origin.close()
+    refused = audit.find(reason="audit_unavailable")
+    assert {(r["method"], r.get("mode")) for r in refused} == {("GET", None), ("CONNECT", "socks5")}
+    served = [r for r in audit.events if r.get("decision") == "allow"]
+    assert len(served) == 3

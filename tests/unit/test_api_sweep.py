@@ -87,6 +87,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "metrics": "bool",
             "reuse_port": "bool",
             "admin_public": "bool",
+            "tune_gc": "bool",
             "host_local": "list?",
             "on_decision": "callbacks?",
             "limits": "instance?",

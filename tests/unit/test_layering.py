@@ -41,6 +41,13 @@ PURE = [
     "audit.verify",
     "audit.suggest",
 ]
+# folders pure as a whole: every module in them is checked, none listed by hand
+PURE_FOLDERS = ["proxy/core", "proxy/modes"]
+PURE += [
+    str(path.relative_to(ROOT / "egress").with_suffix("")).replace("/", ".")
+    for folder in PURE_FOLDERS
+    for path in sorted((ROOT / "egress" / folder).glob("*.py"))
+]
 FORBIDDEN = {
     "asyncio",
     "socket",
@@ -84,6 +91,16 @@ def test_pure_module_imports_no_io(name: str) -> None:
     assert not mods & FORBIDDEN
     internal = {m.removeprefix("egress.") for m in mods if m.startswith("egress.")}
     assert internal <= set(PURE), f"{name} imports non-pure {internal - set(PURE)}"
+
+
+def test_pure_folders_exist_and_say_what_they_hold() -> None:
+    """A pure folder is a subpackage whose `__init__` says, in one sentence, what it holds."""
+    for folder in PURE_FOLDERS:
+        init = ROOT / "egress" / folder / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc, folder
+        assert doc.count(". ") == 0, f"{folder}: one sentence"
+        assert doc.endswith("."), folder
 
 
 def test_every_pure_module_exists() -> None:

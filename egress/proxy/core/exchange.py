@@ -1,0 +1,333 @@
+"""`Exchange`: the proxy's one sequence, as a pure state machine in the style of h11.
+
+Pure. identify -> target -> decide -> resolve -> admit -> dial -> answer -> SNI -> relay ->
+record is written once, here; every front-end (`modes/`) and every driver uses it. The driver
+calls a method with what happened (`start(intent)`, `resolved(addrs)`, `dialed(addr)`,
+`hello(result)`, `response(status)`, `ended(...)`) and gets back the next action to carry out
+(`core/actions.py`); a refusal is an action too, so drivers need no exception to unwind.
+
+The decisions are the gate's (`gate.py`), never repeated here; the legal sequences are data
+(`TRANSITIONS`, as h11's `_state.py` writes its own), checked on every call; and this is the
+one writer of an `AccessRecord`'s fields (docs/architecture.md#one-exchange).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Final
+
+from ...policy.rules import Decision
+from ...policy.target import IPAddress, Target, parse_ip_literal
+from ...reasons import End, Reason
+from ..clients import Identity
+from ..gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
+from ..gate import Refuse as Verdict
+from ..record import AccessRecord
+from ..sni import ClientHelloResult
+from .actions import Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from .intent import CLOSE, Answer, Front, Intent
+
+
+class SequenceError(Exception):
+    """A driver called an event the exchange's state does not allow: a bug in the driver."""
+
+
+class State(Enum):
+    """Where an exchange is: what it waits for next."""
+
+    IDLE = "idle"  # nothing yet: `start`
+    RESOLVING = "resolving"  # `resolved` or `resolve_failed`
+    DIALING = "dialing"  # `dialed` or `dial_failed`
+    REPLYING = "replying"  # the `ReplyOk` is being written: `replied`
+    HELLO = "hello"  # the ClientHello is being read: `hello`
+    RELAYING = "relaying"  # `response` (requests), `ended`
+    DONE = "done"
+
+
+_S = State
+_ANY: Final = frozenset(s for s in State if s is not State.DONE)
+# event -> {state it may come in: the states it may lead to}; anything else is a bug
+# in a driver (SequenceError), never a silent misrecord
+TRANSITIONS: Final[Mapping[str, Mapping[State, frozenset[State]]]] = {
+    "start": {_S.IDLE: frozenset({_S.RESOLVING, _S.DIALING, _S.DONE})},
+    "resolved": {_S.RESOLVING: frozenset({_S.DIALING, _S.DONE})},
+    "resolve_failed": {_S.RESOLVING: frozenset({_S.DONE})},
+    "dialed": {_S.DIALING: frozenset({_S.REPLYING, _S.RELAYING})},
+    "dial_failed": {_S.DIALING: frozenset({_S.DONE})},
+    "replied": {_S.REPLYING: frozenset({_S.HELLO, _S.RELAYING})},
+    "hello": {_S.HELLO: frozenset({_S.RELAYING, _S.DONE})},
+    "response": {_S.RELAYING: frozenset({_S.RELAYING, _S.DONE})},
+    "ended": {_S.RELAYING: frozenset({_S.DONE})},
+    "refuse": dict.fromkeys(_ANY, frozenset({_S.DONE})),
+}
+
+
+class Exchange:
+    """One request, tunnel or forwarded connection, from its intent to its record."""
+
+    __slots__ = (
+        "_admitted",
+        "_answerable",
+        "_first",
+        "_hello",
+        "_hello_first",
+        "_identity",
+        "_target",
+        "front",
+        "gate",
+        "record",
+        "state",
+    )
+
+    def __init__(self, gate: Gate, front: Front) -> None:
+        self.gate = gate
+        self.front = front
+        self.state = State.IDLE
+        self.record = AccessRecord("", "", "", "", 0, 0)
+        self._identity: Identity | None = None
+        self._target: Target | None = None
+        self._first: Decision | None = None
+        self._admitted: Admit | None = None
+        self._hello: ClientHelloResult | None = None
+        self._hello_first = False
+        self._answerable = True
+
+    # -- the legal sequence ------------------------------------------------------------------
+    def _move(self, event: str, to: State) -> None:
+        allowed = TRANSITIONS[event].get(self.state)
+        if allowed is None or to not in allowed:
+            raise SequenceError(f"exchange: {event} in state {self.state.value}")
+        self.state = to
+
+    def _check(self, event: str) -> None:
+        if self.state not in TRANSITIONS[event]:
+            raise SequenceError(f"exchange: {event} in state {self.state.value}")
+
+    # -- events ------------------------------------------------------------------------------
+    def start(self, intent: Intent) -> Refuse | Resolve | Dial:
+        """The front-end's intent: identify, target, the verdict on the name."""
+        self._check("start")
+        rec = self.record = AccessRecord(
+            intent.client, intent.method, intent.scheme, intent.host, intent.port, intent.t0
+        )
+        rec.path = intent.path
+        rec.mode, rec.orig_dst = self.front.record_mode, intent.orig_dst
+        identity, target = intent.identity, intent.target
+        self._hello, self._hello_first = intent.hello, intent.hello_first
+        self._answerable = intent.answerable
+        if self.front.shape == "route":
+            return self._route(intent)
+        if isinstance(identity, Identity):
+            rec.identify(identity.client_id)
+            rec.policy = identity.policy.digest  # docs/policy.md#policy-hash
+        if isinstance(target, Target):
+            rec.host, rec.port = target.host, target.port
+        hello = intent.hello
+        if hello is not None and hello.kind == "tls" and hello.sni is not None:
+            rec.sni = hello.sni
+        if isinstance(target, Verdict):
+            if target.where is not None:  # named before it was refused (ws://)
+                rec.host, rec.port = target.where
+            return self._refuse("start", target)
+        if isinstance(identity, Verdict):
+            return self._refuse("start", identity)
+        if identity is None or target is None:
+            raise SequenceError("exchange: an intent without its identity or target")
+        self._identity, self._target = identity, target
+        if not intent.audit_ok:  # closed mode: docs/audit-log.md
+            return self._refuse("start", AUDIT_DOWN)
+        first = self._first = self.gate.decide(identity.policy, target)
+        early = self.gate.refuse_early(first)
+        if early is not None:
+            return self._refuse("start", early)
+        if first.would is not None:  # kept if the lookup or the dial fails after it
+            rec.admitted(first.reason, first.rule)
+            rec.would, rec.detail = first.would, first.detail
+        if target.ip is not None:
+            return self._admit("start", (target.ip,))
+        self._move("start", State.RESOLVING)
+        return Resolve(target.host)
+
+    def resolved(self, addrs: tuple[IPAddress, ...]) -> Refuse | Dial:
+        """The name's addresses: the verdict on them (address rules, the guard)."""
+        self._check("resolved")
+        return self._admit("resolved", addrs)
+
+    def resolve_failed(self, err: BaseException) -> Refuse:
+        self._check("resolve_failed")
+        return self._refuse("resolve_failed", refuse_resolve(err, self.record.host))
+
+    def dial_failed(self, err: BaseException | Verdict, addr: IPAddress) -> Refuse:
+        """No address answered: `err` is the last failure at `addr` (or the pool's own
+        refusal)."""
+        self._check("dial_failed")
+        if not isinstance(err, Verdict):
+            err = refuse_dial(err, addr, self.record.port)
+        return self._refuse("dial_failed", err)
+
+    def dialed(self, addr: IPAddress, text: str | None = None) -> ReplyOk | Relay:
+        """Connected to `addr` (`text`: its spelling, when the driver caches them)."""
+        self._check("dialed")
+        rec = self.record
+        rec.addr = text if text is not None else str(addr)
+        front = self.front
+        if front.shape == "route":
+            rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{rec.host}:{rec.port}")
+        ok = front.ok
+        if ok is None:
+            self._move("dialed", State.RELAYING)
+            return Relay(request=front.shape == "request")
+        if ok.style == "http":
+            rec.status = ok.code
+        elif ok.style == "socks5":
+            rec.socks_reply = ok.code
+        self._move("dialed", State.REPLYING)
+        return ReplyOk(ok)
+
+    def linked(self, link: int, reported: float) -> None:
+        """The `open` record was written with id `link` (docs/audit-log.md#open-and-progress)."""
+        rec = self.record
+        rec.link, rec.reported = link, reported
+
+    def replied(self) -> ReadHello | Relay:
+        """The `ReplyOk` went out: read the ClientHello where the gate wants its SNI."""
+        self._check("replied")
+        identity, target = self._identity, self._target
+        if identity is not None and target is not None:
+            if self.gate.wants_sni(identity.policy, target):
+                self._move("replied", State.HELLO)
+                return ReadHello()
+        self._move("replied", State.RELAYING)
+        return Relay(request=False)
+
+    def hello(self, result: ClientHelloResult | None) -> Refuse | Relay:
+        """The tunnel's first bytes (None: the client closed without any)."""
+        self._check("hello")
+        rec = self.record
+        if result is not None and result.sni is not None and result.kind == "tls":
+            rec.sni = result.sni
+        refused = self._sni(result)
+        if refused is not None:
+            return self._refuse("hello", refused)
+        self._move("hello", State.RELAYING)
+        return Relay(request=False)
+
+    def response(self, status: int) -> Refuse | Relay:
+        """An upstream response head: a 1xx is relayed and more is read, a 101 is refused, a
+        final status is recorded and its body relayed."""
+        self._check("response")
+        if self.front.shape != "request":
+            raise SequenceError("exchange: a response head on a tunnel")
+        step = response_step(status)
+        if isinstance(step, Verdict):
+            return self._refuse("response", step)
+        if step == "final":
+            self.record.status = status
+        self._move("response", State.RELAYING)
+        return Relay(request=True)
+
+    def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
+        """The relay ended: `how` it ended (`reasons.End`, None: a response that completed)
+        and the bytes each way; the record is final."""
+        self._check("ended")
+        rec = self.record
+        rec.bytes_up, rec.bytes_down = up, down
+        if how is not None:
+            rec.end = how
+        rec.finish(now)
+        self._move("ended", State.DONE)
+        front = self.front
+        status = rec.status if front.shape == "request" else front.end_status
+        return Done(rec, "allow", rec.reason or "", rec.rule, None, status)
+
+    def refuse(self, verdict: Verdict, now: int | None = None) -> Refuse:
+        """A refusal from outside the sequence (a per-client cap, a broken request body, an
+        upstream that answered nonsense): answered and recorded as the sequence's own."""
+        self._check("refuse")
+        return self._refuse("refuse", verdict, now)
+
+    # -- the steps ---------------------------------------------------------------------------
+    def _route(self, intent: Intent) -> Refuse | Resolve | Dial:
+        """A forwarder: no policy (its framework route decides), the client its listener's."""
+        rec = self.record
+        identity = intent.identity
+        rec.identify(identity.client_id if isinstance(identity, Identity) else None)
+        if not intent.audit_ok:
+            return self._refuse("start", AUDIT_DOWN)
+        ip = parse_ip_literal(intent.host)
+        if ip is not None:
+            self._move("start", State.DIALING)
+            return Dial((ip,), intent.port, pooled=False)
+        self._move("start", State.RESOLVING)
+        return Resolve(intent.host)
+
+    def _admit(self, event: str, addrs: tuple[IPAddress, ...]) -> Refuse | Dial:
+        rec = self.record
+        if self.front.shape == "route":
+            self._move(event, State.DIALING)
+            return Dial(addrs, rec.port, pooled=False)
+        identity, target, first = self._identity, self._target, self._first
+        assert identity is not None
+        assert target is not None
+        assert first is not None
+        verdict = self.gate.admit(identity.policy, target, first, addrs)
+        if isinstance(verdict, Verdict):
+            return self._refuse(event, verdict)
+        self._admitted = verdict
+        rec.admitted(verdict.reason, verdict.rule)
+        if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
+            rec.would, rec.detail = verdict.would, verdict.detail
+        hello = self._hello
+        if self._hello_first and (hello is None or hello.kind != "tls" or hello.sni is None):
+            # transparent TLS without SNI: only the no-SNI rule applies (its SNI is the name)
+            refused = self._sni(hello)
+            if refused is not None:
+                return self._refuse(event, refused)
+        self._move(event, State.DIALING)
+        return Dial(addrs, target.port, pooled=self.front.shape == "request")
+
+    def _sni(self, hello: ClientHelloResult | None) -> Verdict | None:
+        """The gate's SNI verdict; under report-only the tunnel goes on and the record says
+        what would have happened (the first would-be refusal: docs/audit-log.md)."""
+        identity, target, admitted = self._identity, self._target, self._admitted
+        assert identity is not None
+        assert target is not None
+        assert admitted is not None
+        verdict = self.gate.sni(identity.policy, target, admitted, hello)
+        if not isinstance(verdict, Verdict):
+            return None
+        if not identity.policy.report_only:
+            return verdict
+        rec = self.record
+        if rec.would is None:
+            rec.would, rec.reason, rec.rule = "block", verdict.reason.value, None
+            rec.detail = f"report-only, would block: {verdict.detail}"
+        return None
+
+    def _refuse(self, event: str, verdict: Verdict, now: int | None = None) -> Refuse:
+        rec = self.record
+        front = self.front
+        answered = self.state in (State.HELLO, State.RELAYING) and front.ok is not None
+        unanswerable = answered or not self._answerable
+        answer: Answer = CLOSE if unanswerable else front.answer(verdict.reason)
+        if answer.style == "http" and verdict.status is not None:
+            answer = Answer("http", verdict.status)
+        status: int | None = None
+        if answer.style == "http":
+            status = answer.code
+        elif answered and front.ok is not None and front.ok.style == "http":
+            status = front.ok.code  # refused after its `200` (SNI): closed, nothing to say
+        elif answer.style == "socks5":
+            rec.socks_reply = answer.code
+        elif answer.style == "reset":
+            rec.end = End.RESET.value
+        rec.finish(now)
+        self._move(event, State.DONE)
+        rule = None if front.shape == "route" else verdict.rule
+        reason = verdict.reason.value  # a plain str in the event, as before the enum
+        done = Done(rec, verdict.decision, reason, rule, verdict.detail, status)
+        return Refuse(verdict, answer, done)
+
+
+__all__ = ["TRANSITIONS", "Exchange", "SequenceError", "State"]

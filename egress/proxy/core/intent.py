@@ -1,0 +1,102 @@
+"""What a front-end understood of its handshake (`Intent`) and how it answers (`Front`).
+
+Pure. Every listener mode (HTTP forward, CONNECT, framework forwarder, SOCKS5, transparent,
+DNS) turns its own handshake into the same `Intent` and hands it to an `Exchange`; what
+differs between modes is data: a `Front` says what follows the dial and how each `Reason` is
+answered in the mode's protocol (docs/architecture.md#one-exchange).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ...policy.target import Target
+from ...reasons import Reason
+from ..clients import Identity
+from ..gate import Refuse
+from ..sni import ClientHelloResult
+
+# how an answer is written: an HTTP status line, a SOCKS5 reply code, a TCP reset, a plain
+# close, a DNS rcode
+Style = Literal["http", "socks5", "reset", "close", "dns"]
+# what follows a dial: an HTTP request, a tunnel, or a forwarder's route (no policy)
+Shape = Literal["request", "tunnel", "route"]
+
+# reasons that never refuse a connection (verdicts that let it through, sandbox lifecycle
+# records): every mode's table still names them, so a test can prove the tables complete
+NEVER_REFUSED: Final = frozenset(
+    {
+        Reason.ALLOW_RULE,
+        Reason.DEFAULT_ALLOW,
+        Reason.FRAMEWORK_ROUTE,
+        Reason.ADDRESS_RULES,
+        Reason.SANDBOX_ADDED,
+        Reason.SANDBOX_REPLACED,
+        Reason.SANDBOX_REMOVED,
+        Reason.LISTENER_PROBE,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer in a mode's protocol: `code` is the HTTP status, SOCKS5 reply or DNS rcode."""
+
+    style: Style
+    code: int = 0
+
+
+CLOSE: Final = Answer("close")
+RESET: Final = Answer("reset")
+
+
+@dataclass(frozen=True, slots=True)
+class Front:
+    """A listener mode as data, chosen once per listener (`modes.mode_for`)."""
+
+    name: str  # http | connect | forwarder | socks5 | transparent | dns
+    record_mode: str | None  # the records' `mode` field (docs/audit-log.md)
+    shape: Shape
+    ok: Answer | None  # the answer to a dial that worked (None: nothing is said)
+    answers: Mapping[Reason, Answer]  # every `Reason`, refused or not (tests/unit)
+    # the status a tunnel's record ends with (a CONNECT's `200`; a forwarder's records have
+    # always said 200 too; SOCKS5 and transparent tunnels have none)
+    end_status: int | None = None
+
+    def answer(self, reason: Reason) -> Answer:
+        return self.answers[reason]
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """One exchange as its front-end understood it, before any decision of the exchange.
+
+    `target` and `identity` are the gate's own answers (`Gate.connect_target`,
+    `Gate.identify`...), or None when the handshake stopped before asking: a CONNECT whose
+    target does not parse is never identified; a SOCKS5 client refused at authentication
+    never named a target. `host`/`port` are what the client wrote, recorded when `target`
+    is a refusal.
+    """
+
+    client: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    t0: int  # perf_counter_ns() when the exchange began
+    target: Target | Refuse | None
+    identity: Identity | Refuse | None
+    path: str | None = None
+    orig_dst: str | None = None
+    # transparent TLS reads the ClientHello before deciding (its SNI is the name)
+    hello: ClientHelloResult | None = None
+    hello_first: bool = False
+    audit_ok: bool = True  # False: the log cannot be written (closed mode)
+    # False: the handshake has not reached the point where the mode's protocol can answer
+    # (a SOCKS5 client refused at authentication gets the RFC 1929 answer, no RFC 1928 reply)
+    answerable: bool = True
+
+
+__all__ = ["CLOSE", "NEVER_REFUSED", "RESET", "Answer", "Front", "Intent", "Shape", "Style"]

@@ -1,0 +1,121 @@
+"""The garbage collector of a proxy serving hundreds of sandboxes: no long pauses.
+
+Why: CPython's full (generation 2) collection walks every object the collector tracks, and
+stops the event loop while it does. With 400 sandboxes (their clients, policies, listeners
+and connections) and the modules of a real application, a full collection took 74-78 ms, in
+the middle of the data path (docs/benchmarks.md#hundreds-of-sandboxes). What lives as long as
+the proxy, or as long as a sandbox, is not garbage, and need not be walked again and again:
+
+- after start-up, what there is (modules, the policy, the proxy) is moved out of the
+  collector's sight (`gc.freeze()`); after each burst of prepares (once none is in flight),
+  what is not frozen yet is collected once, then the survivors are frozen too, so no garbage
+  is frozen with them. Frozen objects are still freed by reference counting as usual.
+- Cycles among frozen objects that became garbage later (a released sandbox's, a closed
+  connection's) are only found by a *compaction* (unfreeze, full collection, freeze again),
+  run at a burst's end when the frozen set has doubled since the last one: memory stays
+  bounded, and compactions are as rare as CPython's own rule would run full collections
+  (when the long-lived heap grew by a quarter) or rarer.
+- the first threshold is raised from 700 to `YOUNG`: most objects of a request die by
+  reference counting before any collection, so fewer, slightly larger young collections
+  cost less in all, and a young collection of `YOUNG` objects takes well under a millisecond.
+
+The collector is the process's: `EgressProxy(tune_gc=False)` leaves it alone (an embedding
+application with its own settings), docs/proxy.md#garbage-collection. The previous
+thresholds come back when the last proxy that tuned them stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+SETTLE_AFTER = 0.05  # seconds without a prepare in flight: the burst has ended
+YOUNG = 5_000  # first threshold (CPython's default: 700)
+OLDER = (20, 20)  # second and third thresholds (default: 10, 10)
+
+_users = 0  # proxies that tuned the thresholds and have not stopped yet
+_saved: tuple[int, int, int] | None = None
+
+
+class Heap:
+    """When to collect and freeze: at start-up and at the end of each prepare burst.
+
+    The boundary calls `enter`/`leave` around each prepare; the last `leave`
+    of a burst settles the heap (`settle`). Not thread-safe: the proxy's loop calls it.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.in_flight = 0
+        self.base = 0  # frozen objects after the last compaction
+        self.settled = 0  # how many times the heap was settled (for tests and the bench)
+        self.compactions = 0
+        self._tuned = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def started(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start-up done: tune the thresholds and freeze what there is (what an earlier proxy
+        froze stays frozen: no full walk for every proxy of a process)."""
+        global _users, _saved
+        if not self.enabled or self._tuned:
+            return
+        self._loop = loop
+        if _users == 0:
+            _saved = gc.get_threshold()
+            gc.set_threshold(YOUNG, *OLDER)
+        _users += 1
+        self._tuned = True
+        gc.freeze()  # no collection first: start-up stays pause-free (the next compaction
+        # finds what garbage was frozen with it)
+        self.base = gc.get_freeze_count()
+        self.settled += 1
+
+    def stopped(self) -> None:
+        """The proxy stopped: the thresholds it set are restored when no other proxy runs."""
+        global _users, _saved
+        if not self._tuned:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._tuned = False
+        _users -= 1
+        if _users == 0 and _saved is not None:
+            gc.set_threshold(*_saved)
+            _saved = None
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def leave(self) -> None:
+        """One prepare ended; when none has been in flight for `SETTLE_AFTER`
+        seconds, the burst has ended and the heap is settled (not in the last call's time)."""
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._tuned and self._loop is not None:
+            self._timer = self._loop.call_later(SETTLE_AFTER, self._quiet)
+
+    def _quiet(self) -> None:
+        self._timer = None
+        if self.in_flight == 0 and self._tuned:
+            self.settle()
+
+    def settle(self) -> None:
+        """Collect what is not frozen yet, then freeze the survivors (compact when the
+        frozen set has doubled since the last compaction)."""
+        if gc.get_freeze_count() > 2 * self.base:
+            self.compact()
+            return
+        gc.collect()
+        gc.freeze()
+        self.settled += 1
+
+    def compact(self) -> None:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        self.base = gc.get_freeze_count()
+        self.compactions += 1
+        self.settled += 1
