@@ -208,8 +208,34 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
             ' else echo "$f: no value read"; r=1; fi; done; (exit $r)',
         )
     )
-    for family, name, names in ((AF_INET, "backstop4", "ip_tables_names"),
-                                (AF_INET6, "backstop6", "ip6_tables_names")):  # fmt: skip
+    lines += _backstop_sections(verify)
+    if verify:
+        lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
+        lines.append(
+            _section(
+                "rules6",
+                "ip -j -N -6 rule show",
+                "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
+            )
+        )
+    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
+    lines.append(
+        "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
+        f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
+        " then echo yes; else echo no; fi; echo '### rc 0'"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _backstop_sections(verify: bool) -> list[str]:
+    """The backstop's part of the dump, per family: is chain NETCUT there, and with `verify`
+    OUTPUT's and NETCUT's rules (`iptables -S`)."""
+    lines = []
+    tables = (
+        (AF_INET, "backstop4", "ip_tables_names"),
+        (AF_INET6, "backstop6", "ip6_tables_names"),
+    )
+    for family, name, names in tables:
         # Look at the table only if it is registered: listing it would register it.
         tool = "ip6tables" if family == AF_INET6 else "iptables"
         lines.append(
@@ -232,22 +258,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
                 f" {_section(f'chain{v}', f'{shown} -w -S {CHAIN}', f'{tool} -w -S {CHAIN}')};"
                 " fi"
             )
-    if verify:
-        lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
-        lines.append(
-            _section(
-                "rules6",
-                "ip -j -N -6 rule show",
-                "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
-            )
-        )
-    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
-    lines.append(
-        "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
-        f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
-        " then echo yes; else echo no; fi; echo '### rc 0'"
-    )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _section(name: str, command: str, body: str) -> str:
