@@ -53,9 +53,22 @@ if TYPE_CHECKING:
 
 _LAZY = {
     **dict.fromkeys(
-        ("CutResult", "RestoreResult", "cut", "cut_and_status", "cut_and_status_async",
-         "cut_async", "forget", "gc", "probe", "probe_async", "restore", "restore_async",
-         "status", "status_async"),
+        (
+            "CutResult",
+            "RestoreResult",
+            "cut",
+            "cut_and_status",
+            "cut_and_status_async",
+            "cut_async",
+            "forget",
+            "gc",
+            "probe",
+            "probe_async",
+            "restore",
+            "restore_async",
+            "status",
+            "status_async",
+        ),
         "netcut.api",
     ),
     "Keep": "netcut.plan.model",
@@ -65,7 +78,7 @@ _LAZY = {
     "CutStatus": "netcut.plan.status",
     "ProbeItem": "netcut.plan.model",
     "ProbeResult": "netcut.plan.model",
-}  # fmt: skip
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -131,9 +131,18 @@ def cut(
     back, or `rolled_back` False when the worker died: `restore` undoes what ran), ProbeFailed.
     """
     result: CutResult = _cut_job(
-        executor.job_cut, target, keep, probe, (), expect_blocked, force, allow_privileged,
-        dry_run, probe_timeout, redirect,
-    )  # fmt: skip
+        executor.job_cut,
+        target,
+        keep,
+        probe=probe,
+        expect_reachable=(),
+        expect_blocked=expect_blocked,
+        force=force,
+        allow_privileged=allow_privileged,
+        dry_run=dry_run,
+        probe_timeout=probe_timeout,
+        redirect=redirect,
+    )
     return result
 
 
@@ -153,9 +162,18 @@ def cut_and_status(
     prepare_execution proves (helper mode's twin is netcut.helper.cut_and_status). Raises
     as `cut` does."""
     found: tuple[CutResult, CutStatus] = _cut_job(
-        executor.job_cut_and_status, target, keep, True, expect_reachable, expect_blocked, force,
-        allow_privileged, False, probe_timeout, redirect,
-    )  # fmt: skip
+        executor.job_cut_and_status,
+        target,
+        keep,
+        probe=True,
+        expect_reachable=expect_reachable,
+        expect_blocked=expect_blocked,
+        force=force,
+        allow_privileged=allow_privileged,
+        dry_run=False,
+        probe_timeout=probe_timeout,
+        redirect=redirect,
+    )
     return found
 
 
@@ -163,6 +181,7 @@ def _cut_job(
     job: Any,
     target: TargetLike,
     keep: Iterable[KeepLike],
+    *,
     probe: bool,
     expect_reachable: Iterable[KeepLike],
     expect_blocked: Iterable[KeepLike],
@@ -178,8 +197,10 @@ def _cut_job(
     reachable = probe_targets(expect_reachable, "expect_reachable")
     blocked = probe_targets(expect_blocked, "expect_blocked")
     if redirect is not None and blocked:
-        raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
-                           "connection is redirected to the proxy, which judges it")  # fmt: skip
+        raise InvalidInput(
+            "--expect-blocked cannot be probed in transparent mode: every TCP "
+            "connection is redirected to the proxy, which judges it"
+        )
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:

@@ -44,8 +44,13 @@ _json_usage = False  # set by main(): `--json` anywhere on the command line
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
         if _json_usage:  # docs/netcut.md: with --json, usage errors are JSON on stdout too
-            data = {"result": "error", "kind": "UsageError", "error": message, "exit_code": 2,
-                    "probe": None}  # fmt: skip
+            data = {
+                "result": "error",
+                "kind": "UsageError",
+                "error": message,
+                "exit_code": 2,
+                "probe": None,
+            }
             print(json.dumps(data, sort_keys=True), flush=True)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -139,10 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="redirect every other TCP connection (and DNS, with --dns-to) to the proxy's "
         "listeners on the namespace's loopback (direct mode only)",
     )
-    cut.add_argument("--redirect-to", type=int, metavar="PORT",
-                     help="transparent mode: the proxy's transparent listener port")  # fmt: skip
-    cut.add_argument("--dns-to", type=int, metavar="PORT",
-                     help="transparent mode: the proxy's DNS responder port")  # fmt: skip
+    cut.add_argument(
+        "--redirect-to",
+        type=int,
+        metavar="PORT",
+        help="transparent mode: the proxy's transparent listener port",
+    )
+    cut.add_argument(
+        "--dns-to",
+        type=int,
+        metavar="PORT",
+        help="transparent mode: the proxy's DNS responder port",
+    )
     cut.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     probe = sub.add_parser("probe", help="check reachability from inside the namespace")
@@ -246,8 +259,10 @@ def _cmd_cut(args: argparse.Namespace) -> int:
     redirect = _redirect(args)
     if args.mode == "helper":
         if redirect is not None:
-            raise InvalidInput("--transparent needs --mode direct (the helper image does not "
-                               "carry the nat table's REDIRECT support)")  # fmt: skip
+            raise InvalidInput(
+                "--transparent needs --mode direct (the helper image does not "
+                "carry the nat table's REDIRECT support)"
+            )
         result = helper.cut(ref, args.keep, image=args.helper_image, **options)
     else:
         result = api.cut(ref, args.keep, redirect=redirect, **options)
@@ -333,10 +348,16 @@ def _cmd_helper_image(args: argparse.Namespace) -> int:
         _emit(args, [tag], {"tag": tag})
         return 0
     built = helperimage.build(resolve.find_runtime(args.runtime))
-    lines = [f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
-             f" {built.seconds:.2f} s"]  # fmt: skip
-    data = {"tag": built.tag, "files": built.files, "size_bytes": built.size_bytes,
-            "seconds": round(built.seconds, 3)}  # fmt: skip
+    lines = [
+        f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
+        f" {built.seconds:.2f} s"
+    ]
+    data = {
+        "tag": built.tag,
+        "files": built.files,
+        "size_bytes": built.size_bytes,
+        "seconds": round(built.seconds, 3),
+    }
     _emit(args, lines, data)
     return 0
 

@@ -113,8 +113,9 @@ def _answers(name: str, path: str) -> str | None:
         return None
     argv = [path, *_ANSWER_ARGS.get(name, ["version"])]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True,
-                              timeout=ANSWER_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=ANSWER_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         return f"no answer in {ANSWER_TIMEOUT_S:g}s"
     except OSError as exc:

@@ -130,8 +130,11 @@ def container_network(info: object) -> ContainerNetwork:
     gateways: dict[str, None] = {}
     addresses: dict[str, None] = {}
     for block in blocks:
-        for key, out in (("Gateway", gateways), ("IPAddress", addresses),
-                         ("GlobalIPv6Address", addresses)):  # fmt: skip
+        for key, out in (
+            ("Gateway", gateways),
+            ("IPAddress", addresses),
+            ("GlobalIPv6Address", addresses),
+        ):
             value = block.get(key)
             if isinstance(value, str) and _is_address(value, v4=key == "Gateway"):
                 out[value] = None
@@ -236,7 +239,16 @@ def cut(
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
-        return _cut_in(c, ex, keeps, blocked, probe, allow_privileged, dry_run, probe_timeout)
+        return _cut_in(
+            c,
+            ex,
+            keeps,
+            blocked,
+            probe=probe,
+            allow_privileged=allow_privileged,
+            dry_run=dry_run,
+            probe_timeout=probe_timeout,
+        )
 
 
 def cut_and_status(
@@ -253,7 +265,16 @@ def cut_and_status(
     instead of two (docs/user-guide.md#helper-mode)."""
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
-        result = _cut_in(c, ex, keeps, blocked, True, allow_privileged, False, probe_timeout)
+        result = _cut_in(
+            c,
+            ex,
+            keeps,
+            blocked,
+            probe=True,
+            allow_privileged=allow_privileged,
+            dry_run=False,
+            probe_timeout=probe_timeout,
+        )
         return result, flow.status(ex, c.store())
 
 
@@ -262,6 +283,7 @@ def _cut_in(
     ex: HelperExecutor,
     keeps: tuple[Keep, ...],
     blocked: tuple[Keep, ...],
+    *,
     probe: bool,
     allow_privileged: bool,
     dry_run: bool,

@@ -51,9 +51,21 @@ def default_image() -> str:
 
 # ctr's default capability set (containerd's oci.WithDefaultSpec); ctr 1.6 knows no
 # `--cap-drop ALL`, so each is dropped but NET_RAW, which the helper needs.
-_CTR_DEFAULT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "SETGID", "SETUID",
-                     "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL",
-                     "AUDIT_WRITE")  # fmt: skip
+_CTR_DEFAULT_CAPS = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FSETID",
+    "FOWNER",
+    "MKNOD",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "KILL",
+    "AUDIT_WRITE",
+)
 # Where a containerd helper sees the target's net sysctls writable (render.PRELUDE's NCUT_SYS).
 CTR_SYS_NET = "/netcut/sys/net"
 
