@@ -512,6 +512,11 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         finally:
             await proxy.stop()
             await audit.aclose()
+        out["heap"] = {"settles": proxy.heap.settled, "compactions": proxy.heap.compactions,
+                       "longest_settle_ms": round(proxy.heap.longest_ms, 2),
+                       "longest_settle_cpu_ms": round(proxy.heap.longest_cpu_ms, 2),
+                       "last_compaction_ms": round(proxy.heap.last_compaction_ms, 2),
+                       "frozen": gc.get_freeze_count()}  # fmt: skip
     out["audit"] = verify_audit(audit_path)
     out["namespaces_left"] = namespaces_left()
     out["load_average_end"] = os.getloadavg()
@@ -580,6 +585,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"/ {c['namespaces_left']} | {c['proxy_rss_growth_last_half_kib']} "
             f"/ {c['workers_rss_growth_last_half_kib']} |"
         )
+    heap = result.get("heap")
+    if heap:
+        longest, cpu = heap["longest_settle_ms"], heap.get("longest_settle_cpu_ms")
+        lines += ["", f"The proxy's heap (docs/proxy.md#garbage-collection): {heap['settles']} "
+                  f"settles, {heap['compactions']} compactions, the longest {longest:g} ms "
+                  f"({_cell(cpu)} ms CPU), at a burst's end, not in a phase."]  # fmt: skip
     audit = result.get("audit", {})
     lines += ["", f"Audit chain: {'verified' if audit.get('verified') else 'NOT verified'} "
               f"({audit.get('verify_output', '').strip()[:80]}). Namespaces left after the run: "

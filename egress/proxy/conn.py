@@ -44,6 +44,9 @@ class Limits:
     # stay unidentified (docs/proxy.md#limits)
     max_unidentified: int = 64
     identify_timeout: float = 3.0
+    # forward-proxy requests of one client in flight at once; the next waits for one of its
+    # own to end (fairshare.py, docs/proxy.md#fair-share); None = no cap
+    max_client_inflight: int | None = 8
 
     def __post_init__(self) -> None:
         """Timeouts finite and > 0, counts >= 1, whatever the entry point (docs/proxy.md#limits)."""
@@ -66,6 +69,8 @@ class Limits:
             as_count(getattr(self, name), f"Limits {name}")
         if self.max_client_connections is not None:
             as_count(self.max_client_connections, "Limits max_client_connections")
+        if self.max_client_inflight is not None:
+            as_count(self.max_client_inflight, "Limits max_client_inflight")
 
     @property
     def client_cap(self) -> int:

@@ -4,11 +4,12 @@ Shell. Why: on a kept-alive connection, the coroutine path (`forward.py`) costs 
 request (client bytes -> the connection's task; upstream bytes -> the task), each a future,
 a task step and several coroutine frames, about ten times the cost of the same hand-over as
 a plain callback (bench/profile.md). Here the client's `data_received` parses the head and
-takes the same steps (`Steps.identify`, `Steps.authorize_now`: the gate's cached verdicts),
-writes it to an idle pooled upstream already dialed for that checked address, and the
-upstream's callback (`Side.on_wake`) parses the response head and relays it with the same
-functions the coroutine path uses (`forward.response_out`, `forward.finish_exchange`: the
-same audit record and metrics, docs/architecture.md#the-callback-fast-path).
+drives the same `Exchange` synchronously (the gate's cached verdicts, a name only from the
+resolver's cache), writes it to an idle pooled upstream already dialed for that checked
+address, and the upstream's callback (`Side.on_wake`) parses the response head and relays
+it with the functions the coroutine path uses (`forward.response_out`,
+`forward.finish_exchange`: the same audit record and metrics,
+docs/architecture.md#the-callback-fast-path).
 
 Only what needs no waiting before the upstream write is taken: a complete bodiless head and
 nothing after it, an absolute `http://` target whose head can be forwarded,
@@ -32,11 +33,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
-from ..policy.target import IPAddress
+from ..policy.target import Target
 from . import wire
-from .forward import answer_refusal, finish_exchange, framer_for, request_out, response_out
-from .gate import Refuse, Refused, refuse_upstream, response_step
-from .record import AccessRecord, perf_counter_ns
+from .core.actions import Dial, Refuse, Relay, Resolve
+from .core.exchange import Exchange
+from .fairshare import Ticket
+from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
+from .gate import Refuse as Verdict
+from .gate import refuse_upstream
+from .record import perf_counter_ns, seconds_since
 from .relay import RelayEnded, Side
 
 if TYPE_CHECKING:
@@ -50,38 +55,31 @@ class FastExchange:
     """One request in flight on the fast path (see the module docstring)."""
 
     __slots__ = (
-        "addr",
         "conn",
+        "end",
         "head",
         "keep",
-        "port",
-        "rec",
         "resp",
         "searched",
         "steps",
+        "ticket",
         "upstream",
+        "x",
     )
 
     def __init__(
-        self,
-        steps: Steps,
-        conn: Conn,
-        head: wire.RequestHead,
-        rec: AccessRecord,
-        upstream: Side,
-        addr: IPAddress,
-        port: int,
+        self, steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, upstream: Side
     ) -> None:
         self.steps = steps
         self.conn = conn
         self.head = head
-        self.rec = rec
+        self.x = x
         self.upstream = upstream
-        self.addr = addr
-        self.port = port
+        self.end: str | None = None  # how its response body was cut short, if it was
         self.searched = 0
         self.resp: wire.ResponseHead | None = None
         self.keep = False
+        self.ticket: Ticket | None = None  # its client's request slot, given back at the end
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
@@ -114,14 +112,14 @@ class FastExchange:
             resp, used = parsed
             raw = bytes(up.buf[:used])
             up.consume(used)
-            step = response_step(resp.status)
-            if step == "interim":
+            step = self.x.response(resp.status)
+            if isinstance(step, Refuse):  # a 101
+                self._refused(step)
+                return
+            if resp.status < 200:  # interim: relayed, and read on
                 self.conn.side.write(raw)
                 self.searched = 0
                 continue
-            if isinstance(step, Refuse):
-                self._refused(step)
-                return
             up.on_wake = None
             self._relay(resp, raw)
             return
@@ -129,7 +127,7 @@ class FastExchange:
     def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
         """As `forward._relay_response`, with the relay's end as a callback."""
         self.resp = resp
-        self.keep, out = response_out(self.steps, self.head, resp, raw, self.rec)
+        self.keep, out = response_out(self.steps, self.head, resp, raw)
         client = self.conn.side
         kind = resp.framing.kind
         up = self.upstream
@@ -144,7 +142,7 @@ class FastExchange:
                 self._end(True)
             else:
                 up.consume(n)
-                self.rec.end = "upstream_lost"
+                self.end = "upstream_lost"
                 self._end(False)
             return
         framer = framer_for(resp.framing, 502) if kind in ("length", "chunked") else None
@@ -165,7 +163,7 @@ class FastExchange:
         ok = True
         if isinstance(exc, RelayEnded) and self.resp is not None:
             if self.resp.framing.kind != "close":  # until-close: its end is the close
-                self.rec.end = f"upstream_{exc.reason}"
+                self.end = f"upstream_{exc.reason}"
                 ok = False
         elif fut.cancelled() or exc is not None:
             ok = False
@@ -176,26 +174,19 @@ class FastExchange:
         resp = self.resp
         assert resp is not None
         keep = finish_exchange(
-            self.steps,
-            self.conn,
-            self.upstream,
-            resp,
-            self.rec,
-            self.keep and ok,
-            ok,
-            self.addr,
-            self.port,
+            self.steps, self.conn, self.upstream, resp, self.x, self.keep and ok, ok, self.end
         )
         self._done(keep)
 
-    def _refused(self, refusal: Refuse) -> None:
+    def _refused(self, refusal: Verdict | Refuse) -> None:
         self.upstream.on_wake = None
         self.upstream.close()
-        keep = answer_refusal(self.steps, self.conn, self.head, self.rec, refusal)
-        self._done(keep)
+        self._done(answer(self.steps, self.conn, self.head, self.x, refusal))
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
+        if self.ticket is not None:
+            self.steps.turns.give_back(self.ticket)
         conn = self.conn
         conn.upstream = None
         conn.phase, conn.phase_since = "idle", self.steps.loop.time()
@@ -247,7 +238,9 @@ class FastClient(Side):
 
 def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     """Serve the request in `data` from callbacks; False (and nothing done) if it must take
-    the coroutine path."""
+    the coroutine path. The exchange is the coroutine path's own (`Exchange`): this is its
+    synchronous driver, for what needs no waiting; a pure exchange left unfinished here
+    leaves nothing behind (docs/architecture.md#the-callback-fast-path)."""
     limits = steps.limits
     try:
         parsed = wire.parse_request_head(
@@ -260,41 +253,52 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     head, used = parsed
     if used != len(data) or head.framing.kind != "none" or head.method == "CONNECT":
         return False
-    rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
-    found = steps.gate.request_target(head.target)
-    if isinstance(found, Refuse):
-        return False
-    target, path, explicit_port = found
-    try:
-        out = request_out(head, data, target, path, explicit_port)
-    except (ValueError, UnicodeEncodeError):
-        return False  # the coroutine path answers it (400)
-    rec.host, rec.port, rec.path = target.host, target.port, path
     if conn.owner is None:  # the per-client count is taken by the coroutine path
         return False
+    t0 = perf_counter_ns()
+    intent = request_intent(steps, conn, head, t0)
+    target = intent.target
+    if intent.then is not None or not isinstance(target, Target) or intent.path is None:
+        return False
     try:
-        identity = steps.identify(conn, head, rec)
-    except Refused:
-        return False
-    decided = steps.authorize_now(identity.policy, target)
-    if decided is None:
-        return False
-    verdict, addrs = decided
-    taken = steps.pool.take_idle(addrs, target.port)
+        out = request_out(head, data, target, intent.path, intent.explicit_port)
+    except (ValueError, UnicodeEncodeError):
+        return False  # the coroutine path answers it (400)
+    x = Exchange(steps.gate, conn.listener.mode.request_front)
+    action = x.start(intent)
+    cached = isinstance(action, Resolve)
+    if isinstance(action, Resolve):
+        addrs = steps.resolver.cached(action.host)
+        if addrs is None:
+            return False
+        action = x.resolved(addrs)
+    if not isinstance(action, Dial):
+        return False  # a refusal: the coroutine path decides again and answers it
+    ticket = steps.turns.try_take(conn.owner)
+    if ticket is None:
+        return False  # its client is at its fair share: the coroutine path waits its turn
+    taken = steps.pool.take_idle(action.addrs, action.port)
     if taken is None:
+        steps.turns.give_back(ticket)
         return False
     # from here on the request is ours: nothing below falls back
     upstream, addr = taken
-    steps.authorized_now(verdict, target, rec)
+    metrics = steps.metrics
+    if metrics is not None:  # docs/metrics.md
+        if cached:  # a resolver cache hit: answered without a wait
+            metrics.dns.observe(0.0)
+        metrics.decision.observe(seconds_since(t0))
     side = conn.side
     assert isinstance(side, FastClient)
     conn.phase = "active"
     conn.raw_head = data
     conn.upstream = upstream
-    rec.addr = steps.addr_text(addr)
-    steps.opened(conn, rec)
+    relay = x.dialed(addr, steps.addr_text(addr))
+    assert isinstance(relay, Relay)
+    steps.link(conn, x)
     side.last_active = steps.loop.time()
-    fx = FastExchange(steps, conn, head, rec, upstream, addr, target.port)
+    fx = FastExchange(steps, conn, head, x, upstream)
+    fx.ticket = ticket
     side.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(out)

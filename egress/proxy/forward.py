@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError, TargetError
-from ..policy.target import IPAddress, Target, host_header, make_target
+from ..policy.target import Target, host_header, make_target
 from . import rewrite, wire
 from .chunked import ChunkedScanner
-from .gate import Refuse, Refused, keep_alive_after, refuse_request, refuse_upstream, response_step
-from .record import AccessRecord, perf_counter_ns
+from .core.actions import Refuse as Refusal
+from .core.exchange import Exchange
+from .core.intent import Intent
+from .driver import drive, refuse
+from .fairshare import Ticket
+from .gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
+from .record import perf_counter_ns
 from .relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
@@ -35,104 +41,142 @@ class _Request:
     target: Target
     path: str
     explicit_port: bool
-    addr: IPAddress
+
+
+def request_intent(steps: Steps, conn: Conn, head: wire.RequestHead, t0: int) -> Intent:
+    """The front-end of an absolute-form request: the gate's target, then who is asking
+    (counted against the client's cap). A `ws://` target names a destination the policy
+    judges first (docs/proxy.md#websocket): its intent refuses after the name's verdict."""
+    gate = steps.gate
+    parsed = gate.request_target(head.target)
+    audit = steps.audit
+    audit_ok = audit is None or audit.accepting
+    if isinstance(parsed, Refuse):
+        ws = _websocket_target(head, parsed)
+        if ws is None:
+            return Intent(conn.client, head.method, "http", "", 0, t0, parsed, None)
+        target, path, explicit, then = ws, None, False, parsed
+        audit_ok = True  # answered 400 or the policy's refusal, as before any dial
+    else:
+        target, path, explicit = parsed
+        then = None
+    identity = gate.identify(conn.listener.identity, conn.peer, head)
+    cap = steps.cap(conn, identity)
+    return Intent(
+        conn.client,
+        head.method,
+        "http",
+        "",
+        0,
+        t0,
+        target,
+        identity,
+        cap,
+        path=path,
+        explicit_port=explicit,
+        orig_dst=conn.orig_dst,
+        audit_ok=audit_ok,
+        then=then,
+    )
+
+
+def _websocket_target(head: wire.RequestHead, refusal: Refuse) -> Target | Refuse | None:
+    """A `ws://`/`wss://` request's destination (None: not one; the refusal when it is
+    not a valid destination, answered with the refusal's 400)."""
+    if refusal.where is None:
+        return None
+    host, port = refusal.where
+    secure = head.target[:6].lower() == "wss://"
+    try:
+        return make_target("https" if secure else "http", host, port)
+    except TargetError:
+        return refusal
 
 
 async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> bool:
     """One absolute-form request; True if the client connection may serve another."""
-    rec = AccessRecord(conn.client, head.method, "http", "", 0, perf_counter_ns())
-    upstream: Side | None = None
+    x = Exchange(steps.gate, conn.listener.mode.request_front)
+    intent = request_intent(steps, conn, head, perf_counter_ns())
+    turn: Ticket | None = None  # this request's slot of its client (fairshare.py)
+
+    async def take_turn() -> None:
+        """A fair share: at most N of this client's at once (after DNS: a slow name holds
+        none; docs/proxy.md#fair-share)."""
+        nonlocal turn
+        if conn.owner is not None:
+            turn = steps.turns.try_take(conn.owner)
+            if turn is None:
+                turn = await steps.turns.take(conn.owner)
+
     try:
-        parsed = steps.gate.request_target(head.target)
-        if isinstance(parsed, Refuse):
-            if parsed.where is not None:  # ws:// names a destination: the policy first
-                await _judge_websocket(steps, conn, head, rec, parsed)
-            raise Refused(parsed)
-        target, path, explicit_port = parsed
-        rec.host, rec.port, rec.path = target.host, target.port, path
-        identity = steps.identify(conn, head, rec)
-        _, addrs = await steps.authorize(identity.policy, target, rec)
-        upstream, addr = await steps.pool.acquire(addrs, target.port)
-        conn.upstream = upstream
-        rec.addr = steps.addr_text(addr)
-        steps.opened(conn, rec)
-        request = _Request(head, target, path, explicit_port, addr)
-        return await _exchange(steps, conn, request, upstream, rec)
-    except Refused as refused:
-        if upstream is not None:
-            upstream.close()
-        return answer_refusal(steps, conn, head, rec, refused.refusal)
+        keep = _keeper(steps, head)
+        relay = await drive(steps, conn, x, x.start(intent), keep=keep, before_pooled=take_turn)
+        if relay is None:
+            return _kept(steps, head, x.refusal)
+        upstream = conn.upstream
+        assert upstream is not None
+        assert isinstance(intent.target, Target)
+        request = _Request(head, intent.target, intent.path or "/", intent.explicit_port)
+        return await _exchange(steps, conn, request, upstream, x)
     finally:
         conn.upstream = None
+        if turn is not None:
+            steps.turns.give_back(turn)
 
 
-async def _judge_websocket(
-    steps: Steps, conn: Conn, head: wire.RequestHead, rec: AccessRecord, refusal: Refuse
-) -> None:
-    """A `ws://`/`wss://` request is refused (docs/proxy.md#websocket), but an attempt on a
-    destination the policy refuses is that refusal (403 `block_rule`...), as a curl
-    `Upgrade` request to the same host is; raises `Refused` with it. Returns when the policy
-    may let the destination through, so the caller answers the 400 that says what to do."""
-    assert refusal.where is not None
-    host, port = refusal.where
-    secure = head.target[:6].lower() == "wss://"
-    rec.host, rec.port = host, port
-    try:
-        target = make_target("https" if secure else "http", host, port)
-    except TargetError:
-        return
-    identity = steps.identify(conn, head, rec)
-    early = steps.gate.refuse_early(steps.gate.decide(identity.policy, target))
-    if early is not None:  # no DNS: the 400 is the answer for anything else
-        raise Refused(early)
-
-
-def answer_refusal(
-    steps: Steps, conn: Conn, head: wire.RequestHead, rec: AccessRecord, refusal: Refuse
-) -> bool:
-    """Answer and audit a refused request; True if the client connection may go on."""
-    if refusal.where is not None:  # ws://: name the destination
-        rec.host, rec.port = refusal.where
-    keep = keep_alive_after(
-        refusal,
+def _kept(steps: Steps, head: wire.RequestHead, verdict: Refuse | None) -> bool:
+    """After a refusal: may the client connection go on (`gate.keep_alive_after`)?"""
+    return verdict is not None and keep_alive_after(
+        verdict,
         bodiless=head.framing.kind == "none",
         keep_alive=head.keep_alive,
         closing=steps.closing,
     )
-    steps.answer(conn, rec, refusal, close=not keep)
+
+
+def _keeper(steps: Steps, head: wire.RequestHead) -> Callable[[Refuse], bool]:
+    return lambda verdict: _kept(steps, head, verdict)
+
+
+def answer(
+    steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, refused: Refuse | Refusal
+) -> bool:
+    """Answer a refusal of an exchange under way (a broken body, an upstream that answered
+    nonsense or a 101): answered and recorded by the exchange; True if the client
+    connection may go on."""
+    action = refused if isinstance(refused, Refusal) else x.refuse(refused)
+    keep = _kept(steps, head, action.verdict)
+    refuse(steps, conn, action, close=not keep)
     return keep
 
 
-async def _exchange(
-    steps: Steps, conn: Conn, req: _Request, upstream: Side, rec: AccessRecord
-) -> bool:
+async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: Exchange) -> bool:
     """Send the request, relay the response; True if the client connection may go on."""
     head = req.head
     try:
         out = request_out(head, conn.raw_head, req.target, req.path, req.explicit_port)
     except (ValueError, UnicodeEncodeError) as exc:
-        raise Refused(refuse_request(f"cannot forward request: {exc}")) from None
+        upstream.close()
+        return answer(steps, conn, head, x, refuse_request(f"cannot forward request: {exc}"))
     upstream.write(out)
     body = framer_for(head.framing, 400)
     req_done = conn.side.start_relay(upstream, body) if body is not None else None
     if req_done is not None:
         # a malformed or truncated request body ends the exchange at once
         req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
-    try:
-        resp, resp_raw = await _read_response(conn, head, upstream)
-    except Refused:
-        if req_done is not None:
-            _raise_body_error(req_done)
-        raise
-    keep, out = response_out(steps, head, resp, resp_raw, rec)
-    ok = await _relay_response(conn, resp, upstream, out, rec)
+    got = await _read_response(conn, head, upstream, x)
+    if not isinstance(got, tuple):
+        upstream.close()
+        body_error = _body_error(req_done) if req_done is not None else None
+        return answer(steps, conn, head, x, body_error or got)
+    resp, resp_raw = got
+    keep, out = response_out(steps, head, resp, resp_raw)
+    ok, end = await _relay_response(conn, resp, upstream, out)
     if req_done is not None:
         if not req_done.done():
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
-    return finish_exchange(
-        steps, conn, upstream, resp, rec, keep and ok, ok, req.addr, req.target.port
-    )
+    return finish_exchange(steps, conn, upstream, resp, x, keep and ok, ok, end)
 
 
 def request_out(
@@ -150,14 +194,9 @@ def request_out(
 
 
 def response_out(
-    steps: Steps,
-    head: wire.RequestHead,
-    resp: wire.ResponseHead,
-    resp_raw: bytes,
-    rec: AccessRecord,
+    steps: Steps, head: wire.RequestHead, resp: wire.ResponseHead, resp_raw: bytes
 ) -> tuple[bool, bytes]:
     """(keep-alive so far, the response head to send the client)."""
-    rec.status = resp.status
     keep = head.keep_alive and resp.keep_alive and not steps.closing
     passthrough = keep and head.version == "HTTP/1.1"
     raw = rewrite.passthrough_response_head(resp, resp_raw) if passthrough else None
@@ -176,56 +215,55 @@ def finish_exchange(
     conn: Conn,
     upstream: Side,
     resp: wire.ResponseHead,
-    rec: AccessRecord,
+    x: Exchange,
     keep: bool,
     ok: bool,
-    addr: IPAddress,
-    port: int,
+    end: str | None,
 ) -> bool:
-    """Audit an exchange that ended and pool (or close) its upstream; True if the client
+    """End an exchange (its record) and pool (or close) its upstream; True if the client
     connection may go on."""
     keep = keep and resp.framing.kind != "close"
-    rec.bytes_up = conn.side.bytes_relayed
-    rec.bytes_down = upstream.bytes_relayed
+    up, down = conn.side.bytes_relayed, upstream.bytes_relayed
     conn.side.bytes_relayed = upstream.bytes_relayed = 0
-    rec.finish()
-    steps.emit(rec, "allow", rec.reason or "", rec.rule, None, resp.status)
-    if ok and resp.keep_alive:
-        steps.pool.release(upstream, addr, port)
+    steps.done(x.ended(end, up, down))
+    addr = x.dialed_addr
+    if ok and resp.keep_alive and addr is not None:
+        steps.pool.release(upstream, addr, x.record.port)
     else:
         upstream.close()
     return keep
 
 
 async def _relay_response(
-    conn: Conn, resp: wire.ResponseHead, upstream: Side, head_bytes: bytes, rec: AccessRecord
-) -> bool:
-    """Write the response head and relay its body (one write when it is all buffered)."""
+    conn: Conn, resp: wire.ResponseHead, upstream: Side, head_bytes: bytes
+) -> tuple[bool, str | None]:
+    """Write the response head and relay its body (one write when it is all buffered):
+    (clean, how it was cut short: `upstream_...`, or None)."""
     kind = resp.framing.kind
     if kind == "none":
         conn.side.write(head_bytes)
-        return True
+        return True, None
     if kind == "close":
         conn.side.write(head_bytes)
         with contextlib.suppress(RelayEnded):
             await upstream.start_relay(conn.side, None)
-        return True
+        return True, None
     framer = framer_for(resp.framing, 502)
     if framer is None:  # Content-Length: 0
         conn.side.write(head_bytes)
-        return True
+        return True, None
     try:
         await upstream.start_relay(conn.side, framer, prefix=head_bytes)
     except RelayEnded as exc:
-        rec.end = f"upstream_{exc.reason}"
-        return False
-    return True
+        return False, f"upstream_{exc.reason}"
+    return True, None
 
 
 async def _read_response(
-    conn: Conn, head: wire.RequestHead, upstream: Side
-) -> tuple[wire.ResponseHead, bytes]:
-    """The final response head (1xx relayed on the way) and its exact bytes."""
+    conn: Conn, head: wire.RequestHead, upstream: Side, x: Exchange
+) -> tuple[wire.ResponseHead, bytes] | Refusal | Refuse:
+    """The final response head (1xx relayed on the way) and its exact bytes; else the
+    exchange's refusal (a 101), or the upstream's failure to refuse with."""
     searched = 0
     while True:
         try:
@@ -233,22 +271,22 @@ async def _read_response(
                 upstream.buf, request_method=head.method, searched=searched
             )
         except ProtocolError as exc:
-            raise Refused(refuse_upstream(f"malformed response: {exc}")) from None
+            return refuse_upstream(f"malformed response: {exc}")
         if parsed is not None:
             resp, used = parsed
             raw = bytes(upstream.buf[:used])
             upstream.consume(used)
-            step = response_step(resp.status)
-            if step == "interim":
+            step = x.response(resp.status)
+            if isinstance(step, Refusal):
+                return step
+            if resp.status < 200:  # interim: relayed, and read on
                 conn.side.write(raw)
                 searched = 0
                 continue
-            if isinstance(step, Refuse):
-                raise Refused(step)
             return resp, raw
         searched = len(upstream.buf)
         if not await upstream.read_more():
-            raise Refused(refuse_upstream("upstream closed before a response"))
+            return refuse_upstream("upstream closed before a response")
 
 
 def framer_for(framing: wire.BodyFraming, status: int) -> Framer | None:
@@ -259,16 +297,16 @@ def framer_for(framing: wire.BodyFraming, status: int) -> Framer | None:
     return None
 
 
-def _raise_body_error(req_done: asyncio.Future[None]) -> None:
-    """If the request body relay failed, answer that (400) rather than the upstream's fate."""
+def _body_error(req_done: asyncio.Future[None]) -> Refuse | None:
+    """If the request body relay failed, that is the answer (400), not the upstream's fate."""
     if not req_done.done() or _settle(req_done):
         if not req_done.done():
             _settle(req_done)
-        return
+        return None
     exc = req_done.exception() if not req_done.cancelled() else None
     if isinstance(exc, RelayEnded) and exc.reason == "protocol":
-        raise Refused(refuse_request(f"malformed request body: {exc}"))
-    raise Refused(refuse_request("client closed inside the request body"))
+        return refuse_request(f"malformed request body: {exc}")
+    return refuse_request("client closed inside the request body")
 
 
 def _abort_on_error(fut: asyncio.Future[None], upstream: Side) -> None:
@@ -287,7 +325,7 @@ def _settle(fut: asyncio.Future[None]) -> bool:
 
 
 __all__ = [
-    "answer_refusal",
+    "answer",
     "finish_exchange",
     "framer_for",
     "request_out",

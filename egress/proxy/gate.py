@@ -79,14 +79,6 @@ class Refuse:
         return self.status if self.status is not None else self.reason.status
 
 
-class Refused(Exception):
-    """Carries a `Refuse` out of the shell's nested I/O steps to the one place that answers."""
-
-    def __init__(self, refusal: Refuse) -> None:
-        super().__init__(refusal.detail)
-        self.refusal = refusal
-
-
 HEAD_TIMEOUT: Final = Refuse(Reason.HEAD_TIMEOUT, "request head not received")
 AUDIT_DOWN: Final = Refuse(Reason.AUDIT_UNAVAILABLE, "audit log cannot be written")
 
@@ -383,7 +375,6 @@ __all__ = [
     "Admit",
     "Gate",
     "Refuse",
-    "Refused",
     "SniMissing",
     "admit_client",
     "admit_connection",

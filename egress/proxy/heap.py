@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 SETTLE_AFTER = 0.05  # seconds without a prepare in flight: the burst has ended
 YOUNG = 5_000  # first threshold (CPython's default: 700)
@@ -50,6 +51,9 @@ class Heap:
         self.base = 0  # frozen objects after the last compaction
         self.settled = 0  # how many times the heap was settled (for tests and the bench)
         self.compactions = 0
+        self.longest_ms = 0.0  # the longest settle: the one pause this class makes itself
+        self.longest_cpu_ms = 0.0  # its CPU time (the wall time includes being preempted)
+        self.last_compaction_ms = 0.0
         self._tuned = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -108,14 +112,23 @@ class Heap:
         if gc.get_freeze_count() > 2 * self.base:
             self.compact()
             return
+        start = time.perf_counter(), time.thread_time()
         gc.collect()
         gc.freeze()
-        self.settled += 1
+        self._took(start)
 
     def compact(self) -> None:
+        start = time.perf_counter(), time.thread_time()
         gc.unfreeze()
         gc.collect()
         gc.freeze()
         self.base = gc.get_freeze_count()
         self.compactions += 1
+        self.last_compaction_ms = self._took(start)
+
+    def _took(self, start: tuple[float, float]) -> float:
         self.settled += 1
+        wall = (time.perf_counter() - start[0]) * 1000
+        self.longest_ms = max(self.longest_ms, wall)
+        self.longest_cpu_ms = max(self.longest_cpu_ms, (time.thread_time() - start[1]) * 1000)
+        return wall

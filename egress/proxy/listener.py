@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import TargetError
 from ..policy.target import join_host_port, split_host_port
 from .clients import Identity
+from .modes.kinds import ListenerMode, mode_for
 
 if TYPE_CHECKING:
     from .accept import Acceptor
@@ -50,6 +51,12 @@ class Listener:
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    @property
+    def mode(self) -> ListenerMode:
+        """What it speaks, as an object (`modes/kinds.py`): its front-ends, how a refusal
+        at accept is answered, whether its requests may take the fast path."""
+        return mode_for(self.kind, self.forward_to is not None)
 
     def close(self) -> None:
         if self.acceptor is not None:

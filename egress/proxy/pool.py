@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Sequence
 
 from ..policy.target import IPAddress
-from .gate import Refuse, Refused, refuse_dial
+from .gate import Refuse, refuse_dial
 from .metrics import ProxyMetrics
 from .record import perf_counter_ns, seconds_since
 from .relay import Side
@@ -53,8 +53,11 @@ class UpstreamPool:
         self._held = 0  # idle connections in all
         self.closing = False
 
-    async def dial(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
-        """Connect to the first reachable checked address; raise `Refused` on failure."""
+    async def connect(
+        self, addrs: Sequence[IPAddress], port: int
+    ) -> tuple[Side, IPAddress] | Refuse:
+        """Connect to the first reachable checked address; the last failure's `Refuse` when
+        none answered (an action's outcome, not an exception: docs/architecture.md)."""
         loop = self._loop
         last: Refuse | None = None
         metrics = self.metrics
@@ -68,15 +71,8 @@ class UpstreamPool:
                 return side, addr
             except OSError as exc:  # TimeoutError and ConnectionRefusedError included
                 last = refuse_dial(exc, addr, port)
-        assert last is not None, "dial() needs at least one address"
-        raise Refused(last)
-
-    async def acquire(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress]:
-        """An idle pooled connection to one of the checked `addrs`, or a new one."""
-        found = self.take_idle(addrs, port)
-        if found is not None:
-            return found
-        return await self.dial(addrs, port)
+        assert last is not None, "connect() needs at least one address"
+        return last
 
     def take_idle(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress] | None:
         """An idle pooled connection to one of the checked `addrs`, or None (no waiting)."""

@@ -333,6 +333,7 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
                 if conn.rec is not None:  # docs/audit-log.md#open-and-progress
                     steps.progress(conn, now)
             self.steps.overdue(now)
+            self.steps.turns.expire(now)
             self.steps.flush_refusals()
             self.pool.sweep(now)
             if now >= next_refresh:

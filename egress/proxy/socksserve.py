@@ -16,14 +16,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import TargetError
-from ..policy.target import make_target
+from ..policy.target import Target, make_target
 from ..printable import printable
+from ..reasons import Reason, reason_of
 from . import socks5
 from .clients import Identity
-from .gate import Refused, refuse_request
-from .record import AccessRecord, perf_counter_ns
+from .core.exchange import Exchange
+from .core.intent import Intent
+from .driver import drive
+from .gate import Refuse, refuse_request
+from .modes.socks5 import SOCKS5
+from .record import perf_counter_ns
 from .relay import Side
-from .tunnel import check_sni, relay_tunnel
+from .tunnel import relay_tunnel
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -48,58 +53,45 @@ async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | 
 
 async def serve_socks(steps: Steps, conn: Conn) -> None:
     """Serve one SOCKS5 client connection to its end (the caller closes the sockets)."""
-    rec = AccessRecord(conn.client, "CONNECT", "https", "", 0, perf_counter_ns())
-    rec.mode = "socks5"
+    t0 = perf_counter_ns()
     conn.phase, conn.phase_since = "hello", steps.loop.time()
-    side = conn.side
-    upstream: Side | None = None
+    intent = await _intent(steps, conn, t0)
+    if intent is None:
+        return
+    x = Exchange(steps.gate, SOCKS5)
+    if await drive(steps, conn, x, x.start(intent)) is not None:
+        await relay_tunnel(steps, conn, x)
+
+
+async def _intent(steps: Steps, conn: Conn, t0: int) -> Intent | None:
+    """The handshake as an `Intent` (None: the client went away first); a malformed or
+    unsupported message is a refusal with the codec's reason (and reply, when a request
+    can be answered)."""
+    identity: Identity | None = None
     try:
-        identity = await _handshake(steps, conn, rec)
-        if identity is None:
-            return
-        request = await read_message(side, socks5.parse_request)
-        if request is None:
-            return
-        # a name the agent chose: escaped until normalized, so a raw newline or ANSI escape
-        # never reaches stderr, a summary or on_decision (docs/threat-model.md)
-        rec.host, rec.port = printable(request.host), request.port
-        try:
-            target = make_target("https", request.host, request.port)
-        except TargetError as exc:
-            raise Refused(refuse_request(printable(str(exc)))) from None
-        rec.host = target.host
-        conn.phase, conn.served = "active", True
-        admitted, addrs = await steps.authorize(identity.policy, target, rec)
-        upstream, addr = await steps.pool.dial(addrs, target.port)
-        conn.upstream = upstream
-        rec.addr = steps.addr_text(addr)
-        steps.opened(conn, rec)
-        side.write(socks5.reply(socks5.REP_SUCCEEDED))
-        rec.socks_reply = socks5.REP_SUCCEEDED
-        await check_sni(steps, conn, identity.policy, target, admitted, rec)
+        found = await _authenticate(steps, conn, t0)
+        if found is None or isinstance(found, Intent):
+            return found
+        identity = found
+        return await _request(steps, conn, t0, identity)
     except socks5.SocksError as exc:
         conn.served = True
-        if exc.reply is not None:
-            side.write(socks5.reply(exc.reply))
-            rec.socks_reply = exc.reply
-        rec.finish()
-        steps.emit(rec, "error", exc.reason, None, str(exc), None)
-        return
-    except Refused as refused:
-        r = refused.refusal
-        if rec.socks_reply is None:  # not yet answered (after it: SNI, just close)
-            rec.socks_reply = socks5.reply_for(r.reason.value)
-            side.write(socks5.reply(rec.socks_reply))
-        if upstream is not None:
-            upstream.close()
-        rec.finish()
-        steps.emit(rec, r.decision, r.reason.value, r.rule, r.detail, None)
-        return
-    await relay_tunnel(steps, conn, upstream, rec, status=None)
+        refusal = Refuse(reason_of(exc.reason), str(exc))
+        return Intent(
+            conn.client,
+            "CONNECT",
+            "https",
+            "",
+            0,
+            t0,
+            refusal,
+            identity,
+            answerable=exc.reply is not None,
+        )
 
 
-async def _handshake(steps: Steps, conn: Conn, rec: AccessRecord) -> Identity | None:
-    """Method selection and RFC 1929 credentials; the identity, or None when refused."""
+async def _authenticate(steps: Steps, conn: Conn, t0: int) -> Identity | Intent | None:
+    """Method selection and RFC 1929 credentials: the identity, or a refused intent."""
     side = conn.side
     greeting = await read_message(side, socks5.parse_greeting)
     if greeting is None:
@@ -110,9 +102,12 @@ async def _handshake(steps: Steps, conn: Conn, rec: AccessRecord) -> Identity | 
     side.write(socks5.method_reply(method))
     if method == socks5.METHOD_UNACCEPTABLE:
         conn.served = True
-        steps.emit(rec, "block", "auth_required", None, "SOCKS5 client offered no acceptable "
-                   "authentication method (username/password required)", None)  # fmt: skip
-        return None
+        refusal = Refuse(
+            Reason.AUTH_REQUIRED,
+            "SOCKS5 client offered no acceptable "
+            "authentication method (username/password required)",
+        )
+        return Intent(conn.client, "CONNECT", "https", "", 0, t0, None, refusal, answerable=False)
     authorization = None
     if method == socks5.METHOD_USERPASS:
         creds = await read_message(side, socks5.parse_credentials)
@@ -120,15 +115,41 @@ async def _handshake(steps: Steps, conn: Conn, rec: AccessRecord) -> Identity | 
             return None
         pair = f"{creds.username}:{creds.password}".encode()
         authorization = "Basic " + base64.b64encode(pair).decode("ascii")
-    try:
-        identity = steps.identify_as(conn, authorization, rec)
-    except Refused as refused:
-        conn.served = True
-        if method == socks5.METHOD_USERPASS:
-            side.write(socks5.auth_reply(False))
-        r = refused.refusal
-        steps.emit(rec, r.decision, r.reason.value, None, r.detail, None)
-        return None
+    found = steps.gate.identify_credential(bound, conn.peer, authorization)
+    cap = steps.cap(conn, found)
     if method == socks5.METHOD_USERPASS:
-        side.write(socks5.auth_reply(True))
-    return identity
+        side.write(socks5.auth_reply(isinstance(found, Identity) and cap is None))
+    if isinstance(found, Refuse) or cap is not None:
+        conn.served = True
+        return Intent(
+            conn.client, "CONNECT", "https", "", 0, t0, None, found, cap, answerable=False
+        )
+    return found
+
+
+async def _request(steps: Steps, conn: Conn, t0: int, identity: Identity) -> Intent | None:
+    """The CONNECT request: its target (the gate's own parse of a name the agent chose)."""
+    request = await read_message(conn.side, socks5.parse_request)
+    if request is None:
+        return None
+    conn.phase, conn.served = "active", True
+    # a name the agent chose: escaped until normalized, so a raw newline or ANSI escape
+    # never reaches stderr, a summary or on_decision (docs/threat-model.md)
+    host = printable(request.host)
+    target: Target | Refuse
+    try:
+        target = make_target("https", request.host, request.port)
+    except TargetError as exc:
+        target = refuse_request(printable(str(exc)))
+    audit = steps.audit
+    return Intent(
+        conn.client,
+        "CONNECT",
+        "https",
+        host,
+        request.port,
+        t0,
+        target,
+        identity,
+        audit_ok=audit is None or audit.accepting,
+    )

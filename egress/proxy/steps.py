@@ -1,9 +1,10 @@
-"""The steps every exchange shares: identify, authorize, resolve, answer, record.
+"""What every exchange of one running proxy shares: admission, the audit sinks, emitting.
 
-Shell. `forward.py` (absolute-form HTTP) and `tunnel.py` (CONNECT, forwarders) call these
-between their own I/O: each step asks the pure gate (`gate.py`) and turns a `Refuse` into a
-`Refused` exception, which the exchange hands to `answer`, the one place that writes an
-error response and its audit record (docs/architecture.md#one-request).
+Shell. The order of an exchange's steps is the pure `Exchange`'s (`core/exchange.py`) and
+carrying them out is the driver's (`driver.py`); this holds the proxy-wide state they use:
+connection slots and per-client caps (`admission.py`), open and progress records, the
+refusal tally for connections refused before any exchange, and `emit`, the one place an
+audit record leaves (docs/architecture.md#one-exchange).
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from ..policy.rules import Policy
-from ..policy.target import IPAddress, Target, join_host_port
+from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
-from . import wire
 from .admission import Admitted, Budget, Owner, Slots
 from .clients import Identity, source_address
 from .conn import Conn, Limits, idle_of
-from .gate import AUDIT_DOWN, Admit, Gate, Refuse, Refused, refuse_resolve
+from .core.actions import Done
+from .core.exchange import Exchange, connection_record, emitted, reported, tallied
+from .fairshare import Turns
+from .gate import Gate, Refuse
 from .metrics import BATCH, ProxyMetrics
 from .pool import UpstreamPool
-from .record import AccessRecord, perf_counter_ns, seconds_since
-from .resolve import ResolveError, Resolver
+from .record import AccessRecord, perf_counter_ns
+from .resolve import Resolver
 from .responses import error_response
 from .tally import Tally
 
@@ -90,6 +92,7 @@ class Steps:
         "pool",
         "resolver",
         "slots",
+        "turns",
     )
 
     def __init__(
@@ -130,6 +133,8 @@ class Steps:
             )
         )
         self._refusals: Tally[_Pending] = Tally()
+        # requests in flight per client (fairshare.py, docs/proxy.md#fair-share)
+        self.turns = Turns(loop, limits.max_client_inflight)
         self._addr_texts: dict[IPAddress, str] = {}
 
     # --- admission: a connection belongs to a client from accept (admission.py) --------------
@@ -172,25 +177,12 @@ class Steps:
                 conn.end = End.IDENTIFY_TIMEOUT.value
                 conn.side.close()
 
-    def identify(self, conn: Conn, head: wire.RequestHead, rec: AccessRecord) -> Identity:
-        """The request's client (`gate.identify`), counted against its per-client cap."""
-        return self._counted(conn, self.gate.identify(conn.listener.identity, conn.peer, head), rec)
-
-    def identify_as(self, conn: Conn, authorization: str | None, rec: AccessRecord) -> Identity:
-        """`identify` for a credential given as a `Basic` value (a SOCKS5 password as one)."""
-        found = self.gate.identify_credential(conn.listener.identity, conn.peer, authorization)
-        return self._counted(conn, found, rec)
-
-    def _counted(self, conn: Conn, found: Identity | Refuse, rec: AccessRecord) -> Identity:
-        """The identity, counted against its per-client cap; a SOCKS5 or transparent
-        listener's records say so (`mode`, `orig_dst`: docs/audit-log.md)."""
-        if conn.listener.kind != "http":
-            rec.mode, rec.orig_dst = conn.listener.kind, conn.orig_dst
+    def cap(self, conn: Conn, found: Identity | Refuse) -> Refuse | None:
+        """Count an identified connection against its client's cap (admission.py): None,
+        or the cap's refusal for the exchange to answer (after recording who it was)."""
         if isinstance(found, Refuse):
-            raise Refused(found)
+            return None
         cid = found.client_id
-        rec.identify(cid)
-        rec.policy = found.policy.digest  # docs/policy.md#policy-hash
         if conn.owner != cid and (cid is not None or conn.owner is None):
             owner: Owner = cid
             if cid is None:  # the default client: shared by everyone, so per source
@@ -199,92 +191,20 @@ class Steps:
             if owner != conn.owner:
                 refusal = self.slots.identify(conn, owner)
                 if refusal is not None:
-                    raise Refused(refusal)
+                    return refusal
                 conn.owner = owner
-        return found
+        return None
 
-    async def authorize(
-        self, policy: Policy, target: Target, rec: AccessRecord
-    ) -> tuple[Admit, tuple[IPAddress, ...]]:
-        """Decide, resolve, decide on the addresses; raise `Refused` for any refusal.
-
-        Times head-to-verdict for the metrics (docs/metrics.md)."""
-        gate = self.gate
-        metrics = self.metrics
-        audit = self.audit
-        if audit is not None and not audit.accepting:  # closed mode: docs/audit-log.md
-            raise Refused(AUDIT_DOWN)
-        try:
-            first = gate.decide(policy, target)
-            early = gate.refuse_early(first)
-            if early is not None:
-                raise Refused(early)
-            if first.would is not None:  # kept if the lookup or the dial fails after it
-                rec.admitted(first.reason, first.rule)
-                rec.would, rec.detail = first.would, first.detail
-            if target.ip is not None:
-                addrs: tuple[IPAddress, ...] = (target.ip,)
-            else:
-                addrs = await self.resolve(target.host)
-            verdict = gate.admit(policy, target, first, addrs)
-        finally:
-            if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
-                metrics.decision.observe(seconds_since(rec.t0))
-        if isinstance(verdict, Refuse):
-            raise Refused(verdict)
-        _admitted(verdict, rec)
-        return verdict, addrs
-
-    def authorize_now(
-        self, policy: Policy, target: Target
-    ) -> tuple[Admit, tuple[IPAddress, ...]] | None:
-        """`authorize`'s decisions when nothing needs waiting (the gate's cached verdicts),
-        or None when the name is not in the resolver's cache or the verdict is a refusal:
-        the callback fast path (`fast.py`) then leaves the request to the coroutine path,
-        which decides again and answers. Records nothing: see `authorized_now`."""
-        gate = self.gate
-        audit = self.audit
-        if audit is not None and not audit.accepting:  # the coroutine path refuses it
-            return None
-        first = gate.decide(policy, target)
-        if gate.refuse_early(first) is not None:
-            return None
-        if target.ip is not None:
-            addrs: tuple[IPAddress, ...] = (target.ip,)
-        else:
-            cached = self.resolver.cached(target.host)
-            if cached is None:
-                return None
-            addrs = cached
-        verdict = gate.admit(policy, target, first, addrs)
-        if isinstance(verdict, Refuse):
-            return None
-        return verdict, addrs
-
-    def authorized_now(self, verdict: Admit, target: Target, rec: AccessRecord) -> None:
-        """Record an `authorize_now` verdict as `authorize` does (the record, the metrics)."""
-        metrics = self.metrics
-        if metrics is not None:  # docs/metrics.md
-            if target.ip is None:  # a resolver cache hit: answered without a wait
-                metrics.dns.observe(0.0)
-            metrics.decision.observe(seconds_since(rec.t0))
-        _admitted(verdict, rec)
-
-    def check_audit(self) -> None:
-        """Raise `Refused` (`audit_unavailable`) when the log cannot record what would be
-        served (closed mode); `authorize` does this for every request and tunnel."""
-        audit = self.audit
-        if audit is not None and not audit.accepting:
-            raise Refused(AUDIT_DOWN)
-
-    def opened(self, conn: Conn, rec: AccessRecord) -> None:
-        """The upstream is contacted: write the `open` record (docs/audit-log.md#open-and-
-        progress) before the first byte goes to it; the end record will carry its `id`."""
+    def link(self, conn: Conn, x: Exchange) -> None:
+        """`opened` for an exchange: the `open` record, its id kept by the exchange."""
         audit = self.lifecycle
         if audit is not None:
-            rec.link = audit.opened(rec.opened())
-            rec.reported = self.loop.time()
-            conn.rec = rec
+            x.linked(audit.opened(x.record.opened()), self.loop.time())
+            conn.rec = x.record
+
+    def done(self, done: Done) -> None:
+        """Emit an exchange's final record."""
+        self.emit(done.record, done.decision, done.reason, done.rule, done.detail, done.status)
 
     def progress(self, conn: Conn, now: float) -> None:
         """A `progress` record for a long tunnel or exchange (the sweeper calls this every
@@ -295,7 +215,7 @@ class Steps:
             return
         if now - rec.reported < audit.interim_interval:
             return
-        rec.reported = now
+        reported(rec, now)
         upstream = conn.upstream
         audit.record(
             {
@@ -307,17 +227,6 @@ class Steps:
                 "duration_ms": round((perf_counter_ns() - rec.t0) / 1e6, 3),
             }
         )
-
-    async def resolve(self, host: str) -> tuple[IPAddress, ...]:
-        metrics = self.metrics
-        t0 = perf_counter_ns() if metrics is not None else 0
-        try:
-            return await self.resolver.resolve(host)
-        except (ResolveError, TimeoutError) as exc:
-            raise Refused(refuse_resolve(exc, host)) from None
-        finally:
-            if metrics is not None:
-                metrics.dns.observe(seconds_since(t0))
 
     def addr_text(self, addr: IPAddress) -> str:
         text = self._addr_texts.get(addr)
@@ -352,13 +261,15 @@ class Steps:
         """A record naming the listener, its mode and the client when known; refusal floods
         become one record per client, listener and reason per second (`tally.py`)."""
         listener = conn.listener
-        rec = AccessRecord(conn.client, "-", "", "", 0, perf_counter_ns())
-        rec.listener = join_host_port(listener.host, listener.port)
-        rec.mode = "forward" if listener.forward_to is not None else listener.kind
-        rec.end = end
         owner = conn.owner
-        if owner is not None:
-            rec.identify(owner if isinstance(owner, str) else None)
+        rec = connection_record(
+            conn.client,
+            perf_counter_ns(),
+            join_host_port(listener.host, listener.port),
+            "forward" if listener.forward_to is not None else listener.kind,
+            end,
+            owner,
+        )
         who = owner if owner is not None else _source(conn)
         key = (id(listener), who, reason)
         now = self.loop.time()
@@ -368,7 +279,7 @@ class Steps:
     def _write_pending(self, pending: _Pending, count: int) -> None:
         rec, reason, detail, status = pending
         if count > 1:
-            rec.count = count
+            tallied(rec, count)
             detail = f"{detail} ({count} in one second, this the last)"
         self.emit(rec, "error", reason, None, detail, status)
 
@@ -376,20 +287,6 @@ class Steps:
         """Write the counted refusals whose second has ended (the sweeper; stop)."""
         for pending, count in self._refusals.due(self.loop.time(), everything=everything):
             self._write_pending(pending, count)
-
-    def answer(self, conn: Conn, rec: AccessRecord, refusal: Refuse, close: bool = True) -> None:
-        """Write the refusal (unless the tunnel is already open) and audit it."""
-        status: int | None
-        if rec.status == 200 and rec.method == "CONNECT":
-            status = 200  # refused after the tunnel opened (SNI): close, nothing to say
-        else:
-            status, data = error_response(
-                refusal.reason, refusal.detail, status=refusal.status, close=close
-            )
-            conn.side.write(data)
-        rec.finish()
-        reason = refusal.reason.value  # a plain str in the event, as before the enum
-        self.emit(rec, refusal.decision, reason, refusal.rule, refusal.detail, status)
 
     def emit(
         self,
@@ -401,7 +298,7 @@ class Steps:
         status: int | None,
     ) -> None:
         event = rec.event(decision, reason, rule, detail, status)
-        rec.link = 0  # ended: no more progress records
+        emitted(rec)  # ended: no more progress records
         if self.audit is not None:
             self.audit.record(event)
         metrics = self.metrics
@@ -424,12 +321,6 @@ class Steps:
 def _source(conn: Conn) -> object:
     peer = conn.peer
     return ("source", peer[0] if isinstance(peer, tuple) and peer else conn.client)
-
-
-def _admitted(verdict: Admit, rec: AccessRecord) -> None:
-    rec.admitted(verdict.reason, verdict.rule)
-    if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
-        rec.would, rec.detail = verdict.would, verdict.detail
 
 
 __all__ = ["AuditSink", "LifecycleSink", "Steps"]

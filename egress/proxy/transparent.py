@@ -31,13 +31,18 @@ from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError, TargetError
 from ..policy.target import Target, make_target, split_host_port
-from ..reasons import End, Reason
+from ..reasons import Reason
 from .clients import Identity
 from .conn import read_head
+from .core.exchange import Exchange, probe_record
+from .core.intent import Intent
+from .driver import drive, read_hello
 from .forward import serve_request
-from .gate import Refuse, Refused, refuse_head, refuse_request
-from .record import AccessRecord, perf_counter_ns
-from .tunnel import read_hello, relay_tunnel, report_would_block
+from .gate import Refuse, refuse_head, refuse_request
+from .modes.transparent import TRANSPARENT
+from .record import perf_counter_ns
+from .sni import ClientHelloResult
+from .tunnel import relay_tunnel
 
 if TYPE_CHECKING:
     from .conn import Conn
@@ -77,9 +82,11 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
     dst = original_dst(conn)
     if dst is None:
         conn.served = True
-        rec = _record(steps, conn, "", 0)
-        _reset(steps, conn, rec, Refuse(Reason.NOT_REDIRECTED, "no original destination "
-                                        "(not a redirected connection)"))  # fmt: skip
+        refusal = Refuse(
+            Reason.NOT_REDIRECTED, "no original destination (not a redirected connection)"
+        )
+        x = Exchange(steps.gate, TRANSPARENT)
+        await drive(steps, conn, x, x.start(_intent(conn, "", 0, refusal, None)))
         return
     addr, port = dst
     conn.orig_dst = f"{addr}:{port}"
@@ -99,11 +106,10 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
 def _probed(steps: Steps, conn: Conn, identity: Identity) -> None:
     """`prepare_execution`'s probe of this listener: a lifecycle record (method PROBE), not
     a request the agent made (docs/audit-log.md#sandbox-records); the connection is closed."""
-    rec = AccessRecord(conn.client, "PROBE", "tcp", *conn.listener.address, perf_counter_ns())
-    rec.mode, rec.orig_dst = "transparent", conn.orig_dst
-    rec.identify(identity.client_id)
     conn.side.close()
-    rec.finish()
+    rec = probe_record(
+        conn.client, conn.listener.address, perf_counter_ns(), conn.orig_dst, identity.client_id
+    )
     detail = "prepare_execution's probe of the transparent listener"
     event = rec.event("allow", Reason.LISTENER_PROBE.value, None, detail)
     if steps.audit is not None:  # not a request: no metrics, not in the execution summary
@@ -112,27 +118,39 @@ def _probed(steps: Steps, conn: Conn, identity: Identity) -> None:
         hook(event)
 
 
-def _record(steps: Steps, conn: Conn, host: str, port: int) -> AccessRecord:
-    rec = AccessRecord(conn.client, "CONNECT", "https", host, port, perf_counter_ns())
-    rec.mode, rec.orig_dst = "transparent", conn.orig_dst
-    return rec
+def _intent(
+    conn: Conn,
+    host: str,
+    port: int,
+    target: Target | Refuse,
+    identity: Identity | None,
+    cap: Refuse | None = None,
+    hello: ClientHelloResult | None = None,
+    *,
+    hello_first: bool = False,
+) -> Intent:
+    """A redirected connection as an intent: a CONNECT to `host:port`, the listener's client."""
+    return Intent(
+        conn.client,
+        "CONNECT",
+        "https",
+        host,
+        port,
+        perf_counter_ns(),
+        target,
+        identity,
+        cap,
+        orig_dst=conn.orig_dst,
+        hello=hello,
+        hello_first=hello_first,
+    )
 
 
 async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, port: int) -> None:
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
-    rec = _record(steps, conn, host, port)
     conn.phase, conn.served = "active", True
-    try:
-        identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
-        target = _target(host, port)
-        _, addrs = await steps.authorize(identity.policy, target, rec)
-        conn.upstream, addr = await steps.pool.dial(addrs, target.port)
-        rec.addr = steps.addr_text(addr)
-        steps.opened(conn, rec)
-    except Refused as refused:
-        _reset(steps, conn, rec, refused.refusal)
-        return
-    await relay_tunnel(steps, conn, conn.upstream, rec, status=None)
+    cap = steps.cap(conn, identity)  # the listener's client; per-client cap
+    await _exchange(steps, conn, _intent(conn, host, port, _target(host, port), identity, cap))
 
 
 async def _serve_tls(
@@ -140,47 +158,30 @@ async def _serve_tls(
 ) -> None:
     """TLS: judged by the ClientHello's SNI; without one, by the fake-IP name (or address)
     under the `sni_missing` option. The ClientHello is then relayed unchanged."""
-    rec = _record(steps, conn, fallback, port)
     conn.served = True  # recorded however it ends (a silent client: hello_timeout, then reset)
-    try:
-        identity = steps.identify_as(conn, None, rec)  # the listener's; per-client cap
-        hello = await read_hello(steps, conn)
-        if hello is not None and hello.kind == "malformed":
-            raise Refused(Refuse(Reason.SNI_MISMATCH, "malformed TLS ClientHello"))
+    cap = steps.cap(conn, identity)  # the listener's client; per-client cap
+    hello = await read_hello(steps, conn) if cap is None else None
+    target: Target | Refuse
+    if hello is not None and hello.kind == "malformed":
+        target = Refuse(Reason.SNI_MISMATCH, "malformed TLS ClientHello")
+    else:
         sni = hello.sni if hello is not None and hello.kind == "tls" else None
-        if sni is not None:
-            rec.sni = sni
         target = _target(sni or fallback, port)
-        rec.host = target.host
-        admitted, addrs = await steps.authorize(identity.policy, target, rec)
-        if sni is None:  # the gate's SNI verdict: only the no-SNI rule applies (SNI = name)
-            verdict = steps.gate.sni(identity.policy, target, admitted, hello)
-            if isinstance(verdict, Refuse):
-                report_would_block(identity.policy.report_only, rec, verdict)
-        conn.upstream, addr = await steps.pool.dial(addrs, target.port)
-        rec.addr = steps.addr_text(addr)
-        steps.opened(conn, rec)
-    except Refused as refused:
-        _reset(steps, conn, rec, refused.refusal)
-        return
-    await relay_tunnel(steps, conn, conn.upstream, rec, status=None)
+    intent = _intent(conn, fallback, port, target, identity, cap, hello, hello_first=True)
+    await _exchange(steps, conn, intent)
 
 
-def _target(host: str, port: int) -> Target:
+async def _exchange(steps: Steps, conn: Conn, intent: Intent) -> None:
+    x = Exchange(steps.gate, TRANSPARENT)
+    if await drive(steps, conn, x, x.start(intent)) is not None:
+        await relay_tunnel(steps, conn, x)
+
+
+def _target(host: str, port: int) -> Target | Refuse:
     try:
         return make_target("https", host, port)
     except TargetError as exc:
-        raise Refused(refuse_request(str(exc))) from None
-
-
-def _reset(steps: Steps, conn: Conn, rec: AccessRecord, refusal: Refuse) -> None:
-    """Refuse a tunnel: reset the client connection, audit the refusal."""
-    conn.side.abort()  # RST: there is no protocol to answer in
-    if conn.upstream is not None:
-        conn.upstream.close()
-    rec.end = End.RESET.value
-    rec.finish()
-    steps.emit(rec, refusal.decision, refusal.reason.value, refusal.rule, refusal.detail, None)
+        return refuse_request(str(exc))
 
 
 async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> None:
@@ -197,8 +198,12 @@ async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> Non
         conn.phase, conn.served = "active", True
         absolute = absolute_form(head.target, head.get("host"), fallback, port)
         if head.method == "CONNECT" or absolute is None:
-            steps.refuse_now(conn, refuse_request(f"unsupported request target "
-                             f"{head.target[:100]!r} on a transparent connection"))  # fmt: skip
+            steps.refuse_now(
+                conn,
+                refuse_request(
+                    f"unsupported request target {head.target[:100]!r} on a transparent connection"
+                ),
+            )
             return
         keep = await serve_request(steps, conn, replace(head, target=absolute))
         conn.phase, conn.phase_since = "idle", steps.loop.time()

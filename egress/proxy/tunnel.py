@@ -1,10 +1,11 @@
 """CONNECT tunnels and framework-route forwarders: byte relays between two sockets.
 
-Shell. `serve_tunnel` carries out what the gate decided for a CONNECT: answer `200`, check
-the TLS ClientHello's SNI when the gate wants it, then relay both directions until they end
-(flow control and half-close live in `relay.Side`). `serve_forwarder` relays a forwarder
-listener's connection to its framework route. Each ends in one audit record whose `end` says
-how the tunnel ended (`reasons.End`).
+Shell. `serve_tunnel` is the CONNECT front-end: it turns the request head into an `Intent`
+(the gate's target and identity) and lets the driver carry out the exchange (`driver.drive`:
+decide, resolve, dial, `200`, the SNI check); `serve_forwarder` does the same for a
+forwarder listener's connection to its framework route. `relay_tunnel` then relays both
+directions until they end (flow control and half-close live in `relay.Side`) and hands the
+exchange how the tunnel ended (`reasons.End`) for its one record.
 """
 
 from __future__ import annotations
@@ -12,103 +13,56 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..policy.target import parse_ip_literal
-from ..reasons import End, Reason
+from ..reasons import End
 from . import wire
-from .gate import Admit, Refuse, Refused
-from .record import AccessRecord, perf_counter_ns
-from .relay import RelayEnded, Side
-from .responses import CONNECT_OK
-from .sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
+from .core.exchange import Exchange
+from .core.intent import Intent
+from .driver import drive
+from .gate import Refuse
+from .modes.connect import CONNECT
+from .modes.forwarder import FORWARDER
+from .record import perf_counter_ns
+from .relay import RelayEnded
 
 if TYPE_CHECKING:
-    from ..policy.rules import Policy
-    from ..policy.target import Target
     from .conn import Conn
     from .steps import Steps
 
 
 async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:
-    """One CONNECT: target, identity, verdict, dial, `200`, SNI check, relay, record."""
-    rec = AccessRecord(conn.client, "CONNECT", "https", head.target, 0, perf_counter_ns())
-    upstream: Side | None = None
-    try:
-        target = steps.gate.connect_target(head.target)
-        if isinstance(target, Refuse):
-            raise Refused(target)
-        rec.host, rec.port = target.host, target.port
-        identity = steps.identify(conn, head, rec)
-        admitted, addrs = await steps.authorize(identity.policy, target, rec)
-        upstream, addr = await steps.pool.dial(addrs, target.port)
-        conn.upstream = upstream
-        rec.addr = steps.addr_text(addr)
-        steps.opened(conn, rec)
-        conn.side.write(CONNECT_OK)
-        rec.status = 200
-        await check_sni(steps, conn, identity.policy, target, admitted, rec)
-    except Refused as refused:
-        steps.answer(conn, rec, refused.refusal)
-        if upstream is not None:
-            upstream.close()
-        return
-    await relay_tunnel(steps, conn, upstream, rec)
-
-
-async def check_sni(
-    steps: Steps, conn: Conn, policy: Policy, target: Target, admitted: Admit, rec: AccessRecord
-) -> None:
-    """The TLS SNI check of an open tunnel (docs/proxy.md#tls-sni-check), where the gate wants
-    one: read the ClientHello, record its SNI, and refuse (or, report-only, record) what the
-    policy would not allow. Shared by CONNECT and SOCKS5."""
-    if not steps.gate.wants_sni(policy, target):
-        return
-    hello = await read_hello(steps, conn)
-    if hello is not None and hello.sni is not None and hello.kind == "tls":
-        rec.sni = hello.sni
-    verdict = steps.gate.sni(policy, target, admitted, hello)
-    if isinstance(verdict, Refuse):
-        report_would_block(policy.report_only, rec, verdict)
-
-
-def report_would_block(report_only: bool, rec: AccessRecord, verdict: Refuse) -> None:
-    """An SNI refusal: raised, or under report-only the tunnel goes on and the record says
-    what would have happened (the first would-be refusal: the policy's, else the SNI
-    check's; docs/audit-log.md#report-only-fields). Shared by CONNECT, SOCKS5, transparent."""
-    if not report_only:
-        raise Refused(verdict)
-    if rec.would is None:
-        rec.would, rec.reason, rec.rule = "block", verdict.reason.value, None
-        rec.detail = f"report-only, would block: {verdict.detail}"
-
-
-async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
-    """The tunnel's first bytes as a ClientHello (None: the client sent none and closed);
-    the sweeper ends this wait after the head timeout (`hello_timeout`)."""
-    side = conn.side
-    conn.phase, conn.phase_since = "hello", steps.loop.time()
-    side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
-    while True:
-        hello = parse_client_hello(side.buf)
-        if hello is not None or not await side.read_more():
-            break
-    side.max_buffer = steps.limits.max_head
-    conn.phase = "active"
-    return hello
-
-
-async def relay_tunnel(
-    steps: Steps,
-    conn: Conn,
-    upstream: Side | None,
-    rec: AccessRecord,
-    status: int | None = 200,
-) -> None:
-    """Relay both directions until both end (or one fails), then write the record
-    (`status` None: SOCKS5 and transparent tunnels have no HTTP status)."""
-    assert upstream is not None
-    conn.relaying = (
-        rec  # re-judged if its client's policy changes (docs/policy.md#live-policy-changes)
+    """One CONNECT: target, identity, then the exchange (verdict, dial, `200`, SNI, relay)."""
+    t0 = perf_counter_ns()
+    gate = steps.gate
+    target = gate.connect_target(head.target)
+    identity = cap = None
+    if not isinstance(target, Refuse):
+        identity = gate.identify(conn.listener.identity, conn.peer, head)
+        cap = steps.cap(conn, identity)
+    audit = steps.audit
+    intent = Intent(
+        conn.client,
+        "CONNECT",
+        "https",
+        head.target,
+        0,
+        t0,
+        target,
+        identity,
+        cap,
+        audit_ok=audit is None or audit.accepting,
     )
+    x = Exchange(gate, CONNECT)
+    if await drive(steps, conn, x, x.start(intent)) is not None:
+        await relay_tunnel(steps, conn, x)
+
+
+async def relay_tunnel(steps: Steps, conn: Conn, x: Exchange) -> None:
+    """Relay both directions until both end (or one fails), then end the exchange with how
+    it ended and the bytes each way, and write its record."""
+    upstream = conn.upstream
+    assert upstream is not None
+    # re-judged if its client's policy changes (docs/policy.md#live-policy-changes)
+    conn.relaying = x.record
     metrics = steps.metrics
     if metrics is not None:
         metrics.open_tunnels += 1
@@ -130,37 +84,30 @@ async def relay_tunnel(
     if end == End.LOST.value and gone is not None:
         end = End.CLIENT_CLOSED.value if gone == "client" else End.UPSTREAM_CLOSED.value
     upstream.close()
-    rec.bytes_up = conn.side.bytes_relayed
-    rec.bytes_down = upstream.bytes_relayed
-    rec.end = end
-    rec.finish()
-    steps.emit(rec, "allow", rec.reason or "", rec.rule, None, status)
+    steps.done(x.ended(end, conn.side.bytes_relayed, upstream.bytes_relayed))
 
 
 async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int]) -> None:
-    """A forwarder connection: relay it to the listener's framework route."""
+    """A forwarder connection: relay it to the listener's framework route. No `policy`
+    hash in its records: the route decides, not a policy the log ever recorded
+    (docs/audit-log.md#request-records)."""
     host, port = forward_to
-    rec = AccessRecord(conn.client, "FORWARD", "tcp", host, port, perf_counter_ns())
-    bound = conn.listener.identity
-    rec.identify(bound.client_id if bound is not None else None)
-    # no `policy` hash: the route decides, not a policy the log ever recorded
-    # (docs/audit-log.md#request-records)
     conn.phase, conn.served = "active", True
-    try:
-        steps.check_audit()
-        ip = parse_ip_literal(host)
-        addrs = (ip,) if ip is not None else await steps.resolve(host)
-        upstream, addr = await steps.pool.dial(addrs, port)
-    except Refused as refused:
-        rec.finish()
-        r = refused.refusal
-        steps.emit(rec, r.decision, r.reason.value, None, r.detail, None)
-        return
-    conn.upstream = upstream
-    rec.addr = steps.addr_text(addr)
-    steps.opened(conn, rec)
-    rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{host}:{port}")
-    await relay_tunnel(steps, conn, upstream, rec)
+    audit = steps.audit
+    intent = Intent(
+        conn.client,
+        "FORWARD",
+        "tcp",
+        host,
+        port,
+        perf_counter_ns(),
+        None,
+        conn.listener.identity,
+        audit_ok=audit is None or audit.accepting,
+    )
+    x = Exchange(steps.gate, FORWARDER)
+    if await drive(steps, conn, x, x.start(intent)) is not None:
+        await relay_tunnel(steps, conn, x)
 
 
 async def _both_or_failure(a: asyncio.Future[None], b: asyncio.Future[None]) -> None:
@@ -195,4 +142,4 @@ def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
     return reasons[0] if reasons else End.EOF.value
 
 
-__all__ = ["read_hello", "relay_tunnel", "report_would_block", "serve_forwarder", "serve_tunnel"]
+__all__ = ["relay_tunnel", "serve_forwarder", "serve_tunnel"]

@@ -1,7 +1,8 @@
 """Helper-container mode: for hosts whose process cannot enter the container's namespace.
 
 ONE container run per operation (docs/netcut.md#helper-mode). A `--rm -i` container joins the
-target's network namespace (`--network container:ID`) and runs /bin/sh reading commands from
+target's network namespace (`--network container:ID`; containerd's `ctr run`, which has no such
+option, joins it by the task's `/proc/PID/ns/net`) and runs /bin/sh reading commands from
 its stdin; netcut talks to that shell: it sends the state dump, plans on the host from the
 answer (flow.py, the same algorithm as direct mode), sends the cut, then the probe, and closes
 stdin. Each request ends with a marker carrying a random token and the exit status, so the

@@ -93,11 +93,14 @@ async def test_agent_run_behind_the_proxy(
     assert isinstance(outputs, list)
     assert outputs[:3] == ["200", "403", "000"], result
     assert outputs[3] not in ("000", "403"), result  # the model endpoint answered
-    [routes] = result["prepared"]  # type: ignore[misc]
+    routes, reopen = result["prepared"]  # type: ignore[misc]
     assert routes == [result["endpoint"]]
-    assert [s.path for s in scene.origin.seen] == ["/setup", "/agent"]
+    # prepare_execution(None) after the run: released, the cut restored, online again
+    assert reopen is None
+    assert result["reopened"] == "200"
+    assert [s.path for s in scene.origin.seen] == ["/setup", "/agent", "/setup/again"]
     records = [json.loads(line) for line in audit.read_text().splitlines()]
-    judged = [(r["method"], r["host"], r["decision"]) for r in records if "method" in r]
+    judged = [(r["method"], r["host"], r["decision"]) for r in records if "decision" in r]
     assert ("GET", "allowed.test", "allow") in judged
     assert ("GET", "blocked.test", "block") in judged
     assert any(m == "FORWARD" for m, _, _ in judged)  # the endpoint, through its forwarder

@@ -86,6 +86,12 @@ async def main() -> None:
     try:
         async with Agent(config) as agent:
             trace = await agent.run(FetchTask(TaskData(prompt="fetch")), runtime=runtime)
+        # verifiers' "reopen for trusted work": released, the cut restored
+        await runtime.prepare_execution(None)
+        again = SPEC["setup_url"] + "/again"
+        reopened = await runtime.run(
+            ["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}", again], {}
+        )
     finally:
         await runtime.stop()
     print(json.dumps({
@@ -95,6 +101,7 @@ async def main() -> None:
         "outputs": scripted_harness.OUTPUTS,
         "prepared": PREPARED,
         "endpoint": scripted_harness.SEEN.get("endpoint"),
+        "reopened": reopened.stdout,
     }))  # fmt: skip
 
 

@@ -64,6 +64,7 @@ async def test_a_burst_leaves_a_small_heap_for_full_collections(state_dir: str) 
         walked = len(gc.get_objects())
         assert walked < WALKED_AFTER_BURST, f"a full collection walks {walked} objects"
         assert gc.get_freeze_count() > frozen, "the burst's sandboxes were frozen"
+        assert proxy.heap.longest_ms > 0, "the settle's own pause is measured"
         await asyncio.gather(*(release_execution(proxy, ex, restore=True) for ex in executions))
     finally:
         await proxy.stop()

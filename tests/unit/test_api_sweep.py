@@ -111,6 +111,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "max_client_connections": "count?",
             "max_unidentified": "count",
             "identify_timeout": "number",
+            "max_client_inflight": "count?",
         },
     ),
     "AddressGuard": (

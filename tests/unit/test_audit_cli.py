@@ -318,8 +318,12 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
     a file the child has read to its end. (Rotations faster than the reader: the in-process
     test above.)"""
     path = tmp_path / "audit.jsonl"
+    # SIGINT is how the test stops it, so the child restores Python's handler: a test run
+    # started in the background by a non-interactive shell has SIGINT ignored, and that
+    # is inherited (the child then never stopped, and the test waited for it in vain).
     script = textwrap.dedent("""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from egress.audit.cli import audit_main
         sys.exit(audit_main(sys.argv[1:]))
     """)

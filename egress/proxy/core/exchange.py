@@ -67,12 +67,14 @@ class Exchange:
     """One request, tunnel or forwarded connection, from its intent to its record."""
 
     __slots__ = (
+        "_addr",
         "_admitted",
         "_answerable",
         "_first",
         "_hello",
         "_hello_first",
         "_identity",
+        "_refusal",
         "_target",
         "front",
         "gate",
@@ -92,6 +94,23 @@ class Exchange:
         self._hello: ClientHelloResult | None = None
         self._hello_first = False
         self._answerable = True
+        self._refusal: Verdict | None = None
+        self._addr: IPAddress | None = None
+
+    @property
+    def refusal(self) -> Verdict | None:
+        """The verdict it was refused with, if it was."""
+        return self._refusal
+
+    @property
+    def dialed_addr(self) -> IPAddress | None:
+        """The checked address it was connected to (a pooled upstream goes back under it)."""
+        return self._addr
+
+    @property
+    def decided(self) -> bool:
+        """True once the policy judged the target (the metrics time head-to-verdict)."""
+        return self._first is not None
 
     # -- the legal sequence ------------------------------------------------------------------
     def _move(self, event: str, to: State) -> None:
@@ -132,6 +151,8 @@ class Exchange:
             return self._refuse("start", target)
         if isinstance(identity, Verdict):
             return self._refuse("start", identity)
+        if intent.cap is not None:
+            return self._refuse("start", intent.cap)
         if identity is None or target is None:
             raise SequenceError("exchange: an intent without its identity or target")
         self._identity, self._target = identity, target
@@ -141,6 +162,11 @@ class Exchange:
         early = self.gate.refuse_early(first)
         if early is not None:
             return self._refuse("start", early)
+        then = intent.then
+        if then is not None:  # ws://: the policy had its say, now the 400
+            if then.where is not None:
+                rec.host, rec.port = then.where
+            return self._refuse("start", then)
         if first.would is not None:  # kept if the lookup or the dial fails after it
             rec.admitted(first.reason, first.rule)
             rec.would, rec.detail = first.would, first.detail
@@ -158,11 +184,13 @@ class Exchange:
         self._check("resolve_failed")
         return self._refuse("resolve_failed", refuse_resolve(err, self.record.host))
 
-    def dial_failed(self, err: BaseException | Verdict, addr: IPAddress) -> Refuse:
-        """No address answered: `err` is the last failure at `addr` (or the pool's own
-        refusal)."""
+    def dial_failed(self, err: BaseException | Verdict, addr: IPAddress | None = None) -> Refuse:
+        """No address answered: `err` is the last failure, at `addr` (or the pool's own
+        refusal, which names its address)."""
         self._check("dial_failed")
         if not isinstance(err, Verdict):
+            if addr is None:
+                raise SequenceError("exchange: dial_failed needs the address that failed")
             err = refuse_dial(err, addr, self.record.port)
         return self._refuse("dial_failed", err)
 
@@ -170,6 +198,7 @@ class Exchange:
         """Connected to `addr` (`text`: its spelling, when the driver caches them)."""
         self._check("dialed")
         rec = self.record
+        self._addr = addr
         rec.addr = text if text is not None else str(addr)
         front = self.front
         if front.shape == "route":
@@ -308,6 +337,7 @@ class Exchange:
     def _refuse(self, event: str, verdict: Verdict, now: int | None = None) -> Refuse:
         rec = self.record
         front = self.front
+        self._refusal = verdict
         answered = self.state in (State.HELLO, State.RELAYING) and front.ok is not None
         unanswerable = answered or not self._answerable
         answer: Answer = CLOSE if unanswerable else front.answer(verdict.reason)
@@ -330,4 +360,53 @@ class Exchange:
         return Refuse(verdict, answer, done)
 
 
-__all__ = ["TRANSITIONS", "Exchange", "SequenceError", "State"]
+# -- records outside an exchange's sequence: still written here, and only here ----------------
+def connection_record(
+    client: str, t0: int, listener: str, mode: str, end: str | None, owner: object
+) -> AccessRecord:
+    """A connection closed or refused before any exchange (docs/audit-log.md): it names the
+    listener, its mode and the client when known (`owner`: a client id, or a source)."""
+    rec = AccessRecord(client, "-", "", "", 0, t0)
+    rec.listener, rec.mode, rec.end = listener, mode, end
+    if owner is not None:
+        rec.identify(owner if isinstance(owner, str) else None)
+    return rec
+
+
+def probe_record(
+    client: str, where: tuple[str, int], t0: int, orig_dst: str | None, client_id: str | None
+) -> AccessRecord:
+    """`prepare_execution`'s probe of a transparent listener (method PROBE), ended."""
+    rec = AccessRecord(client, "PROBE", "tcp", where[0], where[1], t0)
+    rec.mode, rec.orig_dst = "transparent", orig_dst
+    rec.identify(client_id)
+    rec.finish()
+    return rec
+
+
+def tallied(rec: AccessRecord, count: int) -> None:
+    """A refusal that stands for `count` of them (`tally.py`)."""
+    rec.count = count
+
+
+def reported(rec: AccessRecord, now: float) -> None:
+    """A `progress` record was written at loop time `now`."""
+    rec.reported = now
+
+
+def emitted(rec: AccessRecord) -> None:
+    """The record was emitted: no more progress records for it."""
+    rec.link = 0
+
+
+__all__ = [
+    "TRANSITIONS",
+    "Exchange",
+    "SequenceError",
+    "State",
+    "connection_record",
+    "emitted",
+    "probe_record",
+    "reported",
+    "tallied",
+]

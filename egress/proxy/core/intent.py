@@ -88,7 +88,9 @@ class Intent:
     t0: int  # perf_counter_ns() when the exchange began
     target: Target | Refuse | None
     identity: Identity | Refuse | None
+    cap: Refuse | None = None  # the per-client cap refused the identified client
     path: str | None = None
+    explicit_port: bool = False  # the request's URL named its port (the `Host` sent on)
     orig_dst: str | None = None
     # transparent TLS reads the ClientHello before deciding (its SNI is the name)
     hello: ClientHelloResult | None = None
@@ -97,6 +99,9 @@ class Intent:
     # False: the handshake has not reached the point where the mode's protocol can answer
     # (a SOCKS5 client refused at authentication gets the RFC 1929 answer, no RFC 1928 reply)
     answerable: bool = True
+    # refused after the verdict on the name, unless the policy refuses first: a `ws://`
+    # request names a destination the policy judges before its 400 (docs/proxy.md#websocket)
+    then: Refuse | None = None
 
 
 __all__ = ["CLOSE", "NEVER_REFUSED", "RESET", "Answer", "Front", "Intent", "Shape", "Style"]

@@ -28,13 +28,19 @@ class ListenerMode:
     fronts: tuple[Front, ...]
     answers_at_accept: bool
     fast_path: bool  # kept-alive requests may be served from callbacks (docs/architecture.md)
+    # the front-end of its HTTP requests (a transparent listener's port 80 records its mode)
+    request_front: Front = HTTP
 
 
 PROXY: Final = ListenerMode("http", (HTTP, CONNECT), answers_at_accept=True, fast_path=True)
 ROUTE: Final = ListenerMode("forward", (FORWARDER,), answers_at_accept=False, fast_path=False)
 SOCKS: Final = ListenerMode("socks5", (SOCKS5,), answers_at_accept=False, fast_path=False)
 REDIRECTED: Final = ListenerMode(
-    "transparent", (TRANSPARENT, TRANSPARENT_HTTP), answers_at_accept=False, fast_path=False
+    "transparent",
+    (TRANSPARENT, TRANSPARENT_HTTP),
+    answers_at_accept=False,
+    fast_path=False,
+    request_front=TRANSPARENT_HTTP,
 )
 RESOLVER: Final = ListenerMode("dns", (DNS,), answers_at_accept=False, fast_path=False)
 MODES: Final = {m.name: m for m in (PROXY, SOCKS, REDIRECTED, RESOLVER)}

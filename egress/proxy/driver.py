@@ -1,0 +1,129 @@
+"""The async driver: carries out an `Exchange`'s actions on a connection's coroutine.
+
+Shell. The exchange (`core/exchange.py`, pure) decides what comes next; this is the one place
+that turns its actions into I/O for every front-end: resolve (with the DNS timings), dial
+(never raising: the pool returns a refusal), the `ReplyOk` and refusals rendered by the
+answer's style (an HTTP response, an RFC 1928 reply, a reset, a close), the ClientHello
+read, and the record emitted at the end (docs/architecture.md#one-exchange).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from . import socks5 as socks5_codec
+from .core.actions import Action, Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from .core.exchange import Exchange
+from .core.intent import Answer
+from .gate import Refuse as Verdict
+from .modes.http import render_refusal
+from .record import perf_counter_ns, seconds_since
+from .resolve import ResolveError
+from .responses import CONNECT_OK
+from .sni import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
+
+if TYPE_CHECKING:
+    from .conn import Conn
+    from .steps import Steps
+
+
+async def drive(
+    steps: Steps,
+    conn: Conn,
+    x: Exchange,
+    action: Action,
+    keep: Callable[[Verdict], bool] | None = None,
+    before_pooled: Callable[[], Awaitable[None]] | None = None,
+) -> Relay | None:
+    """Carry out `action` and the ones after it until the exchange relays (the `Relay` is
+    returned: the caller relays) or ended (None: answered, recorded). `keep`: whether the
+    client connection survives a refusal (requests: `gate.keep_alive_after`);
+    `before_pooled`: awaited before a request's upstream is taken (its client's fair
+    share, docs/proxy.md#fair-share)."""
+    timed = False
+    metrics = steps.metrics
+    while True:
+        if isinstance(action, Resolve):
+            action = await _resolve(steps, x, action)
+            continue
+        if not timed and x.decided:
+            timed = True
+            if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
+                metrics.decision.observe(seconds_since(x.record.t0))
+        if isinstance(action, Dial):
+            if action.pooled and before_pooled is not None:
+                await before_pooled()
+            pool = steps.pool
+            idle = pool.take_idle(action.addrs, action.port) if action.pooled else None
+            found = idle if idle is not None else await pool.connect(action.addrs, action.port)
+            if isinstance(found, tuple):
+                conn.upstream, addr = found
+                action = x.dialed(addr, steps.addr_text(addr))
+                steps.link(conn, x)
+            else:
+                action = x.dial_failed(found)
+        elif isinstance(action, ReplyOk):
+            conn.side.write(_ok_bytes(action.answer))
+            action = x.replied()
+        elif isinstance(action, ReadHello):
+            action = x.hello(await read_hello(steps, conn))
+        elif isinstance(action, Refuse):
+            refuse(steps, conn, action, close=keep is None or not keep(action.verdict))
+            return None
+        elif isinstance(action, Relay):
+            return action
+        elif isinstance(action, Done):
+            steps.done(action)
+            return None
+
+
+async def _resolve(steps: Steps, x: Exchange, action: Resolve) -> Action:
+    metrics = steps.metrics
+    t0 = perf_counter_ns() if metrics is not None else 0
+    try:
+        addrs = await steps.resolver.resolve(action.host)
+    except (ResolveError, TimeoutError) as exc:
+        return x.resolve_failed(exc)
+    finally:
+        if metrics is not None:
+            metrics.dns.observe(seconds_since(t0))
+    return x.resolved(addrs)
+
+
+async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
+    """The tunnel's first bytes as a ClientHello (None: the client sent none and closed);
+    the sweeper ends this wait after the head timeout (`hello_timeout`)."""
+    side = conn.side
+    conn.phase, conn.phase_since = "hello", steps.loop.time()
+    side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
+    while True:
+        hello = parse_client_hello(side.buf)
+        if hello is not None or not await side.read_more():
+            break
+    side.max_buffer = steps.limits.max_head
+    conn.phase = "active"
+    return hello
+
+
+def _ok_bytes(answer: Answer) -> bytes:
+    if answer.style == "socks5":
+        return socks5_codec.reply(answer.code)
+    return CONNECT_OK
+
+
+def refuse(steps: Steps, conn: Conn, action: Refuse, *, close: bool = True) -> None:
+    """Answer a refusal in its front-end's protocol, close the upstream, emit the record."""
+    answer = action.answer
+    if answer.style == "http":
+        conn.side.write(render_refusal(action, close=close))
+    elif answer.style == "socks5":
+        conn.side.write(socks5_codec.reply(answer.code))
+    elif answer.style == "reset":
+        conn.side.abort()  # RST: there is no protocol to answer in
+    if conn.upstream is not None:
+        conn.upstream.close()
+    steps.done(action.done)
+
+
+__all__ = ["drive", "read_hello", "refuse"]
