@@ -106,7 +106,7 @@ def listener(ns: str, addr: str, port: int) -> Iterator[None]:
 
 def cpu_seconds() -> float:
     """CPU time of this process and of netcut's namespace worker (load-independent cost)."""
-    from netcut import nsexec
+    from netcut.direct import worker as nsexec
 
     total = sum(os.times()[:2])
     for pid in nsexec.worker_pids():
@@ -184,7 +184,7 @@ GOAL_HELPER_CUT_P50_MS = 300.0  # issue 10, including the probe
 @contextmanager
 def engine_box(engine: str) -> Iterator[tuple[netcut.TargetRef, str]]:
     """A `sleep` container with no capabilities; yields its target and gateway address."""
-    from netcut import target
+    from netcut import resolve as target
 
     name = f"nc-bench{os.getpid()}-{engine}"
     if engine == "containerd":
@@ -205,7 +205,7 @@ def engine_box(engine: str) -> Iterator[tuple[netcut.TargetRef, str]]:
 
 @contextmanager
 def _ctr_box(name: str) -> Iterator[str]:
-    from netcut.target import parse_ctr_tasks
+    from netcut.resolve import parse_ctr_tasks
 
     ctr = ["ctr", "-n", "default"]
     drop = [a for c in ("NET_RAW", "NET_ADMIN", "SYS_ADMIN") for a in ("--cap-drop", f"CAP_{c}")]
@@ -254,7 +254,7 @@ def root_listener(addr: str) -> Iterator[int]:
 
 
 def engine_cycles(engine: str, mode: str, cycles: int) -> dict[str, object]:
-    from netcut import helper
+    from netcut.helper import mode as helper
 
     cut, status, restore = (
         (helper.cut, helper.status, helper.restore)
@@ -303,7 +303,7 @@ def engines_answering() -> list[str]:
 
 
 def run_engines(cycles: int) -> dict[str, object]:
-    from netcut import helperimage
+    from netcut.helper import image as helperimage
 
     os.environ["CONTAINERD_NAMESPACE"] = "default"  # where up.sh imported the box image
     results: list[dict[str, object]] = []

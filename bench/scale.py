@@ -111,7 +111,7 @@ def _proc_cpu(pid: int | str) -> float:
 
 def worker_pids() -> list[int]:
     """netcut's workers (a pool now; one `_worker` before, so the script measures both)."""
-    from netcut import nsexec
+    from netcut.direct import worker as nsexec
 
     if hasattr(nsexec, "worker_pids"):
         return list(nsexec.worker_pids())

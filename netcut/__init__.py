@@ -29,12 +29,6 @@ from netcut.errors import (
 )
 from netcut.targetref import TargetRef, container, netns, netns_path, parse_target, pid
 
-# `netcut.probe` is the function, not the submodule of that name. Loading the submodule sets
-# the package attribute to the module, once, when first loaded: so load it now (it is light)
-# and drop that attribute; __getattr__ then finds the function.
-importlib.import_module("netcut.probe")
-globals().pop("probe", None)
-
 if TYPE_CHECKING:
     from netcut.api import (
         CutResult,
@@ -52,27 +46,39 @@ if TYPE_CHECKING:
         status,
         status_async,
     )
-    from netcut.model import Keep, parse_keep
-    from netcut.nsexec import start_worker
-    from netcut.plan import CutPlan
-    from netcut.probe import ProbeItem, ProbeResult
-    from netcut.status import CutStatus
+    from netcut.direct.worker import start_worker
+    from netcut.plan.model import Keep, ProbeItem, ProbeResult, parse_keep
+    from netcut.plan.planner import CutPlan
+    from netcut.plan.status import CutStatus
 
 _LAZY = {
     **dict.fromkeys(
-        ("CutResult", "RestoreResult", "cut", "cut_and_status", "cut_and_status_async",
-         "cut_async", "forget", "gc", "probe", "probe_async", "restore", "restore_async",
-         "status", "status_async"),
+        (
+            "CutResult",
+            "RestoreResult",
+            "cut",
+            "cut_and_status",
+            "cut_and_status_async",
+            "cut_async",
+            "forget",
+            "gc",
+            "probe",
+            "probe_async",
+            "restore",
+            "restore_async",
+            "status",
+            "status_async",
+        ),
         "netcut.api",
     ),
-    "Keep": "netcut.model",
-    "parse_keep": "netcut.model",
-    "start_worker": "netcut.nsexec",
-    "CutPlan": "netcut.plan",
-    "CutStatus": "netcut.status",
-    "ProbeItem": "netcut.probe",
-    "ProbeResult": "netcut.probe",
-}  # fmt: skip
+    "Keep": "netcut.plan.model",
+    "parse_keep": "netcut.plan.model",
+    "start_worker": "netcut.direct.worker",
+    "CutPlan": "netcut.plan.planner",
+    "CutStatus": "netcut.plan.status",
+    "ProbeItem": "netcut.plan.model",
+    "ProbeResult": "netcut.plan.model",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -3,8 +3,9 @@
 Each resolves the target, opens the namespace file once (the fd names the namespace for the
 whole operation, so a name re-pointed meanwhile cannot redirect it), applies the safety rails,
 then runs the whole operation as one job inside the namespace in one of netcut's worker
-processes (nsexec.py, apply.py's jobs): a cut with its probe (and, for egress, its status) is
-one round trip. The caller's own namespace, netfilter tables and event loop are never touched.
+processes (direct/worker.py, direct/executor.py's jobs): a cut with its probe (and, for
+egress, its status) is one round trip. The caller's own namespace, netfilter tables and
+event loop are never touched.
 """
 
 from __future__ import annotations
@@ -15,19 +16,20 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-import netcut.probe as probe_mod
-from netcut import apply, flow, safety
+import netcut.direct.probe as probe_mod
+from netcut import flow, safety
 from netcut.argtypes import check_flags, check_list, check_seconds
 from netcut.collect import Collected, collect
+from netcut.direct import executor
+from netcut.direct.probe import ProbeResult
+from netcut.direct.worker import DEFAULT_TIMEOUT_S, ns_identity, run_in_netns
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
-from netcut.model import Keep, NamespaceState, parse_keep
-from netcut.nsexec import DEFAULT_TIMEOUT_S, ns_identity, run_in_netns
-from netcut.probe import ProbeResult
+from netcut.plan.model import Keep, NamespaceState, parse_keep
+from netcut.plan.status import CutStatus
+from netcut.plan.transparent import Redirect
 from netcut.records import Store, state_dir
-from netcut.redirect import Redirect
-from netcut.status import CutStatus
-from netcut.target import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
+from netcut.resolve import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
 
 TargetLike = TargetRef | ResolvedTarget | str | int
 KeepLike = str | Keep
@@ -48,7 +50,7 @@ __all__ = [
 
 class DirectExecutor:
     """Reads a namespace's state through netcut's worker (tests compare it with helper
-    mode's); the operations themselves run whole in the worker (apply.InNamespace)."""
+    mode's); the operations themselves run whole in the worker (executor.InNamespace)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -57,7 +59,7 @@ class DirectExecutor:
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
     ) -> NamespaceState:
         state: NamespaceState = run_in_netns(
-            self.fd, apply.job_read_state, keeps, nameservers, verify
+            self.fd, executor.job_read_state, keeps, nameservers, verify
         )
         return state
 
@@ -129,9 +131,18 @@ def cut(
     back, or `rolled_back` False when the worker died: `restore` undoes what ran), ProbeFailed.
     """
     result: CutResult = _cut_job(
-        apply.job_cut, target, keep, probe, (), expect_blocked, force, allow_privileged,
-        dry_run, probe_timeout, redirect,
-    )  # fmt: skip
+        executor.job_cut,
+        target,
+        keep,
+        probe=probe,
+        expect_reachable=(),
+        expect_blocked=expect_blocked,
+        force=force,
+        allow_privileged=allow_privileged,
+        dry_run=dry_run,
+        probe_timeout=probe_timeout,
+        redirect=redirect,
+    )
     return result
 
 
@@ -151,9 +162,18 @@ def cut_and_status(
     prepare_execution proves (helper mode's twin is netcut.helper.cut_and_status). Raises
     as `cut` does."""
     found: tuple[CutResult, CutStatus] = _cut_job(
-        apply.job_cut_and_status, target, keep, True, expect_reachable, expect_blocked, force,
-        allow_privileged, False, probe_timeout, redirect,
-    )  # fmt: skip
+        executor.job_cut_and_status,
+        target,
+        keep,
+        probe=True,
+        expect_reachable=expect_reachable,
+        expect_blocked=expect_blocked,
+        force=force,
+        allow_privileged=allow_privileged,
+        dry_run=False,
+        probe_timeout=probe_timeout,
+        redirect=redirect,
+    )
     return found
 
 
@@ -161,6 +181,7 @@ def _cut_job(
     job: Any,
     target: TargetLike,
     keep: Iterable[KeepLike],
+    *,
     probe: bool,
     expect_reachable: Iterable[KeepLike],
     expect_blocked: Iterable[KeepLike],
@@ -176,8 +197,10 @@ def _cut_job(
     reachable = probe_targets(expect_reachable, "expect_reachable")
     blocked = probe_targets(expect_blocked, "expect_blocked")
     if redirect is not None and blocked:
-        raise InvalidInput("--expect-blocked cannot be probed in transparent mode: every TCP "
-                           "connection is redirected to the proxy, which judges it")  # fmt: skip
+        raise InvalidInput(
+            "--expect-blocked cannot be probed in transparent mode: every TCP "
+            "connection is redirected to the proxy, which judges it"
+        )
     safety.require_privilege()
     resolved, fd, identity = _open(target)
     try:
@@ -217,7 +240,7 @@ def restore(target: TargetLike) -> RestoreResult:
     resolved, fd, identity = _open(target)
     try:
         result: RestoreResult = run_in_netns(
-            fd, apply.job_restore, Store.for_namespace(identity), str(resolved)
+            fd, executor.job_restore, Store.for_namespace(identity), str(resolved)
         )
         return result
     finally:
@@ -230,7 +253,7 @@ def status(target: TargetLike) -> CutStatus:
     safety.require_privilege()
     _, fd, identity = _open(target)
     try:
-        found: CutStatus = run_in_netns(fd, apply.job_status, Store.for_namespace(identity))
+        found: CutStatus = run_in_netns(fd, executor.job_status, Store.for_namespace(identity))
         return found
     finally:
         os.close(fd)

@@ -15,12 +15,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from netcut import api, helper, helperimage, target
+from netcut import api, resolve
+from netcut.direct.probe import ProbeResult
 from netcut.errors import InvalidInput, NetcutError, ProbeFailed
-from netcut.plan import plan_to_data
-from netcut.probe import ProbeResult
-from netcut.redirect import Redirect
-from netcut.status import CutStatus
+from netcut.helper import image as helperimage
+from netcut.helper import mode as helper
+from netcut.plan.status import CutStatus
+from netcut.plan.transparent import Redirect
+from netcut.records import plan_to_data
 
 # `netcut status`: 0 only when the namespace is cut (docs/netcut.md#exit-codes).
 STATUS_EXIT = {"cut": 0, "partial": 3, "not cut": 4}
@@ -42,8 +44,13 @@ _json_usage = False  # set by main(): `--json` anywhere on the command line
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse prints usage; keep it to one line
         if _json_usage:  # docs/netcut.md: with --json, usage errors are JSON on stdout too
-            data = {"result": "error", "kind": "UsageError", "error": message, "exit_code": 2,
-                    "probe": None}  # fmt: skip
+            data = {
+                "result": "error",
+                "kind": "UsageError",
+                "error": message,
+                "exit_code": 2,
+                "probe": None,
+            }
             print(json.dumps(data, sort_keys=True), flush=True)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -61,14 +68,14 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--runtime",
-        choices=target.RUNTIMES,
+        choices=resolve.RUNTIMES,
         help="container runtime (default: $NETCUT_CONTAINER_RUNTIME, else the first engine"
         " that answers of docker, podman, containerd)",
     )
     p.add_argument(
         "--namespace",
         metavar="NS",
-        help=f"containerd namespace of --container (default: {target.CONTAINERD_NAMESPACE})",
+        help=f"containerd namespace of --container (default: {resolve.CONTAINERD_NAMESPACE})",
     )
 
 
@@ -137,10 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="redirect every other TCP connection (and DNS, with --dns-to) to the proxy's "
         "listeners on the namespace's loopback (direct mode only)",
     )
-    cut.add_argument("--redirect-to", type=int, metavar="PORT",
-                     help="transparent mode: the proxy's transparent listener port")  # fmt: skip
-    cut.add_argument("--dns-to", type=int, metavar="PORT",
-                     help="transparent mode: the proxy's DNS responder port")  # fmt: skip
+    cut.add_argument(
+        "--redirect-to",
+        type=int,
+        metavar="PORT",
+        help="transparent mode: the proxy's transparent listener port",
+    )
+    cut.add_argument(
+        "--dns-to",
+        type=int,
+        metavar="PORT",
+        help="transparent mode: the proxy's DNS responder port",
+    )
     cut.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     probe = sub.add_parser("probe", help="check reachability from inside the namespace")
@@ -187,22 +202,22 @@ def build_parser() -> argparse.ArgumentParser:
         "helper-image", help="assemble the default helper image from this host's files"
     )
     image.add_argument("action", choices=("build", "tag"))
-    image.add_argument("--runtime", choices=target.HELPER_RUNTIMES, help="engine to import into")
+    image.add_argument("--runtime", choices=resolve.HELPER_RUNTIMES, help="engine to import into")
     image.add_argument("--json", action="store_true")
     return parser
 
 
-def _target(args: argparse.Namespace) -> target.TargetRef:
+def _target(args: argparse.Namespace) -> resolve.TargetRef:
     if (args.runtime or args.namespace) and not args.container:
         raise NetcutError("--runtime and --namespace apply to --container only")
     if args.netns is not None:
-        return target.netns(args.netns)
+        return resolve.netns(args.netns)
     if args.netns_path is not None:
-        return target.netns_path(args.netns_path)
+        return resolve.netns_path(args.netns_path)
     if args.pid is not None:
-        return target.pid(args.pid)
+        return resolve.pid(args.pid)
     runtime = args.runtime or ("containerd" if args.namespace else None)
-    return target.container(args.container, runtime, args.namespace)
+    return resolve.container(args.container, runtime, args.namespace)
 
 
 def _emit(args: argparse.Namespace, lines: list[str], data: dict[str, Any]) -> None:
@@ -244,8 +259,10 @@ def _cmd_cut(args: argparse.Namespace) -> int:
     redirect = _redirect(args)
     if args.mode == "helper":
         if redirect is not None:
-            raise InvalidInput("--transparent needs --mode direct (the helper image does not "
-                               "carry the nat table's REDIRECT support)")  # fmt: skip
+            raise InvalidInput(
+                "--transparent needs --mode direct (the helper image does not "
+                "carry the nat table's REDIRECT support)"
+            )
         result = helper.cut(ref, args.keep, image=args.helper_image, **options)
     else:
         result = api.cut(ref, args.keep, redirect=redirect, **options)
@@ -330,11 +347,17 @@ def _cmd_helper_image(args: argparse.Namespace) -> int:
         tag = helperimage.image_tag()
         _emit(args, [tag], {"tag": tag})
         return 0
-    built = helperimage.build(target.find_runtime(args.runtime))
-    lines = [f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
-             f" {built.seconds:.2f} s"]  # fmt: skip
-    data = {"tag": built.tag, "files": built.files, "size_bytes": built.size_bytes,
-            "seconds": round(built.seconds, 3)}  # fmt: skip
+    built = helperimage.build(resolve.find_runtime(args.runtime))
+    lines = [
+        f"built {built.tag}: {built.files} files, {built.size_bytes / 1e6:.1f} MB,"
+        f" {built.seconds:.2f} s"
+    ]
+    data = {
+        "tag": built.tag,
+        "files": built.files,
+        "size_bytes": built.size_bytes,
+        "seconds": round(built.seconds, 3),
+    }
     _emit(args, lines, data)
     return 0
 

@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-from netcut import plan as plan_mod
-from netcut import verify
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, UnsafeTarget
-from netcut.model import Keep, NamespaceState, ProbeResult
-from netcut.ops import AddRedirect, Op
-from netcut.plan import CutPlan
+from netcut.plan import planner as plan_mod
+from netcut.plan import verify
+from netcut.plan.changes import AddRedirect, Op
+from netcut.plan.model import Keep, NamespaceState, ProbeResult
+from netcut.plan.planner import CutPlan
+from netcut.plan.status import CutStatus, judge_status
+from netcut.plan.transparent import Redirect, redirect_rules
 from netcut.records import Journal, Store
-from netcut.redirect import Redirect, redirect_rules
-from netcut.status import CutStatus, judge_status
 
 
 class Executor(Protocol):
@@ -139,7 +139,7 @@ def cut(
         status = judge_status(record, state)
         same = record is not None and set(record.keeps) == set(req.keeps)
         if status.state == "partial" and record is not None and same:
-            result = _repair(ex, store, label, record, state, req, render, start)
+            result = _repair(ex, store, label, record, state, req, render=render, start=start)
         elif status.is_cut:
             if record is not None and set(record.keeps) != set(req.keeps) and not req.dry_run:
                 had = ", ".join(str(k) for k in record.keeps) or "loopback only"
@@ -167,8 +167,9 @@ def cut(
                 return CutResult(label, status, planned, False, dry_run=True, script=script)
             _apply_recorded(ex, store, planned, req.meta or {"target": label})
             elapsed = (time.perf_counter() - start) * 1000
-            result = CutResult(label, CutStatus("cut", planned.keeps), planned, True,
-                               elapsed_ms=elapsed)  # fmt: skip
+            result = CutResult(
+                label, CutStatus("cut", planned.keeps), planned, True, elapsed_ms=elapsed
+            )
     if req.dry_run:
         return result
     return _probed(ex, label, result, req)
@@ -214,6 +215,7 @@ def _repair(
     record: CutPlan,
     state: NamespaceState,
     req: CutRequest,
+    *,
     render: RenderHook | None,
     start: float,
 ) -> CutResult:
@@ -239,8 +241,9 @@ def _repair(
             for index in range(record.applied, len(record.ops)):
                 journal.step(index)
     elapsed = (time.perf_counter() - start) * 1000
-    return CutResult(label, after, fix, True, elapsed_ms=elapsed, repaired=True,
-                     found=before.details)  # fmt: skip
+    return CutResult(
+        label, after, fix, True, elapsed_ms=elapsed, repaired=True, found=before.details
+    )
 
 
 def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:

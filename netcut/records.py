@@ -11,6 +11,11 @@ nothing: status also checks the namespace's own marks (routes with protocol NETC
 chain NETCUT), so a stale record left by a namespace whose inode was reused is reported as a
 partial cut and cleaned up by restore or the next cut.
 
+The format on disk (and in `netcut cut --json`) is version 1 as it always was: a rule's
+verdict is written in the words records have always used (ACCEPT, REJECT-RST, REDIRECT...),
+mapped to and from the plan's own words here, so a record written by any netcut version
+restores with any other (docs/netcut.md#the-journal).
+
 Every failure of the directory itself (read-only, full, not ours) is a `StateError` raised
 before the namespace is touched, with no temporary file left behind.
 """
@@ -30,8 +35,24 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from netcut.errors import InvalidInput, StateError
-from netcut.plan import CutPlan, plan_from_data, plan_to_data
+from netcut.plan.changes import (
+    AddAddr,
+    AddBackstop,
+    AddRedirect,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    KillFlows,
+    Op,
+    RemoveBackstop,
+    RemoveRedirect,
+    SetSysctl,
+)
+from netcut.plan.model import Addr, OutputRule, RedirectRule, Route, parse_keep
+from netcut.plan.planner import CutPlan
 
+# Format version of the JSON record written before a cut.
+RECORD_VERSION = 1
 STATE_DIR_ENV = "NETCUT_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/netcut"
 LOCK_NAME = ".lock"
@@ -218,3 +239,94 @@ def recorded_namespaces(directory: str) -> list[tuple[int, int]]:
         if ext == "json" and dot and dash and dev.isdigit() and ino.isdigit():
             found.append((int(dev), int(ino)))
     return found
+
+
+# ---------------------------------------------------------------- the plan as JSON
+
+_OPS: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (
+        AddBackstop,
+        RemoveBackstop,
+        AddRedirect,
+        RemoveRedirect,
+        AddRoute,
+        DelRoute,
+        AddAddr,
+        DelAddr,
+        SetSysctl,
+        KillFlows,
+    )
+}
+# The plan's verdicts as records spell them (the words of record version 1).
+_VERDICTS = {"allow": "ACCEPT", "reject": "REJECT", "reset": "REJECT-RST"}
+_REDIRECT_VERDICTS = {"pass": "RETURN", "redirect": "REDIRECT"}
+_FROM_VERDICTS = {v: k for k, v in _VERDICTS.items()}
+_FROM_REDIRECT_VERDICTS = {v: k for k, v in _REDIRECT_VERDICTS.items()}
+
+
+def plan_to_data(plan: CutPlan) -> dict[str, Any]:
+    """The plan as a record's first line (and `netcut cut --json`'s "plan")."""
+    return {
+        "version": RECORD_VERSION,
+        "keeps": [str(k) for k in plan.keeps],
+        "nameservers": list(plan.nameservers),
+        "ops": [{"op": type(op).__name__, **_data(op)} for op in plan.ops],
+    }
+
+
+def _data(obj: Any) -> Any:
+    """Like dataclasses.asdict, without its deep copies (a record is written on every cut)."""
+    if isinstance(obj, OutputRule):
+        return {**_fields(obj), "verdict": _VERDICTS[obj.verdict]}
+    if isinstance(obj, RedirectRule):
+        return {**_fields(obj), "verdict": _REDIRECT_VERDICTS[obj.verdict]}
+    if hasattr(obj, "__dataclass_fields__"):
+        return _fields(obj)
+    if isinstance(obj, tuple | list):
+        return [_data(item) for item in obj]
+    return obj
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {name: _data(value) for name, value in vars(obj).items()}
+
+
+def plan_from_data(data: dict[str, Any]) -> CutPlan:
+    """Inverse of `plan_to_data`; raises InvalidInput for a record it does not understand."""
+    try:
+        if data["version"] != RECORD_VERSION:
+            raise InvalidInput(f"record version {data['version']!r} is not {RECORD_VERSION}")
+        ops = tuple(_op_from_data(dict(item)) for item in data["ops"])
+        keeps = tuple(parse_keep(k) for k in data["keeps"])
+        return CutPlan(keeps, ops, tuple(data.get("nameservers", ())))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"unreadable netcut record: {exc!r}") from None
+
+
+def _op_from_data(item: dict[str, Any]) -> Op:
+    cls = _OPS[item.pop("op")]
+    if "route" in item:
+        item["route"] = _route_from_data(item["route"])
+    if "addr" in item:
+        item["addr"] = Addr(**item["addr"])
+    if "rules" in item:
+        item["rules"] = tuple(_rule_from_data(cls is AddRedirect, dict(r)) for r in item["rules"])
+    if "allowed" in item:
+        item["allowed"] = tuple((a, p) for a, p in item["allowed"])
+    op: Op = cls(**item)
+    return op
+
+
+def _rule_from_data(redirect: bool, data: dict[str, Any]) -> OutputRule | RedirectRule:
+    if redirect:
+        data["verdict"] = _FROM_REDIRECT_VERDICTS[data["verdict"]]
+        return RedirectRule(**data)
+    data["verdict"] = _FROM_VERDICTS[data["verdict"]]
+    return OutputRule(**data)
+
+
+def _route_from_data(data: dict[str, Any]) -> Route:
+    data = dict(data)
+    data["metrics"] = tuple((str(k), int(v)) for k, v in data.get("metrics", ()))
+    return Route(**data)

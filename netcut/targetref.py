@@ -15,9 +15,9 @@ and by egress (`listen_netns`, `prepare_execution`), so a value means the same t
 A bare digit string is a PID, like an int: PIDs arrive as text (`docker inspect` output,
 argv), names that are numbers are rare. Its meaning never depends on what exists; but a
 namespace *named* like that digit string is refused as ambiguous when the target is resolved
-(target.py), so a name can never be cut as a PID by mistake or the other way round.
+(resolve.py), so a name can never be cut as a PID by mistake or the other way round.
 
-No I/O here: no os, socket or subprocess; resolution to a namespace file is target.py's.
+No I/O here: no os, socket or subprocess; resolution to a namespace file is resolve.py's.
 """
 
 from __future__ import annotations

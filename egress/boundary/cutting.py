@@ -31,7 +31,7 @@ async def _cut_and_prove(
     helper_image: str | None = None,
 ) -> tuple[Any, Any]:
     import netcut
-    from netcut.redirect import Redirect
+    from netcut.plan.transparent import Redirect
 
     try:
         if cut_mode == "helper":
@@ -72,7 +72,7 @@ async def _helper_cut(
     from inside the namespace and checks every kept ADDR:PORT (in gateway mode exactly the
     listeners) and every `blocked` one; the status then reads the whole live state, as
     direct mode's does."""
-    from netcut import helper
+    from netcut.helper import mode as helper
 
     assert set(reachable) <= set(keeps), "helper mode probes what it keeps (gateway mode)"
     cut, status = await asyncio.to_thread(

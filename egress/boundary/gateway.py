@@ -36,9 +36,10 @@ async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
 
 
 async def _container_network(sandbox: str) -> Any:
-    """The container's networks as its runtime's `inspect` reports them (netcut.helper
+    """The container's networks as its runtime's `inspect` reports them (netcut.helper.mode
     .ContainerNetwork), asked off the event loop; a netcut error is ExecutionNotReady."""
-    from netcut import NetcutError, helper
+    from netcut import NetcutError
+    from netcut.helper import mode as helper
 
     try:
         return await asyncio.to_thread(helper.inspect_network, parse_target(sandbox))
@@ -72,8 +73,8 @@ async def _gateway_of(sandbox: str) -> str:
     from ..proxy.net.netns import call_in_netns_thread
 
     def read() -> str | None:
-        # netcut's rtnetlink client, not pyroute2.IPRoute (netcut/rtnl.py says why)
-        from netcut.rtnl import Rtnl
+        # netcut's rtnetlink client, not pyroute2.IPRoute (netcut/direct/rtnl.py says why)
+        from netcut.direct.rtnl import Rtnl
 
         with Rtnl() as rtnl:
             for route in rtnl.dump_routes():

@@ -267,7 +267,7 @@ async def release_execution(
 
         try:
             if how == "helper":
-                from netcut import helper
+                from netcut.helper import mode as helper
 
                 ref = parse_target(execution.sandbox)
                 image = execution.helper_image

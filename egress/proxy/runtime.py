@@ -17,7 +17,7 @@ from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from .admission import Admitted, Budget, Owner, Slots
 from .core.actions import Done
-from .core.clients import Identity, source_address
+from .core.clients import Identity
 from .core.exchange import Exchange, connection_record, emitted, reported, tallied
 from .core.gate import Gate, Refuse
 from .core.record import AccessRecord, perf_counter_ns
@@ -145,9 +145,7 @@ class Steps:
         peer = conn.peer
         source = peer[0] if isinstance(peer, tuple) and peer else conn.client
         owner: Owner | None = None
-        ident = self.gate.clients.identity_at_accept(
-            conn.listener.identity, source_address(peer) if self.gate.clients.by_source else None
-        )
+        ident = self.gate.clients.identity_at_accept(conn.listener.identity, str(source))
         if ident is not None:
             owner = ident.client_id if ident.client_id is not None else ("source", source)
         slots = self.slots

@@ -42,6 +42,7 @@ from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
+from .admission import CLIENT_FULL
 from .core.clients import ClientTable, Identity
 from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
 from .core.responses import error_response
@@ -50,7 +51,7 @@ from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
 from .forward import serve_request
 from .heap import Heap
 from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
-from .net.accept import Lingering, Reserve
+from .net.accept import PAUSE, Lingering, Reserve
 from .net.conn import Conn, Limits, read_head, sweep
 from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
 from .net.pool import UpstreamPool
@@ -470,6 +471,8 @@ class EgressProxy:
         ) or steps.admit(conn)
         if refusal is not None:
             self._refuse_socket(conn, sock, refusal)
+            if refusal is CLIENT_FULL and listener.identity is not None and listener.acceptor:
+                listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
             return
         if listener.mode.fast_path:
             # the forward proxy's kept-alive requests may take the callback fast path; a

@@ -128,7 +128,7 @@ def _start_ctr_box(box: Box) -> Box:
     # ctr 1.6 knows no "ALL": drop, from every set, the capabilities that could undo a cut.
     drop = [a for c in ("NET_RAW", "NET_ADMIN", "SYS_ADMIN") for a in ("--cap-drop", f"CAP_{c}")]
     sh(*ctr, "run", "-d", *drop, f"docker.io/library/{BOX}", name, "sleep", "3600")
-    from netcut.target import parse_ctr_tasks
+    from netcut.resolve import parse_ctr_tasks
 
     box.pid = parse_ctr_tasks(sh(*ctr, "task", "ls").stdout)[name][0]
     n = (os.getpid() + next(_counter)) % 64
@@ -178,7 +178,7 @@ def docker_client_path(client: str, bin_dir: str) -> str:
 # ---------------------------------------------------------------- helper images by shell
 
 # Helper images whose /bin/sh is not bash, assembled offline from this host's files like the
-# default one (netcut/helperimage.py): "ash" is Alpine-like (busybox-static as /bin/sh and
+# default one (netcut/helper/image.py): "ash" is Alpine-like (busybox-static as /bin/sh and
 # its applets, iproute2 and iptables-legacy; no bash, no netcat: the probe uses busybox
 # `nc -e`), "dash" is Debian-like (dash as /bin/sh, bash and coreutils' timeout beside it).
 HELPER_SHELLS = ("ash", "dash")
@@ -190,7 +190,7 @@ def shell_image(engine: str, shell: str) -> str:
     import io
     import tarfile
 
-    from netcut import helperimage
+    from netcut.helper import image as helperimage
 
     tag = f"nc-helper-{shell}:ci"
     if (engine, shell) in _built:

@@ -29,7 +29,8 @@ from egress import (
     prepare_execution,
     release_execution,
 )
-from netcut import api, target
+from netcut import api
+from netcut import resolve as target
 
 import harness
 from servers import run, start_origin

@@ -33,9 +33,12 @@ from enginelib import (
 from pyroute2.netns import create_socket
 
 from egress import EgressProxy, build_settings
-from netcut import api, helper, helperimage, target
+from netcut import api
+from netcut import resolve as target
 from netcut.errors import ApplyFailed, UnsafeTarget
-from netcut.helpershell import no_such_image
+from netcut.helper import image as helperimage
+from netcut.helper import mode as helper
+from netcut.helper.session import no_such_image
 
 import harness
 from servers import run, start_origin

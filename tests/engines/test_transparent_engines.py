@@ -24,7 +24,8 @@ from enginelib import CTR_NAMESPACE, Box, sh
 from test_boundary_engines import http_server, other_host
 
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
-from netcut import api, target
+from netcut import api
+from netcut import resolve as target
 
 import harness
 from proxykit import MemoryAudit

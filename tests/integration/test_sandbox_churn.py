@@ -16,7 +16,8 @@ import pytest
 
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
-from netcut import collect, nsexec
+from netcut import collect
+from netcut.direct import worker as nsexec
 
 pytestmark = pytest.mark.netns
 CYCLES = 24

@@ -24,7 +24,7 @@ import pytest
 from netcut_testlib import Servers, next_subnet, sh, unique, wait_for
 
 import netcut
-from netcut import target
+from netcut import resolve as target
 
 pytestmark = pytest.mark.netns
 TOOLS = ("containerd", "ctr", "runc", "busybox")

@@ -16,9 +16,11 @@ import pytest
 from netcut_testlib import Topology, ifindex_in, root_changes, root_snapshot, sh, wait_for
 
 import netcut
-from netcut import api, apply, nsexec, safety
-from netcut.model import Route
-from netcut.ops import DelRoute
+from netcut import api, safety
+from netcut.direct import executor as apply
+from netcut.direct import worker as nsexec
+from netcut.plan.changes import DelRoute
+from netcut.plan.model import Route
 
 pytestmark = pytest.mark.netns
 
@@ -318,7 +320,7 @@ def test_partial_cut_is_reported_and_restored(topo: Topology) -> None:
     st = cli("status", "--netns", topo.sandbox, "--json")
     assert st.returncode == 3, "partial has its own code (docs/netcut.md#exit-codes)"
     assert json.loads(st.stdout)["state"] == "partial"
-    assert "iptables: chain NETCUT is gone" in status.details
+    assert "IPv4 backstop is gone" in status.details
     again = netcut.cut(topo.sandbox, [topo.proxy])  # repairs the partial cut to its plan
     assert again.changed
     assert again.repaired

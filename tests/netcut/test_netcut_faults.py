@@ -16,7 +16,8 @@ import pytest
 from netcut_testlib import Topology, sh, wait_for
 
 import netcut
-from netcut import apply, nsexec
+from netcut.direct import executor as apply
+from netcut.direct import worker as nsexec
 from netcut.records import Store
 
 pytestmark = pytest.mark.netns

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import pytest
 from netcut_testlib import Topology, wait_for
 
-from netcut import helper, target
+from netcut import resolve as target
 from netcut.cli import main
 from netcut.errors import ApplyFailed
+from netcut.helper import mode as helper
 
 pytestmark = pytest.mark.netns
 
@@ -57,7 +58,7 @@ if args[0] == "inspect":
 elif args[0] == "import":
     with open(image_file(args[-1]), "wb") as f:
         f.write(sys.stdin.buffer.read())
-elif args[0] == "version":  # runtime detection asks the engine (netcut/target.py)
+elif args[0] == "version":  # runtime detection asks the engine (netcut/resolve.py)
     print("fake")
 elif args[0] == "run":
     ns = containers[args[args.index("--network") + 1].split(":", 1)[1]]["_netns"]
@@ -330,8 +331,8 @@ def test_helper_and_direct_read_the_same_state_and_both_see_tampering(
     (`iptables -S`, `ip -j rule`) parses to the same filters and policy rules that direct
     mode decodes, a tampered cut is `partial` in both, and a helper `cut` repairs it."""
     from netcut import api
-    from netcut.render import PRELUDE, state_script
-    from netcut.statedump import parse_state_dump
+    from netcut.helper.dump import parse_state_dump
+    from netcut.helper.script import PRELUDE, state_script
 
     # The container's process lives in the sandbox namespace, so both modes key one record.
     unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",

@@ -15,7 +15,7 @@ import pytest
 from netcut_testlib import Topology, ns_socket, sh, wait_for
 
 import netcut
-from netcut.redirect import Redirect
+from netcut.plan.transparent import Redirect
 
 pytestmark = pytest.mark.netns
 
@@ -96,7 +96,7 @@ def test_transparent_cut_redirects_tcp_and_dns_and_restore_removes_it(
     done = cli("cut", "--netns", t.sandbox, "--keep", t.proxy, "--transparent",
                "--redirect-to", str(LISTEN_PORT), "--dns-to", str(DNS_PORT))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "NETCUT_REDIRECT" in done.stdout
+    assert f"redirect tcp to port {LISTEN_PORT}" in done.stdout
 
     # every TCP destination but the kept one reaches the stand-in, which sees the original
     assert talk(t, t.upstream_ip, t.echo_port) == f"orig={t.upstream_ip}:{t.echo_port}".encode()
@@ -146,7 +146,7 @@ def test_transparent_marks_without_record_are_partial_and_restored(
         os.unlink(f.path)
     status = netcut.status(topo.sandbox)
     assert status.state == "partial"
-    assert any("NETCUT_REDIRECT" in d for d in status.details)
+    assert "redirects" in status.details
     netcut.restore(topo.sandbox)
     assert nat_rules(topo.sandbox) == []
     assert netcut.status(topo.sandbox).state == "not cut"

@@ -63,14 +63,19 @@ def peer_v6(t: Topology) -> tuple[str, int]:
 
 
 CASES: dict[str, tuple[Callable[[Topology], None], str, Callable[[Topology], tuple[str, int]]]] = {
-    "flush-chain+default-metric-50": (flush_and_default, "route out not in the plan: default via",
-                                      upstream),
-    "accept-ahead-of-jump": (accept_first, "iptables: OUTPUT rule ahead of the jump to NETCUT",
-                             dns_tcp),
-    "route-in-table-100+ip-rule": (table_and_rule,
-                                   "policy rule leads out: 100: from all lookup 100", upstream),
+    "flush-chain+default-metric-50": (
+        flush_and_default,
+        "route out not in the plan: default via",
+        upstream,
+    ),
+    "accept-ahead-of-jump": (accept_first, "IPv4 backstop: output rule ahead of it", dns_tcp),
+    "route-in-table-100+ip-rule": (
+        table_and_rule,
+        "policy rule leads out: 100: from all lookup 100",
+        upstream,
+    ),
     "ipv6-sysctl-flipped": (sysctl_flipped, "sysctl net.ipv6.conf.eth0.disable_ipv6 = 0", peer_v6),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(CASES), ids=list(CASES))

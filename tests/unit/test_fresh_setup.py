@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The extensions the backstop's rules use (netcut/backstop.py): tcp/udp matches, REJECT and
+# The extensions the backstop's rules use (netcut/direct/iptables.py): tcp/udp matches, REJECT and
 # the standard target, for IPv4 and IPv6.
 EXTENSIONS = (
     "libxt_tcp.so",

@@ -12,7 +12,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.iptables_text import filter_args
+from netcut.plan.changes import (
+    AddAddr,
+    AddBackstop,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    KillFlows,
+    RemoveBackstop,
+    SetSysctl,
+)
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -22,30 +33,19 @@ from netcut.model import (
     Link,
     Lookup,
     NamespaceState,
+    OutputRule,
     Route,
     parse_keep,
 )
-from netcut.ops import (
-    AddAddr,
-    AddBackstop,
-    AddRoute,
-    DelAddr,
-    DelRoute,
-    FilterRule,
-    KillFlows,
-    RemoveBackstop,
-    SetSysctl,
-)
-from netcut.plan import (
+from netcut.plan.planner import (
     CutPlan,
     backstop_rules,
     invert,
     plan_cut,
-    plan_from_data,
     plan_restore,
-    plan_to_data,
 )
-from netcut.status import judge_status
+from netcut.plan.status import judge_status
+from netcut.records import plan_from_data, plan_to_data
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)
@@ -222,7 +222,7 @@ def test_sysctls_already_in_place_are_not_touched() -> None:
 
 def test_backstop_rules_dns_first_then_loopback_then_keeps_then_reject() -> None:
     rules = backstop_rules(AF_INET, (PROXY, parse_keep("198.19.5.5")), ("127.0.0.11", "127.0.0.1"))
-    args = [" ".join(r.iptables_args()) for r in rules]
+    args = [" ".join(filter_args(r)) for r in rules]
     assert args == [
         "-p udp -m udp --dport 53 -j REJECT",
         "-p tcp -m tcp --dport 53 -j REJECT --reject-with tcp-reset",
@@ -339,8 +339,8 @@ def test_family_constants_match_the_socket_module() -> None:
     assert (AF_INET, AF_INET6) == (socket.AF_INET, socket.AF_INET6)
 
 
-def test_filter_rule_reject_rst() -> None:
-    assert FilterRule("REJECT-RST", proto="tcp").iptables_args() == [
+def test_output_rule_reset() -> None:
+    assert filter_args(OutputRule("reset", proto="tcp")) == [
         "-p",
         "tcp",
         "-j",

@@ -1,4 +1,5 @@
-"""Transparent mode's plan (netcut/redirect.py): rules, order, backstop, undo, status, record."""
+"""Transparent mode's plan (netcut/plan/transparent.py): rules, order, backstop, undo,
+status, record."""
 
 from __future__ import annotations
 
@@ -9,35 +10,35 @@ import pytest
 from test_netcut_plan import PROXY, _after, state
 
 from netcut.errors import InvalidInput
-from netcut.model import AF_INET, NETCUT_PROTO
-from netcut.ops import (
+from netcut.helper.script import render_op
+from netcut.iptables_text import as_output_rule, nat_args
+from netcut.plan.changes import (
     AddBackstop,
     AddRedirect,
     AddRoute,
     DelRoute,
-    FilterRule,
-    NatRule,
     RemoveRedirect,
 )
-from netcut.plan import plan_cut, plan_from_data, plan_restore, plan_to_data
-from netcut.redirect import Redirect, redirect_rules
-from netcut.render import render_op
-from netcut.status import judge_status
+from netcut.plan.model import AF_INET, NETCUT_PROTO, OutputRule, RedirectRule
+from netcut.plan.planner import plan_cut, plan_restore
+from netcut.plan.status import judge_status
+from netcut.plan.transparent import Redirect, redirect_rules
+from netcut.records import plan_from_data, plan_to_data
 
 REDIRECT = Redirect(15001, 15053)
 
 
 def test_redirect_rules_dns_first_then_local_and_keeps_then_tcp() -> None:
     assert redirect_rules(REDIRECT, (PROXY,)) == (
-        NatRule("REDIRECT", proto="udp", dport=53, to_port=15053),
-        NatRule("REDIRECT", proto="tcp", dport=53, to_port=15053),
-        NatRule("RETURN", dst_local=True),
-        NatRule("RETURN", proto="tcp", dst="198.19.1.1/32", dport=3128),
-        NatRule("REDIRECT", proto="tcp", to_port=15001),
+        RedirectRule("redirect", proto="udp", dport=53, to_port=15053),
+        RedirectRule("redirect", proto="tcp", dport=53, to_port=15053),
+        RedirectRule("pass", dst_local=True),
+        RedirectRule("pass", proto="tcp", dst="198.19.1.1/32", dport=3128),
+        RedirectRule("redirect", proto="tcp", to_port=15001),
     )
     no_dns = redirect_rules(Redirect(15001), ())
-    assert [r.verdict for r in no_dns] == ["RETURN", "REDIRECT"]
-    assert no_dns[-1].iptables_args() == ["-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"]
+    assert [r.verdict for r in no_dns] == ["pass", "redirect"]
+    assert nat_args(no_dns[-1]) == ["-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"]
 
 
 def test_transparent_plan_order_and_backstop() -> None:
@@ -51,19 +52,20 @@ def test_transparent_plan_order_and_backstop() -> None:
     )
     assert (lo_route.ifname, lo_route.prefsrc, lo_route.proto) == ("lo", "127.0.0.1", NETCUT_PROTO)
     # the default via lo comes after the old default route is deleted (same key)
-    deleted = next(i for i, op in enumerate(plan.ops) if isinstance(op, DelRoute)
-                   and op.route.dst is None)  # fmt: skip
+    deleted = next(
+        i for i, op in enumerate(plan.ops) if isinstance(op, DelRoute) and op.route.dst is None
+    )
     assert plan.ops.index(AddRoute(lo_route)) > deleted
     v4 = next(op for op in plan.ops if isinstance(op, AddBackstop) and op.family == AF_INET)
     assert v4.rules[:2] == (
-        FilterRule("ACCEPT", proto="udp", dst="127.0.0.1/32", dport=15053, out_iface="lo"),
-        FilterRule("ACCEPT", proto="tcp", dst="127.0.0.1/32", dport=15053, out_iface="lo"),
+        OutputRule("allow", proto="udp", dst="127.0.0.1/32", dport=15053, out_iface="lo"),
+        OutputRule("allow", proto="tcp", dst="127.0.0.1/32", dport=15053, out_iface="lo"),
     )
-    assert FilterRule("ACCEPT", out_iface="lo") not in v4.rules, "lo alone would accept all"
-    assert FilterRule("ACCEPT", out_iface="lo", dst_local=True) in v4.rules
-    assert v4.rules[-2:] == (FilterRule("REJECT-RST", proto="tcp"), FilterRule("REJECT"))
+    assert OutputRule("allow", out_iface="lo") not in v4.rules, "lo alone would accept all"
+    assert OutputRule("allow", out_iface="lo", dst_local=True) in v4.rules
+    assert v4.rules[-2:] == (OutputRule("reset", proto="tcp"), OutputRule("reject"))
     v6 = next(op for op in plan.ops if isinstance(op, AddBackstop) and op.family != AF_INET)
-    assert FilterRule("ACCEPT", out_iface="lo") in v6.rules
+    assert OutputRule("allow", out_iface="lo") in v6.rules
 
 
 def test_transparent_restore_status_and_record() -> None:
@@ -91,26 +93,26 @@ def test_render_and_bad_ports() -> None:
 
 
 def test_status_verification_knows_transparent_rules() -> None:
-    from netcut.model import SeenRule
-    from netcut.verify import as_filter_rule, differences, repair_ops
+    from netcut.iptables_text import SeenRule
+    from netcut.plan.verify import differences, repair_ops
 
     seen = SeenRule("ACCEPT", out_iface="lo", matches=(("addrtype", (("dst-type", "LOCAL"),)),))
-    assert as_filter_rule(seen, AF_INET) == FilterRule("ACCEPT", out_iface="lo", dst_local=True)
+    assert as_output_rule(seen, AF_INET) == OutputRule("allow", out_iface="lo", dst_local=True)
     other = SeenRule("ACCEPT", out_iface="lo", matches=(("addrtype", (("dst-type", "ANY"),)),))
-    assert as_filter_rule(other, AF_INET) is None
+    assert as_output_rule(other, AF_INET) is None
     plan = plan_cut(state(), (PROXY,), REDIRECT)
     after = _after(plan, state())
-    assert "iptables -t nat: chain NETCUT_REDIRECT is gone" in differences(plan.ops, after)
+    assert "the redirects are gone" in differences(plan.ops, after)
     assert any(isinstance(op, AddRedirect) for op in repair_ops(plan.ops, after))
     held = differences(plan.ops, replace(after, redirect=True))
-    assert not any("NETCUT_REDIRECT" in d for d in held)
+    assert not any("redirects" in d for d in held)
 
 
 def test_helper_state_dump_reports_the_redirect_chain() -> None:
     from test_netcut_render import DUMP
 
-    from netcut.render import state_script
-    from netcut.statedump import parse_state_dump
+    from netcut.helper.dump import parse_state_dump
+    from netcut.helper.script import state_script
 
     assert "-t nat -S NETCUT_REDIRECT" in state_script(())
     assert "= nat ] && t=yes" in state_script(())

@@ -9,12 +9,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netcut import helper
-from netcut.model import AF_INET, AF_INET6, NETCUT_PROTO, RTNH_F_ONLINK, Route, SeenRule, parse_keep
-from netcut.ops import AddBackstop, AddRoute, FilterRule, KillFlows, RemoveBackstop, SetSysctl
-from netcut.plan import plan_cut
-from netcut.render import render_op, render_script, state_script
-from netcut.statedump import parse_rule_spec, parse_state_dump
+from netcut.helper import mode as helper
+from netcut.helper.dump import parse_state_dump
+from netcut.helper.script import render_op, render_script, state_script
+from netcut.iptables_text import SeenRule, parse_rule_spec
+from netcut.plan.changes import AddBackstop, AddRoute, KillFlows, RemoveBackstop, SetSysctl
+from netcut.plan.model import (
+    AF_INET,
+    AF_INET6,
+    NETCUT_PROTO,
+    RTNH_F_ONLINK,
+    OutputRule,
+    Route,
+    parse_keep,
+)
+from netcut.plan.planner import plan_cut
 
 DUMP = """\
 ### links
@@ -115,7 +124,7 @@ def test_malformed_dump_is_invalid_input(text: str) -> None:
             ['echo 1 > "$NCUT_SYS"/net/ipv6/conf/eth0/disable_ipv6'],
         ),
         (
-            AddBackstop(AF_INET6, (FilterRule("ACCEPT", out_iface="lo"),)),
+            AddBackstop(AF_INET6, (OutputRule("allow", out_iface="lo"),)),
             [
                 "ncut_ip6tables -w -I OUTPUT 1 -m comment --comment netcut-hold -j REJECT",
                 "while ncut_ip6tables -w -D OUTPUT -j NETCUT 2>/dev/null; do :; done",

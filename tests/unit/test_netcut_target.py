@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netcut import target
+from netcut import resolve as target
 from netcut.errors import InvalidInput, TargetNotFound
 from netcut.targetref import TargetRef, canonical, default_client_id, parse_target
 

@@ -13,35 +13,33 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netcut.model import (
-    AF_INET,
-    AF_INET6,
-    CHAIN,
-    NETCUT_PROTO,
-    RTN_LOCAL,
-    Addr,
-    FilterDump,
-    Link,
-    Lookup,
-    NamespaceState,
-    PolicyRule,
-    Route,
-    SeenRule,
-    parse_keep,
-)
-from netcut.ops import (
+from netcut.iptables_text import CHAIN, SeenRule, as_output_rule, seen_backstop
+from netcut.plan.changes import (
     AddBackstop,
     AddRoute,
     DelAddr,
     DelRoute,
-    FilterRule,
     KillFlows,
     Op,
     SetSysctl,
 )
-from netcut.plan import CutPlan, backstop_rules, plan_cut
-from netcut.status import judge_status
-from netcut.verify import as_filter_rule, differences, ipv6_sysctls, repair_ops
+from netcut.plan.model import (
+    AF_INET,
+    AF_INET6,
+    NETCUT_PROTO,
+    RTN_LOCAL,
+    Addr,
+    Link,
+    Lookup,
+    NamespaceState,
+    OutputRule,
+    PolicyRule,
+    Route,
+    parse_keep,
+)
+from netcut.plan.planner import CutPlan, backstop_rules, plan_cut
+from netcut.plan.status import judge_status
+from netcut.plan.verify import differences, ipv6_sysctls, repair_ops
 
 LO, ETH = Link(1, "lo", True), Link(2, "eth0")
 DEFAULT = Route(AF_INET, None, 0, 2, "eth0", gateway="198.19.1.1", proto=3)
@@ -70,18 +68,18 @@ PROXY = parse_keep("198.19.1.1:3128")
 JUMP = SeenRule(CHAIN, proto="ip", src="::/0", dst="::/0")
 
 
-def seen(rule: FilterRule, family: int) -> SeenRule:
+def seen(rule: OutputRule, family: int) -> SeenRule:
     """`rule` as python-iptables decodes it (netmask form, the default reject-with shown)."""
     mask = "255.255.255.255" if family == AF_INET else "ffff:" * 7 + "ffff"
     dst = f"{rule.dst.split('/')[0]}/{mask}" if rule.dst else None
     params: tuple[tuple[str, str], ...] = ()
-    if rule.verdict == "REJECT-RST":
+    if rule.verdict == "reset":
         params = (("reject-with", "tcp-reset"),)
-    elif rule.verdict == "REJECT":
+    elif rule.verdict == "reject":
         icmp = "icmp-port-unreachable" if family == AF_INET else "icmp6-port-unreachable"
         params = (("reject-with", icmp),)
     matches = ((rule.proto or "tcp", (("dport", str(rule.dport)),)),) if rule.dport else ()
-    target = "REJECT" if rule.verdict.startswith("REJECT") else rule.verdict
+    target = "ACCEPT" if rule.verdict == "allow" else "REJECT"
     anywhere = "0.0.0.0/0.0.0.0" if family == AF_INET else "::/0"
     return SeenRule(
         target, rule.proto or "ip", anywhere, dst or anywhere, None, rule.out_iface, matches, params
@@ -105,7 +103,7 @@ def apply_model(state: NamespaceState, ops: tuple[Op, ...]) -> NamespaceState:
     for op in ops:
         if isinstance(op, AddBackstop):
             chain = tuple(seen(r, op.family) for r in op.rules)
-            filters[op.family] = FilterDump(op.family, (JUMP,), chain)
+            filters[op.family] = seen_backstop(op.family, (JUMP,), chain)
         elif isinstance(op, AddRoute):
             routes.append(op.route)
         elif isinstance(op, DelRoute):
@@ -139,13 +137,13 @@ def with_filter(
     output: tuple[SeenRule, ...] | None = None,
     chain: tuple[SeenRule, ...] | str | None = "same",
 ) -> NamespaceState:
-    dumps = []
-    for d in CUT.filters or ():
-        if d.family == family:
-            d = replace(d, output=d.output if output is None else output)
-            d = d if chain == "same" else replace(d, chain=chain)  # type: ignore[arg-type]
-        dumps.append(d)
-    return replace(CUT, filters=tuple(dumps))
+    """CUT with `family`'s iptables OUTPUT chain and chain NETCUT as given, read back by the
+    iptables backend's decoding (iptables_text.seen_backstop)."""
+    planned = next(op for op in PLAN.ops if isinstance(op, AddBackstop) and op.family == family)
+    raw = tuple(seen(r, family) for r in planned.rules) if chain == "same" else chain
+    assert not isinstance(raw, str)
+    dump = seen_backstop(family, (JUMP,) if output is None else output, raw)
+    return replace(CUT, filters=tuple(dump if d.family == family else d for d in CUT.filters or ()))
 
 
 def v4_rules() -> tuple[SeenRule, ...]:
@@ -160,13 +158,16 @@ TAMPERS: dict[str, tuple[NamespaceState, str]] = {
     ),
     "accept-ahead-of-jump": (
         with_filter(AF_INET, output=(ACCEPT_ALL, JUMP)),
-        "iptables: OUTPUT rule ahead of the jump to NETCUT: -p ip -j ACCEPT",
+        "IPv4 backstop: output rule ahead of it: -p ip -j ACCEPT",
     ),
-    "no-jump": (with_filter(AF_INET6, output=()), "ip6tables: OUTPUT does not jump to NETCUT"),
-    "chain-gone": (replace(CUT, backstop=(AF_INET,)), "ip6tables: chain NETCUT is gone"),
+    "no-jump": (
+        with_filter(AF_INET6, output=()),
+        "IPv6 backstop: output does not pass through it first",
+    ),
+    "chain-gone": (replace(CUT, backstop=(AF_INET,)), "IPv6 backstop is gone"),
     "extra-accept-in-chain": (
         with_filter(AF_INET, chain=(ACCEPT_ALL, *v4_rules())),
-        "iptables: chain NETCUT rule 1 is `-p ip -j ACCEPT`",
+        "IPv4 backstop: rule 1 is `-p ip -j ACCEPT`",
     ),
     "appended-owner-accept": (
         with_filter(
@@ -176,7 +177,7 @@ TAMPERS: dict[str, tuple[NamespaceState, str]] = {
                 SeenRule("ACCEPT", "ip", matches=(("owner", (("uid-owner", "0"),)),)),
             ),
         ),
-        "iptables: chain NETCUT has rules the plan does not: -p ip -m owner --uid-owner 0",
+        "IPv4 backstop: it has rules the plan does not: -p ip -m owner --uid-owner 0",
     ),
     "route-in-table-100+rule": (
         replace(
@@ -288,7 +289,7 @@ def test_rule_to_an_empty_table_is_not_a_difference() -> None:
 def test_a_jump_with_a_match_is_not_the_hook() -> None:
     odd = SeenRule(CHAIN, "ip", dst="198.18.0.1/255.255.255.255")
     found = differences(PLAN.ops, with_filter(AF_INET, output=(odd,)))
-    assert "iptables: OUTPUT does not jump to NETCUT" in found
+    assert "IPv4 backstop: output does not pass through it first" in found
 
 
 def test_a_dump_without_rules_is_reported_as_not_verified() -> None:
@@ -302,7 +303,7 @@ def test_a_dump_without_rules_is_reported_as_not_verified() -> None:
 def test_every_backstop_rule_reads_back_as_itself(family: int) -> None:
     keeps = (PROXY, parse_keep("198.19.1.9"), parse_keep("127.0.0.1:9"))
     for rule in backstop_rules(family, keeps, ("127.0.0.11",)):
-        assert as_filter_rule(seen(rule, family), family) == rule
+        assert as_output_rule(seen(rule, family), family) == rule
 
 
 @pytest.mark.parametrize(
@@ -333,7 +334,7 @@ def test_every_backstop_rule_reads_back_as_itself(family: int) -> None:
     ],
 )
 def test_rules_netcut_never_writes_are_not_read_as_its_own(rule: SeenRule) -> None:
-    assert as_filter_rule(rule, AF_INET) is None
+    assert as_output_rule(rule, AF_INET) is None
 
 
 _text = st.one_of(st.none(), st.text(max_size=20))
@@ -354,7 +355,7 @@ _text = st.one_of(st.none(), st.text(max_size=20))
         max_size=2,
     ).map(tuple),
 )
-def test_as_filter_rule_reads_or_refuses_never_raises(
+def test_as_output_rule_reads_or_refuses_never_raises(
     target: str,
     proto: str | None,
     src: str | None,
@@ -364,8 +365,8 @@ def test_as_filter_rule_reads_or_refuses_never_raises(
     matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
 ) -> None:
     rule = SeenRule(target, proto, src, dst, iif, oif, matches)
-    found = as_filter_rule(rule, AF_INET)
-    assert found is None or isinstance(found, FilterRule)
+    found = as_output_rule(rule, AF_INET)
+    assert found is None or isinstance(found, OutputRule)
 
 
 # unicast, local, broadcast, multicast, blackhole, unreachable

@@ -49,7 +49,7 @@ def namespace_path(ns: NamespaceLike) -> str:
     Raises NamespaceError for a value that names nothing or a target that does not exist."""
     # Imported here: `import egress` does not load netcut until a namespace is named.
     from netcut.errors import NetcutError
-    from netcut.target import resolve_target
+    from netcut.resolve import resolve_target
 
     try:
         return resolve_target(ns).path

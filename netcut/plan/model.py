@@ -1,26 +1,23 @@
-"""The data netcut plans with: keep entries, a namespace's state, probe results. Pure.
+"""The data netcut plans with: keep entries, a namespace's state, packet rules, probe
+results. Pure.
 
-The plan's ops are `ops.py`.
+The plan's ops are changes.py.
 
 Frozen dataclasses with readable `str`s (what `netcut cut --dry-run` prints). A `Route` carries
-every attribute `ip route` shows, so a deleted route can be put back exactly. No I/O here: this
-module imports neither socket, asyncio, pyroute2 nor iptc.
+every attribute `ip route` shows, so a deleted route can be put back exactly. No I/O here
+(tests/unit/test_netcut_imports.py checks its imports).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 from netcut.errors import InvalidInput, InvalidType
 
 # is unassigned in iproute2's rt_protos and by IANA-registered routing daemons.
 NETCUT_PROTO = 110
-# Name of the netfilter chain that holds the backstop (filter table, iptables and ip6tables).
-CHAIN = "NETCUT"
-# Name of the chain (nat table, IPv4 only) that holds transparent mode's redirects.
-NAT_CHAIN = "NETCUT_REDIRECT"
 
 AF_INET = 2
 AF_INET6 = 10
@@ -199,42 +196,73 @@ class Lookup:
     prefsrc: str | None = None
 
 
-@dataclass(frozen=True)
-class SeenRule:
-    """One netfilter rule as read back from a filter table, in neutral form (what
-    python-iptables decodes: `iptables -S` fields). `matches` and `target_params` hold every
-    option, so a rule with anything netcut never writes cannot pass for one of its own."""
+# ---------------------------------------------------------------- packet rules
 
-    target: str
-    proto: str | None = None
-    src: str | None = None
-    dst: str | None = None
-    in_iface: str | None = None
+
+@dataclass(frozen=True)
+class OutputRule:
+    """One rule of the backstop, which every packet the namespace sends meets first; the
+    first rule that matches decides. `verdict`: "allow", "reject" (an ICMP error) or "reset"
+    (a TCP reset, so a client fails at once). The netfilter backend (docs/netcut.md#backends)
+    decides how a rule is written in the kernel."""
+
+    verdict: Literal["allow", "reject", "reset"]
+    proto: Literal["tcp", "udp"] | None = None
+    dst: str | None = None  # CIDR
+    dport: int | None = None
     out_iface: str | None = None
-    matches: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
-    target_params: tuple[tuple[str, str], ...] = ()
+    dst_local: bool = False  # only to the namespace's own addresses (transparent mode's lo)
 
     def __str__(self) -> str:
-        parts = [f"-p {self.proto}"] if self.proto else []
-        for flag, value in (("-s", self.src), ("-d", self.dst), ("-i", self.in_iface),
-                            ("-o", self.out_iface)):  # fmt: skip
-            if value:
-                parts.append(f"{flag} {value}")
-        for name, params in self.matches:
-            parts.append(" ".join([f"-m {name}", *(f"--{k} {v}" for k, v in params)]))
-        verdict = [f"-j {self.target}", *(f"--{k} {v}" for k, v in self.target_params)]
-        parts.append(" ".join(verdict))
-        return " ".join(parts)
+        parts = (self.verdict, self.proto, self.out_iface, self.dst_local, self.dst, self.dport)
+        return _describe(*parts)
 
 
 @dataclass(frozen=True)
-class FilterDump:
-    """A family's filter table as far as the backstop is concerned: OUTPUT's rules in order,
-    and chain NETCUT's (None when the chain does not exist)."""
+class RedirectRule:
+    """One rule of transparent mode's redirects (IPv4), first match wins: "pass" leaves the
+    packet alone, "redirect" sends it to `to_port` on the namespace's own loopback."""
+
+    verdict: Literal["pass", "redirect"]
+    proto: Literal["tcp", "udp"] | None = None
+    dst: str | None = None  # CIDR
+    dport: int | None = None
+    dst_local: bool = False  # loopback and the namespace's own addresses
+    to_port: int | None = None
+
+    def __str__(self) -> str:
+        text = _describe(self.verdict, self.proto, None, self.dst_local, self.dst, self.dport)
+        return text if self.to_port is None else f"{text} to port {self.to_port}"
+
+
+def _describe(
+    verdict: str,
+    proto: str | None,
+    out_iface: str | None,
+    dst_local: bool,
+    dst: str | None,
+    dport: int | None,
+) -> str:
+    words = [verdict, *([proto] if proto else []), *([f"out {out_iface}"] if out_iface else [])]
+    words += ["to local addresses"] if dst_local else []
+    words += [f"to {dst}"] if dst else []
+    words += [f"port {dport}"] if dport is not None else []
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class SeenBackstop:
+    """A family's backstop as the netfilter backend read it back, in the plan's terms, for
+    `status` to compare with the plan (docs/netcut.md#status). `rules` is None when the
+    backstop is gone; a rule the backend cannot read as one netcut writes is None in it
+    (it never equals a planned rule). `shown` holds each rule as the backend shows it, and
+    `ahead` each rule that a packet meets before the backstop and that could let it out."""
 
     family: int
-    output: tuple[SeenRule, ...]
-    chain: tuple[SeenRule, ...] | None
+    rules: tuple[OutputRule | None, ...] | None
+    shown: tuple[str, ...] = ()
+    ahead: tuple[str, ...] = ()
+    first: bool = True  # every packet sent meets the backstop (behind `ahead` only)
 
 
 @dataclass(frozen=True)
@@ -262,19 +290,19 @@ class NamespaceState:
     sysctls: tuple[tuple[str, str], ...] = ()
     nameservers: tuple[str, ...] = ()
     lookups: tuple[Lookup, ...] = ()
-    backstop: tuple[int, ...] = ()  # families whose filter table holds the NETCUT chain
-    # Read for `status` (verify.py); None when the reader did not dump them (a plain cut's
+    backstop: tuple[int, ...] = ()  # families that hold netcut's backstop
+    # Read for `status` (plan/verify.py); None when the reader did not dump them (a plain cut's
     # planning needs neither), and then they are reported as not verified.
-    filters: tuple[FilterDump, ...] | None = None
+    filters: tuple[SeenBackstop, ...] | None = None
     policy_rules: tuple[PolicyRule, ...] | None = None
-    redirect: bool = False  # the nat table holds the NETCUT_REDIRECT chain (transparent mode)
+    redirect: bool = False  # the namespace holds transparent mode's redirects
 
     def sysctl(self, key: str) -> str | None:
         return dict(self.sysctls).get(key)
 
     @property
     def has_ipv6(self) -> bool:
-        """False on a kernel booted with ipv6.disable=1 (no net/ipv6 sysctls, no ip6tables)."""
+        """False on a kernel booted with ipv6.disable=1 (no net/ipv6 sysctls, no IPv6 netfilter)."""
         return any(key.startswith("net/ipv6/") for key, _ in self.sysctls)
 
     @property

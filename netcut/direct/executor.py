@@ -1,5 +1,6 @@
-"""The executor: one dispatcher that turns plan ops into netlink, sysctl and netfilter calls,
-plus the jobs that run inside the namespace (nsexec.run_in_netns): direct mode's executor
+"""The executor: one dispatcher that turns plan ops into netlink, sysctl and netfilter calls
+(the latter through the netfilter backend, direct/netfilter.py),
+plus the jobs that run inside the namespace (worker.run_in_netns): direct mode's executor
 primitives for the one cut algorithm in flow.py.
 
 Strategy. A cut writes its record (records.py) *before* the first change, then applies ops one
@@ -23,13 +24,17 @@ import errno
 import os
 import signal
 
-from iptc import IPTCError
-
-from netcut import backstop, flow, flows, nat, plan
+from netcut import flow
 from netcut.collect import collect_if_due
+from netcut.direct import sockdestroy
+from netcut.direct.iptables import Iptables
+from netcut.direct.kernelstate import read_state
+from netcut.direct.netfilter import Netfilter
+from netcut.direct.probe import run_probe
+from netcut.direct.rtnl import NetlinkError, Rtnl
 from netcut.errors import ApplyFailed, StateError
-from netcut.model import Keep, NamespaceState, ProbeResult
-from netcut.ops import (
+from netcut.plan import planner
+from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
     AddRedirect,
@@ -42,16 +47,17 @@ from netcut.ops import (
     RemoveRedirect,
     SetSysctl,
 )
-from netcut.probe import run_probe
+from netcut.plan.model import Keep, NamespaceState, ProbeResult
+from netcut.plan.status import CutStatus
 from netcut.records import Journal, Store
-from netcut.rtnl import NetlinkError, Rtnl
-from netcut.state import read_state
-from netcut.status import CutStatus
 
 FAULT_ENV = "NETCUT_FAULT_KILL_AFTER_OP"
 _kill_after = int(os.environ.get(FAULT_ENV, "-1") or -1)
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
+
+# The netfilter backend (direct/netfilter.py): the one place that chooses it.
+NETFILTER: Netfilter = Iptables()
 
 
 def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
@@ -64,7 +70,7 @@ def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
         raise ApplyFailed(f"{op}: {exc.args[-1] if exc.args else exc}") from None
     except OSError as exc:
         raise ApplyFailed(f"{op}: {exc.strerror or exc}") from None
-    except IPTCError as exc:
+    except NETFILTER.errors as exc:
         raise ApplyFailed(f"{op}: {exc}") from None
 
 
@@ -77,15 +83,15 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
         with open(f"/proc/sys/{op.key}", "w") as f:
             f.write(op.value)
     elif isinstance(op, AddBackstop):
-        backstop.install(op.family, op.rules)
+        NETFILTER.install_backstop(op.family, op.rules)
     elif isinstance(op, RemoveBackstop):
-        backstop.remove(op.family)
+        NETFILTER.remove_backstop(op.family)
     elif isinstance(op, KillFlows):
-        flows.kill_flows(op.allowed)
+        sockdestroy.kill_flows(op.allowed)
     elif isinstance(op, AddRedirect):
-        nat.install(op.rules)
+        NETFILTER.install_redirects(op.rules)
     elif isinstance(op, RemoveRedirect):
-        nat.remove()
+        NETFILTER.remove_redirects()
     else:
         raise RuntimeError(f"unexpected {op!r}")
 
@@ -114,7 +120,7 @@ def rollback(rt: Rtnl, done: list[Op]) -> list[str]:
     """Undo `done` in reverse order; return the errors of undo steps that failed."""
     errors = []
     for op in reversed(done):
-        inverse = plan.invert(op)
+        inverse = planner.invert(op)
         if inverse is None:
             continue
         try:
@@ -137,7 +143,7 @@ def undo_ops(rt: Rtnl, ops: tuple[Op, ...]) -> list[str]:
 
 class InNamespace:
     """Direct mode's executor (flow.Executor, flow.Journaling): the kernel calls themselves,
-    made by netcut's worker after it entered the namespace (nsexec.py). One netlink socket
+    made by netcut's worker after it entered the namespace (direct/worker.py). One netlink socket
     for the whole job."""
 
     def __init__(self) -> None:
@@ -155,7 +161,7 @@ class InNamespace:
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
     ) -> NamespaceState:
-        return read_state(self.rt, keeps, nameservers, verify=verify)
+        return read_state(self.rt, NETFILTER, keeps, nameservers, verify=verify)
 
     def apply(self, ops: tuple[Op, ...]) -> None:
         apply_plan(self.rt, ops)
@@ -209,7 +215,7 @@ def job_read_state(
 ) -> NamespaceState:
     """The namespace's state (tests and benchmarks read it through the worker)."""
     with Rtnl() as rt:
-        return read_state(rt, keeps, nameservers, verify=verify)
+        return read_state(rt, NETFILTER, keeps, nameservers, verify=verify)
 
 
 def job_apply(ops: tuple[Op, ...]) -> None:

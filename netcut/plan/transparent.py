@@ -6,15 +6,15 @@ adds three things to the plan of a cut (docs/netcut.md#transparent-mode):
 
  1. a route `default dev lo src 127.0.0.1` (marked `proto netcut`): every destination now
     routes to the namespace's own loopback, which leads nowhere but the namespace itself;
- 2. chain NETCUT_REDIRECT in the nat table, jumped to first from OUTPUT: DNS (UDP and TCP 53,
-    whatever the address) is redirected to the DNS responder's port, loopback and the
-    namespace's own addresses and the kept destinations are left alone, and every other TCP
-    connection is redirected to the proxy's transparent listener on the namespace's loopback
-    (the proxy reads the original destination with SO_ORIGINAL_DST);
- 3. a narrower backstop: `-o lo` alone would now accept everything (every route leads to
-    lo), so loopback is accepted only for local destinations (`-m addrtype --dst-type LOCAL`,
-    which the redirected connections are), and the DNS responder's port is accepted before the
-    port-53 drop. UDP other than DNS, and everything not redirected, is still rejected.
+ 2. redirects that every packet sent meets first: DNS (UDP and TCP 53, whatever the
+    address) is redirected to the DNS responder's port, loopback and the namespace's own
+    addresses and the kept destinations pass, and every other TCP connection is redirected
+    to the proxy's transparent listener on the namespace's loopback (the proxy reads the
+    original destination with SO_ORIGINAL_DST);
+ 3. a narrower backstop: allowing all output to lo would now allow everything (every route
+    leads to lo), so loopback is allowed only to local addresses (which the redirected
+    connections are), and the DNS responder's port is allowed before port 53 is refused.
+    UDP other than DNS, and everything not redirected, is still refused.
 
 IPv4 only: a cut disables IPv6 on every interface but loopback.
 """
@@ -24,8 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from netcut.errors import InvalidInput
-from netcut.model import AF_INET, NETCUT_PROTO, RT_SCOPE_LINK, Keep, NamespaceState, Route
-from netcut.ops import FilterRule, NatRule
+from netcut.plan.model import (
+    AF_INET,
+    NETCUT_PROTO,
+    RT_SCOPE_LINK,
+    Keep,
+    NamespaceState,
+    OutputRule,
+    RedirectRule,
+    Route,
+)
 
 
 @dataclass(frozen=True)
@@ -42,24 +50,24 @@ class Redirect:
                 raise InvalidInput(f"{name} {value}: port must be 1-65535")
 
 
-def redirect_rules(redirect: Redirect, keeps: tuple[Keep, ...]) -> tuple[NatRule, ...]:
-    """The NETCUT_REDIRECT chain, first match wins. Without a DNS port, DNS is not redirected
-    and the backstop drops it as in any cut."""
-    rules: list[NatRule] = []
+def redirect_rules(redirect: Redirect, keeps: tuple[Keep, ...]) -> tuple[RedirectRule, ...]:
+    """The redirects, first match wins. Without a DNS port, DNS is not redirected and the
+    backstop refuses it as in any cut."""
+    rules: list[RedirectRule] = []
     if redirect.dns_port is not None:
         rules += [
-            NatRule("REDIRECT", proto="udp", dport=53, to_port=redirect.dns_port),
-            NatRule("REDIRECT", proto="tcp", dport=53, to_port=redirect.dns_port),
+            RedirectRule("redirect", proto="udp", dport=53, to_port=redirect.dns_port),
+            RedirectRule("redirect", proto="tcp", dport=53, to_port=redirect.dns_port),
         ]
-    rules.append(NatRule("RETURN", dst_local=True))
+    rules.append(RedirectRule("pass", dst_local=True))
     for keep in keeps:
         if keep.addr.version != 4 or keep.is_loopback:
             continue
         if keep.port is None:
-            rules.append(NatRule("RETURN", dst=f"{keep.addr}/32"))
+            rules.append(RedirectRule("pass", dst=f"{keep.addr}/32"))
         else:
-            rules.append(NatRule("RETURN", proto="tcp", dst=f"{keep.addr}/32", dport=keep.port))
-    rules.append(NatRule("REDIRECT", proto="tcp", to_port=redirect.port))
+            rules.append(RedirectRule("pass", proto="tcp", dst=f"{keep.addr}/32", dport=keep.port))
+    rules.append(RedirectRule("redirect", proto="tcp", to_port=redirect.port))
     return tuple(rules)
 
 
@@ -69,22 +77,28 @@ def loopback_default_route(state: NamespaceState) -> Route:
     if lo is None:
         raise InvalidInput("transparent mode: the namespace has no loopback interface")
     return Route(
-        family=AF_INET, dst=None, dst_len=0, oif=lo.index, ifname=lo.name,
-        proto=NETCUT_PROTO, scope=RT_SCOPE_LINK, prefsrc="127.0.0.1",
-    )  # fmt: skip
+        family=AF_INET,
+        dst=None,
+        dst_len=0,
+        oif=lo.index,
+        ifname=lo.name,
+        proto=NETCUT_PROTO,
+        scope=RT_SCOPE_LINK,
+        prefsrc="127.0.0.1",
+    )
 
 
 def transparent_backstop(
-    rules: tuple[FilterRule, ...], redirect: Redirect
-) -> tuple[FilterRule, ...]:
+    rules: tuple[OutputRule, ...], redirect: Redirect
+) -> tuple[OutputRule, ...]:
     """The IPv4 backstop of a transparent cut, from the ordinary one (see the strategy)."""
-    out: list[FilterRule] = []
+    out: list[OutputRule] = []
     if redirect.dns_port is not None:
         for proto in ("udp", "tcp"):
-            out.append(FilterRule("ACCEPT", proto=proto, dst="127.0.0.1/32",
-                                  dport=redirect.dns_port, out_iface="lo"))  # fmt: skip
+            dns = OutputRule("allow", proto, "127.0.0.1/32", redirect.dns_port, out_iface="lo")
+            out.append(dns)
     for rule in rules:
-        if rule == FilterRule("ACCEPT", out_iface="lo"):
+        if rule == OutputRule("allow", out_iface="lo"):
             rule = replace(rule, dst_local=True)
         out.append(rule)
     return tuple(out)

@@ -2,11 +2,11 @@
 
 Shell. `helper_argv` is the one container run per operation: a `--rm -i` container in the
 target's network namespace holding only NET_ADMIN and NET_RAW, never pulling. `HelperExecutor`
-is `flow.Executor` over it: each request (a script from `render.py`) is written to the
+is `flow.Executor` over it: each request (a script from `helper/script.py`) is written to the
 helper's /bin/sh and ends with a marker carrying a random token and the exit status, so the
 host knows where an answer ends and whether it failed; `close()` returns only once the
 container's process is gone. The default image is imported the first time it is missing
-(helperimage.py). Which container to cut, and the checks on it, are `helper.py`'s.
+(helper/image.py). Which container to cut, and the checks on it, are `helper/mode.py`'s.
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ import threading
 import time
 from types import TracebackType
 
-from netcut import helperimage
-from netcut import plan as plan_mod
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound
-from netcut.model import Keep, NamespaceState, ProbeResult
-from netcut.ops import Op
-from netcut.render import PRELUDE, parse_probe, probe_script, render_op, render_script, state_script
-from netcut.statedump import parse_state_dump
+from netcut.helper import image as helperimage
+from netcut.helper.dump import parse_state_dump
+from netcut.helper.script import (
+    PRELUDE,
+    parse_probe,
+    probe_script,
+    render_op,
+    render_script,
+    state_script,
+)
+from netcut.plan import planner as plan_mod
+from netcut.plan.changes import Op
+from netcut.plan.model import Keep, NamespaceState, ProbeResult
 
 IMAGE_ENV = "NETCUT_HELPER_IMAGE"
 # A helper container starts in a fraction of a second; a minute means the engine is wedged.
@@ -38,15 +45,27 @@ _NO_IMAGE = ("no such image", "image not known", "unable to find image")
 
 
 def default_image() -> str:
-    """The tag of the image assembled from this host's files (helperimage.py)."""
+    """The tag of the image assembled from this host's files (helper/image.py)."""
     return helperimage.image_tag()
 
 
 # ctr's default capability set (containerd's oci.WithDefaultSpec); ctr 1.6 knows no
 # `--cap-drop ALL`, so each is dropped but NET_RAW, which the helper needs.
-_CTR_DEFAULT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "SETGID", "SETUID",
-                     "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL",
-                     "AUDIT_WRITE")  # fmt: skip
+_CTR_DEFAULT_CAPS = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FSETID",
+    "FOWNER",
+    "MKNOD",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "KILL",
+    "AUDIT_WRITE",
+)
 # Where a containerd helper sees the target's net sysctls writable (render.PRELUDE's NCUT_SYS).
 CTR_SYS_NET = "/netcut/sys/net"
 

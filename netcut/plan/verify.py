@@ -6,63 +6,51 @@ state, not as "the keys it removed are still gone": an attacker (or a careless s
 with CAP_NET_ADMIN can add a route by another key, in another table, behind an `ip rule`, or
 open the backstop without removing it. Each invariant answers with readable lines:
 
- 1. backstop, per family the plan installed: chain NETCUT holds exactly the planned rules in
-    order, and OUTPUT jumps to it with nothing but DROP/REJECT ahead of the jump;
+ 1. backstop, per family the plan installed: it holds exactly the planned rules in order,
+    and every packet sent meets it first, behind nothing that could let a packet out (what
+    could is the netfilter backend's to judge when it reads its rules back);
  2. routes, every table: no unicast route (nor a broadcast/multicast one outside the local
     table) leaves by a real interface unless it is one of the plan's keep routes (same key,
     interface and gateway), and every keep route is there;
  3. policy rules: none (beyond the kernel's three defaults) leads to a table with such a route;
  4. IPv6: the sysctls the cut sets (disable_ipv6=1, accept_ra=0) hold for every interface now
     present, and no interface but loopback holds an IPv6 address;
- 5. transparent mode: chain NETCUT_REDIRECT is present in the nat table (its content is not
-    compared: a redirect that stops working leaves the traffic to the backstop, which drops
-    it, so it can only close, never open; redirect.py).
+ 5. transparent mode: the redirects are present (their content is not compared: a redirect
+    that stops working leaves the traffic to the backstop, which refuses it, so it can only
+    close, never open; plan/transparent.py).
 
 `repair_ops` turns the same findings into ops that bring the namespace back to the plan
 without touching the record (what the tamper added is removed, never put back by restore).
-No I/O here: this module imports neither socket, asyncio, pyroute2 nor iptc.
+No I/O here (tests/unit/test_netcut_imports.py checks its imports).
 """
 
 from __future__ import annotations
 
-import ipaddress
-from typing import Literal, TypeAlias
-
-from netcut.model import (
-    AF_INET6,
-    CHAIN,
-    FR_ACT_TO_TBL,
-    NAT_CHAIN,
-    RT_TABLE_LOCAL,
-    RTN_UNICAST,
-    Addr,
-    FilterDump,
-    NamespaceState,
-    Route,
-    SeenRule,
-)
-from netcut.ops import (
+from netcut.plan.changes import (
     AddBackstop,
     AddRedirect,
     AddRoute,
     DelAddr,
     DelRoute,
-    FilterRule,
     KillFlows,
     Op,
     SetSysctl,
 )
+from netcut.plan.model import (
+    AF_INET6,
+    FR_ACT_TO_TBL,
+    RT_TABLE_LOCAL,
+    RTN_UNICAST,
+    Addr,
+    NamespaceState,
+    Route,
+)
 
-Verdict: TypeAlias = Literal["ACCEPT", "REJECT", "REJECT-RST"]
 # The kernel's own rules (priority, table): local, main, default. Every lookup goes through
 # them; a way out in `main` is already reported as a route, the rule adds nothing.
 DEFAULT_RULES = frozenset({(0, 255), (32766, 254), (32767, 253)})
-# Verdicts that can only close more: harmless ahead of the jump to NETCUT.
-_CLOSING = frozenset({"DROP", "REJECT"})
 # linux/rtnetlink.h: RTN_BROADCAST, RTN_ANYCAST, RTN_MULTICAST
 _CASTS = frozenset({3, 4, 5})
-_ANY_PROTO = frozenset({"", "ip", "ipv6", "all", "0"})
-_REJECT_DEFAULT = frozenset({"icmp-port-unreachable", "icmp6-port-unreachable"})
 
 
 def ipv6_sysctls(state: NamespaceState) -> list[tuple[str, str]]:
@@ -82,13 +70,13 @@ def differences(ops: tuple[Op, ...], state: NamespaceState) -> tuple[str, ...]:
         if isinstance(op, AddBackstop):
             found += backstop_differences(op, state)
         if isinstance(op, AddRedirect) and not state.redirect:
-            found.append(f"iptables -t nat: chain {NAT_CHAIN} is gone")
+            found.append("the redirects are gone")
     planned = _planned_routes(ops)
     found += [f"route out not in the plan: {r}{_metric(r)}" for r in leaving_routes(ops, state)]
     found += [f"keep route missing: {r}" for r in _missing_routes(planned, state)]
     found += [f"policy rule leads out: {rule}" for rule in _rules_out(ops, state)]
-    found += [f"sysctl {k.replace('/', '.')} = {cur} (the cut sets {want})"
-              for k, want, cur in _wrong_sysctls(state)]  # fmt: skip
+    for key, want, cur in _wrong_sysctls(state):
+        found.append(f"sysctl {key.replace('/', '.')} = {cur} (the cut sets {want})")
     found += [f"IPv6 address {a}" for a in _ipv6_addrs(state)]
     return tuple(found)
 
@@ -97,7 +85,7 @@ def unverified(state: NamespaceState) -> tuple[str, ...]:
     """What the state dump did not include, so `differences` could not check it."""
     missing = []
     if state.filters is None:
-        missing.append("backstop rules and hook (only the chain's presence)")
+        missing.append("backstop rules and their place first (only the backstop's presence)")
     if state.policy_rules is None:
         missing.append("policy rules")
     return tuple(f"not verified: {m}" for m in missing)
@@ -125,128 +113,30 @@ def repair_ops(ops: tuple[Op, ...], state: NamespaceState) -> tuple[Op, ...]:
 
 
 def backstop_differences(op: AddBackstop, state: NamespaceState) -> list[str]:
-    tool = "ip6tables" if op.family == AF_INET6 else "iptables"
+    label = f"{'IPv6' if op.family == AF_INET6 else 'IPv4'} backstop"
     if op.family not in state.backstop:
-        return [f"{tool}: chain {CHAIN} is gone"]
+        return [f"{label} is gone"]
     if state.filters is None:
         return []
-    dump = next((d for d in state.filters if d.family == op.family), None)
-    if dump is None or dump.chain is None:
-        return [f"{tool}: chain {CHAIN} is gone"]
-    return [f"{tool}: {line}" for line in (*_hook(dump), *_chain(op.rules, dump))]
+    seen = next((d for d in state.filters if d.family == op.family), None)
+    if seen is None or seen.rules is None:
+        return [f"{label} is gone"]
+    lines = [f"output rule ahead of it: {rule}" for rule in seen.ahead]
+    lines += [] if seen.first else ["output does not pass through it first"]
+    return [f"{label}: {line}" for line in (*lines, *_rules(op.rules, seen.rules, seen.shown))]
 
 
-def _hook(dump: FilterDump) -> list[str]:
-    ahead: list[str] = []
-    for rule in dump.output:
-        if _is_jump(rule, dump.family):
-            return ahead
-        if rule.target not in _CLOSING:
-            ahead.append(f"OUTPUT rule ahead of the jump to {CHAIN}: {rule}")
-    return [*ahead, f"OUTPUT does not jump to {CHAIN}"]
-
-
-def _is_jump(rule: SeenRule, family: int) -> bool:
-    """`-j NETCUT` and nothing else (python-iptables shows "any" as 0.0.0.0/0.0.0.0)."""
-    plain = SeenRule(rule.target, proto=rule.proto, src=rule.src, dst=rule.dst)
-    anywhere = _cidr(rule.src, family) is None and _cidr(rule.dst, family) is None
-    return rule.target == CHAIN and rule == plain and anywhere and (rule.proto or "") in _ANY_PROTO
-
-
-def _chain(planned: tuple[FilterRule, ...], dump: FilterDump) -> list[str]:
-    seen = dump.chain or ()
-    found = [as_filter_rule(r, dump.family) for r in seen]
-    if tuple(found) == planned:
+def _rules(
+    planned: tuple[object, ...], found: tuple[object, ...], shown: tuple[str, ...]
+) -> list[str]:
+    if found == planned:
         return []
     for i, want in enumerate(planned):
-        if i >= len(seen):
-            return [f"chain {CHAIN} has {len(seen)} of the plan's {len(planned)} rules"]
+        if i >= len(found):
+            return [f"it has {len(found)} of the plan's {len(planned)} rules"]
         if found[i] != want:
-            shown = " ".join(want.iptables_args())
-            return [f"chain {CHAIN} rule {i + 1} is `{seen[i]}`, the plan has `{shown}`"]
-    return [
-        f"chain {CHAIN} has rules the plan does not: {'; '.join(map(str, seen[len(planned) :]))}"
-    ]
-
-
-def as_filter_rule(rule: SeenRule, family: int) -> FilterRule | None:
-    """The backstop rule `rule` is, or None when it holds anything netcut never writes."""
-    verdict = _verdict(rule)
-    proto = "" if (rule.proto or "") in _ANY_PROTO else rule.proto
-    if verdict is None or proto not in ("", "tcp", "udp") or rule.in_iface:
-        return None
-    if _cidr(rule.src, family) is not None or (rule.out_iface or "").startswith("!"):
-        return None
-    dst = _cidr(rule.dst, family)
-    if dst == "!":
-        return None
-    local = ("addrtype", (("dst-type", "LOCAL"),))
-    dst_local = local in rule.matches  # transparent mode's narrower loopback (redirect.py)
-    if dst_local:
-        rule = SeenRule(rule.target, rule.proto, rule.src, rule.dst, rule.in_iface,
-                        rule.out_iface, tuple(m for m in rule.matches if m != local),
-                        rule.target_params)  # fmt: skip
-    dport = _dport(rule, proto)
-    if dport == -1:
-        return None
-    return FilterRule(
-        verdict,
-        proto="tcp" if proto == "tcp" else "udp" if proto == "udp" else None,
-        dst=dst,
-        dport=dport,
-        out_iface=rule.out_iface or None,
-        dst_local=dst_local,
-    )
-
-
-def _verdict(rule: SeenRule) -> Verdict | None:
-    params = dict(rule.target_params)
-    if rule.target == "ACCEPT" and not params:
-        return "ACCEPT"
-    if rule.target == "REJECT" and set(params) <= {"reject-with"}:
-        with_ = params.get("reject-with", "icmp-port-unreachable")
-        if with_ == "tcp-reset":
-            return "REJECT-RST"
-        if with_ in _REJECT_DEFAULT:
-            return "REJECT"
-    return None
-
-
-def _dport(rule: SeenRule, proto: str | None) -> int | None:
-    """The one `--dport N` match of `proto`; None without matches; -1 for anything else."""
-    if not rule.matches:
-        return None
-    if len(rule.matches) != 1:
-        return -1
-    name, params = rule.matches[0]
-    value = dict(params).get("dport", "")
-    if name != proto or len(params) != 1 or not value.isdigit():
-        return -1
-    return int(value)
-
-
-def _cidr(text: str | None, family: int) -> str | None:
-    """`addr/mask` or `addr/len` as `addr/len`; None for "any"; "!" for a negation or an
-    unreadable value (never equal to a planned rule)."""
-    if not text:
-        return None
-    if text.startswith("!"):
-        return "!"
-    addr, _, mask = text.partition("/")
-    try:
-        ip = ipaddress.ip_address(addr)
-        length: int
-        if not mask:
-            length = ip.max_prefixlen
-        elif mask.isdigit():
-            length = int(mask)
-        else:
-            length = bin(int(ipaddress.ip_address(mask))).count("1")
-    except ValueError:
-        return "!"
-    if length == 0:
-        return None
-    return f"{ip}/{length}"
+            return [f"rule {i + 1} is `{shown[i]}`, the plan has `{want}`"]
+    return [f"it has rules the plan does not: {'; '.join(shown[len(planned) :])}"]
 
 
 # ---------------------------------------------------------------- routes and rules

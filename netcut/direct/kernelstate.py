@@ -1,8 +1,8 @@
 """Read a namespace's state into model.NamespaceState. Runs *inside* the namespace.
 
-Call these only from a process that has entered the target namespace (nsexec.run_in_netns):
-an `Rtnl` (rtnl.py) opened there talks to that namespace's netlink, /proc/sys/net shows its
-sysctls, and python-iptables opens its tables. Nothing here opens a namespace by name, so
+Call these only from a process that has entered the target namespace (worker.run_in_netns):
+an `Rtnl` (direct/rtnl.py) opened there talks to that namespace's netlink, /proc/sys/net shows its
+sysctls, and the netfilter backend opens its tables. Nothing here opens a namespace by name, so
 nothing can be created by accident (pyroute2 creates a missing named namespace unless told
 flags=0).
 """
@@ -13,9 +13,10 @@ import errno
 import socket
 from typing import Any
 
-from netcut import backstop, nat
+from netcut.direct.netfilter import Netfilter
+from netcut.direct.rtnl import NetlinkError, Rtnl
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     Addr,
@@ -26,7 +27,6 @@ from netcut.model import (
     PolicyRule,
     Route,
 )
-from netcut.rtnl import NetlinkError, Rtnl
 
 LOOPBACK_INDEX = 1
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
@@ -34,13 +34,14 @@ _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
 
 def read_state(
     rt: Rtnl,
+    netfilter: Netfilter,
     keeps: tuple[Keep, ...] = (),
     nameservers: tuple[str, ...] = (),
     *,
     verify: bool = False,
 ) -> NamespaceState:
     """Links, addresses, routes (v4+v6, all tables), IPv6 sysctls, route lookups for the
-    kept addresses, and which families hold the backstop chain. With `verify` (status, and a
+    kept addresses, and which families hold the backstop. With `verify` (status, and a
     cut of a namespace that has a record) also the policy rules and the backstop's rules and
     hook, which a first cut's planning does not need (docs/netcut.md#status)."""
     links = read_links()
@@ -51,7 +52,7 @@ def read_state(
         for m in rt.dump_routes()
         if m["family"] in (AF_INET, AF_INET6)
     )
-    families = backstop.present_families()
+    families = netfilter.backstop_families()
     return NamespaceState(
         links=links,
         addrs=addrs,
@@ -60,8 +61,8 @@ def read_state(
         nameservers=nameservers,
         lookups=tuple(_lookup(rt, str(k.addr), names) for k in keeps if not k.is_loopback),
         backstop=families,
-        redirect=nat.present(),
-        filters=tuple(backstop.dump(f) for f in families) if verify else None,
+        redirect=netfilter.has_redirects(),
+        filters=tuple(netfilter.read_backstop(f) for f in families) if verify else None,
         policy_rules=tuple(_rule(m) for m in rt.dump_rules()) if verify else None,
     )
 

@@ -70,7 +70,7 @@ class _Worker:
     def __init__(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        code = f"from netcut.nsexec import serve; serve({child.fileno()})"
+        code = f"from netcut.direct.worker import serve; serve({child.fileno()})"
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code],
@@ -320,9 +320,9 @@ def serve(fileno: int) -> None:  # pragma: no cover - the worker's main, reports
 def _warm_up() -> None:  # pragma: no cover - runs in the worker
     """Load, once per worker, what every job needs: the executor's modules and the xtables
     extensions of the backstop (building rules opens no table)."""
-    from netcut import apply, backstop  # noqa: F401 - imported for the jobs
+    from netcut.direct import executor
 
-    backstop.prewarm()
+    executor.NETFILTER.prewarm()
 
 
 def _run_job(fd: int, func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:  # pragma: no cover

@@ -30,7 +30,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from netcut.model import AF_INET6, Addr, Route
+from netcut.plan.model import AF_INET6, Addr, Route
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 _RECV = 65536
@@ -130,8 +130,11 @@ class Rtnl:
         msg["index"] = addr.index
         msg["flags"] = addr.flags & 0xFF
         msg["scope"] = addr.scope
-        msg["attrs"] = [("IFA_LOCAL", addr.address), ("IFA_ADDRESS", addr.address),
-                        ("IFA_FLAGS", addr.flags)]  # fmt: skip
+        msg["attrs"] = [
+            ("IFA_LOCAL", addr.address),
+            ("IFA_ADDRESS", addr.address),
+            ("IFA_FLAGS", addr.flags),
+        ]
         if add:
             self._request(msg, RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
         else:

@@ -1,10 +1,15 @@
-"""The netfilter backstop: chain NETCUT in the filter table, jumped to first from OUTPUT.
+"""The iptables backend (direct/netfilter.py's `Netfilter`), driven through python-iptables:
+the backstop is chain NETCUT in the filter table (iptables and ip6tables), the redirects
+chain NETCUT_REDIRECT in the nat table (IPv4), each jumped to first from OUTPUT
+(iptables_text.py holds the rule language both modes share).
 
-Runs *inside* the target namespace only (netcut's worker process, see nsexec.py):
+Runs *inside* the target namespace only (netcut's worker process, see direct/worker.py):
 python-iptables has no namespace support and caches Table objects process-wide, and libiptc
 binds a table handle to the namespace of the socket it opened. Each function here therefore
 drops the cached table and opens a fresh one, and each install/remove is a single commit
-(atomic per family). Only the filter tables are ever opened: opening a table registers it.
+(atomic per family). The filter tables are opened only when needed, and the nat table only
+for a transparent cut or when this namespace already registered it: opening a table
+registers it, and `status` must not change the namespace it reads.
 
 `prewarm()` runs once when the worker starts, in its own namespace: it loads the xtables
 extensions (tcp, udp, REJECT) and builds the fixed rules without opening any table.
@@ -16,11 +21,12 @@ from typing import Any
 
 import iptc
 
-from netcut.model import AF_INET, AF_INET6, CHAIN, FilterDump, SeenRule
-from netcut.ops import FilterRule
-from netcut.plan import backstop_rules
+from netcut.iptables_text import CHAIN, NAT_CHAIN, TARGETS, SeenRule, seen_backstop
+from netcut.plan.model import AF_INET, AF_INET6, OutputRule, RedirectRule, SeenBackstop
+from netcut.plan.planner import backstop_rules
 
 _FILTER = "filter"
+_NAT = "nat"
 
 
 def _table(family: int) -> Any:
@@ -36,13 +42,13 @@ def _new_rule(family: int) -> Any:
     return iptc.Rule6() if family == AF_INET6 else iptc.Rule()
 
 
-_built: dict[tuple[int, FilterRule], Any] = {}
+_built: dict[tuple[int, OutputRule], Any] = {}
 # A long-lived worker cuts thousands of sandboxes: the cache keeps the fixed rules and the
 # recent keeps, never one entry per address it ever saw (its memory stays flat).
 _BUILT_MAX = 512
 
 
-def cached_rule(family: int, spec: FilterRule) -> Any:
+def cached_rule(family: int, spec: OutputRule) -> Any:
     """A rule depends on no namespace: build it once per process (xtables option parsing
     through ctypes is most of a backstop commit's cost), append copies of it anywhere."""
     key = (family, spec)
@@ -54,7 +60,7 @@ def cached_rule(family: int, spec: FilterRule) -> Any:
     return _built[key]
 
 
-def build_rule(family: int, spec: FilterRule) -> Any:
+def build_rule(family: int, spec: OutputRule) -> Any:
     rule = _new_rule(family)
     if spec.out_iface:
         rule.out_interface = spec.out_iface
@@ -67,8 +73,8 @@ def build_rule(family: int, spec: FilterRule) -> Any:
     if spec.dport is not None:
         match = rule.create_match(spec.proto or "tcp")
         match.dport = str(spec.dport)
-    target = rule.create_target("REJECT" if spec.verdict.startswith("REJECT") else spec.verdict)
-    if spec.verdict == "REJECT-RST":
+    target = rule.create_target("REJECT" if spec.verdict == "reset" else TARGETS[spec.verdict])
+    if spec.verdict == "reset":
         target.reject_with = "tcp-reset"
     return rule
 
@@ -101,7 +107,7 @@ def _jump(family: int, table: Any) -> Any:
     return rule
 
 
-def install(family: int, rules: tuple[FilterRule, ...]) -> None:
+def install(family: int, rules: tuple[OutputRule, ...]) -> None:
     """Create (or refill) chain NETCUT with `rules` and jump to it first from OUTPUT."""
     table = _table(family)
     if table.is_chain(CHAIN):
@@ -147,16 +153,16 @@ def present_families() -> tuple[int, ...]:
     )
 
 
-def dump(family: int) -> FilterDump:
+def dump(family: int) -> SeenBackstop:
     """OUTPUT's rules and chain NETCUT's, decoded in full (every match and target option),
-    for `status` to compare with the plan. Call only for a family whose filter table is
-    registered (`present_families`): opening a table registers it."""
+    in the plan's terms for `status` to compare with the plan. Call only for a family whose
+    filter table is registered (`present_families`): opening a table registers it."""
     table = _table(family)
     output = tuple(_seen(r) for r in iptc.Chain(table, "OUTPUT").rules)
     chain = None
     if table.is_chain(CHAIN):
         chain = tuple(_seen(r) for r in iptc.Chain(table, CHAIN).rules)
-    return FilterDump(family, output, chain)
+    return seen_backstop(family, output, chain)
 
 
 def _seen(rule: Any) -> SeenRule:
@@ -198,3 +204,110 @@ def prewarm() -> None:
     for family in (AF_INET, AF_INET6):
         for spec in backstop_rules(family, ()):
             cached_rule(family, spec)
+
+
+# ---------------------------------------------------------------- redirects (nat)
+
+
+def _nat_table() -> Any:
+    iptc.Table._cache.pop(_NAT, None)
+    iptc.Chain._cache.clear()
+    return iptc.Table(_NAT, autocommit=False)
+
+
+def build_nat_rule(spec: RedirectRule) -> Any:
+    rule = iptc.Rule()
+    if spec.dst:
+        rule.dst = spec.dst
+    if spec.dst_local:
+        rule.create_match("addrtype").dst_type = "LOCAL"
+    if spec.proto:
+        rule.protocol = spec.proto
+    if spec.dport is not None:
+        rule.create_match(spec.proto or "tcp").dport = str(spec.dport)
+    target = rule.create_target("REDIRECT" if spec.verdict == "redirect" else "RETURN")
+    if spec.verdict == "redirect":
+        target.to_ports = str(spec.to_port)
+    return rule
+
+
+class _NatJump(_OnlyTable, iptc.Rule):  # type: ignore[misc]
+    pass
+
+
+def _nat_jump(table: Any) -> Any:
+    rule = _NatJump()
+    rule.only = table
+    rule.create_target(NAT_CHAIN)
+    return rule
+
+
+def install_nat(rules: tuple[RedirectRule, ...]) -> None:
+    """Create (or refill) chain NETCUT_REDIRECT with `rules`, jumped to first from OUTPUT."""
+    table = _nat_table()
+    if table.is_chain(NAT_CHAIN):
+        _remove_nat_jumps(table)
+        table.flush_entries(NAT_CHAIN)
+    else:
+        table.create_chain(NAT_CHAIN)
+    chain = iptc.Chain(table, NAT_CHAIN)
+    for spec in rules:
+        chain.append_rule(build_nat_rule(spec))
+    iptc.Chain(table, "OUTPUT").insert_rule(_nat_jump(table))
+    table.commit()
+
+
+def remove_nat() -> None:
+    """Remove the jumps from OUTPUT and chain NETCUT_REDIRECT; nothing to do when absent."""
+    if not nat_present():
+        return
+    table = _nat_table()
+    _remove_nat_jumps(table)
+    table.flush_entries(NAT_CHAIN)
+    table.delete_chain(NAT_CHAIN)
+    table.commit()
+
+
+def _remove_nat_jumps(table: Any) -> None:
+    output = iptc.Chain(table, "OUTPUT")
+    while True:
+        try:
+            output.delete_rule(_nat_jump(table))
+        except iptc.IPTCError:
+            return
+
+
+def nat_present() -> bool:
+    """Does this namespace's nat table hold chain NETCUT_REDIRECT? (Never registers it.)"""
+    return _NAT in _registered("ip_tables_names") and bool(_nat_table().is_chain(NAT_CHAIN))
+
+
+class Iptables:
+    """`Netfilter` over python-iptables (legacy xtables, the backend helper mode's
+    iptables-legacy also speaks, so either mode sees the other's rules)."""
+
+    errors: tuple[type[Exception], ...] = (iptc.IPTCError,)
+
+    def install_backstop(self, family: int, rules: tuple[OutputRule, ...]) -> None:
+        install(family, rules)
+
+    def remove_backstop(self, family: int) -> None:
+        remove(family)
+
+    def install_redirects(self, rules: tuple[RedirectRule, ...]) -> None:
+        install_nat(rules)
+
+    def remove_redirects(self) -> None:
+        remove_nat()
+
+    def backstop_families(self) -> tuple[int, ...]:
+        return present_families()
+
+    def has_redirects(self) -> bool:
+        return nat_present()
+
+    def read_backstop(self, family: int) -> SeenBackstop:
+        return dump(family)
+
+    def prewarm(self) -> None:
+        prewarm()

@@ -1,6 +1,6 @@
 """Probe a namespace from inside: do kept ADDR:PORTs accept TCP, do blocked ones refuse?
 
-Runs in netcut's worker after it entered the namespace (nsexec.run_in_netns). All connects start at
+Runs in netcut's worker after it entered the namespace (worker.run_in_netns). All connects start at
 once (non-blocking) and share one deadline, so a probe of any size takes at most `timeout`
 seconds: a silently dropped SYN is a timeout, never a hang. A reachable target must complete
 the handshake; a blocked one must not (refused, unreachable, reset, or timed out all count).
@@ -14,7 +14,7 @@ import selectors
 import socket
 import time
 
-from netcut.model import Keep, ProbeItem, ProbeResult
+from netcut.plan.model import Keep, ProbeItem, ProbeResult
 
 __all__ = ["DEFAULT_TIMEOUT_S", "ProbeItem", "ProbeResult", "run_probe"]
 

@@ -1,32 +1,45 @@
 """The cut as data: a namespace's state in, a plan of small operations out. Pure.
 
-Strategy. `read_state` (state.py) turns netlink, sysctl and netfilter answers into the frozen
-dataclasses of model.py; `plan_cut` turns a `NamespaceState` and the keep list into a
-`CutPlan`, a tuple of ops in the order they must run; `plan_restore` turns the recorded plan
-(and what the namespace holds now) into the ops that undo it. The executor (apply.py) is a
-single dispatcher over these ops, and the helper renderer (render.py) turns the same ops into
-shell commands.
+Strategy. The executor of a mode reads the namespace (netlink, sysctls, its netfilter
+backend) into the frozen dataclasses of plan/model.py; `plan_cut` turns a `NamespaceState` and
+the keep list into a `CutPlan`, a tuple of ops in the order they must run; `plan_restore`
+turns the recorded plan (and what the namespace holds now) into the ops that undo it. Direct
+mode's executor is a single dispatcher over these ops, helper mode turns the same ops into
+shell commands, and how a rule is written in the kernel is the netfilter backend's
+(docs/netcut.md#backends).
 
 Order of a cut, chosen so that the namespace is never more open than before and is closed
-from the first step: (1) the netfilter backstop (v4 and v6) goes in first, so the moment it is
-committed only loopback and the kept ADDR:PORTs can be reached; (2) /32 keep routes are added
+from the first step: (1) the backstop (v4 and v6), which every packet sent meets first,
+goes in first, so the moment it is in place only loopback and the kept ADDR:PORTs can be
+reached; (2) /32 keep routes are added
 (marked with `NETCUT_PROTO`); (3) every other unicast route outside the local table is deleted,
 gateway routes before the connected routes they depend on; (4) IPv6 addresses are removed and
 IPv6 disabled per interface, router advertisements ignored; (5) TCP flows to anything not kept
 are destroyed. Restore runs the inverse ops in reverse order.
 
-No I/O here: this module imports neither socket, asyncio, pyroute2 nor iptc.
+No I/O here (tests/unit/test_netcut_imports.py checks its imports).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.plan.changes import (
+    AddAddr,
+    AddBackstop,
+    AddRedirect,
+    AddRoute,
+    DelAddr,
+    DelRoute,
+    KillFlows,
+    Op,
+    RemoveBackstop,
+    RemoveRedirect,
+    SetSysctl,
+)
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     NETCUT_PROTO,
@@ -40,34 +53,16 @@ from netcut.model import (
     Address,
     Keep,
     NamespaceState,
+    OutputRule,
     Route,
-    parse_keep,
 )
-from netcut.ops import (
-    AddAddr,
-    AddBackstop,
-    AddRedirect,
-    AddRoute,
-    DelAddr,
-    DelRoute,
-    FilterRule,
-    KillFlows,
-    NatRule,
-    Op,
-    RemoveBackstop,
-    RemoveRedirect,
-    SetSysctl,
-)
-from netcut.redirect import (
+from netcut.plan.transparent import (
     Redirect,
     loopback_default_route,
     redirect_rules,
     transparent_backstop,
 )
-from netcut.verify import ipv6_sysctls
-
-# Format version of the JSON record written before a cut (records.py).
-RECORD_VERSION = 1
+from netcut.plan.verify import ipv6_sysctls
 
 
 @dataclass(frozen=True)
@@ -82,9 +77,6 @@ class CutPlan:
     def lines(self) -> list[str]:
         kept = ", ".join(str(k) for k in self.keeps) or "nothing but loopback"
         return [f"keep: {kept}", *(f"  {op}" for op in self.ops)]
-
-    def to_json(self) -> str:
-        return json.dumps(plan_to_data(self), sort_keys=True)
 
     @property
     def transparent(self) -> bool:
@@ -109,7 +101,7 @@ def plan_cut(
 ) -> CutPlan:
     """Compute the ops that cut `state` down to loopback and `keeps`.
 
-    With `redirect` (transparent mode, see redirect.py), TCP and DNS are also redirected to
+    With `redirect` (transparent mode, see plan/transparent.py), TCP and DNS are also redirected to
     the proxy's in-namespace listeners. Raises InvalidInput for a keep that cannot be
     honoured: an IPv6 address other than loopback (the cut disables IPv6), a port-53 keep
     (the DNS drop wins), or an address the namespace has no route to.
@@ -220,37 +212,37 @@ def _allowed_flows(
 
 def backstop_rules(
     family: int, keeps: tuple[Keep, ...], nameservers: tuple[str, ...] = ()
-) -> tuple[FilterRule, ...]:
-    """The NETCUT chain for one family, first match wins.
+) -> tuple[OutputRule, ...]:
+    """The backstop for one family, first match wins.
 
     DNS goes first so that even a resolver on loopback (Docker's embedded 127.0.0.11, whose
-    NAT rule rewrites the port before the filter table sees it) is refused; then loopback and
-    the kept destinations are accepted; everything else is rejected, TCP with a reset so a
-    client fails at once instead of waiting for a timeout.
+    address translation rewrites the port before the backstop sees it) is refused; then
+    loopback and the kept destinations are allowed; everything else is refused, TCP with a
+    reset so a client fails at once instead of waiting for a timeout.
     """
     host_len = 128 if family == AF_INET6 else 32
     version = 6 if family == AF_INET6 else 4
     kept = {str(k.addr) for k in keeps}
     rules = [
-        FilterRule("REJECT", proto="udp", dport=53),
-        FilterRule("REJECT-RST", proto="tcp", dport=53),
+        OutputRule("reject", proto="udp", dport=53),
+        OutputRule("reset", proto="tcp", dport=53),
     ]
     for ns in nameservers:
         addr = _ip_or_none(ns)
         if addr and addr.version == version and addr.is_loopback and ns not in kept:
             if str(addr) not in ("127.0.0.1", "::1"):
-                rules.append(FilterRule("REJECT", dst=f"{addr}/{host_len}"))
-    rules.append(FilterRule("ACCEPT", out_iface="lo"))
+                rules.append(OutputRule("reject", dst=f"{addr}/{host_len}"))
+    rules.append(OutputRule("allow", out_iface="lo"))
     for keep in keeps:
         if keep.addr.version != version or keep.is_loopback:
             continue
         dst = f"{keep.addr}/{host_len}"
         if keep.port is None:
-            rules.append(FilterRule("ACCEPT", dst=dst))
+            rules.append(OutputRule("allow", dst=dst))
         else:
-            rules.append(FilterRule("ACCEPT", proto="tcp", dst=dst, dport=keep.port))
-    rules.append(FilterRule("REJECT-RST", proto="tcp"))
-    rules.append(FilterRule("REJECT"))
+            rules.append(OutputRule("allow", proto="tcp", dst=dst, dport=keep.port))
+    rules.append(OutputRule("reset", proto="tcp"))
+    rules.append(OutputRule("reject"))
     return tuple(rules)
 
 
@@ -305,73 +297,3 @@ def plan_restore(record: CutPlan | None, state: NamespaceState) -> RestorePlan:
         if RemoveBackstop(family) not in ops:
             ops.append(RemoveBackstop(family))
     return RestorePlan(tuple(ops), complete=record is not None)
-
-
-# ---------------------------------------------------------------- (de)serialization
-
-_OPS: dict[str, type[Any]] = {
-    cls.__name__: cls
-    for cls in (
-        AddBackstop,
-        RemoveBackstop,
-        AddRedirect,
-        RemoveRedirect,
-        AddRoute,
-        DelRoute,
-        AddAddr,
-        DelAddr,
-        SetSysctl,
-        KillFlows,
-    )
-}
-
-
-def plan_to_data(plan: CutPlan) -> dict[str, Any]:
-    return {
-        "version": RECORD_VERSION,
-        "keeps": [str(k) for k in plan.keeps],
-        "nameservers": list(plan.nameservers),
-        "ops": [{"op": type(op).__name__, **_data(op)} for op in plan.ops],
-    }
-
-
-def _data(obj: Any) -> Any:
-    """Like dataclasses.asdict, without its deep copies (a record is written on every cut)."""
-    if hasattr(obj, "__dataclass_fields__"):
-        return {name: _data(value) for name, value in vars(obj).items()}
-    if isinstance(obj, tuple | list):
-        return [_data(item) for item in obj]
-    return obj
-
-
-def plan_from_data(data: dict[str, Any]) -> CutPlan:
-    """Inverse of `plan_to_data`; raises InvalidInput for a record it does not understand."""
-    try:
-        if data["version"] != RECORD_VERSION:
-            raise InvalidInput(f"record version {data['version']!r} is not {RECORD_VERSION}")
-        ops = tuple(_op_from_data(dict(item)) for item in data["ops"])
-        keeps = tuple(parse_keep(k) for k in data["keeps"])
-        return CutPlan(keeps, ops, tuple(data.get("nameservers", ())))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidInput(f"unreadable netcut record: {exc!r}") from None
-
-
-def _op_from_data(item: dict[str, Any]) -> Op:
-    cls = _OPS[item.pop("op")]
-    if "route" in item:
-        item["route"] = _route_from_data(item["route"])
-    if "addr" in item:
-        item["addr"] = Addr(**item["addr"])
-    if "rules" in item:
-        rule_cls: type[Any] = NatRule if cls is AddRedirect else FilterRule
-        item["rules"] = tuple(rule_cls(**r) for r in item["rules"])
-    if "allowed" in item:
-        item["allowed"] = tuple((a, p) for a, p in item["allowed"])
-    op: Op = cls(**item)
-    return op
-
-
-def _route_from_data(data: dict[str, Any]) -> Route:
-    data = dict(data)
-    data["metrics"] = tuple((str(k), int(v)) for k, v in data.get("metrics", ()))
-    return Route(**data)

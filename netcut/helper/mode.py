@@ -19,7 +19,7 @@ registry.
 
 The image is `--helper-image`, else $NETCUT_HELPER_IMAGE, else `netcut-helper:<hash>`, which
 is assembled from this host's own files and imported the first time it is missing
-(helperimage.py; `netcut helper-image build` does it ahead of time). The record of a cut is
+(helper/image.py; `netcut helper-image build` does it ahead of time). The record of a cut is
 kept on the host, keyed by the namespace's inode like direct mode's, so either mode restores
 a cut made by the other.
 """
@@ -39,7 +39,8 @@ from netcut import flow
 from netcut.api import KeepLike, parse_keeps, probe_targets
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
-from netcut.helpershell import (
+from netcut.helper.script import parse_probe, render_script
+from netcut.helper.session import (
     CAPABILITIES,
     IMAGE_ENV,
     RUN_TIMEOUT_S,
@@ -49,11 +50,10 @@ from netcut.helpershell import (
     is_ctr,
     why_failed,
 )
-from netcut.model import Keep
+from netcut.plan.model import Keep
+from netcut.plan.status import CutStatus
 from netcut.records import Store
-from netcut.render import parse_probe, render_script
-from netcut.status import CutStatus
-from netcut.target import (
+from netcut.resolve import (
     TargetRef,
     containerd_namespace,
     containerd_task,
@@ -131,8 +131,11 @@ def container_network(info: object) -> ContainerNetwork:
     gateways: dict[str, None] = {}
     addresses: dict[str, None] = {}
     for block in blocks:
-        for key, out in (("Gateway", gateways), ("IPAddress", addresses),
-                         ("GlobalIPv6Address", addresses)):  # fmt: skip
+        for key, out in (
+            ("Gateway", gateways),
+            ("IPAddress", addresses),
+            ("GlobalIPv6Address", addresses),
+        ):
             value = block.get(key)
             if isinstance(value, str) and _is_address(value, v4=key == "Gateway"):
                 out[value] = None
@@ -237,7 +240,16 @@ def cut(
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
-        return _cut_in(c, ex, keeps, blocked, probe, allow_privileged, dry_run, probe_timeout)
+        return _cut_in(
+            c,
+            ex,
+            keeps,
+            blocked,
+            probe=probe,
+            allow_privileged=allow_privileged,
+            dry_run=dry_run,
+            probe_timeout=probe_timeout,
+        )
 
 
 def cut_and_status(
@@ -254,7 +266,16 @@ def cut_and_status(
     instead of two (docs/user-guide.md#helper-mode)."""
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (c, ex):
-        result = _cut_in(c, ex, keeps, blocked, True, allow_privileged, False, probe_timeout)
+        result = _cut_in(
+            c,
+            ex,
+            keeps,
+            blocked,
+            probe=True,
+            allow_privileged=allow_privileged,
+            dry_run=False,
+            probe_timeout=probe_timeout,
+        )
         return result, flow.status(ex, c.store())
 
 
@@ -263,6 +284,7 @@ def _cut_in(
     ex: HelperExecutor,
     keeps: tuple[Keep, ...],
     blocked: tuple[Keep, ...],
+    *,
     probe: bool,
     allow_privileged: bool,
     dry_run: bool,

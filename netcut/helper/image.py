@@ -206,36 +206,57 @@ def oci_archive(rootfs: bytes, tag: str) -> bytes:
         return digest, {"digest": digest, "size": len(data)}
 
     layer_digest, layer = blob(rootfs)
-    config = json.dumps({
-        "architecture": _oci_arch(), "os": "linux",
-        "config": {"Entrypoint": ["/bin/sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-    }, sort_keys=True).encode()  # fmt: skip
+    config = json.dumps(
+        {
+            "architecture": _oci_arch(),
+            "os": "linux",
+            "config": {"Entrypoint": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        },
+        sort_keys=True,
+    ).encode()
     config_digest, config_desc = blob(config)
-    manifest = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer}],
-    }, sort_keys=True).encode()  # fmt: skip
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer}],
+        },
+        sort_keys=True,
+    ).encode()
     manifest_digest, manifest_desc = blob(manifest)
     name = tag if "/" in tag.split(":")[0] else f"docker.io/library/{tag}"
-    index = json.dumps({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
-            "annotations": {"io.containerd.image.name": name,
-                            "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1]},
-        }],
-    }, sort_keys=True).encode()  # fmt: skip
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    **manifest_desc,
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
+                    },
+                }
+            ],
+        },
+        sort_keys=True,
+    ).encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for path, data in (
             ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
             ("index.json", index),
-            *((f"blobs/sha256/{d.split(':')[1]}", b) for d, b in (
-                (layer_digest, rootfs), (config_digest, config), (manifest_digest, manifest))),
-        ):  # fmt: skip
+            *(
+                (f"blobs/sha256/{d.split(':')[1]}", b)
+                for d, b in (
+                    (layer_digest, rootfs),
+                    (config_digest, config),
+                    (manifest_digest, manifest),
+                )
+            ),
+        ):
             info = _info(path, tarfile.REGTYPE, 0o644)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

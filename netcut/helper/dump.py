@@ -9,29 +9,25 @@ section, so a broken helper can never make an empty namespace look cut
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import shlex
 from typing import Any
 
 from netcut.errors import InvalidInput
-from netcut.model import (
+from netcut.iptables_text import CHAIN, rule_specs, seen_backstop
+from netcut.plan.model import (
     AF_INET,
     AF_INET6,
-    CHAIN,
     FR_ACT_TO_TBL,
     RT_TABLE_LOCAL,
     RTN_LOCAL,
     RTN_UNICAST,
     RTNH_F_ONLINK,
     Addr,
-    FilterDump,
     Link,
     Lookup,
     NamespaceState,
     PolicyRule,
     Route,
-    SeenRule,
 )
 
 _PREFS = {"medium": 0, "high": 1, "low": 3}  # `ip -6 route` pref names -> RTA_PREF
@@ -114,8 +110,8 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
     filters = None
     if "rules4" in s:  # a verify dump (state_script(verify=True))
         filters = tuple(
-            FilterDump(
-                f, _rule_specs(s[f"output{v}"], "OUTPUT"), _rule_specs(s[f"chain{v}"], CHAIN)
+            seen_backstop(
+                f, rule_specs(s[f"output{v}"], "OUTPUT"), rule_specs(s[f"chain{v}"], CHAIN)
             )
             for f, v in ((AF_INET, "4"), (AF_INET6, "6"))
             if f in backstop and f"output{v}" in s
@@ -143,76 +139,6 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         policy_rules,
         redirect=s.get("redirect", "").strip() == "yes",
     )
-
-
-# `iptables -S` options and the SeenRule fields they fill (python-iptables' names).
-_RULE_FIELDS = {"-p": "proto", "-s": "src", "-d": "dst", "-i": "in_iface", "-o": "out_iface"}
-
-
-def _rule_specs(text: str, chain: str) -> tuple[SeenRule, ...]:
-    """`iptables -S CHAIN` lines (`-A CHAIN ...`) as SeenRules, in order; the policy line
-    (`-P`) and the chain's own (`-N`) are skipped."""
-    return tuple(
-        parse_rule_spec(line) for line in text.splitlines() if line.startswith(f"-A {chain} ")
-    )
-
-
-def _chain_specs(text: str) -> tuple[SeenRule, ...]:
-    return _rule_specs(text, CHAIN)
-
-
-def parse_rule_spec(line: str) -> SeenRule:
-    """One `-A CHAIN ...` line as the SeenRule python-iptables would decode for it (direct
-    mode's `backstop.dump`), so verify.py compares both modes' dumps the same way. A negated
-    option (`! -d X`, `! --dport N`) keeps its `!`, which never equals a planned rule."""
-    try:
-        words = shlex.split(line)[2:]
-    except ValueError:
-        raise InvalidInput(f"helper state dump: unreadable rule {line!r}") from None
-    fields: dict[str, str] = {}
-    matches: list[tuple[str, list[tuple[str, str]]]] = []
-    target, params = "", list[tuple[str, str]]()
-    i, negate, in_target = 0, "", False
-    while i < len(words):
-        word = words[i]
-        if word == "!":
-            negate, i = "!", i + 1
-            continue
-        value = words[i + 1] if i + 1 < len(words) else ""
-        if word in _RULE_FIELDS and not in_target and not matches:
-            fields[_RULE_FIELDS[word]] = negate + value
-        elif word == "-m":
-            matches.append((value, []))
-        elif word == "-j":
-            target, in_target = value, True
-        elif word.startswith("--"):
-            (params if in_target else matches[-1][1] if matches else params).append(
-                (word[2:], negate + value)
-            )
-        else:
-            raise InvalidInput(f"helper state dump: unreadable rule {line!r}")
-        negate, i = "", i + 2
-    return SeenRule(
-        target=target,
-        proto=fields.get("proto", "ip"),  # python-iptables' "any protocol"
-        src=_masked(fields.get("src")),
-        dst=_masked(fields.get("dst")),
-        in_iface=fields.get("in_iface"),
-        out_iface=fields.get("out_iface"),
-        matches=tuple((name, tuple(sorted(opts))) for name, opts in matches),
-        target_params=tuple(sorted(params)),
-    )
-
-
-def _masked(cidr: str | None) -> str | None:
-    """`addr/len` as python-iptables shows it, `addr/netmask`; anything else unchanged."""
-    if cidr is None or cidr.startswith("!"):
-        return cidr
-    try:
-        net = ipaddress.ip_network(cidr, strict=False)
-    except ValueError:
-        return cidr
-    return f"{cidr.partition('/')[0]}/{net.netmask}"
 
 
 def _policy_rule(family: int, x: dict[str, Any]) -> PolicyRule:

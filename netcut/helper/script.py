@@ -1,6 +1,6 @@
 """Plan ops as shell commands for the helper container, and the scripts that dump its state
 and probe from it. Pure: text in, text or data out. The dump is parsed back into a
-NamespaceState by `statedump.py`.
+NamespaceState by `helper/dump.py`.
 
 The helper image carries iproute2 (`ip`, `ss`) and iptables' legacy backend (the same one
 python-iptables drives in direct mode, so either mode sees the other's backstop). A cut script
@@ -11,7 +11,7 @@ No busybox is assumed (docs/netcut.md#helper-mode): `PRELUDE` finds every tool b
 path, skipping busybox applets (Debian's busybox ash runs its own `ip` applet ahead of PATH,
 and that applet has no `-j`), and the scripts call them through `ncut_*` functions, whose names
 no shell has a builtin or applet for. Every state dump proves itself: each tool's exit status is
-printed after its output, and `statedump.parse_state_dump` refuses a dump with a failed tool,
+printed after its output, and `dump.parse_state_dump` refuses a dump with a failed tool,
 without the loopback interface, or with output that does not parse, so a broken helper can
 never make an empty namespace look cut.
 """
@@ -20,16 +20,8 @@ from __future__ import annotations
 
 import shlex
 
-from netcut.model import (
-    AF_INET,
-    AF_INET6,
-    CHAIN,
-    NAT_CHAIN,
-    Keep,
-    ProbeItem,
-    ProbeResult,
-)
-from netcut.ops import (
+from netcut.iptables_text import CHAIN, NAT_CHAIN, filter_args, nat_args
+from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
     AddRedirect,
@@ -42,6 +34,7 @@ from netcut.ops import (
     RemoveRedirect,
     SetSysctl,
 )
+from netcut.plan.model import AF_INET, AF_INET6, Keep, ProbeItem, ProbeResult
 
 # The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
 _HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
@@ -49,7 +42,7 @@ _TOLERANT = " 2>/dev/null || true"
 
 
 # Where the helper looks for its tools, in order: the default image's own directory first
-# (helperimage.py), then the usual places of a user-supplied image.
+# (helper/image.py), then the usual places of a user-supplied image.
 TOOL_DIRS = ("/netcut/bin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _TOOLS = {
     "ip": "ip",
@@ -74,7 +67,7 @@ PRELUDE = (
         for n, tool in _TOOLS.items()
     )
     # Where the net sysctls are writable: /proc/sys (docker and podman unmask it), or the
-    # bind mount a containerd helper gets, which ctr cannot unmask (helpershell.helper_argv).
+    # bind mount a containerd helper gets, which ctr cannot unmask (session.helper_argv).
     + "NCUT_SYS=/proc/sys; if [ -d /netcut/sys/net ]; then NCUT_SYS=/netcut/sys; fi\n"
 )
 
@@ -92,9 +85,9 @@ def _fam(family: int) -> str:
 
 
 def render_op(op: Op) -> list[str]:
-    """Shell commands equivalent to `op` (apply.py's dispatcher, in iproute2/iptables)."""
+    """Shell commands equivalent to `op` (direct/executor.py's dispatcher, in iproute2/iptables)."""
     if isinstance(op, AddBackstop):
-        # Like backstop.install: (re)fill the chain, one jump first in OUTPUT. A chain that
+        # Like direct/iptables.install: (re)fill the chain, one jump first in OUTPUT. A chain that
         # exists (a repair) is rebuilt behind a temporary REJECT, so the namespace never
         # opens while it is empty.
         t = _tool(op.family)
@@ -102,7 +95,7 @@ def render_op(op: Op) -> list[str]:
             _q([t, "-w", "-I", "OUTPUT", "1", *_HOLD]),
             f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
             f"{_q([t, '-w', '-N', CHAIN])} 2>/dev/null || {_q([t, '-w', '-F', CHAIN])}",
-            *(_q([t, "-w", "-A", CHAIN, *rule.iptables_args()]) for rule in op.rules),
+            *(_q([t, "-w", "-A", CHAIN, *filter_args(rule)]) for rule in op.rules),
             _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
             _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
         ]
@@ -118,7 +111,7 @@ def render_op(op: Op) -> list[str]:
         t = _tool(AF_INET)
         return [
             _q([t, "-w", "-t", "nat", "-N", NAT_CHAIN]),
-            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *r.iptables_args()]) for r in op.rules),
+            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *nat_args(r)]) for r in op.rules),
             _q([t, "-w", "-t", "nat", "-I", "OUTPUT", "1", "-j", NAT_CHAIN]),
         ]
     if isinstance(op, RemoveRedirect):
@@ -173,7 +166,7 @@ def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
 
 
 def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
-    """A script whose output `statedump.parse_state_dump` reads: JSON from `ip`, sysctls,
+    """A script whose output `dump.parse_state_dump` reads: JSON from `ip`, sysctls,
     chain marks; with `verify` also the policy rules and, where the chain exists, OUTPUT's
     and NETCUT's rules (`iptables -S`), which status compares with the plan
     (docs/netcut.md#status).
@@ -215,8 +208,34 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
             ' else echo "$f: no value read"; r=1; fi; done; (exit $r)',
         )
     )
-    for family, name, names in ((AF_INET, "backstop4", "ip_tables_names"),
-                                (AF_INET6, "backstop6", "ip6_tables_names")):  # fmt: skip
+    lines += _backstop_sections(verify)
+    if verify:
+        lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
+        lines.append(
+            _section(
+                "rules6",
+                "ip -j -N -6 rule show",
+                "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
+            )
+        )
+    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
+    lines.append(
+        "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
+        f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
+        " then echo yes; else echo no; fi; echo '### rc 0'"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _backstop_sections(verify: bool) -> list[str]:
+    """The backstop's part of the dump, per family: is chain NETCUT there, and with `verify`
+    OUTPUT's and NETCUT's rules (`iptables -S`)."""
+    lines = []
+    tables = (
+        (AF_INET, "backstop4", "ip_tables_names"),
+        (AF_INET6, "backstop6", "ip6_tables_names"),
+    )
+    for family, name, names in tables:
         # Look at the table only if it is registered: listing it would register it.
         tool = "ip6tables" if family == AF_INET6 else "iptables"
         lines.append(
@@ -239,27 +258,12 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
                 f" {_section(f'chain{v}', f'{shown} -w -S {CHAIN}', f'{tool} -w -S {CHAIN}')};"
                 " fi"
             )
-    if verify:
-        lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
-        lines.append(
-            _section(
-                "rules6",
-                "ip -j -N -6 rule show",
-                "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
-            )
-        )
-    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
-    lines.append(
-        "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
-        f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
-        " then echo yes; else echo no; fi; echo '### rc 0'"
-    )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _section(name: str, command: str, body: str) -> str:
     """One state-dump section: its name, the command it runs (for the error when it fails:
-    statedump.py quotes both with the whole output), the output, then `### rc N`."""
+    helper/dump.py quotes both with the whole output), the output, then `### rc N`."""
     return (
         f"echo '### {name}'; echo {shlex.quote('### cmd ' + command)}; {body}; echo \"### rc $?\""
     )

@@ -46,7 +46,7 @@ _ANSWER_ARGS = {
     "podman": ["info", "--format", "{{.Version.Version}}"],
     "containerd": ["--connect-timeout", "2s", "version"],
 }
-# Runtimes a helper container can be started with (helper.py): docker and podman join the
+# Runtimes a helper container can be started with (helper/mode.py): docker and podman join the
 # container's namespace (`--network container:ID`), containerd the task's by its path
 # (`ctr run --with-ns network:/proc/PID/ns/net`).
 HELPER_RUNTIMES = ("docker", "podman", "containerd")
@@ -113,8 +113,9 @@ def _answers(name: str, path: str) -> str | None:
         return None
     argv = [path, *_ANSWER_ARGS.get(name, ["version"])]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True,
-                              timeout=ANSWER_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=ANSWER_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         return f"no answer in {ANSWER_TIMEOUT_S:g}s"
     except OSError as exc:

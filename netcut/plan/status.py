@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from netcut.model import CHAIN, NAT_CHAIN, Keep, NamespaceState
-from netcut.verify import differences, unverified
+from netcut.plan.model import AF_INET6, Keep, NamespaceState
+from netcut.plan.verify import differences, unverified
 
 if TYPE_CHECKING:
-    from netcut.plan import CutPlan
+    from netcut.plan.planner import CutPlan
 
 
 @dataclass(frozen=True)
 class CutStatus:
     """Whether a namespace is cut. `state` is "cut" (the whole live state matches the
-    recorded plan: verify.py), "not cut" (no record, no marks), or "partial" (marks or a
+    recorded plan: plan/verify.py), "not cut" (no record, no marks), or "partial" (marks or a
     record, but the state differs: not a cut; `details` lists every difference, a second
     `cut` repairs it and `restore` undoes it)."""
 
@@ -48,8 +48,8 @@ def judge_status(record: CutPlan | None, state: NamespaceState) -> CutStatus:
     if record is None:
         if state.marked_routes or state.backstop or state.redirect:
             marks = [f"marked route {r}" for r in state.marked_routes]
-            marks += [f"backstop chain {CHAIN} (family {f})" for f in state.backstop]
-            marks += [f"redirect chain {NAT_CHAIN} (nat)"] if state.redirect else []
+            marks += [f"{'IPv6' if f == AF_INET6 else 'IPv4'} backstop" for f in state.backstop]
+            marks += ["redirects"] if state.redirect else []
             return CutStatus("partial", details=("no restore record", *marks))
         return CutStatus("not cut")
     if not state.marked_routes and not state.backstop and not state.redirect:
