@@ -136,9 +136,9 @@ def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
 
 
 def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
-    """A script whose output `dump.parse_state_dump` reads: JSON from `ip`, sysctls,
-    chain marks; with `verify` also the policy rules and, where the chain exists, OUTPUT's
-    and NETCUT's rules (`iptables -S`), which status compares with the plan
+    """A script whose output `dump.parse_state_dump` reads: JSON from `ip`, sysctls, the
+    netfilter backend's sections (its marks; with `verify` also the backstop's rules as it
+    wrote them), and with `verify` the policy rules, which status compares with the plan
     (docs/netcut.md#status).
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
