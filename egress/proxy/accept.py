@@ -25,7 +25,7 @@ from .fdbudget import AcceptFailures
 
 log = logging.getLogger("egress")
 
-BATCH: Final = 64  # connections accepted per readiness callback (then other work runs)
+BATCH: Final = 8  # connections accepted per readiness callback: then others get the loop
 SCARCE: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 PAUSE: Final = 0.25  # seconds to stop accepting when not even the reserve is left
 
@@ -138,6 +138,14 @@ class Acceptor:
         if self.sock.fileno() >= 0:
             self.loop.add_reader(self.sock.fileno(), self._ready)
 
+    def hold(self, seconds: float) -> None:
+        """Stop accepting for `seconds`: new connections wait in the kernel's backlog (a
+        sandbox's own listener while that sandbox is at its cap: each accept would only be
+        refused, at the other sandboxes' expense)."""
+        if self._paused is None and self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self._paused = self.loop.call_later(seconds, self.start)
+
     def close(self) -> None:
         if self._paused is not None:
             self._paused.cancel()
@@ -149,6 +157,8 @@ class Acceptor:
     def _ready(self) -> None:
         sock = self.sock
         for _ in range(BATCH):
+            if self._paused is not None:
+                return
             try:
                 conn, addr = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -183,8 +193,7 @@ class Acceptor:
         else:
             return  # more may wait: the next readiness callback goes on
         # nothing left to accept with: stop reading the socket for a moment, not spin on it
-        self.loop.remove_reader(sock.fileno())
-        self._paused = self.loop.call_later(PAUSE, self.start)
+        self.hold(PAUSE)
 
     def _failed(self, exc: OSError) -> None:
         count = self.failures.failed(self.loop.time())

@@ -19,6 +19,7 @@ from ..policy.rules import Policy
 from ..policy.target import IPAddress, IPNetwork
 
 Network = IPNetwork
+SOURCE_CACHE_MAX = 4096  # source addresses remembered by identity_at_accept
 R = TypeVar("R")
 
 
@@ -73,6 +74,7 @@ class ClientTable:
         self._identities: dict[str, Identity] = {}
         self.by_token: list[tuple[bytes, Identity]] = []
         self.by_source: list[tuple[Network, Identity]] = []
+        self._at_source: dict[str, Identity | None] = {}  # identity_at_accept's cache
         for spec in settings.clients:
             self.add(spec)
 
@@ -145,6 +147,7 @@ class ClientTable:
         specs, ids = self._specs.values(), self._identities
         self.by_token = [(c.token.encode(), ids[c.client_id]) for c in specs if c.token]
         self.by_source = [(net, ids[c.client_id]) for c in specs for net in c.sources]
+        self._at_source = {}
 
     def identify(self, source: IPAddress | None, proxy_authorization: str | None) -> Identity:
         """The identity for a request; raise `AuthError` (407) for a missing or wrong token."""
@@ -169,22 +172,37 @@ class ClientTable:
                     return identity
         return self.default
 
-    def identity_at_accept(
-        self, bound: Identity | None, source: IPAddress | None
-    ) -> Identity | None:
+    def identity_at_accept(self, bound: Identity | None, source: str) -> Identity | None:
         """The client of a connection before it sends anything, when that is already known:
-        its listener's, or its source address's; the default client when no token could
-        change it. None: only its first request will say (tokens, `require_auth`), so it is
-        counted as unidentified until then (docs/proxy.md#limits)."""
+        its listener's, or its source address's (`source`: the peer's address text); the
+        default client when no token could change it. None: only its first request will
+        say (tokens, `require_auth`), so it is counted as unidentified until then
+        (docs/proxy.md#limits)."""
         if bound is not None:
             return bound
         if self.require_auth:
             return None
-        if source is not None:
-            for net, identity in self.by_source:
-                if source in net:
-                    return identity
+        if self.by_source:
+            cache = self._at_source
+            if source in cache:
+                found = cache[source]
+            else:  # one scan per source address, not per connection (a flood reconnects)
+                if len(cache) >= SOURCE_CACHE_MAX:
+                    cache.clear()
+                found = cache[source] = self._source_identity(source)
+            if found is not None:
+                return found
         return None if self.by_token else self.default
+
+    def _source_identity(self, source: str) -> Identity | None:
+        try:
+            addr = ipaddress.ip_address(source.split("%", 1)[0])
+        except ValueError:
+            return None
+        for net, identity in self.by_source:
+            if addr in net:
+                return identity
+        return None
 
     def _match_token(self, token: str) -> Identity | None:
         given = token.encode()

@@ -40,7 +40,8 @@ from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
-from .accept import Lingering, Reserve
+from .accept import PAUSE, Lingering, Reserve
+from .admission import CLIENT_FULL
 from .clients import ClientTable
 from .conn import Conn, Limits, read_head, sweep
 from .control import ClientControl
@@ -356,6 +357,8 @@ class EgressProxy(ClientControl, ListenerControl, Operations):
         ) or steps.admit(conn)
         if refusal is not None:
             self._refuse_socket(conn, sock, refusal)
+            if refusal is CLIENT_FULL and listener.identity is not None and listener.acceptor:
+                listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
             return
         if listener.kind == "http" and listener.forward_to is None:
             # the forward proxy's kept-alive requests may take the callback fast path; a

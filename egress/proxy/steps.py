@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from .admission import Admitted, Budget, Owner, Slots
-from .clients import Identity, source_address
+from .clients import Identity
 from .conn import Conn, Limits, idle_of
 from .core.actions import Done
 from .core.exchange import Exchange, connection_record, emitted, reported, tallied
@@ -145,9 +145,7 @@ class Steps:
         peer = conn.peer
         source = peer[0] if isinstance(peer, tuple) and peer else conn.client
         owner: Owner | None = None
-        ident = self.gate.clients.identity_at_accept(
-            conn.listener.identity, source_address(peer) if self.gate.clients.by_source else None
-        )
+        ident = self.gate.clients.identity_at_accept(conn.listener.identity, str(source))
         if ident is not None:
             owner = ident.client_id if ident.client_id is not None else ("source", source)
         slots = self.slots

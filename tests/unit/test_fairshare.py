@@ -1,0 +1,55 @@
+"""Per-client request slots (egress/proxy/fairshare.py, docs/proxy.md#fair-share)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from egress.proxy.fairshare import Turns
+
+
+async def test_a_client_waits_for_its_own_slot_in_order() -> None:
+    turns = Turns(asyncio.get_running_loop(), 2)
+    a1, a2 = turns.try_take("a"), turns.try_take("a")
+    assert a1 is not None
+    assert a2 is not None
+    assert turns.try_take("a") is None
+    assert turns.try_take("b") is not None  # another client is not held back
+    first = asyncio.ensure_future(turns.take("a"))
+    second = asyncio.ensure_future(turns.take("a"))
+    await asyncio.sleep(0)  # let both queue (not a synchronization on time)
+    assert not first.done()
+    turns.give_back(a1)
+    assert (await first).owner == "a"
+    assert not second.done()
+    turns.give_back(a1)  # given back twice: counted once
+    assert not second.done()
+    turns.give_back(a2)
+    await second
+    assert turns.in_flight("a") == 2
+
+
+async def test_long_requests_stop_counting_and_a_cancelled_waiter_leaves_no_slot() -> None:
+    loop = asyncio.get_running_loop()
+    turns = Turns(loop, 1)
+    held = turns.try_take("a")
+    assert held is not None
+    waiter = asyncio.ensure_future(turns.take("a"))
+    gone = asyncio.ensure_future(turns.take("a"))
+    await asyncio.sleep(0)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    held.since -= 10 * turns.long  # `held` has become a long request: its slot passes on
+    turns.expire(loop.time())
+    ticket = await waiter
+    turns.give_back(held)  # the long request ends later: nothing left to give back
+    assert turns.in_flight("a") == 1
+    turns.give_back(ticket)
+    assert turns.in_flight("a") == 0
+
+
+async def test_no_cap() -> None:
+    turns = Turns(asyncio.get_running_loop(), None)
+    assert all(turns.try_take("a") is not None for _ in range(100))
