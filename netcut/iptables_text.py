@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from netcut.errors import InvalidInput
-from netcut.plan.model import AF_INET6, OutputRule, RedirectRule, SeenBackstop
+from netcut.netfilter import Section
+from netcut.plan.model import AF_INET, AF_INET6, OutputRule, RedirectRule, SeenBackstop
 
 # The chain that holds the backstop (filter table, iptables and ip6tables).
 CHAIN = "NETCUT"
@@ -38,7 +39,7 @@ _ANY_PROTO = frozenset({"", "ip", "ipv6", "all", "0"})
 _REJECT_DEFAULT = frozenset({"icmp-port-unreachable", "icmp6-port-unreachable"})
 
 
-def tool(family: int) -> str:
+def tool_name(family: int) -> str:
     """The command that edits `family`'s tables, as messages name it."""
     return "ip6tables" if family == AF_INET6 else "iptables"
 
@@ -282,3 +283,141 @@ def _masked(cidr: str | None) -> str | None:
     except ValueError:
         return cidr
     return f"{cidr.partition('/')[0]}/{net.netmask}"
+
+
+# ---------------------------------------------------------------- helper mode's shell face
+
+# The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
+_HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
+_TOLERANT = " 2>/dev/null || true"
+
+
+def _q(args: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def _sh(family: int) -> str:
+    return "ncut_ip6tables" if family == AF_INET6 else "ncut_iptables"
+
+
+def _read_lines(names: str, table: str) -> str:
+    """Set t=yes if /proc/net/NAMES lists `table`. A last line without a newline still
+    counts (`read` returns 1 for it but fills the variable)."""
+    return (
+        f'while read -r n || [ -n "$n" ]; do [ "$n" = {table} ] && t=yes; n=;'
+        f" done < /proc/net/{names} 2>/dev/null"
+    )
+
+
+def _yes(sections: dict[str, str], name: str) -> bool:
+    answer = sections[name].strip()
+    if answer not in ("yes", "no"):
+        raise InvalidInput(f"helper state dump: {name!r} answered {answer[:200]!r}")
+    return answer == "yes"
+
+
+class IptablesShell:
+    """`ShellNetfilter` (netfilter.py) with iptables-legacy and ip6tables-legacy, the backend
+    python-iptables drives in direct mode, so either mode sees the other's rules."""
+
+    def __init__(self) -> None:
+        self.tools = {"iptables": "iptables-legacy", "ip6tables": "ip6tables-legacy"}
+        self.sections: tuple[str, ...] = ("backstop4", "backstop6")
+
+    def install_backstop(self, family: int, rules: tuple[OutputRule, ...]) -> list[str]:
+        # Like direct/iptables.install: (re)fill the chain, one jump first in OUTPUT. A chain
+        # that exists (a repair) is rebuilt behind a temporary REJECT, so the namespace never
+        # opens while it is empty.
+        t = _sh(family)
+        return [
+            _q([t, "-w", "-I", "OUTPUT", "1", *_HOLD]),
+            f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
+            f"{_q([t, '-w', '-N', CHAIN])} 2>/dev/null || {_q([t, '-w', '-F', CHAIN])}",
+            *(_q([t, "-w", "-A", CHAIN, *filter_args(rule)]) for rule in rules),
+            _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
+            _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
+        ]
+
+    def remove_backstop(self, family: int) -> list[str]:
+        t = _sh(family)
+        return [
+            f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
+            f"while {_q([t, '-w', '-D', 'OUTPUT', *_HOLD])} 2>/dev/null; do :; done",
+            _q([t, "-w", "-F", CHAIN]) + _TOLERANT,
+            _q([t, "-w", "-X", CHAIN]) + _TOLERANT,
+        ]
+
+    def install_redirects(self, rules: tuple[RedirectRule, ...]) -> list[str]:
+        t = _sh(AF_INET)  # transparent mode: IPv4 nat table
+        return [
+            _q([t, "-w", "-t", "nat", "-N", NAT_CHAIN]),
+            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *nat_args(r)]) for r in rules),
+            _q([t, "-w", "-t", "nat", "-I", "OUTPUT", "1", "-j", NAT_CHAIN]),
+        ]
+
+    def remove_redirects(self) -> list[str]:
+        t = _sh(AF_INET)
+        return [
+            f"while {_q([t, '-w', '-t', 'nat', '-D', 'OUTPUT', '-j', NAT_CHAIN])} 2>/dev/null;"
+            " do :; done",
+            _q([t, "-w", "-t", "nat", "-F", NAT_CHAIN]) + _TOLERANT,
+            _q([t, "-w", "-t", "nat", "-X", NAT_CHAIN]) + _TOLERANT,
+        ]
+
+    def dump(self, section: Section, verify: bool) -> list[str]:
+        """Per family: is chain NETCUT there, and with `verify` OUTPUT's and NETCUT's rules
+        (`iptables -S`); then the redirect chain. A table is looked at only if it is
+        registered: listing it would register it."""
+        lines = []
+        tables = (
+            (AF_INET, "backstop4", "ip_tables_names"),
+            (AF_INET6, "backstop6", "ip6_tables_names"),
+        )
+        for family, name, names in tables:
+            tool, sh = tool_name(family), _sh(family)
+            lines.append(
+                section(
+                    name,
+                    f"{tool}-legacy -w -S {CHAIN} (if /proc/net/{names} lists filter)",
+                    f"t=no; {_read_lines(names, 'filter')}; r=0;"
+                    f" if [ $t = yes ]; then out=$({sh} -w -S {CHAIN} 2>&1); r=$?;"
+                    ' if [ $r = 0 ]; then echo yes; r=0; else case "$out" in'
+                    ' *"No chain"*|*"does not exist"*) echo no; r=0;; *) echo "$out";; esac; fi;'
+                    " else echo no; fi; (exit $r)",
+                )
+            )
+            if verify:
+                v, shown = name[-1], f"{tool}-legacy"
+                lines.append(
+                    f"if [ $t = yes ] && [ $r = 0 ] && {sh} -w -S {CHAIN} >/dev/null 2>&1; then"
+                    f" {section(f'output{v}', f'{shown} -w -S OUTPUT', f'{sh} -w -S OUTPUT')};"
+                    f" {section(f'chain{v}', f'{shown} -w -S {CHAIN}', f'{sh} -w -S {CHAIN}')};"
+                    " fi"
+                )
+        lines.append(
+            "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
+            f" if [ $t = yes ] && {_sh(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
+            " then echo yes; else echo no; fi; echo '### rc 0'"
+        )
+        return lines
+
+    def read_dump(
+        self, sections: dict[str, str]
+    ) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+        families = tuple(
+            f
+            for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))
+            if _yes(sections, name)
+        )
+        seen = None
+        if "rules4" in sections:  # a verify dump
+            seen = tuple(
+                seen_backstop(
+                    f,
+                    rule_specs(sections[f"output{v}"], "OUTPUT"),
+                    rule_specs(sections[f"chain{v}"], CHAIN),
+                )
+                for f, v in ((AF_INET, "4"), (AF_INET6, "6"))
+                if f in families and f"output{v}" in sections
+            )
+        return families, seen, sections.get("redirect", "").strip() == "yes"

@@ -1,5 +1,5 @@
 """The executor: one dispatcher that turns plan ops into netlink, sysctl and netfilter calls
-(the latter through the netfilter backend, direct/netfilter.py),
+(the latter through the netfilter backend, netfilter.py),
 plus the jobs that run inside the namespace (worker.run_in_netns): direct mode's executor
 primitives for the one cut algorithm in flow.py.
 
@@ -29,10 +29,10 @@ from netcut.collect import collect_if_due
 from netcut.direct import sockdestroy
 from netcut.direct.iptables import Iptables
 from netcut.direct.kernelstate import read_state
-from netcut.direct.netfilter import Netfilter
 from netcut.direct.probe import run_probe
 from netcut.direct.rtnl import NetlinkError, Rtnl
 from netcut.errors import ApplyFailed, StateError
+from netcut.netfilter import Netfilter
 from netcut.plan import planner
 from netcut.plan.changes import (
     AddAddr,
@@ -56,7 +56,7 @@ _kill_after = int(os.environ.get(FAULT_ENV, "-1") or -1)
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
 
-# The netfilter backend (direct/netfilter.py): the one place that chooses it.
+# The netfilter backend (netfilter.py): the one place that chooses it.
 NETFILTER: Netfilter = Iptables()
 
 

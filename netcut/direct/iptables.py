@@ -1,4 +1,4 @@
-"""The iptables backend (direct/netfilter.py's `Netfilter`), driven through python-iptables:
+"""The iptables backend (netfilter.py's `Netfilter`), driven through python-iptables:
 the backstop is chain NETCUT in the filter table (iptables and ip6tables), the redirects
 chain NETCUT_REDIRECT in the nat table (IPv4), each jumped to first from OUTPUT
 (iptables_text.py holds the rule language both modes share).

@@ -13,9 +13,9 @@ import errno
 import socket
 from typing import Any
 
-from netcut.direct.netfilter import Netfilter
 from netcut.direct.rtnl import NetlinkError, Rtnl
 from netcut.errors import InvalidInput
+from netcut.netfilter import Netfilter
 from netcut.plan.model import (
     AF_INET,
     AF_INET6,

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from netcut.errors import InvalidInput
-from netcut.iptables_text import CHAIN, rule_specs, seen_backstop
+from netcut.helper.script import NETFILTER
 from netcut.plan.model import (
     AF_INET,
     AF_INET6,
@@ -31,7 +31,7 @@ from netcut.plan.model import (
 )
 
 _PREFS = {"medium": 0, "high": 1, "low": 3}  # `ip -6 route` pref names -> RTA_PREF
-REQUIRED_SECTIONS = ("links", "addrs", "routes4", "routes6", "sysctls", "backstop4", "backstop6")
+REQUIRED_SECTIONS = ("links", "addrs", "routes4", "routes6", "sysctls", *NETFILTER.sections)
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -104,18 +104,7 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         _lookup(name[4:], _json(s, name), index) for name in s if name.startswith("get ")
     )
     sysctls = tuple(_sysctl(line) for line in s.get("sysctls", "").splitlines() if line.strip())
-    backstop = tuple(
-        f for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6")) if _yes(s, name)
-    )
-    filters = None
-    if "rules4" in s:  # a verify dump (state_script(verify=True))
-        filters = tuple(
-            seen_backstop(
-                f, rule_specs(s[f"output{v}"], "OUTPUT"), rule_specs(s[f"chain{v}"], CHAIN)
-            )
-            for f, v in ((AF_INET, "4"), (AF_INET6, "6"))
-            if f in backstop and f"output{v}" in s
-        )
+    backstop, filters, redirect = NETFILTER.read_dump(s)
     policy_rules = None
     if "rules4" in s:
         policy_rules = tuple(
@@ -137,7 +126,7 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         backstop,
         filters,
         policy_rules,
-        redirect=s.get("redirect", "").strip() == "yes",
+        redirect=redirect,
     )
 
 
@@ -158,13 +147,6 @@ def _policy_rule(family: int, x: dict[str, Any]) -> PolicyRule:
         action=FR_ACT_TO_TBL if "table" in x and "action" not in x else 0,
         selector=" ".join(parts) or "from all",
     )
-
-
-def _yes(sections: dict[str, str], name: str) -> bool:
-    answer = sections[name].strip()
-    if answer not in ("yes", "no"):
-        raise InvalidInput(f"helper state dump: {name!r} answered {answer[:200]!r}")
-    return answer == "yes"
 
 
 def _addr(link: dict[str, Any], info: dict[str, Any]) -> Addr:

@@ -2,8 +2,9 @@
 and probe from it. Pure: text in, text or data out. The dump is parsed back into a
 NamespaceState by `helper/dump.py`.
 
-The helper image carries iproute2 (`ip`, `ss`) and iptables' legacy backend (the same one
-python-iptables drives in direct mode, so either mode sees the other's backstop). A cut script
+The helper image carries iproute2 (`ip`, `ss`) and the netfilter backend's tools (iptables'
+legacy backend, the same one python-iptables drives in direct mode, so either mode sees the
+other's backstop); the backend's shell face (netfilter.py) writes its commands. A cut script
 runs under `set -e` and stops at the first failure; the caller then runs the rollback script,
 whose commands, like restore's, tolerate what is already undone.
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import shlex
 
-from netcut.iptables_text import CHAIN, NAT_CHAIN, filter_args, nat_args
+from netcut.iptables_text import IptablesShell
+from netcut.netfilter import ShellNetfilter
 from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
@@ -34,11 +36,11 @@ from netcut.plan.changes import (
     RemoveRedirect,
     SetSysctl,
 )
-from netcut.plan.model import AF_INET, AF_INET6, Keep, ProbeItem, ProbeResult
+from netcut.plan.model import AF_INET6, Keep, ProbeItem, ProbeResult
 
-# The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
-_HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
 _TOLERANT = " 2>/dev/null || true"
+# The netfilter backend's shell face (netfilter.py): the one place helper mode chooses it.
+NETFILTER: ShellNetfilter = IptablesShell()
 
 
 # Where the helper looks for its tools, in order: the default image's own directory first
@@ -47,8 +49,7 @@ TOOL_DIRS = ("/netcut/bin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _TOOLS = {
     "ip": "ip",
     "ss": "ss",
-    "iptables": "iptables-legacy",
-    "ip6tables": "ip6tables-legacy",
+    **NETFILTER.tools,
     "timeout": "timeout",
     "nc": "nc",
     "bash": "bash",
@@ -72,10 +73,6 @@ PRELUDE = (
 )
 
 
-def _tool(family: int) -> str:
-    return "ncut_ip6tables" if family == AF_INET6 else "ncut_iptables"
-
-
 def _q(args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
@@ -85,43 +82,16 @@ def _fam(family: int) -> str:
 
 
 def render_op(op: Op) -> list[str]:
-    """Shell commands equivalent to `op` (direct/executor.py's dispatcher, in iproute2/iptables)."""
+    """Shell commands equivalent to `op` (direct/executor.py's dispatcher, in iproute2 and the
+    netfilter backend's tools)."""
     if isinstance(op, AddBackstop):
-        # Like direct/iptables.install: (re)fill the chain, one jump first in OUTPUT. A chain that
-        # exists (a repair) is rebuilt behind a temporary REJECT, so the namespace never
-        # opens while it is empty.
-        t = _tool(op.family)
-        return [
-            _q([t, "-w", "-I", "OUTPUT", "1", *_HOLD]),
-            f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
-            f"{_q([t, '-w', '-N', CHAIN])} 2>/dev/null || {_q([t, '-w', '-F', CHAIN])}",
-            *(_q([t, "-w", "-A", CHAIN, *filter_args(rule)]) for rule in op.rules),
-            _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
-            _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
-        ]
+        return NETFILTER.install_backstop(op.family, op.rules)
     if isinstance(op, RemoveBackstop):
-        t = _tool(op.family)
-        return [
-            f"while {_q([t, '-w', '-D', 'OUTPUT', '-j', CHAIN])} 2>/dev/null; do :; done",
-            f"while {_q([t, '-w', '-D', 'OUTPUT', *_HOLD])} 2>/dev/null; do :; done",
-            _q([t, "-w", "-F", CHAIN]) + _TOLERANT,
-            _q([t, "-w", "-X", CHAIN]) + _TOLERANT,
-        ]
-    if isinstance(op, AddRedirect):  # transparent mode: IPv4 nat table
-        t = _tool(AF_INET)
-        return [
-            _q([t, "-w", "-t", "nat", "-N", NAT_CHAIN]),
-            *(_q([t, "-w", "-t", "nat", "-A", NAT_CHAIN, *nat_args(r)]) for r in op.rules),
-            _q([t, "-w", "-t", "nat", "-I", "OUTPUT", "1", "-j", NAT_CHAIN]),
-        ]
+        return NETFILTER.remove_backstop(op.family)
+    if isinstance(op, AddRedirect):
+        return NETFILTER.install_redirects(op.rules)
     if isinstance(op, RemoveRedirect):
-        t = _tool(AF_INET)
-        return [
-            f"while {_q([t, '-w', '-t', 'nat', '-D', 'OUTPUT', '-j', NAT_CHAIN])} 2>/dev/null;"
-            " do :; done",
-            _q([t, "-w", "-t", "nat", "-F", NAT_CHAIN]) + _TOLERANT,
-            _q([t, "-w", "-t", "nat", "-X", NAT_CHAIN]) + _TOLERANT,
-        ]
+        return NETFILTER.remove_redirects()
     if isinstance(op, AddRoute | DelRoute):
         verb = "add" if isinstance(op, AddRoute) else "del"
         return [_q(["ncut_ip", _fam(op.route.family), "route", verb, *op.route.ip_args()])]
@@ -166,9 +136,9 @@ def render_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
 
 
 def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
-    """A script whose output `dump.parse_state_dump` reads: JSON from `ip`, sysctls,
-    chain marks; with `verify` also the policy rules and, where the chain exists, OUTPUT's
-    and NETCUT's rules (`iptables -S`), which status compares with the plan
+    """A script whose output `dump.parse_state_dump` reads: JSON from `ip`, sysctls, the
+    netfilter backend's sections (its marks; with `verify` also the backstop's rules as it
+    wrote them), and with `verify` the policy rules, which status compares with the plan
     (docs/netcut.md#status).
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
@@ -208,7 +178,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
             ' else echo "$f: no value read"; r=1; fi; done; (exit $r)',
         )
     )
-    lines += _backstop_sections(verify)
+    lines += NETFILTER.dump(_section, verify)
     if verify:
         lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
         lines.append(
@@ -218,47 +188,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
                 "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
             )
         )
-    # transparent mode's redirect chain (nat), looked at only if the nat table is registered
-    lines.append(
-        "echo '### redirect'; t=no; " + _read_lines("ip_tables_names", "nat") + ";"
-        f" if [ $t = yes ] && {_tool(AF_INET)} -w -t nat -S {NAT_CHAIN} >/dev/null 2>&1;"
-        " then echo yes; else echo no; fi; echo '### rc 0'"
-    )
     return "\n".join(lines) + "\n"
-
-
-def _backstop_sections(verify: bool) -> list[str]:
-    """The backstop's part of the dump, per family: is chain NETCUT there, and with `verify`
-    OUTPUT's and NETCUT's rules (`iptables -S`)."""
-    lines = []
-    tables = (
-        (AF_INET, "backstop4", "ip_tables_names"),
-        (AF_INET6, "backstop6", "ip6_tables_names"),
-    )
-    for family, name, names in tables:
-        # Look at the table only if it is registered: listing it would register it.
-        tool = "ip6tables" if family == AF_INET6 else "iptables"
-        lines.append(
-            _section(
-                name,
-                f"{tool}-legacy -w -S {CHAIN} (if /proc/net/{names} lists filter)",
-                f"t=no; {_read_lines(names, 'filter')}; r=0;"
-                f" if [ $t = yes ]; then out=$({_tool(family)} -w -S {CHAIN} 2>&1); r=$?;"
-                ' if [ $r = 0 ]; then echo yes; r=0; else case "$out" in'
-                ' *"No chain"*|*"does not exist"*) echo no; r=0;; *) echo "$out";; esac; fi;'
-                " else echo no; fi; (exit $r)",
-            )
-        )
-        if verify:
-            tool, v = _tool(family), name[-1]
-            shown = tool.removeprefix("ncut_") + "-legacy"
-            lines.append(
-                f"if [ $t = yes ] && [ $r = 0 ] && {tool} -w -S {CHAIN} >/dev/null 2>&1; then"
-                f" {_section(f'output{v}', f'{shown} -w -S OUTPUT', f'{tool} -w -S OUTPUT')};"
-                f" {_section(f'chain{v}', f'{shown} -w -S {CHAIN}', f'{tool} -w -S {CHAIN}')};"
-                " fi"
-            )
-    return lines
 
 
 def _section(name: str, command: str, body: str) -> str:
@@ -266,15 +196,6 @@ def _section(name: str, command: str, body: str) -> str:
     helper/dump.py quotes both with the whole output), the output, then `### rc N`."""
     return (
         f"echo '### {name}'; echo {shlex.quote('### cmd ' + command)}; {body}; echo \"### rc $?\""
-    )
-
-
-def _read_lines(names: str, table: str) -> str:
-    """Set t=yes if /proc/net/NAMES lists `table`. A last line without a newline still
-    counts (`read` returns 1 for it but fills the variable)."""
-    return (
-        f'while read -r n || [ -n "$n" ]; do [ "$n" = {table} ] && t=yes; n=;'
-        f" done < /proc/net/{names} 2>/dev/null"
     )
 
 

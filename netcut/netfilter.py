@@ -1,0 +1,87 @@
+"""The netfilter backend interface: how the plan's backstop and redirects get into the
+kernel, are read back, and are taken out (docs/netcut.md#backends). Pure: protocols only.
+
+Modelled on `flow.Executor`: a mode is an executor, and each executor holds a backend through
+the face that fits it. `Netfilter` is direct mode's: its methods run inside the target
+namespace (netcut's worker, direct/worker.py) and act on it. `ShellNetfilter` is helper
+mode's: it writes the same changes as shell commands for the helper container and reads them
+back from its state dump. The plan never names a backend's terms (no tables, chains or
+targets). The one backend today is iptables (direct/iptables.py in the namespace,
+iptables_text.py as shell and as the rule language both share); an nftables backend
+implements these two protocols, and direct/executor.py and helper/script.py are the two
+places that choose the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from netcut.plan.model import OutputRule, RedirectRule, SeenBackstop
+
+
+class Netfilter(Protocol):
+    """A netfilter backend. Each install or remove is atomic per family, and every method
+    leaves the namespace's other rules alone."""
+
+    #: What its calls raise when the kernel refuses: the executor reports it as ApplyFailed.
+    errors: tuple[type[Exception], ...]
+
+    def install_backstop(self, family: int, rules: tuple[OutputRule, ...]) -> None:
+        """Put (or refill) `rules` where every packet the namespace sends meets them first."""
+
+    def remove_backstop(self, family: int) -> None:
+        """Take the backstop out; nothing to do when it is absent."""
+
+    def install_redirects(self, rules: tuple[RedirectRule, ...]) -> None:
+        """Transparent mode (IPv4): `rules` ahead of routing's choice for every packet sent."""
+
+    def remove_redirects(self) -> None:
+        """Take the redirects out; nothing to do when they are absent."""
+
+    def backstop_families(self) -> tuple[int, ...]:
+        """The families that hold the backstop, read without creating anything."""
+
+    def has_redirects(self) -> bool:
+        """Does the namespace hold the redirects? Read without creating anything."""
+
+    def read_backstop(self, family: int) -> SeenBackstop:
+        """The backstop of `family` (one of `backstop_families()`) as it is, in the plan's
+        terms, for `status` (docs/netcut.md#status)."""
+
+    def prewarm(self) -> None:
+        """Load what the backend needs once per worker, before its first namespace."""
+
+
+# A state-dump section: its name, the command it stands for (for error messages), the shell
+# that prints it (helper/script.py's format, which helper/dump.py reads back).
+Section = Callable[[str, str, str], str]
+
+
+class ShellNetfilter(Protocol):
+    """A netfilter backend as helper mode drives it: shell commands for the helper
+    container, and the state dump's netfilter sections read back."""
+
+    #: Tools the helper's prelude finds for it: `ncut_NAME` runs the first binary found.
+    tools: dict[str, str]
+    #: Dump sections it always writes (a dump without one is refused).
+    sections: tuple[str, ...]
+
+    def install_backstop(self, family: int, rules: tuple[OutputRule, ...]) -> list[str]:
+        """Commands that put (or refill) the backstop, never leaving the namespace open."""
+
+    def remove_backstop(self, family: int) -> list[str]:
+        """Commands that take the backstop out; tolerant of what is already gone."""
+
+    def install_redirects(self, rules: tuple[RedirectRule, ...]) -> list[str]: ...
+
+    def remove_redirects(self) -> list[str]: ...
+
+    def dump(self, section: Section, verify: bool) -> list[str]:
+        """Shell for the dump's netfilter sections (with `verify`, the backstop's rules)."""
+
+    def read_dump(
+        self, sections: dict[str, str]
+    ) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+        """From the dump's sections: the families holding the backstop, each one's backstop
+        as read back (None without a verify dump), and whether the redirects are there."""
