@@ -8,6 +8,7 @@ carries out the action and reports back with the exchange's matching method.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from ...policy.target import IPAddress
 from .gate import Refuse as Verdict
@@ -74,6 +75,23 @@ class Relay:
     request: bool
 
 
+# the argument-less actions, made once (an exchange returns them on every request)
+READ_HELLO: Final = ReadHello()
+RELAY_REQUEST: Final = Relay(request=True)
+RELAY_TUNNEL: Final = Relay(request=False)
+
 Action = Refuse | Resolve | Dial | ReplyOk | ReadHello | Relay | Done
 
-__all__ = ["Action", "Dial", "Done", "ReadHello", "Refuse", "Relay", "ReplyOk", "Resolve"]
+__all__ = [
+    "READ_HELLO",
+    "RELAY_REQUEST",
+    "RELAY_TUNNEL",
+    "Action",
+    "Dial",
+    "Done",
+    "ReadHello",
+    "Refuse",
+    "Relay",
+    "ReplyOk",
+    "Resolve",
+]

@@ -14,14 +14,25 @@ one writer of an `AccessRecord`'s fields (docs/architecture.md#one-exchange).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import Enum
+from enum import StrEnum
 from typing import Final
 
 from ...policy.rules import Decision
 from ...policy.target import IPAddress, Target, parse_ip_literal
 from ...reasons import End, Reason
 from ..codec.tls_hello import ClientHelloResult
-from .actions import Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from .actions import (
+    READ_HELLO,
+    RELAY_REQUEST,
+    RELAY_TUNNEL,
+    Dial,
+    Done,
+    ReadHello,
+    Refuse,
+    Relay,
+    ReplyOk,
+    Resolve,
+)
 from .clients import Identity
 from .gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
 from .gate import Refuse as Verdict
@@ -33,8 +44,9 @@ class SequenceError(Exception):
     """A driver called an event the exchange's state does not allow: a bug in the driver."""
 
 
-class State(Enum):
-    """Where an exchange is: what it waits for next."""
+class State(StrEnum):
+    """Where an exchange is: what it waits for next (a `StrEnum`: its members hash in C,
+    and the table is consulted on every event)."""
 
     IDLE = "idle"  # nothing yet: `start`
     RESOLVING = "resolving"  # `resolved` or `resolve_failed`
@@ -86,7 +98,7 @@ class Exchange:
         self.gate = gate
         self.front = front
         self.state = State.IDLE
-        self.record = AccessRecord("", "", "", "", 0, 0)
+        self.record: AccessRecord  # made by `start`
         self._identity: Identity | None = None
         self._target: Target | None = None
         self._first: Decision | None = None
@@ -206,7 +218,7 @@ class Exchange:
         ok = front.ok
         if ok is None:
             self._move("dialed", State.RELAYING)
-            return Relay(request=front.shape == "request")
+            return RELAY_REQUEST if front.shape == "request" else RELAY_TUNNEL
         if ok.style == "http":
             rec.status = ok.code
         elif ok.style == "socks5":
@@ -226,9 +238,9 @@ class Exchange:
         if identity is not None and target is not None:
             if self.gate.wants_sni(identity.policy, target):
                 self._move("replied", State.HELLO)
-                return ReadHello()
+                return READ_HELLO
         self._move("replied", State.RELAYING)
-        return Relay(request=False)
+        return RELAY_TUNNEL
 
     def hello(self, result: ClientHelloResult | None) -> Refuse | Relay:
         """The tunnel's first bytes (None: the client closed without any)."""
@@ -240,7 +252,7 @@ class Exchange:
         if refused is not None:
             return self._refuse("hello", refused)
         self._move("hello", State.RELAYING)
-        return Relay(request=False)
+        return RELAY_TUNNEL
 
     def response(self, status: int) -> Refuse | Relay:
         """An upstream response head: a 1xx is relayed and more is read, a 101 is refused, a
@@ -254,7 +266,7 @@ class Exchange:
         if step == "final":
             self.record.status = status
         self._move("response", State.RELAYING)
-        return Relay(request=True)
+        return RELAY_REQUEST
 
     def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
         """The relay ended: `how` it ended (`reasons.End`, None: a response that completed)

@@ -69,9 +69,12 @@ class Front:
         return self.answers[reason]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Intent:
     """One exchange as its front-end understood it, before any decision of the exchange.
+
+    Read-only by convention, not frozen: a frozen dataclass sets each of its fields through
+    `object.__setattr__`, and one is made per request (bench/profile.md).
 
     `target` and `identity` are the gate's own answers (`Gate.connect_target`,
     `Gate.identify`...), or None when the handshake stopped before asking: a CONNECT whose
