@@ -174,7 +174,14 @@ class FastExchange:
         resp = self.resp
         assert resp is not None
         keep = finish_exchange(
-            self.steps, self.conn, self.upstream, resp, self.x, self.keep and ok, ok, self.end
+            self.steps,
+            self.conn,
+            self.upstream,
+            resp,
+            self.x,
+            keep=self.keep and ok,
+            ok=ok,
+            end=self.end,
         )
         self._done(keep)
 

@@ -177,7 +177,7 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
         if not req_done.done():
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
-    return finish_exchange(steps, conn, upstream, resp, x, keep and ok, ok, end)
+    return finish_exchange(steps, conn, upstream, resp, x, keep=keep and ok, ok=ok, end=end)
 
 
 def request_out(
@@ -217,6 +217,7 @@ def finish_exchange(
     upstream: Side,
     resp: wire.ResponseHead,
     x: Exchange,
+    *,
     keep: bool,
     ok: bool,
     end: str | None,
