@@ -33,7 +33,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
-from ..policy.target import Target
+from ..policy.target import IPAddress, Target
 from .codec import http1 as wire
 from .core.actions import Dial, Refuse, Relay, Resolve
 from .core.exchange import Exchange
@@ -262,34 +262,17 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
         return False
     if conn.owner is None:  # the per-client count is taken by the coroutine path
         return False
-    t0 = perf_counter_ns()
-    intent = request_intent(steps, conn, head, t0)
-    target = intent.target
-    if intent.then is not None or not isinstance(target, Target) or intent.path is None:
-        return False
-    try:
-        out = request_out(head, data, target, intent.path, intent.explicit_port)
-    except (ValueError, UnicodeEncodeError):
-        return False  # the coroutine path answers it (400)
-    x = Exchange(steps.gate, conn.listener.mode.request_front)
-    action = x.start(intent)
-    cached = isinstance(action, Resolve)
-    if isinstance(action, Resolve):
-        addrs = steps.resolver.cached(action.host)
-        if addrs is None:
-            return False
-        action = x.resolved(addrs)
-    if not isinstance(action, Dial):
-        return False  # a refusal: the coroutine path decides again and answers it
+    # its client's turn first: at its fair share, the coroutine path waits for one, and
+    # nothing is decided here only to be decided again there
     ticket = steps.turns.try_take(conn.owner)
     if ticket is None:
-        return False  # its client is at its fair share: the coroutine path waits its turn
-    taken = steps.pool.take_idle(action.addrs, action.port)
+        return False
+    taken = _decided(steps, conn, head, data)
     if taken is None:
         steps.turns.give_back(ticket)
         return False
+    x, upstream, addr, out, t0, cached = taken
     # from here on the request is ours: nothing below falls back
-    upstream, addr = taken
     metrics = steps.metrics
     if metrics is not None:  # docs/metrics.md
         if cached:  # a resolver cache hit: answered without a wait
@@ -310,6 +293,38 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     upstream.on_wake = fx.on_upstream
     upstream.write(out)
     return True
+
+
+def _decided(
+    steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes
+) -> tuple[Exchange, Side, IPAddress, bytes, int, bool] | None:
+    """The exchange driven up to its dial, on an idle pooled upstream: (exchange, upstream,
+    its address, the head to send, t0, whether the name came from the resolver's cache);
+    None when anything needs a wait or an answer (the coroutine path's to do)."""
+    t0 = perf_counter_ns()
+    intent = request_intent(steps, conn, head, t0)
+    target = intent.target
+    if intent.then is not None or not isinstance(target, Target) or intent.path is None:
+        return None
+    try:
+        out = request_out(head, data, target, intent.path, intent.explicit_port)
+    except (ValueError, UnicodeEncodeError):
+        return None  # the coroutine path answers it (400)
+    x = Exchange(steps.gate, conn.listener.mode.request_front)
+    action = x.start(intent)
+    cached = isinstance(action, Resolve)
+    if isinstance(action, Resolve):
+        addrs = steps.resolver.cached(action.host)
+        if addrs is None:
+            return None
+        action = x.resolved(addrs)
+    if not isinstance(action, Dial):
+        return None  # a refusal: the coroutine path decides again and answers it
+    taken = steps.pool.take_idle(action.addrs, action.port)
+    if taken is None:
+        return None
+    upstream, addr = taken
+    return x, upstream, addr, out, t0, cached
 
 
 __all__ = ["FastClient", "FastExchange", "start"]
