@@ -13,8 +13,12 @@ honour turns the same load into answered, recorded 503s. So at start:
   listening sockets, the connections accepted in one burst before they are admitted or
   refused (one listen backlog) and the process's own (`FIXED`);
 - the soft limit is raised to that (up to the hard limit) when it is lower;
-- when even the hard limit is too low, the listen backlog is shortened and `max_connections`
-  lowered to what fits, and the plan says so in one line.
+- when even the hard limit is too low, `max_connections` is lowered to what fits (counting
+  `SCARCE_BURST` accepted connections instead of a whole backlog), and the plan says so in
+  one line. The listen backlog itself keeps its length: connections waiting in the kernel's
+  queue hold none of our descriptors, and a short queue overflows under a burst, the kernel
+  drops the SYNs and those clients wait for their retransmits (1, 3, 7, 15, 31 s) with no
+  answer; the accept loop takes `BATCH` at a time and refuses at once what the cap refuses.
 
 `AcceptFailures` keeps a failing `accept` to one log line per second, with a count.
 """
@@ -26,13 +30,14 @@ from typing import Final
 
 FIXED: Final = 48  # stdio, the loop's epoll and self-pipe, the audit log, resolver, ...
 LISTENERS: Final = 64  # listening sockets allowed for: those given at start, sandboxes' own
-SCARCE_BACKLOG: Final = 16  # the listen backlog when descriptors are scarce
+SCARCE_BURST: Final = 16  # accepted connections allowed for in a burst when descriptors are scarce
 
 
 @dataclass(frozen=True, slots=True)
 class FdPlan:
     """What to do at start: `soft` (the soft limit to set, unchanged if it was that),
-    `max_connections` and the listen `backlog` to use, and `note` to say, if anything."""
+    `max_connections` and the listen `backlog` to use (never shortened: a short one drops
+    SYNs), and `note` to say, if anything."""
 
     soft: int
     max_connections: int
@@ -59,7 +64,7 @@ def plan_fds(max_connections: int, backlog: int, admin: int, soft: int, hard: in
     if hard is None or need <= hard:
         return FdPlan(need, max_connections, backlog)
     top = hard
-    small = min(backlog, SCARCE_BACKLOG)
+    small = min(backlog, SCARCE_BURST)
     room = top - fds_needed(0, small, admin)
     fit = max(1, room * 4 // 9)  # 2 per slot plus a quarter for the pool
     while fit > 1 and fds_needed(fit, small, admin) > top:
@@ -71,7 +76,7 @@ def plan_fds(max_connections: int, backlog: int, admin: int, soft: int, hard: in
         f"{max_connections} (it needs {need}): serving at most {fit} connections "
         f"(raise it with `ulimit -n {need}` or LimitNOFILE={need})"
     )
-    return FdPlan(top, fit, small, note)
+    return FdPlan(top, fit, backlog, note)
 
 
 class AcceptFailures:
@@ -95,4 +100,12 @@ class AcceptFailures:
         return count
 
 
-__all__ = ["FIXED", "AcceptFailures", "FdPlan", "fds_needed", "plan_fds", "pool_max_idle"]
+__all__ = [
+    "FIXED",
+    "SCARCE_BURST",
+    "AcceptFailures",
+    "FdPlan",
+    "fds_needed",
+    "plan_fds",
+    "pool_max_idle",
+]

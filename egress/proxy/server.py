@@ -177,7 +177,7 @@ class EgressProxy:
         if self.admin_spec is not None:
             check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
         self.admin: Any = None  # egress.proxy.telemetry.admin.AdminServer once started
-        self.backlog = BACKLOG  # shortened when descriptors are scarce (fdbudget.py)
+        self.backlog = BACKLOG  # kept when descriptors are scarce (fdbudget.py)
         self.fd_note: str | None = None  # what the descriptor budget changed, if anything
         self._reserve = Reserve()  # one descriptor to answer with when none is left
         self._lingering: Any = None  # accept.Lingering, once the loop is known
@@ -409,7 +409,7 @@ class EgressProxy:
     # --- descriptors (docs/proxy.md#file-descriptors) ---------------------------------------
     def _fit_descriptors(self) -> None:
         """Make `max_connections` fit RLIMIT_NOFILE: raise the soft limit when it is lower
-        than the cap needs, else lower the cap (and the listen backlog) and say so."""
+        than the cap needs, else lower the cap and say so (the listen backlog keeps its length)."""
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         top = None if hard == resource.RLIM_INFINITY else hard
         admin = ADMIN_MAX_CONNECTIONS if self.admin_spec is not None else 0
