@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import io
 import os
 import signal
 import socket
@@ -98,6 +99,7 @@ def serve_workers(
                 for s in reserved:
                     s.close()
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+                _whole_lines()
                 _die_with_parent()
                 _exit_worker(run_worker, _worker_args(args, bound, index), settings, w)
             os.close(w)
@@ -149,6 +151,18 @@ def _exit_worker(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _whole_lines() -> None:
+    """Every worker writes to the same stdout/stderr pipes as its siblings and the parent.
+    Unbuffered stdio (`python -u`, PYTHONUNBUFFERED) makes `print` two writes, the text and
+    then its newline, so two workers reloading at once interleaved into one line
+    ("...-> sha256:aegress serve: policy reloaded: ...") and a reader counting lines saw one
+    reload. Line buffering hands each line to the pipe in one write, which the kernel keeps
+    whole up to PIPE_BUF bytes (docs/proxy.md#sighup)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _die_with_parent() -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -104,3 +106,41 @@ async def test_sighup_to_workers_is_a_rolling_reload(tmp_path: Path) -> None:
         applied = [r for r in records if r.get("type") == "policy" and r["client_id"] is None]
         assert [r["source"] for r in applied] == ["start", "sighup"]
         assert applied[1]["canonical"]["allow"] == ["b.test"]
+
+
+async def test_each_worker_line_is_one_write_under_unbuffered_stdio(tmp_path: Path) -> None:
+    """Repro: with PYTHONUNBUFFERED (as CI sets it) `print` wrote the text and its newline
+    separately, so two workers reloading at once ran into one stderr line and a reader saw
+    one `policy reloaded` line (the rolling-reload test timed out ~25 % of runs under load).
+    stderr here is a SOCK_SEQPACKET socket, which keeps each write a separate message: every
+    reload line must arrive whole, newline included, in one write."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('allow = ["a.test"]\n')
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "egress.cli", "serve", "--workers", "2",
+        "--listen", "127.0.0.1:0", "--audit-log", str(tmp_path / "audit.jsonl"),
+        "--policy", str(policy),
+        stdout=asyncio.subprocess.PIPE, stderr=theirs,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    theirs.close()
+    assert proc.stdout is not None
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        assert line.startswith("listening on"), line
+        policy.write_text('allow = ["b.test"]\n')
+        proc.send_signal(signal.SIGHUP)
+        loop = asyncio.get_running_loop()
+        ours.setblocking(False)
+        writes: list[str] = []
+        while sum("policy reloaded" in w for w in writes) < 2:
+            message = await asyncio.wait_for(loop.sock_recv(ours, 65536), 30)
+            assert message, f"serve closed stderr; writes so far: {writes}"
+            writes.append(message.decode())
+        reloads = [w for w in writes if "policy reloaded" in w]
+        assert all(w.startswith("egress serve: policy reloaded") for w in reloads), writes
+        assert all(w.endswith("\n") and w.count("\n") == 1 for w in reloads), writes
+    finally:
+        assert await stop(proc) == 0
+        ours.close()
