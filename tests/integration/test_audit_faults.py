@@ -188,12 +188,15 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
             for client in kept:
                 assert (await client.get("http://example.test/before"))[0] == 200
             filler = fill(disk)
-            # the first request after the fill may be served: its own record is the write
-            # that finds the disk full; from then on nothing is served
+            # Requests are served until the writer thread's first write finds the disk full
+            # (their records are queued, and written when space returns: nothing is lost);
+            # from then on nothing is served. How many get through depends on when that
+            # thread runs (a loaded CI machine let 21 through), so the bound only proves that
+            # serving stops; that none of them is lost is checked after the recovery.
             served_after_fill = 0
             while (await kept[0].get("http://example.test/during"))[0] == 200:
                 served_after_fill += 1
-                assert served_after_fill <= 20, "closed mode kept serving on a full disk"
+                assert served_after_fill <= 1000, "closed mode kept serving on a full disk"
             refused = 1
             kept[0].close()  # a refusal closes the connection
             status, body = await kept[1].get("http://example.test/during")
@@ -246,6 +249,9 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     # the recovery, but for the one(s) whose record found the disk full
     allowed_during = [r for r in between if r["decision"] == "allow"]
     assert len(allowed_during) <= served_after_fill
+    # and every request served after the fill has its record (queued, written on recovery)
+    served = [r for r in requests_of(recs) if r.get("path") == "/during" and r["status"] == 200]
+    assert len(served) == served_after_fill
 
 
 async def test_full_disk_open_mode_marks_the_outage_and_exit_1_when_lines_are_abandoned(
