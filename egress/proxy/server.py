@@ -560,15 +560,15 @@ async def _serve_other(steps: Steps, conn: Conn, mode: ListenerMode) -> None:
     by its listener's mode; imported on first use: a proxy that never opens such a listener
     never loads them (the DNS codec is dnspython)."""
     if mode is SOCKS:
-        from .socksserve import serve_socks
+        from .modes.socks5.serve import serve_socks
 
         await serve_socks(steps, conn)
     elif mode is RESOLVER:
-        from .dnsserve import serve_dns_tcp
+        from .modes.dns.serve import serve_dns_tcp
 
         await serve_dns_tcp(steps, conn)
     elif mode is REDIRECTED:
-        from .transparent import serve_transparent
+        from .modes.transparent.serve import serve_transparent
 
         await serve_transparent(steps, conn)
     else:
