@@ -351,9 +351,9 @@ class EgressProxy:
             self.resolver,
             self.audit,
             lim,
-            self.hooks,
-            self.observers.record,
-            self._metrics,
+            hooks=self.hooks,
+            observe=self.observers.record,
+            metrics=self._metrics,
         )
         self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
