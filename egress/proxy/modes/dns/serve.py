@@ -15,15 +15,16 @@ import asyncio
 import socket
 from typing import TYPE_CHECKING
 
-from .codec.dns import DnsResult, FakeIPs, answer_query, refuse_query
-from .core.clients import Identity
-from .net.listener import Listener, parse_listen, peer_text
-from .net.netns import call_in_netns
+from ...codec.dns import DnsResult, FakeIPs, answer_query, refuse_query
+from ...core.clients import Identity
+from ...net.conn import read_message
+from ...net.listener import Listener, parse_listen, peer_text
+from ...net.netns import call_in_netns
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import AuditSink, Steps
-    from .server import EgressProxy
+    from ...net.conn import Conn
+    from ...runtime import AuditSink, Steps
+    from ...server import EgressProxy
 
 MAX_TCP_MESSAGE = 65535  # the two-byte length prefix's own bound
 
@@ -142,8 +143,6 @@ async def open_dns(
 
 async def serve_dns_tcp(steps: Steps, conn: Conn) -> None:
     """Answer length-prefixed queries until the client closes (RFC 7766 pipelining)."""
-    from .socksserve import read_message
-
     conn.side.max_buffer = MAX_TCP_MESSAGE + 2
     while conn.listener.identity is not None:
         identity, pool = _sandbox(conn.listener)

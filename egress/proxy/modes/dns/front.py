@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ...reasons import Reason
-from ..core.intent import Answer, Front
+from ....reasons import Reason
+from ...core.intent import Answer, Front
 
 NOERROR: Final = Answer("dns", 0)
 FORMERR: Final = Answer("dns", 1)
