@@ -106,6 +106,7 @@ class Steps:
         resolver: Resolver,
         audit: AuditSink | None,
         limits: Limits,
+        *,
         hooks: list[Callable[[dict[str, object]], object]],
         observe: Callable[[dict[str, object]], None] = lambda _: None,
         metrics: ProxyMetrics | None = None,

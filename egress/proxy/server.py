@@ -68,6 +68,25 @@ from .tunnel import serve_forwarder, serve_tunnel
 log = logging.getLogger("egress")
 
 
+def _check_arguments(
+    policy: object,
+    audit: object,
+    limits: object,
+    sni_missing: object,
+    flags: Mapping[str, object],
+) -> None:
+    """`EgressProxy`'s typed arguments (docs/policy.md#types): a wrong one is a TypeError or
+    ValueError naming it, before anything is opened."""
+    as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
+    if audit is not None and not callable(getattr(audit, "record", None)):
+        raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
+    as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
+    as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
+    # real booleans: require_auth="false" or reuse_port="false" must not read as true
+    for flag, value in flags.items():
+        as_bool(value, f"EgressProxy {flag}")
+
+
 class EgressProxy:
     """An embeddable egress proxy sharing the caller's event loop.
 
@@ -120,20 +139,14 @@ class EgressProxy:
         admin_public: bool = False,
         tune_gc: bool = True,
     ) -> None:
-        as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
-        if audit is not None and not callable(getattr(audit, "record", None)):
-            raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
-        as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
-        as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
-        # real booleans: require_auth="false" or reuse_port="false" must not read as true
-        for flag, value in (
-            ("require_auth", require_auth),
-            ("metrics", metrics),
-            ("reuse_port", reuse_port),
-            ("admin_public", admin_public),
-            ("tune_gc", tune_gc),
-        ):
-            as_bool(value, f"EgressProxy {flag}")
+        flags = {
+            "require_auth": require_auth,
+            "metrics": metrics,
+            "reuse_port": reuse_port,
+            "admin_public": admin_public,
+            "tune_gc": tune_gc,
+        }
+        _check_arguments(policy, audit, limits, sni_missing, flags)
         if host_local is not None:
             host_local = as_list(
                 host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
@@ -340,9 +353,9 @@ class EgressProxy:
             self.resolver,
             self.audit,
             lim,
-            self.hooks,
-            self.observers.record,
-            self._metrics,
+            hooks=self.hooks,
+            observe=self.observers.record,
+            metrics=self._metrics,
         )
         self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
@@ -595,15 +608,15 @@ async def _serve_other(steps: Steps, conn: Conn, mode: ListenerMode) -> None:
     by its listener's mode; imported on first use: a proxy that never opens such a listener
     never loads them (the DNS codec is dnspython)."""
     if mode is SOCKS:
-        from .socksserve import serve_socks
+        from .modes.socks5.serve import serve_socks
 
         await serve_socks(steps, conn)
     elif mode is RESOLVER:
-        from .dnsserve import serve_dns_tcp
+        from .modes.dns.serve import serve_dns_tcp
 
         await serve_dns_tcp(steps, conn)
     elif mode is REDIRECTED:
-        from .transparent import serve_transparent
+        from .modes.transparent.serve import serve_transparent
 
         await serve_transparent(steps, conn)
     else:
