@@ -631,6 +631,7 @@ async def _stages(
                        "longest_settle_ms": round(proxy.heap.longest_ms, 2),
                        "longest_settle_cpu_ms": round(proxy.heap.longest_cpu_ms, 2),
                        "last_compaction_ms": round(proxy.heap.last_compaction_ms, 2),
+                       "garbage_found": proxy.heap.garbage,
                        "frozen": gc.get_freeze_count()}  # fmt: skip
     out["audit"] = verify_audit(audit_path)
     out["namespaces_left"] = namespaces_left()
