@@ -13,7 +13,7 @@ PURE = [
     "reasons",
     "policy.target",
     "policy.rules",
-    "policy.ruleset",
+    "policy.index",
     "policy.addrs",
     "policy.judge",
     "policy.compose",
