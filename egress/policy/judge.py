@@ -35,7 +35,7 @@ def judge(
     if not decision.allowed or decision.reason == "framework_route":
         return decision
     ips: Sequence[IPAddress] = (target.ip,) if target.ip is not None else addrs
-    hit = guard.check(ips)
+    hit = guard.check(ips, target.port)
     if hit is None:
         return decision
     addr, why = hit
