@@ -52,11 +52,11 @@ from .forward import serve_request
 from .heap import Heap
 from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
 from .net.accept import PAUSE, Lingering, Reserve
-from .net.adopt import adopt
 from .net.conn import Conn, Limits, read_head, sweep
 from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
 from .net.pool import UpstreamPool
 from .net.resolve import Resolver
+from .net.stepped import adopt
 from .runtime import AuditSink, Steps
 from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .telemetry.metrics import ProxyMetrics
@@ -493,21 +493,21 @@ class EgressProxy:
                 # no task yet: its first head decides (a CONNECT is served from callbacks,
                 # anything else starts the coroutine: `fast.FastClient.first_head`)
                 side.spawn, side.finish = self._spawn, self._finished
-                failed = adopt(self.loop, sock, side, lambda err: self._adopted(conn, err))
-                if failed is not None:
-                    side.spawn = None
-                    sock.close()
-                    self._finished(conn)
+                adopt(self.loop, sock, side, lambda _, err: self._adopted(conn, sock, err))
                 return
         conn.task = self.loop.create_task(self._serve(conn, sock))
 
-    def _adopted(self, conn: Conn, err: BaseException | None) -> None:
+    def _adopted(self, conn: Conn, sock: socket.socket, err: BaseException | None) -> None:
         """A connection's transport is made (or failed): closed at once if it was evicted,
         or the proxy began stopping, meanwhile (as `_serve` does)."""
-        if err is not None or conn.end is not None or self.closing:
+        if err is not None:  # no transport: nothing will call back
+            side = conn.side
+            if isinstance(side, ClientSide):
+                side.spawn = None
+            sock.close()
+            self._finished(conn)
+        elif conn.end is not None or self.closing:
             conn.side.close()
-            if err is not None:  # no transport: nothing will call back
-                self._finished(conn)
 
     def _spawn(self, conn: Conn, work: Coroutine[Any, Any, None] | None) -> None:
         """Start the coroutine of a connection accepted without one: it serves from the
