@@ -3,13 +3,15 @@
 Every kept-alive request is still parsed, identified, judged and audited: the same request
 sequences go through one proxy with the fast path on and one with it off, and the client
 must get the same bytes and the audit log the same records (all but timing and the
-client's port), field for field and in order.
+client's port), field for field and in order. The upstreams listen on loopback ports that
+the guard lets through (`proxykit.exempt`): no root needed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,13 +23,8 @@ from egress.config import build_settings
 from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy
 
-import harness
-from proxykit import MemoryAudit
-from servers import Origin, echo, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
-
-RAW_PORT = 7001
+from proxykit import MemoryAudit, exempt
+from servers import Origin, echo, port_of, start_origin, start_tcp
 
 
 async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -73,8 +70,10 @@ async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
 
 @dataclass
 class Both:
-    host: harness.TestHost
     origin: Origin
+    raw_port: int
+    tls_port: int  # an echo server whose tunnels' SNI is checked (an https:// rule)
+    dead_port: int  # an allowed port nothing listens on
     fast: EgressProxy
     slow: EgressProxy
     audit_fast: MemoryAudit
@@ -82,18 +81,29 @@ class Both:
 
 
 @pytest.fixture
-async def both(test_host: harness.TestHost) -> AsyncIterator[Both]:
-    addr = test_host.addr_ns
-    origin = await start_origin(test_host, 80)
-    raw = await start_tcp(test_host, RAW_PORT, raw_origin)
+async def both() -> AsyncIterator[Both]:
+    origin = await start_origin(None, 0)
+    raw = await start_tcp(None, 0, raw_origin)
+    tls = await start_tcp(None, 0, echo)
+    addr, web, raw_port, tls_port = origin.addr, origin.port, port_of(raw), port_of(tls)
+    with socket.socket() as s:  # a port free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
     settings = build_settings(
         {
-            "allow": [addr, f"{addr}:{RAW_PORT}", "www.test"],
+            "allow": [
+                f"{addr}:{web}",
+                f"{addr}:{raw_port}",
+                f"www.test:{web}",
+                f"https://www.test:{tls_port}",
+                f"www.test:{dead}",
+            ],
             "block": ["evil.test"],
             "framework_routes": [],
         },
         resolve=[f"www.test={addr}", f"evil.test={addr}"],
     )
+    settings = exempt(settings, web, raw_port, tls_port, dead)
     audit_fast, audit_slow = MemoryAudit(), MemoryAudit()
     fast = EgressProxy(settings, audit=audit_fast)
     slow = EgressProxy(settings, audit=audit_slow)
@@ -101,11 +111,12 @@ async def both(test_host: harness.TestHost) -> AsyncIterator[Both]:
     await slow.start()
     slow.steps.fast_path = False
     try:
-        yield Both(test_host, origin, fast, slow, audit_fast, audit_slow)
+        yield Both(origin, raw_port, tls_port, dead, fast, slow, audit_fast, audit_slow)
     finally:
         await fast.stop()
         await slow.stop()
         raw.close()
+        tls.close()
         await origin.close()
 
 
@@ -188,7 +199,7 @@ async def settle(audit: MemoryAudit, n: int) -> None:
 async def test_same_answers_and_records_on_a_kept_alive_connection(
     both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = both.host.addr_ns
+    a = both.origin.authority
     calls = count_coroutine_requests(monkeypatch)
     requests = [
         ("GET", f"http://{a}/first"),  # dials: the coroutine path
@@ -196,7 +207,10 @@ async def test_same_answers_and_records_on_a_kept_alive_connection(
         ("GET", f"http://{a}/bytes/300000"),  # fast, a body larger than one read: relayed
         ("GET", f"http://{a}/chunked/5000"),  # fast, chunked
         ("HEAD", f"http://{a}/bytes/10"),
-        ("GET", "http://www.test/pinned-name"),  # a name from the resolver: fast
+        (
+            "GET",
+            f"http://www.test:{both.origin.port}/pinned-name",
+        ),  # a name from the resolver: fast
         ("GET", "http://evil.test/blocked"),  # refused: coroutine path, connection kept
         ("GET", f"http://{a}/after-refusal"),
         ("POST", f"POST http://{a}/body HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"),
@@ -230,7 +244,7 @@ async def test_same_answers_and_records_on_a_kept_alive_connection(
 async def test_same_answers_and_records_for_odd_upstreams(
     both: Both, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = f"{both.host.addr_ns}:{RAW_PORT}"
+    a = f"{both.origin.addr}:{both.raw_port}"
     calls = count_coroutine_requests(monkeypatch)
     requests = [
         ("GET", f"http://{a}/warm"),
@@ -249,7 +263,7 @@ async def test_same_answers_and_records_for_odd_upstreams(
 
 
 async def test_malformed_and_smuggling_heads_after_a_kept_alive_request(both: Both) -> None:
-    a = both.host.addr_ns
+    a = both.origin.authority
     for bad in (
         f"GET http://{a}/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
         "Transfer-Encoding: chunked\r\n\r\n",
@@ -267,7 +281,7 @@ async def test_malformed_and_smuggling_heads_after_a_kept_alive_request(both: Bo
 
 async def test_pipelined_requests_while_one_is_in_flight(both: Both) -> None:
     """Bytes of a next request that arrive during a fast exchange wait for its end."""
-    a = both.host.addr_ns
+    a = both.origin.authority
     reader, writer = await asyncio.open_connection(*both.fast.addresses[0])
     try:
         writer.write(f"GET http://{a}/one HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -329,30 +343,22 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list
     return calls
 
 
-@pytest.fixture
-async def echo_443(test_host: harness.TestHost) -> AsyncIterator[None]:
-    server = await start_tcp(test_host, 443, echo)
-    try:
-        yield
-    finally:
-        server.close()
-
-
 async def test_same_answers_and_records_for_tunnels(
-    both: Both, echo_443: None, monkeypatch: pytest.MonkeyPatch
+    both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every CONNECT outcome, from the callback driver and from the coroutine driver: the
     same bytes to the client, the same records; only the coroutine path runs `serve_tunnel`."""
-    a = both.host.addr_ns
+    a = both.origin.addr
     get = b"GET /t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     hello = client_hello("www.test")
+    tls = f"www.test:{both.tls_port}"
     cases = [
-        (f"{a}:{RAW_PORT}", get),  # an address: dial, 200, relay
-        ("www.test:443", hello),  # a pinned name, its SNI checked and relayed
-        ("www.test:443", client_hello("evil.test")),  # SNI of a blocked name: cut
-        ("www.test:443", b""),  # no ClientHello at all
+        (f"{a}:{both.raw_port}", get),  # an address: dial, 200, relay
+        (tls, hello),  # a pinned name, its SNI checked and relayed
+        (tls, client_hello("evil.test")),  # SNI of a blocked name: cut
+        (tls, b""),  # no ClientHello at all
         ("evil.test:443", b""),  # blocked: 403
-        (f"{a}:81", b""),  # a port its rule does not cover: 403
+        (f"{a}:{both.tls_port}", b""),  # a port its rule does not cover: 403
         ("no-port", b""),  # a bad target: 400
     ]
     served = count_calls(monkeypatch, server_mod, "serve_tunnel")
@@ -375,8 +381,9 @@ async def test_same_answers_and_records_for_tunnels(
 
 async def test_a_refused_dial(both: Both) -> None:
     """Nothing listens on the checked address: the same 502 and record from both drivers."""
-    fast = await tunnel(both.fast, "www.test:443", b"")
-    slow = await tunnel(both.slow, "www.test:443", b"")
+    dead = f"www.test:{both.dead_port}"
+    fast = await tunnel(both.fast, dead, b"")
+    slow = await tunnel(both.slow, dead, b"")
     assert fast == slow
     assert fast.startswith(b"HTTP/1.1 502 ")
     await settle(both.audit_fast, 1)
@@ -385,14 +392,15 @@ async def test_a_refused_dial(both: Both) -> None:
     assert both.audit_fast.events[0]["reason"] == "connection_refused"
 
 
-async def test_an_open_tunnel_has_no_task(both: Both, echo_443: None) -> None:
+async def test_an_open_tunnel_has_no_task(both: Both) -> None:
     """The callback driver serves the whole tunnel: accept, head, dial, 200, SNI and relay
     without a task of its own (the coroutine driver's connection has one)."""
     hello = client_hello("www.test")
     for proxy, has_task in ((both.fast, False), (both.slow, True)):
         reader, writer = await asyncio.open_connection(*proxy.addresses[0])
         try:
-            writer.write(b"CONNECT www.test:443 HTTP/1.1\r\nHost: www.test\r\n\r\n" + hello)
+            head = f"CONNECT www.test:{both.tls_port} HTTP/1.1\r\nHost: x\r\n\r\n"
+            writer.write(head.encode() + hello)
             async with asyncio.timeout(10):
                 head = await reader.readuntil(b"\r\n\r\n")
                 echoed = await reader.readexactly(len(hello))
@@ -410,7 +418,7 @@ async def test_an_open_tunnel_has_no_task(both: Both, echo_443: None) -> None:
 
 
 async def test_a_name_to_look_up_is_handed_to_the_coroutine_driver(
-    both: Both, echo_443: None, monkeypatch: pytest.MonkeyPatch
+    both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A name not in the resolver's cache: the callback driver hands the exchange it began
     to the coroutine driver (`tunnel.carry_on`), which looks it up and carries on."""
@@ -419,9 +427,10 @@ async def test_a_name_to_look_up_is_handed_to_the_coroutine_driver(
     carried = count_calls(monkeypatch, fast_mod, "carry_on")
     monkeypatch.setattr(both.fast.resolver, "cached", lambda host: None)
     hello = client_hello("www.test")
-    fast = await tunnel(both.fast, "www.test:443", hello)
+    tls = f"www.test:{both.tls_port}"
+    fast = await tunnel(both.fast, tls, hello)
     assert carried[0] == 1
-    slow = await tunnel(both.slow, "www.test:443", hello)
+    slow = await tunnel(both.slow, tls, hello)
     assert fast == slow
     assert fast.startswith(b"HTTP/1.1 200 ")
     assert fast.endswith(hello)
@@ -433,11 +442,11 @@ async def test_a_name_to_look_up_is_handed_to_the_coroutine_driver(
 async def test_a_connect_head_in_pieces_and_a_request_first(both: Both) -> None:
     """A CONNECT head that arrives in several reads is still the callback driver's; a
     first request that is not a CONNECT starts the coroutine path as before."""
-    a = both.host.addr_ns
+    a = f"{both.origin.addr}:{both.raw_port}"
     for proxy in (both.fast, both.slow):
         reader, writer = await asyncio.open_connection(*proxy.addresses[0])
         try:
-            for part in (b"CONNECT ", f"{a}:{RAW_PORT} HTTP/1.1\r\n".encode(), b"Host: x\r\n\r\n"):
+            for part in (b"CONNECT ", f"{a} HTTP/1.1\r\n".encode(), b"Host: x\r\n\r\n"):
                 writer.write(part)
                 await writer.drain()
             async with asyncio.timeout(10):

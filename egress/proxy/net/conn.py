@@ -9,8 +9,9 @@ and idle timeouts from the server's one sweeper task, so no timer is armed per o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ...errors import ProtocolError
 from ...reasons import End
@@ -22,6 +23,8 @@ from ..core.responses import error_response
 from .dialer import Dialer
 from .listener import Listener
 from .relay import Side
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,20 @@ class Conn:
     ended: asyncio.Future[None] | None = None
 
 
+async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | None]) -> T | None:
+    """The next message `parse` recognizes in `side`'s buffer; None if the peer ended first.
+    A parser error (`SocksError`...) propagates: SOCKS5 handshakes and DNS over TCP."""
+    while True:
+        if side.buf:
+            parsed = parse(side.buf)
+            if parsed is not None:
+                message, used = parsed
+                side.consume(used)
+                return message
+        if not await side.read_more():
+            return None
+
+
 async def read_head(
     conn: Conn, limits: Limits, loop: asyncio.AbstractEventLoop
 ) -> wire.RequestHead | None:
@@ -194,4 +211,4 @@ def idle_of(conns: Iterable[Conn]) -> Conn | None:
     return min(idle, key=lambda c: c.phase_since) if idle else None
 
 
-__all__ = ["Conn", "Limits", "idle_of", "read_head", "sweep"]
+__all__ = ["Conn", "Limits", "idle_of", "read_head", "read_message", "sweep"]
