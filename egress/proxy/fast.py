@@ -1,4 +1,8 @@
-"""The callback fast path: a kept-alive absolute-form request served from protocol callbacks.
+"""The synchronous driver: exchanges carried out from protocol callbacks, without a task.
+
+Two kinds: a kept-alive absolute-form request (the callback fast path, below), and a
+CONNECT's whole tunnel set-up when it is a connection's first head (`Carrier`: accept
+without a task, decide, dial, `200`, SNI, relay; docs/architecture.md#the-callback-driver).
 
 Shell. Why: on a kept-alive connection, the coroutine path (`forward.py`) costs two waits per
 request (client bytes -> the connection's task; upstream bytes -> the task), each a future,
