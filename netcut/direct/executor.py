@@ -28,7 +28,7 @@ from netcut import flow
 from netcut.collect import collect_if_due
 from netcut.direct import sockdestroy
 from netcut.direct.iptables import Iptables
-from netcut.direct.kernelstate import read_state
+from netcut.direct.kernelstate import read_state, write_sysctl
 from netcut.direct.probe import run_probe
 from netcut.direct.rtnl import MalformedMessage, NetlinkError, Rtnl
 from netcut.errors import ApplyFailed, StateError
@@ -82,8 +82,7 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
     elif isinstance(op, AddAddr | DelAddr):
         rt.addr(isinstance(op, AddAddr), op.addr)
     elif isinstance(op, SetSysctl):
-        with open(f"/proc/sys/{op.key}", "w") as f:
-            f.write(op.value)
+        write_sysctl(op.key, op.value)
     elif isinstance(op, AddBackstop):
         NETFILTER.install_backstop(op.family, op.rules)
     elif isinstance(op, RemoveBackstop):
