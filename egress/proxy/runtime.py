@@ -124,8 +124,9 @@ class Steps:
         self.observe = observe
         self.metrics = metrics
         self.closing = False
-        # serve kept-alive requests from callbacks where possible (`fast.py`); off = every
-        # request takes the coroutine path (tests compare the two)
+        # serve kept-alive requests and CONNECT tunnels from callbacks where possible
+        # (`fast.py`); off = every request and tunnel takes the coroutine path (tests
+        # compare the two)
         self.fast_path = True
         # who holds which connection, from accept (admission.py, docs/proxy.md#limits)
         self.slots: Slots[Conn] = Slots(
