@@ -11,6 +11,7 @@ PURE = [
     "config",
     "validate",
     "reasons",
+    "printable",
     "policy.target",
     "policy.rules",
     "policy.ruleset",
