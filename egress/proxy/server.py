@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import resource
 import socket
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Final
@@ -475,10 +477,15 @@ class EgressProxy:
         and served, or refused at once, before it costs a transport or a task
         (docs/proxy.md#limits)."""
         sock.setblocking(False)
-        side = ClientSide(self, listener)
-        conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         steps = self.steps
         audit_ok = self.audit is None or self.audit.accepting
+        if audit_ok and not self.closing:
+            early = steps.refuse_at_accept(listener, addr)
+            if early is not None:  # its client is at its cap: a flood costs only this
+                self._close_refused(listener, sock, *early)
+                return
+        side = ClientSide(self, listener)
+        conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         refusal = admit_connection(
             steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
         ) or steps.admit(conn)
@@ -493,6 +500,25 @@ class EgressProxy:
             side.conn, side.steps = conn, steps
         self._conns.add(conn)
         conn.task = self.loop.create_task(self._serve(conn, sock))
+
+    def _close_refused(
+        self, listener: Listener, sock: socket.socket, refusal: Refuse, in_full: bool
+    ) -> None:
+        """A connection refused at accept (already recorded): answered and closed like
+        `_refuse_socket`, or, past a flood's first refusals in a second, reset at once
+        (`tally.answer_in_full`, docs/audit-log.md#aggregated-refusals)."""
+        if not in_full:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            sock.close()
+        elif listener.mode.answers_at_accept:
+            with contextlib.suppress(OSError):
+                sock.send(_answer(refusal))
+            self._lingering.close(sock)
+        else:
+            sock.close()
+        if listener.identity is not None and listener.acceptor is not None:
+            listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
 
     def _refuse_exhausted(self, listener: Listener, sock: socket.socket, addr: object) -> None:
         """A connection accepted with the reserved descriptor: answered 503, recorded."""
@@ -560,6 +586,15 @@ class EgressProxy:
         keep = await serve_request(self.steps, conn, head)
         conn.phase, conn.phase_since = "idle", self.loop.time()
         return keep
+
+
+_RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
+
+
+@functools.cache
+def _answer(refusal: Refuse) -> bytes:
+    """The bytes of a refusal's answer at accept (the same few refusals, over and over)."""
+    return error_response(refusal.reason, refusal.detail, status=refusal.status)[1]
 
 
 OUT_OF_DESCRIPTORS: Final = Refuse(

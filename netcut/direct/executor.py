@@ -28,9 +28,9 @@ from netcut import flow
 from netcut.collect import collect_if_due
 from netcut.direct import sockdestroy
 from netcut.direct.iptables import Iptables
-from netcut.direct.kernelstate import read_state
+from netcut.direct.kernelstate import read_state, write_sysctl
 from netcut.direct.probe import run_probe
-from netcut.direct.rtnl import NetlinkError, Rtnl
+from netcut.direct.rtnl import MalformedMessage, NetlinkError, Rtnl
 from netcut.errors import ApplyFailed, StateError
 from netcut.netfilter import Netfilter
 from netcut.plan import planner
@@ -68,6 +68,8 @@ def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
         if tolerant and (exc.code == errno.EEXIST or exc.code in _GONE):
             return
         raise ApplyFailed(f"{op}: {exc.args[-1] if exc.args else exc}") from None
+    except MalformedMessage as exc:
+        raise ApplyFailed(f"{op}: the kernel's answer did not parse: {exc}") from None
     except OSError as exc:
         raise ApplyFailed(f"{op}: {exc.strerror or exc}") from None
     except NETFILTER.errors as exc:
@@ -80,8 +82,7 @@ def _dispatch(rt: Rtnl, op: Op) -> None:
     elif isinstance(op, AddAddr | DelAddr):
         rt.addr(isinstance(op, AddAddr), op.addr)
     elif isinstance(op, SetSysctl):
-        with open(f"/proc/sys/{op.key}", "w") as f:
-            f.write(op.value)
+        write_sysctl(op.key, op.value)
     elif isinstance(op, AddBackstop):
         NETFILTER.install_backstop(op.family, op.rules)
     elif isinstance(op, RemoveBackstop):
