@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
 from ..policy.target import IPAddress, Target
+from ..reasons import End
 from .codec import http1 as wire
 from .core.actions import Dial, Refuse, Relay, Resolve
 from .core.exchange import Exchange
@@ -188,7 +189,15 @@ class FastExchange:
     def _refused(self, refusal: Verdict | Refuse) -> None:
         self.upstream.on_wake = None
         self.upstream.close()
-        self._done(answer(self.steps, self.conn, self.head, self.x, refusal))
+        conn = self.conn
+        if conn.end == End.REVOKED.value and isinstance(refusal, Verdict):
+            # cut by a policy change: nothing to answer, the exchange's record says so
+            finish_exchange(
+                self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
+            )
+            self._done(False)
+            return
+        self._done(answer(self.steps, conn, self.head, self.x, refusal))
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
@@ -285,6 +294,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     conn.upstream = upstream
     relay = x.dialed(addr, steps.addr_text(addr))
     assert isinstance(relay, Relay)
+    conn.relaying = x.record  # re-judged if its client's policy changes (as forward.py)
     steps.link(conn, x)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
