@@ -83,14 +83,16 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
                 await netcut.restore_async(host.ns)
 
 
-def hoard(ns: str, port: int, n: int, first: bytes) -> list[socket.socket]:
-    """`n` connections from inside `ns` to its loopback `port`, each sending `first`."""
+def hoard(ns: str, port: int, n: int, first: bytes, host: str = "127.0.0.1") -> list[socket.socket]:
+    """`n` connections from inside `ns` to `host:port` (its loopback by default), each
+    sending `first`."""
 
     def open_all() -> list[socket.socket]:
         out = []
         for _ in range(n):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(first)
+            s = socket.create_connection((host, port), timeout=5)
+            if first:
+                s.sendall(first)
             out.append(s)
         return out
 
@@ -248,3 +250,64 @@ async def test_silent_connections_to_the_http_listener_are_recorded() -> None:
         assert record["end"] == "head_timeout"
         assert record["client_id"] is None  # the default client of that source
         assert record["mode"] == "http"
+
+
+@pytest.fixture
+async def transparent_scene(test_host_factory: object) -> AsyncIterator[Scene]:
+    """The same two sandboxes, cut with `transparent=True`: each also has a transparent
+    listener (every TCP connection it makes) and a DNS listener (UDP and TCP)."""
+    hoarder = test_host_factory()  # type: ignore[operator]
+    victim = test_host_factory()  # type: ignore[operator]
+    upstream = test_host_factory()  # type: ignore[operator]
+    origin = await start_origin(upstream, 80)
+    audit = MemoryAudit()
+    limits = Limits(max_connections=40, head_timeout=60.0)
+    proxy = EgressProxy(build_settings({}), audit=audit, limits=limits)
+    await proxy.start()
+    policy = Policy(allow=[upstream.addr_ns, f"{upstream.addr_ns}:80"])
+    try:
+        bad = await prepare_execution(hoarder.ns, policy, proxy, transparent=True)
+        good = await prepare_execution(victim.ns, policy, proxy, transparent=True)
+        yield Scene(hoarder, victim, upstream, origin, proxy, audit, bad, good)
+        await release_execution(proxy, bad, restore=True)
+        await release_execution(proxy, good, restore=True)
+    finally:
+        await proxy.stop()
+        await origin.close()
+        for host in (hoarder, victim):
+            with contextlib.suppress(netcut.NetcutError):
+                await netcut.restore_async(host.ns)
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("way", ["http", "transparent", "dns"])
+async def test_every_other_way_to_hoard_takes_only_its_own_share(
+    transparent_scene: Scene, way: str
+) -> None:
+    """The issue's other ways to the same result: 60 silent connections to the sandbox's
+    own HTTP proxy listener, transparent connections to port 80, or DNS over TCP. Before,
+    they filled the proxy (`max_connections` 40) and the other sandbox got 503 through its
+    proxy and an empty reply in transparent mode; now the hoarder is capped at its share
+    from accept, its refusals are recorded with its client id and the listener's mode, and
+    the other sandbox is served both ways."""
+    scene = transparent_scene
+    up = scene.upstream.addr_ns
+    target = {"http": ("127.0.0.1", 3128), "transparent": (up, 80), "dns": ("127.0.0.1", 53)}
+    host, port = target[way]
+    held = await asyncio.to_thread(hoard, scene.hoarder.ns, port, 60, b"", host)
+    try:
+        cap = scene.proxy.limits.client_cap
+        bad_id = scene.bad.client_id
+        await wait_refusals(scene.audit, 60 - cap, reason="too_many_connections",
+                            client_id=bad_id)  # fmt: skip
+        url = f"http://{up}/"
+        assert await curl(scene.victim, "-x", scene.good.proxy_url, url) == "200"
+        assert await curl(scene.victim, "--noproxy", "*", url) == "200"  # transparent
+        refused = scene.audit.find(reason="too_many_connections")
+        assert {r["client_id"] for r in refused} == {bad_id}
+        assert {r["mode"] for r in refused} == {way}
+        own = {f"{li.host}:{li.port}" for li in scene.bad.listeners if li.kind == way}
+        assert {r["listener"] for r in refused} <= own
+    finally:
+        for s in held:
+            s.close()
