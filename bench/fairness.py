@@ -57,7 +57,7 @@ async def serve_proxy(origin_port: int, workdir: Path, fair: bool) -> None:
     from egress.config import ClientSpec, Settings
     from egress.proxy.codec.dns import FakeIPs
     from egress.proxy.core.clients import Identity
-    from egress.proxy.dnsserve import open_dns
+    from egress.proxy.modes.dns.serve import open_dns
     from egress.proxy.server import Limits
 
     policy = Policy(framework_routes=[f"http://127.0.0.1:{origin_port}"])
@@ -84,9 +84,62 @@ async def serve_proxy(origin_port: int, workdir: Path, fair: bool) -> None:
         "max_connections": proxy.limits.max_connections,
     }
     print(json.dumps(ports), flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+    watch = asyncio.ensure_future(watch_lag(lags))
+    sched = schedstat()
+    # each line on stdin asks for the proxy's CPU time, its time waiting for a CPU and its
+    # event loop's lag since the last one
+    while await loop.run_in_executor(None, sys.stdin.readline):
+        now = schedstat()
+        lag = sorted(lags)
+        print(json.dumps({**sched_delta(sched, now), **percentiles(lag, "lag")}), flush=True)
+        sched, lags[:] = now, []
+    watch.cancel()
     await proxy.stop()
     await audit.aclose()
+
+
+async def watch_lag(lags: list[float]) -> None:
+    """How late the proxy's event loop runs a 10 ms timer: the time every callback waits."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t = loop.time()
+        await asyncio.sleep(0.010)
+        lags.append(loop.time() - t - 0.010)
+
+
+def schedstat() -> tuple[float, float]:
+    """This process's time on a CPU and time runnable but waiting for one (the kernel's
+    /proc/self/schedstat, all threads' sum is not needed: one event loop), in seconds."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            run_ns, wait_ns, _ = f.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return sum(os.times()[:2]), 0.0
+
+
+def sched_delta(before: tuple[float, float], after: tuple[float, float]) -> dict[str, float]:
+    return {
+        "cpu_s": round(after[0] - before[0], 2),
+        "cpu_wait_s": round(after[1] - before[1], 2),
+    }
+
+
+def percentiles(values: list[float], name: str) -> dict[str, float]:
+    """p50, p99 and max of sorted `values` (seconds), in ms."""
+
+    def at(p: float) -> float:
+        return round(values[min(len(values) - 1, int(p * len(values)))] * 1000, 2)
+
+    if not values:
+        return {f"{name}_p50_ms": 0.0, f"{name}_p99_ms": 0.0, f"{name}_max_ms": 0.0}
+    return {
+        f"{name}_p50_ms": at(0.50),
+        f"{name}_p99_ms": at(0.99),
+        f"{name}_max_ms": round(values[-1] * 1000, 2),
+    }
 
 
 # --- the victims (core 1) ------------------------------------------------------------------------
@@ -142,6 +195,7 @@ async def victim_conn(
 
 async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"latency": [], "ok": 0, "failed": 0}
+    sched = schedstat()
     await asyncio.gather(
         *(
             victim_conn(n, proxy_port, origin_port, seconds, out)
@@ -162,6 +216,7 @@ async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "max_ms": round(lat[-1] * 1000, 2) if lat else 0.0,
+        "client": sched_delta(sched, schedstat()),  # the victims' own process (core 1)
     }
 
 
@@ -171,6 +226,12 @@ class Tally:
         self.opened = 0
         self.refused = 0
         self.requests = 0
+        self.errors: dict[str, int] = {}  # why connecting failed, by error
+
+    def failed(self, exc: OSError) -> None:
+        self.refused += 1
+        name = type(exc).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
 
 
 async def hold_open(host: str, port: int, first: bytes, tally: Tally, src: str | None) -> None:
@@ -180,8 +241,11 @@ async def hold_open(host: str, port: int, first: bytes, tally: Tally, src: str |
             reader, writer = await asyncio.open_connection(
                 host, port, local_addr=(src, 0) if src else None
             )
-        except OSError:
-            tally.refused += 1
+        except ConnectionResetError as exc:  # refused at accept: again, at once
+            tally.failed(exc)
+            continue
+        except OSError as exc:
+            tally.failed(exc)
             await asyncio.sleep(0.01)
             continue
         tally.opened += 1
@@ -247,6 +311,7 @@ async def run_hostile(
         "connections_opened": tally.opened,
         "closed_or_refused": tally.refused,
         "requests_served": tally.requests,
+        "connect_errors": tally.errors,
     }
 
 
@@ -268,18 +333,18 @@ def run(seconds: float, fair: bool) -> dict[str, Any]:
         ports = json.loads(proxy.stdout.readline())
         subprocess.run(
             ["iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", REDIRECTED[0],
-             "--dport", str(REDIRECTED[1]), "-j", "REDIRECT", "--to-ports",
-             str(ports["transparent"])],
+             "--dport", str(REDIRECTED[1]), "-j", "DNAT", "--to-destination",
+             f"{OWN}:{ports['transparent']}"],
             check=True,
         )  # fmt: skip
         try:
-            base = victims(ports, origin_port, seconds)
+            base = measured(proxy, ports, origin_port, seconds)
             phases = {}
             for phase in ("connections", "requests"):
                 hostile = child("-m", "bench.fairness", "--hostile", phase, json.dumps(ports),
                                 str(origin_port), str(seconds + 4), cpu=1, nice=19)  # fmt: skip
                 time.sleep(2.0)  # the floods ramp up
-                under = victims(ports, origin_port, seconds)
+                under = measured(proxy, ports, origin_port, seconds)
                 assert hostile.stdout is not None
                 flood = json.loads(hostile.stdout.readline())
                 hostile.wait(60)
@@ -345,6 +410,22 @@ def victims(ports: dict[str, int], origin_port: int, seconds: float) -> dict[str
     assert p.stdout is not None
     result: dict[str, Any] = json.loads(p.stdout.readline())
     p.wait(60)
+    return result
+
+
+def measured(
+    proxy: subprocess.Popen[str], ports: dict[str, int], origin_port: int, seconds: float
+) -> dict[str, Any]:
+    """The victims' numbers, with the proxy's CPU time and loop lag while they ran."""
+    assert proxy.stdin is not None
+    assert proxy.stdout is not None
+    proxy.stdin.write("mark\n")
+    proxy.stdin.flush()
+    proxy.stdout.readline()
+    result = victims(ports, origin_port, seconds)
+    proxy.stdin.write("mark\n")
+    proxy.stdin.flush()
+    result["proxy"] = json.loads(proxy.stdout.readline())
     return result
 
 

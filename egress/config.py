@@ -239,7 +239,9 @@ def build_settings(
     top_blocks = [*_str_list(data, "block", where), *block]
     table = _checked(as_table, data.get("clients", {}), f"{where}: 'clients'")
     clients = tuple(
-        _client(cid, spec, routes, top_blocks, where, top_report, report_only)
+        _client(
+            cid, spec, routes, top_blocks, where, top_report=top_report, force_report=report_only
+        )
         for cid, spec in table.items()
     )
     return Settings(policy=policy, guard=guard, resolve=pins, clients=clients)
@@ -284,6 +286,7 @@ def _client(
     routes: list[str],
     top_blocks: list[str],
     where: str,
+    *,
     top_report: bool = False,
     force_report: bool = False,
 ) -> ClientSpec:

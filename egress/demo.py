@@ -25,7 +25,7 @@ from importlib import resources
 from aiohttp import web
 
 from .audit.log import AuditLog
-from .boundary import prepare_execution, release_execution
+from .boundary import Execution, prepare_execution, release_execution
 from .config import build_settings, load_policy_file
 from .policy.rules import Policy
 from .proxy.net.netns import listen_in_netns
@@ -188,6 +188,71 @@ async def start_app(name: str, sock_or_host: object, port: int = 0) -> web.AppRu
 # --- the story ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One thing the agent tries from inside the cut sandbox, and what must come of it."""
+
+    label: str  # what `show` prints
+    curl: tuple[str, ...]  # curl's arguments after `-sS`
+    works: bool | None  # curl's exit: True 0, False not 0, None either (the body decides)
+    says: tuple[str, ...]  # one of these must be in the body
+    otherwise: str  # the line printed when it does not come out as expected
+
+    def met(self, rc: int, out: str) -> bool:
+        if self.works is not None and (rc == 0) != self.works:
+            return False
+        return not self.says or any(word in out for word in self.says)
+
+
+def attempts(w: World, model_url: str) -> list[Attempt]:
+    """What the agent tries, in order: the story's third act as data."""
+    return [
+        Attempt(
+            "allowed: http://pypi.demo/ through the proxy (expected: works)",
+            ("--max-time", "5", "http://pypi.demo/simple/requests/"),
+            True,
+            (),
+            "the allowed request failed",
+        ),
+        Attempt(
+            "blocked: http://evil.pythonhosted.demo/ - a block rule beats the wildcard "
+            "(expected: 403 with the rule)",
+            ("--max-time", "5", "http://evil.pythonhosted.demo/payload"),
+            None,
+            ("403",),
+            "the blocked request was not refused",
+        ),
+        Attempt(
+            "direct: around the proxy, to the upstream's address (expected: fails)",
+            ("--noproxy", "*", "--max-time", "3", f"http://{w.upstream_direct}/exfiltrate"),
+            False,
+            (),
+            "a direct connection got through",
+        ),
+        Attempt(
+            "loopback trick: http://2130706433:22/, 127.0.0.1 as a number (expected: 403)",
+            ("--noproxy", "", "--max-time", "5", "http://2130706433:22/"),
+            None,
+            ("403",),
+            "the loopback trick was not refused",
+        ),
+        Attempt(
+            "loopback trick: an allowed name whose DNS answer is 127.0.0.1 (expected: 403)",
+            ("--max-time", "5", "http://files.pythonhosted.demo/"),
+            None,
+            ("destination_ip_prohibited", "reserved"),
+            "the name resolving to loopback was not refused by the address guard",
+        ),
+        Attempt(
+            f"framework route: the model API at {model_url} (expected: works)",
+            ("--max-time", "5", model_url + "/chat"),
+            True,
+            (),
+            "the framework route was not reachable",
+        ),
+    ]
+
+
 async def story(w: World, audit_path: str) -> int:
     failures = 0
 
@@ -217,102 +282,44 @@ async def story(w: World, audit_path: str) -> int:
         )
         show("setup fetches a package straight from the upstream (expected: works)", rc, out, err)
         expect(rc == 0, "setup could not reach the upstream")
-
         async with (
             AuditLog(audit_path) as audit,
             EgressProxy(settings, listen=["127.0.0.1:0"], audit=audit) as proxy,
         ):
-            say(
-                "The proxy runs inside this process. Now cut the sandbox: only its loopback "
-                "stays, where the proxy listens.",
-                step="2. The cut",
-            )
-            policy: Policy = settings.policy
-            execution = await prepare_execution(
-                w.sandbox,
-                policy,
-                proxy,
-                framework_routes=[route],
-                expect_blocked=[f"{w.upstream_direct}:80", f"{w.addr(1)}:53"],
-            )
-            say(
-                f"cut in {execution.cut.elapsed_ms:.1f} ms; "
-                f"probe: {execution.probe.reason() or 'ok'}"
-            )
-            say(
-                f"agent env: HTTPS_PROXY=http://{execution.client_id}:***@127.0.0.1:"
-                f"{execution.proxy_url.rsplit(':', 1)[1]}  NO_PROXY={execution.env['NO_PROXY']}"
-            )
+            execution = await cut(w, settings.policy, proxy, route)
             env = dict(execution.env)
             say("The agent runs as nobody with no capabilities.", step="3. The agent")
-            rc, out, err = await in_sandbox(
-                w, env, "curl", "-sS", "--max-time", "5", "http://pypi.demo/simple/requests/"
-            )
-            show("allowed: http://pypi.demo/ through the proxy (expected: works)", rc, out, err)
-            expect(rc == 0, "the allowed request failed")
-            rc, out, err = await in_sandbox(
-                w, env, "curl", "-sS", "--max-time", "5", "http://evil.pythonhosted.demo/payload"
-            )
-            show(
-                "blocked: http://evil.pythonhosted.demo/ - a block rule beats the wildcard "
-                "(expected: 403 with the rule)",
-                rc,
-                out,
-                err,
-            )
-            expect("403" in out, "the blocked request was not refused")
-            rc, out, err = await in_sandbox(
-                w,
-                env,
-                "curl",
-                "-sS",
-                "--noproxy",
-                "*",
-                "--max-time",
-                "3",
-                f"http://{w.upstream_direct}/exfiltrate",
-            )
-            show(
-                "direct: around the proxy, to the upstream's address (expected: fails)",
-                rc,
-                out,
-                err,
-            )
-            expect(rc != 0, "a direct connection got through")
-            rc, out, err = await in_sandbox(
-                w, env, "curl", "-sS", "--noproxy", "", "--max-time", "5", "http://2130706433:22/"
-            )
-            show(
-                "loopback trick: http://2130706433:22/, 127.0.0.1 as a number (expected: 403)",
-                rc,
-                out,
-                err,
-            )
-            expect("403" in out, "the loopback trick was not refused")
-            rc, out, err = await in_sandbox(
-                w, env, "curl", "-sS", "--max-time", "5", "http://files.pythonhosted.demo/"
-            )
-            show(
-                "loopback trick: an allowed name whose DNS answer is 127.0.0.1 (expected: 403)",
-                rc,
-                out,
-                err,
-            )
-            expect(
-                "destination_ip_prohibited" in out or "reserved" in out,
-                "the name resolving to loopback was not refused by the address guard",
-            )
-            model_url = execution.framework_urls[route]
-            rc, out, err = await in_sandbox(
-                w, env, "curl", "-sS", "--max-time", "5", model_url + "/chat"
-            )
-            show(f"framework route: the model API at {model_url} (expected: works)", rc, out, err)
-            expect(rc == 0, "the framework route was not reachable")
+            for attempt in attempts(w, execution.framework_urls[route]):
+                rc, out, err = await in_sandbox(w, env, "curl", "-sS", *attempt.curl)
+                show(attempt.label, rc, out, err)
+                expect(attempt.met(rc, out), attempt.otherwise)
             await release_execution(proxy, execution, restore=True)
     finally:
         await upstream_app.cleanup()
         await model_app.cleanup()
     return failures
+
+
+async def cut(w: World, policy: Policy, proxy: EgressProxy, route: str) -> Execution:
+    """The story's second act: the sandbox is cut, and the agent's environment shown."""
+    say(
+        "The proxy runs inside this process. Now cut the sandbox: only its loopback "
+        "stays, where the proxy listens.",
+        step="2. The cut",
+    )
+    execution = await prepare_execution(
+        w.sandbox,
+        policy,
+        proxy,
+        framework_routes=[route],
+        expect_blocked=[f"{w.upstream_direct}:80", f"{w.addr(1)}:53"],
+    )
+    say(f"cut in {execution.cut.elapsed_ms:.1f} ms; probe: {execution.probe.reason() or 'ok'}")
+    say(
+        f"agent env: HTTPS_PROXY=http://{execution.client_id}:***@127.0.0.1:"
+        f"{execution.proxy_url.rsplit(':', 1)[1]}  NO_PROXY={execution.env['NO_PROXY']}"
+    )
+    return execution
 
 
 def summarize(audit_path: str) -> int:

@@ -229,35 +229,10 @@ async def run_serve(
         return 2
     if not args.quiet:
         _warn_tokens(settings, args.require_auth)
-    on_decision = [] if args.quiet or args.audit_log else [_print_request]
-    proxy = EgressProxy(
-        settings,
-        listen=args.listen or ["127.0.0.1:3128"],
-        socks=args.socks,
-        listen_netns=args.listen_netns,
-        audit=audit,
-        limits=limits_from_args(args),
-        require_auth=args.require_auth,
-        sni_missing=args.sni_missing,
-        reuse_port=ready_fd is not None,
-        admin=args.admin,
-        admin_public=args.admin_public,
-        on_decision=on_decision,
-    )
+    proxy = _proxy(args, settings, audit, ready_fd)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    reloads: set[asyncio.Task[None]] = set()
-    # one reload at a time, in signal order: the last file read is the one applied
-    serial = asyncio.Lock()
-
-    def on_hup() -> None:
-        task = loop.create_task(reload_policy(proxy, args, serial))
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    _reloads = _handle_signals(loop, proxy, args, stop)  # held while serving
     started = False
     try:
         try:
@@ -269,16 +244,7 @@ async def run_serve(
             )
             return 2
         started = True
-        if ready_fd is not None:
-            os.write(ready_fd, READY)
-            os.close(ready_fd)
-        else:
-            for host, port in proxy.addresses:
-                print(f"listening on {join_host_port(host, port)}", flush=True)
-            for host, port in proxy.socks_addresses:
-                print(f"listening on {join_host_port(host, port)} socks5", flush=True)
-        if proxy.admin_url is not None and not args.quiet:
-            print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
+        _announce(proxy, args, ready_fd)
         await stop.wait()
     finally:
         await proxy.stop()
@@ -295,6 +261,65 @@ async def run_serve(
         )
         return 1
     return 0
+
+
+def _proxy(
+    args: argparse.Namespace, settings: Settings, audit: Any, ready_fd: int | None
+) -> EgressProxy:
+    """The proxy `egress serve`'s options describe (not started)."""
+    on_decision = [] if args.quiet or args.audit_log else [_print_request]
+    return EgressProxy(
+        settings,
+        listen=args.listen or ["127.0.0.1:3128"],
+        socks=args.socks,
+        listen_netns=args.listen_netns,
+        audit=audit,
+        limits=limits_from_args(args),
+        require_auth=args.require_auth,
+        sni_missing=args.sni_missing,
+        reuse_port=ready_fd is not None,
+        admin=args.admin,
+        admin_public=args.admin_public,
+        on_decision=on_decision,
+    )
+
+
+def _handle_signals(
+    loop: asyncio.AbstractEventLoop,
+    proxy: EgressProxy,
+    args: argparse.Namespace,
+    stop: asyncio.Event,
+) -> set[asyncio.Task[None]]:
+    """SIGTERM and SIGINT set `stop`; SIGHUP reloads the policy. Returns the running
+    reloads, which the caller holds (a task nobody holds may be collected)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+    # one reload at a time, in signal order: the last file read is the one applied
+    serial = asyncio.Lock()
+
+    def on_hup() -> None:
+        task = loop.create_task(reload_policy(proxy, args, serial))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    return reloads
+
+
+def _announce(proxy: EgressProxy, args: argparse.Namespace, ready_fd: int | None) -> None:
+    """Say the proxy is serving: on `ready_fd` for a worker (its parent prints the lines),
+    else a `listening on` line per address."""
+    if ready_fd is not None:
+        os.write(ready_fd, READY)
+        os.close(ready_fd)
+    else:
+        for host, port in proxy.addresses:
+            print(f"listening on {join_host_port(host, port)}", flush=True)
+        for host, port in proxy.socks_addresses:
+            print(f"listening on {join_host_port(host, port)} socks5", flush=True)
+    if proxy.admin_url is not None and not args.quiet:
+        print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
 
 
 async def reload_policy(

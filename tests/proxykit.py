@@ -1,9 +1,31 @@
-"""Helpers for proxy tests: an in-memory audit sink and raw-socket clients."""
+"""Helpers for proxy tests: an in-memory audit sink, raw-socket clients, loopback upstreams."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 from dataclasses import dataclass, field
+
+from egress.config import Settings
+from egress.policy.rules import Policy
+
+
+def exempt(settings: Settings | Policy, *ports: int) -> Settings:
+    """`settings` whose address guard lets 127.0.0.1 through on exactly these ports.
+
+    For tests that need no root: their upstreams listen on loopback ports of this namespace
+    (`servers.start_origin(None, 0)`), and the policy still judges every request as it would a
+    test host's (a framework route would skip the policy). The proxy's own listeners and every
+    other loopback port stay reserved (docs/proxy.md#the-address-guard).
+    """
+    if isinstance(settings, Policy):
+        settings = Settings(policy=settings)
+    lo = ipaddress.IPv4Address("127.0.0.1")
+    guard = settings.guard
+    more = frozenset((lo, port) for port in ports)
+    guard = dataclasses.replace(guard, exempt=guard.exempt | more)
+    return dataclasses.replace(settings, guard=guard)
 
 
 @dataclass

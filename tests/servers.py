@@ -1,9 +1,12 @@
-"""Servers that live inside test hosts, served from the test's own event loop.
+"""Servers that live inside test hosts, or on loopback, served from the test's own event loop.
 
-The listening socket is created inside the host's namespace (`listen_in_netns`); everything
-else is ordinary asyncio. `Origin` is an aiohttp web app that records what reached it, so a
-test can assert on the origin side (what was forwarded, which headers) and not only on what
-the proxy said.
+For a test host the listening socket is created inside the host's namespace
+(`listen_in_netns`); with `host=None` it listens on 127.0.0.1 at an ephemeral port of this
+namespace, so the test needs no root (`proxykit.exempt` lets the proxy's guard through to
+exactly that port). Everything else is ordinary asyncio.
+
+`Origin` is an aiohttp web app that records what reached it, so a test can assert on the
+origin side (what was forwarded, which headers) and not only on what the proxy said.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -29,23 +33,40 @@ class Seen:
     body: bytes
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def listen(host: TestHost | None, bind: str, port: int) -> socket.socket:
+    """A listening socket inside `host`, or on loopback (`host=None`: `port` 0 is ephemeral)."""
+    if host is not None:
+        return listen_in_netns(host.ns, bind, port)
+    sock = socket.create_server((LOOPBACK, port), backlog=512)
+    sock.setblocking(False)
+    return sock
+
+
 @dataclass
 class Origin:
-    host: TestHost
+    host: TestHost | None
     port: int
     runner: web.AppRunner
     seen: list[Seen] = field(default_factory=list)
 
     @property
     def addr(self) -> str:
-        return self.host.addr_ns
+        return LOOPBACK if self.host is None else self.host.addr_ns
+
+    @property
+    def authority(self) -> str:
+        """`ADDR:PORT`, as a URL or a CONNECT names it."""
+        return f"{self.addr}:{self.port}"
 
     async def close(self) -> None:
         await self.runner.cleanup()
 
 
-async def start_origin(host: TestHost, port: int = 80, *, bind: str = "0.0.0.0") -> Origin:
-    """An HTTP origin on `bind:port` inside `host`.
+async def start_origin(host: TestHost | None, port: int = 80, *, bind: str = "0.0.0.0") -> Origin:
+    """An HTTP origin on `bind:port` inside `host` (`host=None`: on 127.0.0.1:`port`).
 
     Routes: any path echoes a JSON summary of the request; `/bytes/N` returns N bytes;
     `/chunked/N` returns N bytes in chunked encoding.
@@ -77,16 +98,16 @@ async def start_origin(host: TestHost, port: int = 80, *, bind: str = "0.0.0.0")
             "headers": {k.lower(): v for k, v in request.headers.items()},
             "body_sha256": hashlib.sha256(body).hexdigest(),
             "body_len": len(body),
-            "server": f"{host.addr_ns}:{port}",
+            "server": origin.authority,
         }
         return web.json_response(summary)
 
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    sock = listen_in_netns(host.ns, bind, port)
+    sock = listen(host, bind, port)
     await web.SockSite(runner, sock).start()
-    origin = Origin(host, port, runner)
+    origin = Origin(host, sock.getsockname()[1], runner)
     return origin
 
 
@@ -94,11 +115,14 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 async def start_tcp(
-    host: TestHost, port: int, handler: Handler, bind: str = "0.0.0.0"
+    host: TestHost | None, port: int, handler: Handler, bind: str = "0.0.0.0"
 ) -> asyncio.Server:
-    """A raw TCP server inside `host`."""
-    sock = listen_in_netns(host.ns, bind, port)
-    return await asyncio.start_server(handler, sock=sock)
+    """A raw TCP server inside `host` (`host=None`: on 127.0.0.1:`port`; `port_of` reads it)."""
+    return await asyncio.start_server(handler, sock=listen(host, bind, port))
+
+
+def port_of(server: asyncio.Server) -> int:
+    return int(server.sockets[0].getsockname()[1])
 
 
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

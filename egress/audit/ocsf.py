@@ -106,6 +106,39 @@ def event_class(record: dict[str, object]) -> int:
 def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object]:
     """One request record (not control, not lifecycle) as one OCSF event."""
     cls = event_class(record)
+    event = _header(record, cls, product_version)
+    reason = record.get("reason")
+    if isinstance(reason, str):
+        event["status_code"] = reason
+    if record.get("detail"):
+        event["message"] = event["status_detail"] = str(record["detail"])
+    _endpoints(record, cls, event)
+    _measures(record, event)
+    rule = record.get("rule")
+    event["firewall_rule"] = {
+        "name": "(default posture)" if rule is None else str(rule),
+        **({"desc": reason} if isinstance(reason, str) else {}),
+    }
+    if record.get("policy"):
+        event["policy"] = {"uid": str(record["policy"]), "name": "egress policy"}
+    if cls == HTTP_ACTIVITY:
+        _http(record, event)
+    elif cls == DNS_ACTIVITY:
+        _dns(record, event)
+    # `status` is HTTP Activity's (`http_response.code`); `duration_ms` keeps its microseconds
+    # (OCSF's `duration` is whole milliseconds)
+    extra = {
+        k: v
+        for k, v in record.items()
+        if k not in _MAPPED and not (k == "status" and cls == HTTP_ACTIVITY)
+    }
+    if extra:
+        event["unmapped"] = extra
+    return event
+
+
+def _header(record: dict[str, object], cls: int, product_version: str) -> dict[str, object]:
+    """The fields every event opens with: its class and activity, time, verdict, metadata."""
     decision = str(record.get("decision") or "error")
     verdict = _VERDICT.get(decision, _VERDICT["error"])
     if cls == DNS_ACTIVITY:
@@ -114,7 +147,7 @@ def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object
         activity = _HTTP_METHODS.get(str(record.get("method")).upper(), (99, "Other"))
     else:
         activity = _NETWORK.get(decision, (4, "Fail"))
-    event: dict[str, object] = {
+    return {
         "category_uid": CATEGORY_NETWORK,
         "category_name": "Network Activity",
         "class_uid": cls,
@@ -144,11 +177,10 @@ def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object
             **({"sequence": record["seq"]} if isinstance(record.get("seq"), int) else {}),
         },
     }
-    reason = record.get("reason")
-    if isinstance(reason, str):
-        event["status_code"] = reason
-    if record.get("detail"):
-        event["message"] = event["status_detail"] = str(record["detail"])
+
+
+def _endpoints(record: dict[str, object], cls: int, event: dict[str, object]) -> None:
+    """`src_endpoint` (the client) and `dst_endpoint` (not for DNS: its answer says it)."""
     src = _endpoint_of_client(record)
     if src:
         event["src_endpoint"] = src
@@ -161,6 +193,10 @@ def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object
         dst["ip"] = str(record["addr"])
     if dst and cls != DNS_ACTIVITY:
         event["dst_endpoint"] = dst
+
+
+def _measures(record: dict[str, object], event: dict[str, object]) -> None:
+    """How long it took and how many bytes went each way."""
     if isinstance(record.get("duration_ms"), int | float):
         event["duration"] = round(float(record["duration_ms"]))  # type: ignore[arg-type]
     if record.get("bytes_up") is not None or record.get("bytes_down") is not None:
@@ -168,27 +204,6 @@ def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object
             "bytes_out": int(record.get("bytes_up") or 0),  # type: ignore[call-overload]
             "bytes_in": int(record.get("bytes_down") or 0),  # type: ignore[call-overload]
         }
-    rule = record.get("rule")
-    event["firewall_rule"] = {
-        "name": "(default posture)" if rule is None else str(rule),
-        **({"desc": reason} if isinstance(reason, str) else {}),
-    }
-    if record.get("policy"):
-        event["policy"] = {"uid": str(record["policy"]), "name": "egress policy"}
-    if cls == HTTP_ACTIVITY:
-        _http(record, event)
-    elif cls == DNS_ACTIVITY:
-        _dns(record, event)
-    # `status` is HTTP Activity's (`http_response.code`); `duration_ms` keeps its microseconds
-    # (OCSF's `duration` is whole milliseconds)
-    extra = {
-        k: v
-        for k, v in record.items()
-        if k not in _MAPPED and not (k == "status" and cls == HTTP_ACTIVITY)
-    }
-    if extra:
-        event["unmapped"] = extra
-    return event
 
 
 def _http(record: dict[str, object], event: dict[str, object]) -> None:

@@ -3,47 +3,74 @@ TypeError/ValueError naming it, raised before anything is opened or cut."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from netcut.errors import InvalidInput
 from netcut.targetref import TargetRef, canonical, parse_target
 
-from ..policy.rules import Policy
+from ..policy.rules import FrameworkRoute, Policy, parse_framework_route
 from ..proxy.server import EgressProxy
-from ..validate import as_bool, as_choice, as_count, as_instance, as_port, as_str
-from .execution import (
-    CUT_MODES,
-)
+from ..validate import as_bool, as_choice, as_count, as_instance, as_port, as_str, as_str_list
+from .execution import CUT_MODES, CutMode, Mode
 
 
-def _check_args(
+@dataclass(frozen=True)
+class Preparation:
+    """`prepare_execution`'s arguments once checked: the sandbox in its one spelling, the
+    framework routes parsed. Every later step of the preparation reads them from here."""
+
+    sandbox: str
+    policy: Policy
+    proxy: EgressProxy
+    routes: tuple[FrameworkRoute, ...]
+    expect_blocked: tuple[str, ...]
+    mode: Mode
+    proxy_port: int
+    client_id: str | None
+    token: str | None
+    gateway: str | None
+    force: bool
+    allow_privileged: bool
+    cut_mode: CutMode
+    helper_image: str | None
+    transparent: bool
+    transparent_port: int
+    dns_port: int
+    socks_port: int | None
+
+
+def check_preparation(
     sandbox: object,
-    policy: object,
-    proxy: object,
-    mode: object,
-    proxy_port: object,
-    client_id: object,
-    token: object,
-    gateway: object,
-    force: object,
-    allow_privileged: object,
-    cut_mode: object,
-    helper_image: object,
-) -> str:
+    policy: Policy,
+    proxy: EgressProxy,
+    *,
+    framework_routes: Iterable[str],
+    expect_blocked: Iterable[str],
+    mode: Mode,
+    proxy_port: int,
+    client_id: str | None,
+    token: str | None,
+    gateway: str | None,
+    force: bool,
+    allow_privileged: bool,
+    cut_mode: CutMode,
+    helper_image: str | None,
+    transparent: bool,
+    transparent_port: int,
+    dns_port: int,
+    socks_port: int | None,
+) -> Preparation:
     """Typed arguments (docs/policy.md#types): a wrong one is a TypeError/ValueError naming
-    it, raised before anything is opened or cut. Returns the sandbox in its one spelling
+    it, raised before anything is opened or cut. The sandbox gets its one spelling
     (netcut.targetref.canonical: `1234`, "1234" and "pid:1234" are one sandbox), which egress
     and netcut both read the same way (docs/netcut.md#targets)."""
-    what = "prepare_execution sandbox (a namespace name, path, PID or container)"
-    if not isinstance(sandbox, TargetRef | int) or isinstance(sandbox, bool):
-        sandbox = as_str(sandbox, what)
-    try:
-        ref = parse_target(sandbox)
-    except InvalidInput as exc:
-        raise ValueError(f"{what}: {exc}") from None
+    key = _check_target(sandbox)
     as_instance(policy, "prepare_execution policy", Policy, "a Policy")
     as_instance(proxy, "prepare_execution proxy", EgressProxy, "an EgressProxy")
     as_choice(mode, "prepare_execution mode", ("loopback", "gateway"))
     if as_choice(cut_mode, "prepare_execution cut_mode", CUT_MODES) == "helper":
-        _check_helper(ref, mode)
+        _check_helper(parse_target(key), mode)
     if helper_image is not None:
         as_str(helper_image, "prepare_execution helper_image")
     if as_count(proxy_port, "prepare_execution proxy_port", minimum=0) > 65535:
@@ -53,7 +80,40 @@ def _check_args(
             as_str(value, f"prepare_execution {label}")
     as_bool(force, "prepare_execution force")
     as_bool(allow_privileged, "prepare_execution allow_privileged")
-    return canonical(ref)
+    route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
+    blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
+    _check_extra_args(mode, transparent, transparent_port, dns_port, socks_port)
+    return Preparation(
+        sandbox=key,
+        policy=policy,
+        proxy=proxy,
+        routes=tuple(parse_framework_route(r) for r in route_texts),
+        expect_blocked=tuple(blocked),
+        mode=mode,
+        proxy_port=proxy_port,
+        client_id=client_id,
+        token=token,
+        gateway=gateway,
+        force=force,
+        allow_privileged=allow_privileged,
+        cut_mode=cut_mode,
+        helper_image=helper_image,
+        transparent=transparent,
+        transparent_port=transparent_port,
+        dns_port=dns_port,
+        socks_port=socks_port,
+    )
+
+
+def _check_target(sandbox: object) -> str:
+    """The sandbox reference in its one spelling, or ValueError/TypeError naming it."""
+    what = "prepare_execution sandbox (a namespace name, path, PID or container)"
+    if not isinstance(sandbox, TargetRef | int) or isinstance(sandbox, bool):
+        sandbox = as_str(sandbox, what)
+    try:
+        return canonical(parse_target(sandbox))
+    except InvalidInput as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def _check_helper(ref: TargetRef, mode: object) -> None:
@@ -80,12 +140,9 @@ def _check_helper(ref: TargetRef, mode: object) -> None:
 
 
 def _check_extra_args(
-    mode: str,
-    transparent: object,
-    transparent_port: object,
-    dns_port: object,
-    socks_port: object,
+    mode: str, transparent: object, transparent_port: object, dns_port: object, socks_port: object
 ) -> None:
+    """Transparent mode's and SOCKS5's arguments."""
     as_bool(transparent, "prepare_execution transparent")
     for label, value in (
         ("transparent_port", transparent_port),

@@ -18,7 +18,7 @@ from .execution import (
 )
 
 
-async def _cut_and_prove(
+async def cut_and_prove(
     sandbox: str,
     keeps: Sequence[str],
     reachable: Sequence[str],

@@ -14,7 +14,7 @@ from netcut.targetref import default_client_id, parse_target
 
 from ..errors import EgressError
 from ..policy.rules import FrameworkRoute
-from ..policy.target import bracket, join_host_port
+from ..policy.target import join_host_port
 from ..proxy.server import Listener
 
 Mode = Literal["loopback", "gateway"]
@@ -111,7 +111,7 @@ class Execution:
     helper_image: str | None = field(default=None, repr=False)
 
 
-def _client_id(sandbox: str) -> str:
+def client_id_of(sandbox: str) -> str:
     """The default client id: the namespace's name, `pid-N`, `RUNTIME-ID`, or for any other
     namespace file `netns-INODE` (netcut.targetref.default_client_id), never `net` for
     every /proc/N/ns/net."""
@@ -133,38 +133,8 @@ def agent_env(proxy_url: str, no_proxy: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def _rewrite(route: FrameworkRoute, host: str, port: int) -> str:
+def route_url(route: FrameworkRoute, host: str, port: int) -> str:
     """`route`'s URL with its authority replaced by `host:port` (path and scheme kept)."""
     scheme, rest = route.text.split("://", 1)
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     return f"{scheme}://{join_host_port(host, port)}{rest[cut:]}"
-
-
-def _execution(
-    sandbox: str,
-    cid: str,
-    tok: str,
-    mode: Mode,
-    routes: Sequence[FrameworkRoute],
-    listeners: Sequence[Listener],
-    cut: Any,
-    probe: Any,
-) -> Execution:
-    proxy_listener = listeners[0]
-    host = proxy_listener.host
-    proxy_url = f"http://{cid}:{tok}@{bracket(host)}:{proxy_listener.port}"
-    urls = {
-        r.text: _rewrite(r, li.host, li.port) for r, li in zip(routes, listeners[1:], strict=True)
-    }
-    no_proxy = ["localhost", "127.0.0.1", "::1"] if mode == "loopback" else [host]
-    return Execution(
-        sandbox,
-        cid,
-        proxy_url,
-        agent_env(proxy_url, no_proxy),
-        urls,
-        tok,
-        cut,
-        probe,
-        tuple(listeners),
-    )

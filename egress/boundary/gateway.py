@@ -20,7 +20,7 @@ from .execution import (
 Network = IPNetwork
 
 
-async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
+async def sandbox_sources(sandbox: str) -> tuple[Network, ...]:
     """The sandbox's own non-loopback addresses, as /32 (/128) source networks."""
     import asyncio
 
@@ -35,7 +35,7 @@ async def _sandbox_sources(sandbox: str) -> tuple[Network, ...]:
     )
 
 
-async def _container_network(sandbox: str) -> Any:
+async def container_network(sandbox: str) -> Any:
     """The container's networks as its runtime's `inspect` reports them (netcut.helper.mode
     .ContainerNetwork), asked off the event loop; a netcut error is ExecutionNotReady."""
     from netcut import NetcutError
@@ -47,7 +47,7 @@ async def _container_network(sandbox: str) -> Any:
         raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
 
 
-def _inspected_gateway(sandbox: str, net: Any) -> str:
+def inspected_gateway(sandbox: str, net: Any) -> str:
     """The one IPv4 gateway the runtime reports; none, or several (a container on two
     networks), is ExecutionNotReady asking for `gateway=`."""
     gateways: tuple[str, ...] = net.gateways
@@ -61,12 +61,12 @@ def _inspected_gateway(sandbox: str, net: Any) -> str:
     return gateways[0]
 
 
-def _inspected_sources(net: Any) -> tuple[Network, ...]:
+def inspected_sources(net: Any) -> tuple[Network, ...]:
     """The sandbox's addresses from `inspect`, as /32 (/128) source networks."""
     return tuple(ipaddress.ip_network(a) for a in net.addresses)
 
 
-async def _gateway_of(sandbox: str) -> str:
+async def gateway_of(sandbox: str) -> str:
     """The IPv4 gateway of the sandbox's default route (the host as the sandbox sees it)."""
     import asyncio
 

@@ -1,23 +1,57 @@
 """The boundary's three calls: `prepare_execution`, `update_execution` and
-`release_execution` (the package docstring says what they guarantee)."""
+`release_execution`.
+
+`prepare_execution` joins the proxy (`egress`) and the cut (`netcut`):
+
+ 1. The sandbox gets a proxy listener on its *own loopback* (a socket created inside its
+    namespace, served by this process's event loop), bound to its client id and policy, and a
+    forwarder on its loopback for each framework route. No host port is exposed to any
+    container, and the cut keeps nothing but loopback. (`mode="gateway"` instead listens on
+    the host address the sandbox reaches the host by, and the cut keeps those ports.)
+    The cut runs in netcut's direct mode (`cut_mode="direct"`: netcut's worker enters the
+    namespace) or through a helper container (`cut_mode="helper"`, docs/netcut.md#helper-mode)
+    for a host process that cannot enter it; helper mode goes with `mode="gateway"`, since a
+    loopback listener is itself a socket opened inside the namespace
+    (docs/user-guide.md#helper-mode).
+ 2. The namespace is cut (`netcut.cut`) and probed: the proxy and forwarders must answer from
+    inside, and every `expect_blocked` address must not. The namespace must then report `cut`.
+ 3. Only then is the agent's environment returned. **Fail closed**: any failure raises
+    `ExecutionNotReady` and no environment is handed out.
+
+A sandbox is one object with one lifecycle (docs/user-guide.md#sandbox-lifecycle): prepared
+(listeners, forwarders, client added), prepared again (its policy replaced atomically, its
+listeners reused, the cut idempotent), released (everything it added removed; a gateway
+listener shared with another sandbox is reference-counted and stays while that one is cut).
+One shared proxy serves many sandboxes, each with its own listener, policy and token.
+
+With `transparent=True` the sandbox also gets a transparent listener and a DNS responder on
+its loopback, and the cut redirects every other TCP connection and every DNS query to them
+(docs/proxy.md#transparent-mode-and-socks5), so tools that ignore proxy settings are judged
+too; `socks_port` adds a SOCKS5 listener beside the proxy listener.
+
+The package follows those steps (docs/architecture.md): `execution.py` (what is handed out,
+the errors), `checks.py` (the arguments), `sandboxes.py` (the per-proxy registry, listeners
+and leases), `gateway.py` (where the host and the sandbox are), `cutting.py` (cut, probe,
+status; direct or helper) and `lifecycle.py` (the three calls).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import os
-import secrets
 from collections.abc import Iterable
-from dataclasses import replace
+from typing import Any
 
 from netcut.targetref import TargetRef, parse_target
 
 from ..policy.rules import Policy, parse_framework_route
-from ..proxy.server import EgressProxy
+from ..policy.target import bracket
+from ..proxy.server import EgressProxy, Listener
 from ..proxy.telemetry.observe import ExecutionSummary
-from ..validate import as_bool, as_choice, as_instance, as_str_list
-from .checks import _check_args, _check_extra_args
-from .cutting import _cut_and_prove
+from ..validate import as_bool, as_choice, as_instance
+from .checks import Preparation, check_preparation
+from .cutting import cut_and_prove
 from .execution import (
     CUT_MODES,
     DNS_PORT,
@@ -27,19 +61,11 @@ from .execution import (
     ExecutionNotReady,
     Mode,
     ReleaseFailed,
-    _client_id,
-    _execution,
+    agent_env,
     not_ready_kind,
+    route_url,
 )
-from .sandboxes import (
-    _audit,
-    _bind,
-    _extras,
-    _refuse_new_keeps,
-    _refuse_taken,
-    _registry,
-    _release_sandbox,
-)
+from .sandboxes import Sandbox, Sandboxes, Tenant, with_routes
 
 
 async def prepare_execution(
@@ -87,37 +113,37 @@ async def prepare_execution(
     and everything this sandbox held in the proxy (listeners, forwarders, client) is
     released; the cut, if applied, stays (fail closed).
     """
-    sandbox = _check_args(
+    ask = check_preparation(
         sandbox,
         policy,
         proxy,
-        mode,
-        proxy_port,
-        client_id,
-        token,
-        gateway,
-        force,
-        allow_privileged,
-        cut_mode,
-        helper_image,
+        framework_routes=framework_routes,
+        expect_blocked=expect_blocked,
+        mode=mode,
+        proxy_port=proxy_port,
+        client_id=client_id,
+        token=token,
+        gateway=gateway,
+        force=force,
+        allow_privileged=allow_privileged,
+        cut_mode=cut_mode,
+        helper_image=helper_image,
+        transparent=transparent,
+        transparent_port=transparent_port,
+        dns_port=dns_port,
+        socks_port=socks_port,
     )
-    route_texts = as_str_list(framework_routes, "prepare_execution framework_routes")
-    blocked = as_str_list(expect_blocked, "prepare_execution expect_blocked")
-    _check_extra_args(mode, transparent, transparent_port, dns_port, socks_port)
-    routes = [parse_framework_route(r) for r in route_texts]
-    reg = _registry(proxy)
-    prior = reg.sandboxes.get(sandbox)
-    cid = client_id or (prior.client_id if prior else _client_id(sandbox))
-    tok = token or (prior.token if prior else secrets.token_urlsafe(24))
-    _refuse_taken(proxy, reg, sandbox, cid, mode, prior)
-    _refuse_new_keeps(sandbox, prior, routes, proxy_port)
-    sandbox_policy = Policy(
-        allow=policy.allow_rules,
-        block=policy.block_rules,
-        default=policy.default,
-        framework_routes=[*policy.framework_routes, *routes],
-        report_only=policy.report_only,
-    )
+    return await _prepare(ask)
+
+
+async def _prepare(ask: Preparation) -> Execution:
+    """Admit the sandbox, then open and cut; on any failure release what it holds in the
+    proxy and raise `ExecutionNotReady` (fail closed: the cut, if applied, stays)."""
+    proxy = ask.proxy
+    sandboxes = Sandboxes(proxy)
+    prior = sandboxes.get(ask.sandbox)
+    tenant = sandboxes.admit(ask, prior)
+    cid = tenant.client_id
     # counted from before the cut, so the probe's own connections are in the summary
     # whenever they are recorded (release_execution returns it: docs/metrics.md)
     tracking = prior is None or cid not in proxy.observers.summaries
@@ -125,71 +151,86 @@ async def prepare_execution(
         proxy.track_execution(cid)
     proxy.heap.enter()  # a burst settles the heap when it ends: docs/proxy.md#garbage-collection
     try:
-        box = await _bind(
-            proxy,
-            reg,
-            sandbox,
-            cid,
-            tok,
-            sandbox_policy,
-            routes,
-            mode,
-            proxy_port,
-            gateway,
-            prior,
-            cut_mode,
-        )
-        assert box.main is not None
-        listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in routes)]
-        ports = (transparent_port, dns_port) if transparent else None
-        extra = await _extras(proxy, reg, box, ports, socks_port)
-        # gateway mode keeps every listener it opened on the gateway (a SOCKS5 one too)
-        kept = (*listeners, *extra) if mode == "gateway" else ()
-        keeps = [f"{li.host}:{li.port}" for li in kept]
-        redirect = None
-        if transparent:
-            redirect, blocked = (extra[0].port, extra[1].port), []
-        for li in extra:  # the probe below connects to them: audited as the probe it is
-            li.probing = True
-        try:
-            cut, probe = await _cut_and_prove(
-                sandbox,
-                keeps,
-                [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
-                blocked,
-                force=force,
-                allow_privileged=allow_privileged,
-                redirect=redirect,
-                cut_mode=cut_mode,
-                helper_image=helper_image,
-            )
-        finally:
-            for li in extra:
-                li.probing = False
+        execution = await _open_and_cut(sandboxes, ask, tenant, prior)
     except BaseException as exc:
-        _release_sandbox(proxy, reg, sandbox, why=f"prepare failed: {exc}")
+        sandboxes.release(ask.sandbox, why=f"prepare failed: {exc}")
         if tracking:
             proxy.execution_summary(cid, stop=True)
         if isinstance(exc, ExecutionNotReady | asyncio.CancelledError) or not isinstance(
             exc, Exception
         ):
             raise
-        raise ExecutionNotReady(f"sandbox {sandbox}: {exc}", not_ready_kind(exc)) from exc
+        raise ExecutionNotReady(f"sandbox {ask.sandbox}: {exc}", not_ready_kind(exc)) from exc
     finally:
         proxy.heap.leave()
-    _audit(
-        proxy,
-        sandbox,
+    why = "sandbox_replaced" if prior else "sandbox_added"
+    sandboxes.audit(ask.sandbox, cid, why, f"policy {tenant.policy!r}")
+    return execution
+
+
+async def _open_and_cut(
+    sandboxes: Sandboxes, ask: Preparation, tenant: Tenant, prior: Sandbox | None
+) -> Execution:
+    """Open (or reuse) the sandbox's listeners, then cut its namespace and prove the cut:
+    the execution is made only from a proven cut."""
+    box = await sandboxes.bind(ask, tenant, prior)
+    assert box.main is not None
+    listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in ask.routes)]
+    ports = (ask.transparent_port, ask.dns_port) if ask.transparent else None
+    extra = await sandboxes.open_extras(box, ports, ask.socks_port)
+    # gateway mode keeps every listener it opened on the gateway (a SOCKS5 one too)
+    kept = (*listeners, *extra) if ask.mode == "gateway" else ()
+    redirect, blocked = None, list(ask.expect_blocked)
+    if ask.transparent:
+        redirect, blocked = (extra[0].port, extra[1].port), []
+    for li in extra:  # the probe below connects to them: audited as the probe it is
+        li.probing = True
+    try:
+        cut, probe = await cut_and_prove(
+            ask.sandbox,
+            [f"{li.host}:{li.port}" for li in kept],
+            [f"{li.host}:{li.port}" for li in (*listeners, *extra)],
+            blocked,
+            force=ask.force,
+            allow_privileged=ask.allow_privileged,
+            redirect=redirect,
+            cut_mode=ask.cut_mode,
+            helper_image=ask.helper_image,
+        )
+    finally:
+        for li in extra:
+            li.probing = False
+    return _execution(ask, tenant, listeners, extra, (cut, probe))
+
+
+def _execution(
+    ask: Preparation,
+    tenant: Tenant,
+    listeners: list[Listener],
+    extra: list[Listener],
+    proof: tuple[Any, Any],
+) -> Execution:
+    """What the agent is handed: the proxy URL with its credentials, its environment, and
+    each framework route's URL as the sandbox reaches its forwarder."""
+    cid, tok = tenant.client_id, tenant.token
+    main = listeners[0]
+    proxy_url = f"http://{cid}:{tok}@{bracket(main.host)}:{main.port}"
+    urls = {
+        r.text: route_url(r, li.host, li.port)
+        for r, li in zip(ask.routes, listeners[1:], strict=True)
+    }
+    no_proxy = ["localhost", "127.0.0.1", "::1"] if ask.mode == "loopback" else [main.host]
+    return Execution(
+        ask.sandbox,
         cid,
-        "sandbox_replaced" if prior else "sandbox_added",
-        f"policy {sandbox_policy!r}",
-    )
-    execution = _execution(sandbox, cid, tok, mode, routes, listeners, cut, probe)
-    return replace(
-        execution,
-        listeners=(*execution.listeners, *extra),
-        cut_mode=cut_mode,
-        helper_image=helper_image,
+        proxy_url,
+        agent_env(proxy_url, no_proxy),
+        urls,
+        tok,
+        *proof,
+        listeners=(*listeners, *extra),
+        cut_mode=ask.cut_mode,
+        helper_image=ask.helper_image,
     )
 
 
@@ -205,14 +246,7 @@ def update_execution(proxy: EgressProxy, execution: Execution, policy: Policy) -
     as_instance(execution, "update_execution execution", Execution, "an Execution")
     as_instance(policy, "update_execution policy", Policy, "a Policy")
     routes = [parse_framework_route(r) for r in execution.framework_urls]
-    sandbox_policy = Policy(
-        allow=policy.allow_rules,
-        block=policy.block_rules,
-        default=policy.default,
-        framework_routes=[*policy.framework_routes, *routes],
-        report_only=policy.report_only,
-    )
-    proxy.set_client_policy(execution.client_id, sandbox_policy)
+    proxy.set_client_policy(execution.client_id, with_routes(policy, routes))
 
 
 async def release_execution(
@@ -257,10 +291,10 @@ async def release_execution(
                 f"not {execution.sandbox!r}"
             )
     summary = proxy.execution_summary(execution.client_id, stop=True)
-    reg = _registry(proxy)
-    if not _release_sandbox(proxy, reg, execution.sandbox, why="released"):
+    sandboxes = Sandboxes(proxy)
+    if not sandboxes.release(execution.sandbox, why="released"):
         for listener in execution.listeners:  # an execution from before a failed re-prepare
-            if not reg.leases.holders(listener):
+            if not sandboxes.leases.holders(listener):
                 proxy.remove_listener(listener)
     if restore:
         import netcut

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..policy.rules import parse_framework_route
 from ..validate import as_count, as_str, as_str_list
-from .execution import Execution, _rewrite, agent_env
+from .execution import Execution, agent_env, route_url
 
 _ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_CLIENT_ID = 64
@@ -73,6 +73,6 @@ def plan_execution(
         for r in as_str_list(framework_routes, "plan_execution framework_routes")
     ]
     proxy_url = f"http://{cid}:{tok}@127.0.0.1:{port}"
-    urls = {r.text: _rewrite(r, "127.0.0.1", r.port) for r in routes}
+    urls = {r.text: route_url(r, "127.0.0.1", r.port) for r in routes}
     env = agent_env(proxy_url, ["localhost", "127.0.0.1", "::1"])
     return ExecutionPlan(cid, tok, port, proxy_url, env, urls)

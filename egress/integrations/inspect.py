@@ -199,6 +199,7 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
 
     # --- what the solver and tools call -----------------------------------------------------
 
+    # framework-signature: inspect_ai.util.SandboxEnvironment.exec
     async def exec(
         self,
         cmd: list[str],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .target import IPAddress, IPNetwork
 
@@ -100,11 +100,18 @@ class AddressGuard:
 
     `host_local` holds every address of the proxy's own host interfaces and listeners
     (`hostaddrs.local_addresses()` supplies them); `extra` the `--reserve` CIDRs.
+
+    `exempt` holds exact `(address, port)` endpoints the guard lets through (API only, empty
+    by default, not on the command line): an embedding test rig's own upstreams on loopback,
+    judged by the policy like any destination, where a framework route would skip the policy
+    (docs/proxy.md#the-address-guard). Only that port of that address: the proxy's own
+    listeners and every other loopback port stay reserved.
     """
 
     host_local: frozenset[IPAddress] = frozenset()
     extra: tuple[IPNetwork, ...] = ()
     reserve_private: bool = False
+    exempt: frozenset[tuple[IPAddress, int]] = frozenset()
 
     def __post_init__(self) -> None:
         """Typed at construction (docs/policy.md#types): reserve_private="false" must not
@@ -123,21 +130,39 @@ class AddressGuard:
             isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network) for n in self.extra
         ):
             raise TypeError(f"AddressGuard extra must be a tuple of networks, not {self.extra!r}")
+        if not isinstance(self.exempt, frozenset) or not all(
+            isinstance(e, tuple)
+            and len(e) == 2
+            and isinstance(e[0], ipaddress.IPv4Address | ipaddress.IPv6Address)
+            and type(e[1]) is int
+            and 0 < e[1] < 65536
+            for e in self.exempt
+        ):
+            raise TypeError(
+                f"AddressGuard exempt must be a frozenset of (address, port) pairs, not "
+                f"{self.exempt!r}"
+            )
 
     def classify(self, addr: IPAddress) -> str | None:
         """Return the reason code if `addr` is reserved, else None."""
         return classify(addr, self)
 
-    def check(self, addrs: Iterable[IPAddress]) -> tuple[IPAddress, str] | None:
-        """The first reserved address among `addrs` and its reason, or None if all pass."""
+    def check(
+        self, addrs: Iterable[IPAddress], port: int | None = None
+    ) -> tuple[IPAddress, str] | None:
+        """The first reserved address among `addrs` and its reason, or None if all pass.
+
+        With `port`, an `exempt` endpoint `(addr, port)` passes."""
         for addr in addrs:
+            if port is not None and (addr, port) in self.exempt:
+                continue
             reason = classify(addr, self)
             if reason is not None:
                 return addr, reason
         return None
 
     def with_host_local(self, addrs: Iterable[IPAddress]) -> AddressGuard:
-        return AddressGuard(self.host_local | frozenset(addrs), self.extra, self.reserve_private)
+        return replace(self, host_local=self.host_local | frozenset(addrs))
 
 
 def classify(addr: IPAddress, guard: AddressGuard | None = None) -> str | None:

@@ -35,7 +35,7 @@ def judge(
     if not decision.allowed or decision.reason == "framework_route":
         return decision
     ips: Sequence[IPAddress] = (target.ip,) if target.ip is not None else addrs
-    hit = guard.check(ips)
+    hit = guard.check(ips, target.port)
     if hit is None:
         return decision
     addr, why = hit
@@ -46,3 +46,32 @@ def judge(
         f"{addr} is a reserved address ({why})",
         decision.needs_addrs,
     )
+
+
+def judge_name(policy: Policy, name: str) -> Decision:
+    """May a connection to *some* port of `name` be allowed? Then its DNS lookup is answered
+    (docs/proxy.md#transparent-mode-and-socks5).
+
+    Order, as in `policy.decide`: a framework route on the name; a block rule that covers
+    every port (a block rule without port or scheme); an allow rule matching the name on any
+    port; the default posture; address rules (the name's addresses are not known here, so it
+    is answered and its connections are judged by address). Each connection is still judged
+    on its own port.
+    """
+    for route in policy.framework_routes:
+        if route.host == name:
+            return Decision(True, "framework_route", route.text, f"framework route {route.text}")
+    for rule in policy.host_rules("block", name):
+        if rule.port is None and rule.scheme is None:
+            return Decision(False, "block_rule", rule.text, f"blocked by rule {rule.text!r}")
+    allows = policy.host_rules("allow", name)
+    if allows:
+        rule = allows[0]
+        return Decision(True, "allow_rule", rule.text, f"allowed by rule {rule.text!r}")
+    if policy.default == "allow":
+        return Decision(True, "default_allow", None, "default posture allow")
+    if any(rule.network is not None for rule in policy.allow_rules):
+        return Decision(
+            True, "address_rules", None, "address rules may allow it; judged per connection"
+        )
+    return Decision(False, "default_deny", None, "no allow rule matches (default deny)")

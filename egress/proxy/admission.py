@@ -108,6 +108,14 @@ class Slots(Generic[C]):
         self.unidentified += 1
         return Admitted(() if victim is None else (victim,))
 
+    def over_cap(self, owner: Owner) -> Refuse | None:
+        """`CLIENT_FULL` when `owner` already holds its cap: what `admit` would answer,
+        known from the owner alone, so the shell can refuse before it builds anything."""
+        held = self._owned.get(owner)
+        if held is not None and len(held) >= self.budget.client_cap:
+            return CLIENT_FULL
+        return None
+
     # --- identification ----------------------------------------------------------------------
     def identify(self, conn: C, owner: Owner) -> Refuse | None:
         """`conn`'s first request named its client: count it there (or move it from the

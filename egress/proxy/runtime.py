@@ -21,12 +21,13 @@ from .core.clients import Identity
 from .core.exchange import Exchange, connection_record, emitted, reported, tallied
 from .core.gate import Gate, Refuse
 from .core.record import AccessRecord, perf_counter_ns
-from .core.responses import error_response
+from .core.responses import error_response, refusal_for
 from .fairshare import Turns
 from .net.conn import Conn, Limits, idle_of
+from .net.listener import Listener, peer_text
 from .net.pool import UpstreamPool
 from .net.resolve import Resolver
-from .tally import Tally
+from .tally import Tally, answer_in_full
 from .telemetry.metrics import BATCH, ProxyMetrics
 
 CACHE_MAX = 65536
@@ -49,8 +50,10 @@ _CLOSED: dict[str, tuple[Reason, str]] = {
         "closed unidentified: its source's budget of unidentified connections was full",
     ),
 }
-# a connection record as the refusal tally keeps it: (record, reason, detail, status)
-_Pending = tuple[AccessRecord, str, str, int | None]
+# a connection record as the refusal tally keeps it, built only if it is written (a flood's
+# refusals are mostly only counted): (client, t0, listener, mode, end, owner, reason,
+# detail, status)
+_Pending = tuple[str, int, str, str, str | None, Owner | None, str, str, int | None]
 
 
 class AuditSink(Protocol):
@@ -103,6 +106,7 @@ class Steps:
         resolver: Resolver,
         audit: AuditSink | None,
         limits: Limits,
+        *,
         hooks: list[Callable[[dict[str, object]], object]],
         observe: Callable[[dict[str, object]], None] = lambda _: None,
         metrics: ProxyMetrics | None = None,
@@ -163,6 +167,27 @@ class Steps:
             reclaim.side.close()  # its own kept-alive connection, between requests
         self._evict(verdict)
         return None
+
+    def refuse_at_accept(self, listener: Listener, peer: object) -> tuple[Refuse, bool] | None:
+        """A connection whose client, known from its listener or source address alone, is
+        already at its cap: refused and recorded (aggregated) before a `Conn`, a transport
+        or a task exists for it, so a flood of them costs little (docs/proxy.md#limits).
+        Returns the refusal and whether to answer it in full (`tally.answer_in_full`), or
+        None: admit the connection the usual way (`admit`)."""
+        if not isinstance(peer, tuple) or not peer:
+            return None
+        source = peer[0]
+        ident = self.gate.clients.identity_at_accept(listener.identity, str(source))
+        if ident is None:
+            return None
+        owner: Owner = ident.client_id if ident.client_id is not None else ("source", source)
+        refusal = self.slots.over_cap(owner)
+        if refusal is None:
+            return None
+        key = (id(listener), owner, refusal.reason.value)
+        full = answer_in_full(self._refusals.seen(key, self.loop.time()))
+        self._tally(key, peer_text(peer), listener, owner, refusal)
+        return refusal, full
 
     def _evict(self, verdict: Admitted[Conn]) -> None:
         for victim in verdict.evicted:
@@ -259,24 +284,27 @@ class Steps:
     ) -> None:
         """A record naming the listener, its mode and the client when known; refusal floods
         become one record per client, listener and reason per second (`tally.py`)."""
-        listener = conn.listener
         owner = conn.owner
-        rec = connection_record(
-            conn.client,
-            perf_counter_ns(),
-            join_host_port(listener.host, listener.port),
-            "forward" if listener.forward_to is not None else listener.kind,
-            end,
-            owner,
-        )
         who = owner if owner is not None else _source(conn)
-        key = (id(listener), who, reason)
-        now = self.loop.time()
-        for pending, count in self._refusals.add(key, (rec, reason, detail, status), now):
-            self._write_pending(pending, count)
+        key = (id(conn.listener), who, reason)
+        pending: _Pending = (conn.client, perf_counter_ns(), *_where(conn.listener), end,
+                             owner, reason, detail, status)  # fmt: skip
+        for written, count in self._refusals.add(key, pending, self.loop.time()):
+            self._write_pending(written, count)
+
+    def _tally(
+        self, key: object, client: str, listener: Listener, owner: Owner, refusal: Refuse
+    ) -> None:
+        """`_connection_record` for a connection refused at accept (no `Conn`)."""
+        status = refusal_for(refusal.reason, refusal.status).status
+        pending: _Pending = (client, perf_counter_ns(), *_where(listener), None, owner,
+                             refusal.reason.value, refusal.detail, status)  # fmt: skip
+        for written, count in self._refusals.add(key, pending, self.loop.time()):
+            self._write_pending(written, count)
 
     def _write_pending(self, pending: _Pending, count: int) -> None:
-        rec, reason, detail, status = pending
+        client, t0, listener, mode, end, owner, reason, detail, status = pending
+        rec = connection_record(client, t0, listener, mode, end, owner)
         if count > 1:
             tallied(rec, count)
             detail = f"{detail} ({count} in one second, this the last)"
@@ -315,6 +343,12 @@ class Steps:
     def release(self, conn: Conn) -> None:
         """A connection ended: its slot is free (admission.py)."""
         self.slots.release(conn)
+
+
+def _where(listener: Listener) -> tuple[str, str]:
+    """A connection record's `listener` (HOST:PORT) and `mode`."""
+    mode = "forward" if listener.forward_to is not None else listener.kind
+    return join_host_port(listener.host, listener.port), mode
 
 
 def _source(conn: Conn) -> object:

@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import resource
 import socket
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Final
@@ -64,6 +66,25 @@ from .tenants import ClientControl
 from .tunnel import serve_forwarder, serve_tunnel
 
 log = logging.getLogger("egress")
+
+
+def _check_arguments(
+    policy: object,
+    audit: object,
+    limits: object,
+    sni_missing: object,
+    flags: Mapping[str, object],
+) -> None:
+    """`EgressProxy`'s typed arguments (docs/policy.md#types): a wrong one is a TypeError or
+    ValueError naming it, before anything is opened."""
+    as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
+    if audit is not None and not callable(getattr(audit, "record", None)):
+        raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
+    as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
+    as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
+    # real booleans: require_auth="false" or reuse_port="false" must not read as true
+    for flag, value in flags.items():
+        as_bool(value, f"EgressProxy {flag}")
 
 
 class EgressProxy:
@@ -118,20 +139,14 @@ class EgressProxy:
         admin_public: bool = False,
         tune_gc: bool = True,
     ) -> None:
-        as_instance(policy, "EgressProxy policy", (Policy, Settings), "a Policy or Settings")
-        if audit is not None and not callable(getattr(audit, "record", None)):
-            raise TypeError(f"EgressProxy audit must be an AuditLog (or None), not {audit!r}")
-        as_instance(limits or Limits(), "EgressProxy limits", Limits, "a Limits")
-        as_choice(sni_missing, "EgressProxy sni_missing", ("if-named", "allow", "deny"))
-        # real booleans: require_auth="false" or reuse_port="false" must not read as true
-        for flag, value in (
-            ("require_auth", require_auth),
-            ("metrics", metrics),
-            ("reuse_port", reuse_port),
-            ("admin_public", admin_public),
-            ("tune_gc", tune_gc),
-        ):
-            as_bool(value, f"EgressProxy {flag}")
+        flags = {
+            "require_auth": require_auth,
+            "metrics": metrics,
+            "reuse_port": reuse_port,
+            "admin_public": admin_public,
+            "tune_gc": tune_gc,
+        }
+        _check_arguments(policy, audit, limits, sni_missing, flags)
         if host_local is not None:
             host_local = as_list(
                 host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
@@ -338,9 +353,9 @@ class EgressProxy:
             self.resolver,
             self.audit,
             lim,
-            self.hooks,
-            self.observers.record,
-            self._metrics,
+            hooks=self.hooks,
+            observe=self.observers.record,
+            metrics=self._metrics,
         )
         self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
@@ -462,10 +477,15 @@ class EgressProxy:
         and served, or refused at once, before it costs a transport or a task
         (docs/proxy.md#limits)."""
         sock.setblocking(False)
-        side = ClientSide(self, listener)
-        conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         steps = self.steps
         audit_ok = self.audit is None or self.audit.accepting
+        if audit_ok and not self.closing:
+            early = steps.refuse_at_accept(listener, addr)
+            if early is not None:  # its client is at its cap: a flood costs only this
+                self._close_refused(listener, sock, *early)
+                return
+        side = ClientSide(self, listener)
+        conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         refusal = admit_connection(
             steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
         ) or steps.admit(conn)
@@ -480,6 +500,25 @@ class EgressProxy:
             side.conn, side.steps = conn, steps
         self._conns.add(conn)
         conn.task = self.loop.create_task(self._serve(conn, sock))
+
+    def _close_refused(
+        self, listener: Listener, sock: socket.socket, refusal: Refuse, in_full: bool
+    ) -> None:
+        """A connection refused at accept (already recorded): answered and closed like
+        `_refuse_socket`, or, past a flood's first refusals in a second, reset at once
+        (`tally.answer_in_full`, docs/audit-log.md#aggregated-refusals)."""
+        if not in_full:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            sock.close()
+        elif listener.mode.answers_at_accept:
+            with contextlib.suppress(OSError):
+                sock.send(_answer(refusal))
+            self._lingering.close(sock)
+        else:
+            sock.close()
+        if listener.identity is not None and listener.acceptor is not None:
+            listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
 
     def _refuse_exhausted(self, listener: Listener, sock: socket.socket, addr: object) -> None:
         """A connection accepted with the reserved descriptor: answered 503, recorded."""
@@ -554,6 +593,15 @@ class EgressProxy:
         return keep
 
 
+_RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
+
+
+@functools.cache
+def _answer(refusal: Refuse) -> bytes:
+    """The bytes of a refusal's answer at accept (the same few refusals, over and over)."""
+    return error_response(refusal.reason, refusal.detail, status=refusal.status)[1]
+
+
 OUT_OF_DESCRIPTORS: Final = Refuse(
     Reason.TOO_MANY_CONNECTIONS,
     "out of file descriptors (docs/proxy.md#file-descriptors)",
@@ -565,15 +613,15 @@ async def _serve_other(steps: Steps, conn: Conn, mode: ListenerMode) -> None:
     by its listener's mode; imported on first use: a proxy that never opens such a listener
     never loads them (the DNS codec is dnspython)."""
     if mode is SOCKS:
-        from .socksserve import serve_socks
+        from .modes.socks5.serve import serve_socks
 
         await serve_socks(steps, conn)
     elif mode is RESOLVER:
-        from .dnsserve import serve_dns_tcp
+        from .modes.dns.serve import serve_dns_tcp
 
         await serve_dns_tcp(steps, conn)
     elif mode is REDIRECTED:
-        from .transparent import serve_transparent
+        from .modes.transparent.serve import serve_transparent
 
         await serve_transparent(steps, conn)
     else:

@@ -15,6 +15,9 @@ from typing import Generic, TypeVar
 P = TypeVar("P")
 
 WINDOW = 1.0  # seconds
+# refusals of one key answered in full in one window (an HTTP 503, a lingering close); the
+# rest of that window are closed at once with a reset (docs/audit-log.md#aggregated-refusals)
+ANSWERED = 32
 
 
 class _Open(Generic[P]):
@@ -51,6 +54,13 @@ class Tally(Generic[P]):
             entry.last = payload
         return out
 
+    def seen(self, key: Hashable, now: float) -> int:
+        """Refusals of `key` in its window open at `now` (0: none, or the window ended)."""
+        entry = self._open.get(key)
+        if entry is None or now - entry.start >= self.window:
+            return 0
+        return entry.count + 1
+
     def due(self, now: float, *, everything: bool = False) -> list[tuple[P, int]]:
         """Counted refusals whose window has ended (all of them with `everything`)."""
         out: list[tuple[P, int]] = []
@@ -62,4 +72,12 @@ class Tally(Generic[P]):
         return out
 
 
-__all__ = ["WINDOW", "Tally"]
+def answer_in_full(seen: int) -> bool:
+    """Whether a refusal is answered (503, lingering close) or only closed with a reset:
+    a flood's first `ANSWERED` refusals in a window are, so a client over its cap by
+    mistake sees why; past that the answer would only feed the flood (each refusal is
+    still counted in the window's record)."""
+    return seen < ANSWERED
+
+
+__all__ = ["ANSWERED", "WINDOW", "Tally", "answer_in_full"]

@@ -30,7 +30,7 @@ from netcut.direct import sockdestroy
 from netcut.direct.iptables import Iptables
 from netcut.direct.kernelstate import read_state
 from netcut.direct.probe import run_probe
-from netcut.direct.rtnl import NetlinkError, Rtnl
+from netcut.direct.rtnl import MalformedMessage, NetlinkError, Rtnl
 from netcut.errors import ApplyFailed, StateError
 from netcut.netfilter import Netfilter
 from netcut.plan import planner
@@ -68,6 +68,8 @@ def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
         if tolerant and (exc.code == errno.EEXIST or exc.code in _GONE):
             return
         raise ApplyFailed(f"{op}: {exc.args[-1] if exc.args else exc}") from None
+    except MalformedMessage as exc:
+        raise ApplyFailed(f"{op}: the kernel's answer did not parse: {exc}") from None
     except OSError as exc:
         raise ApplyFailed(f"{op}: {exc.strerror or exc}") from None
     except NETFILTER.errors as exc:

@@ -17,6 +17,7 @@ extensions (tcp, udp, REJECT) and builds the fixed rules without opening any tab
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import iptc
@@ -50,14 +51,22 @@ _BUILT_MAX = 512
 
 def cached_rule(family: int, spec: OutputRule) -> Any:
     """A rule depends on no namespace: build it once per process (xtables option parsing
-    through ctypes is most of a backstop commit's cost), append copies of it anywhere."""
+    through ctypes is most of a backstop commit's cost), append copies of it anywhere.
+    The answer is the rule's entry as libiptc takes it, already checked by its extensions
+    (`final_check`): appending it copies these bytes, with no Python per rule."""
     key = (family, spec)
     if key not in _built:
         if len(_built) >= _BUILT_MAX:  # kept addresses differ per sandbox: stay bounded
             _built.clear()
             prewarm()
-        _built[key] = build_rule(family, spec)
+        _built[key] = _entry(build_rule(family, spec))
     return _built[key]
+
+
+def _entry(rule: Any) -> Any:
+    """The rule's final entry (what Chain.append_rule hands libiptc, built once)."""
+    rule.final_check()
+    return rule.rule
 
 
 def build_rule(family: int, spec: OutputRule) -> Any:
@@ -107,6 +116,17 @@ def _jump(family: int, table: Any) -> Any:
     return rule
 
 
+_jumps: dict[int, Any] = {}
+
+
+def _jump_entry(family: int, table: Any) -> Any:
+    """The jump's entry: it names chain NETCUT, which libiptc resolves in the table it is
+    inserted into at commit, so the same bytes serve every namespace."""
+    if family not in _jumps:
+        _jumps[family] = _entry(_jump(family, table))
+    return _jumps[family]
+
+
 def install(family: int, rules: tuple[OutputRule, ...]) -> None:
     """Create (or refill) chain NETCUT with `rules` and jump to it first from OUTPUT."""
     table = _table(family)
@@ -115,10 +135,9 @@ def install(family: int, rules: tuple[OutputRule, ...]) -> None:
         table.flush_entries(CHAIN)
     else:
         table.create_chain(CHAIN)
-    chain = iptc.Chain(table, CHAIN)
     for spec in rules:
-        chain.append_rule(cached_rule(family, spec))
-    iptc.Chain(table, "OUTPUT").insert_rule(_jump(family, table))
+        table.append_entry(CHAIN, cached_rule(family, spec))
+    table.insert_entry("OUTPUT", _jump_entry(family, table), 0)
     table.commit()
 
 
@@ -158,11 +177,46 @@ def dump(family: int) -> SeenBackstop:
     in the plan's terms for `status` to compare with the plan. Call only for a family whose
     filter table is registered (`present_families`): opening a table registers it."""
     table = _table(family)
-    output = tuple(_seen(r) for r in iptc.Chain(table, "OUTPUT").rules)
-    chain = None
-    if table.is_chain(CHAIN):
-        chain = tuple(_seen(r) for r in iptc.Chain(table, CHAIN).rules)
+    output = _chain_rules(table, "OUTPUT")
+    chain = _chain_rules(table, CHAIN) if table.is_chain(CHAIN) else None
     return seen_backstop(family, output, chain)
+
+
+_decoded: dict[tuple[bytes, bytes | None], SeenRule] = {}
+# Bounded like `_built`: the backstops of the sandboxes a worker cuts share their rules.
+_DECODED_MAX = 1024
+
+
+def _chain_rules(table: Any, name: str) -> tuple[SeenRule, ...]:
+    """Each rule of chain `name`, decoded. python-iptables' decoding (a Rule object per
+    entry, every option printed by its xtables extension through ctypes) was most of a
+    status' cost, and every sandbox's backstop holds the same few rules: a rule is decoded
+    once per worker and found again by its entry's bytes (counters left out) and the target
+    name libiptc gives it, which are all the decoding reads (docs/netcut.md#latency)."""
+    found = []
+    entry = table.first_rule(name)
+    while entry:
+        key = (_entry_bytes(entry), table.get_target(entry))
+        seen = _decoded.get(key)
+        if seen is None:
+            seen = _seen(table.create_rule(entry, iptc.Chain(table, name)))
+            if len(_decoded) >= _DECODED_MAX:
+                _decoded.clear()
+            _decoded[key] = seen
+        found.append(seen)
+        entry = table.next_rule(entry)
+    return tuple(found)
+
+
+def _entry_bytes(entry: Any) -> bytes:
+    """The entry as libiptc holds it, with its packet and byte counters and its kernel
+    back pointer zeroed (they change as packets pass; the decoding never reads them)."""
+    raw = bytearray(ctypes.string_at(ctypes.addressof(entry), entry.next_offset))
+    kind = type(entry)
+    for field in ("comefrom", "counters"):
+        spot = getattr(kind, field)
+        raw[spot.offset : spot.offset + spot.size] = bytes(spot.size)
+    return bytes(raw)
 
 
 def _seen(rule: Any) -> SeenRule:

@@ -1,22 +1,30 @@
-"""A thin synchronous rtnetlink client: pyroute2's message classes over a plain socket.
+"""A thin synchronous rtnetlink client: netcut's own codec (direct/rtcodec.py) over a plain
+socket.
 
 Why not `pyroute2.IPRoute`: since 0.9 its synchronous API drives an asyncio loop per request,
 which costs ~0.5 ms a call (half a cut's budget over a dozen calls) and cannot run under a
-caller's running loop. Here each request is encoded by pyroute2's `rtmsg`/`ifaddrmsg`, sent
-on an AF_NETLINK socket opened in the current namespace (the worker's, after setns), and the
-answer parsed by pyroute2's `MarshalRtnl`; errors are pyroute2's `NetlinkError`. One request
-at a time, so a sequence number is the whole bookkeeping. Bounded: a dump of a namespace's
-routes and addresses is a few KiB; a 64 KiB receive buffer takes a netlink dump page.
+caller's running loop. Why not pyroute2's message classes either (netcut used them over this
+socket until issue 23): decoding every attribute of a dump generically was a third of a
+worker's CPU per prepare (rtcodec.py says more). Each request is encoded by rtcodec, sent on
+an AF_NETLINK socket opened in the current namespace (the worker's, after setns), and the
+answer parsed by rtcodec; the kernel's refusals raise `NetlinkError` (errno in `.code`). One
+request at a time, so a sequence number is the whole bookkeeping. Bounded: a dump of a
+namespace's routes and addresses is a few KiB; a 64 KiB receive buffer takes a netlink dump
+page. A dump the kernel flags inconsistent (NLM_F_DUMP_INTR: the table changed under it) is
+read again, a few times at most, rather than trusted.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import (
+from netcut.direct import rtcodec
+from netcut.direct.rtcodec import (
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
     RTM_DELADDR,
     RTM_DELROUTE,
     RTM_GETADDR,
@@ -24,16 +32,14 @@ from pyroute2.netlink.rtnl import (
     RTM_GETRULE,
     RTM_NEWADDR,
     RTM_NEWROUTE,
+    MalformedMessage,
+    Message,
+    NetlinkError,
 )
-from pyroute2.netlink.rtnl.fibmsg import fibmsg
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-from pyroute2.netlink.rtnl.marshal import MarshalRtnl
-from pyroute2.netlink.rtnl.rtmsg import rtmsg
+from netcut.plan.model import Addr, Route
 
-from netcut.plan.model import AF_INET6, Addr, Route
-
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 _RECV = 65536
+_DUMP_TRIES = 5
 
 
 class Rtnl:
@@ -42,7 +48,6 @@ class Rtnl:
     def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         self.sock.bind((0, 0))
-        self.marshal = MarshalRtnl()
         self.seq = 0
 
     def close(self) -> None:
@@ -54,58 +59,43 @@ class Rtnl:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg: Any, msg_type: int, flags: int) -> list[Any]:
-        self.seq += 1
-        msg["header"]["type"] = msg_type
-        msg["header"]["flags"] = flags
-        msg["header"]["sequence_number"] = self.seq
-        msg.encode()
-        self.sock.send(msg.data)
-        answers: list[Any] = []
-        while True:
-            for reply in self.marshal.parse(self.sock.recv(_RECV)):
-                header = reply["header"]
-                if header["sequence_number"] != self.seq:
-                    continue  # a late answer to an earlier request
-                if header.get("error") is not None:
-                    raise header["error"]
-                if header["type"] == NLMSG_DONE or (header["type"] == NLMSG_ERROR):
-                    return answers  # NLMSG_ERROR with code 0 is the ACK
-                answers.append(reply)
-                if not flags & NLM_F_DUMP and not flags & NLM_F_ACK:
-                    return answers
+    def _request(self, msg_type: int, flags: int, body: bytes) -> list[Message]:
+        for _ in range(_DUMP_TRIES):
+            self.seq += 1
+            self.sock.send(rtcodec.request(msg_type, flags, self.seq, body))
+            answers: list[Message] = []
+            interrupted = False
+            while True:
+                reply = rtcodec.parse(self.sock.recv(_RECV), self.seq)
+                answers += reply.messages
+                interrupted = interrupted or reply.interrupted
+                if reply.done or (answers and not flags & (NLM_F_DUMP | NLM_F_ACK)):
+                    break
+            if not interrupted:
+                return answers
+        raise MalformedMessage(f"the kernel's dump kept changing under {_DUMP_TRIES} reads")
 
-    def dump_routes(self) -> list[Any]:
-        msg = rtmsg()
-        msg["family"] = 0
-        return self._request(msg, RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP)
+    def _dump(self, msg_type: int) -> list[Message]:
+        return self._request(msg_type, NLM_F_REQUEST | NLM_F_DUMP, rtcodec.dump_body(msg_type))
 
-    def dump_addrs(self) -> list[Any]:
-        msg = ifaddrmsg()
-        msg["family"] = 0
-        return self._request(msg, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP)
+    def dump_routes(self) -> list[Message]:
+        return self._dump(RTM_GETROUTE)
 
-    def dump_rules(self) -> list[Any]:
+    def dump_addrs(self) -> list[Message]:
+        return self._dump(RTM_GETADDR)
+
+    def dump_rules(self) -> list[Message]:
         """Policy routing rules (`ip rule`), IPv4 and IPv6."""
-        msg = fibmsg()
-        msg["family"] = 0
-        return self._request(msg, RTM_GETRULE, NLM_F_REQUEST | NLM_F_DUMP)
+        return self._dump(RTM_GETRULE)
 
-    def route_get(self, dst: str) -> Any:
+    def route_get(self, dst: str) -> Message:
         """The kernel's route lookup for `dst` (`ip route get`); NetlinkError if none."""
-        msg = rtmsg()
-        msg["family"] = AF_INET6 if ":" in dst else socket.AF_INET
-        msg["dst_len"] = 128 if ":" in dst else 32
-        msg["attrs"] = [("RTA_DST", dst)]
-        (answer,) = self._request(msg, RTM_GETROUTE, NLM_F_REQUEST)
-        return answer
+        found = self._request(RTM_GETROUTE, NLM_F_REQUEST, rtcodec.route_get_body(dst))
+        if len(found) != 1:
+            raise MalformedMessage(f"{len(found)} answers to one route lookup")
+        return found[0]
 
     def route(self, add: bool, route: Route) -> None:
-        msg = rtmsg()
-        for key in ("family", "dst_len", "tos", "proto", "scope", "type", "flags"):
-            msg[key] = getattr(route, key)
-        msg["table"] = route.table if route.table < 256 else 252  # RT_TABLE_COMPAT
-        attrs: list[tuple[str, Any]] = [("RTA_TABLE", route.table)]
         optional = {
             "RTA_DST": route.dst,
             "RTA_GATEWAY": route.gateway,
@@ -114,31 +104,23 @@ class Rtnl:
             "RTA_PRIORITY": route.priority,
             "RTA_PREF": route.pref,
         }
-        attrs += [(name, value) for name, value in optional.items() if value is not None]
-        if route.metrics:
-            attrs.append(("RTA_METRICS", {"attrs": [list(m) for m in route.metrics]}))
-        msg["attrs"] = attrs
+        body = rtcodec.route_body(
+            route.family, route.dst_len, route.tos, route.proto, route.scope, route.type,
+            route.flags, route.table, optional, route.metrics,
+        )  # fmt: skip
         if add:
-            self._request(msg, RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            self._request(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
         else:
-            self._request(msg, RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK)
+            self._request(RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, body)
 
     def addr(self, add: bool, addr: Addr) -> None:
-        msg = ifaddrmsg()
-        msg["family"] = addr.family
-        msg["prefixlen"] = addr.prefixlen
-        msg["index"] = addr.index
-        msg["flags"] = addr.flags & 0xFF
-        msg["scope"] = addr.scope
-        msg["attrs"] = [
-            ("IFA_LOCAL", addr.address),
-            ("IFA_ADDRESS", addr.address),
-            ("IFA_FLAGS", addr.flags),
-        ]
+        body = rtcodec.addr_body(
+            addr.family, addr.prefixlen, addr.flags, addr.scope, addr.index, addr.address
+        )
         if add:
-            self._request(msg, RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            self._request(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
         else:
-            self._request(msg, RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK)
+            self._request(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, body)
 
 
-__all__ = ["NetlinkError", "Rtnl"]
+__all__ = ["MalformedMessage", "Message", "NetlinkError", "Rtnl"]

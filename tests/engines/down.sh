@@ -25,8 +25,10 @@ fi
 if [[ -f "${CONTAINERS_CONF:-}" ]]; then
     podman rm -a -f -t 0 >/dev/null 2>&1
 fi
+run_namespaces=()
 if [[ -S "$RUN_DIR/containerd.sock" ]]; then
-    for ns in $(ctr namespaces ls -q 2>/dev/null); do
+    mapfile -t run_namespaces < <(ctr namespaces ls -q 2>/dev/null)
+    for ns in "${run_namespaces[@]}"; do
         for t in $(ctr -n "$ns" tasks ls -q 2>/dev/null); do
             ctr -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1
             ctr -n "$ns" tasks delete -f "$t" >/dev/null 2>&1
@@ -53,4 +55,15 @@ for link in ncpod0 docker0 $(cat "$RUN_DIR/bridges" 2>/dev/null); do
     ip link show "$link" >/dev/null 2>&1 && ip link del "$link"
 done
 rm -rf --one-file-system "$RUN_DIR" "$DATA_DIR"
+# containerd's shim keeps runc's state under the fixed /run/containerd/runc/NAMESPACE and its
+# sockets and fifos under /run/containerd/{s,fifo}, whatever the daemon's root: remove what the
+# run's tasks left there, directories only and only when empty, so that a containerd serving
+# this machine is never touched.
+SHIM_DIR="${NETCUT_CONTAINERD_SHIM_DIR:-/run/containerd}"
+for ns in "${run_namespaces[@]}"; do
+    rmdir "$SHIM_DIR/runc/$ns" 2>/dev/null
+done
+for dir in "$SHIM_DIR/runc" "$SHIM_DIR/s" "$SHIM_DIR/fifo" "$SHIM_DIR"; do
+    rmdir "$dir" 2>/dev/null
+done
 exit 0

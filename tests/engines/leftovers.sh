@@ -25,6 +25,14 @@ while read -r link _ addrs; do
     esac
 done < <(ip -br -4 addr show 2>/dev/null)
 ip -br link show ncpod0 >/dev/null 2>&1 && ! ip -br -4 addr show ncpod0 | grep -q . && say "bridge ncpod0"
+# containerd's shims write under the fixed /run/containerd whatever the daemon's root: a tree
+# there without a file or socket in it, while no containerd runs, is what a run left (a machine's
+# own containerd keeps its socket there).
+SHIM_DIR="${NETCUT_CONTAINERD_SHIM_DIR:-/run/containerd}"
+if [[ -d "$SHIM_DIR" ]] && ! pgrep -x containerd >/dev/null &&
+    [[ -z "$(find "$SHIM_DIR" -mindepth 1 ! -type d -print -quit 2>/dev/null)" ]]; then
+    say "$SHIM_DIR ($(find "$SHIM_DIR" -mindepth 1 -type d | wc -l) empty directories of containerd's shims)"
+fi
 # Configuration that older versions of up.sh wrote machine-wide.
 for file in /etc/containers/containers.conf /etc/cni/net.d/50-netcut-ci.conflist; do
     grep -qs "netcut-ci" "$file" && say "$file (written by an earlier tests/engines/up.sh)"

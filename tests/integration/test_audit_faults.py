@@ -25,8 +25,6 @@ import pytest
 import harness
 from servers import echo, run, start_origin, start_tcp
 
-pytestmark = pytest.mark.netns
-
 EGRESS = (sys.executable, "-m", "egress.cli")
 
 
@@ -169,6 +167,7 @@ async def verify(*paths: Path, live: bool = False) -> tuple[int, str]:
 # ---- a full disk ---------------------------------------------------------------------------
 
 
+@pytest.mark.netns
 async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     test_host: harness.TestHost,
 ) -> None:
@@ -254,6 +253,7 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     assert len(served) == served_after_fill
 
 
+@pytest.mark.netns
 async def test_full_disk_open_mode_marks_the_outage_and_exit_1_when_lines_are_abandoned(
     test_host: harness.TestHost,
 ) -> None:
@@ -300,6 +300,7 @@ async def test_full_disk_open_mode_marks_the_outage_and_exit_1_when_lines_are_ab
 # ---- kill -9 of the proxy ----------------------------------------------------------------
 
 
+@pytest.mark.netns
 async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flight(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -368,6 +369,7 @@ async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flig
     assert f"open at crash: {tunnels + in_flight}" in out
 
 
+@pytest.mark.netns
 async def test_open_and_end_records_pair_up_after_a_clean_stop(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -410,6 +412,7 @@ async def test_open_and_end_records_pair_up_after_a_clean_stop(
 # ---- SIGTERM under load ----------------------------------------------------------------------
 
 
+@pytest.mark.netns
 async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -466,6 +469,7 @@ async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
 # ---- rotation, reopen, and reading across them -------------------------------------------
 
 
+@pytest.mark.netns
 async def test_rotation_flags_keep_and_a_reopened_file_verify_alone_and_together(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -551,9 +555,7 @@ async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path:
 # ---- closed mode on every path -------------------------------------------------------------
 
 
-async def test_closed_mode_checks_kept_alive_fast_path_and_socks_requests(
-    test_host: harness.TestHost,
-) -> None:
+async def test_closed_mode_checks_kept_alive_fast_path_and_socks_requests() -> None:
     """The audit sink stops accepting between two requests of a kept-alive connection (the
     callback fast path serves the second one when it can) and between a SOCKS5 handshake
     and its CONNECT: both are refused `audit_unavailable` (today both were served)."""
@@ -561,26 +563,25 @@ async def test_closed_mode_checks_kept_alive_fast_path_and_socks_requests(
     from egress.proxy.codec import socks5
     from egress.proxy.server import EgressProxy
 
-    from proxykit import MemoryAudit
+    from proxykit import MemoryAudit, exempt
 
-    origin = await start_origin(test_host, 80)
+    origin = await start_origin(None, 0)  # on loopback: the guard lets its port through
+    site = f"example.test:{origin.port}"
     audit = MemoryAudit()
-    settings = build_settings(
-        {"allow": ["example.test", "example.test:80"]},
-        resolve=[f"example.test={test_host.addr_ns}"],
-    )
+    settings = build_settings({"allow": [site]}, resolve=[f"example.test={origin.addr}"])
+    settings = exempt(settings, origin.port)
     async with EgressProxy(settings, socks=["127.0.0.1:0"], audit=audit) as proxy:
         client = await Client.connect(proxy.addresses[0])
         for _ in range(3):  # the second and third take the fast path (pooled upstream)
-            assert (await client.get("http://example.test/ok"))[0] == 200
+            assert (await client.get(f"http://{site}/ok"))[0] == 200
         reader, writer = await asyncio.open_connection(*proxy.socks_addresses[0])
         writer.write(b"\x05\x01\x00")
         assert await reader.readexactly(2) == b"\x05\x00"
         audit.accepting = False  # the disk just filled
-        status, body = await client.get("http://example.test/refused")
+        status, body = await client.get(f"http://{site}/refused")
         assert status == 503
         assert b"audit_unavailable" in body
-        writer.write(socks5.serialize_request("example.test", 80))
+        writer.write(socks5.serialize_request("example.test", origin.port))
         reply = await asyncio.wait_for(reader.read(10), 5)
         assert reply[:2] != b"\x05\x00"  # not "succeeded"
         client.close()

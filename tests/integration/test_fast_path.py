@@ -3,7 +3,8 @@
 Every kept-alive request is still parsed, identified, judged and audited: the same request
 sequences go through one proxy with the fast path on and one with it off, and the client
 must get the same bytes and the audit log the same records (all but timing and the
-client's port), field for field and in order.
+client's port), field for field and in order. The upstreams listen on loopback ports that
+the guard lets through (`proxykit.exempt`): no root needed.
 """
 
 from __future__ import annotations
@@ -20,13 +21,8 @@ from egress.config import build_settings
 from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy
 
-import harness
-from proxykit import MemoryAudit
-from servers import Origin, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
-
-RAW_PORT = 7001
+from proxykit import MemoryAudit, exempt
+from servers import Origin, port_of, start_origin, start_tcp
 
 
 async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -72,8 +68,8 @@ async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
 
 @dataclass
 class Both:
-    host: harness.TestHost
     origin: Origin
+    raw_port: int
     fast: EgressProxy
     slow: EgressProxy
     audit_fast: MemoryAudit
@@ -81,18 +77,19 @@ class Both:
 
 
 @pytest.fixture
-async def both(test_host: harness.TestHost) -> AsyncIterator[Both]:
-    addr = test_host.addr_ns
-    origin = await start_origin(test_host, 80)
-    raw = await start_tcp(test_host, RAW_PORT, raw_origin)
+async def both() -> AsyncIterator[Both]:
+    origin = await start_origin(None, 0)
+    raw = await start_tcp(None, 0, raw_origin)
+    addr, web, raw_port = origin.addr, origin.port, port_of(raw)
     settings = build_settings(
         {
-            "allow": [addr, f"{addr}:{RAW_PORT}", "www.test"],
+            "allow": [f"{addr}:{web}", f"{addr}:{raw_port}", f"www.test:{web}"],
             "block": ["evil.test"],
             "framework_routes": [],
         },
         resolve=[f"www.test={addr}", f"evil.test={addr}"],
     )
+    settings = exempt(settings, web, raw_port)
     audit_fast, audit_slow = MemoryAudit(), MemoryAudit()
     fast = EgressProxy(settings, audit=audit_fast)
     slow = EgressProxy(settings, audit=audit_slow)
@@ -100,7 +97,7 @@ async def both(test_host: harness.TestHost) -> AsyncIterator[Both]:
     await slow.start()
     slow.steps.fast_path = False
     try:
-        yield Both(test_host, origin, fast, slow, audit_fast, audit_slow)
+        yield Both(origin, raw_port, fast, slow, audit_fast, audit_slow)
     finally:
         await fast.stop()
         await slow.stop()
@@ -187,7 +184,7 @@ async def settle(audit: MemoryAudit, n: int) -> None:
 async def test_same_answers_and_records_on_a_kept_alive_connection(
     both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = both.host.addr_ns
+    a = both.origin.authority
     calls = count_coroutine_requests(monkeypatch)
     requests = [
         ("GET", f"http://{a}/first"),  # dials: the coroutine path
@@ -195,7 +192,10 @@ async def test_same_answers_and_records_on_a_kept_alive_connection(
         ("GET", f"http://{a}/bytes/300000"),  # fast, a body larger than one read: relayed
         ("GET", f"http://{a}/chunked/5000"),  # fast, chunked
         ("HEAD", f"http://{a}/bytes/10"),
-        ("GET", "http://www.test/pinned-name"),  # a name from the resolver: fast
+        (
+            "GET",
+            f"http://www.test:{both.origin.port}/pinned-name",
+        ),  # a name from the resolver: fast
         ("GET", "http://evil.test/blocked"),  # refused: coroutine path, connection kept
         ("GET", f"http://{a}/after-refusal"),
         ("POST", f"POST http://{a}/body HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"),
@@ -229,7 +229,7 @@ async def test_same_answers_and_records_on_a_kept_alive_connection(
 async def test_same_answers_and_records_for_odd_upstreams(
     both: Both, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = f"{both.host.addr_ns}:{RAW_PORT}"
+    a = f"{both.origin.addr}:{both.raw_port}"
     calls = count_coroutine_requests(monkeypatch)
     requests = [
         ("GET", f"http://{a}/warm"),
@@ -248,7 +248,7 @@ async def test_same_answers_and_records_for_odd_upstreams(
 
 
 async def test_malformed_and_smuggling_heads_after_a_kept_alive_request(both: Both) -> None:
-    a = both.host.addr_ns
+    a = both.origin.authority
     for bad in (
         f"GET http://{a}/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
         "Transfer-Encoding: chunked\r\n\r\n",
@@ -266,7 +266,7 @@ async def test_malformed_and_smuggling_heads_after_a_kept_alive_request(both: Bo
 
 async def test_pipelined_requests_while_one_is_in_flight(both: Both) -> None:
     """Bytes of a next request that arrive during a fast exchange wait for its end."""
-    a = both.host.addr_ns
+    a = both.origin.authority
     reader, writer = await asyncio.open_connection(*both.fast.addresses[0])
     try:
         writer.write(f"GET http://{a}/one HTTP/1.1\r\nHost: x\r\n\r\n".encode())

@@ -34,8 +34,6 @@ from egress.proxy.net.netns import listen_in_netns
 import harness
 from servers import Origin, run, start_origin
 
-pytestmark = pytest.mark.netns
-
 
 @dataclass
 class Scene:
@@ -99,6 +97,7 @@ async def curl(host: harness.TestHost, *args: str) -> tuple[str, str]:
     return code, body
 
 
+@pytest.mark.netns
 async def test_forwarder_moves_off_a_port_bound_by_anything_in_the_sandbox(scene: Scene) -> None:
     # the framework's own service already listens on the route's port inside the sandbox
     # (before: prepare_execution failed with EADDRINUSE; the fallback only saw our listeners)
@@ -130,6 +129,7 @@ async def test_forwarder_moves_off_a_port_bound_by_anything_in_the_sandbox(scene
         squatter.close()
 
 
+@pytest.mark.netns
 async def test_plan_holds_when_the_ports_are_free(scene: Scene) -> None:
     plan = plan_execution(client_id_from("sample/7", 1), framework_routes=[scene.route])
     assert plan.client_id == "sample-7-1"
@@ -147,6 +147,7 @@ async def test_plan_holds_when_the_ports_are_free(scene: Scene) -> None:
     await release_execution(scene.proxy, ex, restore=True)
 
 
+@pytest.mark.netns
 async def test_a_taken_proxy_port_is_port_in_use(scene: Scene) -> None:
     squatter = listen_in_netns(scene.sandbox.ns, "127.0.0.1", 3128)
     try:
@@ -158,6 +159,7 @@ async def test_a_taken_proxy_port_is_port_in_use(scene: Scene) -> None:
         squatter.close()
 
 
+@pytest.mark.netns
 async def test_a_failed_probe_says_so(scene: Scene) -> None:
     with pytest.raises(ExecutionNotReady) as info:
         await prepare_execution(

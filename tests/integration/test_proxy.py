@@ -1,9 +1,14 @@
-"""The proxy against real sockets: test hosts in namespaces, real clients (curl, ssl, raw)."""
+"""The proxy against real sockets and real clients (curl, ssl, raw).
+
+Upstreams listen on loopback ports that the guard lets through (`proxykit.exempt`), so these
+tests need no root; the TLS tests keep a test host in a namespace, for SNI on port 443 and a
+real non-local path, and so does the host-local guard test."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -19,42 +24,49 @@ from egress.policy.rules import Policy
 from egress.proxy.server import EgressProxy, Limits
 
 import harness
-from proxykit import MemoryAudit, raw_exchange, read_response
-from servers import Origin, echo, run, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
+from proxykit import MemoryAudit, exempt, raw_exchange, read_response
+from servers import LOOPBACK, Origin, echo, port_of, run, start_origin, start_tcp
 
 
 @dataclass
 class World:
-    host: harness.TestHost
+    host: harness.TestHost | None  # None: upstreams on loopback
     origin: Origin
     proxy: EgressProxy
     audit: MemoryAudit
+    echo_port: int = 7000
 
     @property
     def addr(self) -> str:
-        return self.host.addr_ns
+        return self.origin.addr
+
+    @property
+    def web(self) -> str:
+        """The origin as a URL names it: `ADDR` (port 80 in a test host) or `ADDR:PORT`."""
+        return self.addr if self.host is not None else self.origin.authority
+
+    @property
+    def echo(self) -> str:
+        return f"echo.test:{self.echo_port}"
 
     @property
     def paddr(self) -> tuple[str, int]:
         return self.proxy.addresses[0]
 
 
-def make_settings(addr: str, **extra: object) -> Settings:
+def make_settings(addr: str, web: int = 80, echo_port: int = 7000, alt: int = 8080) -> Settings:
     return build_settings(
         {
             "allow": [
-                addr,
-                f"{addr}:7000",
-                f"http://{addr}:8080",
+                addr if web == 80 else f"{addr}:{web}",
+                f"{addr}:{echo_port}",
+                f"http://{addr}:{alt}",
                 "tls.test",
-                "echo.test:7000",
+                f"echo.test:{echo_port}",
                 "www.test",
             ],
             "block": ["blocked.test", "evil.test"],
             "framework_routes": [],
-            **extra,
         },
         resolve=[
             f"tls.test={addr}",
@@ -67,21 +79,41 @@ def make_settings(addr: str, **extra: object) -> Settings:
     )
 
 
-@pytest.fixture
-async def world(test_host: harness.TestHost) -> AsyncIterator[World]:
-    origin = await start_origin(test_host, 80)
-    origin8080 = await start_origin(test_host, 8080)
-    echo_srv = await start_tcp(test_host, 7000, echo)
+@contextlib.asynccontextmanager
+async def serving(host: harness.TestHost | None) -> AsyncIterator[World]:
+    """Origins on 80 and 8080 and an echo on 7000 in `host`, or on loopback ports."""
+    web, alt, echo_port = (80, 8080, 7000) if host is not None else (0, 0, 0)
+    origin = await start_origin(host, web)
+    origin8080 = await start_origin(host, alt)
+    echo_srv = await start_tcp(host, echo_port, echo)
+    echo_port = port_of(echo_srv)
     audit = MemoryAudit()
-    proxy = EgressProxy(make_settings(test_host.addr_ns), audit=audit)
+    if host is None:
+        ports = (origin.port, echo_port, origin8080.port)
+        settings = exempt(make_settings(LOOPBACK, *ports), *ports)
+    else:
+        settings = make_settings(host.addr_ns)
+    proxy = EgressProxy(settings, audit=audit)
     await proxy.start()
     try:
-        yield World(test_host, origin, proxy, audit)
+        yield World(host, origin, proxy, audit, echo_port)
     finally:
         await proxy.stop()
         echo_srv.close()
         await origin.close()
         await origin8080.close()
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    async with serving(None) as w:
+        yield w
+
+
+@pytest.fixture
+async def ns_world(test_host: harness.TestHost) -> AsyncIterator[World]:
+    async with serving(test_host) as w:
+        yield w
 
 
 async def open_tunnel(
@@ -99,7 +131,7 @@ async def open_tunnel(
 
 async def test_connect_relays_bytes_exactly_both_ways(world: World) -> None:
     payload = os.urandom(8 * 1024 * 1024 + 13)
-    reader, writer, head = await open_tunnel(world, "echo.test:7000")
+    reader, writer, head = await open_tunnel(world, world.echo)
     assert head.startswith(b"HTTP/1.1 200 ")
 
     async def send() -> None:
@@ -118,7 +150,7 @@ async def test_connect_relays_bytes_exactly_both_ways(world: World) -> None:
     assert event["bytes_up"] == len(payload)
     assert event["bytes_down"] == len(payload)
     assert event["addr"] == world.addr
-    assert event["rule"] == "echo.test:7000"
+    assert event["rule"] == world.echo
 
 
 async def test_blocked_connect_gets_403_proxy_status_and_audit(world: World) -> None:
@@ -148,7 +180,7 @@ async def test_connect_without_port_is_400(world: World) -> None:
 
 
 async def test_half_close_is_honoured(world: World) -> None:
-    reader, writer, _head = await open_tunnel(world, "echo.test:7000")
+    reader, writer, _head = await open_tunnel(world, world.echo)
     writer.write(b"ping")
     writer.write_eof()  # we are done sending; the echo answers, then half-closes back
     assert await asyncio.wait_for(reader.read(-1), 5) == b"ping"
@@ -159,11 +191,11 @@ async def test_half_close_is_honoured(world: World) -> None:
 
 
 async def test_get_and_post_fixed_and_chunked(world: World) -> None:
-    url = f"http://{world.addr}/path?q=1"
+    url = f"http://{world.web}/path?q=1"
     rc, out, err = await run("curl", "-sS", "--max-time", "10", "-x", world.proxy.url, url)
     assert rc == 0, err
     seen = json.loads(out)
-    assert (seen["method"], seen["path"], seen["host"]) == ("GET", "/path?q=1", world.addr)
+    assert (seen["method"], seen["path"], seen["host"]) == ("GET", "/path?q=1", world.web)
 
     body = os.urandom(300_000)
     bodyfile = Path(f"/tmp/egress-test-body-{os.getpid()}")
@@ -195,8 +227,8 @@ async def test_get_and_post_fixed_and_chunked(world: World) -> None:
 async def test_chunked_response_and_hop_by_hop_removed(world: World) -> None:
     reader, writer = await asyncio.open_connection(*world.paddr)
     writer.write(
-        f"GET http://{world.addr}/chunked/5000 HTTP/1.1\r\nHost: {world.addr}\r\n\r\n".encode()
-        + f"GET http://{world.addr}/x HTTP/1.1\r\nHost: liar.example\r\nConnection: x-secret\r\n"
+        f"GET http://{world.web}/chunked/5000 HTTP/1.1\r\nHost: {world.web}\r\n\r\n".encode()
+        + f"GET http://{world.web}/x HTTP/1.1\r\nHost: liar.example\r\nConnection: x-secret\r\n"
         f"X-Secret: 1\r\nProxy-Authorization: Basic Zm9vOmJhcg==\r\nTE: trailers\r\n"
         f"Keep-Alive: 5\r\nProxy-Connection: keep-alive\r\nUpgrade: h2c\r\n\r\n".encode()
     )
@@ -211,7 +243,7 @@ async def test_chunked_response_and_hop_by_hop_removed(world: World) -> None:
     writer.close()
     seen = json.loads(raw)
     assert status == 200
-    assert seen["host"] == world.addr  # a client Host that disagrees never wins
+    assert seen["host"] == world.web  # a client Host that disagrees never wins
     for name in (
         "x-secret",
         "proxy-authorization",
@@ -226,7 +258,7 @@ async def test_chunked_response_and_hop_by_hop_removed(world: World) -> None:
 
 async def test_keep_alive_second_request_to_blocked_host_is_refused(world: World) -> None:
     reader, writer = await asyncio.open_connection(*world.paddr)
-    writer.write(f"GET http://{world.addr}/first HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"GET http://{world.web}/first HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     status, _, _ = await read_response(reader)
     assert status == 200
     writer.write(b"GET http://evil.test/second HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -234,7 +266,7 @@ async def test_keep_alive_second_request_to_blocked_host_is_refused(world: World
     assert status == 403
     assert "http_request_denied" in headers["proxy-status"]
     assert b"evil.test" in body
-    writer.write(f"GET http://{world.addr}/third HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"GET http://{world.web}/third HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     status, _, _ = await read_response(reader)
     writer.close()
     assert status == 200
@@ -244,7 +276,7 @@ async def test_keep_alive_second_request_to_blocked_host_is_refused(world: World
 async def test_origin_form_and_userinfo_refused(world: World) -> None:
     for req in (
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        f"GET http://u:p@{world.addr}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        f"GET http://u:p@{world.web}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
     ):
         reply = await raw_exchange(*world.paddr, req)
         assert reply.startswith(b"HTTP/1.1 400 ")
@@ -267,7 +299,7 @@ LOOPBACK_SPELLINGS = [
 ]
 
 
-async def test_every_loopback_spelling_refused(test_host: harness.TestHost) -> None:
+async def test_every_loopback_spelling_refused() -> None:
     audit = MemoryAudit()
     settings = build_settings({"default": "allow"}, resolve=["loopy.test=127.0.0.1"])
     async with EgressProxy(settings, audit=audit) as proxy:
@@ -283,6 +315,7 @@ async def test_every_loopback_spelling_refused(test_host: harness.TestHost) -> N
     assert len(audit.events) == 2 * len(LOOPBACK_SPELLINGS)
 
 
+@pytest.mark.netns
 async def test_host_local_address_refused(test_host: harness.TestHost) -> None:
     # the root side of the test host's veth is an address of the proxy's own host
     async with EgressProxy(Policy(default="allow")) as proxy:
@@ -292,7 +325,7 @@ async def test_host_local_address_refused(test_host: harness.TestHost) -> None:
     assert b"host_local" in reply
 
 
-async def test_framework_route_on_loopback_reached(test_host: harness.TestHost) -> None:
+async def test_framework_route_on_loopback_reached() -> None:
     from aiohttp import web
 
     app = web.Application()
@@ -347,11 +380,11 @@ SMUGGLING = {
 @pytest.mark.parametrize("fields", SMUGGLING.values(), ids=SMUGGLING.keys())
 async def test_smuggling_shapes_refused_and_others_served(world: World, fields: str) -> None:
     bystander_r, bystander_w = await asyncio.open_connection(*world.paddr)
-    req = f"POST http://{world.addr}/ HTTP/1.1\r\nHost: x\r\n{fields}\r\nhello".encode()
+    req = f"POST http://{world.web}/ HTTP/1.1\r\nHost: x\r\n{fields}\r\nhello".encode()
     reply = await raw_exchange(*world.paddr, req)
     assert reply.startswith(b"HTTP/1.1 400 "), reply[:200]
     assert b"http_request_error" in reply
-    bystander_w.write(f"GET http://{world.addr}/ok HTTP/1.1\r\n\r\n".encode())
+    bystander_w.write(f"GET http://{world.web}/ok HTTP/1.1\r\n\r\n".encode())
     status, _, _ = await read_response(bystander_r)
     bystander_w.close()
     assert status == 200
@@ -361,7 +394,7 @@ async def test_smuggling_shapes_refused_and_others_served(world: World, fields: 
 
 async def test_bad_chunked_body_closes_cleanly(world: World) -> None:
     req = (
-        f"POST http://{world.addr}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        f"POST http://{world.web}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
         "zz\r\nhello\r\n0\r\n\r\n"
     ).encode()
     reply = await raw_exchange(*world.paddr, req)
@@ -369,7 +402,7 @@ async def test_bad_chunked_body_closes_cleanly(world: World) -> None:
 
 
 async def test_oversized_head_is_431(world: World) -> None:
-    req = f"GET http://{world.addr}/ HTTP/1.1\r\nX-Big: {'a' * 20000}\r\n\r\n".encode()
+    req = f"GET http://{world.web}/ HTTP/1.1\r\nX-Big: {'a' * 20000}\r\n\r\n".encode()
     reply = await raw_exchange(*world.paddr, req)
     assert reply.startswith(b"HTTP/1.1 431 ")
 
@@ -377,21 +410,22 @@ async def test_oversized_head_is_431(world: World) -> None:
 async def test_too_many_headers_is_431(world: World) -> None:
     fields = "".join(f"X-{i}: v\r\n" for i in range(150))
     reply = await raw_exchange(
-        *world.paddr, f"GET http://{world.addr}/ HTTP/1.1\r\n{fields}\r\n".encode()
+        *world.paddr, f"GET http://{world.web}/ HTTP/1.1\r\n{fields}\r\n".encode()
     )
     assert reply.startswith(b"HTTP/1.1 431 ")
 
 
-async def test_head_timeout_and_idle_do_not_delay_others(test_host: harness.TestHost) -> None:
-    origin = await start_origin(test_host, 80)
+async def test_head_timeout_and_idle_do_not_delay_others() -> None:
+    origin = await start_origin(None, 0)
     limits = Limits(head_timeout=0.3, idle_timeout=0.6)
+    settings = exempt(Policy(allow=[origin.authority]), origin.port)
     try:
-        async with EgressProxy(Policy(allow=[test_host.addr_ns]), limits=limits) as proxy:
+        async with EgressProxy(settings, limits=limits) as proxy:
             slow_r, slow_w = await asyncio.open_connection(*proxy.addresses[0])
             slow_w.write(b"GET http://")  # never finishes its head
             idle_r, idle_w = await asyncio.open_connection(*proxy.addresses[0])
             rc, _out, _ = await run(
-                "curl", "-sS", "--max-time", "5", "-x", proxy.url, f"http://{test_host.addr_ns}/"
+                "curl", "-sS", "--max-time", "5", "-x", proxy.url, f"http://{origin.authority}/"
             )
             assert rc == 0
             slow_reply = await asyncio.wait_for(slow_r.read(-1), 5)
@@ -403,7 +437,7 @@ async def test_head_timeout_and_idle_do_not_delay_others(test_host: harness.Test
         await origin.close()
 
 
-async def test_max_connections_503(test_host: harness.TestHost) -> None:
+async def test_max_connections_503() -> None:
     async with EgressProxy(Policy(), limits=Limits(max_connections=2)) as proxy:
         held = [await asyncio.open_connection(*proxy.addresses[0]) for _ in range(2)]
         reply = await raw_exchange(*proxy.addresses[0], b"")
@@ -432,11 +466,12 @@ async def test_slow_reader_keeps_proxy_memory_bounded(world: World) -> None:
         except ConnectionError:
             pass
 
-    server = await start_tcp(world.host, 7001, firehose)
-    policy = Policy(allow=[f"{world.addr}:7001"])
+    server = await start_tcp(world.host, 0, firehose)
+    port = port_of(server)
+    policy = exempt(Policy(allow=[f"{world.addr}:{port}"]), port)
     async with EgressProxy(policy) as proxy:
         reader, writer = await asyncio.open_connection(*proxy.addresses[0], limit=64 * 1024)
-        writer.write(f"CONNECT {world.addr}:7001 HTTP/1.1\r\n\r\n".encode())
+        writer.write(f"CONNECT {world.addr}:{port} HTTP/1.1\r\n\r\n".encode())
         await writer.drain()
         await reader.readuntil(b"\r\n\r\n")
         # read nothing: the firehose must stall well before 512 MiB
@@ -488,7 +523,8 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 @pytest.fixture
-async def tls_world(world: World, cert: tuple[str, str]) -> AsyncIterator[World]:
+async def tls_world(ns_world: World, cert: tuple[str, str]) -> AsyncIterator[World]:
+    world = ns_world
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(*cert)
 
@@ -523,12 +559,14 @@ async def tls_through(world: World, connect_to: str, sni: str, cert: tuple[str, 
     return data
 
 
+@pytest.mark.netns
 async def test_tls_allowed_sni_relays(tls_world: World, cert: tuple[str, str]) -> None:
     assert await tls_through(tls_world, "tls.test:443", "tls.test", cert) == b"tls-echo:hi"
     # SNI naming another allowed host on the same port is fine too
     assert await tls_through(tls_world, "tls.test:443", "www.test", cert) == b"tls-echo:hi"
 
 
+@pytest.mark.netns
 async def test_blocked_sni_inside_allowed_connect_is_cut(
     tls_world: World, cert: tuple[str, str]
 ) -> None:
@@ -540,6 +578,7 @@ async def test_blocked_sni_inside_allowed_connect_is_cut(
     assert event["host"] == "tls.test"
 
 
+@pytest.mark.netns
 async def test_curl_https_through_connect(tls_world: World, cert: tuple[str, str]) -> None:
     # curl speaks TLS to our echo, which answers with a non-HTTP line: curl fails *after* the
     # tunnel and handshake succeed, so check the audit line and curl's verbose output.
@@ -565,15 +604,15 @@ async def test_curl_https_through_connect(tls_world: World, cert: tuple[str, str
 
 
 async def test_tokens_select_client_policy(world: World) -> None:
-    settings = make_settings(world.addr)
-    limited = ClientSpec("sandbox-a", Policy(allow=[f"http://{world.addr}"]), token="s3cret-a")
+    settings = world.proxy.settings
+    limited = ClientSpec("sandbox-a", Policy(allow=[f"http://{world.web}"]), token="s3cret-a")
     audit = MemoryAudit()
     async with EgressProxy(
         Settings(settings.policy, settings.guard, settings.resolve, (limited,)),
         require_auth=True,
         audit=audit,
     ) as proxy:
-        url = f"http://{world.addr}/tok"
+        url = f"http://{world.web}/tok"
         _, out, _ = await run("curl", "-sS", "-i", "--max-time", "5", "-x", proxy.url, url)
         assert " 407 " in out.splitlines()[0]
         assert "Proxy-Authenticate: Basic" in out
@@ -583,12 +622,12 @@ async def test_tokens_select_client_policy(world: World) -> None:
         right = proxy.proxy_url("s3cret-a", "sandbox-a")
         _rc, out, _ = await run("curl", "-sS", "--max-time", "5", "-x", right, url)
         assert json.loads(out)["path"] == "/tok"
-        # sandbox-a's own policy does not allow CONNECT to echo.test:7000
+        # sandbox-a's own policy does not allow CONNECT to the echo
         cred = base64.b64encode(b"sandbox-a:s3cret-a").decode()
         reply = await raw_exchange(
             *proxy.addresses[0],
             (
-                f"CONNECT echo.test:7000 HTTP/1.1\r\nProxy-Authorization: Basic {cred}\r\n\r\n"
+                f"CONNECT {world.echo} HTTP/1.1\r\nProxy-Authorization: Basic {cred}\r\n\r\n"
             ).encode(),
         )
         assert reply.startswith(b"HTTP/1.1 403 ")
@@ -602,6 +641,7 @@ async def test_tokens_select_client_policy(world: World) -> None:
     assert not any("s3cret" in repr(e) for e in audit.events)  # the token is never logged
 
 
+@pytest.mark.netns
 async def test_malformed_client_hello_is_cut(tls_world: World) -> None:
     reader, writer, head = await open_tunnel(tls_world, "tls.test:443")
     assert head.startswith(b"HTTP/1.1 200 ")
@@ -612,6 +652,7 @@ async def test_malformed_client_hello_is_cut(tls_world: World) -> None:
     assert "malformed" in str(event["detail"])
 
 
+@pytest.mark.netns
 async def test_non_tls_on_443_follows_sni_missing_option(tls_world: World) -> None:
     # a named, allowed CONNECT host: the default ("if-named") lets it through
     reader, writer, head = await open_tunnel(tls_world, "tls.test:443")

@@ -19,6 +19,7 @@ from egress.audit.log import AuditLog
 from egress.config import ClientSpec, Settings
 from egress.policy.rules import Policy
 from egress.proxy.server import EgressProxy, Limits
+from egress.proxy.tally import ANSWERED
 
 from proxykit import MemoryAudit, read_response
 
@@ -107,6 +108,46 @@ async def test_per_client_connection_cap() -> None:
         assert "per-client" in str(record["detail"])
         for _, w, _ in held:
             w.close()
+
+
+async def _refused_at_cap(proxy: EgressProxy) -> bytes | None:
+    """One connection over the cap: the answer it got, or None for a reset."""
+    try:
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+    except ConnectionResetError:
+        return None
+    try:
+        return await asyncio.wait_for(reader.read(-1), 5)
+    except ConnectionResetError:
+        return None
+    finally:
+        writer.close()
+
+
+async def test_a_connection_flood_is_reset_after_its_first_answers_and_all_recorded() -> None:
+    """A client at its cap that keeps connecting (issue 19's connection flood): each
+    connection is refused at accept; a window's first `ANSWERED` get the 503, the rest only
+    a reset (answering them would only feed the flood), and every one of them is in the
+    aggregated records' counts (docs/audit-log.md#aggregated-refusals)."""
+    audit = MemoryAudit()
+    limits = Limits(max_connections=16, max_client_connections=2)
+    flood = ANSWERED + 100
+    loop = asyncio.get_running_loop()
+    async with EgressProxy(Policy(), audit=audit, limits=limits) as proxy:
+        held = [await _refused_keepalive(proxy) for _ in range(2)]
+        t0 = loop.time()
+        got = await asyncio.gather(*(_refused_at_cap(proxy) for _ in range(flood)))
+        windows = int(loop.time() - t0) + 1  # refusal windows are one second long
+        for _, w, _ in held:
+            w.close()
+    answered = [g for g in got if g is not None]
+    assert all(g.startswith(b"HTTP/1.1 503") for g in answered), answered[:3]
+    assert len(answered) >= min(flood, ANSWERED)
+    assert len(answered) <= ANSWERED * windows, (len(answered), windows)
+    records = audit.find(reason="too_many_connections")
+    assert sum(int(str(r.get("count", 1))) for r in records) == flood
+    assert len(records) <= 2 * windows
+    assert all(r["mode"] == "http" and "per-client" in str(r["detail"]) for r in records)
 
 
 def test_client_cap_default_is_a_quarter() -> None:

@@ -2,7 +2,8 @@
 
 Refused CONNECT reasons in the status line (urllib drops the body), ws:// refused with the
 destination named, TLS sent to the plain-HTTP port, tunnel end states, `egress check
---client`, and `egress serve`'s stderr lines, token warning and shutdown summary.
+--client`, and `egress serve`'s stderr lines, token warning and shutdown summary. The proxy
+tests' upstreams listen on loopback ports that the guard lets through (`proxykit.exempt`).
 """
 
 from __future__ import annotations
@@ -25,35 +26,37 @@ from egress.config import build_settings
 from egress.proxy.server import EgressProxy
 
 import harness
-from proxykit import MemoryAudit, raw_exchange
-from servers import echo, run, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
+from proxykit import MemoryAudit, exempt, raw_exchange
+from servers import echo, port_of, run, start_origin, start_tcp
 
 
 @dataclass
 class Scene:
-    host: harness.TestHost
     proxy: EgressProxy
     audit: MemoryAudit
+    echo_port: int
 
 
 @pytest.fixture
-async def scene(test_host: harness.TestHost) -> AsyncIterator[Scene]:
-    origin = await start_origin(test_host, 80)
-    echo_srv = await start_tcp(test_host, 7000, echo)
+async def scene() -> AsyncIterator[Scene]:
+    origin = await start_origin(None, 0)
+    echo_srv = await start_tcp(None, 0, echo)
+    web, echo_port = origin.port, port_of(echo_srv)
     settings = build_settings(
-        {"allow": ["www.test", "echo.test:7000"], "block": ["blocked.test"]},
+        {
+            "allow": ["www.test", f"www.test:{web}", f"echo.test:{echo_port}"],
+            "block": ["blocked.test"],
+        },
         resolve=[
-            f"www.test={test_host.addr_ns}",
-            f"echo.test={test_host.addr_ns}",
-            f"blocked.test={test_host.addr_ns}",
+            f"www.test={origin.addr}",
+            f"echo.test={origin.addr}",
+            f"blocked.test={origin.addr}",
         ],
     )
     audit = MemoryAudit()
     try:
-        async with EgressProxy(settings, audit=audit) as proxy:
-            yield Scene(test_host, proxy, audit)
+        async with EgressProxy(exempt(settings, web, echo_port), audit=audit) as proxy:
+            yield Scene(proxy, audit, echo_port)
     finally:
         echo_srv.close()
         await origin.close()
@@ -83,12 +86,13 @@ async def test_refused_connect_names_the_reason_in_the_status_line(scene: Scene)
 
 
 async def test_websocket_over_plain_http_is_refused_naming_the_destination(scene: Scene) -> None:
+    url = f"ws://echo.test:{scene.echo_port}/chat"
     async with aiohttp.ClientSession() as session:
         with pytest.raises(aiohttp.WSServerHandshakeError) as info:
-            await session.ws_connect("ws://echo.test:7000/chat", proxy=scene.proxy.url)
+            await session.ws_connect(url, proxy=scene.proxy.url)
     assert info.value.status == 400
     record = await scene.audit.wait_for(method="GET", host="echo.test")
-    assert record["port"] == 7000
+    assert record["port"] == scene.echo_port
     assert record["reason"] == "bad_request"
     assert "WebSocket over plain HTTP" in str(record["detail"])
     # the default port of ws:// is 80, and the body says what to do
@@ -118,9 +122,9 @@ async def test_tls_to_the_plain_port_is_named(scene: Scene) -> None:
     assert "TLS to a plain-HTTP proxy port" in str(record["detail"])
 
 
-def open_tunnel(host: str, port: int) -> socket.socket:
+def open_tunnel(host: str, port: int, echo_port: int) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=5)
-    sock.sendall(b"CONNECT echo.test:7000 HTTP/1.1\r\n\r\n")
+    sock.sendall(f"CONNECT echo.test:{echo_port} HTTP/1.1\r\n\r\n".encode())
     got = b""
     while b"\r\n\r\n" not in got:
         got += sock.recv(4096)
@@ -130,7 +134,7 @@ def open_tunnel(host: str, port: int) -> socket.socket:
 
 async def test_tunnel_end_states_mean_what_they_say(scene: Scene) -> None:
     def clean() -> None:
-        sock = open_tunnel(host, port)
+        sock = open_tunnel(host, port, scene.echo_port)
         with sock:
             sock.sendall(b"ping")
             assert sock.recv(4) == b"ping"
@@ -138,7 +142,7 @@ async def test_tunnel_end_states_mean_what_they_say(scene: Scene) -> None:
             assert sock.recv(10) == b""  # the echo server closes its side in turn
 
     def closed_with_unread_bytes() -> None:
-        sock = open_tunnel(host, port)
+        sock = open_tunnel(host, port, scene.echo_port)
         sock.sendall(b"ping")
         assert sock.recv(4) == b"ping"
         sock.sendall(b"more")  # its echo stays unread: the close becomes a reset
@@ -181,6 +185,7 @@ async def test_check_honours_a_client_policy(tmp_path: Path) -> None:
     assert "sb" in err
 
 
+@pytest.mark.netns
 async def test_serve_prints_request_lines_warns_about_tokens_and_summarizes(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

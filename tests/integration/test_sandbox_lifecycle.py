@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 
 import netcut
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
-from egress.boundary import _REGISTRIES, ExecutionNotReady, ReleaseFailed
+from egress.boundary import ExecutionNotReady, ReleaseFailed
+from egress.boundary.sandboxes import Sandboxes
 from egress.proxy.net.netns import call_in_netns_thread
 
 import harness
@@ -125,8 +126,7 @@ def assert_nothing_left(scene: Scene, listeners_before: int) -> None:
     assert len(scene.proxy.listeners) == listeners_before
     assert scene.proxy.clients.client_ids == ()
     assert scene.proxy.settings.clients == ()
-    reg = _REGISTRIES.get(scene.proxy)
-    assert reg is None or not reg.sandboxes
+    assert not Sandboxes(scene.proxy).held
 
 
 @pytest.mark.timeout(600)  # 200 real rounds: ~20 s on an idle machine, more when shared

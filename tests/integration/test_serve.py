@@ -13,9 +13,8 @@ import pytest
 from egress import AuditLog, EgressProxy, Policy, ProxyThread
 
 import harness
+from proxykit import exempt
 from servers import echo, run, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
 
 
 async def start_serve(*args: str) -> tuple[asyncio.subprocess.Process, list[str]]:
@@ -41,6 +40,7 @@ def audit_lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+@pytest.mark.netns
 async def test_serve_with_curl_and_sigterm_leaves_complete_audit(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -135,12 +135,13 @@ async def test_serve_bad_input_exits_2(args: list[str], needle: str) -> None:
     assert "Traceback" not in err
 
 
-async def test_proxy_thread_for_sync_callers(test_host: harness.TestHost) -> None:
-    origin = await start_origin(test_host, 80)
+async def test_proxy_thread_for_sync_callers() -> None:
+    origin = await start_origin(None, 0)
+    settings = exempt(Policy(allow=[origin.authority]), origin.port)
     try:
 
         def sync_part() -> str:
-            with ProxyThread(lambda: EgressProxy(Policy(allow=[test_host.addr_ns]))) as proxy:
+            with ProxyThread(lambda: EgressProxy(settings)) as proxy:
                 import subprocess
 
                 return subprocess.run(
@@ -151,7 +152,7 @@ async def test_proxy_thread_for_sync_callers(test_host: harness.TestHost) -> Non
                         "5",
                         "-x",
                         proxy.url,
-                        f"http://{test_host.addr_ns}/sync",
+                        f"http://{origin.authority}/sync",
                     ],
                     capture_output=True,
                     text=True,
@@ -165,6 +166,7 @@ async def test_proxy_thread_for_sync_callers(test_host: harness.TestHost) -> Non
         await origin.close()
 
 
+@pytest.mark.netns
 async def test_listen_inside_sandbox_namespace(test_host_factory: object, tmp_path: Path) -> None:
     sandbox = test_host_factory()  # type: ignore[operator]
     upstream = test_host_factory()  # type: ignore[operator]
@@ -208,6 +210,7 @@ async def test_listen_inside_sandbox_namespace(test_host_factory: object, tmp_pa
         await origin.close()
 
 
+@pytest.mark.netns
 async def test_serve_workers_share_the_port_and_keep_one_chain_each(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

@@ -1,10 +1,14 @@
 """SOCKS5 against real sockets: curl --socks5-hostname, an ssh-style raw TCP session, and the
 red-team cases of CONNECT (address spellings, loopback literals, rebinding, SNI mismatch),
-each refused with its SOCKS reply code and audited."""
+each refused with its SOCKS reply code and audited.
+
+Upstreams listen on loopback ports that the guard lets through (`proxykit.exempt`), so most
+tests need no root; SNI on port 443 and `egress serve --socks` keep a test host."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -20,18 +24,21 @@ from egress.proxy.net.netns import listen_in_netns
 from egress.proxy.server import EgressProxy
 
 import harness
-from proxykit import MemoryAudit
-from servers import Origin, run, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
+from proxykit import MemoryAudit, exempt
+from servers import Origin, port_of, run, start_origin, start_tcp
 
 
 @dataclass
 class World:
-    host: harness.TestHost
+    host: harness.TestHost | None  # None: upstreams on loopback
     origin: Origin
     proxy: EgressProxy
     audit: MemoryAudit
+    ssh_port: int = 22
+
+    @property
+    def web_port(self) -> int:
+        return self.origin.port
 
     @property
     def socks(self) -> tuple[str, int]:
@@ -54,30 +61,46 @@ async def ssh_like(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
         writer.close()
 
 
-@pytest.fixture
-async def world(test_host: harness.TestHost) -> AsyncIterator[World]:
-    addr = test_host.addr_ns
-    origin = await start_origin(test_host, 80)
-    ssh_srv = await start_tcp(test_host, 22, ssh_like)
+@contextlib.asynccontextmanager
+async def serving(host: harness.TestHost | None) -> AsyncIterator[World]:
+    """An origin on 80 and the ssh-like server on 22 in `host`, or on loopback ports."""
+    origin = await start_origin(host, 80 if host else 0)
+    ssh_srv = await start_tcp(host, 22 if host else 0, ssh_like)
+    web, ssh = origin.port, port_of(ssh_srv)
+    addr = origin.addr
     audit = MemoryAudit()
     settings = build_settings(
         {
             # the loopback rules and rebind.test make the red-team cases reach the guard
-            "allow": ["www.test:80", "git.test:22", "tls.test", "127.0.0.0/8", "[::1]",
+            "allow": [f"www.test:{web}", f"git.test:{ssh}", "tls.test", "127.0.0.0/8", "[::1]",
                       "rebind.test"],
             "block": ["evil.test"],
         },
         resolve=[f"www.test={addr}", f"git.test={addr}", f"tls.test={addr}",
                  f"evil.test={addr}", "rebind.test=127.0.0.1"],
     )  # fmt: skip
+    if host is None:
+        settings = exempt(settings, web, ssh)
     proxy = EgressProxy(settings, socks=["127.0.0.1:0"], audit=audit)
     await proxy.start()
     try:
-        yield World(test_host, origin, proxy, audit)
+        yield World(host, origin, proxy, audit, ssh)
     finally:
         await proxy.stop()
         ssh_srv.close()
         await origin.close()
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    async with serving(None) as w:
+        yield w
+
+
+@pytest.fixture
+async def ns_world(test_host: harness.TestHost) -> AsyncIterator[World]:
+    async with serving(test_host) as w:
+        yield w
 
 
 async def socks_connect(
@@ -98,13 +121,14 @@ async def socks_connect(
 
 async def test_curl_socks5_hostname_allowed_and_blocked(world: World) -> None:
     proxy = "socks5h://{}:{}".format(*world.socks)
-    rc, out, err = await run("curl", "-sS", "--max-time", "10", "-x", proxy, "http://www.test/x")
+    url = f"http://www.test:{world.web_port}/x"
+    rc, out, err = await run("curl", "-sS", "--max-time", "10", "-x", proxy, url)
     assert rc == 0, err
     assert '"path": "/x"' in out or "/x" in out
     event = await world.audit.wait_for(host="www.test", decision="allow")
-    assert (event["method"], event["mode"], event["port"]) == ("CONNECT", "socks5", 80)
-    assert event["addr"] == world.host.addr_ns
-    assert event["rule"] == "www.test:80"
+    assert (event["method"], event["mode"], event["port"]) == ("CONNECT", "socks5", world.web_port)
+    assert event["addr"] == world.origin.addr
+    assert event["rule"] == f"www.test:{world.web_port}"
     assert event["socks_reply"] == 0
     assert int(event["bytes_down"]) > 0  # type: ignore[call-overload]
 
@@ -119,7 +143,7 @@ async def test_curl_socks5_hostname_allowed_and_blocked(world: World) -> None:
 
 
 async def test_ssh_style_session_through_socks(world: World) -> None:
-    reader, writer, reply = await socks_connect(world, "git.test", 22)
+    reader, writer, reply = await socks_connect(world, "git.test", world.ssh_port)
     assert reply[:2] == b"\x05\x00"
     assert await reader.readline() == b"SSH-2.0-egress-test\r\n"
     writer.write(b"SSH-2.0-client\n")
@@ -129,7 +153,8 @@ async def test_ssh_style_session_through_socks(world: World) -> None:
         assert await asyncio.wait_for(reader.readline(), 5) == line[::-1] + b"\n"
     writer.close()
     event = await world.audit.wait_for(host="git.test", decision="allow")
-    assert (event["port"], event["rule"], event["mode"]) == (22, "git.test:22", "socks5")
+    ssh = world.ssh_port
+    assert (event["port"], event["rule"], event["mode"]) == (ssh, f"git.test:{ssh}", "socks5")
     assert event["bytes_up"] == len(b"SSH-2.0-client\n") + 4 + 1001
 
 
@@ -164,7 +189,7 @@ async def test_red_team_refused_with_reply_code(
 
 async def test_unsupported_command_and_address_type(world: World) -> None:
     for data, code, reason in (
-        (socks5.serialize_request("git.test", 22, cmd=3), 7, "command_not_supported"),
+        (socks5.serialize_request("git.test", world.ssh_port, cmd=3), 7, "command_not_supported"),
         (b"\x05\x01\x00\x05" + b"x" * 8, 8, "address_type_not_supported"),
     ):
         reader, writer = await asyncio.open_connection(*world.socks)
@@ -176,17 +201,17 @@ async def test_unsupported_command_and_address_type(world: World) -> None:
         assert (event["decision"], event["socks_reply"]) == ("error", code)
 
 
-async def test_token_selects_client_and_wrong_token_refused(test_host: harness.TestHost) -> None:
-    addr = test_host.addr_ns
-    ssh_srv = await start_tcp(test_host, 22, ssh_like)
+async def test_token_selects_client_and_wrong_token_refused() -> None:
+    ssh_srv = await start_tcp(None, 0, ssh_like)
+    ssh = port_of(ssh_srv)
     audit = MemoryAudit()
-    settings = build_settings({"default": "deny"}, resolve=[f"git.test={addr}"])
-    agent = ClientSpec("agent-1", Policy(allow=["git.test:22"]), token="tok-1")
+    settings = exempt(build_settings({"default": "deny"}, resolve=["git.test=127.0.0.1"]), ssh)
+    agent = ClientSpec("agent-1", Policy(allow=[f"git.test:{ssh}"]), token="tok-1")
     settings = type(settings)(settings.policy, settings.guard, settings.resolve, (agent,))
     proxy = EgressProxy(settings, socks=["127.0.0.1:0"], audit=audit, require_auth=True)
     async with proxy:
-        w = World(test_host, None, proxy, audit)  # type: ignore[arg-type]
-        reader, writer, reply = await socks_connect(w, "git.test", 22, ("agent-1", "tok-1"))
+        w = World(None, None, proxy, audit, ssh)  # type: ignore[arg-type]
+        reader, writer, reply = await socks_connect(w, "git.test", ssh, ("agent-1", "tok-1"))
         assert reply[:2] == b"\x05\x00"
         assert await reader.readline() == b"SSH-2.0-egress-test\r\n"
         writer.close()
@@ -236,7 +261,9 @@ async def tls_roundtrip(
     return data
 
 
-async def test_sni_mismatch_on_443_is_cut(world: World, cert: tuple[str, str]) -> None:
+@pytest.mark.netns
+async def test_sni_mismatch_on_443_is_cut(ns_world: World, cert: tuple[str, str]) -> None:
+    world = ns_world
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(*cert)
 
@@ -250,7 +277,7 @@ async def test_sni_mismatch_on_443_is_cut(world: World, cert: tuple[str, str]) -
             writer.close()
 
     server = await asyncio.start_server(
-        tls_echo, sock=listen_in_netns(world.host.ns, "0.0.0.0", 443), ssl=server_ctx
+        tls_echo, sock=listen_in_netns(ns_world.host.ns, "0.0.0.0", 443), ssl=server_ctx
     )
     ctx = ssl.create_default_context(cafile=cert[0])
     try:
@@ -271,6 +298,7 @@ async def test_sni_mismatch_on_443_is_cut(world: World, cert: tuple[str, str]) -
     assert world.audit.find(decision="allow", host="tls.test", mode="socks5")
 
 
+@pytest.mark.netns
 async def test_egress_serve_socks_flag(test_host: harness.TestHost, tmp_path: Path) -> None:
     """`egress serve --socks`: one `listening on HOST:PORT socks5` line after the HTTP ones,
     curl through it, and the record in the file log after SIGTERM."""

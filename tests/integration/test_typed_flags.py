@@ -17,10 +17,8 @@ import pytest
 from egress import AuditLog, EgressProxy, Policy, prepare_execution, release_execution
 from egress.config import Settings, build_settings, parse_resolve
 
-import harness
+from proxykit import exempt
 from servers import run, start_origin
-
-pytestmark = pytest.mark.netns
 
 CURL = ("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10")
 
@@ -36,23 +34,23 @@ def _policy_or_refusal(**flags: object) -> Policy | None:
 
 
 @pytest.mark.parametrize("flag", ["false", "0", "no"])
-async def test_report_only_string_never_opens_a_blocked_host_via_the_proxy(
-    test_host: harness.TestHost, flag: str
-) -> None:
+async def test_report_only_string_never_opens_a_blocked_host_via_the_proxy(flag: str) -> None:
     policy = _policy_or_refusal(report_only=flag)
     if policy is None:
         return  # refused before anything ran: the fix
-    origin = await start_origin(test_host, 80)
-    pins = [f"{h}={test_host.addr_ns}" for h in ("www.test", "blocked.test")]
-    settings = Settings(policy=policy, resolve=parse_resolve(pins))
+    origin = await start_origin(None, 0)  # on loopback, and the guard lets its port through
+    pins = [f"{h}={origin.addr}" for h in ("www.test", "blocked.test")]
+    settings = exempt(Settings(policy=policy, resolve=parse_resolve(pins)), origin.port)
     try:
         async with EgressProxy(settings) as proxy:
-            _, code, _ = await run(*CURL, "-x", proxy.url, "http://blocked.test/")
+            url = f"http://blocked.test:{origin.port}/"
+            _, code, _ = await run(*CURL, "-x", proxy.url, url)
     finally:
         await origin.close()
     assert code == "403", "report_only='false' switched enforcement off"
 
 
+@pytest.mark.netns
 async def test_report_only_string_never_opens_a_blocked_host_in_transparent_mode(
     test_host_factory: object,
 ) -> None:
@@ -78,9 +76,7 @@ async def test_report_only_string_never_opens_a_blocked_host_in_transparent_mode
     assert code == "403", "report_only='false' switched enforcement off in transparent mode"
 
 
-async def test_keep_query_string_never_keeps_query_strings(
-    test_host: harness.TestHost, tmp_path: Path
-) -> None:
+async def test_keep_query_string_never_keeps_query_strings(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     try:
         log = AuditLog(str(path), keep_query="false")  # type: ignore[arg-type]
@@ -91,11 +87,12 @@ async def test_keep_query_string_never_keeps_query_strings(
     if refusal:
         assert "keep_query" in refusal
         return
-    origin = await start_origin(test_host, 80)
-    settings = build_settings({"allow": ["www.test"]}, resolve=[f"www.test={test_host.addr_ns}"])
+    origin = await start_origin(None, 0)
+    www = f"www.test:{origin.port}"
+    settings = build_settings({"allow": [www]}, resolve=[f"www.test={origin.addr}"])
     try:
-        async with log, EgressProxy(settings, audit=log) as proxy:
-            await run(*CURL, "-x", proxy.url, "http://www.test/?secret=hunter2")
+        async with log, EgressProxy(exempt(settings, origin.port), audit=log) as proxy:
+            await run(*CURL, "-x", proxy.url, f"http://{www}/?secret=hunter2")
     finally:
         await origin.close()
     records = [json.loads(x) for x in path.read_text().splitlines()]

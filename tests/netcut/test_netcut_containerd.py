@@ -98,6 +98,25 @@ def containerd(tmp_path_factory: pytest.TempPathFactory,
         daemon.wait(timeout=20)
         log.close()
         sh(tools["umount"], "-R", str(root / "state"), check=False)
+        _remove_shim_dirs(engine.namespace)
+
+
+def _remove_shim_dirs(namespace: str) -> None:
+    """containerd's shim keeps runc's state in /run/containerd/runc/NAMESPACE whatever the
+    daemon's root; remove this test's (empty once its tasks are deleted) and the shared parents
+    when nothing else uses them, so no state outlives the run (docs/netcut.md#engines-in-ci)."""
+    shared = pathlib.Path("/run/containerd")
+    for directory in (
+        shared / "runc" / namespace,
+        shared / "runc",
+        shared / "s",
+        shared / "fifo",
+        shared,
+    ):
+        try:
+            directory.rmdir()
+        except OSError:
+            pass  # not there, or in use by another containerd (the CI engines' or the machine's)
 
 
 @pytest.fixture

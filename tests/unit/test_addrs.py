@@ -76,6 +76,45 @@ def test_host_local_and_extra() -> None:
     assert guard.classify(ipaddress.ip_address("198.18.0.2")) is None
 
 
+def test_exempt_endpoint_passes_only_that_port_and_never_by_default() -> None:
+    """An exempt `(address, port)` lets exactly that endpoint through the guard (a test
+    rig's loopback upstream) while the policy still decides; the default exempts nothing."""
+    lo = ipaddress.ip_address("127.0.0.1")
+    policy = Policy(allow=["up.test:8081", "up.test:8082"], block=["bad.test"])
+    guard = AddressGuard(exempt=frozenset({(lo, 8081)}))
+    assert AddressGuard().exempt == frozenset()
+    assert AddressGuard().check([lo], 8081) == (lo, "loopback")
+    assert guard.check([lo], 8081) is None
+    assert guard.check([lo], 8082) == (lo, "loopback")
+    assert guard.check([lo]) == (lo, "loopback")  # no port given: no exemption
+    assert guard.classify(lo) == "loopback"
+    assert judge(policy, guard, make_target("http", "up.test", 8081), [lo]).allowed
+    refused = judge(policy, guard, make_target("http", "up.test", 8082), [lo])
+    assert (refused.allowed, refused.reason) == (False, "reserved_address")
+    blocked = judge(policy, guard, make_target("http", "bad.test", 8081), [lo])
+    assert (blocked.allowed, blocked.reason) == (False, "block_rule")
+    # a second, reserved address of the same name is still refused
+    six = ipaddress.ip_address("::1")
+    both = judge(policy, guard, make_target("http", "up.test", 8081), [lo, six])
+    assert (both.allowed, both.reason) == (False, "reserved_address")
+    assert guard.with_host_local([ipaddress.ip_address("198.18.0.1")]).exempt == guard.exempt
+
+
+@pytest.mark.parametrize(
+    "exempt",
+    [
+        {(ipaddress.ip_address("127.0.0.1"), 80)},
+        frozenset({("127.0.0.1", 80)}),
+        frozenset({(ipaddress.ip_address("127.0.0.1"), "80")}),
+        frozenset({(ipaddress.ip_address("127.0.0.1"), 0)}),
+        frozenset({(ipaddress.ip_address("127.0.0.1"), True)}),
+    ],
+)
+def test_exempt_is_typed(exempt: object) -> None:
+    with pytest.raises(TypeError, match="exempt must be a frozenset of"):
+        AddressGuard(exempt=exempt)  # type: ignore[arg-type]
+
+
 def test_parse_cidr_error_quotes() -> None:
     with pytest.raises(ValueError, match="'nope'"):
         parse_cidr("nope")

@@ -116,7 +116,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
     ),
     "AddressGuard": (
         lambda **kw: egress.AddressGuard(**kw),
-        {"host_local": "list", "extra": "list", "reserve_private": "bool"},
+        {"host_local": "list", "extra": "list", "reserve_private": "bool", "exempt": "list"},
     ),
     "ClientSpec": (
         lambda **kw: egress.ClientSpec(**{"client_id": "c", "policy": Policy(), **kw}),

@@ -63,6 +63,49 @@ def test_leftovers_reports_an_earlier_run_and_removes_nothing(tmp_path: pathlib.
     assert (data_dir / "docker" / "image").is_dir(), "a check, not a cleanup"
 
 
+def test_leftovers_reports_empty_shim_directories_but_not_a_live_containerds(
+    tmp_path: pathlib.Path,
+) -> None:
+    """containerd's shim writes runc's state under /run/containerd whatever the daemon's root:
+    the empty tree a run leaves there counts; one holding a socket (a containerd of the
+    machine's own) does not."""
+    shim = tmp_path / "containerd"
+    env = {
+        **os.environ,
+        "NETCUT_CI_RUN": str(tmp_path / "run"),
+        "NETCUT_CI_DATA": str(tmp_path / "data"),
+        "NETCUT_CONTAINERD_SHIM_DIR": str(shim),
+    }
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(ENGINES / "leftovers.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    assert str(shim) not in check().stdout
+    (shim / "runc" / "ncn123x1").mkdir(parents=True)
+    (shim / "s").mkdir()
+    if not _containerd_running():
+        left = check()
+        assert f"left over: {shim} (3 empty directories" in left.stdout
+        assert left.returncode == 1
+    (shim / "containerd.sock").touch()
+    assert str(shim) not in check().stdout
+    assert (shim / "runc" / "ncn123x1").is_dir(), "a check, not a cleanup"
+
+
+def _containerd_running() -> bool:
+    return (
+        subprocess.run(["pgrep", "-x", "containerd"], capture_output=True, check=False).returncode
+        == 0
+    )
+
+
 def test_ci_checks_for_leftovers_before_and_after_under_the_machine_lock() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     marks = ("flock -n 7", "if ! tests/engines/leftovers.sh", "./dev.sh test -p")

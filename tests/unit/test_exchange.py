@@ -32,8 +32,8 @@ from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
 from egress.proxy.modes.connect import CONNECT
 from egress.proxy.modes.forwarder import FORWARDER
 from egress.proxy.modes.http import HTTP
-from egress.proxy.modes.socks5 import SOCKS5
-from egress.proxy.modes.transparent import TRANSPARENT, TRANSPARENT_HTTP
+from egress.proxy.modes.socks5.front import SOCKS5
+from egress.proxy.modes.transparent.front import TRANSPARENT, TRANSPARENT_HTTP
 from egress.proxy.net.resolve import ResolveError
 from egress.reasons import End, Reason
 

@@ -30,12 +30,17 @@ PURE = [
 ]
 # folders pure as a whole: every module in them is checked, none listed by hand
 PURE_FOLDERS = ["proxy/core", "proxy/codec", "proxy/modes"]
+# in `modes/`, a mode is one place: its answers, handshake and rendering are pure, and its
+# connection's I/O is its `serve.py` (docs/architecture.md#egress-who-owns-what)
+MODE_SHELL = "serve.py"
+MODE_PACKAGES = sorted(p.parent for p in (ROOT / "egress/proxy/modes").glob("*/__init__.py"))
 PURE += [
     str(path.relative_to(ROOT / "egress").with_suffix(""))
     .replace("/", ".")
     .removesuffix(".__init__")
     for folder in PURE_FOLDERS
-    for path in sorted((ROOT / "egress" / folder).glob("*.py"))
+    for path in sorted((ROOT / "egress" / folder).rglob("*.py"))
+    if path.name != MODE_SHELL
 ]
 
 
@@ -92,8 +97,9 @@ def test_pure_module_imports_no_io(name: str) -> None:
 
 def test_pure_folders_exist_and_say_what_they_hold() -> None:
     """A pure folder is a subpackage whose `__init__` says, in one sentence, what it holds."""
-    for folder in PURE_FOLDERS:
-        init = ROOT / "egress" / folder / "__init__.py"
+    folders = [ROOT / "egress" / f for f in PURE_FOLDERS] + MODE_PACKAGES
+    for folder in folders:
+        init = folder / "__init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc, folder
         assert doc.count(". ") == 0, f"{folder}: one sentence"
@@ -103,3 +109,12 @@ def test_pure_folders_exist_and_say_what_they_hold() -> None:
 def test_every_pure_module_exists() -> None:
     for name in PURE:
         assert source_of(name).is_file(), name
+
+
+def test_a_mode_shell_is_only_in_modes() -> None:
+    """Only a mode's `serve.py` in `modes/` may do I/O; the core and codecs have none."""
+    assert MODE_PACKAGES, "modes/ has mode packages"
+    for folder in ("proxy/core", "proxy/codec"):
+        assert not list((ROOT / "egress" / folder).rglob(MODE_SHELL)), folder
+    for path in (ROOT / "egress/proxy/modes").rglob(MODE_SHELL):
+        assert path.parent in MODE_PACKAGES, path

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from egress.proxy.transparent import absolute_form, parse_sockaddr_in
+from egress.proxy.modes.transparent.serve import absolute_form, parse_sockaddr_in
 
 
 @pytest.mark.parametrize(

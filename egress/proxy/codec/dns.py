@@ -31,7 +31,8 @@ import dns.rdtypes.IN.A
 import dns.rrset
 
 from ...errors import TargetError
-from ...policy.rules import Decision, Policy
+from ...policy.judge import judge_name
+from ...policy.rules import Policy
 from ...policy.target import normalize_host, parse_ip_literal
 
 # The default pool: the upper half of 198.19.0.0/16, inside the RFC 2544 benchmarking block
@@ -74,34 +75,6 @@ class FakeIPs:
 
     def __len__(self) -> int:
         return len(self._by_name)
-
-
-def judge_name(policy: Policy, name: str) -> Decision:
-    """May a connection to *some* port of `name` be allowed? Then its lookup is answered.
-
-    Order, as in `policy.decide`: a framework route on the name; a block rule that covers
-    every port (a block rule without port or scheme); an allow rule matching the name on any
-    port; the default posture; address rules (the name's addresses are not known here, so it
-    is answered and its connections are judged by address). Each connection is still judged
-    on its own port.
-    """
-    for route in policy.framework_routes:
-        if route.host == name:
-            return Decision(True, "framework_route", route.text, f"framework route {route.text}")
-    for rule in policy.host_rules("block", name):
-        if rule.port is None and rule.scheme is None:
-            return Decision(False, "block_rule", rule.text, f"blocked by rule {rule.text!r}")
-    allows = policy.host_rules("allow", name)
-    if allows:
-        rule = allows[0]
-        return Decision(True, "allow_rule", rule.text, f"allowed by rule {rule.text!r}")
-    if policy.default == "allow":
-        return Decision(True, "default_allow", None, "default posture allow")
-    if any(rule.network is not None for rule in policy.allow_rules):
-        return Decision(
-            True, "address_rules", None, "address rules may allow it; judged per connection"
-        )
-    return Decision(False, "default_deny", None, "no allow rule matches (default deny)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,11 +237,73 @@ def _formerr(data: bytes, detail: str) -> DnsResult:
     return DnsResult(response.to_wire(), "", "", "FORMERR", "error", "bad_request", detail=detail)
 
 
+# -- the wire half of the DNS mode (modes/dns/): a query read, an answer written ---------------
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One query message as read: the name asked (normalized; as written, at most 253
+    characters, when it is no host name; empty before the question could be read), its type,
+    and `problem`: why it cannot be answered as asked, as (rcode, detail), rcode None when
+    nothing can be answered at all (no id, or a response rather than a query)."""
+
+    data: bytes
+    message: dns.message.Message | None
+    host: str = ""
+    qtype: str = ""
+    problem: tuple[int | None, str] | None = None
+
+
+def read_query(data: bytes) -> Query:
+    """`data` (without a TCP length prefix) as a `Query`. Never raises."""
+    try:
+        message = dns.message.from_wire(data)
+    except (dns.exception.DNSException, ValueError, UnicodeError) as exc:
+        rcode = dns.rcode.FORMERR if len(data) >= 12 else None
+        return Query(data, None, problem=(rcode, f"malformed DNS query: {exc.__class__.__name__}"))
+    if message.flags & dns.flags.QR:
+        return Query(data, None, problem=(None, "a DNS response, not a query"))
+    if message.opcode() != dns.opcode.QUERY or len(message.question) != 1:
+        problem = (dns.rcode.NOTIMP, "only single-question standard queries are answered")
+        return Query(data, message, problem=problem)
+    question = message.question[0]
+    qtype = dns.rdatatype.to_text(question.rdtype)
+    raw = question.name.to_text(omit_final_dot=True)
+    if question.rdclass != dns.rdataclass.IN:
+        return Query(data, message, raw, qtype, (dns.rcode.REFUSED, "only class IN is answered"))
+    try:
+        host = normalize_host(raw)
+    except TargetError as exc:
+        return Query(data, message, raw[:253], qtype, (dns.rcode.NXDOMAIN, str(exc)))
+    return Query(data, message, host, qtype)
+
+
+def respond(query: Query, rcode: int, answer: str | None = None) -> bytes | None:
+    """The response to `query`: `rcode`, with `answer` (an IPv4 address) as its A record.
+    A message that could not be read is answered by its id alone (None: it has none)."""
+    message = query.message
+    if message is None:
+        if len(query.data) < 12:
+            return None
+        response = dns.message.Message(id=int.from_bytes(query.data[:2], "big"))
+        response.flags = dns.flags.QR | dns.flags.RA
+        response.set_rcode(dns.rcode.Rcode(rcode))
+        return response.to_wire()
+    response = dns.message.make_response(message)
+    response.flags |= dns.flags.RA
+    response.set_rcode(dns.rcode.Rcode(rcode))
+    if answer is not None:
+        rdata = dns.rdtypes.IN.A.A(dns.rdataclass.IN, dns.rdatatype.A, answer)  # type: ignore[no-untyped-call]
+        response.answer.append(dns.rrset.from_rdata(message.question[0].name, ANSWER_TTL, rdata))
+    return response.to_wire()
+
+
 __all__ = [
     "DEFAULT_FAKE_NETWORK",
     "DnsResult",
     "FakeIPs",
+    "Query",
     "answer_query",
     "judge_name",
+    "read_query",
     "refuse_query",
+    "respond",
 ]

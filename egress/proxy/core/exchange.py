@@ -37,7 +37,7 @@ from .clients import Identity
 from .gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
 from .gate import Refuse as Verdict
 from .intent import CLOSE, Answer, Front, Intent
-from .record import AccessRecord
+from .record import AccessRecord, DnsRecord
 
 
 class SequenceError(Exception):
@@ -136,9 +136,12 @@ class Exchange:
             raise SequenceError(f"exchange: {event} in state {self.state.value}")
 
     # -- events ------------------------------------------------------------------------------
-    def start(self, intent: Intent) -> Refuse | Resolve | Dial:
-        """The front-end's intent: identify, target, the verdict on the name."""
+    def start(self, intent: Intent) -> Refuse | Resolve | Dial | Done:
+        """The front-end's intent: identify, target, the verdict on the name (a DNS query's
+        exchange may end here: `Done`, answered without an address)."""
         self._check("start")
+        if self.front.shape == "lookup":
+            return self._lookup(intent)
         rec = self.record = AccessRecord(
             intent.client, intent.method, intent.scheme, intent.host, intent.port, intent.t0
         )
@@ -187,14 +190,24 @@ class Exchange:
         self._move("start", State.RESOLVING)
         return Resolve(target.host)
 
-    def resolved(self, addrs: tuple[IPAddress, ...]) -> Refuse | Dial:
-        """The name's addresses: the verdict on them (address rules, the guard)."""
+    def resolved(self, addrs: tuple[IPAddress, ...]) -> Refuse | Dial | Done:
+        """The name's addresses: the verdict on them (address rules, the guard); a DNS
+        query's lookup is answered with the first (its fake address)."""
         self._check("resolved")
+        if self.front.shape == "lookup":
+            rec = self.record
+            assert isinstance(rec, DnsRecord)
+            rec.answer = str(addrs[0])
+            return self._answered("resolved")
         return self._admit("resolved", addrs)
 
-    def resolve_failed(self, err: BaseException) -> Refuse:
+    def resolve_failed(self, err: BaseException | Verdict) -> Refuse:
+        """No address: `err` is the lookup's failure, or the refusal it already is (a DNS
+        query's full fake-address pool)."""
         self._check("resolve_failed")
-        return self._refuse("resolve_failed", refuse_resolve(err, self.record.host))
+        if not isinstance(err, Verdict):
+            err = refuse_resolve(err, self.record.host)
+        return self._refuse("resolve_failed", err)
 
     def dial_failed(self, err: BaseException | Verdict, addr: IPAddress | None = None) -> Refuse:
         """No address answered: `err` is the last failure, at `addr` (or the pool's own
@@ -289,6 +302,43 @@ class Exchange:
         return self._refuse("refuse", verdict, now)
 
     # -- the steps ---------------------------------------------------------------------------
+    def _lookup(self, intent: Intent) -> Refuse | Resolve | Done:
+        """A DNS query: the verdict on the name (any port), then its fake address for an A
+        query (`Resolve`: the sandbox's pool), else an answer without one (NODATA)."""
+        question = intent.question
+        if question is None:
+            raise SequenceError("exchange: a DNS intent without its question")
+        rec = self.record = DnsRecord(
+            intent.client, intent.host, intent.t0, question.transport, question.qtype
+        )
+        rec.mode = self.front.record_mode
+        identity, target = intent.identity, intent.target
+        rec.identify(identity.client_id if isinstance(identity, Identity) else None)
+        self._answerable = intent.answerable
+        if isinstance(target, Verdict):  # a malformed query
+            return self._refuse("start", target)
+        if not intent.audit_ok:
+            return self._refuse("start", AUDIT_DOWN)
+        if not isinstance(identity, Identity):
+            raise SequenceError("exchange: a DNS intent without its listener's identity")
+        verdict = self.gate.lookup(identity.policy, intent.host)
+        if isinstance(verdict, Verdict):
+            return self._refuse("start", verdict)
+        rec.admitted(verdict.reason, verdict.rule)
+        if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
+            rec.would, rec.detail = verdict.would, verdict.detail
+        if question.qtype == "A":
+            self._move("start", State.RESOLVING)
+            return Resolve(intent.host)
+        return self._answered("start")  # AAAA, CNAME...: NOERROR without data
+
+    def _answered(self, event: str) -> Done:
+        rec = self.record
+        assert isinstance(rec, DnsRecord)
+        rec.rcode = 0  # NOERROR
+        self._move(event, State.DONE)
+        return Done(rec, "allow", rec.reason or "", rec.rule, None, None)
+
     def _route(self, intent: Intent) -> Refuse | Resolve | Dial:
         """A forwarder: no policy (its framework route decides), the client its listener's."""
         rec = self.record
@@ -353,8 +403,8 @@ class Exchange:
         answered = self.state in (State.HELLO, State.RELAYING) and front.ok is not None
         unanswerable = answered or not self._answerable
         answer: Answer = CLOSE if unanswerable else front.answer(verdict.reason)
-        if answer.style == "http" and verdict.status is not None:
-            answer = Answer("http", verdict.status)
+        if verdict.status is not None and answer.style in ("http", "dns"):
+            answer = Answer(answer.style, verdict.status)  # a 505, a DNS NOTIMP
         status: int | None = None
         if answer.style == "http":
             status = answer.code
@@ -364,11 +414,14 @@ class Exchange:
             rec.socks_reply = answer.code
         elif answer.style == "reset":
             rec.end = End.RESET.value
+        elif answer.style == "dns" and isinstance(rec, DnsRecord):
+            rec.rcode = answer.code
         rec.finish(now)
         self._move(event, State.DONE)
         rule = None if front.shape == "route" else verdict.rule
         reason = verdict.reason.value  # a plain str in the event, as before the enum
-        done = Done(rec, verdict.decision, reason, rule, verdict.detail, status)
+        decision = front.decision(verdict.reason)
+        done = Done(rec, decision, reason, rule, verdict.detail, status)
         return Refuse(verdict, answer, done)
 
 

@@ -15,7 +15,7 @@ Stages, in the order the server asks (docs/architecture.md#one-request):
    the verdict cache is per policy *object* (a `WeakKeyDictionary`), so a verdict can never be
    served to another policy, even one that reuses a freed policy's `id()`.
 6. `refuse_resolve`, `refuse_dial`: resolution and connection failures.
-7. `Gate.wants_sni` and `Gate.sni`: the TLS SNI check of a tunnel.
+7. `Gate.wants_sni` and `Gate.sni`: the TLS SNI check of a tunnel; `Gate.lookup`: a DNS query.
 8. `keep_alive_after` and `response_step`: what a refusal or a 1xx/101 means for the connection.
 """
 
@@ -27,9 +27,16 @@ from weakref import WeakKeyDictionary
 
 from ...errors import ProtocolError, TargetError
 from ...policy.addrs import AddressGuard
-from ...policy.judge import judge
+from ...policy.judge import judge, judge_name
 from ...policy.rules import Decision, Policy
-from ...policy.target import IPAddress, Target, parse_authority, split_url, url_target
+from ...policy.target import (
+    IPAddress,
+    Target,
+    parse_authority,
+    parse_ip_literal,
+    split_url,
+    url_target,
+)
 from ...reasons import DecisionWord, Reason, reason_of
 from ..codec.http1 import RequestHead
 from ..codec.tls_hello import ClientHelloResult
@@ -288,6 +295,22 @@ class Gate:
         if decision.allowed or decision.needs_addrs:
             return None
         return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
+
+    # -- a DNS query (transparent mode's responder) ---------------------------------------------
+    @staticmethod
+    def lookup(policy: Policy, name: str) -> Admit | Refuse:
+        """A DNS query for `name` (normalized): answered when some connection to it may be
+        allowed; an address spelling is no name (docs/proxy.md#transparent-mode-and-socks5).
+        Under report-only a refused name is answered, and the record says it would not be."""
+        if parse_ip_literal(name) is not None:
+            return Refuse(Reason.NOT_A_NAME, "an address spelling is not a name")
+        decision = judge_name(policy, name)
+        if decision.allowed:
+            return Admit(decision.reason, decision.rule)
+        if not policy.report_only:
+            return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
+        would = f"report-only, would block: {decision.detail}"
+        return Admit(decision.reason, decision.rule, "block", would)
 
     # -- TLS SNI of a tunnel -------------------------------------------------------------------
     @staticmethod

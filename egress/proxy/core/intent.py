@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ...policy.target import Target
-from ...reasons import Reason
+from ...reasons import DecisionWord, Reason
 from ..codec.tls_hello import ClientHelloResult
 from .clients import Identity
 from .gate import Refuse
@@ -21,8 +21,9 @@ from .gate import Refuse
 # how an answer is written: an HTTP status line, a SOCKS5 reply code, a TCP reset, a plain
 # close, a DNS rcode
 Style = Literal["http", "socks5", "reset", "close", "dns"]
-# what follows a dial: an HTTP request, a tunnel, or a forwarder's route (no policy)
-Shape = Literal["request", "tunnel", "route"]
+# what follows a dial: an HTTP request, a tunnel, or a forwarder's route (no policy); or a
+# DNS query's lookup, answered from the sandbox's own fake addresses (nothing is dialed)
+Shape = Literal["request", "tunnel", "route", "lookup"]
 
 # reasons that never refuse a connection (verdicts that let it through, sandbox lifecycle
 # records): every mode's table still names them, so a test can prove the tables complete
@@ -64,9 +65,27 @@ class Front:
     # the status a tunnel's record ends with (a CONNECT's `200`; a forwarder's records have
     # always said 200 too; SOCKS5 and transparent tunnels have none)
     end_status: int | None = None
+    # a refusal's `decision` where the mode's records spell it otherwise than its `Reason`
+    # (DNS records a closed audit log as `block`: docs/audit-log.md#dns-records)
+    decisions: Mapping[Reason, DecisionWord] | None = None
 
     def answer(self, reason: Reason) -> Answer:
         return self.answers[reason]
+
+    def decision(self, reason: Reason) -> DecisionWord:
+        decisions = self.decisions
+        if decisions is None:
+            return reason.decision
+        return decisions.get(reason, reason.decision)
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A DNS query as its front-end read it: the type asked (`A`, `AAAA`...; empty before the
+    question could be read) and the transport it came on (`udp`, `tcp`)."""
+
+    qtype: str
+    transport: str
 
 
 @dataclass(slots=True)
@@ -105,6 +124,17 @@ class Intent:
     # refused after the verdict on the name, unless the policy refuses first: a `ws://`
     # request names a destination the policy judges before its 400 (docs/proxy.md#websocket)
     then: Refuse | None = None
+    question: Question | None = None  # a DNS query's type and transport (the DNS mode)
 
 
-__all__ = ["CLOSE", "NEVER_REFUSED", "RESET", "Answer", "Front", "Intent", "Shape", "Style"]
+__all__ = [
+    "CLOSE",
+    "NEVER_REFUSED",
+    "RESET",
+    "Answer",
+    "Front",
+    "Intent",
+    "Question",
+    "Shape",
+    "Style",
+]

@@ -203,4 +203,56 @@ class AccessRecord:
         return ev
 
 
-__all__ = ["AccessRecord", "perf_counter_ns", "seconds_since"]
+# a DNS answer's rcode, as the record spells it (RFC 1035 and RFC 6895 mnemonics)
+RCODE_TEXT = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
+
+
+class DnsRecord(AccessRecord):
+    """The record of one DNS query (docs/audit-log.md#dns-records): what was asked, on which
+    transport, and what was answered. Its line has its own fields and order; like every
+    record, only the exchange writes its fields (`core/exchange.py`)."""
+
+    __slots__ = ("answer", "qtype", "rcode", "transport")
+
+    def __init__(self, client: str, host: str, t0: int, transport: str, qtype: str) -> None:
+        super().__init__(client, "DNS", "dns", host, 53, t0)
+        self.transport = transport
+        self.qtype = qtype
+        self.rcode: int | None = None  # None: dropped unanswered
+        self.answer: str | None = None  # the fake address of an answered A query
+
+    def event(
+        self,
+        decision: str,
+        reason: str,
+        rule: str | None,
+        detail: str | None = None,
+        status: int | None = None,
+    ) -> dict[str, object]:
+        ev: dict[str, object] = {
+            "client": self.client,
+            "method": self.method,
+            "scheme": self.scheme,
+            "host": self.host,
+            "port": self.port,
+            "mode": self.mode,
+            "transport": self.transport,
+            "client_id": self.client_id,
+            "qtype": self.qtype,
+            "rcode": RCODE_TEXT.get(self.rcode, str(self.rcode)) if self.rcode is not None else "",
+            "decision": decision,
+            "reason": reason,
+            "rule": rule,
+        }
+        if self.answer is not None:
+            ev["answer"] = self.answer
+        if detail is None:
+            detail = self.detail
+        if detail is not None:
+            ev["detail"] = detail
+        if self.would is not None:
+            ev["would"] = self.would
+        return ev
+
+
+__all__ = ["AccessRecord", "DnsRecord", "perf_counter_ns", "seconds_since"]

@@ -12,11 +12,11 @@ from typing import Final
 
 from ..core.intent import Front
 from .connect import CONNECT
-from .dns import DNS
+from .dns.front import DNS
 from .forwarder import FORWARDER
 from .http import HTTP
-from .socks5 import SOCKS5
-from .transparent import TRANSPARENT, TRANSPARENT_HTTP
+from .socks5.front import SOCKS5
+from .transparent.front import TRANSPARENT, TRANSPARENT_HTTP
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ and idle timeouts from the server's one sweeper task, so no timer is armed per o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ...errors import ProtocolError
 from ...reasons import End
@@ -25,6 +25,8 @@ from .relay import Side
 
 if TYPE_CHECKING:
     from ...policy.rules import Policy
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,20 @@ class Conn:
     rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
 
 
+async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | None]) -> T | None:
+    """The next message `parse` recognizes in `side`'s buffer; None if the peer ended first.
+    A parser error (`SocksError`...) propagates: SOCKS5 handshakes and DNS over TCP."""
+    while True:
+        if side.buf:
+            parsed = parse(side.buf)
+            if parsed is not None:
+                message, used = parsed
+                side.consume(used)
+                return message
+        if not await side.read_more():
+            return None
+
+
 async def read_head(
     conn: Conn, limits: Limits, loop: asyncio.AbstractEventLoop
 ) -> wire.RequestHead | None:
@@ -194,4 +210,4 @@ def idle_of(conns: Iterable[Conn]) -> Conn | None:
     return min(idle, key=lambda c: c.phase_since) if idle else None
 
 
-__all__ = ["Conn", "Limits", "idle_of", "read_head", "sweep"]
+__all__ = ["Conn", "Limits", "idle_of", "read_head", "read_message", "sweep"]

@@ -12,43 +12,26 @@ records with `mode: "socks5"` (docs/audit-log.md).
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-from ..errors import TargetError
-from ..policy.target import Target, make_target
-from ..printable import printable
-from ..reasons import Reason, reason_of
-from .codec import socks5
-from .core.clients import Identity
-from .core.exchange import Exchange
-from .core.gate import Refuse, refuse_request
-from .core.intent import Intent
-from .core.record import perf_counter_ns
-from .driver import drive
-from .modes.socks5 import SOCKS5
-from .net.relay import Side
-from .tunnel import relay_tunnel
+from ....errors import TargetError
+from ....policy.target import Target, make_target
+from ....printable import printable
+from ....reasons import Reason, reason_of
+from ...codec import socks5
+from ...core.clients import Identity
+from ...core.exchange import Exchange
+from ...core.gate import Refuse, refuse_request
+from ...core.intent import Intent
+from ...core.record import perf_counter_ns
+from ...driver import drive
+from ...net.conn import read_message
+from ...tunnel import relay_tunnel
+from .front import SOCKS5
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import Steps
-
-T = TypeVar("T")
-
-
-async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | None]) -> T | None:
-    """The next message `parse` recognizes in `side`'s buffer; None if the peer ended first.
-    `SocksError` (or another parser error) propagates."""
-    while True:
-        if side.buf:
-            parsed = parse(side.buf)
-            if parsed is not None:
-                message, used = parsed
-                side.consume(used)
-                return message
-        if not await side.read_more():
-            return None
+    from ...net.conn import Conn
+    from ...runtime import Steps
 
 
 async def serve_socks(steps: Steps, conn: Conn) -> None:

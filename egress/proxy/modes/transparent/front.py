@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from ...reasons import Reason
-from ..core.intent import CLOSE, NEVER_REFUSED, RESET, Front
-from .http import http_answers
+from ....reasons import Reason
+from ...core.intent import CLOSE, NEVER_REFUSED, RESET, Front
+from ..http import http_answers
 
 TRANSPARENT: Final = Front(
     "transparent",

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ...reasons import Reason
-from ..codec import socks5 as codec
-from ..core.actions import Refuse
-from ..core.intent import Answer, Front
+from ....reasons import Reason
+from ...codec import socks5 as codec
+from ...core.actions import Refuse
+from ...core.intent import Answer, Front
 
 
 def _reply(code: int) -> Answer:

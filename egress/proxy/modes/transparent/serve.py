@@ -29,24 +29,24 @@ import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError, TargetError
-from ..policy.target import Target, make_target, split_host_port
-from ..reasons import Reason
-from .codec.tls_hello import ClientHelloResult
-from .core.clients import Identity
-from .core.exchange import Exchange, probe_record
-from .core.gate import Refuse, refuse_head, refuse_request
-from .core.intent import Intent
-from .core.record import perf_counter_ns
-from .driver import drive, read_hello
-from .forward import serve_request
-from .modes.transparent import TRANSPARENT
-from .net.conn import read_head
-from .tunnel import relay_tunnel
+from ....errors import ProtocolError, TargetError
+from ....policy.target import Target, make_target, split_host_port
+from ....reasons import Reason
+from ...codec.tls_hello import ClientHelloResult
+from ...core.clients import Identity
+from ...core.exchange import Exchange, probe_record
+from ...core.gate import Refuse, refuse_head, refuse_request
+from ...core.intent import Intent
+from ...core.record import perf_counter_ns
+from ...driver import drive, read_hello
+from ...forward import serve_request
+from ...net.conn import read_head
+from ...tunnel import relay_tunnel
+from .front import TRANSPARENT
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import Steps
+    from ...net.conn import Conn
+    from ...runtime import Steps
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 HTTP_PORT = 80

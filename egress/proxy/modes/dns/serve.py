@@ -1,12 +1,12 @@
 """The DNS responder's sockets: UDP and TCP on one address, in the proxy's own event loop.
 
-Strategy: every query is answered at once by the pure `dnsanswer.answer_query` (no upstream
-resolver, no await), then audited. UDP: one `DatagramProtocol` per responder. TCP (RFC 7766:
-two-byte length prefix, several queries per connection): a listener of kind `dns` served by
-`serve_dns_tcp`; a connection that stalls mid-message is closed by the proxy's sweeper after
-`head_timeout` (phase `hello`). A UDP query costs one answer of at most a few hundred bytes,
-so there is nothing to amplify: the answer is never larger than ~2x the query.
-See docs/proxy.md#transparent-mode-and-socks5.
+Strategy: every query is answered at once by its exchange, played by the pure front-end
+(`front.play`: no upstream resolver, no await), then audited. UDP: one `DatagramProtocol`
+per responder. TCP (RFC 7766: two-byte length prefix, several queries per connection): a
+listener of kind `dns` served by `serve_dns_tcp`; a connection that stalls mid-message is
+closed by the proxy's sweeper after `head_timeout` (phase `hello`). A UDP query costs one
+answer of at most a few hundred bytes, so there is nothing to amplify: the answer is never
+larger than ~2x the query. See docs/proxy.md#transparent-mode-and-socks5.
 """
 
 from __future__ import annotations
@@ -15,45 +15,22 @@ import asyncio
 import socket
 from typing import TYPE_CHECKING
 
-from .codec.dns import DnsResult, FakeIPs, answer_query, refuse_query
-from .core.clients import Identity
-from .net.listener import Listener, parse_listen, peer_text
-from .net.netns import call_in_netns
+from ...codec.dns import FakeIPs, read_query
+from ...core.actions import Done, Refuse
+from ...core.clients import Identity
+from ...core.exchange import Exchange
+from ...core.record import perf_counter_ns
+from ...net.conn import read_message
+from ...net.listener import Listener, parse_listen, peer_text
+from ...net.netns import call_in_netns
+from .front import DNS, play, query_intent, render
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import AuditSink, Steps
-    from .server import EgressProxy
+    from ...net.conn import Conn
+    from ...runtime import Steps
+    from ...server import EgressProxy
 
 MAX_TCP_MESSAGE = 65535  # the two-byte length prefix's own bound
-
-
-def dns_event(
-    client: str, identity: Identity, result: DnsResult, transport: str
-) -> dict[str, object]:
-    """The audit record of one query (docs/audit-log.md#dns-records)."""
-    event: dict[str, object] = {
-        "client": client,
-        "method": "DNS",
-        "scheme": "dns",
-        "host": result.host,
-        "port": 53,
-        "mode": "transparent",
-        "transport": transport,
-        "client_id": identity.client_id,
-        "qtype": result.qtype,
-        "rcode": result.rcode,
-        "decision": result.decision,
-        "reason": result.reason,
-        "rule": result.rule,
-    }
-    if result.answer is not None:
-        event["answer"] = result.answer
-    if result.detail is not None:
-        event["detail"] = result.detail
-    if result.would is not None:
-        event["would"] = result.would
-    return event
 
 
 class _DnsUdp(asyncio.DatagramProtocol):
@@ -69,16 +46,10 @@ class _DnsUdp(asyncio.DatagramProtocol):
         if self.listener.identity is None:  # its sandbox was released
             return
         identity, pool = _sandbox(self.listener)
-        result = _answer(self.steps.audit, data, identity, pool)
-        if result.response is not None and self.transport is not None:
-            self.transport.sendto(result.response, addr)
-        _emit(self.steps, dns_event(peer_text(addr), identity, result, "udp"))
-
-
-def _answer(audit: AuditSink | None, data: bytes, identity: Identity, pool: FakeIPs) -> DnsResult:
-    if audit is not None and not audit.accepting:
-        return refuse_query(data, "audit log cannot be written")
-    return answer_query(data, identity.policy, pool)
+        response, done = _answer(self.steps, identity, pool, data, peer_text(addr), "udp")
+        if response is not None and self.transport is not None:
+            self.transport.sendto(response, addr)
+        _emit(self.steps, done)
 
 
 def _sandbox(listener: Listener) -> tuple[Identity, FakeIPs]:
@@ -87,11 +58,27 @@ def _sandbox(listener: Listener) -> tuple[Identity, FakeIPs]:
     return listener.identity, listener.fake_ips
 
 
-def _emit(steps: Steps, event: dict[str, object]) -> None:
-    """As `Steps.emit`, for a record that is not an `AccessRecord` (a DNS record)."""
+def _answer(
+    steps: Steps, identity: Identity, pool: FakeIPs, data: bytes, client: str, transport: str
+) -> tuple[bytes | None, Done]:
+    """One query through its exchange (`modes/dns/front.py`): the answer's bytes (None:
+    dropped) and the record to emit."""
+    audit = steps.audit
+    query = read_query(data)
+    audit_ok = audit is None or audit.accepting
+    t0 = perf_counter_ns()
+    intent = query_intent(query, client, identity, transport, audit_ok=audit_ok, t0=t0)
+    action = play(Exchange(steps.gate, DNS), intent, pool)
+    return render(query, action), action.done if isinstance(action, Refuse) else action
+
+
+def _emit(steps: Steps, done: Done) -> None:
+    """As `Steps.emit`, for a DNS record: counted by the DNS metrics (docs/metrics.md), not
+    in the request metrics nor an execution's summary (docs/audit-log.md#dns-records)."""
+    event = done.record.event(done.decision, done.reason, done.rule, done.detail, done.status)
     if steps.audit is not None:
         steps.audit.record(event)
-    if steps.metrics is not None:  # docs/metrics.md: DNS records are counted too
+    if steps.metrics is not None:
         steps.metrics.record_dns(event)
     for hook in steps.hooks:
         hook(event)
@@ -142,8 +129,6 @@ async def open_dns(
 
 async def serve_dns_tcp(steps: Steps, conn: Conn) -> None:
     """Answer length-prefixed queries until the client closes (RFC 7766 pipelining)."""
-    from .socksserve import read_message
-
     conn.side.max_buffer = MAX_TCP_MESSAGE + 2
     while conn.listener.identity is not None:
         identity, pool = _sandbox(conn.listener)
@@ -151,11 +136,11 @@ async def serve_dns_tcp(steps: Steps, conn: Conn) -> None:
         data = await read_message(conn.side, _parse_tcp_message)
         if data is None:
             return
-        result = _answer(steps.audit, data, identity, pool)
-        if result.response is not None:
-            conn.side.write(len(result.response).to_bytes(2, "big") + result.response)
+        response, done = _answer(steps, identity, pool, data, conn.client, "tcp")
+        if response is not None:
+            conn.side.write(len(response).to_bytes(2, "big") + response)
         conn.served = True
-        _emit(steps, dns_event(conn.client, identity, result, "tcp"))
+        _emit(steps, done)
 
 
 def _parse_tcp_message(buf: bytearray) -> tuple[bytes, int] | None:

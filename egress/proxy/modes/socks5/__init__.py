@@ -1,0 +1,1 @@
+"""The SOCKS5 mode: its answers and handshake (`front`, pure) and its connection (`serve`)."""

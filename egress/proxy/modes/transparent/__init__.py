@@ -1,0 +1,1 @@
+"""The transparent mode: its answers (`front`, pure) and a redirected connection (`serve`)."""

@@ -1,0 +1,65 @@
+"""The privilege rail's shared /proc walk (netcut/safety.py): concurrent cuts share one walk,
+but a caller never gets a walk that began before it asked (it would miss a process that
+entered the namespace meanwhile)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from netcut import safety
+
+
+def test_a_walk_begun_before_the_ask_is_not_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    first_running, release_first = threading.Event(), threading.Event()
+    walks: list[int] = []
+
+    def walk() -> dict[tuple[int, int], list[str]]:
+        walks.append(len(walks) + 1)
+        number = walks[-1]
+        if number == 1:
+            first_running.set()
+            assert release_first.wait(30)
+        return {(0, number): [str(number)]}
+
+    monkeypatch.setattr(safety, "_walk", walk)
+    shared = safety._SharedWalk()
+    answers: dict[str, dict[tuple[int, int], list[str]]] = {}
+    a = threading.Thread(target=lambda: answers.update(a=shared.members()))
+    a.start()
+    assert first_running.wait(30)
+    # B asks while walk 1 runs: whether it waits for it or comes after it, its answer must
+    # be a walk that began after it asked.
+    b = threading.Thread(target=lambda: answers.update(b=shared.members()))
+    b.start()
+    release_first.set()
+    a.join(30)
+    b.join(30)
+    assert answers["a"] == {(0, 1): ["1"]}
+    assert answers["b"] == {(0, 2): ["2"]}
+    assert walks == [1, 2]
+
+
+def test_a_failed_walk_is_not_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def walk() -> dict[tuple[int, int], list[str]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("proc went away")
+        return {}
+
+    monkeypatch.setattr(safety, "_walk", walk)
+    shared = safety._SharedWalk()
+    with pytest.raises(OSError, match="proc went away"):
+        shared.members()
+    assert shared.members() == {}
+    assert len(calls) == 2
+
+
+def test_the_walk_finds_this_process() -> None:
+    own = safety.identity_of("/proc/self/ns/net")
+    assert own is not None
+    assert str(os.getpid()) in safety._walk()[own]

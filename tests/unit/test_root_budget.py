@@ -1,0 +1,37 @@
+"""How many integration tests need root: counted from their markers, kept within a budget.
+
+A test carries the `netns` marker only when what it proves needs a network namespace (the
+cut, transparent mode's redirect, a non-local 198.18/15 address, a listener inside a
+namespace); proxy behaviour runs against loopback upstreams without root
+(docs/testing.md#which-tests-need-root). The count is pytest's own collection with `-m netns`,
+the command a reviewer runs, not a hand-kept list, so a new root test counts the moment it is
+written.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET = 108  # at most this many integration tests need root
+
+
+def root_tests() -> tuple[int, int]:
+    """(tests marked `netns`, all tests) in tests/integration, as pytest collects them."""
+    argv = [sys.executable, "-m", "pytest", "tests/integration", "-m", "netns"]
+    argv += ["--collect-only", "-q", "-p", "no:cacheprovider"]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    last = out.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"(\d+)/(\d+) tests collected \(\d+ deselected\) in [\d.]+s", last)
+    assert m, f"unexpected collection summary {last!r}:\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_root_tests_within_budget() -> None:
+    needs_root, total = root_tests()
+    assert total > 100, total  # the collection really found the integration tests
+    assert needs_root <= BUDGET, (
+        f"{needs_root} of {total} integration tests need root (budget {BUDGET}): run what a "
+        "test proves without a namespace where it can (docs/testing.md#which-tests-need-root)"
+    )
