@@ -20,21 +20,18 @@ from egress import EgressProxy, Policy, prepare_execution, release_execution, up
 from egress.config import ClientSpec, build_settings
 
 import harness
-from proxykit import MemoryAudit
-from servers import echo, start_tcp
-
-pytestmark = pytest.mark.netns
+from proxykit import MemoryAudit, exempt
+from servers import echo, port_of, start_tcp
 
 AUTH = "Basic " + base64.b64encode(b"sb:tok").decode()
 
 
 async def _connect_tunnel(
-    host: str, port: int
+    host: str, port: int, where: str = "echo.test:7000"
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
-        f"CONNECT echo.test:7000 HTTP/1.1\r\nHost: echo.test:7000\r\n"
-        f"Proxy-Authorization: {AUTH}\r\n\r\n".encode()
+        f"CONNECT {where} HTTP/1.1\r\nHost: {where}\r\nProxy-Authorization: {AUTH}\r\n\r\n".encode()
     )
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     assert head.startswith(b"HTTP/1.1 200"), head
@@ -59,6 +56,7 @@ async def _echoes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     assert await asyncio.wait_for(reader.readexactly(5), 10) == b"ping\n"
 
 
+@pytest.mark.netns
 async def test_set_client_policy_closes_connect_and_socks_tunnels(
     test_host: harness.TestHost,
 ) -> None:
@@ -91,6 +89,7 @@ async def test_set_client_policy_closes_connect_and_socks_tunnels(
         server.close()
 
 
+@pytest.mark.netns
 async def test_update_execution_closes_a_transparent_tunnel(test_host_factory: object) -> None:
     sandbox = test_host_factory()  # type: ignore[operator]
     upstream = test_host_factory()  # type: ignore[operator]
@@ -139,9 +138,7 @@ def _client_hello(name: str) -> bytes:
     return outgoing.read()
 
 
-async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relays(
-    test_host: harness.TestHost,
-) -> None:
+async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relays() -> None:
     """A CONNECT admitted under the old policy that is still waiting for its ClientHello
     (its SNI check) when the policy changes: the change finds no relay to cut yet, so it is
     judged again before its first byte is relayed, and cut (`end: revoked`, nothing sent)."""
@@ -153,16 +150,16 @@ async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relay
                 received.extend(data)
         writer.close()
 
-    server = await start_tcp(test_host, 7000, sink)
+    server = await start_tcp(None, 0, sink)
+    port = port_of(server)
     audit = MemoryAudit()
-    settings = build_settings({}, resolve=[f"echo.test={test_host.addr_ns}"])
+    settings = exempt(build_settings({}, resolve=["echo.test=127.0.0.1"]), port)
     try:
         async with EgressProxy(settings, audit=audit) as proxy:
             # an https:// rule: the proxy reads the ClientHello before it relays
-            proxy.add_client(
-                ClientSpec("sb", Policy(allow=["https://echo.test:7000"]), token="tok")
-            )
-            reader, writer = await _connect_tunnel(*proxy.addresses[0])
+            rule = f"https://echo.test:{port}"
+            proxy.add_client(ClientSpec("sb", Policy(allow=[rule]), token="tok"))
+            reader, writer = await _connect_tunnel(*proxy.addresses[0], f"echo.test:{port}")
             proxy.set_client_policy("sb", Policy(allow=["www.test"]))
             writer.write(_client_hello("echo.test"))
             assert await asyncio.wait_for(reader.read(), 10) == b""
