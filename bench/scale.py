@@ -33,7 +33,18 @@ tests/harness.py makes them). Loopback mode, direct cut (docs/user-guide.md#sand
 
 `--pin CPU` pins this process and the workers to one CPU and `--load-cpu` the load process to
 another (the issue's measurement: proxy and worker on one core, the load on the other).
+`--priority NICE` (e.g. -10) also raises the scheduling weight of this process's session, the
+load process's and the workers' (`/proc/PID/autogroup`, restored at the end), so that on a
+machine shared with other work the pinned cores are mostly the benchmark's: a quiet machine's
+conditions, for the latency targets. Every run reports the load average and the share of its
+core the proxy got, and the whole run's longest garbage-collector pause (prepare bursts and
+the heap's settles included), so a run with and without it can be told apart.
 Everything made is removed whatever happens. Needs root.
+
+The targets of issue 23 come out side by side with N in the `summary` of the JSON (and the
+first table of `--markdown`): paced request p99, loop lag p99, the longest GC pause (in the
+paced phase, and anywhere in the run), cross-sandbox 200s, the chain's verification, and the
+churn's leftovers and RSS slope over its last 1,000 cycles.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import gc
 import itertools
 import json
@@ -62,6 +74,7 @@ GOAL_RELEASE_200_P99_MS = 250.0
 GOAL_PACED_400_P99_MS = 10.0
 GOAL_LAG_400_P99_MS = 5.0
 GOAL_GC_PAUSE_MS = 10.0
+LAST_CYCLES = 1000  # churn: RSS must be flat over the last this many cycles
 ORIGIN_PORT = 8080
 _names = itertools.count(1)
 
@@ -148,11 +161,32 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def pin(cpu: int | None) -> None:
-    if cpu is None:
-        return
-    for pid in [0, *worker_pids()]:
-        os.sched_setaffinity(pid, {cpu})
+def pin(cpu: int | None, nice: int | None = None) -> None:
+    """Pin this process and the workers to `cpu`; with `nice`, set their sessions'
+    scheduling weight (the workers run in sessions of their own). Called again before each
+    batch: the pool replaces a worker after its share of jobs."""
+    for pid in worker_pids():
+        with contextlib.suppress(OSError):  # a worker that just exited
+            if cpu is not None:
+                os.sched_setaffinity(pid, {cpu})
+            if nice is not None:
+                set_autogroup_nice(pid, nice)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
+def autogroup_nice(pid: int | str = "self") -> int | None:
+    """The nice value of `pid`'s autogroup (`/autogroup-N nice X`), None without autogroups."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(pid: int | str, nice: int) -> None:
+    with open(f"/proc/{pid}/autogroup", "w") as f:
+        f.write(str(nice))
 
 
 async def _timed(coro: Any) -> tuple[float, Any]:
@@ -224,6 +258,37 @@ class Pauses:
             **{f"gc_gen{g}": len(v) for g, v in by_gen.items()},
             **{f"gc_gen{g}_max_ms": round(max(v, default=0.0), 2) for g, v in by_gen.items()},
         }
+
+
+class RunPauses(Pauses):
+    """Every collector pause of the whole run, by stage (`stage` is set as the run goes: the
+    prepare bursts, the heap's settles and compactions at their ends, the data path, churn):
+    the longest pause anywhere, not only inside a data-path phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recording = True
+        self.stage = "start"
+        self.longest: dict[str, tuple[int, float, float]] = {}
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        before = len(self.pauses)
+        super().__call__(phase, info)
+        if len(self.pauses) > before:
+            pause = self.pauses.pop()  # only the longest of each stage is kept
+            if pause[1] > self.longest.get(self.stage, (0, -1.0, 0.0))[1]:
+                self.longest[self.stage] = pause
+
+    def summary(self) -> dict[str, Any]:
+        stages = sorted(self.longest.items(), key=lambda kv: -kv[1][1])
+        top = stages[0][1] if stages else (0, 0.0, 0.0)
+        return {
+            "gc_max_ms": round(top[1], 2),
+            "gc_max_cpu_ms": round(top[2], 2),
+            "gc_max_stage": stages[0][0] if stages else None,
+            "by_stage": {k: {"generation": g, "ms": round(w, 2), "cpu_ms": round(c, 2)}
+                         for k, (g, w, c) in stages},
+        }  # fmt: skip
 
 
 class Ticker:
@@ -355,6 +420,7 @@ async def datapath(
     ticker.task = asyncio.get_running_loop().create_task(ticker.run())
     out: dict[str, Any] = {
         "n": len(names),
+        "rate": args.rate,
         "heap_frozen": gc.get_freeze_count(),
         "heap_walked": len(gc.get_objects()),
     }
@@ -401,6 +467,7 @@ async def churn(proxy: Any, cycles: int, slots: int, state: str) -> dict[str, An
     total, cycles = cycles, slots
     counter = itertools.count()
     done = 0
+    how = {True: 0, False: 0}  # cycles released with restore=True / restore=False, forget=True
     every = max(1, total // 40)
 
     async def slot(k: int) -> None:
@@ -412,27 +479,39 @@ async def churn(proxy: Any, cycles: int, slots: int, state: str) -> dict[str, An
                 ex = await prepare_execution(name, policy_of(k), proxy)
                 restore = cycle % 2 == 0
                 await release_execution(proxy, ex, restore=restore, forget=not restore)
+                how[restore] += 1
             finally:
                 await asyncio.to_thread(drop_sandbox, name)
             done += 1
             if done % every == 0 or done == cycles:
                 workers = sum(rss_kib(p) for p in worker_pids())
                 samples.append(
-                    {"cycle": done, "proxy_rss_kib": rss_kib("self"), "workers_rss_kib": workers}
-                )
+                    {"cycle": done, "proxy_rss_kib": rss_kib("self"), "workers_rss_kib": workers,
+                     "frozen": gc.get_freeze_count()}
+                )  # fmt: skip
 
     await asyncio.gather(*(slot(k) for k in range(slots)))  # warm-up: one cycle a slot
     samples.clear()
+    how[True] = how[False] = 0
     fds0, done, counter, cycles = fds(), 0, itertools.count(), total
     start = time.perf_counter()
     await asyncio.gather(*(slot(k) for k in range(slots)))
     seconds = time.perf_counter() - start
     records = [n for n in os.listdir(state) if n.endswith(".json")]
     half = [s for s in samples if s["cycle"] >= cycles // 2]
+    last = (
+        [s for s in samples if s["cycle"] >= cycles - LAST_CYCLES] if cycles > LAST_CYCLES else half
+    )
     return {
         "cycles": cycles,
         "slots": slots,
+        "restored": how[True],
+        "forgotten": how[False],
         "cycles_per_s": round(cycles / seconds, 1),
+        # KiB per 1,000 cycles over the last 1,000 (least squares over the samples)
+        "slope_over_cycles": min(cycles, LAST_CYCLES),
+        "proxy_rss_slope_kib_per_1000": slope(last, "proxy_rss_kib"),
+        "workers_rss_slope_kib_per_1000": slope(last, "workers_rss_kib"),
         "records_left": len(records),
         "listeners_left": len(proxy.listeners) - 1,
         "fds_left": fds() - fds0,
@@ -442,6 +521,19 @@ async def churn(proxy: Any, cycles: int, slots: int, state: str) -> dict[str, An
         - half[0]["workers_rss_kib"],
         "rss": samples,
     }
+
+
+def slope(samples: list[dict[str, int]], key: str) -> float | None:
+    """The least-squares slope of `key` over the samples' cycles, per 1,000 cycles."""
+    if len(samples) < 2:
+        return None
+    xs = [float(s["cycle"]) for s in samples]
+    ys = [float(s[key]) for s in samples]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    if den == 0:
+        return None
+    return round(1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den, 1)
 
 
 def namespaces_left() -> list[str]:
@@ -465,18 +557,35 @@ def verify_audit(path: str) -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     import netcut
-    from egress import AuditLog, EgressProxy, build_settings
 
     netcut.start_worker()
-    pin(args.pin)
+    pin(args.pin, args.priority)
+    whole = RunPauses()
+    gc.callbacks.append(whole)
     out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "pinned_to": args.pin,
         "load_cpu": args.load_cpu,
+        "autogroup_nice": autogroup_nice(),
         "load_average_start": os.getloadavg(),
         "runs": [],
         "datapath": [],
     }
+    try:
+        await _stages(args, workdir, out, whole)
+    finally:
+        gc.callbacks.remove(whole)
+    out["gc_whole_run"] = whole.summary()
+    out["load_average_end"] = os.getloadavg()
+    out["summary"] = summary(out)
+    return out
+
+
+async def _stages(
+    args: argparse.Namespace, workdir: str, out: dict[str, Any], whole: RunPauses
+) -> None:
+    from egress import AuditLog, EgressProxy, build_settings
+
     audit_path = os.path.join(workdir, "audit.jsonl")
     with origin_namespace() as origin:
         pins = {host_of(i): origin[1] for i in range(max(args.n) + args.churn_slots)}
@@ -490,6 +599,8 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
             for n in args.n:
                 with sandboxes(n) as names:
                     for rep in range(args.reps):
+                        pin(args.pin, args.priority)
+                        whole.stage = f"prepare/release N={n}"
                         found = await prepare_release(proxy, names)
                         found["rep"] = rep
                         found["load_average"] = os.getloadavg()[0]
@@ -499,10 +610,13 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
                             file=sys.stderr,
                         )
                     if args.seconds > 0:
+                        whole.stage = f"data path N={n}"
                         found = await datapath(proxy, names, origin, args)
                         found["load_average"] = os.getloadavg()[0]
                         out["datapath"].append(found)
             if args.churn:
+                pin(args.pin, args.priority)
+                whole.stage = "churn"
                 state = os.environ["NETCUT_STATE_DIR"]
                 out["churn"] = await churn(proxy, args.churn, args.churn_slots, state)
                 print(
@@ -510,6 +624,7 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
                     file=sys.stderr,
                 )
         finally:
+            whole.stage = "stop"
             await proxy.stop()
             await audit.aclose()
         out["heap"] = {"settles": proxy.heap.settled, "compactions": proxy.heap.compactions,
@@ -519,7 +634,6 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
                        "frozen": gc.get_freeze_count()}  # fmt: skip
     out["audit"] = verify_audit(audit_path)
     out["namespaces_left"] = namespaces_left()
-    out["load_average_end"] = os.getloadavg()
     out["goals"] = {
         "prepare_batch_ms_at_200": GOAL_BATCH_200_MS,
         "prepare_cpu_ms": GOAL_CPU_PER_PREPARE_MS,
@@ -528,6 +642,44 @@ async def main_async(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "lag_ms_p99_at_400": GOAL_LAG_400_P99_MS,
         "gc_pause_ms_max": GOAL_GC_PAUSE_MS,
     }
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Issue 23's data-path and churn targets, side by side with N, from one run."""
+    audit = result.get("audit", {})
+    rows = []
+    for d in result.get("datapath", []):
+        x = d["paced"]
+        rows.append({
+            "n": d["n"],
+            "asked_rps": round(d["n"] * d.get("rate", 10.0), 1),
+            "rps": x["rps"],
+            "request_ms_p99": x["ms_p99"],
+            "lag_ms_p99": x["lag_ms_p99"],
+            "gc_max_ms": x["gc_max_ms"],
+            "gc_max_cpu_ms": x.get("gc_max_cpu_ms"),
+            "gc_collections": x["gc_pauses"],
+            "proxy_cpu_share": x.get("proxy_cpu_share"),
+            "cross_200": d["paced"]["cross_200"] + d["closed"]["cross_200"],
+            "cross_asked": sum(d[p][f"cross_{k}"] for p in ("paced", "closed")
+                               for k in ("200", "403", "other")),
+            "load_average": d.get("load_average"),
+        })  # fmt: skip
+    whole = result.get("gc_whole_run", {})
+    out: dict[str, Any] = {
+        "paced": rows,
+        "gc_max_ms_whole_run": whole.get("gc_max_ms"),
+        "gc_max_cpu_ms_whole_run": whole.get("gc_max_cpu_ms"),
+        "gc_max_stage": whole.get("gc_max_stage"),
+        "chain_verified": bool(audit.get("verified")),
+        "autogroup_nice": result.get("autogroup_nice"),
+    }
+    c = result.get("churn")
+    if c:
+        out["churn"] = {k: c.get(k) for k in (
+            "cycles", "restored", "forgotten", "records_left", "listeners_left", "fds_left",
+            "namespaces_left", "slope_over_cycles", "proxy_rss_slope_kib_per_1000",
+            "workers_rss_slope_kib_per_1000")}  # fmt: skip
     return out
 
 
@@ -535,9 +687,42 @@ def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def markdown_summary(result: dict[str, Any]) -> list[str]:
+    """The targets table: one row per N, then the whole run's figures."""
+    summ = result.get("summary") or summary(result)
+    lines = ["| N | paced req/s (asked) | request p99 ms | loop lag p99 ms "
+             "| longest GC pause in the phase, wall / CPU ms (collections) "
+             "| proxy CPU share | cross-sandbox 200 / asked | load avg |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in summ["paced"]:
+        lines.append(
+            f"| {r['n']} | {_cell(r['rps'])} ({_cell(r['asked_rps'])}) "
+            f"| {_cell(r['request_ms_p99'])} | {_cell(r['lag_ms_p99'])} "
+            f"| {_cell(r['gc_max_ms'])} / {_cell(r['gc_max_cpu_ms'])} ({r['gc_collections']}) "
+            f"| {_cell(r['proxy_cpu_share'])} | {r['cross_200']} / {r['cross_asked']} "
+            f"| {_cell(round(r['load_average'] or 0, 1))} |"
+        )
+    nice = summ.get("autogroup_nice")
+    lines += ["", f"Longest GC pause anywhere in the run: {_cell(summ['gc_max_ms_whole_run'])} ms "
+              f"({_cell(summ['gc_max_cpu_ms_whole_run'])} ms CPU; {summ['gc_max_stage']}). "
+              f"Audit chain {'verified' if summ['chain_verified'] else 'NOT verified'}. "
+              f"Autogroup nice: {_cell(nice)}."]  # fmt: skip
+    c = summ.get("churn")
+    if c:
+        lines += ["", f"Churn: {c['cycles']} cycles ({_cell(c['restored'])} restore=True, "
+                  f"{_cell(c['forgotten'])} restore=False): {c['records_left']} records, "
+                  f"{c['listeners_left']} listeners, {c['fds_left']} fds, "
+                  f"{c['namespaces_left']} namespaces left; RSS slope over the last "
+                  f"{c['slope_over_cycles']} cycles: proxy "
+                  f"{_cell(c['proxy_rss_slope_kib_per_1000'])}, workers "
+                  f"{_cell(c['workers_rss_slope_kib_per_1000'])} KiB / 1,000 cycles."]  # fmt: skip
+    return [*lines, ""]
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The run's tables for docs/benchmarks.md#hundreds-of-sandboxes."""
-    lines = ["| N | prepare p50 / p99 ms | whole batch ms | CPU per prepare ms (proxy + workers) "
+    lines = [*(markdown_summary(result) if result.get("datapath") or result.get("churn") else []),
+             "| N | prepare p50 / p99 ms | whole batch ms | CPU per prepare ms (proxy + workers) "
              "| release p50 / p99 ms | CPU per release ms | load avg |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["runs"]:
@@ -628,6 +813,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-pin", action="store_true", help="pin nothing (a smoke run in CI)")
     p.add_argument(
+        "--priority",
+        type=int,
+        metavar="NICE",
+        help="autogroup nice of this process's, the load's and the workers' sessions, "
+        "e.g. -10: the pinned cores mostly theirs on a shared machine (restored at the end)",
+    )
+    p.add_argument(
         "--seconds",
         type=float,
         default=10.0,
@@ -656,14 +848,26 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.scale: needs root (network namespaces)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="netcut-scale-") as state:
-        os.environ["NETCUT_STATE_DIR"] = os.path.join(state, "netcut")
-        try:
-            import uvloop
+    saved = autogroup_nice()
+    if args.priority is not None:
+        if saved is None:
+            print(
+                "bench.scale: --priority needs autogroups (/proc/self/autogroup)", file=sys.stderr
+            )
+            return 2
+        set_autogroup_nice("self", args.priority)
+    try:
+        with tempfile.TemporaryDirectory(prefix="netcut-scale-") as state:
+            os.environ["NETCUT_STATE_DIR"] = os.path.join(state, "netcut")
+            try:
+                import uvloop
 
-            result = uvloop.run(main_async(args, state))
-        except ImportError:
-            result = asyncio.run(main_async(args, state))
+                result = uvloop.run(main_async(args, state))
+            except ImportError:
+                result = asyncio.run(main_async(args, state))
+    finally:
+        if args.priority is not None and saved is not None:
+            set_autogroup_nice("self", saved)
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -77,10 +77,19 @@ class Turns:
 
     def give_back(self, ticket: Ticket) -> None:
         """A request ended: its slot (unless already expired) goes to the next waiter of
-        its client, if any."""
+        its client, if any. The given-back tickets at the head of the client's queue are
+        dropped now, not at the sweeper's next tick: a client's requests mostly end in the
+        order they began, so its queue holds its requests in flight only, and a ticket dies
+        young (by reference counting) instead of outliving the collector's young generation
+        (docs/proxy.md#garbage-collection)."""
         if ticket.live:
             ticket.live = False
-            self._release(ticket.owner)
+            owner = ticket.owner
+            held = self._held.get(owner)
+            if held is not None:
+                while held and not held[0].live:
+                    held.popleft()
+            self._release(owner)
 
     def expire(self, now: float) -> None:
         """Requests that have held their slot for `long` seconds stop counting (the sweeper
@@ -97,6 +106,10 @@ class Turns:
 
     def in_flight(self, owner: Hashable) -> int:
         return self._active.get(owner, 0)
+
+    def held(self, owner: Hashable) -> int:
+        """Tickets of `owner` kept (in flight, or given back behind one in flight)."""
+        return len(self._held.get(owner, ()))
 
     def _ticket(self, owner: Hashable) -> Ticket:
         ticket = Ticket(owner, self.loop.time())

@@ -1,5 +1,7 @@
 """The DNS responder on a sandbox's own loopback, asked by real clients: glibc's stub resolver
-(getent, through the namespace's resolv.conf) over UDP and dnspython over TCP."""
+(getent, through the namespace's resolv.conf) over UDP and dnspython over TCP and UDP. The
+dnspython cases need no namespace: their responder listens on this namespace's loopback, at
+an ephemeral port."""
 
 from __future__ import annotations
 
@@ -22,9 +24,21 @@ import harness
 from proxykit import MemoryAudit
 from servers import run
 
-pytestmark = pytest.mark.netns
-
 POLICY = Policy(allow=["*.allowed.test", "git.test:22"], block=["bad.allowed.test"])
+
+
+@pytest.fixture
+async def loop_responder() -> AsyncIterator[tuple[EgressProxy, Listener, MemoryAudit]]:
+    """The responder on 127.0.0.1 at an ephemeral port of this namespace (no root)."""
+    audit = MemoryAudit()
+    proxy = EgressProxy(Policy(), audit=audit)
+    await proxy.start()
+    try:
+        listener = await open_dns(proxy, "127.0.0.1:0", identity=Identity("sb", POLICY),
+                                  fake_ips=FakeIPs())  # fmt: skip
+        yield proxy, listener, audit
+    finally:
+        await proxy.stop()
 
 
 @pytest.fixture
@@ -56,6 +70,7 @@ async def responder(
         await proxy.stop()
 
 
+@pytest.mark.netns
 async def test_stub_resolver_gets_fake_address_or_nxdomain(
     resolv_conf: harness.TestHost, responder: tuple[EgressProxy, Listener, MemoryAudit]
 ) -> None:
@@ -84,16 +99,17 @@ async def test_stub_resolver_gets_fake_address_or_nxdomain(
 
 
 async def test_tcp_queries_pipelined(
-    resolv_conf: harness.TestHost, responder: tuple[EgressProxy, Listener, MemoryAudit]
+    loop_responder: tuple[EgressProxy, Listener, MemoryAudit],
 ) -> None:
-    _proxy, _listener, audit = responder
+    _proxy, listener, audit = loop_responder
     script = (
         "import dns.message, dns.query\n"
         "for name in ('git.test', 'evil.test'):\n"
-        "    r = dns.query.tcp(dns.message.make_query(name, 'A'), '127.0.0.1', timeout=5)\n"
+        "    r = dns.query.tcp(dns.message.make_query(name, 'A'), '127.0.0.1', timeout=5,\n"
+        f"                      port={listener.port})\n"
         "    print(name, dns.rcode.to_text(r.rcode()), [rr.to_text() for rr in r.answer])\n"
     )
-    rc, out, err = await run("ip", "netns", "exec", resolv_conf.ns, sys.executable, "-c", script)
+    rc, out, err = await run(sys.executable, "-c", script)
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("git.test NOERROR ['git.test. 30 IN A 198.19.128.")
@@ -103,21 +119,22 @@ async def test_tcp_queries_pipelined(
 
 
 async def test_refused_when_the_audit_log_cannot_be_written(
-    resolv_conf: harness.TestHost, responder: tuple[EgressProxy, Listener, MemoryAudit]
+    loop_responder: tuple[EgressProxy, Listener, MemoryAudit],
 ) -> None:
-    _proxy, _listener, audit = responder
+    _proxy, listener, audit = loop_responder
     audit.accepting = False
     script = (
         "import dns.message, dns.query, dns.rcode\n"
         "r = dns.query.udp(dns.message.make_query('www.allowed.test', 'A'), '127.0.0.1', "
-        "timeout=5)\n"
+        f"timeout=5, port={listener.port})\n"
         "print(dns.rcode.to_text(r.rcode()), len(r.answer))\n"
     )
-    rc, out, err = await run("ip", "netns", "exec", resolv_conf.ns, sys.executable, "-c", script)
+    rc, out, err = await run(sys.executable, "-c", script)
     assert rc == 0, err
     assert out.strip() == "REFUSED 0"
 
 
+@pytest.mark.netns
 async def test_dns_records_are_counted_in_the_metrics(
     resolv_conf: harness.TestHost, responder: tuple[EgressProxy, Listener, MemoryAudit]
 ) -> None:

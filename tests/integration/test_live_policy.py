@@ -17,10 +17,8 @@ from egress.boundary import Execution
 from egress.config import ClientSpec, build_settings
 
 import harness
-from proxykit import MemoryAudit, read_response
+from proxykit import MemoryAudit, exempt, read_response
 from servers import run, start_origin
-
-pytestmark = pytest.mark.netns
 
 REQUEST = b"GET http://www.test/ HTTP/1.1\r\nHost: www.test\r\n\r\n"
 
@@ -51,6 +49,7 @@ async def wait_line(stream: asyncio.StreamReader, needle: str) -> str:
             return line
 
 
+@pytest.mark.netns
 async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -135,23 +134,24 @@ async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request
     assert rc == 0, out + err
 
 
-async def test_client_policy_replaced_from_the_api(test_host: harness.TestHost) -> None:
-    origin = await start_origin(test_host, 80)
-    settings = build_settings(
-        {}, resolve=[f"www.test={test_host.addr_ns}", f"api.test={test_host.addr_ns}"]
-    )
+async def test_client_policy_replaced_from_the_api() -> None:
+    origin = await start_origin(None, 0)  # on loopback: the guard lets its port through
+    port = origin.port
+    settings = build_settings({}, resolve=[f"www.test={origin.addr}", f"api.test={origin.addr}"])
+    settings = exempt(settings, port)
+    www, api = f"www.test:{port}", f"api.test:{port}"
     audit = MemoryAudit()
     curl = ("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5")
     try:
         async with EgressProxy(settings, audit=audit) as proxy:
-            proxy.add_client(ClientSpec("sb", Policy(allow=["www.test"]), token="t"))
+            proxy.add_client(ClientSpec("sb", Policy(allow=[www]), token="t"))
             url = proxy.proxy_url("t", "sb")
-            assert (await run(*curl, "-x", url, "http://www.test/"))[1] == "200"
-            assert (await run(*curl, "-x", url, "http://api.test/"))[1] == "403"
+            assert (await run(*curl, "-x", url, f"http://{www}/"))[1] == "200"
+            assert (await run(*curl, "-x", url, f"http://{api}/"))[1] == "403"
             execution = Execution("ns", "sb", url, {}, {}, "t")
-            update_execution(proxy, execution, Policy(allow=["api.test"]))
-            assert (await run(*curl, "-x", url, "http://www.test/"))[1] == "403"
-            assert (await run(*curl, "-x", url, "http://api.test/"))[1] == "200"
+            update_execution(proxy, execution, Policy(allow=[api]))
+            assert (await run(*curl, "-x", url, f"http://{www}/"))[1] == "403"
+            assert (await run(*curl, "-x", url, f"http://{api}/"))[1] == "200"
             with pytest.raises(KeyError, match="nobody"):
                 proxy.set_client_policy("nobody", Policy())
     finally:

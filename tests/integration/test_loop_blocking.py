@@ -21,15 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from egress import AuditLog, EgressProxy, build_settings
 
-import harness
-from proxykit import raw_exchange, read_response
-from servers import echo, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
+from proxykit import exempt, raw_exchange, read_response
+from servers import echo, port_of, start_origin, start_tcp
 
 # Audit events of calls that block the calling thread.
 BLOCKING = (
@@ -105,13 +100,16 @@ async def test_the_watch_sees_a_blocking_call_in_another_task_and_not_in_ours() 
     assert "blocker" in seen[0]
 
 
-async def test_no_blocking_calls_on_the_loop(test_host: harness.TestHost, tmp_path: Path) -> None:
-    origin = await start_origin(test_host, 80)
-    echo_srv = await start_tcp(test_host, 7000, echo)
+async def test_no_blocking_calls_on_the_loop(tmp_path: Path) -> None:
+    # upstreams on loopback ports that the guard lets through
+    origin = await start_origin(None, 0)
+    echo_srv = await start_tcp(None, 0, echo)
+    web, echo_port = origin.port, port_of(echo_srv)
     settings = build_settings(
-        {"allow": ["up.test", "up.test:7000"], "block": ["evil.test"]},
-        resolve=[f"up.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"],
+        {"allow": [f"up.test:{web}", f"up.test:{echo_port}"], "block": ["evil.test"]},
+        resolve=[f"up.test={origin.addr}", f"evil.test={origin.addr}"],
     )
+    settings = exempt(settings, web, echo_port)
     try:
         with blocking_calls() as seen:
             async with (
@@ -123,15 +121,15 @@ async def test_no_blocking_calls_on_the_loop(test_host: harness.TestHost, tmp_pa
                 for i in range(50):
                     body = b"x" * (i * 100)
                     writer.write(
-                        b"POST http://up.test/p%d HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
-                        % (i, len(body))
+                        b"POST http://up.test:%d/p%d HTTP/1.1\r\nContent-Length: %d\r\n\r\n"
+                        % (web, i, len(body))
                         + body
                     )
                     assert (await read_response(reader))[0] == 200
                 writer.close()
                 for _ in range(20):
                     r, w = await asyncio.open_connection(*addr)
-                    w.write(b"CONNECT up.test:7000 HTTP/1.1\r\n\r\nping")
+                    w.write(b"CONNECT up.test:%d HTTP/1.1\r\n\r\nping" % echo_port)
                     await r.readuntil(b"\r\n\r\n")
                     assert await r.readexactly(4) == b"ping"
                     w.close()

@@ -1,6 +1,7 @@
 """Metrics, the admin listener, per-execution summaries and on_decision (docs/metrics.md).
 
-Real proxy, real curl, real origin in a test namespace; /metrics is read back with
+Real proxy, real curl, real origin (on a loopback port the guard lets through, or in a test
+namespace for `egress serve`); /metrics is read back with
 prometheus_client's own text parser and compared with the audit log of the same traffic.
 """
 
@@ -21,10 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from egress import AuditLog, ClientSpec, EgressProxy, Policy, Settings
 
 import harness
-from proxykit import MemoryAudit, raw_exchange
+from proxykit import MemoryAudit, exempt, raw_exchange
 from servers import echo, run, start_origin, start_tcp
-
-pytestmark = pytest.mark.netns
 
 
 def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -44,6 +43,7 @@ def audit_counts(records: list[dict[str, object]]) -> Counter[tuple[str, str, st
     )
 
 
+@pytest.mark.netns
 async def test_serve_metrics_equal_the_audit_log(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -154,20 +154,20 @@ async def test_serve_metrics_equal_the_audit_log(
     assert f"egress serve: {len(requests)} requests" in tail
 
 
-async def test_in_process_metrics_summary_and_callbacks(
-    test_host: harness.TestHost, caplog: pytest.LogCaptureFixture
-) -> None:
-    origin = await start_origin(test_host, 80)
+async def test_in_process_metrics_summary_and_callbacks(caplog: pytest.LogCaptureFixture) -> None:
+    origin = await start_origin(None, 0)  # on loopback: the guard lets its port through
+    site = f"example.test:{origin.port}"
     seen: list[dict[str, object]] = []
 
     def broken(_: dict[str, object]) -> None:
         raise RuntimeError("callback bug")
 
     settings = Settings(
-        Policy(allow=["example.test"]),
-        resolve={"example.test": (ipaddress.ip_address(test_host.addr_ns),)},
-        clients=(ClientSpec("exec-1", Policy(allow=["example.test"]), token="t0k"),),
+        Policy(allow=[site]),
+        resolve={"example.test": (ipaddress.ip_address(origin.addr),)},
+        clients=(ClientSpec("exec-1", Policy(allow=[site]), token="t0k"),),
     )
+    settings = exempt(settings, origin.port)
     audit = MemoryAudit()
     try:
         async with EgressProxy(settings, audit=audit, on_decision=[broken, seen.append]) as proxy:
@@ -175,10 +175,10 @@ async def test_in_process_metrics_summary_and_callbacks(
             url = proxy.proxy_url("t0k", "exec-1")
             curl = ("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5")
             with caplog.at_level(logging.ERROR, logger="egress"):
-                assert (await run(*curl, "-x", url, "http://example.test/x?token=abc"))[1] == "200"
+                assert (await run(*curl, "-x", url, f"http://{site}/x?token=abc"))[1] == "200"
                 for bad in ("evil.test", "other.test", "evil.test"):
                     assert (await run(*curl, "-x", url, f"http://{bad}/"))[1] == "403"
-                assert (await run(*curl, "-x", proxy.url, "http://example.test/"))[1] == "200"
+                assert (await run(*curl, "-x", proxy.url, f"http://{site}/"))[1] == "200"
             summary = proxy.execution_summary("exec-1", stop=True)
             snapshot = proxy.metrics()
             assert proxy.observers.callback_errors == 5
@@ -205,7 +205,7 @@ async def test_in_process_metrics_summary_and_callbacks(
     assert rows == {("-", "allow"): 1, ("exec-1", "allow"): 1, ("exec-1", "block"): 3}
 
 
-async def test_admin_readyz_reports_a_failing_audit_log(test_host: harness.TestHost) -> None:
+async def test_admin_readyz_reports_a_failing_audit_log() -> None:
     audit = MemoryAudit()
     async with EgressProxy(
         Policy(allow=["example.test"]), audit=audit, admin="127.0.0.1:0"

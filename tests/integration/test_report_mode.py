@@ -24,9 +24,8 @@ from docexamples import examples, normalize
 from proxykit import MemoryAudit, raw_exchange
 from servers import echo, run, start_origin, start_tcp
 
-pytestmark = pytest.mark.netns
 
-
+@pytest.mark.netns
 async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:
@@ -153,6 +152,7 @@ def client_hello(server_hostname: str) -> bytes:
     return outgoing.read()
 
 
+@pytest.mark.netns
 async def test_report_mode_sni_refusals_are_recorded_and_pass(
     test_host: harness.TestHost,
 ) -> None:

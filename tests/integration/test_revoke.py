@@ -19,7 +19,6 @@ import pytest
 from egress import EgressProxy, Policy, prepare_execution, release_execution, update_execution
 from egress.config import ClientSpec, build_settings
 
-import harness
 from proxykit import MemoryAudit, exempt
 from servers import echo, port_of, start_tcp
 
@@ -27,25 +26,28 @@ AUTH = "Basic " + base64.b64encode(b"sb:tok").decode()
 
 
 async def _connect_tunnel(
-    host: str, port: int, where: str = "echo.test:7000"
+    host: str, port: int, echo_port: int
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
-        f"CONNECT {where} HTTP/1.1\r\nHost: {where}\r\nProxy-Authorization: {AUTH}\r\n\r\n".encode()
+        f"CONNECT echo.test:{echo_port} HTTP/1.1\r\nHost: echo.test:{echo_port}\r\n"
+        f"Proxy-Authorization: {AUTH}\r\n\r\n".encode()
     )
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     assert head.startswith(b"HTTP/1.1 200"), head
     return reader, writer
 
 
-async def _socks_tunnel(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _socks_tunnel(
+    host: str, port: int, echo_port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"\x05\x01\x02")
     assert await reader.readexactly(2) == b"\x05\x02"
     writer.write(b"\x01\x02sb\x03tok")
     assert await reader.readexactly(2) == b"\x01\x00"
     name = b"echo.test"
-    writer.write(b"\x05\x01\x00\x03" + bytes((len(name),)) + name + struct.pack("!H", 7000))
+    writer.write(b"\x05\x01\x00\x03" + bytes((len(name),)) + name + struct.pack("!H", echo_port))
     reply = await asyncio.wait_for(reader.readexactly(10), 10)
     assert reply[1] == 0, reply
     return reader, writer
@@ -56,20 +58,19 @@ async def _echoes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     assert await asyncio.wait_for(reader.readexactly(5), 10) == b"ping\n"
 
 
-@pytest.mark.netns
-async def test_set_client_policy_closes_connect_and_socks_tunnels(
-    test_host: harness.TestHost,
-) -> None:
-    server = await start_tcp(test_host, 7000, echo)
+async def test_set_client_policy_closes_connect_and_socks_tunnels() -> None:
+    server = await start_tcp(None, 0, echo)  # on loopback: the guard lets its port through
+    port = port_of(server)
+    echo_rule = f"echo.test:{port}"
     audit = MemoryAudit()
-    settings = build_settings({}, resolve=[f"echo.test={test_host.addr_ns}"])
+    settings = exempt(build_settings({}, resolve=["echo.test=127.0.0.1"]), port)
     try:
         async with EgressProxy(settings, socks=["127.0.0.1:0"], audit=audit) as proxy:
-            proxy.add_client(ClientSpec("sb", Policy(allow=["echo.test:7000"]), token="tok"))
-            proxy.add_client(ClientSpec("other", Policy(allow=["echo.test:7000"]), token="o"))
+            proxy.add_client(ClientSpec("sb", Policy(allow=[echo_rule]), token="tok"))
+            proxy.add_client(ClientSpec("other", Policy(allow=[echo_rule]), token="o"))
             tunnels = [
-                await _connect_tunnel(*proxy.addresses[0]),
-                await _socks_tunnel(*proxy.socks_addresses[0]),
+                await _connect_tunnel(*proxy.addresses[0], port),
+                await _socks_tunnel(*proxy.socks_addresses[0], port),
             ]
             for reader, writer in tunnels:
                 await _echoes(reader, writer)
@@ -159,7 +160,7 @@ async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relay
             # an https:// rule: the proxy reads the ClientHello before it relays
             rule = f"https://echo.test:{port}"
             proxy.add_client(ClientSpec("sb", Policy(allow=[rule]), token="tok"))
-            reader, writer = await _connect_tunnel(*proxy.addresses[0], f"echo.test:{port}")
+            reader, writer = await _connect_tunnel(*proxy.addresses[0], port)
             proxy.set_client_policy("sb", Policy(allow=["www.test"]))
             writer.write(_client_hello("echo.test"))
             assert await asyncio.wait_for(reader.read(), 10) == b""

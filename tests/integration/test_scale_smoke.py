@@ -45,3 +45,15 @@ def test_scale_bench_small_keeps_isolation_and_leaves_nothing(tmp_path: Path) ->
     # fewer is fine: the data path's idle upstream connections may close during the churn
     assert churn["fds_left"] <= 0, churn
     assert result["namespaces_left"] == []
+    # issue 23's figures, side by side with N, in one summary
+    summary = result["summary"]
+    (row,) = summary["paced"]
+    assert row["n"] == 3
+    assert row["cross_200"] == 0
+    assert row["cross_asked"] > 0
+    for key in ("request_ms_p99", "lag_ms_p99", "gc_max_ms"):
+        assert row[key] is not None, (key, row)
+    assert summary["chain_verified"] is True
+    assert summary["gc_max_ms_whole_run"] > 0, "the run's collections were timed"
+    assert summary["churn"]["restored"] == summary["churn"]["forgotten"] == 6
+    assert summary["churn"]["proxy_rss_slope_kib_per_1000"] is not None

@@ -59,8 +59,12 @@ class Listener:
         return mode_for(self.kind, self.forward_to is not None)
 
     def close(self) -> None:
-        if self.acceptor is not None:
-            self.acceptor.close()
+        """Close its sockets, and let go of the acceptor (whose callbacks refer back to this
+        listener: a cycle that would outlive a released sandbox until a full collection,
+        docs/proxy.md#garbage-collection)."""
+        acceptor, self.acceptor = self.acceptor, None
+        if acceptor is not None:
+            acceptor.close()
         if self.datagram is not None:
             self.datagram.close()
 
