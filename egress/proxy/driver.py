@@ -45,6 +45,8 @@ async def drive(
     share, docs/proxy.md#fair-share)."""
     timed = False
     metrics = steps.metrics
+    # a change while an earlier exchange on this connection was dialed is not this one's
+    conn.recheck = None
     while True:
         if isinstance(action, Resolve):
             action = await _resolve(steps, x, action)
