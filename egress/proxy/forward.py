@@ -236,7 +236,7 @@ def finish_exchange(
     connection may go on. `resp` None: cut before a response (a policy change). An exchange
     a policy change cut (docs/policy.md#live-policy-changes) ends `revoked`, whatever its
     relay saw of the cut."""
-    if conn.end == End.REVOKED.value:
+    if conn.end is not None and conn.end == End.REVOKED.value:  # (None: every request)
         end, ok, keep = conn.end, False, False
     keep = keep and resp is not None and resp.framing.kind != "close"
     up, down = conn.side.bytes_relayed, upstream.bytes_relayed

@@ -579,7 +579,7 @@ class EgressProxy:
             else:
                 self.steps.refuse_now(conn, refuse_head(exc))
             return False
-        if head is None or conn.end == End.REVOKED.value:
+        if head is None or (conn.end is not None and conn.end == End.REVOKED.value):
             # a head that arrived as a policy change closed its connection between requests
             # (docs/policy.md#live-policy-changes): the client saw the close, not an answer
             return False
