@@ -18,9 +18,14 @@ one. Three processes besides the bench origin (`bench.origin`), each pinned:
   ClientHello), every closed or refused connection reopened at once; then *requests*, 250
   connections of back-to-back GETs (within its connection cap).
 
-The victims are measured without the hostile sandbox (the baseline), then during each
-phase. Run as root: it runs in a private network namespace (the transparent listener needs a
-netfilter REDIRECT). About 40 s with the default 8 s phases. `--json` prints the numbers.
+The victims are measured in rounds of three slices: without the hostile sandbox (the
+baseline), then during each phase (after a 2 s ramp). A shared machine's load drifts by
+more than the effect measured, so each round's slices share it; each phase's latencies are
+pooled over the rounds, and each round's ratio is shown too. Every slice also reports the
+proxy's CPU time, its time waiting for a CPU (/proc/self/schedstat: the other load on its
+core) and its event loop's lag. Run as root: it runs in a private network namespace (the
+transparent listener is reached through a netfilter DNAT). About 70 s with the default 3
+rounds of 4 s slices. `--json` prints the numbers.
 """
 
 from __future__ import annotations
@@ -196,6 +201,8 @@ async def victim_conn(
 async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"latency": [], "ok": 0, "failed": 0}
     sched = schedstat()
+    lags: list[float] = []
+    watch = asyncio.ensure_future(watch_lag(lags))
     await asyncio.gather(
         *(
             victim_conn(n, proxy_port, origin_port, seconds, out)
@@ -203,6 +210,7 @@ async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict
             for _ in range(VICTIM_CONNS)
         )
     )
+    watch.cancel()
     lat = sorted(out["latency"])
     total = out["ok"] + out["failed"]
 
@@ -216,7 +224,9 @@ async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "max_ms": round(lat[-1] * 1000, 2) if lat else 0.0,
-        "client": sched_delta(sched, schedstat()),  # the victims' own process (core 1)
+        # the victims' own process (core 1): a stall there is no latency of the proxy's
+        "client": {**sched_delta(sched, schedstat()), **percentiles(sorted(lags), "lag")},
+        "latency_ms": [round(x * 1000, 3) for x in lat],  # pooled over rounds by `run`
     }
 
 
@@ -321,7 +331,75 @@ def child(*args: str, cpu: int, nice: int = 0) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def run(seconds: float, fair: bool) -> dict[str, Any]:
+PHASES = ("baseline", "connections", "requests")
+RAMP = 2.0  # seconds a hostile phase runs before the victims are measured
+
+
+def one_slice(
+    phase: str, proxy: subprocess.Popen[str], ports: dict[str, int], origin_port: int,
+    seconds: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The victims measured for `seconds`, with the hostile sandbox in `phase` (ramped up)."""
+    if phase == "baseline":
+        return measured(proxy, ports, origin_port, seconds)
+    hostile = child("-m", "bench.fairness", "--hostile", phase, json.dumps(ports),
+                    str(origin_port), str(seconds + RAMP + 1), cpu=1, nice=19)  # fmt: skip
+    time.sleep(RAMP)
+    under = measured(proxy, ports, origin_port, seconds)
+    assert hostile.stdout is not None
+    under["hostile"] = json.loads(hostile.stdout.readline())
+    hostile.wait(60)
+    return under
+
+
+def pooled(slices: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase's slices of every round as one: latencies pooled, counts summed."""
+    lat = sorted(x for s in slices for x in s["latency_ms"])
+    total = sum(s["requests"] for s in slices)
+    ok = sum(s["ok"] for s in slices)
+
+    def at(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 2) if lat else 0.0
+
+    def summed(part: str, key: str) -> float:
+        return round(sum(s[part][key] for s in slices), 2)
+
+    out: dict[str, Any] = {
+        "victims": {
+            "requests": total,
+            "ok": ok,
+            "success": round(100 * ok / total, 3) if total else 0.0,
+            "p50_ms": at(0.50),
+            "p99_ms": at(0.99),
+            "max_ms": round(lat[-1], 2) if lat else 0.0,
+            "proxy": {
+                "cpu_s": summed("proxy", "cpu_s"),
+                "cpu_wait_s": summed("proxy", "cpu_wait_s"),
+                "lag_p99_ms": max(s["proxy"]["lag_p99_ms"] for s in slices),  # worst round
+            },
+            "client": {
+                "cpu_s": summed("client", "cpu_s"),
+                "cpu_wait_s": summed("client", "cpu_wait_s"),
+                "lag_max_ms": max(s["client"]["lag_max_ms"] for s in slices),
+            },
+        },
+        "round_p99_ms": [s["p99_ms"] for s in slices],
+    }
+    if "hostile" in slices[0]:
+        hostile: dict[str, Any] = {"connect_errors": {}}
+        for s in slices:
+            for key, value in s["hostile"].items():
+                if key == "connect_errors":
+                    for name, n in value.items():
+                        errors = hostile["connect_errors"]
+                        errors[name] = errors.get(name, 0) + n
+                else:
+                    hostile[key] = hostile.get(key, 0) + value
+        out["hostile"] = hostile
+    return out
+
+
+def run(seconds: float, fair: bool, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="egress-fairness-") as tmp:
         workdir = Path(tmp)
         origin = child("-m", "bench.origin", cpu=1)
@@ -331,33 +409,28 @@ def run(seconds: float, fair: bool) -> dict[str, Any]:
                       "fair" if fair else "unfair", cpu=0)  # fmt: skip
         assert proxy.stdout is not None
         ports = json.loads(proxy.stdout.readline())
-        subprocess.run(
-            ["iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", REDIRECTED[0],
-             "--dport", str(REDIRECTED[1]), "-j", "DNAT", "--to-destination",
-             f"{OWN}:{ports['transparent']}"],
-            check=True,
-        )  # fmt: skip
+        dnat(ports)
+        slices: dict[str, list[dict[str, Any]]] = {phase: [] for phase in PHASES}
         try:
-            base = measured(proxy, ports, origin_port, seconds)
-            phases = {}
-            for phase in ("connections", "requests"):
-                hostile = child("-m", "bench.fairness", "--hostile", phase, json.dumps(ports),
-                                str(origin_port), str(seconds + 4), cpu=1, nice=19)  # fmt: skip
-                time.sleep(2.0)  # the floods ramp up
-                under = measured(proxy, ports, origin_port, seconds)
-                assert hostile.stdout is not None
-                flood = json.loads(hostile.stdout.readline())
-                hostile.wait(60)
-                phases[phase] = {
-                    "victims": under,
-                    "p99_ratio": round(under["p99_ms"] / base["p99_ms"], 2),
-                    "hostile": flood,
-                }
+            # rounds of (baseline, connections, requests): the machine's load drifts, and
+            # each round's three slices share it (docs/benchmarks.md#fairness)
+            for _ in range(rounds):
+                for phase in PHASES:
+                    slices[phase].append(one_slice(phase, proxy, ports, origin_port, seconds))
         finally:
             for p in (proxy, origin):
                 assert p.stdin is not None
                 p.stdin.close()
                 p.wait(60)
+        phases = {phase: pooled(slices[phase]) for phase in PHASES}
+        base = phases["baseline"]
+        for phase in PHASES[1:]:
+            under = phases[phase]
+            under["p99_ratio"] = round(under["victims"]["p99_ms"] / base["victims"]["p99_ms"], 2)
+            under["round_ratios"] = [
+                round(h["p99_ms"] / b["p99_ms"], 2)
+                for h, b in zip(slices[phase], slices["baseline"], strict=True)
+            ]
         log = workdir / "audit.jsonl"
         lines = log.read_text().splitlines()
         refusals = [json.loads(x) for x in lines if '"method":"-"' in x]
@@ -365,9 +438,12 @@ def run(seconds: float, fair: bool) -> dict[str, Any]:
             "sandboxes": SANDBOXES,
             "fair_share": fair,
             "seconds": seconds,
+            "rounds": rounds,
             "max_connections": ports["max_connections"],
-            "baseline": base,
-            **phases,
+            "baseline": base["victims"],
+            "baseline_round_p99_ms": base["round_p99_ms"],
+            "connections": phases["connections"],
+            "requests": phases["requests"],
             "audit": {
                 "lines": len(lines),
                 "bytes": log.stat().st_size,
@@ -377,11 +453,77 @@ def run(seconds: float, fair: bool) -> dict[str, Any]:
         }
 
 
+def flood_cost(seconds: float) -> dict[str, Any]:
+    """The proxy's CPU per connection of the connection flood, with no victims: its CPU
+    over `seconds` of the flood less its CPU over `seconds` idle, divided by the refusals
+    the audit log counts (docs/benchmarks.md#fairness)."""
+    with tempfile.TemporaryDirectory(prefix="egress-fairness-") as tmp:
+        workdir = Path(tmp)
+        origin = child("-m", "bench.origin", cpu=1)
+        assert origin.stdout is not None
+        origin_port = json.loads(origin.stdout.readline())["http_ports"][0]
+        proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir),
+                      "fair", cpu=0)  # fmt: skip
+        assert proxy.stdin is not None
+        assert proxy.stdout is not None
+        ports = json.loads(proxy.stdout.readline())
+        dnat(ports)
+
+        def mark() -> dict[str, Any]:
+            assert proxy.stdin is not None
+            assert proxy.stdout is not None
+            proxy.stdin.write("mark\n")
+            proxy.stdin.flush()
+            stats: dict[str, Any] = json.loads(proxy.stdout.readline())
+            return stats
+
+        try:
+            mark()
+            time.sleep(seconds)
+            idle = mark()
+            hostile = child("-m", "bench.fairness", "--hostile", "connections", json.dumps(ports),
+                            str(origin_port), str(seconds), cpu=1, nice=19)  # fmt: skip
+            assert hostile.stdout is not None
+            flood = json.loads(hostile.stdout.readline())
+            hostile.wait(60)
+            time.sleep(1.0)  # the last refusals' records
+            busy = mark()
+        finally:
+            for p in (proxy, origin):
+                assert p.stdin is not None
+                p.stdin.close()
+                p.wait(60)
+        lines = (workdir / "audit.jsonl").read_text().splitlines()
+        refusals = [json.loads(x) for x in lines if '"method":"-"' in x]
+        counted = sum(int(r.get("count", 1)) for r in refusals)
+        cpu = busy["cpu_s"] - idle["cpu_s"] * (seconds + 1.0) / seconds
+        return {
+            "seconds": seconds,
+            "hostile": flood,
+            "refusals_counted": counted,
+            "proxy_idle": idle,
+            "proxy_flood": busy,
+            "cpu_us_per_refusal": round(cpu * 1e6 / counted, 1) if counted else None,
+        }
+
+
+def dnat(ports: dict[str, int]) -> None:
+    """The hostile sandbox's transparent connections to its transparent listener."""
+    subprocess.run(
+        ["iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", REDIRECTED[0],
+         "--dport", str(REDIRECTED[1]), "-j", "DNAT", "--to-destination",
+         f"{OWN}:{ports['transparent']}"],
+        check=True,
+    )  # fmt: skip
+
+
 def table(result: dict[str, Any]) -> str:
     """The Markdown table docs/benchmarks.md#fairness shows."""
     rows = [
-        "| victims (49 sandboxes) | requests | success | p50 ms | p99 ms | p99 vs baseline |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| victims (49 sandboxes) | requests | success | p50 ms | p99 ms | p99 vs baseline "
+        "| proxy CPU s | proxy waiting for a CPU s | proxy loop lag p99 ms "
+        "| victims' client waiting for a CPU s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, label in (
         ("baseline", "no hostile sandbox"),
@@ -390,11 +532,20 @@ def table(result: dict[str, Any]) -> str:
     ):
         v = result[name] if name == "baseline" else result[name]["victims"]
         ratio = "1.00" if name == "baseline" else f"{result[name]['p99_ratio']:.2f}"
+        p = v["proxy"]
         rows.append(
             f"| {label} | {v['requests']} | {v['success']} % | {v['p50_ms']} | {v['p99_ms']} | "
-            f"{ratio}x |"
+            f"{ratio}x | {p['cpu_s']} | {p['cpu_wait_s']} | {p['lag_p99_ms']} | "
+            f"{v['client']['cpu_wait_s']} |"
         )
     a = result["audit"]
+    rows.append("")
+    rows.append(
+        f"per round ({result['rounds']} of {result['seconds']} s): baseline p99 "
+        f"{result['baseline_round_p99_ms']} ms; p99 vs the same round's baseline: connection "
+        f"flood {result['connections']['round_ratios']}, request flood "
+        f"{result['requests']['round_ratios']}"
+    )
     rows.append("")
     rows.append(
         f"hostile: {result['connections']['hostile']}, {result['requests']['hostile']}; "
@@ -440,12 +591,18 @@ def uv_run(coro: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__)
-    p.add_argument("--seconds", type=float, default=10.0, help="per phase (default 10)")
+    p.add_argument("--seconds", type=float, default=4.0, help="per slice (default 4)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (default 3)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.add_argument(
         "--no-fair-share",
         action="store_true",
         help="the proxy without a per-client cap on requests in flight (to compare)",
+    )
+    p.add_argument(
+        "--flood-cost",
+        action="store_true",
+        help="only the connection flood, no victims: the proxy's CPU per refused connection",
     )
     p.add_argument("--proxy", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--victims", nargs=3, help=argparse.SUPPRESS)
@@ -473,7 +630,10 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(argv, env=env, check=False).returncode
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     socket.setdefaulttimeout(10)
-    result = run(args.seconds, not args.no_fair_share)
+    if args.flood_cost:
+        print(json.dumps(flood_cost(max(args.seconds, 8.0)), indent=2))
+        return 0
+    result = run(args.seconds, not args.no_fair_share, args.rounds)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -68,7 +68,7 @@ async def drive(
             else:
                 action = x.dial_failed(found)
         elif isinstance(action, ReplyOk):
-            conn.side.write(_ok_bytes(action.answer))
+            conn.side.write(ok_bytes(action.answer))
             action = x.replied()
         elif isinstance(action, ReadHello):
             action = x.hello(await read_hello(steps, conn))
@@ -120,6 +120,7 @@ async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
     side = conn.side
     conn.phase, conn.phase_since = "hello", steps.loop.time()
     side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
+    side.want_more()
     while True:
         hello = parse_client_hello(side.buf)
         if hello is not None or not await side.read_more():
@@ -129,7 +130,8 @@ async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
     return hello
 
 
-def _ok_bytes(answer: Answer) -> bytes:
+def ok_bytes(answer: Answer) -> bytes:
+    """What tells the client its tunnel is open, in its front-end's protocol."""
     if answer.style == "socks5":
         return socks5_codec.reply(answer.code)
     return CONNECT_OK
@@ -149,4 +151,4 @@ def refuse(steps: Steps, conn: Conn, action: Refuse, *, close: bool = True) -> N
     steps.done(action.done)
 
 
-__all__ = ["drive", "read_hello", "refuse"]
+__all__ = ["drive", "ok_bytes", "read_hello", "refuse"]

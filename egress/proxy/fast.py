@@ -1,4 +1,8 @@
-"""The callback fast path: a kept-alive absolute-form request served from protocol callbacks.
+"""The synchronous driver: exchanges carried out from protocol callbacks, without a task.
+
+Two kinds: a kept-alive absolute-form request (the callback fast path, below), and a
+CONNECT's whole tunnel set-up when it is a connection's first head (`Carrier`: accept
+without a task, decide, dial, `200`, SNI, relay; docs/architecture.md#the-callback-driver).
 
 Shell. Why: on a kept-alive connection, the coroutine path (`forward.py`) costs two waits per
 request (client bytes -> the connection's task; upstream bytes -> the task), each a future,
@@ -30,20 +34,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ProtocolError
 from ..policy.target import IPAddress, Target
 from ..reasons import End
 from .codec import http1 as wire
-from .core.actions import Dial, Refuse, Relay, Resolve
+from .codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
+from .core.actions import Action, Dial, ReadHello, Refuse, Relay, ReplyOk, Resolve
 from .core.exchange import Exchange
 from .core.gate import Refuse as Verdict
 from .core.gate import refuse_upstream
 from .core.record import perf_counter_ns, seconds_since
+from .driver import ok_bytes, refuse
 from .fairshare import Ticket
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
+from .net.dialer import Dialer
 from .net.relay import RelayEnded, Side
+from .tunnel import carry_on, connect_exchange, cut, end_relay, open_relay, relay_over, who_left
 
 if TYPE_CHECKING:
     from .net.conn import Conn
@@ -216,14 +225,23 @@ class FastExchange:
             side.wake()
 
 
+# starts a connection's coroutine: from its first head (None), or to carry on an exchange
+Spawn = Callable[["Conn", "Coroutine[Any, Any, None] | None"], None]
+
+
 class FastClient(Side):
-    """A client connection's `Side` that can serve kept-alive requests from callbacks."""
+    """A client connection's `Side` that can serve kept-alive requests from callbacks, and a
+    CONNECT's whole tunnel when it is the first head (`Carrier`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_buffer: int = 65536) -> None:
         super().__init__(loop, max_buffer)
         self.fast: FastExchange | None = None
         self.conn: Conn | None = None  # set once accepted
         self.steps: Steps | None = None
+        # set while no coroutine serves it yet: its first head decides (`first_head`)
+        self.spawn: Spawn | None = None
+        self.finish: Callable[[Conn], None] | None = None  # its end, without a coroutine
+        self.searched = 0
 
     def data_received(self, data: bytes) -> None:
         if self.fast is None:
@@ -245,11 +263,237 @@ class FastClient(Side):
         super().data_received(data)
 
     def _wake(self) -> None:
-        if self.fast is None:  # held back while an exchange is in flight (module docstring)
-            super()._wake()
+        if self.fast is not None:  # held back while an exchange is in flight (module docstring)
+            return
+        if self.spawn is not None:
+            self.first_head()
+            return
+        super()._wake()
 
     def wake(self) -> None:
         super()._wake()
+
+    def first_head(self) -> None:
+        """Bytes, EOF or loss before any coroutine serves this connection: a complete CONNECT
+        head is served here (`Carrier`), anything else by the coroutine path, which parses
+        the buffered bytes again (a refusal, a request, an end: as it always did)."""
+        conn, steps, spawn = self.conn, self.steps, self.spawn
+        assert conn is not None
+        assert steps is not None
+        assert spawn is not None
+        parsed = None
+        if self.buf and not self.eof:
+            limits = steps.limits
+            try:
+                parsed = wire.parse_request_head(
+                    self.buf,
+                    max_size=limits.max_head,
+                    max_headers=limits.max_headers,
+                    searched=self.searched,
+                )
+            except ProtocolError:
+                parsed = None
+            else:
+                if parsed is None and self.buf[:1] != b"\x16":  # (a TLS record: answered there)
+                    self.searched = len(self.buf)
+                    return  # the rest of the head is still to come
+        self.spawn = None
+        if parsed is None or parsed[0].method != "CONNECT":
+            spawn(conn, None)
+            return
+        head, used = parsed
+        conn.raw_head = bytes(self.buf[:used])
+        self.consume(used)
+        conn.phase, conn.served = "active", True
+        carrier = Carrier(steps, conn, self, spawn)
+        carrier.begin(head)
+
+    def finished(self) -> None:
+        conn, finish = self.conn, self.finish
+        if conn is not None and finish is not None:
+            finish(conn)
+
+
+_WAIT: Final = object()  # a ClientHello still to come
+
+
+class Carrier:
+    """The callback driver: carries out one exchange's actions from loop callbacks, the
+    twin of `driver.drive` (the same exchange, the same answers, the same records) for a
+    tunnel's whole set-up: decide, dial (`Dialer`, no task), `200`, the SNI check, relay.
+    What must wait on something other than a socket (a name not in the resolver's cache)
+    is handed to the coroutine driver mid-exchange (docs/architecture.md#the-callback-driver).
+    """
+
+    __slots__ = ("conn", "futures", "gone", "over", "side", "spawn", "steps", "timed", "timer", "x")
+
+    def __init__(self, steps: Steps, conn: Conn, side: FastClient, spawn: Spawn) -> None:
+        self.steps = steps
+        self.conn = conn
+        self.side = side
+        self.spawn = spawn
+        self.x: Exchange | None = None
+        self.timed = False
+        self.over = False  # the relay ended (or one direction failed)
+        self.gone: str | None = None
+        self.futures: tuple[asyncio.Future[None], asyncio.Future[None]] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def begin(self, head: wire.RequestHead) -> None:
+        try:
+            x, action = connect_exchange(self.steps, self.conn, head)
+            self.x = x
+            self._run(action)
+        except Exception:
+            self._failed()
+
+    def run(self, action: Action) -> None:
+        try:
+            self._run(action)
+        except Exception:
+            self._failed()
+
+    def _failed(self) -> None:
+        """A bug must never take the proxy down (as `server._serve`): logged, closed."""
+        conn = self.conn
+        log.exception("egress: unexpected error serving %s", conn.client)
+        self.side.on_wake = None
+        conn.side.abort()
+        if conn.upstream is not None:
+            conn.upstream.abort()
+        self.side.finished()
+
+    def _run(self, action: Action) -> None:
+        steps, conn, x = self.steps, self.conn, self.x
+        assert x is not None
+        metrics = steps.metrics
+        while True:
+            if isinstance(action, Resolve):
+                addrs = steps.resolver.cached(action.host)
+                if addrs is None:  # a lookup: the coroutine driver carries on from here
+                    self.spawn(conn, carry_on(steps, conn, x, action))
+                    return
+                if metrics is not None:  # a cache hit: answered without a wait
+                    metrics.dns.observe(0.0)
+                action = x.resolved(addrs)
+                continue
+            if not self.timed and x.decided:
+                self.timed = True
+                if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
+                    metrics.decision.observe(seconds_since(x.record.t0))
+            if isinstance(action, Dial):
+                if action.pooled:  # a request's: the coroutine driver's (not met by tunnels)
+                    self.spawn(conn, carry_on(steps, conn, x, action))
+                    return
+                dialer = Dialer(steps.loop, action.addrs, action.port, self._dialed, metrics)
+                conn.dialing = dialer
+                dialer.start()
+                return
+            if isinstance(action, ReplyOk):
+                conn.side.write(ok_bytes(action.answer))
+                action = x.replied()
+            elif isinstance(action, ReadHello):
+                hello = self._hello()
+                if hello is _WAIT:
+                    return
+                action = x.hello(hello)  # type: ignore[arg-type]
+            elif isinstance(action, Refuse):
+                refuse(steps, conn, action)
+                self.side.finished()
+                return
+            elif isinstance(action, Relay):
+                self._relay()
+                return
+            else:  # Done
+                steps.done(action)
+                self.side.finished()
+                return
+
+    # --- dial ---------------------------------------------------------------------------------
+    def _dialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
+        conn, x, steps = self.conn, self.x, self.steps
+        assert x is not None
+        conn.dialing = None
+        try:
+            if isinstance(outcome, tuple):
+                conn.upstream, addr = outcome
+                action: Action = x.dialed(addr, steps.addr_text(addr))
+                steps.link(conn, x)
+            else:
+                action = x.dial_failed(outcome)
+        except Exception:
+            self._failed()
+            return
+        self.run(action)
+
+    # --- the ClientHello (as `driver.read_hello`) -------------------------------------------
+    def _hello(self) -> object:
+        conn, side = self.conn, self.side
+        if conn.phase != "hello":
+            conn.phase, conn.phase_since = "hello", self.steps.loop.time()
+            side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
+            side.want_more()
+        hello = parse_client_hello(side.buf)
+        if hello is None and not side.eof:
+            side.on_wake = self._hello_more
+            side.want_more()
+            return _WAIT
+        side.on_wake = None
+        side.max_buffer = self.steps.limits.max_head
+        conn.phase = "active"
+        return hello
+
+    def _hello_more(self) -> None:
+        x = self.x
+        assert x is not None
+        try:
+            hello = self._hello()
+            if hello is _WAIT:
+                return
+            action = x.hello(hello)  # type: ignore[arg-type]
+        except Exception:
+            self._failed()
+            return
+        self.run(action)
+
+    # --- relay (as `tunnel.relay_tunnel`) ------------------------------------------------------
+    def _relay(self) -> None:
+        x = self.x
+        assert x is not None
+        up, down = self.futures = open_relay(self.steps, self.conn, x)
+        up.add_done_callback(self._relay_moved)
+        down.add_done_callback(self._relay_moved)
+
+    def _relay_moved(self, _: object) -> None:
+        futures = self.futures
+        if futures is None:
+            return  # ended already
+        up, down = futures
+        try:
+            if not self.over:
+                if not relay_over(up, down):
+                    return
+                self.over = True
+                self.gone = who_left(self.conn)
+                if not (up.done() and down.done()):
+                    cut(self.conn)
+                    self.timer = self.steps.loop.call_later(1.0, self._relay_ended)
+                    return
+            elif not (up.done() and down.done()):
+                return
+            self._relay_ended()
+        except Exception:
+            self._failed()
+
+    def _relay_ended(self) -> None:
+        futures, x = self.futures, self.x
+        if futures is None or x is None:
+            return
+        self.futures = None
+        if self.timer is not None:
+            self.timer.cancel()
+        end_relay(self.steps, self.conn, x, futures, self.gone)
+        self.side.finished()
 
 
 def start(steps: Steps, conn: Conn, data: bytes) -> bool:
@@ -337,4 +581,4 @@ def _decided(
     return x, upstream, addr, out, t0, cached
 
 
-__all__ = ["FastClient", "FastExchange", "start"]
+__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "start"]

@@ -124,8 +124,9 @@ class Steps:
         self.observe = observe
         self.metrics = metrics
         self.closing = False
-        # serve kept-alive requests from callbacks where possible (`fast.py`); off = every
-        # request takes the coroutine path (tests compare the two)
+        # serve kept-alive requests and CONNECT tunnels from callbacks where possible
+        # (`fast.py`); off = every request and tunnel takes the coroutine path (tests
+        # compare the two)
         self.fast_path = True
         # who holds which connection, from accept (admission.py, docs/proxy.md#limits)
         self.slots: Slots[Conn] = Slots(
@@ -287,8 +288,16 @@ class Steps:
         owner = conn.owner
         who = owner if owner is not None else _source(conn)
         key = (id(conn.listener), who, reason)
-        pending: _Pending = (conn.client, perf_counter_ns(), *_where(conn.listener), end,
-                             owner, reason, detail, status)  # fmt: skip
+        pending: _Pending = (
+            conn.client,
+            perf_counter_ns(),
+            *_where(conn.listener),
+            end,
+            owner,
+            reason,
+            detail,
+            status,
+        )
         for written, count in self._refusals.add(key, pending, self.loop.time()):
             self._write_pending(written, count)
 
@@ -297,8 +306,16 @@ class Steps:
     ) -> None:
         """`_connection_record` for a connection refused at accept (no `Conn`)."""
         status = refusal_for(refusal.reason, refusal.status).status
-        pending: _Pending = (client, perf_counter_ns(), *_where(listener), None, owner,
-                             refusal.reason.value, refusal.detail, status)  # fmt: skip
+        pending: _Pending = (
+            client,
+            perf_counter_ns(),
+            *_where(listener),
+            None,
+            owner,
+            refusal.reason.value,
+            refusal.detail,
+            status,
+        )
         for written, count in self._refusals.add(key, pending, self.loop.time()):
             self._write_pending(written, count)
 

@@ -33,7 +33,7 @@ import os
 import resource
 import socket
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Final
 
@@ -58,6 +58,7 @@ from .net.conn import Conn, Limits, read_head, sweep
 from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
 from .net.pool import UpstreamPool
 from .net.resolve import Resolver
+from .net.stepped import adopt
 from .runtime import AuditSink, Steps
 from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .telemetry.metrics import ProxyMetrics
@@ -394,7 +395,13 @@ class EgressProxy:
             self.steps.closing = self.pool.closing = True
         for listener in self.listeners:
             listener.close()
-        tasks = [c.task for c in self._conns if c.task is not None]
+        tasks: list[asyncio.Future[None]] = []
+        for conn in self._conns:
+            if conn.task is not None:
+                tasks.append(conn.task)
+            else:  # served from callbacks (`fast.py`): done when `_finished`
+                conn.ended = self.loop.create_future()
+                tasks.append(conn.ended)
         for conn in list(self._conns):
             if conn.phase != "active":
                 conn.end = End.SHUTDOWN.value
@@ -406,6 +413,8 @@ class EgressProxy:
                 conn.side.abort()
                 if conn.upstream is not None:
                     conn.upstream.abort()
+                if conn.dialing is not None:
+                    conn.dialing.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
         if self._sweeper is not None:
@@ -452,7 +461,8 @@ class EgressProxy:
         steps = self.steps
         lifecycle = steps.lifecycle
         interim = lifecycle.interim_interval if lifecycle is not None else lim.idle_timeout
-        tick = max(0.05, min(1.0, lim.head_timeout / 4, lim.idle_timeout / 4, interim / 4))
+        shortest = min(lim.head_timeout, lim.idle_timeout, lim.connect_timeout, interim)
+        tick = max(0.05, min(1.0, shortest / 4))
         refresh_every = 30.0
         next_refresh = self.loop.time() + refresh_every
         while True:
@@ -494,12 +504,58 @@ class EgressProxy:
             if refusal is CLIENT_FULL and listener.identity is not None and listener.acceptor:
                 listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
             return
+        self._conns.add(conn)
         if listener.mode.fast_path:
             # the forward proxy's kept-alive requests may take the callback fast path; a
             # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
             side.conn, side.steps = conn, steps
-        self._conns.add(conn)
+            if steps.fast_path:
+                # no task yet: its first head decides (a CONNECT is served from callbacks,
+                # anything else starts the coroutine: `fast.FastClient.first_head`)
+                side.spawn, side.finish = self._spawn, self._finished
+                adopt(self.loop, sock, side, lambda _, err: self._adopted(conn, sock, err))
+                return
         conn.task = self.loop.create_task(self._serve(conn, sock))
+
+    def _adopted(self, conn: Conn, sock: socket.socket, err: BaseException | None) -> None:
+        """A connection's transport is made (or failed): closed at once if it was evicted,
+        or the proxy began stopping, meanwhile (as `_serve` does)."""
+        if err is not None:  # no transport: nothing will call back
+            side = conn.side
+            if isinstance(side, ClientSide):
+                side.spawn = None
+            sock.close()
+            self._finished(conn)
+        elif conn.end is not None or self.closing:
+            conn.side.close()
+
+    def _spawn(self, conn: Conn, work: Coroutine[Any, Any, None] | None) -> None:
+        """Start the coroutine of a connection accepted without one: it serves from the
+        buffered head on (None), or carries on an exchange the callback driver began."""
+        coro = self._serve(conn, None) if work is None else self._carry_on(conn, work)
+        conn.task = self.loop.create_task(coro)
+
+    async def _carry_on(self, conn: Conn, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception:  # a bug must never take the proxy down
+            log.exception("egress: unexpected error serving %s", conn.client)
+        finally:
+            self._finished(conn)
+
+    def _finished(self, conn: Conn) -> None:
+        """A connection ended (its coroutine, or the callback driver): its record if the
+        proxy closed it before any exchange, its slot freed, both sides closed."""
+        if conn not in self._conns:
+            return
+        self._conns.discard(conn)
+        self.steps.record_closed(conn)
+        self.steps.release(conn)
+        conn.side.close()
+        if conn.upstream is not None:
+            conn.upstream.close()
+        if conn.ended is not None and not conn.ended.done():
+            conn.ended.set_result(None)
 
     def _close_refused(
         self, listener: Listener, sock: socket.socket, refusal: Refuse, in_full: bool
@@ -538,15 +594,17 @@ class EgressProxy:
         self.steps.refuse_now(conn, refusal, write=False)
         self.steps.release(conn)
 
-    async def _serve(self, conn: Conn, sock: socket.socket) -> None:
+    async def _serve(self, conn: Conn, sock: socket.socket | None) -> None:
+        """Serve a connection from its first head (`sock`: its transport is still to make)."""
         try:
-            try:
-                await self.loop.connect_accepted_socket(lambda: conn.side, sock)
-            except OSError:
-                sock.close()
-                return
-            if conn.end is not None or self.closing:  # evicted, or stopping, meanwhile
-                return
+            if sock is not None:
+                try:
+                    await self.loop.connect_accepted_socket(lambda: conn.side, sock)
+                except OSError:
+                    sock.close()
+                    return
+                if conn.end is not None or self.closing:  # evicted, or stopping, meanwhile
+                    return
             listener = conn.listener
             mode = listener.mode
             if mode is ROUTE and listener.forward_to is not None:
@@ -560,12 +618,7 @@ class EgressProxy:
         except Exception:  # a bug must never take the proxy down
             log.exception("egress: unexpected error serving %s", conn.client)
         finally:
-            self._conns.discard(conn)
-            self.steps.record_closed(conn)
-            self.steps.release(conn)
-            conn.side.close()
-            if conn.upstream is not None:
-                conn.upstream.close()
+            self._finished(conn)
 
     async def _one_request(self, conn: Conn) -> bool:
         """Serve one request; True if the client connection stays open for another."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..reasons import End
 from .codec import http1 as wire
+from .core.actions import Action
 from .core.exchange import Exchange
 from .core.gate import Refuse
 from .core.intent import Intent
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
     from .runtime import Steps
 
 
-async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:
-    """One CONNECT: target, identity, then the exchange (verdict, dial, `200`, SNI, relay)."""
+def connect_exchange(steps: Steps, conn: Conn, head: wire.RequestHead) -> tuple[Exchange, Action]:
+    """A CONNECT's exchange and its first action: target, identity, its client's cap, the
+    verdict on the name (both drivers start a tunnel here)."""
     t0 = perf_counter_ns()
     gate = steps.gate
     target = gate.connect_target(head.target)
@@ -52,13 +54,42 @@ async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None
         audit_ok=audit is None or audit.accepting,
     )
     x = Exchange(gate, CONNECT)
-    if await drive(steps, conn, x, x.start(intent)) is not None:
+    return x, x.start(intent)
+
+
+async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:
+    """One CONNECT: target, identity, then the exchange (verdict, dial, `200`, SNI, relay)."""
+    x, action = connect_exchange(steps, conn, head)
+    await carry_on(steps, conn, x, action)
+
+
+async def carry_on(steps: Steps, conn: Conn, x: Exchange, action: Action) -> None:
+    """A tunnel's exchange from `action` on, on the coroutine (also where the callback
+    driver hands over what must wait: a name not in the resolver's cache)."""
+    if await drive(steps, conn, x, action) is not None:
         await relay_tunnel(steps, conn, x)
 
 
 async def relay_tunnel(steps: Steps, conn: Conn, x: Exchange) -> None:
     """Relay both directions until both end (or one fails), then end the exchange with how
     it ended and the bytes each way, and write its record."""
+    up, down = open_relay(steps, conn, x)
+    try:
+        await _both_or_failure(up, down)
+        gone = who_left(conn)
+        if not (up.done() and down.done()):
+            cut(conn)
+            await asyncio.wait((up, down), timeout=1.0)
+    except BaseException:
+        _closed(steps)
+        raise
+    end_relay(steps, conn, x, (up, down), gone)
+
+
+def open_relay(
+    steps: Steps, conn: Conn, x: Exchange
+) -> tuple[asyncio.Future[None], asyncio.Future[None]]:
+    """Start relaying both ways (each direction's future ends with it)."""
     upstream = conn.upstream
     assert upstream is not None
     # re-judged if its client's policy changes (docs/policy.md#live-policy-changes)
@@ -66,25 +97,55 @@ async def relay_tunnel(steps: Steps, conn: Conn, x: Exchange) -> None:
     metrics = steps.metrics
     if metrics is not None:
         metrics.open_tunnels += 1
-    up = conn.side.start_relay(upstream, None)
-    down = upstream.start_relay(conn.side, None)
-    try:
-        await _both_or_failure(up, down)
-    finally:
-        if metrics is not None:
-            metrics.open_tunnels -= 1
-    # who went away first, read before we close either side (docs/audit-log.md#end)
-    gone = "client" if conn.side.lost else "upstream" if upstream.lost else None
-    if not (up.done() and down.done()):
-        conn.side.close()
-        upstream.close()
-        await asyncio.wait((up, down), timeout=1.0)
+    return conn.side.start_relay(upstream, None), upstream.start_relay(conn.side, None)
+
+
+def relay_over(up: asyncio.Future[None], down: asyncio.Future[None]) -> bool:
+    """Both directions ended, or one failed: the tunnel is over."""
+    if up.done() and down.done():
+        return True
+    return any(f.done() and (f.cancelled() or f.exception() is not None) for f in (up, down))
+
+
+def who_left(conn: Conn) -> str | None:
+    """Who went away first, read before we close either side (docs/audit-log.md#end)."""
+    upstream = conn.upstream
+    if conn.side.lost:
+        return "client"
+    return "upstream" if upstream is not None and upstream.lost else None
+
+
+def cut(conn: Conn) -> None:
+    """Close both sides of a tunnel one direction of which failed."""
+    conn.side.close()
+    if conn.upstream is not None:
+        conn.upstream.close()
+
+
+def end_relay(
+    steps: Steps,
+    conn: Conn,
+    x: Exchange,
+    futures: tuple[asyncio.Future[None], asyncio.Future[None]],
+    gone: str | None,
+) -> None:
+    """The relay is over: end the exchange with how it ended, write its record."""
+    _closed(steps)
+    upstream = conn.upstream
+    assert upstream is not None
+    up, down = futures
     how = _how_ended(up, down)  # always: it also retrieves both futures' exceptions
     end = conn.end or how
     if end == End.LOST.value and gone is not None:
         end = End.CLIENT_CLOSED.value if gone == "client" else End.UPSTREAM_CLOSED.value
     upstream.close()
     steps.done(x.ended(end, conn.side.bytes_relayed, upstream.bytes_relayed))
+
+
+def _closed(steps: Steps) -> None:
+    metrics = steps.metrics
+    if metrics is not None:
+        metrics.open_tunnels -= 1
 
 
 async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int]) -> None:
@@ -106,8 +167,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
         audit_ok=audit is None or audit.accepting,
     )
     x = Exchange(steps.gate, FORWARDER)
-    if await drive(steps, conn, x, x.start(intent)) is not None:
-        await relay_tunnel(steps, conn, x)
+    await carry_on(steps, conn, x, x.start(intent))
 
 
 async def _both_or_failure(a: asyncio.Future[None], b: asyncio.Future[None]) -> None:
@@ -119,8 +179,7 @@ async def _both_or_failure(a: asyncio.Future[None], b: asyncio.Future[None]) -> 
     def check(_: object) -> None:
         if waiter.done():
             return
-        failed = any(f.done() and (f.cancelled() or f.exception()) for f in (a, b))
-        if failed or (a.done() and b.done()):
+        if relay_over(a, b):
             waiter.set_result(None)
 
     a.add_done_callback(check)
@@ -142,4 +201,15 @@ def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
     return reasons[0] if reasons else End.EOF.value
 
 
-__all__ = ["relay_tunnel", "serve_forwarder", "serve_tunnel"]
+__all__ = [
+    "carry_on",
+    "connect_exchange",
+    "cut",
+    "end_relay",
+    "open_relay",
+    "relay_over",
+    "relay_tunnel",
+    "serve_forwarder",
+    "serve_tunnel",
+    "who_left",
+]

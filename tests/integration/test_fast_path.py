@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,7 @@ from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy
 
 from proxykit import MemoryAudit, exempt
-from servers import Origin, port_of, start_origin, start_tcp
+from servers import Origin, echo, port_of, start_origin, start_tcp
 
 
 async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -70,6 +72,8 @@ async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
 class Both:
     origin: Origin
     raw_port: int
+    tls_port: int  # an echo server whose tunnels' SNI is checked (an https:// rule)
+    dead_port: int  # an allowed port nothing listens on
     fast: EgressProxy
     slow: EgressProxy
     audit_fast: MemoryAudit
@@ -80,16 +84,26 @@ class Both:
 async def both() -> AsyncIterator[Both]:
     origin = await start_origin(None, 0)
     raw = await start_tcp(None, 0, raw_origin)
-    addr, web, raw_port = origin.addr, origin.port, port_of(raw)
+    tls = await start_tcp(None, 0, echo)
+    addr, web, raw_port, tls_port = origin.addr, origin.port, port_of(raw), port_of(tls)
+    with socket.socket() as s:  # a port free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
     settings = build_settings(
         {
-            "allow": [f"{addr}:{web}", f"{addr}:{raw_port}", f"www.test:{web}"],
+            "allow": [
+                f"{addr}:{web}",
+                f"{addr}:{raw_port}",
+                f"www.test:{web}",
+                f"https://www.test:{tls_port}",
+                f"www.test:{dead}",
+            ],
             "block": ["evil.test"],
             "framework_routes": [],
         },
         resolve=[f"www.test={addr}", f"evil.test={addr}"],
     )
-    settings = exempt(settings, web, raw_port)
+    settings = exempt(settings, web, raw_port, tls_port, dead)
     audit_fast, audit_slow = MemoryAudit(), MemoryAudit()
     fast = EgressProxy(settings, audit=audit_fast)
     slow = EgressProxy(settings, audit=audit_slow)
@@ -97,11 +111,12 @@ async def both() -> AsyncIterator[Both]:
     await slow.start()
     slow.steps.fast_path = False
     try:
-        yield Both(origin, raw_port, fast, slow, audit_fast, audit_slow)
+        yield Both(origin, raw_port, tls_port, dead, fast, slow, audit_fast, audit_slow)
     finally:
         await fast.stop()
         await slow.stop()
         raw.close()
+        tls.close()
         await origin.close()
 
 
@@ -284,3 +299,163 @@ async def test_pipelined_requests_while_one_is_in_flight(both: Both) -> None:
     assert b'"/three"' in third
     await settle(both.audit_fast, 3)
     assert [e["path"] for e in both.audit_fast.events] == ["/one", "/bytes/200000", "/three"]
+
+
+# --- CONNECT tunnels: the callback driver (fast.Carrier) against the coroutine driver -------
+
+
+def client_hello(server_hostname: str) -> bytes:
+    """The bytes Python's TLS client sends first (its ClientHello)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def tunnel(proxy: EgressProxy, target: str, payload: bytes) -> bytes:
+    """CONNECT `target` with `payload` right behind the head, half-close, and everything
+    the proxy sent back until it closed (Date removed)."""
+    reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+    try:
+        writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode() + payload)
+        writer.write_eof()
+        async with asyncio.timeout(10):
+            got = await reader.read(-1)
+    finally:
+        writer.close()
+    return re.sub(rb"\r\nDate: [^\r]*", b"", got)
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """Count the calls of coroutine function `module.name`."""
+    calls = [0]
+    real: Callable[..., Any] = getattr(module, name)
+
+    async def counting(*args: Any) -> None:
+        calls[0] += 1
+        await real(*args)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+async def test_same_answers_and_records_for_tunnels(
+    both: Both, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CONNECT outcome, from the callback driver and from the coroutine driver: the
+    same bytes to the client, the same records; only the coroutine path runs `serve_tunnel`."""
+    a = both.origin.addr
+    get = b"GET /t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    hello = client_hello("www.test")
+    tls = f"www.test:{both.tls_port}"
+    cases = [
+        (f"{a}:{both.raw_port}", get),  # an address: dial, 200, relay
+        (tls, hello),  # a pinned name, its SNI checked and relayed
+        (tls, client_hello("evil.test")),  # SNI of a blocked name: cut
+        (tls, b""),  # no ClientHello at all
+        ("evil.test:443", b""),  # blocked: 403
+        (f"{a}:{both.tls_port}", b""),  # a port its rule does not cover: 403
+        ("no-port", b""),  # a bad target: 400
+    ]
+    served = count_calls(monkeypatch, server_mod, "serve_tunnel")
+    fast = [await tunnel(both.fast, target, payload) for target, payload in cases]
+    assert served[0] == 0, "a CONNECT took the coroutine path with the callback driver on"
+    slow = [await tunnel(both.slow, target, payload) for target, payload in cases]
+    assert served[0] == len(cases)
+    assert fast == slow
+    assert fast[0].startswith(b"HTTP/1.1 200 ")
+    assert b"HTTP/1.1 200 OK" in fast[0].split(b"\r\n\r\n", 1)[1]  # the origin's answer
+    assert fast[1].endswith(hello)  # echoed back through the tunnel
+    assert fast[4].startswith(b"HTTP/1.1 403 ")
+    assert fast[5].startswith(b"HTTP/1.1 403 ")
+    assert fast[6].startswith(b"HTTP/1.1 400 ")
+    await settle(both.audit_fast, len(cases))
+    await settle(both.audit_slow, len(cases))
+    assert comparable(both.audit_fast.events) == comparable(both.audit_slow.events)
+    assert "sni_mismatch" in [e["reason"] for e in both.audit_fast.events]
+
+
+async def test_a_refused_dial(both: Both) -> None:
+    """Nothing listens on the checked address: the same 502 and record from both drivers."""
+    dead = f"www.test:{both.dead_port}"
+    fast = await tunnel(both.fast, dead, b"")
+    slow = await tunnel(both.slow, dead, b"")
+    assert fast == slow
+    assert fast.startswith(b"HTTP/1.1 502 ")
+    await settle(both.audit_fast, 1)
+    await settle(both.audit_slow, 1)
+    assert comparable(both.audit_fast.events) == comparable(both.audit_slow.events)
+    assert both.audit_fast.events[0]["reason"] == "connection_refused"
+
+
+async def test_an_open_tunnel_has_no_task(both: Both) -> None:
+    """The callback driver serves the whole tunnel: accept, head, dial, 200, SNI and relay
+    without a task of its own (the coroutine driver's connection has one)."""
+    hello = client_hello("www.test")
+    for proxy, has_task in ((both.fast, False), (both.slow, True)):
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        try:
+            head = f"CONNECT www.test:{both.tls_port} HTTP/1.1\r\nHost: x\r\n\r\n"
+            writer.write(head.encode() + hello)
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+                echoed = await reader.readexactly(len(hello))
+            assert head.startswith(b"HTTP/1.1 200 ")
+            assert echoed == hello
+            relaying = [c for c in proxy._conns if c.relaying is not None]
+            assert len(relaying) == 1
+            assert (relaying[0].task is not None) is has_task
+            assert relaying[0].upstream is not None
+        finally:
+            writer.close()
+    await settle(both.audit_fast, 1)
+    await settle(both.audit_slow, 1)
+    assert comparable(both.audit_fast.events) == comparable(both.audit_slow.events)
+
+
+async def test_a_name_to_look_up_is_handed_to_the_coroutine_driver(
+    both: Both, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name not in the resolver's cache: the callback driver hands the exchange it began
+    to the coroutine driver (`tunnel.carry_on`), which looks it up and carries on."""
+    from egress.proxy import fast as fast_mod
+
+    carried = count_calls(monkeypatch, fast_mod, "carry_on")
+    monkeypatch.setattr(both.fast.resolver, "cached", lambda host: None)
+    hello = client_hello("www.test")
+    tls = f"www.test:{both.tls_port}"
+    fast = await tunnel(both.fast, tls, hello)
+    assert carried[0] == 1
+    slow = await tunnel(both.slow, tls, hello)
+    assert fast == slow
+    assert fast.startswith(b"HTTP/1.1 200 ")
+    assert fast.endswith(hello)
+    await settle(both.audit_fast, 1)
+    await settle(both.audit_slow, 1)
+    assert comparable(both.audit_fast.events) == comparable(both.audit_slow.events)
+
+
+async def test_a_connect_head_in_pieces_and_a_request_first(both: Both) -> None:
+    """A CONNECT head that arrives in several reads is still the callback driver's; a
+    first request that is not a CONNECT starts the coroutine path as before."""
+    a = f"{both.origin.addr}:{both.raw_port}"
+    for proxy in (both.fast, both.slow):
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        try:
+            for part in (b"CONNECT ", f"{a} HTTP/1.1\r\n".encode(), b"Host: x\r\n\r\n"):
+                writer.write(part)
+                await writer.drain()
+            async with asyncio.timeout(10):
+                head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+        finally:
+            writer.close()
+        got = await session(proxy, [("GET", f"http://{a}/plain")])
+        assert got[0].startswith(b"HTTP/1.1 200 ")
+    await settle(both.audit_fast, 2)
+    await settle(both.audit_slow, 2)
+    assert comparable(both.audit_fast.events) == comparable(both.audit_slow.events)

@@ -63,3 +63,23 @@ def test_the_walk_finds_this_process() -> None:
     own = safety.identity_of("/proc/self/ns/net")
     assert own is not None
     assert str(os.getpid()) in safety._walk()[own]
+
+
+def test_a_walk_begun_after_the_ticket_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut that waited for a worker takes the walk another cut began meanwhile; one whose
+    ticket is newer than every walk walks again."""
+    walks: list[int] = []
+
+    def walk() -> dict[tuple[int, int], list[str]]:
+        walks.append(len(walks) + 1)
+        return {(0, walks[-1]): []}
+
+    monkeypatch.setattr(safety, "_walk", walk)
+    shared = safety._SharedWalk()
+    waiting = shared.ticket()  # asked, then waited for a worker
+    assert shared.members() == {(0, 1): []}  # another cut's walk, begun after that ticket
+    assert shared.members(waiting) == {(0, 1): []}
+    assert walks == [1]
+    late = shared.ticket()  # asked after walk 1 began
+    assert shared.members(late) == {(0, 2): []}
+    assert walks == [1, 2]

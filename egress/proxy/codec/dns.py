@@ -104,29 +104,23 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
         return DnsResult(
             None, "", "", "", "error", "bad_request", detail="a DNS response, not a query"
         )
+    asked = _question(query)
+    if isinstance(asked, DnsResult):
+        return asked
+    return _judged(query, asked, policy, pool)
+
+
+def _question(query: dns.message.Message) -> tuple[str, str] | DnsResult:
+    """The name asked (normalized) and its type, or the answer to a question not answered."""
     if query.opcode() != dns.opcode.QUERY or len(query.question) != 1:
-        return _reply(
-            query,
-            dns.rcode.NOTIMP,
-            "",
-            "",
-            "error",
-            "bad_request",
-            detail="only single-question standard queries are answered",
-        )
+        detail = "only single-question standard queries are answered"
+        return _reply(query, dns.rcode.NOTIMP, "", "", "error", "bad_request", detail=detail)
     question = query.question[0]
     qtype = dns.rdatatype.to_text(question.rdtype)
     raw = question.name.to_text(omit_final_dot=True)
     if question.rdclass != dns.rdataclass.IN:
-        return _reply(
-            query,
-            dns.rcode.REFUSED,
-            raw,
-            qtype,
-            "error",
-            "bad_request",
-            detail="only class IN is answered",
-        )
+        detail = "only class IN is answered"
+        return _reply(query, dns.rcode.REFUSED, raw, qtype, "error", "bad_request", detail=detail)
     try:
         host = normalize_host(raw)
     except TargetError as exc:
@@ -134,15 +128,17 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
             query, dns.rcode.NXDOMAIN, raw[:253], qtype, "error", "bad_request", detail=str(exc)
         )
     if parse_ip_literal(host) is not None:
-        return _reply(
-            query,
-            dns.rcode.NXDOMAIN,
-            host,
-            qtype,
-            "block",
-            "not_a_name",
-            detail="an address spelling is not a name",
-        )
+        detail = "an address spelling is not a name"
+        return _reply(query, dns.rcode.NXDOMAIN, host, qtype, "block", "not_a_name", detail=detail)
+    return host, qtype
+
+
+def _judged(
+    query: dns.message.Message, asked: tuple[str, str], policy: Policy, pool: FakeIPs
+) -> DnsResult:
+    """The policy's answer for the name: NXDOMAIN when refused (answered in report-only
+    mode, the record saying it would be refused), else a fake address for an A query."""
+    host, qtype = asked
     verdict = judge_name(policy, host)
     would = None
     if not verdict.allowed and not policy.report_only:
@@ -153,23 +149,18 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
             qtype,
             "block",
             verdict.reason,
-            verdict.rule,
+            rule=verdict.rule,
             detail=verdict.detail,
         )
     if not verdict.allowed:  # report-only: answered, the record says it would be refused
         would = f"report-only, would block: {verdict.detail}"
     answer = None
-    if question.rdtype == dns.rdatatype.A:
+    if query.question[0].rdtype == dns.rdatatype.A:
         addr = pool.address_for(host)
         if addr is None:
+            detail = f"fake address pool {pool.network} is full"
             return _reply(
-                query,
-                dns.rcode.SERVFAIL,
-                host,
-                qtype,
-                "error",
-                "pool_exhausted",
-                detail=f"fake address pool {pool.network} is full",
+                query, dns.rcode.SERVFAIL, host, qtype, "error", "pool_exhausted", detail=detail
             )
         answer = str(addr)
     result = _reply(
@@ -179,8 +170,8 @@ def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> DnsResult:
         qtype,
         "allow",
         verdict.reason,
-        verdict.rule,
-        answer,
+        rule=verdict.rule,
+        answer=answer,
         detail=would,
     )
     return replace(result, would="block") if would is not None else result
@@ -203,10 +194,12 @@ def _reply(
     qtype: str,
     decision: str,
     reason: str,
+    *,
     rule: str | None = None,
     answer: str | None = None,
     detail: str | None = None,
 ) -> DnsResult:
+    """The response with `rcode` (and `answer` as its A record), and what it said and why."""
     response = dns.message.make_response(query)
     response.flags |= dns.flags.RA
     response.set_rcode(rcode)

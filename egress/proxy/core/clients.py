@@ -19,7 +19,7 @@ from ...policy.rules import Policy
 from ...policy.target import IPAddress, IPNetwork
 
 Network = IPNetwork
-SOURCE_CACHE_MAX = 4096  # source addresses remembered by identity_at_accept
+SOURCE_CACHE_MAX = 4096  # source addresses remembered by identity_at_accept, identify_token
 R = TypeVar("R")
 
 
@@ -75,6 +75,7 @@ class ClientTable:
         self.by_token: list[tuple[bytes, Identity]] = []
         self.by_source: list[tuple[Network, Identity]] = []
         self._at_source: dict[str, Identity | None] = {}  # identity_at_accept's cache
+        self._at_addr: dict[IPAddress, Identity | None] = {}  # identify_token's cache
         for spec in settings.clients:
             self.add(spec)
 
@@ -148,6 +149,7 @@ class ClientTable:
         self.by_token = [(c.token.encode(), ids[c.client_id]) for c in specs if c.token]
         self.by_source = [(net, ids[c.client_id]) for c in specs for net in c.sources]
         self._at_source = {}
+        self._at_addr = {}
 
     def identify(self, source: IPAddress | None, proxy_authorization: str | None) -> Identity:
         """The identity for a request; raise `AuthError` (407) for a missing or wrong token."""
@@ -166,10 +168,16 @@ class ClientTable:
             return found
         if self.require_auth:
             raise AuthError("auth_required", "proxy authentication required")
-        if source is not None:
-            for net, identity in self.by_source:
-                if source in net:
-                    return identity
+        if source is not None and self.by_source:
+            cache = self._at_addr
+            if source in cache:
+                found = cache[source]
+            else:  # one scan per address, not per request (docs/proxy.md#per-sandbox-bounds)
+                if len(cache) >= SOURCE_CACHE_MAX:
+                    cache.clear()
+                found = cache[source] = self._scan(source)
+            if found is not None:
+                return found
         return self.default
 
     def identity_at_accept(self, bound: Identity | None, source: str) -> Identity | None:
@@ -199,6 +207,9 @@ class ClientTable:
             addr = ipaddress.ip_address(source.split("%", 1)[0])
         except ValueError:
             return None
+        return self._scan(addr)
+
+    def _scan(self, addr: IPAddress) -> Identity | None:
         for net, identity in self.by_source:
             if addr in net:
                 return identity

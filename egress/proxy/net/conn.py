@@ -20,6 +20,7 @@ from ..codec import http1 as wire
 from ..core.gate import HEAD_TIMEOUT
 from ..core.record import AccessRecord
 from ..core.responses import error_response
+from .dialer import Dialer
 from .listener import Listener
 from .relay import Side
 
@@ -118,6 +119,10 @@ class Conn:
     recheck: Mapping[str | None, Policy] | None = None
     task: asyncio.Task[None] | None = None
     rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
+    # the callback driver's dial in progress (its connect timeout is the sweeper's)
+    dialing: Dialer | None = None
+    # set by `stop` for a connection no task serves: done when it has ended
+    ended: asyncio.Future[None] | None = None
 
 
 async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | None]) -> T | None:
@@ -180,7 +185,10 @@ def _refuse_tls(buf: bytearray) -> None:
 
 
 def sweep(conn: Conn, now: float, lim: Limits) -> None:
-    """Enforce the head, hello and idle timeouts on one connection."""
+    """Enforce the head, hello, connect and idle timeouts on one connection."""
+    dialing = conn.dialing
+    if dialing is not None and now - dialing.started > lim.connect_timeout:
+        dialing.expire()  # the next address, or the dial's refusal (connection_timeout)
     if conn.phase == "hello" and now - conn.phase_since > lim.head_timeout:
         conn.end = End.HELLO_TIMEOUT.value  # inside an open tunnel: nothing to answer
         conn.side.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import os
 import socket
 import threading
@@ -37,7 +38,11 @@ class NamespaceError(EgressError):
     """The namespace cannot be entered (missing, or no privilege)."""
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    """Loaded once: `find_library` runs `ldconfig -p` in a subprocess, which cost every
+    listener opened in a namespace ~0.7 ms of this process's CPU and ~3 ms of wall time
+    (two per prepared sandbox: docs/benchmarks.md#hundreds-of-sandboxes)."""
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 

@@ -155,9 +155,7 @@ class Side(asyncio.Protocol):
         """Wait until more bytes arrive in `buf` (True) or the peer ended (False)."""
         if self.eof:
             return False
-        if self._read_paused_full and len(self.buf) <= self.max_buffer:
-            self._read_paused_full = False
-            self._resume_reading()
+        self.want_more()
         waiter = self.loop.create_future()
         self._waiter = waiter
         try:
@@ -165,6 +163,12 @@ class Side(asyncio.Protocol):
         finally:
             self._waiter = None
         return not self.eof or bool(self.buf)
+
+    def want_more(self) -> None:
+        """Read on if reading paused on a full `buf` that `max_buffer` now allows."""
+        if self._read_paused_full and len(self.buf) <= self.max_buffer:
+            self._read_paused_full = False
+            self._resume_reading()
 
     def consume(self, n: int) -> None:
         """Drop the first `n` bytes of `buf` (a parsed head)."""
