@@ -244,7 +244,7 @@ def finish_exchange(
     steps.done(x.ended(end, up, down))
     addr = x.dialed_addr
     if ok and resp is not None and resp.keep_alive and addr is not None:
-        upstream.last = x.record  # re-judged in the pool if a policy changes
+        upstream.last_rec = x.record  # re-judged in the pool if a policy changes
         steps.pool.release(upstream, addr, x.record.port)
     else:
         upstream.close()

@@ -164,28 +164,28 @@ class ClientControl:
             idle[rec] = (join_host_port(listener.host, listener.port), kind)
         if proxy._started:
             for side in proxy.pool.revoke(
-                lambda s: revoked_by(policies, guard, s.last) is not None
+                lambda s: revoked_by(policies, guard, s.last_rec) is not None
             ):
                 closed += 1
-                if isinstance(side.last, AccessRecord):
-                    idle.setdefault(side.last, (None, None))
-        for last, (listener_at, mode) in idle.items():
-            self._record_revoked(last, policies, listener_at, mode)
+                if isinstance(side.last_rec, AccessRecord):
+                    idle.setdefault(side.last_rec, (None, None))
+        for last_rec, (listener_at, mode) in idle.items():
+            self._record_revoked(last_rec, policies, listener_at, mode)
         return closed
 
     def _record_revoked(
         self,
-        last: AccessRecord,
+        last_rec: AccessRecord,
         policies: Mapping[str | None, Policy],
         listener: str | None,
         kind: str | None,
     ) -> None:
         """The connection record of what was closed between requests (docs/audit-log.md)."""
-        policy = policies[last.client_id]
-        verdict = revoked_by(policies, self.proxy.gate.guard, last)
+        policy = policies[last_rec.client_id]
+        verdict = revoked_by(policies, self.proxy.gate.guard, last_rec)
         assert verdict is not None
         what = "a kept-alive connection" if listener is not None else "a pooled upstream"
-        rec = revoked_record(last, perf_counter_ns(), listener, kind, what, policy.digest)
+        rec = revoked_record(last_rec, perf_counter_ns(), listener, kind, what, policy.digest)
         self.proxy.steps.emit(rec, "block", verdict.reason, verdict.rule, rec.detail, None)
 
     def policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:

@@ -439,7 +439,7 @@ def connection_record(
 
 
 def revoked_record(
-    last: AccessRecord,
+    last_rec: AccessRecord,
     t0: int,
     listener: str | None,
     mode: str | None,
@@ -447,14 +447,14 @@ def revoked_record(
     policy: str,
 ) -> AccessRecord:
     """A kept-alive client connection or a pooled upstream closed between requests because
-    a policy change no longer allows the destination of its last request (`last`): a
+    a policy change no longer allows the destination of its last request (`last_rec`): a
     connection record (`method: "-"`) naming that destination, `end: revoked`
     (docs/audit-log.md#connection-records). `what` says what was closed, `policy` is the
     hash of the policy that no longer allows it."""
-    rec = AccessRecord(last.client, "-", last.scheme, last.host, last.port, t0)
+    rec = AccessRecord(last_rec.client, "-", last_rec.scheme, last_rec.host, last_rec.port, t0)
     rec.listener, rec.mode, rec.end = listener, mode, End.REVOKED.value
-    rec.addr, rec.orig_dst = last.addr, last.orig_dst
-    rec.identify(last.client_id)
+    rec.addr, rec.orig_dst = last_rec.addr, last_rec.orig_dst
+    rec.identify(last_rec.client_id)
     rec.policy = policy
     rec.detail = (
         f"{what} closed between requests: a policy change no longer allows its last destination"

@@ -101,7 +101,7 @@ class UpstreamPool:
 
     def revoke(self, gone: Callable[[Side], bool]) -> list[Side]:
         """Close the idle connections `gone` says a policy change took away (it is given each
-        one, `Side.last` names the exchange it carried last); returns them, for the records
+        one, `Side.last_rec` names the exchange it carried last); returns them, for the records
         (docs/policy.md#live-policy-changes)."""
         closed: list[Side] = []
         for key, sides in list(self._idle.items()):

@@ -95,7 +95,7 @@ class Side(asyncio.Protocol):
         self._read_paused_sink = False
         # an upstream: the record of the last exchange it carried; a policy change re-judges
         # it while it waits in the pool (docs/policy.md#live-policy-changes)
-        self.last: object = None
+        self.last_rec: object = None
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
