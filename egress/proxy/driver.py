@@ -45,8 +45,6 @@ async def drive(
     share, docs/proxy.md#fair-share)."""
     timed = False
     metrics = steps.metrics
-    # a change while an earlier exchange on this connection was dialed is not this one's
-    conn.recheck = None
     while True:
         if isinstance(action, Resolve):
             action = await _resolve(steps, x, action)
@@ -76,7 +74,7 @@ async def drive(
             refuse(steps, conn, action, close=keep is None or not keep(action.verdict))
             return None
         elif isinstance(action, Relay):
-            if conn.recheck is not None and _revoked_meanwhile(steps, conn, x):
+            if conn.recheck is not None and revoked_meanwhile(steps, conn, x):
                 return None
             return action
         elif isinstance(action, Done):
@@ -84,11 +82,11 @@ async def drive(
             return None
 
 
-def _revoked_meanwhile(steps: Steps, conn: Conn, x: Exchange) -> bool:
+def revoked_meanwhile(steps: Steps, conn: Conn, x: Exchange) -> bool:
     """A policy changed while this exchange was judged, resolved or dialed under the old
     one: judge it again, now that its address is known, before anything is relayed; if
     the new policy refuses it, it is cut and recorded `end: revoked`
-    (docs/policy.md#live-policy-changes)."""
+    (docs/policy.md#live-policy-changes). Both drivers call it at `Relay`."""
     policies, conn.recheck = conn.recheck, None
     assert policies is not None
     if revoked_by(policies, steps.gate.guard, x.record) is None:
@@ -151,4 +149,4 @@ def refuse(steps: Steps, conn: Conn, action: Refuse, *, close: bool = True) -> N
     steps.done(action.done)
 
 
-__all__ = ["drive", "ok_bytes", "read_hello", "refuse"]
+__all__ = ["drive", "ok_bytes", "read_hello", "refuse", "revoked_meanwhile"]

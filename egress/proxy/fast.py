@@ -47,7 +47,7 @@ from .core.exchange import Exchange
 from .core.gate import Refuse as Verdict
 from .core.gate import refuse_upstream
 from .core.record import perf_counter_ns, seconds_since
-from .driver import ok_bytes, refuse
+from .driver import ok_bytes, refuse, revoked_meanwhile
 from .fairshare import Ticket
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
 from .net.dialer import Dialer
@@ -340,6 +340,7 @@ class Carrier:
         self.timer: asyncio.TimerHandle | None = None
 
     def begin(self, head: wire.RequestHead) -> None:
+        self.conn.relaying = self.conn.recheck = None  # nothing of an earlier exchange
         try:
             x, action = connect_exchange(self.steps, self.conn, head)
             self.x = x
@@ -402,6 +403,9 @@ class Carrier:
                 self.side.finished()
                 return
             elif isinstance(action, Relay):
+                if conn.recheck is not None and revoked_meanwhile(steps, conn, x):
+                    self.side.finished()  # a policy change during its set-up: cut, recorded
+                    return
                 self._relay()
                 return
             else:  # Done

@@ -110,7 +110,9 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
             if turn is None:
                 turn = await steps.turns.take(conn.owner)
 
-    conn.relaying = None  # until it is dialed, the previous exchange is not what is open
+    # until it is dialed, the previous exchange is not what is open (nor, for a recheck,
+    # what a change found being dialed then: driver.revoked_meanwhile)
+    conn.relaying = conn.recheck = None
     try:
         keep = _keeper(steps, head)
         relay = await drive(steps, conn, x, x.start(intent), keep=keep, before_pooled=take_turn)

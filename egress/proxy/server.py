@@ -638,7 +638,8 @@ class EgressProxy:
             return False
         conn.phase, conn.served = "active", True
         if head.method == "CONNECT":
-            conn.relaying = None  # the last request's record is not what it opens
+            # the last request's record is not what it opens, nor an earlier change's recheck
+            conn.relaying = conn.recheck = None
             await serve_tunnel(self.steps, conn, head)
             return False
         keep = await serve_request(self.steps, conn, head)

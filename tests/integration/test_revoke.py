@@ -139,10 +139,14 @@ def _client_hello(name: str) -> bytes:
     return outgoing.read()
 
 
-async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relays() -> None:
+@pytest.mark.parametrize("callbacks", [True, False], ids=["callback-driver", "coroutine"])
+async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relays(
+    callbacks: bool,
+) -> None:
     """A CONNECT admitted under the old policy that is still waiting for its ClientHello
     (its SNI check) when the policy changes: the change finds no relay to cut yet, so it is
-    judged again before its first byte is relayed, and cut (`end: revoked`, nothing sent)."""
+    judged again before its first byte is relayed, and cut (`end: revoked`, nothing sent).
+    Both drivers: the callback driver (a CONNECT's default) and the coroutine."""
     received = bytearray()
 
     async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -157,6 +161,7 @@ async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relay
     settings = exempt(build_settings({}, resolve=["echo.test=127.0.0.1"]), port)
     try:
         async with EgressProxy(settings, audit=audit) as proxy:
+            proxy.steps.fast_path = callbacks
             # an https:// rule: the proxy reads the ClientHello before it relays
             rule = f"https://echo.test:{port}"
             proxy.add_client(ClientSpec("sb", Policy(allow=[rule]), token="tok"))
