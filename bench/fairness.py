@@ -201,6 +201,8 @@ async def victim_conn(
 async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict[str, Any]:
     out: dict[str, Any] = {"latency": [], "ok": 0, "failed": 0}
     sched = schedstat()
+    lags: list[float] = []
+    watch = asyncio.ensure_future(watch_lag(lags))
     await asyncio.gather(
         *(
             victim_conn(n, proxy_port, origin_port, seconds, out)
@@ -208,6 +210,7 @@ async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict
             for _ in range(VICTIM_CONNS)
         )
     )
+    watch.cancel()
     lat = sorted(out["latency"])
     total = out["ok"] + out["failed"]
 
@@ -221,7 +224,8 @@ async def run_victims(proxy_port: int, origin_port: int, seconds: float) -> dict
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "max_ms": round(lat[-1] * 1000, 2) if lat else 0.0,
-        "client": sched_delta(sched, schedstat()),  # the victims' own process (core 1)
+        # the victims' own process (core 1): a stall there is no latency of the proxy's
+        "client": {**sched_delta(sched, schedstat()), **percentiles(sorted(lags), "lag")},
         "latency_ms": [round(x * 1000, 3) for x in lat],  # pooled over rounds by `run`
     }
 
@@ -376,6 +380,7 @@ def pooled(slices: list[dict[str, Any]]) -> dict[str, Any]:
             "client": {
                 "cpu_s": summed("client", "cpu_s"),
                 "cpu_wait_s": summed("client", "cpu_wait_s"),
+                "lag_max_ms": max(s["client"]["lag_max_ms"] for s in slices),
             },
         },
         "round_p99_ms": [s["p99_ms"] for s in slices],
@@ -404,12 +409,7 @@ def run(seconds: float, fair: bool, rounds: int) -> dict[str, Any]:
                       "fair" if fair else "unfair", cpu=0)  # fmt: skip
         assert proxy.stdout is not None
         ports = json.loads(proxy.stdout.readline())
-        subprocess.run(
-            ["iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", REDIRECTED[0],
-             "--dport", str(REDIRECTED[1]), "-j", "DNAT", "--to-destination",
-             f"{OWN}:{ports['transparent']}"],
-            check=True,
-        )  # fmt: skip
+        dnat(ports)
         slices: dict[str, list[dict[str, Any]]] = {phase: [] for phase in PHASES}
         try:
             # rounds of (baseline, connections, requests): the machine's load drifts, and
@@ -453,12 +453,77 @@ def run(seconds: float, fair: bool, rounds: int) -> dict[str, Any]:
         }
 
 
+def flood_cost(seconds: float) -> dict[str, Any]:
+    """The proxy's CPU per connection of the connection flood, with no victims: its CPU
+    over `seconds` of the flood less its CPU over `seconds` idle, divided by the refusals
+    the audit log counts (docs/benchmarks.md#fairness)."""
+    with tempfile.TemporaryDirectory(prefix="egress-fairness-") as tmp:
+        workdir = Path(tmp)
+        origin = child("-m", "bench.origin", cpu=1)
+        assert origin.stdout is not None
+        origin_port = json.loads(origin.stdout.readline())["http_ports"][0]
+        proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir),
+                      "fair", cpu=0)  # fmt: skip
+        assert proxy.stdin is not None
+        assert proxy.stdout is not None
+        ports = json.loads(proxy.stdout.readline())
+        dnat(ports)
+
+        def mark() -> dict[str, Any]:
+            assert proxy.stdin is not None
+            assert proxy.stdout is not None
+            proxy.stdin.write("mark\n")
+            proxy.stdin.flush()
+            stats: dict[str, Any] = json.loads(proxy.stdout.readline())
+            return stats
+
+        try:
+            mark()
+            time.sleep(seconds)
+            idle = mark()
+            hostile = child("-m", "bench.fairness", "--hostile", "connections", json.dumps(ports),
+                            str(origin_port), str(seconds), cpu=1, nice=19)  # fmt: skip
+            assert hostile.stdout is not None
+            flood = json.loads(hostile.stdout.readline())
+            hostile.wait(60)
+            time.sleep(1.0)  # the last refusals' records
+            busy = mark()
+        finally:
+            for p in (proxy, origin):
+                assert p.stdin is not None
+                p.stdin.close()
+                p.wait(60)
+        lines = (workdir / "audit.jsonl").read_text().splitlines()
+        refusals = [json.loads(x) for x in lines if '"method":"-"' in x]
+        counted = sum(int(r.get("count", 1)) for r in refusals)
+        cpu = busy["cpu_s"] - idle["cpu_s"] * (seconds + 1.0) / seconds
+        return {
+            "seconds": seconds,
+            "hostile": flood,
+            "refusals_counted": counted,
+            "proxy_idle": idle,
+            "proxy_flood": busy,
+            "cpu_us_per_refusal": round(cpu * 1e6 / counted, 1) if counted else None,
+        }
+
+
+def dnat(ports: dict[str, int]) -> None:
+    """The hostile sandbox's transparent connections to its transparent listener."""
+    subprocess.run(
+        ["iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", REDIRECTED[0],
+         "--dport", str(REDIRECTED[1]), "-j", "DNAT", "--to-destination",
+         f"{OWN}:{ports['transparent']}"],
+        check=True,
+    )  # fmt: skip
+
+
 def table(result: dict[str, Any]) -> str:
     """The Markdown table docs/benchmarks.md#fairness shows."""
     rows = [
         "| victims (49 sandboxes) | requests | success | p50 ms | p99 ms | p99 vs baseline "
-        "| proxy CPU s | proxy waiting for a CPU s | proxy loop lag p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| proxy CPU s | proxy waiting for a CPU s | proxy loop lag p99 ms "
+        "| victims' client waiting for a CPU s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, label in (
         ("baseline", "no hostile sandbox"),
@@ -470,7 +535,8 @@ def table(result: dict[str, Any]) -> str:
         p = v["proxy"]
         rows.append(
             f"| {label} | {v['requests']} | {v['success']} % | {v['p50_ms']} | {v['p99_ms']} | "
-            f"{ratio}x | {p['cpu_s']} | {p['cpu_wait_s']} | {p['lag_p99_ms']} |"
+            f"{ratio}x | {p['cpu_s']} | {p['cpu_wait_s']} | {p['lag_p99_ms']} | "
+            f"{v['client']['cpu_wait_s']} |"
         )
     a = result["audit"]
     rows.append("")
@@ -533,6 +599,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the proxy without a per-client cap on requests in flight (to compare)",
     )
+    p.add_argument(
+        "--flood-cost",
+        action="store_true",
+        help="only the connection flood, no victims: the proxy's CPU per refused connection",
+    )
     p.add_argument("--proxy", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--victims", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--hostile", nargs=4, help=argparse.SUPPRESS)
@@ -559,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.run(argv, env=env, check=False).returncode
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     socket.setdefaulttimeout(10)
+    if args.flood_cost:
+        print(json.dumps(flood_cost(max(args.seconds, 8.0)), indent=2))
+        return 0
     result = run(args.seconds, not args.no_fair_share, args.rounds)
     if args.json:
         print(json.dumps(result, indent=2))

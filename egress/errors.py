@@ -3,6 +3,8 @@
 A *denial* is not an error: it is a `Decision` (see `policy.py`) that becomes a 403 at the
 edge. Errors are for input that cannot be judged at all (a malformed host, a bad rule, a
 malformed request) and carry the HTTP status the proxy answers with.
+
+Pure: exception types only.
 """
 
 from __future__ import annotations

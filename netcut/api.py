@@ -202,12 +202,11 @@ def _cut_job(
             "connection is redirected to the proxy, which judges it"
         )
     safety.require_privilege()
+    ticket = safety.walk_ticket()
     resolved, fd, identity = _open(target)
     try:
         if not force:
             safety.refuse_unsafe_namespace(identity)
-        if not allow_privileged:  # a dry run too: it shows what the cut would do
-            safety.refuse_privileged(identity)
         request = flow.CutRequest(
             keeps,
             _nameservers(resolved),
@@ -221,7 +220,11 @@ def _cut_job(
         )
         store = Store.for_namespace(identity)
         timeout = DEFAULT_TIMEOUT_S + (probe_timeout if probe else 0.0)
-        found = run_in_netns(fd, job, store, str(resolved), request, timeout=timeout)
+        # The privilege rail runs once a worker is free, right before the job: any walk of
+        # /proc another cut began since this one was asked serves it (safety.py), and a
+        # dry run is checked too (it shows what the cut would do).
+        rail = None if allow_privileged else (lambda: safety.refuse_privileged(identity, ticket))
+        found = run_in_netns(fd, job, store, str(resolved), request, timeout=timeout, before=rail)
         if isinstance(found, tuple):
             return (replace(found[0], identity=identity), found[1])
         return replace(found, identity=identity)

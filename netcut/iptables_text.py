@@ -323,6 +323,8 @@ class IptablesShell:
     def __init__(self) -> None:
         self.tools = {"iptables": "iptables-legacy", "ip6tables": "ip6tables-legacy"}
         self.sections: tuple[str, ...] = ("backstop4", "backstop6")
+        # python-iptables in netcut's worker: a commit per change, no process per command
+        self.native: str | None = "netcut.direct.iptables:Iptables"
 
     def install_backstop(self, family: int, rules: tuple[OutputRule, ...]) -> list[str]:
         # Like direct/iptables.install: (re)fill the chain, one jump first in OUTPUT. A chain
@@ -402,7 +404,7 @@ class IptablesShell:
         return lines
 
     def read_dump(
-        self, sections: dict[str, str]
+        self, sections: dict[str, str], verify: bool
     ) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
         families = tuple(
             f
@@ -410,7 +412,7 @@ class IptablesShell:
             if _yes(sections, name)
         )
         seen = None
-        if "rules4" in sections:  # a verify dump
+        if verify:
             seen = tuple(
                 seen_backstop(
                     f,

@@ -6,10 +6,14 @@ the face that fits it. `Netfilter` is direct mode's: its methods run inside the 
 namespace (netcut's worker, direct/worker.py) and act on it. `ShellNetfilter` is helper
 mode's: it writes the same changes as shell commands for the helper container and reads them
 back from its state dump. The plan never names a backend's terms (no tables, chains or
-targets). The one backend today is iptables (direct/iptables.py in the namespace,
-iptables_text.py as shell and as the rule language both share); an nftables backend
-implements these two protocols, and direct/executor.py and helper/script.py are the two
-places that choose the backend.
+targets).
+
+A backend is one module: its `ShellNetfilter` is all both modes need. Helper mode runs its
+commands in the helper container; direct mode runs the same commands in the namespace
+(direct/shellface.py), unless the backend names a faster face of its own there (`native`).
+`backend()` below is the one place netcut chooses it. The one backend today is iptables:
+iptables_text.py (its rule language and its shell face), and direct/iptables.py, its native
+face over python-iptables; an nftables backend is one new module with a `ShellNetfilter`.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class ShellNetfilter(Protocol):
     tools: dict[str, str]
     #: Dump sections it always writes (a dump without one is refused).
     sections: tuple[str, ...]
+    #: Its faster face in the namespace, as "module:Class" (a `Netfilter` that netcut's
+    #: worker imports and makes), or None: direct mode runs these commands there instead.
+    native: str | None
 
     def install_backstop(self, family: int, rules: tuple[OutputRule, ...]) -> list[str]:
         """Commands that put (or refill) the backstop, never leaving the namespace open."""
@@ -81,7 +88,16 @@ class ShellNetfilter(Protocol):
         """Shell for the dump's netfilter sections (with `verify`, the backstop's rules)."""
 
     def read_dump(
-        self, sections: dict[str, str]
+        self, sections: dict[str, str], verify: bool
     ) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
         """From the dump's sections: the families holding the backstop, each one's backstop
-        as read back (None without a verify dump), and whether the redirects are there."""
+        as read back (None unless `verify`: a dump written with `verify`), and whether the
+        redirects are there."""
+
+
+def backend() -> ShellNetfilter:
+    """The netfilter backend netcut uses, in both modes: the one place it is chosen
+    (docs/netcut.md#backends)."""
+    from netcut.iptables_text import IptablesShell  # it imports `Section` from here
+
+    return IptablesShell()

@@ -13,7 +13,8 @@ SVG only, so it opens offline and from an attachment. Everything from the log is
 (an agent chooses hosts and paths): every field goes through `_text` (terminal-control and
 bidi characters escaped as by `printable`, then HTML-escaped, quotes included).
 
-Pure: records in, text out.
+No I/O of its own: records in, text out (their vocabulary, `Summary` and the record
+kinds, is `read.py`'s, whose readers open files).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 `5m`, `2h`, `1d` (relative to now), or an RFC 3339 time; compared with the writer's own
 fixed-width timestamps as strings (docs/audit-log.md#reading-the-log).
+
+Pure: text in, times out.
 """
 
 from __future__ import annotations

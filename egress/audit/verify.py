@@ -2,6 +2,8 @@
 
 Feed lines in order, then `finish`. DoS bounds: memory is bounded by `HASH_WINDOW`
 remembered hashes plus one entry per gap found, never by the number of lines.
+
+Pure: lines in, findings out; reading the files is `cli.py`'s.
 """
 
 from __future__ import annotations

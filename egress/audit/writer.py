@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
+from egress.audit.disk import LogFile
 from egress.audit.format import (
     FORMAT,
     GENESIS,
@@ -35,7 +36,6 @@ from egress.audit.format import (
     record_ts,
     unchain_line,
 )
-from egress.audit.logfile import LogFile
 
 logger = logging.getLogger("egress.audit")
 

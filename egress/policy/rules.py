@@ -18,7 +18,7 @@ on that port; `host:*` (also `ADDR:*`, `CIDR:*`) every port and scheme, which is
 and verifiers' host lists mean; a URL origin narrows to its scheme and port.
 
 Rule matching is done on canonical strings on both sides (`target.normalize_host`). Patterns
-are compiled once at load (`ruleset.py`: exact names to a dict, `*.suffix` patterns to a
+are compiled once at load (`index.py`: exact names to a dict, `*.suffix` patterns to a
 suffix dict, only the rest to regular expressions); decisions can therefore be cached by
 target.
 """
@@ -35,7 +35,7 @@ from typing import Literal
 
 from ..errors import PolicyError, TargetError
 from ..validate import as_bool, as_list
-from .ruleset import RuleSet
+from .index import RuleSet
 from .target import (
     DEFAULT_PORTS,
     IPAddress,

@@ -288,8 +288,16 @@ class Steps:
         owner = conn.owner
         who = owner if owner is not None else _source(conn)
         key = (id(conn.listener), who, reason)
-        pending: _Pending = (conn.client, perf_counter_ns(), *_where(conn.listener), end,
-                             owner, reason, detail, status)  # fmt: skip
+        pending: _Pending = (
+            conn.client,
+            perf_counter_ns(),
+            *_where(conn.listener),
+            end,
+            owner,
+            reason,
+            detail,
+            status,
+        )
         for written, count in self._refusals.add(key, pending, self.loop.time()):
             self._write_pending(written, count)
 
@@ -298,8 +306,16 @@ class Steps:
     ) -> None:
         """`_connection_record` for a connection refused at accept (no `Conn`)."""
         status = refusal_for(refusal.reason, refusal.status).status
-        pending: _Pending = (client, perf_counter_ns(), *_where(listener), None, owner,
-                             refusal.reason.value, refusal.detail, status)  # fmt: skip
+        pending: _Pending = (
+            client,
+            perf_counter_ns(),
+            *_where(listener),
+            None,
+            owner,
+            refusal.reason.value,
+            refusal.detail,
+            status,
+        )
         for written, count in self._refusals.add(key, pending, self.loop.time()):
             self._write_pending(written, count)
 

@@ -27,12 +27,12 @@ import signal
 from netcut import flow
 from netcut.collect import collect_if_due
 from netcut.direct import sockdestroy
-from netcut.direct.iptables import Iptables
 from netcut.direct.kernelstate import read_state, write_sysctl
 from netcut.direct.probe import run_probe
 from netcut.direct.rtnl import MalformedMessage, NetlinkError, Rtnl
+from netcut.direct.shellface import in_namespace
 from netcut.errors import ApplyFailed, StateError
-from netcut.netfilter import Netfilter
+from netcut.netfilter import Netfilter, backend
 from netcut.plan import planner
 from netcut.plan.changes import (
     AddAddr,
@@ -56,8 +56,8 @@ _kill_after = int(os.environ.get(FAULT_ENV, "-1") or -1)
 
 _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
 
-# The netfilter backend (netfilter.py): the one place that chooses it.
-NETFILTER: Netfilter = Iptables()
+# The netfilter backend (netfilter.py chooses it), as direct mode drives it in the namespace.
+NETFILTER: Netfilter = in_namespace(backend())
 
 
 def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:

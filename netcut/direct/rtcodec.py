@@ -304,6 +304,7 @@ def route_get_body(dst: str) -> bytes:
 def route_body(
     family: int,
     dst_len: int,
+    *,
     tos: int,
     proto: int,
     scope: int,
@@ -315,10 +316,8 @@ def route_body(
 ) -> bytes:
     """rtmsg and its attributes for adding or deleting a route; `optional` maps RTA_DST,
     RTA_GATEWAY, RTA_OIF, RTA_PREFSRC, RTA_PRIORITY, RTA_PREF to values (None: absent)."""
-    head = _RTMSG.pack(
-        family, dst_len, 0, tos, table if table < 256 else RT_TABLE_COMPAT, proto, scope, rtype,
-        flags,
-    )  # fmt: skip
+    compat = table if table < 256 else RT_TABLE_COMPAT
+    head = _RTMSG.pack(family, dst_len, 0, tos, compat, proto, scope, rtype, flags)
     out = [head, _nla(15, _U32.pack(table))]
     for number, name, encode in _ROUTE_ENCODE:
         value = optional.get(name)

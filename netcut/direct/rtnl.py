@@ -105,9 +105,17 @@ class Rtnl:
             "RTA_PREF": route.pref,
         }
         body = rtcodec.route_body(
-            route.family, route.dst_len, route.tos, route.proto, route.scope, route.type,
-            route.flags, route.table, optional, route.metrics,
-        )  # fmt: skip
+            route.family,
+            route.dst_len,
+            tos=route.tos,
+            proto=route.proto,
+            scope=route.scope,
+            rtype=route.type,
+            flags=route.flags,
+            table=route.table,
+            optional=optional,
+            metrics=route.metrics,
+        )
         if add:
             self._request(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
         else:

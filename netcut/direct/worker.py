@@ -233,16 +233,28 @@ def start_worker() -> None:
 
 
 def run_in_netns(
-    fd: int, func: Callable[..., T], *args: Any, timeout: float = DEFAULT_TIMEOUT_S
+    fd: int,
+    func: Callable[..., T],
+    *args: Any,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    before: Callable[[], None] | None = None,
 ) -> T:
     """Return `func(*args)` as run inside the namespace named by the open fd `fd`.
 
     `func` must be a module-level function (it is pickled by name). Exceptions it raises come
     back as themselves when they are NetcutErrors, as ApplyFailed otherwise. Raises
     ApplyFailed with `rolled_back` False when the worker dies or overruns `timeout` (it is
-    then killed): whatever the job did so far stays done.
+    then killed): whatever the job did so far stays done. `before` runs once a worker is
+    free, right before the job is sent (a check as close to the job as it can be); what it
+    raises is raised, with nothing sent.
     """
     worker = _pool.take()
+    if before is not None:
+        try:
+            before()
+        except BaseException:
+            _pool.give_back(worker)
+            raise
     try:
         status, value = worker.call(fd, func, args, timeout)
     except (OSError, EOFError, TimeoutError) as exc:

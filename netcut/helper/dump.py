@@ -34,10 +34,10 @@ _PREFS = {"medium": 0, "high": 1, "low": 3}  # `ip -6 route` pref names -> RTA_P
 REQUIRED_SECTIONS = ("links", "addrs", "routes4", "routes6", "sysctls", *NETFILTER.sections)
 
 
-def _sections(text: str) -> dict[str, str]:
+def read_sections(text: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> dict[str, str]:
     """Sections by name. Each must end with `### rc 0`: a tool that failed, a section cut
-    short, or a missing one is InvalidInput naming the section, the command it ran (its
-    `### cmd` line) and everything the command said, every line."""
+    short, or a missing one (of `required`) is InvalidInput naming the section, the command
+    it ran (its `### cmd` line) and everything the command said, every line."""
     out: dict[str, list[str]] = {}
     codes: dict[str, str] = {}
     commands: dict[str, str] = {}
@@ -54,7 +54,7 @@ def _sections(text: str) -> dict[str, str]:
             out[current] = []
         elif current is not None:
             out[current].append(line)
-    for name in (*REQUIRED_SECTIONS, *out):
+    for name in (*required, *out):
         if name not in out:
             raise InvalidInput(f"helper state dump: no {name!r} section")
         if codes.get(name) != "0":
@@ -88,7 +88,7 @@ def parse_state_dump(text: str, nameservers: tuple[str, ...] = ()) -> NamespaceS
 
 
 def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState:
-    s = _sections(text)
+    s = read_sections(text)
     links = tuple(
         Link(int(x["ifindex"]), str(x["ifname"]), "LOOPBACK" in x.get("flags", ()))
         for x in _json(s, "links")
@@ -104,7 +104,8 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         _lookup(name[4:], _json(s, name), index) for name in s if name.startswith("get ")
     )
     sysctls = tuple(_sysctl(line) for line in s.get("sysctls", "").splitlines() if line.strip())
-    backstop, filters, redirect = NETFILTER.read_dump(s)
+    # a verify dump (script.state_script) carries the policy rules
+    backstop, filters, redirect = NETFILTER.read_dump(s, verify="rules4" in s)
     policy_rules = None
     if "rules4" in s:
         policy_rules = tuple(

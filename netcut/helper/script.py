@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import shlex
 
-from netcut.iptables_text import IptablesShell
-from netcut.netfilter import ShellNetfilter
+from netcut.netfilter import ShellNetfilter, backend
 from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
@@ -39,23 +38,36 @@ from netcut.plan.changes import (
 from netcut.plan.model import AF_INET6, Keep, ProbeItem, ProbeResult
 
 _TOLERANT = " 2>/dev/null || true"
-# The netfilter backend's shell face (netfilter.py): the one place helper mode chooses it.
-NETFILTER: ShellNetfilter = IptablesShell()
+# The netfilter backend (netfilter.py chooses it), as helper mode drives it.
+NETFILTER: ShellNetfilter = backend()
 
 
 # Where the helper looks for its tools, in order: the default image's own directory first
 # (helper/image.py), then the usual places of a user-supplied image.
 TOOL_DIRS = ("/netcut/bin", "/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _TOOLS = {
-    "ip": "ip",
-    "ss": "ss",
-    **NETFILTER.tools,
     "timeout": "timeout",
     "nc": "nc",
     "bash": "bash",
     "busybox": "busybox",
 }
-PRELUDE = (
+
+
+def prelude(tools: dict[str, str]) -> str:
+    """Shell that finds each of `tools` (and iproute2's and the probe's) by absolute path as
+    `ncut_NAME` (see the module docstring), and where the net sysctls are writable."""
+    found = {"ip": "ip", "ss": "ss", **tools, **_TOOLS}
+    return (
+        _PRELUDE_HEAD
+        + "".join(
+            f'ncut_find NCUT_{n.upper()} {tool}; ncut_{n}() {{ "$NCUT_{n.upper()}" "$@"; }}\n'
+            for n, tool in found.items()
+        )
+        + _PRELUDE_SYS
+    )
+
+
+_PRELUDE_HEAD = (
     "exec 2>&1\n"
     # ncut_find VAR TOOL: VAR=the first executable TOOL in TOOL_DIRS that is not a busybox
     # applet (no subshell, no fork for the default image's own /netcut/bin).
@@ -63,14 +75,11 @@ PRELUDE = (
     ' if [ "$d" != /netcut/bin ] && [ -L "$f" ]; then'
     ' case "$(readlink "$f" 2>/dev/null)" in *busybox*) continue;; esac; fi;'
     ' eval "$1=\\$f"; return 0; done; eval "$1=/missing/$2"; }\n'
-    + "".join(
-        f'ncut_find NCUT_{n.upper()} {tool}; ncut_{n}() {{ "$NCUT_{n.upper()}" "$@"; }}\n'
-        for n, tool in _TOOLS.items()
-    )
-    # Where the net sysctls are writable: /proc/sys (docker and podman unmask it), or the
-    # bind mount a containerd helper gets, which ctr cannot unmask (session.helper_argv).
-    + "NCUT_SYS=/proc/sys; if [ -d /netcut/sys/net ]; then NCUT_SYS=/netcut/sys; fi\n"
 )
+# Where the net sysctls are writable: /proc/sys (docker and podman unmask it), or the bind
+# mount a containerd helper gets, which ctr cannot unmask (session.helper_argv).
+_PRELUDE_SYS = "NCUT_SYS=/proc/sys; if [ -d /netcut/sys/net ]; then NCUT_SYS=/netcut/sys; fi\n"
+PRELUDE = prelude(NETFILTER.tools)
 
 
 def _q(args: list[str]) -> str:
@@ -143,14 +152,14 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
     lines = [
-        _section("links", "ip -j link show", "ncut_ip -j link show"),
-        _section("addrs", "ip -j -N addr show", "ncut_ip -j -N addr show"),
-        _section(
+        section("links", "ip -j link show", "ncut_ip -j link show"),
+        section("addrs", "ip -j -N addr show", "ncut_ip -j -N addr show"),
+        section(
             "routes4",
             "ip -d -N -j -4 route show table all",
             "ncut_ip -d -N -j -4 route show table all",
         ),
-        _section(
+        section(
             "routes6",
             "ip -d -N -j -6 route show table all",
             "if [ -d /proc/sys/net/ipv6 ]; then"
@@ -169,7 +178,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
     # returns 1 for a /proc/sys file although it read the value (bash returns 0). A sysctl
     # always has a value, so an empty one is the failure (docs/netcut.md#helper-mode).
     lines.append(
-        _section(
+        section(
             "sysctls",
             "read each /proc/sys/net/ipv6/conf/*/{disable_ipv6,accept_ra}",
             "r=0; for f in /proc/sys/net/ipv6/conf/*/disable_ipv6"
@@ -178,11 +187,11 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
             ' else echo "$f: no value read"; r=1; fi; done; (exit $r)',
         )
     )
-    lines += NETFILTER.dump(_section, verify)
+    lines += NETFILTER.dump(section, verify)
     if verify:
-        lines.append(_section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
+        lines.append(section("rules4", "ip -j -N -4 rule show", "ncut_ip -j -N -4 rule show"))
         lines.append(
-            _section(
+            section(
                 "rules6",
                 "ip -j -N -6 rule show",
                 "if [ -d /proc/sys/net/ipv6 ]; then ncut_ip -j -N -6 rule show; else echo '[]'; fi",
@@ -191,7 +200,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _section(name: str, command: str, body: str) -> str:
+def section(name: str, command: str, body: str) -> str:
     """One state-dump section: its name, the command it runs (for the error when it fails:
     helper/dump.py quotes both with the whole output), the output, then `### rc N`."""
     return (

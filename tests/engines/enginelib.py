@@ -75,6 +75,16 @@ class Box:
     def routes(self) -> str:
         return sh("nsenter", f"--net={self.netns}", "ip", "route", "show", "table", "all").stdout
 
+    def routes_back_to(self, expected: str, timeout: float = 30.0) -> str:
+        """The routes once they equal `expected`, else as they are at the deadline. A restore
+        sets disable_ipv6 back to 0 and the kernel regenerates eth0's link-local address, whose
+        `local fe80::…` route appears only when its DAD completes (a second or two, more on a
+        busy machine): poll for it instead of comparing at once."""
+        deadline = time.monotonic() + timeout
+        while (now := self.routes()) != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return now
+
 
 def _pid(engine: str, name: str) -> int:
     out = sh(engine, "inspect", "--format", "{{.State.Pid}}", name).stdout.strip()

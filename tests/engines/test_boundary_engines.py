@@ -178,7 +178,7 @@ async def test_prepare_execution_in_helper_mode(
                     summary = await release_execution(proxy, execution, restore=True)
                 assert summary.by_host["pypi.test"] == {"allow": 1}
                 assert "evil.test" in summary.blocked_hosts
-                assert box.routes() == routes
+                assert box.routes_back_to(routes) == routes
                 assert api.status(target.container(box.name, engine)).state == "not cut"
                 rc, out, err = await wget_in(box, direct[0])
                 assert (rc, out) == (0, "direct"), err
@@ -212,7 +212,7 @@ async def test_a_helper_cut_is_released_by_a_direct_restore(
         assert f"{socks.host}:{socks.port}" in {str(k) for k in execution.cut.plan.keeps}
         assert f"{socks.host}:{socks.port}" in {i.target for i in execution.probe.items}
         await release_execution(proxy, execution, restore=True, cut_mode="direct")
-    assert box.routes() == routes
+    assert box.routes_back_to(routes) == routes
     assert api.status(target.container(box.name, "docker")).state == "not cut"
 
 
@@ -238,7 +238,7 @@ async def test_helper_mode_fails_closed(engine: str, make_box: Callable[..., Box
         assert api.status(ref).is_cut
         assert not proxy.clients.spec(f"{engine}-{box.name[:12]}")
         api.restore(ref)
-        assert box.routes() == routes
+        assert box.routes_back_to(routes) == routes
 
         rawbox = make_box(engine, drop_all=False)
         raw_routes = rawbox.routes()
@@ -251,4 +251,4 @@ async def test_helper_mode_fails_closed(engine: str, make_box: Callable[..., Box
                 cut_mode="helper",
                 proxy_port=port,
             )
-        assert rawbox.routes() == raw_routes
+        assert rawbox.routes_back_to(raw_routes) == raw_routes

@@ -85,9 +85,10 @@ async def test_query_string_in_detail_is_redacted(tmp_path: Path) -> None:
 
 
 async def _refused_keepalive(
-    proxy: EgressProxy,
+    proxy: EgressProxy, source: str | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
-    reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+    local = None if source is None else (source, 0)
+    reader, writer = await asyncio.open_connection(*proxy.addresses[0], local_addr=local)
     writer.write(DENIED)
     await writer.drain()
     status, _, _ = await asyncio.wait_for(read_response(reader), 5)
@@ -110,10 +111,11 @@ async def test_per_client_connection_cap() -> None:
             w.close()
 
 
-async def _refused_at_cap(proxy: EgressProxy) -> bytes | None:
+async def _refused_at_cap(proxy: EgressProxy, source: str | None = None) -> bytes | None:
     """One connection over the cap: the answer it got, or None for a reset."""
+    local = None if source is None else (source, 0)
     try:
-        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0], local_addr=local)
     except ConnectionResetError:
         return None
     try:
@@ -148,6 +150,26 @@ async def test_a_connection_flood_is_reset_after_its_first_answers_and_all_recor
     assert sum(int(str(r.get("count", 1))) for r in records) == flood
     assert len(records) <= 2 * windows
     assert all(r["mode"] == "http" and "per-client" in str(r["detail"]) for r in records)
+
+
+async def test_one_clients_flood_never_costs_another_client_its_answer() -> None:
+    """The reset past a flood's first answers counts per client: while one client (source
+    127.0.0.1) floods far past it, another at its cap (127.0.0.2) still gets its 503 and its
+    own record."""
+    audit = MemoryAudit()
+    limits = Limits(max_connections=16, max_client_connections=2)
+    async with EgressProxy(Policy(), audit=audit, limits=limits) as proxy:
+        held = [await _refused_keepalive(proxy, src) for src in ("127.0.0.1", "127.0.0.2") * 2]
+        flood = await asyncio.gather(*(_refused_at_cap(proxy) for _ in range(4 * ANSWERED)))
+        assert None in flood  # the flooding client is past its answers
+        other = await _refused_at_cap(proxy, "127.0.0.2")
+        for _, w, _ in held:
+            w.close()
+    assert other is not None
+    assert other.startswith(b"HTTP/1.1 503")
+    records = audit.find(reason="too_many_connections")
+    by_source = {str(r["client"]).rsplit(":", 1)[0] for r in records}
+    assert by_source == {"127.0.0.1", "127.0.0.2"}
 
 
 def test_client_cap_default_is_a_quarter() -> None:

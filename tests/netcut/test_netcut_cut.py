@@ -134,6 +134,32 @@ def test_established_connection_fails_fast_after_cut(topo: Topology) -> None:
         assert time.monotonic() - start < 2.0, "fails fast, not after a TCP timeout"
 
 
+def test_connection_beside_listeners_is_destroyed(topo: Topology) -> None:
+    """The cut skips the dump of connected sockets only when every TCP socket of the
+    namespace is a listener: listeners beside a connection do not hide it."""
+    from netcut_testlib import ns_socket
+
+    listeners = [ns_socket(topo.sandbox) for _ in range(2)]
+    for srv in listeners:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+    try:
+        sock = topo.connect(topo.upstream_ip, topo.echo_port, timeout=5.0)
+        with sock:
+            sock.sendall(b"before")
+            assert sock.recv(6) == b"before"
+            netcut.cut(topo.sandbox, [topo.proxy])
+            try:
+                sock.sendall(b"after")
+                got = sock.recv(5)
+            except OSError as exc:
+                got = exc.errno
+            assert got in (errno.ECONNABORTED, errno.ECONNRESET, errno.EPIPE, b""), got
+    finally:
+        for srv in listeners:
+            srv.close()
+
+
 def test_kept_connection_survives_the_cut(topo: Topology) -> None:
     with topo.connect(topo.gateway, topo.proxy_port) as sock:
         netcut.cut(topo.sandbox, [topo.proxy])

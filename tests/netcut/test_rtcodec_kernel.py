@@ -171,9 +171,17 @@ def test_requests_encode_as_pyroute2_does() -> None:
         "RTA_PREF": route.pref,
     }
     body = rtcodec.route_body(
-        route.family, route.dst_len, route.tos, route.proto, route.scope, route.type,
-        route.flags, route.table, optional, route.metrics,
-    )  # fmt: skip
+        route.family,
+        route.dst_len,
+        tos=route.tos,
+        proto=route.proto,
+        scope=route.scope,
+        rtype=route.type,
+        flags=route.flags,
+        table=route.table,
+        optional=optional,
+        metrics=route.metrics,
+    )
     data = rtcodec.request(rtcodec.RTM_NEWROUTE, 0, 1, body)
     (other,) = _pyroute2(data)
     assert kernelstate._route(other, {2: "eth0"}) == route

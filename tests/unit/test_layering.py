@@ -1,47 +1,42 @@
 """Dependencies point inward: the pure core imports no I/O (docs/architecture.md)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = [
-    "errors",
-    "config",
-    "validate",
-    "reasons",
-    "policy.target",
-    "policy.rules",
-    "policy.ruleset",
-    "policy.addrs",
-    "policy.judge",
-    "policy.compose",
-    "policy.verifiers",
-    "proxy.telemetry.metrics",
-    "proxy.admission",
-    "proxy.tally",
-    "proxy.fdbudget",
-    "audit.format",
-    "audit.redact",
-    "audit.timebounds",
-    "audit.verify",
-    "audit.suggest",
-]
-# folders pure as a whole: every module in them is checked, none listed by hand
-PURE_FOLDERS = ["proxy/core", "proxy/codec", "proxy/modes"]
+# Which modules are pure is read from the tree, never from a list kept here: every module in
+# a pure folder, and every other module whose docstring has a paragraph that opens "Pure".
+PURE_FOLDERS = ["policy", "proxy/core", "proxy/codec", "proxy/modes"]
 # in `modes/`, a mode is one place: its answers, handshake and rendering are pure, and its
 # connection's I/O is its `serve.py` (docs/architecture.md#egress-who-owns-what)
 MODE_SHELL = "serve.py"
 MODE_PACKAGES = sorted(p.parent for p in (ROOT / "egress/proxy/modes").glob("*/__init__.py"))
-PURE += [
-    str(path.relative_to(ROOT / "egress").with_suffix(""))
-    .replace("/", ".")
-    .removesuffix(".__init__")
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT / "egress").with_suffix("")).replace("/", ".")
+
+
+def _declares_pure(path: Path) -> bool:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return any(re.match(r"Pure\b", paragraph.strip()) for paragraph in doc.split("\n\n"))
+
+
+IN_FOLDERS = [
+    path
     for folder in PURE_FOLDERS
     for path in sorted((ROOT / "egress" / folder).rglob("*.py"))
     if path.name != MODE_SHELL
 ]
+DECLARED = [
+    path
+    for path in sorted((ROOT / "egress").rglob("*.py"))
+    if path not in IN_FOLDERS and _declares_pure(path)
+]
+PURE = [_name(path).removesuffix(".__init__") for path in [*IN_FOLDERS, *DECLARED]]
 
 
 def source_of(name: str) -> Path:

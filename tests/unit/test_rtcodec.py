@@ -135,7 +135,18 @@ def test_first_of_a_repeated_attribute_wins() -> None:
     )
 )
 def test_metrics_round_trip(metrics: list[tuple[str, int]]) -> None:
-    body = rtcodec.route_body(2, 24, 0, 4, 0, 1, 0, 254, {"RTA_DST": "198.18.1.0"}, tuple(metrics))
+    body = rtcodec.route_body(
+        2,
+        24,
+        tos=0,
+        proto=4,
+        scope=0,
+        rtype=1,
+        flags=0,
+        table=254,
+        optional={"RTA_DST": "198.18.1.0"},
+        metrics=tuple(metrics),
+    )
     (msg,) = rtcodec.parse(_msg(rtcodec.RTM_NEWROUTE, body), 1).messages
     assert msg.get_attr("RTA_DST") == "198.18.1.0"
     assert msg.get_attr("RTA_TABLE") == 254

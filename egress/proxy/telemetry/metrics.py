@@ -6,7 +6,9 @@ here rather than next to each branch of the server makes "the counts equal the a
 hold by construction. The hot path is O(1) dict and int work: no locks, no label objects,
 no string formatting; the Prometheus text is only built when /metrics is scraped (see
 `egress.admin`). Gauges (open connections, open tunnels) are read at scrape time or moved by
-two increments in the server. This module is pure: no I/O, no event loop.
+two increments in the server.
+
+Pure: no I/O, no event loop.
 
 Bounds: label sets are (client_id, decision, reason) and (client_id,); reasons are a closed
 set of constants and client ids are those the operator configured (plus `-` for none), so

@@ -1,0 +1,543 @@
+"""The design checks of docs/architecture.md#design-checks, read from the source tree.
+
+Every check walks `egress/` and `netcut/` as they are: no module, function or class is listed
+here by hand, so a new file is checked the day it is added. Each check is one test, and each
+says what it found when it fails (`file:line name`), so the fix starts from the message.
+
+Run them all with `python -m pytest tests/unit/test_design.py -q`.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("egress", "netcut")
+
+# Limits (docs/architecture.md#design-checks).
+MAX_POSITIONAL = 6
+MAX_FUNCTION_LINES = 80
+# A method whose signature is a framework's, which it overrides, says so on its `def` line (or
+# the line above) with this marker and the overridden name: its positional parameters are the
+# framework's, not ours to choose.
+FRAMEWORK_MARKER = re.compile(r"#\s*framework-signature:\s*(\S+)")
+BANNED_MODULE_NAMES = {"steps", "control", "operate", "ops", "utils", "helpers"}
+
+
+@dataclass(frozen=True)
+class Module:
+    path: Path
+    name: str  # dotted, a package's `__init__` as the package
+    tree: ast.Module
+    source: str
+
+    @property
+    def where(self) -> str:
+        return str(self.path.relative_to(ROOT))
+
+    @property
+    def package(self) -> str:
+        """The package a relative import in this module starts from."""
+        return self.name if self.path.name == "__init__.py" else self.name.rpartition(".")[0]
+
+
+@cache
+def modules() -> tuple[Module, ...]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            source = path.read_text()
+            found.append(Module(path, name, ast.parse(source, str(path)), source))
+    return tuple(found)
+
+
+@cache
+def module_names() -> frozenset[str]:
+    return frozenset(m.name for m in modules())
+
+
+def is_project(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+def absolute(module: Module, node: ast.ImportFrom) -> str:
+    """The dotted module an `import from` reads from."""
+    if not node.level:
+        return node.module or ""
+    base = module.package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node
+
+
+def report(found: list[str]) -> str:
+    return f"{len(found)} found:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------------------ the checks
+
+
+def except_refused(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Handlers of `Refused` in the proxy: a refusal is an action carried out by a driver."""
+    found = []
+    for m in ms or modules():
+        if not m.name.startswith("egress.proxy"):
+            continue
+        for i, line in enumerate(m.source.splitlines(), 1):
+            if re.search(r"except\b.*\bRefused\b", line):
+                found.append(f"{m.where}:{i}")
+    return found
+
+
+def test_at_most_one_place_handles_refused() -> None:
+    found = except_refused()
+    assert len(found) <= 1, report(found)
+
+
+RECORD_FIELDS_OWNER = "egress.proxy.core.exchange"
+RECORD_CLASS = "egress.proxy.core.record"
+RECORD_NAME = re.compile(r"rec(ord)?s?$|_rec(ord)?$", re.IGNORECASE)
+
+
+def record_fields() -> set[str]:
+    (module,) = [m for m in modules() if m.name == RECORD_CLASS]
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.ClassDef) and node.name == "AccessRecord":
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "__slots__":
+                    return set(ast.literal_eval(stmt.value))
+    raise AssertionError("AccessRecord declares its fields in __slots__")
+
+
+def last_name(node: ast.expr) -> str:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def record_writes(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Stores into an `AccessRecord` field outside the exchange, the record's one writer.
+
+    An access record is recognised by its name (`rec`, `record`, `self.record`, ...):
+    `record_names_say_so` keeps every annotated or constructed one named that way."""
+    fields = record_fields()
+    found = []
+    for m in ms or modules():
+        if m.name in (RECORD_FIELDS_OWNER, RECORD_CLASS):
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):
+                if node.attr in fields and RECORD_NAME.search(last_name(node.value)):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("setattr"):
+                if node.args and RECORD_NAME.search(last_name(node.args[0])):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_access_record_fields_are_written_only_by_the_exchange() -> None:
+    found = record_writes()
+    assert not found, report(found)
+
+
+def test_record_names_say_so() -> None:
+    """Whatever holds an `AccessRecord` (annotated so, or made by `AccessRecord(...)`) is named
+    like one, which is how `record_writes` recognises it."""
+    found = []
+    for m in modules():
+        for node in ast.walk(m.tree):
+            held: list[str] = []
+            if isinstance(node, ast.arg) and holds_a_record(node.annotation):
+                held.append(node.arg)
+            elif isinstance(node, ast.AnnAssign) and holds_a_record(node.annotation):
+                held.append(last_name(node.target))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                if ast.unparse(node.value.func).endswith("AccessRecord"):
+                    held += [last_name(t) for t in node.targets]
+            found += [
+                f"{m.where}:{getattr(node, 'lineno', 0)} {name}"
+                for name in held
+                if name != "self" and not RECORD_NAME.search(name)
+            ]
+    assert not found, report(found)
+
+
+def holds_a_record(annotation: ast.expr | None) -> bool:
+    """`AccessRecord` or `AccessRecord | None`, not a container of records."""
+    text = ast.unparse(annotation) if annotation is not None else ""
+    return bool(re.fullmatch(r"(AccessRecord)( \| None)?|None \| AccessRecord", text))
+
+
+def private_imports(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """`_private` names a module takes from another project module (h11's shape: private
+    modules with public names, re-exported by the package; never a sibling's `_name`)."""
+    found = []
+    for m in ms or modules():
+        imported_modules: set[str] = set()
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.ImportFrom):
+                source = absolute(m, node)
+                if not is_project(source):
+                    continue
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in module_names():
+                        imported_modules.add(alias.asname or alias.name)
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{m.where}:{node.lineno} {alias.name} from {source}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if is_project(alias.name):
+                        imported_modules.add(alias.asname or alias.name.split(".")[0])
+                        for part in alias.name.split("."):
+                            if part.startswith("_") and part != "__init__":
+                                found.append(f"{m.where}:{node.lineno} {alias.name}")
+        for node in ast.walk(m.tree):
+            # `module._name`, for a module imported as a whole
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and ast.unparse(node.value).split(".")[0] in imported_modules
+            ):
+                found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    found = private_imports()
+    assert not found, report(found)
+
+
+def format_skips(ms: tuple[Module, ...] | None = None) -> list[str]:
+    found = []
+    for m in ms or modules():
+        for i, line in enumerate(m.source.splitlines(), 1):
+            if re.search(r"#\s*fmt:\s*(skip|off)", line):
+                found.append(f"{m.where}:{i}")
+    return found
+
+
+def test_no_format_skips() -> None:
+    """The formatter's layout everywhere: a table that needs hand layout is data."""
+    found = format_skips()
+    assert not found, report(found)
+
+
+def project_bases(m: Module, cls: ast.ClassDef) -> list[str]:
+    return [ast.unparse(b) for b in cls.bases if is_project_class(m, b)]
+
+
+def is_project_class(m: Module, base: ast.expr) -> bool:
+    """Is `base` the project's own class: defined in the module, or imported from (a module
+    of) `egress` or `netcut`?"""
+    local = {n.name for n in m.tree.body if isinstance(n, ast.ClassDef)}
+    origin: dict[str, str] = {}
+    for node in ast.walk(m.tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                origin[alias.asname or alias.name] = absolute(m, node)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                origin[alias.asname or alias.name.split(".")[0]] = alias.name
+    head = ast.unparse(base).split("[")[0].split(".")[0]
+    return head in local or is_project(origin.get(head, ""))
+
+
+def multiple_bases(ms: tuple[Module, ...] | None = None) -> list[str]:
+    found = []
+    for m in ms or modules():
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.ClassDef):
+                bases = project_bases(m, node)
+                if len(bases) > 1:
+                    found.append(f"{m.where}:{node.lineno} {node.name}({', '.join(bases)})")
+    return found
+
+
+def test_no_class_has_two_project_bases() -> None:
+    """Composition, not mixins: a class owns its parts (httpcore's one override point)."""
+    found = multiple_bases()
+    assert not found, report(found)
+
+
+@cache
+def comments(m: Module) -> dict[int, str]:
+    tokens = tokenize.generate_tokens(io.StringIO(m.source).readline)
+    return {t.start[0]: t.string for t in tokens if t.type == tokenize.COMMENT}
+
+
+def framework_signature(m: Module, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The framework method `fn` overrides, as its marker names it, or None."""
+    first = fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno
+    for line in range(first - 1, fn.body[0].lineno):
+        match = FRAMEWORK_MARKER.search(comments(m).get(line, ""))
+        if match:
+            return match.group(1)
+    return None
+
+
+def positional(fn: ast.FunctionDef | ast.AsyncFunctionDef, method: bool = False) -> int:
+    """Parameters a caller may pass by position; a method's `self` or `cls` is not one."""
+    count = len(fn.args.posonlyargs) + len(fn.args.args)
+    static = any(ast.unparse(d) == "staticmethod" for d in fn.decorator_list)
+    return count - 1 if method and count and not static else count
+
+
+def methods(tree: ast.AST) -> set[int]:
+    """`id`s of the functions defined directly in a class body."""
+    return {
+        id(fn)
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef)
+        for fn in cls.body
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def long_signatures(ms: tuple[Module, ...] | None = None) -> list[str]:
+    found = []
+    for m in ms or modules():
+        in_class = methods(m.tree)
+        for fn in functions(m.tree):
+            count = positional(fn, id(fn) in in_class)
+            if count > MAX_POSITIONAL and not framework_signature(m, fn):
+                found.append(f"{m.where}:{fn.lineno} {fn.name} {count}")
+    return found
+
+
+def test_no_function_takes_more_than_six_positional_parameters() -> None:
+    """More than six: keyword-only parameters, or a small frozen dataclass (smokescreen's
+    `DecideArgs`)."""
+    found = long_signatures()
+    assert not found, report(found)
+
+
+def test_framework_markers_name_an_override() -> None:
+    """A marker excuses only a method of a class with a base from outside the project, and
+    names that base's method."""
+    found = []
+    for m in modules():
+        for cls in ast.walk(m.tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            foreign = [b for b in cls.bases if not is_project_class(m, b)]
+            for fn in cls.body:
+                if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                named = framework_signature(m, fn)
+                if named is None:
+                    continue
+                if not foreign or not named.endswith(f".{fn.name}"):
+                    found.append(f"{m.where}:{fn.lineno} {fn.name}: {named}")
+    for m in modules():
+        methods = {
+            id(fn)
+            for cls in ast.walk(m.tree)
+            if isinstance(cls, ast.ClassDef)
+            for fn in cls.body
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        for fn in functions(m.tree):
+            if id(fn) not in methods and framework_signature(m, fn):
+                found.append(f"{m.where}:{fn.lineno} {fn.name}: not a method")
+    assert not found, report(found)
+
+
+def is_argparse_builder(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A function that only builds an argument parser: most of its statements declare
+    arguments or subcommands. Those read best as one list, so the length limit spares them."""
+    calls = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in {"add_argument", "add_parser", "add_mutually_exclusive_group"}
+    ]
+    statements = [n for n in ast.walk(fn) if isinstance(n, ast.stmt)]
+    return len(calls) * 2 >= len(statements) - 1
+
+
+def long_functions(ms: tuple[Module, ...] | None = None) -> list[str]:
+    found = []
+    for m in ms or modules():
+        for fn in functions(m.tree):
+            length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+            if length > MAX_FUNCTION_LINES and not is_argparse_builder(fn):
+                found.append(f"{m.where}:{fn.lineno} {fn.name} {length}")
+    return found
+
+
+def test_no_function_is_over_eighty_lines() -> None:
+    """Split into named steps (a sequence as data where it is one); argparse builders are one
+    list of arguments and are spared."""
+    found = long_functions()
+    assert not found, report(found)
+
+
+def test_the_builder_exception_sees_builders_only() -> None:
+    args = "".join(f"    p.add_argument('--a{i}')\n" for i in range(90))
+    builder = fake_module("def b(p):\n" + args)
+    worker = fake_module("def w(p):\n    p.add_argument('--a')\n" + "    x = 1\n" * 90)
+    assert long_functions((builder,)) == []
+    assert long_functions((worker,)) == ["egress/fake.py:1 w 92"]
+
+
+def subpackage_docstrings(ms: tuple[Module, ...] | None = None) -> list[str]:
+    found = []
+    for m in ms or modules():
+        if m.path.name != "__init__.py" or "." not in m.name:
+            continue
+        doc = " ".join((ast.get_docstring(m.tree) or "").split())
+        if not doc.endswith(".") or ". " in doc:
+            found.append(f"{m.where}: {doc!r}")
+    return found
+
+
+def test_every_subpackage_says_what_it_holds_in_one_sentence() -> None:
+    found = subpackage_docstrings()
+    assert not found, report(found)
+
+
+def banned_names(ms: tuple[Module, ...] | None = None) -> list[str]:
+    return [
+        m.where
+        for m in ms or modules()
+        if m.name.rpartition(".")[2] in BANNED_MODULE_NAMES or m.path.stem in BANNED_MODULE_NAMES
+    ]
+
+
+def test_no_module_is_named_for_no_concept() -> None:
+    """`utils`, `helpers`, `steps` and the like say nothing of what they own."""
+    found = banned_names()
+    assert not found, report(found)
+
+
+def differ_by_suffix(a: str, b: str) -> bool:
+    """Do two module names differ only by a suffix? One extends the other (`flow`/`flows`,
+    `target`/`targetref`), or they share all but a short ending (`listener`/`listening`,
+    `state`/`status`)."""
+    a, b = sorted((a, b), key=len)
+    if b.startswith(a):
+        return True
+    common = len(next((p for p in _prefixes(a) if b.startswith(p)), ""))
+    return common >= 4 and common >= len(a) - 2
+
+
+def _prefixes(name: str) -> Iterator[str]:
+    return (name[:n] for n in range(len(name), 0, -1))
+
+
+def suffix_twins(ms: tuple[Module, ...] | None = None) -> list[str]:
+    found = []
+    folders: dict[Path, list[str]] = {}
+    for m in ms or modules():
+        stem = m.path.stem if m.path.name != "__init__.py" else m.path.parent.name
+        folder = m.path.parent if m.path.name != "__init__.py" else m.path.parent.parent
+        folders.setdefault(folder, []).append(stem)
+    for folder, stems in sorted(folders.items()):
+        stems = sorted(set(stems) - {"__init__", "__main__"})
+        for i, a in enumerate(stems):
+            for b in stems[i + 1 :]:
+                if differ_by_suffix(a, b):
+                    found.append(f"{folder.relative_to(ROOT)}: {a} / {b}")
+    return found
+
+
+def test_no_two_modules_in_a_folder_differ_only_by_a_suffix() -> None:
+    found = suffix_twins()
+    assert not found, report(found)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "twins"),
+    [
+        ("flow", "flows", True),
+        ("target", "targetref", True),
+        ("listener", "listening", True),
+        ("state", "status", True),
+        ("state", "statedump", True),
+        ("log", "logfile", True),
+        ("read", "redact", False),
+        ("format", "follow", False),
+        ("request", "response", False),
+        ("resolve", "records", False),
+    ],
+)
+def test_the_suffix_rule(a: str, b: str, twins: bool) -> None:
+    assert differ_by_suffix(a, b) is twins
+
+
+def fake_module(source: str, name: str = "egress.fake") -> Module:
+    path = ROOT / (name.replace(".", "/") + ".py")
+    return Module(path, name, ast.parse(source), source)
+
+
+OFFENCES = {
+    "except_refused": "try:\n    pass\nexcept Refused:\n    pass\n",
+    "record_writes": "def f(rec):\n    rec.status = 1\n",
+    "private_imports": "from egress.proxy.core.record import _x\n",
+    "format_skips": "x = 1  # fmt: skip\n",
+    "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",
+    "long_signatures": "def f(a, b, c, d, e, f, g): ...\n",
+    "long_functions": "def f():\n" + "    x = 1\n" * 80,
+}
+
+
+@pytest.mark.parametrize("check", sorted(OFFENCES))
+def test_each_check_would_see_an_offence(check: str) -> None:
+    """The checks are only as good as what they can see: each is shown one offence."""
+    found = globals()[check]((fake_module(OFFENCES[check], "egress.proxy.fake"),))
+    assert len(found) == 1, found
+
+
+def test_the_tree_checks_would_see_an_offence() -> None:
+    package = fake_module('"""Two sentences. Not one."""\n', "egress.fake.__init__")
+    package = Module(ROOT / "egress/fake/__init__.py", "egress.fake", package.tree, "")
+    assert subpackage_docstrings((package,)) == [
+        "egress/fake/__init__.py: 'Two sentences. Not one.'"
+    ]
+    assert banned_names((fake_module("", "egress.proxy.utils"),)) == ["egress/proxy/utils.py"]
+    twins = (fake_module("", "netcut.flow"), fake_module("", "netcut.flows"))
+    assert suffix_twins(twins) == ["netcut: flow / flows"]
+
+
+def test_a_framework_marker_excuses_an_override_only() -> None:
+    source = (
+        "from inspect_ai.util import SandboxEnvironment\n"
+        "class S(SandboxEnvironment):\n"
+        "    # framework-signature: inspect_ai.util.SandboxEnvironment.exec\n"
+        "    def exec(self, a, b, c, d, e, f, g): ...\n"
+    )
+    assert long_signatures((fake_module(source),)) == []
+    assert long_signatures((fake_module(source.replace("# framework-signature", "#")),))
+
+
+def test_the_layering_tests_check_the_pure_folders_whole() -> None:
+    """`proxy/core/`, `proxy/codec/` and `netcut/plan/` are pure by folder: the layering tests
+    (test_layering.py, test_netcut_imports.py) check every module in them, listed by none."""
+    import test_layering
+    import test_netcut_imports
+
+    for folder in ("proxy/core", "proxy/codec"):
+        assert folder in test_layering.PURE_FOLDERS
+        for path in (ROOT / "egress" / folder).rglob("*.py"):
+            assert path in test_layering.IN_FOLDERS, path
+    assert set(test_netcut_imports.PLAN) == set((ROOT / "netcut" / "plan").glob("*.py"))
