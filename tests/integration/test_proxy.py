@@ -1,8 +1,9 @@
 """The proxy against real sockets and real clients (curl, ssl, raw).
 
 Upstreams listen on loopback ports that the guard lets through (`proxykit.exempt`), so these
-tests need no root; the TLS tests keep a test host in a namespace, for SNI on port 443 and a
-real non-local path, and so does the host-local guard test."""
+tests need no root; a TLS upstream there is allowed by `https://` rules, whose ports get the
+SNI check of 443. Three keep a test host: curl over HTTPS end to end and the IP-literal case
+on port 443 itself, and the host-local guard (an address of this host's own interface)."""
 
 from __future__ import annotations
 
