@@ -105,14 +105,14 @@ class _SharedWalk:
         self.cond = threading.Condition()
         self.started = 0  # walks begun
         self.running = False
-        self.done: tuple[int, dict[tuple[int, int], list[str]]] = (0, {})
+        self.done: tuple[int, dict[str, list[str]]] = (0, {})
 
     def ticket(self) -> int:
         """Taken when a caller asks: any walk begun after it is fresh enough for it."""
         with self.cond:
             return self.started
 
-    def members(self, asked: int | None = None) -> dict[tuple[int, int], list[str]]:
+    def members(self, asked: int | None = None) -> dict[str, list[str]]:
         """The latest walk begun after ticket `asked` (now, when None), or a new walk."""
         with self.cond:
             if asked is None:
@@ -139,22 +139,17 @@ class _SharedWalk:
         return found
 
 
-def _walk() -> dict[tuple[int, int], list[str]]:
-    """Each process's namespace by the inode its ns/net link names (`net:[4026532001]`): a
-    readlink is a quarter cheaper than a stat, and every nsfs inode has the same st_dev."""
-    own = identity_of("/proc/self/ns/net")
-    if own is None:
-        return {}
-    members: dict[tuple[int, int], list[str]] = {}
+def _walk() -> dict[str, list[str]]:
+    """Each process by the link its ns/net names (`net:[4026532001]`, the namespace's nsfs
+    inode): a readlink is a quarter cheaper than a stat, and the link is the key as read."""
+    members: dict[str, list[str]] = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            link = os.readlink(f"/proc/{pid}/ns/net")
-        except OSError:
-            continue  # exited meanwhile, or not ours to read
-        if link.startswith("net:[") and link.endswith("]") and link[5:-1].isdigit():
-            members.setdefault((own[0], int(link[5:-1])), []).append(pid)
+        if pid.isdigit():
+            try:
+                link = os.readlink(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue  # exited meanwhile, or not ours to read
+            members.setdefault(link, []).append(pid)
     return members
 
 
@@ -180,8 +175,11 @@ def privileged_processes(identity: tuple[int, int], ticket: int | None = None) -
     """'pid 123 (comm): CAP_NET_RAW (effective, permitted, bounding), ...' for each process in
     the namespace holding one in any of those sets, by a walk of /proc begun after `ticket`
     was taken (now, when None)."""
+    own = identity_of("/proc/self/ns/net")
+    if own is None or own[0] != identity[0]:
+        return ()  # not a namespace file (every nsfs inode has the same st_dev): no process
     found = []
-    for pid in _walks.members(ticket).get(identity, ()):
+    for pid in _walks.members(ticket).get(f"net:[{identity[1]}]", ()):
         try:
             fields = _status_fields(pid)
         except OSError:

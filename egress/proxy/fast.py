@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ProtocolError
 from ..policy.target import IPAddress, Target
+from ..reasons import End
 from .codec import http1 as wire
 from .codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
 from .core.actions import Action, Dial, ReadHello, Refuse, Relay, ReplyOk, Resolve
@@ -46,8 +47,8 @@ from .core.exchange import Exchange
 from .core.gate import Refuse as Verdict
 from .core.gate import refuse_upstream
 from .core.record import perf_counter_ns, seconds_since
-from .driver import ok_bytes, refuse
-from .fairshare import Ticket
+from .driver import ok_bytes, refuse, revoked_meanwhile
+from .fairshare import Ticket, Waiter
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
 from .net.dialer import Dialer
 from .net.relay import RelayEnded, Side
@@ -197,7 +198,15 @@ class FastExchange:
     def _refused(self, refusal: Verdict | Refuse) -> None:
         self.upstream.on_wake = None
         self.upstream.close()
-        self._done(answer(self.steps, self.conn, self.head, self.x, refusal))
+        conn = self.conn
+        if conn.end == End.REVOKED.value and isinstance(refusal, Verdict):
+            # cut by a policy change: nothing to answer, the exchange's record says so
+            finish_exchange(
+                self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
+            )
+            self._done(False)
+            return
+        self._done(answer(self.steps, conn, self.head, self.x, refusal))
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
@@ -233,6 +242,9 @@ class FastClient(Side):
         self.spawn: Spawn | None = None
         self.finish: Callable[[Conn], None] | None = None  # its end, without a coroutine
         self.searched = 0
+        # a request waiting for its client's turn (`park`): its head and bytes
+        self.parked: Waiter | None = None
+        self._parked: tuple[wire.RequestHead, bytes] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.fast is None:
@@ -256,6 +268,12 @@ class FastClient(Side):
     def _wake(self) -> None:
         if self.fast is not None:  # held back while an exchange is in flight (module docstring)
             return
+        parked = self.parked
+        if parked is not None:  # held back while its request waits for a turn (`park`)
+            if not self.lost:
+                return
+            parked.cancel()  # gone meanwhile: the coroutine ends it, as it would have
+            self.parked = self._parked = None
         if self.spawn is not None:
             self.first_head()
             return
@@ -263,6 +281,35 @@ class FastClient(Side):
 
     def wake(self) -> None:
         super()._wake()
+
+    def park(self, steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes) -> None:
+        """Hold a kept-alive request until its client has a turn (its fair share is in
+        flight): then served from callbacks (`_turn`), with no coroutine step for the wait;
+        its bytes wait in `buf`, where the coroutine would find them if it must serve it."""
+        self.buf += data
+        self._parked = (head, data)
+        self.parked = steps.turns.wait(conn.owner, self._turn)
+
+    def _turn(self, ticket: Ticket) -> None:
+        self.parked = None
+        parked, self._parked = self._parked, None
+        conn, steps = self.conn, self.steps
+        assert conn is not None
+        assert steps is not None
+        assert parked is not None
+        head, data = parked
+        served = False
+        if not self.lost and conn.end is None and not steps.closing:
+            self.consume(len(data))  # bytes after it (a next request) stay
+            try:
+                served = begin(steps, conn, head, data, ticket)
+            except Exception:  # a bug here must not lose the request: the coroutine path
+                log.exception("egress: fast path failed for %s", conn.client)
+            if not served:
+                self.buf[:0] = data
+        if not served:
+            steps.turns.give_back(ticket)  # (a no-op if `begin` gave it back)
+            self.wake()
 
     def first_head(self) -> None:
         """Bytes, EOF or loss before any coroutine serves this connection: a complete CONNECT
@@ -331,6 +378,7 @@ class Carrier:
         self.timer: asyncio.TimerHandle | None = None
 
     def begin(self, head: wire.RequestHead) -> None:
+        self.conn.relaying = self.conn.recheck = None  # nothing of an earlier exchange
         try:
             x, action = connect_exchange(self.steps, self.conn, head)
             self.x = x
@@ -393,6 +441,9 @@ class Carrier:
                 self.side.finished()
                 return
             elif isinstance(action, Relay):
+                if conn.recheck is not None and revoked_meanwhile(steps, conn, x):
+                    self.side.finished()  # a policy change during its set-up: cut, recorded
+                    return
                 self._relay()
                 return
             else:  # Done
@@ -506,11 +557,20 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
         return False
     if conn.owner is None:  # the per-client count is taken by the coroutine path
         return False
-    # its client's turn first: at its fair share, the coroutine path waits for one, and
-    # nothing is decided here only to be decided again there
+    # its client's turn first: at its fair share it waits for one here, from callbacks, in
+    # the same queue as the coroutine path's waits (docs/proxy.md#fair-share)
     ticket = steps.turns.try_take(conn.owner)
     if ticket is None:
-        return False
+        side = conn.side
+        assert isinstance(side, FastClient)
+        side.park(steps, conn, head, data)
+        return True
+    return begin(steps, conn, head, data, ticket)
+
+
+def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket: Ticket) -> bool:
+    """`start`, its client's turn taken: False (the turn given back, nothing done) if the
+    request must take the coroutine path."""
     taken = _decided(steps, conn, head, data)
     if taken is None:
         steps.turns.give_back(ticket)
@@ -529,6 +589,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     conn.upstream = upstream
     relay = x.dialed(addr, steps.addr_text(addr))
     assert isinstance(relay, Relay)
+    conn.relaying = x.record  # re-judged if its client's policy changes (as forward.py)
     steps.link(conn, x)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
@@ -571,4 +632,4 @@ def _decided(
     return x, upstream, addr, out, t0, cached
 
 
-__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "start"]
+__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin", "start"]

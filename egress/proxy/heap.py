@@ -59,6 +59,7 @@ class Heap:
         self.longest_ms = 0.0  # the longest settle: the one pause this class makes itself
         self.longest_cpu_ms = 0.0  # its CPU time (the wall time includes being preempted)
         self.last_compaction_ms = 0.0
+        self.garbage = 0  # unreachable objects settles and compactions found (cycles)
         self._tuned = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -118,14 +119,14 @@ class Heap:
             self.compact()
             return
         start = time.perf_counter(), time.thread_time()
-        gc.collect()
+        self.garbage += gc.collect()
         gc.freeze()
         self._took(start)
 
     def compact(self) -> None:
         start = time.perf_counter(), time.thread_time()
         gc.unfreeze()
-        gc.collect()
+        self.garbage += gc.collect()
         gc.freeze()
         self.base = gc.get_freeze_count()
         self.compactions += 1

@@ -3,6 +3,11 @@
 A full disk (a small tmpfs mounted for the test: real ENOSPC) in closed and open mode, a
 kill -9 of the proxy with open tunnels and requests in flight, SIGTERM under load, rotation
 and a log file removed or renamed under the writer.
+
+Mounting the tmpfs needs root, so the full-disk cases keep a test host. The others need no
+root: their upstreams listen on loopback ports of this namespace, which `egress serve`
+reaches as framework routes (its one way through the guard to loopback); what they check is
+the audit log, the same whichever rule allowed the traffic.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from pathlib import Path
 import pytest
 
 import harness
-from servers import echo, run, start_origin, start_tcp
+from servers import echo, port_of, run, start_origin, start_tcp
 
 EGRESS = (sys.executable, "-m", "egress.cli")
+LO = "127.0.0.1"
 
 
 @contextlib.contextmanager
@@ -300,9 +306,8 @@ async def test_full_disk_open_mode_marks_the_outage_and_exit_1_when_lines_are_ab
 # ---- kill -9 of the proxy ----------------------------------------------------------------
 
 
-@pytest.mark.netns
 async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flight(
-    test_host: harness.TestHost, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """Tunnels that exchanged data and requests whose upstream was reached have an `open`
     record, and long tunnels `progress` records, before the proxy dies (today: no trace of
@@ -317,21 +322,22 @@ async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flig
         seen.set()
         await reader.read()  # until the proxy goes away
 
-    echo_srv = await start_tcp(test_host, 7000, echo)
-    slow_srv = await start_tcp(test_host, 8000, silent)
+    echo_srv = await start_tcp(None, 0, echo)
+    slow_srv = await start_tcp(None, 0, silent)
+    echo_port, slow_port = port_of(echo_srv), port_of(slow_srv)
+    echo_at, slow_at = f"{LO}:{echo_port}", f"{LO}:{slow_port}"
     log = tmp_path / "audit.jsonl"
     tunnels, in_flight = 20, 10
     async with serve(
-        "--allow", "example.test:7000", "--allow", "http://example.test:8000",
-        "--resolve", f"example.test={test_host.addr_ns}", "--audit-log", str(log),
-        "--audit-interim", "0.2",
+        "--framework-route", f"http://{echo_at}", "--framework-route", f"http://{slow_at}",
+        "--audit-log", str(log), "--audit-interim", "0.2",
     ) as proxy:  # fmt: skip
         clients = [await Client.connect(proxy.address) for _ in range(tunnels + in_flight)]
         for client in clients[:tunnels]:
-            assert await client.connect_tunnel("example.test:7000") == 200
+            assert await client.connect_tunnel(echo_at) == 200
             assert await client.ping(b"ping") == b"ping"
         for client in clients[tunnels:]:
-            client.writer.write(b"GET http://example.test:8000/slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.writer.write(f"GET http://{slow_at}/slow HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         while len(arrived) < in_flight:
             seen.clear()
             await asyncio.wait_for(seen.wait(), 10)
@@ -353,11 +359,12 @@ async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flig
     recs = records(log)
     opens = [r for r in recs if r.get("type") == "open"]
     assert len({r["id"] for r in opens}) == tunnels + in_flight
-    assert sorted(r["port"] for r in opens) == [7000] * tunnels + [8000] * in_flight
-    assert all(r["host"] == "example.test" and r["addr"] == test_host.addr_ns for r in opens)
+    want = [echo_port] * tunnels + [slow_port] * in_flight
+    assert sorted(r["port"] for r in opens) == sorted(want)
+    assert all(r["host"] == LO and r["addr"] == LO for r in opens)
     assert requests_of(recs) == []  # no end record made it: the proxy was killed
     progress = [r for r in recs if r.get("type") == "progress"]
-    assert {r["id"] for r in progress} >= {r["id"] for r in opens if r["port"] == 7000}
+    assert {r["id"] for r in progress} >= {r["id"] for r in opens if r["port"] == want[0]}
     rc, out = await verify(log)
     assert rc == 1  # the run has no end record
     assert out.count("open at crash: id ") == tunnels + in_flight
@@ -369,24 +376,22 @@ async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flig
     assert f"open at crash: {tunnels + in_flight}" in out
 
 
-@pytest.mark.netns
-async def test_open_and_end_records_pair_up_after_a_clean_stop(
-    test_host: harness.TestHost, tmp_path: Path
-) -> None:
+async def test_open_and_end_records_pair_up_after_a_clean_stop(tmp_path: Path) -> None:
     """Each open record's `id` is on exactly one request record; verify finds none open."""
-    origin = await start_origin(test_host, 80)
-    echo_srv = await start_tcp(test_host, 7000, echo)
+    origin = await start_origin(None, 0)
+    echo_srv = await start_tcp(None, 0, echo)
+    echo_at = f"{LO}:{port_of(echo_srv)}"
     log = tmp_path / "audit.jsonl"
     async with serve(
-        "--allow", "example.test", "--allow", "example.test:7000",
-        "--resolve", f"example.test={test_host.addr_ns}", "--audit-log", str(log),
+        "--framework-route", f"http://{origin.authority}", "--framework-route", f"http://{echo_at}",
+        "--audit-log", str(log),
     ) as proxy:  # fmt: skip
         client = await Client.connect(proxy.address)
         for _ in range(30):  # kept-alive: the callback fast path takes most of them
-            assert (await client.get("http://example.test/a"))[0] == 200
+            assert (await client.get(f"http://{origin.authority}/a"))[0] == 200
         assert (await client.get("http://blocked.test/"))[0] == 403  # refused: no open
         tunnel = await Client.connect(proxy.address)
-        assert await tunnel.connect_tunnel("example.test:7000") == 200
+        assert await tunnel.connect_tunnel(echo_at) == 200
         assert await tunnel.ping(b"x" * 10) == b"x" * 10
         tunnel.close()
         client.close()
@@ -412,9 +417,8 @@ async def test_open_and_end_records_pair_up_after_a_clean_stop(
 # ---- SIGTERM under load ----------------------------------------------------------------------
 
 
-@pytest.mark.netns
 async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
-    test_host: harness.TestHost, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """Tunnels busy through the whole shutdown grace are closed and logged, with no
     "Future exception was never retrieved: RelayEnded" on stderr (today one per tunnel)."""
@@ -426,7 +430,8 @@ async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
                 await writer.drain()
         writer.close()
 
-    srv = await start_tcp(test_host, 7000, sink)
+    srv = await start_tcp(None, 0, sink)
+    sink_at = f"{LO}:{port_of(srv)}"
     log = tmp_path / "audit.jsonl"
     tunnels = 30
     busy = asyncio.Event()
@@ -435,7 +440,7 @@ async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
     async def pump(address: tuple[str, int]) -> None:
         nonlocal started
         client = await Client.connect(address)
-        assert await client.connect_tunnel("example.test:7000") == 200
+        assert await client.connect_tunnel(sink_at) == 200
         started += 1
         if started == tunnels:
             busy.set()
@@ -447,10 +452,7 @@ async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
                     break
         client.close()
 
-    async with serve(
-        "--allow", "example.test:7000", "--resolve", f"example.test={test_host.addr_ns}",
-        "--audit-log", str(log),
-    ) as proxy:  # fmt: skip
+    async with serve("--framework-route", f"http://{sink_at}", "--audit-log", str(log)) as proxy:
         pumps = [asyncio.create_task(pump(proxy.address)) for _ in range(tunnels)]
         await asyncio.wait_for(busy.wait(), 20)
         code, err = await proxy.stop()
@@ -469,22 +471,22 @@ async def test_sigterm_under_load_prints_no_traceback_and_logs_every_tunnel(
 # ---- rotation, reopen, and reading across them -------------------------------------------
 
 
-@pytest.mark.netns
 async def test_rotation_flags_keep_and_a_reopened_file_verify_alone_and_together(
-    test_host: harness.TestHost, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """`--audit-rotate-bytes`/`--audit-keep` rotate and prune; the files left verify alone;
     a file renamed away under the proxy is followed by one that begins with a `reopen`
     record linked to it, so each verifies alone and both verify together."""
-    origin = await start_origin(test_host, 80)
+    origin = await start_origin(None, 0)
+    site = f"http://{origin.authority}"
     log = tmp_path / "audit.jsonl"
     async with serve(
-        "--allow", "example.test", "--resolve", f"example.test={test_host.addr_ns}",
+        "--framework-route", site,
         "--audit-log", str(log), "--audit-rotate-bytes", "3000", "--audit-keep", "2",
     ) as proxy:  # fmt: skip
         client = await Client.connect(proxy.address)
         for n in range(60):
-            assert (await client.get(f"http://example.test/r{n}"))[0] == 200
+            assert (await client.get(f"{site}/r{n}"))[0] == 200
         # Rename only after the writer wrote every `/r` record: one still queued then lands
         # after the `reopen` record, chained anew (docs/audit-log.md#control-records), which
         # is right but not what this test counts. Lines are written in order, so the last
@@ -493,7 +495,7 @@ async def test_rotation_flags_keep_and_a_reopened_file_verify_alone_and_together
         old = tmp_path / "renamed.jsonl"
         log.rename(old)  # an operator's mv (or a log rotator without copytruncate)
         for _ in range(2):
-            assert (await client.get("http://example.test/after-mv"))[0] == 200
+            assert (await client.get(f"{site}/after-mv"))[0] == 200
         client.close()
         code, err = await proxy.stop()
     await origin.close()

@@ -1,8 +1,9 @@
 """The proxy against real sockets and real clients (curl, ssl, raw).
 
 Upstreams listen on loopback ports that the guard lets through (`proxykit.exempt`), so these
-tests need no root; the TLS tests keep a test host in a namespace, for SNI on port 443 and a
-real non-local path, and so does the host-local guard test."""
+tests need no root; a TLS upstream there is allowed by `https://` rules, whose ports get the
+SNI check of 443. Three keep a test host: curl over HTTPS end to end and the IP-literal case
+on port 443 itself, and the host-local guard (an address of this host's own interface)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from egress.proxy.server import EgressProxy, Limits
 
 import harness
 from proxykit import MemoryAudit, exempt, raw_exchange, read_response
-from servers import LOOPBACK, Origin, echo, port_of, run, start_origin, start_tcp
+from servers import LOOPBACK, Origin, echo, listen, port_of, run, start_origin, start_tcp
 
 
 @dataclass
@@ -35,6 +36,7 @@ class World:
     proxy: EgressProxy
     audit: MemoryAudit
     echo_port: int = 7000
+    tls_port: int = 443
 
     @property
     def addr(self) -> str:
@@ -54,7 +56,12 @@ class World:
         return self.proxy.addresses[0]
 
 
-def make_settings(addr: str, web: int = 80, echo_port: int = 7000, alt: int = 8080) -> Settings:
+def make_settings(
+    addr: str, web: int = 80, echo_port: int = 7000, alt: int = 8080, tls_port: int = 443
+) -> Settings:
+    # off 443, an https:// rule makes the TLS port one whose SNI is checked as on 443
+    # (docs/proxy.md#tls-sni-check)
+    tls = [] if tls_port == 443 else [f"https://{h}:{tls_port}" for h in ("tls.test", "www.test")]
     return build_settings(
         {
             "allow": [
@@ -64,6 +71,7 @@ def make_settings(addr: str, web: int = 80, echo_port: int = 7000, alt: int = 80
                 "tls.test",
                 f"echo.test:{echo_port}",
                 "www.test",
+                *tls,
             ],
             "block": ["blocked.test", "evil.test"],
             "framework_routes": [],
@@ -79,27 +87,49 @@ def make_settings(addr: str, web: int = 80, echo_port: int = 7000, alt: int = 80
     )
 
 
+async def tls_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        data = await reader.read(1024)
+        writer.write(b"tls-echo:" + data)
+        await writer.drain()
+    except (ConnectionError, ssl.SSLError):
+        pass
+    finally:
+        writer.close()
+
+
 @contextlib.asynccontextmanager
-async def serving(host: harness.TestHost | None) -> AsyncIterator[World]:
-    """Origins on 80 and 8080 and an echo on 7000 in `host`, or on loopback ports."""
-    web, alt, echo_port = (80, 8080, 7000) if host is not None else (0, 0, 0)
+async def serving(
+    host: harness.TestHost | None, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[World]:
+    """Origins on 80 and 8080, an echo on 7000 and with `tls` a TLS echo on 443 in `host`, or
+    all on loopback ports."""
+    web, alt, echo_port, tls_port = (80, 8080, 7000, 443) if host is not None else (0, 0, 0, 0)
     origin = await start_origin(host, web)
     origin8080 = await start_origin(host, alt)
     echo_srv = await start_tcp(host, echo_port, echo)
     echo_port = port_of(echo_srv)
+    tls_srv = None
+    if tls is not None:
+        sock = listen(host, "0.0.0.0", tls_port)
+        tls_srv = await asyncio.start_server(tls_echo, sock=sock, ssl=tls)
+    tls_port = 443 if tls_srv is None else port_of(tls_srv)
     audit = MemoryAudit()
     if host is None:
         ports = (origin.port, echo_port, origin8080.port)
-        settings = exempt(make_settings(LOOPBACK, *ports), *ports)
+        more = () if tls_srv is None else (tls_port,)
+        settings = exempt(make_settings(LOOPBACK, *ports, tls_port), *ports, *more)
     else:
         settings = make_settings(host.addr_ns)
     proxy = EgressProxy(settings, audit=audit)
     await proxy.start()
     try:
-        yield World(host, origin, proxy, audit, echo_port)
+        yield World(host, origin, proxy, audit, echo_port, tls_port)
     finally:
         await proxy.stop()
         echo_srv.close()
+        if tls_srv is not None:
+            tls_srv.close()
         await origin.close()
         await origin8080.close()
 
@@ -522,30 +552,24 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return crt, key
 
 
-@pytest.fixture
-async def tls_world(ns_world: World, cert: tuple[str, str]) -> AsyncIterator[World]:
-    world = ns_world
+def server_context(cert: tuple[str, str]) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(*cert)
+    return ctx
 
-    async def tls_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            data = await reader.read(1024)
-            writer.write(b"tls-echo:" + data)
-            await writer.drain()
-        except (ConnectionError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
 
-    from egress.proxy.net.netns import listen_in_netns
+@pytest.fixture
+async def tls_world(test_host: harness.TestHost, cert: tuple[str, str]) -> AsyncIterator[World]:
+    """The TLS echo on port 443 of a test host: SNI checked because the port is 443."""
+    async with serving(test_host, server_context(cert)) as w:
+        yield w
 
-    sock = listen_in_netns(world.host.ns, "0.0.0.0", 443)
-    server = await asyncio.start_server(tls_echo, sock=sock, ssl=ctx)
-    try:
-        yield world
-    finally:
-        server.close()
+
+@pytest.fixture
+async def tls_loop(cert: tuple[str, str]) -> AsyncIterator[World]:
+    """The TLS echo on a loopback port, allowed by `https://` rules: SNI checked as on 443."""
+    async with serving(None, server_context(cert)) as w:
+        yield w
 
 
 async def tls_through(world: World, connect_to: str, sni: str, cert: tuple[str, str]) -> bytes:
@@ -559,19 +583,19 @@ async def tls_through(world: World, connect_to: str, sni: str, cert: tuple[str, 
     return data
 
 
-@pytest.mark.netns
-async def test_tls_allowed_sni_relays(tls_world: World, cert: tuple[str, str]) -> None:
-    assert await tls_through(tls_world, "tls.test:443", "tls.test", cert) == b"tls-echo:hi"
+async def test_tls_allowed_sni_relays(tls_loop: World, cert: tuple[str, str]) -> None:
+    target = f"tls.test:{tls_loop.tls_port}"
+    assert await tls_through(tls_loop, target, "tls.test", cert) == b"tls-echo:hi"
     # SNI naming another allowed host on the same port is fine too
-    assert await tls_through(tls_world, "tls.test:443", "www.test", cert) == b"tls-echo:hi"
+    assert await tls_through(tls_loop, target, "www.test", cert) == b"tls-echo:hi"
 
 
-@pytest.mark.netns
 async def test_blocked_sni_inside_allowed_connect_is_cut(
-    tls_world: World, cert: tuple[str, str]
+    tls_loop: World, cert: tuple[str, str]
 ) -> None:
+    tls_world = tls_loop
     with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
-        await tls_through(tls_world, "tls.test:443", "evil.test", cert)
+        await tls_through(tls_world, f"tls.test:{tls_world.tls_port}", "evil.test", cert)
     event = await tls_world.audit.wait_for(reason="sni_mismatch")
     assert event["decision"] == "block"
     assert event["sni"] == "evil.test"
@@ -580,6 +604,7 @@ async def test_blocked_sni_inside_allowed_connect_is_cut(
 
 @pytest.mark.netns
 async def test_curl_https_through_connect(tls_world: World, cert: tuple[str, str]) -> None:
+    # the path end to end through a test host: curl, CONNECT, TLS to port 443
     # curl speaks TLS to our echo, which answers with a non-HTTP line: curl fails *after* the
     # tunnel and handshake succeed, so check the audit line and curl's verbose output.
     _rc, _out, err = await run(
@@ -641,9 +666,9 @@ async def test_tokens_select_client_policy(world: World) -> None:
     assert not any("s3cret" in repr(e) for e in audit.events)  # the token is never logged
 
 
-@pytest.mark.netns
-async def test_malformed_client_hello_is_cut(tls_world: World) -> None:
-    reader, writer, head = await open_tunnel(tls_world, "tls.test:443")
+async def test_malformed_client_hello_is_cut(tls_loop: World) -> None:
+    tls_world = tls_loop
+    reader, writer, head = await open_tunnel(tls_world, f"tls.test:{tls_world.tls_port}")
     assert head.startswith(b"HTTP/1.1 200 ")
     writer.write(b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00")  # a record that is no ClientHello
     assert await asyncio.wait_for(reader.read(-1), 5) == b""

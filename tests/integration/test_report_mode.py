@@ -21,8 +21,8 @@ from egress.config import build_settings
 
 import harness
 from docexamples import examples, normalize
-from proxykit import MemoryAudit, raw_exchange
-from servers import echo, run, start_origin, start_tcp
+from proxykit import MemoryAudit, exempt, raw_exchange
+from servers import echo, port_of, run, start_origin, start_tcp
 
 
 @pytest.mark.netns
@@ -152,15 +152,16 @@ def client_hello(server_hostname: str) -> bytes:
     return outgoing.read()
 
 
-@pytest.mark.netns
-async def test_report_mode_sni_refusals_are_recorded_and_pass(
-    test_host: harness.TestHost,
-) -> None:
-    echo_srv = await start_tcp(test_host, 443, echo)
+async def test_report_mode_sni_refusals_are_recorded_and_pass() -> None:
+    # the upstream listens on a loopback port that the guard lets through; an https:// rule
+    # makes its SNI checked as on 443 (docs/proxy.md#tls-sni-check)
+    echo_srv = await start_tcp(None, 0, echo)
+    tls_port = port_of(echo_srv)
     settings = build_settings(
-        {"allow": ["www.test"], "mode": "report"},
-        resolve=[f"www.test={test_host.addr_ns}", f"other.test={test_host.addr_ns}"],
+        {"allow": [f"https://www.test:{tls_port}"], "mode": "report"},
+        resolve=["www.test=127.0.0.1", "other.test=127.0.0.1"],
     )
+    settings = exempt(settings, tls_port)
     audit = MemoryAudit()
     hello = client_hello("evil.test")
     try:
@@ -168,7 +169,7 @@ async def test_report_mode_sni_refusals_are_recorded_and_pass(
             host, port = proxy.addresses[0]
             for name in ("www.test", "other.test"):
                 reader, writer = await asyncio.open_connection(host, port)
-                writer.write(f"CONNECT {name}:443 HTTP/1.1\r\n\r\n".encode() + hello)
+                writer.write(f"CONNECT {name}:{tls_port} HTTP/1.1\r\n\r\n".encode() + hello)
                 assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
                 assert await reader.readexactly(len(hello)) == hello  # relayed, not cut
                 writer.close()

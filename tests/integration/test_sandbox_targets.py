@@ -25,8 +25,6 @@ from egress.proxy.net.netns import NamespaceError, namespace_path
 import harness
 from servers import Origin, run, start_origin
 
-pytestmark = pytest.mark.netns
-
 CAPLESS = [
     "setpriv",
     "--reuid=65534",
@@ -118,6 +116,7 @@ async def fetch(scene: Scene, proxy_url: str) -> str:
     return out.strip()
 
 
+@pytest.mark.netns
 def test_every_pid_spelling_names_one_namespace_file(scene: Scene) -> None:
     expected = f"/proc/{scene.pid}/ns/net"
     for spelling in (scene.pid, str(scene.pid), f"pid:{scene.pid}", expected):
@@ -127,6 +126,7 @@ def test_every_pid_spelling_names_one_namespace_file(scene: Scene) -> None:
         namespace_path(2**22 + 1)  # above pid_max: never a process
 
 
+@pytest.mark.netns
 async def test_an_int_pid_is_a_sandbox_with_its_own_client_id(scene: Scene) -> None:
     policy = Policy(allow=[scene.upstream.addr_ns])
     ex = await prepare_execution(scene.pid, policy, scene.proxy)
@@ -143,6 +143,7 @@ async def test_an_int_pid_is_a_sandbox_with_its_own_client_id(scene: Scene) -> N
     assert not (await netcut.status_async(scene.sandbox.ns)).is_cut
 
 
+@pytest.mark.netns
 async def test_proc_path_sandboxes_get_distinct_client_ids(
     scene: Scene, test_host_factory: object
 ) -> None:
@@ -155,6 +156,7 @@ async def test_proc_path_sandboxes_get_distinct_client_ids(
     await release_execution(scene.proxy, a, restore=True)
 
 
+@pytest.mark.netns
 async def test_a_listener_that_cannot_open_leaves_nothing_and_a_retry_works(
     scene: Scene,
 ) -> None:
@@ -170,11 +172,18 @@ async def test_a_listener_that_cannot_open_leaves_nothing_and_a_retry_works(
     await release_execution(scene.proxy, ex, restore=True)
 
 
+@pytest.fixture
+async def proxy() -> AsyncIterator[EgressProxy]:
+    async with EgressProxy(build_settings({}), listen=["127.0.0.1:0"]) as proxy:
+        yield proxy
+
+
 @pytest.mark.parametrize("value", ["", "pid:0", "pid:x", "docker:-rm"], ids=str)
 async def test_a_target_naming_nothing_is_a_value_error_before_anything_opens(
-    scene: Scene, value: str
+    proxy: EgressProxy, value: str
 ) -> None:
-    before = len(scene.proxy.listeners)
+    # refused before any namespace is touched, so it needs none (and no root)
+    before = len(proxy.listeners)
     with pytest.raises(ValueError, match="prepare_execution sandbox"):
-        await prepare_execution(value, Policy(), scene.proxy)
-    assert len(scene.proxy.listeners) == before
+        await prepare_execution(value, Policy(), proxy)
+    assert len(proxy.listeners) == before

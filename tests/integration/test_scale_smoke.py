@@ -51,8 +51,10 @@ def test_scale_bench_small_keeps_isolation_and_leaves_nothing(tmp_path: Path) ->
     assert row["n"] == 3
     assert row["cross_200"] == 0
     assert row["cross_asked"] > 0
-    for key in ("request_ms_p99", "lag_ms_p99", "gc_max_ms"):
+    for key in ("request_ms_p99", "lag_ms_p99", "gc_max_ms", "proxy_ms_p99_at_most"):
         assert row[key] is not None, (key, row)
+    # the proxy's own timing of the phase's requests (its histogram, docs/metrics.md)
+    assert result["datapath"][0]["paced"]["proxy_requests"] > 0
     assert summary["chain_verified"] is True
     assert summary["gc_max_ms_whole_run"] > 0, "the run's collections were timed"
     assert summary["churn"]["restored"] == summary["churn"]["forgotten"] == 6

@@ -210,15 +210,16 @@ async def test_listen_inside_sandbox_namespace(test_host_factory: object, tmp_pa
         await origin.close()
 
 
-@pytest.mark.netns
-async def test_serve_workers_share_the_port_and_keep_one_chain_each(
-    test_host: harness.TestHost, tmp_path: Path
-) -> None:
+async def test_serve_workers_share_the_port_and_keep_one_chain_each(tmp_path: Path) -> None:
     """`--workers 2`: one `listening on` line per listener, requests from real curl spread
     over both workers (SO_REUSEPORT), one audit chain per worker that `audit verify` reads
     together, and SIGTERM to the parent stops every worker gracefully.
+
+    The origin listens on a loopback port, reached as a framework route (`egress serve`'s one
+    way through the guard to loopback): no root needed, and the chains are the same.
     """
-    origin = await start_origin(test_host, 80)
+    origin = await start_origin(None, 0)
+    site = f"http://{origin.authority}"
     log = tmp_path / "audit.jsonl"
     proc, lines = await start_serve(
         "--workers",
@@ -227,10 +228,8 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
         "127.0.0.1:0",
         "--listen",
         "127.0.0.1:0",
-        "--allow",
-        "example.test",
-        "--resolve",
-        f"example.test={test_host.addr_ns}",
+        "--framework-route",
+        site,
         "--audit-log",
         str(log),
     )
@@ -252,7 +251,7 @@ async def test_serve_workers_share_the_port_and_keep_one_chain_each(
                 "5",
                 "-x",
                 urls[i % 2],
-                f"http://example.test/{i}",
+                f"{site}/{i}",
             )
             assert rc == 0, err
             codes.append(out)

@@ -3,7 +3,7 @@ red-team cases of CONNECT (address spellings, loopback literals, rebinding, SNI 
 each refused with its SOCKS reply code and audited.
 
 Upstreams listen on loopback ports that the guard lets through (`proxykit.exempt`), so most
-tests need no root; SNI on port 443 and `egress serve --socks` keep a test host."""
+tests need no root; `egress serve --socks` keeps a test host (the path end to end)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ import pytest
 from egress.config import ClientSpec, build_settings
 from egress.policy.rules import Policy
 from egress.proxy.codec import socks5
-from egress.proxy.net.netns import listen_in_netns
 from egress.proxy.server import EgressProxy
 
 import harness
 from proxykit import MemoryAudit, exempt
-from servers import Origin, port_of, run, start_origin, start_tcp
+from servers import Origin, listen, port_of, run, start_origin, start_tcp
 
 
 @dataclass
@@ -62,25 +61,29 @@ async def ssh_like(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 
 @contextlib.asynccontextmanager
-async def serving(host: harness.TestHost | None) -> AsyncIterator[World]:
-    """An origin on 80 and the ssh-like server on 22 in `host`, or on loopback ports."""
+async def serving(
+    host: harness.TestHost | None, tls_port: int | None = None
+) -> AsyncIterator[World]:
+    """An origin on 80 and the ssh-like server on 22 in `host`, or on loopback ports (and
+    `https://tls.test:TLS_PORT` allowed, its SNI checked as on 443)."""
     origin = await start_origin(host, 80 if host else 0)
     ssh_srv = await start_tcp(host, 22 if host else 0, ssh_like)
     web, ssh = origin.port, port_of(ssh_srv)
     addr = origin.addr
+    tls = [] if tls_port is None else [f"https://tls.test:{tls_port}"]
     audit = MemoryAudit()
     settings = build_settings(
         {
             # the loopback rules and rebind.test make the red-team cases reach the guard
             "allow": [f"www.test:{web}", f"git.test:{ssh}", "tls.test", "127.0.0.0/8", "[::1]",
-                      "rebind.test"],
+                      "rebind.test", *tls],
             "block": ["evil.test"],
         },
         resolve=[f"www.test={addr}", f"git.test={addr}", f"tls.test={addr}",
                  f"evil.test={addr}", "rebind.test=127.0.0.1"],
     )  # fmt: skip
     if host is None:
-        settings = exempt(settings, web, ssh)
+        settings = exempt(settings, web, ssh, *([] if tls_port is None else [tls_port]))
     proxy = EgressProxy(settings, socks=["127.0.0.1:0"], audit=audit)
     await proxy.start()
     try:
@@ -94,12 +97,6 @@ async def serving(host: harness.TestHost | None) -> AsyncIterator[World]:
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
     async with serving(None) as w:
-        yield w
-
-
-@pytest.fixture
-async def ns_world(test_host: harness.TestHost) -> AsyncIterator[World]:
-    async with serving(test_host) as w:
         yield w
 
 
@@ -261,9 +258,9 @@ async def tls_roundtrip(
     return data
 
 
-@pytest.mark.netns
-async def test_sni_mismatch_on_443_is_cut(ns_world: World, cert: tuple[str, str]) -> None:
-    world = ns_world
+async def test_sni_mismatch_on_an_https_port_is_cut(cert: tuple[str, str]) -> None:
+    """The TLS upstream listens on a loopback port; an `https://` rule makes its SNI checked
+    as on 443 (docs/proxy.md#tls-sni-check)."""
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(*cert)
 
@@ -276,26 +273,29 @@ async def test_sni_mismatch_on_443_is_cut(ns_world: World, cert: tuple[str, str]
         finally:
             writer.close()
 
-    server = await asyncio.start_server(
-        tls_echo, sock=listen_in_netns(ns_world.host.ns, "0.0.0.0", 443), ssl=server_ctx
-    )
+    server = await asyncio.start_server(tls_echo, sock=listen(None, "0.0.0.0", 0), ssl=server_ctx)
+    tls_port = port_of(server)
     ctx = ssl.create_default_context(cafile=cert[0])
     try:
-        for sni, ok in (("tls.test", True), ("evil.test", False)):
-            reader, writer, reply = await socks_connect(world, "tls.test", 443)
-            assert reply[:2] == b"\x05\x00"
-            if ok:
-                assert await tls_roundtrip(reader, writer, ctx, sni) == b"tls-echo:hi"
-            else:
-                with pytest.raises((ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)):
-                    await tls_roundtrip(reader, writer, ctx, sni)
-            writer.close()
+        async with serving(None, tls_port) as world:
+            for sni, ok in (("tls.test", True), ("evil.test", False)):
+                reader, writer, reply = await socks_connect(world, "tls.test", tls_port)
+                assert reply[:2] == b"\x05\x00"
+                if ok:
+                    assert await tls_roundtrip(reader, writer, ctx, sni) == b"tls-echo:hi"
+                else:
+                    with pytest.raises(
+                        (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError)
+                    ):
+                        await tls_roundtrip(reader, writer, ctx, sni)
+                writer.close()
+            event = await world.audit.wait_for(reason="sni_mismatch")
+            sni_seen = (event["decision"], event["sni"], event["host"])
+            assert sni_seen == ("block", "evil.test", "tls.test")
+            assert event["mode"] == "socks5"
+            assert world.audit.find(decision="allow", host="tls.test", mode="socks5")
     finally:
         server.close()
-    event = await world.audit.wait_for(reason="sni_mismatch")
-    assert (event["decision"], event["sni"], event["host"]) == ("block", "evil.test", "tls.test")
-    assert event["mode"] == "socks5"
-    assert world.audit.find(decision="allow", host="tls.test", mode="socks5")
 
 
 @pytest.mark.netns

@@ -134,6 +134,32 @@ def test_established_connection_fails_fast_after_cut(topo: Topology) -> None:
         assert time.monotonic() - start < 2.0, "fails fast, not after a TCP timeout"
 
 
+def test_connection_beside_listeners_is_destroyed(topo: Topology) -> None:
+    """The cut skips the dump of connected sockets only when every TCP socket of the
+    namespace is a listener: listeners beside a connection do not hide it."""
+    from netcut_testlib import ns_socket
+
+    listeners = [ns_socket(topo.sandbox) for _ in range(2)]
+    for srv in listeners:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+    try:
+        sock = topo.connect(topo.upstream_ip, topo.echo_port, timeout=5.0)
+        with sock:
+            sock.sendall(b"before")
+            assert sock.recv(6) == b"before"
+            netcut.cut(topo.sandbox, [topo.proxy])
+            try:
+                sock.sendall(b"after")
+                got = sock.recv(5)
+            except OSError as exc:
+                got = exc.errno
+            assert got in (errno.ECONNABORTED, errno.ECONNRESET, errno.EPIPE, b""), got
+    finally:
+        for srv in listeners:
+            srv.close()
+
+
 def test_kept_connection_survives_the_cut(topo: Topology) -> None:
     with topo.connect(topo.gateway, topo.proxy_port) as sock:
         netcut.cut(topo.sandbox, [topo.proxy])
@@ -282,6 +308,20 @@ def test_probe_command_ok(topo: Topology) -> None:
     data = json.loads(done.stdout)
     assert data["ok"]
     assert len(data["items"]) == 3
+
+
+def test_probe_names_its_own_end_of_each_connection(topo: Topology) -> None:
+    """A connected item's `source` is the probe's ADDR:PORT, as the listener sees its peer
+    (egress tells the probe's connection from an agent's by it: docs/netcut.md#probe)."""
+    blocked = f"{topo.upstream_ip}:{topo.echo_port}"
+    netcut.cut(topo.sandbox, [topo.proxy], probe=False)
+    result = netcut.probe(topo.sandbox, expect_reachable=[topo.proxy], expect_blocked=[blocked])
+    assert result.ok, result.reason()
+    reached, refused = result.items
+    addr, _, port = reached.source.rpartition(":")
+    assert addr == topo.sandbox_ip, reached
+    assert 0 < int(port) < 65536, reached
+    assert refused.source == "", refused
 
 
 def test_dry_run_and_status_cli(topo: Topology) -> None:

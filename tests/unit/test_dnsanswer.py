@@ -1,5 +1,5 @@
-"""The DNS responder's pure part: named cases, then hypothesis (never raises, always an
-answer with the query's id or a drop)."""
+"""The DNS responder's pure part (codec, front-end, exchange): named cases, then hypothesis
+(never raises, always an answer with the query's id or a drop)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,47 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from egress.config import Settings
+from egress.policy.addrs import AddressGuard
+from egress.policy.judge import judge_name
 from egress.policy.rules import Policy
-from egress.proxy.codec.dns import FakeIPs, answer_query, judge_name
+from egress.proxy.codec.dns import FakeIPs, read_query
+from egress.proxy.core.actions import Refuse
+from egress.proxy.core.clients import ClientTable, Identity
+from egress.proxy.core.exchange import Exchange
+from egress.proxy.core.gate import Gate
+from egress.proxy.modes.dns.front import DNS
+from egress.proxy.modes.dns.query import play, query_intent, render
 
 POLICY = Policy(
     allow=["*.allowed.test", "git.test:22", "http://plain.test"],
     block=["bad.allowed.test", "porty.allowed.test:8080"],
     framework_routes=["http://route.test:9000"],
 )
+
+
+class Result:
+    """What the responder sends (`response`: None, dropped) and records, for one query."""
+
+    def __init__(self, response: bytes | None, event: dict[str, object]) -> None:
+        self.response = response
+        self.event = event
+
+    def __getattr__(self, name: str) -> object:
+        return self.event.get(name)
+
+
+def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> Result:
+    """One query through the DNS mode, as the responder plays it (`modes/dns/serve.py`)."""
+    gate = Gate(ClientTable(Settings(policy), require_auth=False), AddressGuard())
+    query = read_query(data)
+    intent = query_intent(
+        query, "198.18.0.5:53", Identity("task-1", policy), "udp", audit_ok=True, t0=0
+    )
+    action = play(Exchange(gate, DNS), intent, pool)
+    done = action.done if isinstance(action, Refuse) else action
+    event = done.record.event(done.decision, done.reason, done.rule, done.detail, done.status)
+    return Result(render(query, action), event)
 
 
 def ask(name: str, rdtype: str = "A", policy: Policy = POLICY, pool: FakeIPs | None = None):  # type: ignore[no-untyped-def]

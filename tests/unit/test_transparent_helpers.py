@@ -8,7 +8,8 @@ import struct
 
 import pytest
 
-from egress.proxy.modes.transparent.serve import absolute_form, parse_sockaddr_in
+from egress.proxy.modes.transparent.front import absolute_form
+from egress.proxy.modes.transparent.serve import parse_sockaddr_in
 
 
 @pytest.mark.parametrize(

@@ -1,1 +1,1 @@
-"""The DNS mode: its answers by rcode (`front`, pure) and the responder's sockets (`serve`)."""
+"""The DNS mode: its answers (`front`), a query's exchange (`query`), its sockets (`serve`)."""

@@ -1,7 +1,7 @@
 """The DNS responder's sockets: UDP and TCP on one address, in the proxy's own event loop.
 
 Strategy: every query is answered at once by its exchange, played by the pure front-end
-(`front.play`: no upstream resolver, no await), then audited. UDP: one `DatagramProtocol`
+(`query.play`: no upstream resolver, no await), then audited. UDP: one `DatagramProtocol`
 per responder. TCP (RFC 7766: two-byte length prefix, several queries per connection): a
 listener of kind `dns` served by `serve_dns_tcp`; a connection that stalls mid-message is
 closed by the proxy's sweeper after `head_timeout` (phase `hello`). A UDP query costs one
@@ -23,7 +23,8 @@ from ...core.record import perf_counter_ns
 from ...net.conn import read_message
 from ...net.listener import Listener, parse_listen, peer_text
 from ...net.netns import call_in_netns
-from .front import DNS, play, query_intent, render
+from .front import DNS
+from .query import play, query_intent, render
 
 if TYPE_CHECKING:
     from ...net.conn import Conn
@@ -61,7 +62,7 @@ def _sandbox(listener: Listener) -> tuple[Identity, FakeIPs]:
 def _answer(
     steps: Steps, identity: Identity, pool: FakeIPs, data: bytes, client: str, transport: str
 ) -> tuple[bytes | None, Done]:
-    """One query through its exchange (`modes/dns/front.py`): the answer's bytes (None:
+    """One query through its exchange (`query.py`): the answer's bytes (None:
     dropped) and the record to emit."""
     audit = steps.audit
     query = read_query(data)

@@ -29,8 +29,8 @@ import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ....errors import ProtocolError, TargetError
-from ....policy.target import Target, make_target, split_host_port
+from ....errors import ProtocolError
+from ....policy.target import Target
 from ....reasons import Reason
 from ...codec.tls_hello import ClientHelloResult
 from ...core.clients import Identity
@@ -42,15 +42,21 @@ from ...driver import drive, read_hello
 from ...forward import serve_request
 from ...net.conn import read_head
 from ...tunnel import relay_tunnel
-from .front import TRANSPARENT
+from .front import (
+    NOT_REDIRECTED,
+    TRANSPARENT,
+    absolute_form,
+    kind_of,
+    tls_target,
+    tunnel_intent,
+    tunnel_target,
+)
 
 if TYPE_CHECKING:
     from ...net.conn import Conn
     from ...runtime import Steps
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
-HTTP_PORT = 80
-TLS_PORT = 443
 
 
 def original_dst(conn: Conn) -> tuple[ipaddress.IPv4Address, int] | None:
@@ -82,22 +88,22 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
     dst = original_dst(conn)
     if dst is None:
         conn.served = True
-        refusal = Refuse(
-            Reason.NOT_REDIRECTED, "no original destination (not a redirected connection)"
-        )
         x = Exchange(steps.gate, TRANSPARENT)
-        await drive(steps, conn, x, x.start(_intent(conn, "", 0, refusal, None)))
+        await drive(steps, conn, x, x.start(_intent(conn, "", 0, NOT_REDIRECTED, None)))
         return
     addr, port = dst
     conn.orig_dst = f"{addr}:{port}"
-    if conn.listener.probing and (str(addr), port) == conn.listener.address:
-        _probed(steps, conn, identity)
-        return
+    probe = conn.listener.probe
+    if probe is not None and (str(addr), port) == conn.listener.address:
+        if await probe.claims(conn.client):
+            _probed(steps, conn, identity)
+            return
     pool = conn.listener.fake_ips
     name = pool.name_for(addr) if pool is not None else None
-    if port == HTTP_PORT:
+    kind = kind_of(port, identity.policy.https_ports)
+    if kind == "http":
         await _serve_http(steps, conn, name or str(addr), port)
-    elif port == TLS_PORT or port in identity.policy.https_ports:
+    elif kind == "tls":
         await _serve_tls(steps, conn, identity, name or str(addr), port)
     else:
         await _serve_raw(steps, conn, identity, name or str(addr), port)
@@ -129,18 +135,14 @@ def _intent(
     hello: ClientHelloResult | None = None,
     hello_first: bool = False,
 ) -> Intent:
-    """A redirected connection as an intent: a CONNECT to `host:port`, the listener's client."""
-    return Intent(
+    return tunnel_intent(
         conn.client,
-        "CONNECT",
-        "https",
+        conn.orig_dst,
         host,
         port,
-        perf_counter_ns(),
         target,
         identity,
-        cap,
-        orig_dst=conn.orig_dst,
+        cap=cap,
         hello=hello,
         hello_first=hello_first,
     )
@@ -150,7 +152,8 @@ async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, po
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
     conn.phase, conn.served = "active", True
     cap = steps.cap(conn, identity)  # the listener's client; per-client cap
-    await _exchange(steps, conn, _intent(conn, host, port, _target(host, port), identity, cap=cap))
+    intent = _intent(conn, host, port, tunnel_target(host, port), identity, cap=cap)
+    await _exchange(steps, conn, intent)
 
 
 async def _serve_tls(
@@ -161,12 +164,7 @@ async def _serve_tls(
     conn.served = True  # recorded however it ends (a silent client: hello_timeout, then reset)
     cap = steps.cap(conn, identity)  # the listener's client; per-client cap
     hello = await read_hello(steps, conn) if cap is None else None
-    target: Target | Refuse
-    if hello is not None and hello.kind == "malformed":
-        target = Refuse(Reason.SNI_MISMATCH, "malformed TLS ClientHello")
-    else:
-        sni = hello.sni if hello is not None and hello.kind == "tls" else None
-        target = _target(sni or fallback, port)
+    target = tls_target(hello, fallback, port)
     intent = _intent(conn, fallback, port, target, identity, cap=cap, hello=hello, hello_first=True)
     await _exchange(steps, conn, intent)
 
@@ -175,13 +173,6 @@ async def _exchange(steps: Steps, conn: Conn, intent: Intent) -> None:
     x = Exchange(steps.gate, TRANSPARENT)
     if await drive(steps, conn, x, x.start(intent)) is not None:
         await relay_tunnel(steps, conn, x)
-
-
-def _target(host: str, port: int) -> Target | Refuse:
-    try:
-        return make_target("https", host, port)
-    except TargetError as exc:
-        return refuse_request(str(exc))
 
 
 async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> None:
@@ -209,23 +200,3 @@ async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> Non
         conn.phase, conn.phase_since = "idle", steps.loop.time()
         if not keep:
             return
-
-
-def absolute_form(target: str, host: str | None, fallback: str, port: int) -> str | None:
-    """`http://HOST:PORT/path` for an origin-form `target` on a redirected connection to
-    `port`: HOST from the `Host` field's host (its port is ignored: the connection's port is
-    where the client was going), else `fallback`. None for a target that is not origin-form
-    (asterisk, authority or absolute form), or a Host that cannot be a host."""
-    if not target.startswith("/"):
-        return None
-    name = fallback
-    if host:
-        try:
-            name = split_host_port(host.strip())[0]
-        except TargetError:
-            name = host.strip()  # judged (and refused) as written
-    if not name or any(c in name for c in "/?#@\\ \t"):
-        return None  # not a host: it would move the path (a 400, never a destination)
-    if ":" in name and not name.startswith("["):
-        name = f"[{name}]"
-    return f"http://{name}:{port}{target}"
