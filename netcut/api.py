@@ -62,6 +62,11 @@ class DirectExecutor:
         )
         return state
 
+    def read_marks(self) -> NamespaceState:
+        """What a restore reads: `read_state(...).marks()`, read alone."""
+        marks: NamespaceState = run_in_netns(self.fd, job("job_read_marks"))
+        return marks
+
 
 def parse_keeps(keep: Iterable[KeepLike], field: str = "keep") -> tuple[Keep, ...]:
     check_list(keep, field)
