@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from egress.config import build_settings
 from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy, Limits
 
-from proxykit import MemoryAudit, exempt
+from proxykit import MemoryAudit, client_hello, exempt
 from servers import Origin, echo, port_of, start_origin, start_tcp
 
 
@@ -302,18 +301,6 @@ async def test_pipelined_requests_while_one_is_in_flight(both: Both) -> None:
 
 
 # --- CONNECT tunnels: the callback driver (fast.Carrier) against the coroutine driver -------
-
-
-def client_hello(server_hostname: str) -> bytes:
-    """The bytes Python's TLS client sends first (its ClientHello)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
 
 
 async def tunnel(proxy: EgressProxy, target: str, payload: bytes) -> bytes:
