@@ -23,18 +23,13 @@ from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy, Limits
 
 from proxykit import MemoryAudit, client_hello, exempt
-from servers import Origin, echo, port_of, start_origin, start_tcp
+from servers import Origin, echo, port_of, request_paths, start_origin, start_tcp
 
 
 async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A keep-alive origin whose answers are chosen by the request path (odd ones included)."""
     try:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            path = head.split(b" ", 2)[1].decode()
+        async for path in request_paths(reader):
             if path == "/interim":
                 writer.write(
                     b"HTTP/1.1 103 Early Hints\r\nLink: </s>\r\n\r\n"
@@ -463,12 +458,7 @@ async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_corout
 
     async def holding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                path = head.split(b" ", 2)[1].decode()
+            async for path in request_paths(reader):
                 seen.append((path, release.is_set()))
                 if path == "/hold":
                     if sum(p == "/hold" for p, _ in seen) >= 4:
