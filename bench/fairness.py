@@ -568,8 +568,11 @@ def victims(ports: dict[str, int], origin_port: int, seconds: float) -> dict[str
     p = child("-m", "bench.fairness", "--victims", str(ports["http"]), str(origin_port),
               str(seconds), cpu=1)  # fmt: skip
     assert p.stdout is not None
-    result: dict[str, Any] = json.loads(p.stdout.readline())
+    out = p.stdout.read().splitlines()  # the numbers are the last line (one long line)
     p.wait(60)
+    if not out:
+        raise RuntimeError("bench.fairness: the victims printed nothing (see their stderr)")
+    result: dict[str, Any] = json.loads(out[-1])
     return result
 
 
