@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import socket
 import time
 import weakref
 
@@ -21,6 +22,8 @@ import pytest
 
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.proxy import heap
+from egress.proxy.endpoints import ClientSide
+from egress.proxy.net.conn import Conn
 
 import harness
 
@@ -121,6 +124,36 @@ async def test_a_removed_listener_leaves_no_cycle_behind() -> None:
             gc.enable()
     finally:
         await proxy.stop()
+
+
+async def test_a_closed_connection_leaves_no_cycle_behind() -> None:
+    """A client connection that ended is freed by reference counting: before, its `Conn`
+    and its socket's side named each other, and every closed connection (each prepare's
+    probes, every agent's) left a dozen objects for the collector, frozen with the rest if
+    a settle came first (docs/proxy.md#garbage-collection)."""
+    loop = asyncio.get_running_loop()
+    async with EgressProxy(build_settings({}), listen=["127.0.0.1:0"], tune_gc=False) as proxy:
+        host, port = proxy.addresses[0]
+        for head in (b"", b"GET http://x.test/ HTTP/1.1\r\nHost: x.test\r\n\r\n"):
+            sock = socket.socket()
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (host, port))
+            if head:
+                await loop.sock_sendall(sock, head)
+                assert (await loop.sock_recv(sock, 100)).startswith(b"HTTP/1.1 ")
+            sock.close()
+        deadline = time.monotonic() + 10
+        while proxy.metrics()["open_connections"]:
+            assert time.monotonic() < deadline, "the proxy never saw the connections end"
+            await asyncio.sleep(0.01)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            left = [type(o).__name__ for o in gc.garbage if isinstance(o, Conn | ClientSide)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        assert left == [], f"closed connections left cycles: {left}"
 
 
 def test_a_compaction_frees_cycles_that_died_frozen() -> None:
