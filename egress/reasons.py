@@ -293,7 +293,12 @@ class End(StrEnum):
         "no complete TLS ClientHello within the head timeout (SNI check)",
     )
     RELEASED = "released", "its sandbox was released while it was open"
-    REVOKED = "revoked", "a policy change no longer allowed it while it was open"
+    REVOKED = (
+        "revoked",
+        "a policy change no longer allowed it while it was open: a tunnel or a plain-HTTP "
+        "request in flight cut, or a kept-alive connection closed between requests "
+        "([policy.md](policy.md#live-policy-changes))",
+    )
     UPSTREAM_EOF = "upstream_eof", "the upstream closed inside a response body"
     UPSTREAM_LOST = "upstream_lost", "the upstream reset or vanished inside a response body"
     UPSTREAM_PROTOCOL = "upstream_protocol", "the upstream sent a malformed response body"

@@ -46,7 +46,8 @@ from typing import Any
 from netcut.targetref import TargetRef, parse_target
 
 from ..policy.rules import Policy, parse_framework_route
-from ..policy.target import bracket
+from ..policy.target import bracket, join_host_port
+from ..proxy.net.listener import ListenerProbe
 from ..proxy.server import EgressProxy, Listener
 from ..proxy.telemetry.observe import ExecutionSummary
 from ..validate import as_bool, as_choice, as_instance
@@ -184,7 +185,8 @@ async def _open_and_cut(
     if ask.transparent:
         redirect, blocked = (extra[0].port, extra[1].port), []
     for li in extra:  # the probe below connects to them: audited as the probe it is
-        li.probing = True
+        li.probe = ListenerProbe()
+    probe = None
     try:
         cut, probe = await cut_and_prove(
             ask.sandbox,
@@ -199,8 +201,16 @@ async def _open_and_cut(
         )
     finally:
         for li in extra:
-            li.probing = False
+            assert li.probe is not None
+            li.probe.finish(_probe_sources(probe, li))
     return _execution(ask, tenant, listeners, extra, (cut, probe))
+
+
+def _probe_sources(probe: Any, li: Listener) -> list[str]:
+    """The probe's own ends of its connections to `li` (netcut's `ProbeItem.source`)."""
+    target = join_host_port(li.host, li.port)
+    items = probe.items if probe is not None else ()
+    return [i.source for i in items if i.target == target and i.source]
 
 
 def _execution(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from ..reasons import End
 from .codec import socks5 as socks5_codec
 from .codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
 from .core.actions import Action, Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
@@ -20,6 +21,7 @@ from .core.gate import Refuse as Verdict
 from .core.intent import Answer
 from .core.record import perf_counter_ns, seconds_since
 from .core.responses import CONNECT_OK
+from .core.revocation import revoked_by
 from .modes.http import render_refusal
 from .net.resolve import ResolveError
 
@@ -72,10 +74,29 @@ async def drive(
             refuse(steps, conn, action, close=keep is None or not keep(action.verdict))
             return None
         elif isinstance(action, Relay):
+            if conn.recheck is not None and revoked_meanwhile(steps, conn, x):
+                return None
             return action
         elif isinstance(action, Done):
             steps.done(action)
             return None
+
+
+def revoked_meanwhile(steps: Steps, conn: Conn, x: Exchange) -> bool:
+    """A policy changed while this exchange was judged, resolved or dialed under the old
+    one: judge it again, now that its address is known, before anything is relayed; if
+    the new policy refuses it, it is cut and recorded `end: revoked`
+    (docs/policy.md#live-policy-changes). Both drivers call it at `Relay`."""
+    policies, conn.recheck = conn.recheck, None
+    assert policies is not None
+    if revoked_by(policies, steps.gate.guard, x.record) is None:
+        return False
+    conn.end = End.REVOKED.value
+    conn.side.abort()
+    if conn.upstream is not None:
+        conn.upstream.abort()
+    steps.done(x.ended(conn.end, 0, 0))
+    return True
 
 
 async def _resolve(steps: Steps, x: Exchange, action: Resolve) -> Action:
@@ -128,4 +149,4 @@ def refuse(steps: Steps, conn: Conn, action: Refuse, *, close: bool = True) -> N
     steps.done(action.done)
 
 
-__all__ = ["drive", "ok_bytes", "read_hello", "refuse"]
+__all__ = ["drive", "ok_bytes", "read_hello", "refuse", "revoked_meanwhile"]

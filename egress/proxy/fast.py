@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ProtocolError
 from ..policy.target import IPAddress, Target
+from ..reasons import End
 from .codec import http1 as wire
 from .codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
 from .core.actions import Action, Dial, ReadHello, Refuse, Relay, ReplyOk, Resolve
@@ -46,7 +47,7 @@ from .core.exchange import Exchange
 from .core.gate import Refuse as Verdict
 from .core.gate import refuse_upstream
 from .core.record import perf_counter_ns, seconds_since
-from .driver import ok_bytes, refuse
+from .driver import ok_bytes, refuse, revoked_meanwhile
 from .fairshare import Ticket
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
 from .net.dialer import Dialer
@@ -197,7 +198,15 @@ class FastExchange:
     def _refused(self, refusal: Verdict | Refuse) -> None:
         self.upstream.on_wake = None
         self.upstream.close()
-        self._done(answer(self.steps, self.conn, self.head, self.x, refusal))
+        conn = self.conn
+        if conn.end == End.REVOKED.value and isinstance(refusal, Verdict):
+            # cut by a policy change: nothing to answer, the exchange's record says so
+            finish_exchange(
+                self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
+            )
+            self._done(False)
+            return
+        self._done(answer(self.steps, conn, self.head, self.x, refusal))
 
     def _done(self, keep: bool) -> None:
         """Hand the connection back to its coroutine: idle, or closing."""
@@ -331,6 +340,7 @@ class Carrier:
         self.timer: asyncio.TimerHandle | None = None
 
     def begin(self, head: wire.RequestHead) -> None:
+        self.conn.relaying = self.conn.recheck = None  # nothing of an earlier exchange
         try:
             x, action = connect_exchange(self.steps, self.conn, head)
             self.x = x
@@ -393,6 +403,9 @@ class Carrier:
                 self.side.finished()
                 return
             elif isinstance(action, Relay):
+                if conn.recheck is not None and revoked_meanwhile(steps, conn, x):
+                    self.side.finished()  # a policy change during its set-up: cut, recorded
+                    return
                 self._relay()
                 return
             else:  # Done
@@ -529,6 +542,7 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
     conn.upstream = upstream
     relay = x.dialed(addr, steps.addr_text(addr))
     assert isinstance(relay, Relay)
+    conn.relaying = x.record  # re-judged if its client's policy changes (as forward.py)
     steps.link(conn, x)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError, TargetError
 from ..policy.target import Target, host_header, make_target
+from ..reasons import End
 from .codec import http1 as wire
 from .codec import rewrite
 from .codec.chunked import ChunkedScanner
@@ -109,6 +110,9 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
             if turn is None:
                 turn = await steps.turns.take(conn.owner)
 
+    # until it is dialed, the previous exchange is not what is open (nor, for a recheck,
+    # what a change found being dialed then: driver.revoked_meanwhile)
+    conn.relaying = conn.recheck = None
     try:
         keep = _keeper(steps, head)
         relay = await drive(steps, conn, x, x.start(intent), keep=keep, before_pooled=take_turn)
@@ -116,6 +120,9 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
             return _kept(steps, head, x.refusal)
         upstream = conn.upstream
         assert upstream is not None
+        # re-judged if its client's policy changes, in flight and once kept alive after it
+        # (docs/policy.md#live-policy-changes)
+        conn.relaying = x.record
         assert isinstance(intent.target, Target)
         request = _Request(head, intent.target, intent.path or "/", intent.explicit_port)
         return await _exchange(steps, conn, request, upstream, x)
@@ -168,6 +175,11 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
     got = await _read_response(conn, head, upstream, x)
     if not isinstance(got, tuple):
         upstream.close()
+        if conn.end == End.REVOKED.value and isinstance(got, Refuse):
+            # cut by a policy change: nothing to answer, the exchange's record says so
+            if req_done is not None:
+                _settle(req_done)
+            return finish_exchange(steps, conn, upstream, None, x, keep=False, ok=False, end=None)
         body_error = _body_error(req_done) if req_done is not None else None
         return answer(steps, conn, head, x, body_error or got)
     resp, resp_raw = got
@@ -215,7 +227,7 @@ def finish_exchange(
     steps: Steps,
     conn: Conn,
     upstream: Side,
-    resp: wire.ResponseHead,
+    resp: wire.ResponseHead | None,
     x: Exchange,
     *,
     keep: bool,
@@ -223,13 +235,18 @@ def finish_exchange(
     end: str | None,
 ) -> bool:
     """End an exchange (its record) and pool (or close) its upstream; True if the client
-    connection may go on."""
-    keep = keep and resp.framing.kind != "close"
+    connection may go on. `resp` None: cut before a response (a policy change). An exchange
+    a policy change cut (docs/policy.md#live-policy-changes) ends `revoked`, whatever its
+    relay saw of the cut."""
+    if conn.end is not None and conn.end == End.REVOKED.value:  # (None: every request)
+        end, ok, keep = conn.end, False, False
+    keep = keep and resp is not None and resp.framing.kind != "close"
     up, down = conn.side.bytes_relayed, upstream.bytes_relayed
     conn.side.bytes_relayed = upstream.bytes_relayed = 0
     steps.done(x.ended(end, up, down))
     addr = x.dialed_addr
-    if ok and resp.keep_alive and addr is not None:
+    if ok and resp is not None and resp.keep_alive and addr is not None:
+        upstream.last_rec = x.record  # re-judged in the pool if a policy changes
         steps.pool.release(upstream, addr, x.record.port)
     else:
         upstream.close()

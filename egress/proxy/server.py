@@ -631,15 +631,21 @@ class EgressProxy:
         try:
             head = await read_head(conn, self.limits, self.loop)
         except ProtocolError as exc:
+            if conn.end == End.REVOKED.value:  # closed by a policy change, recorded
+                return False
             if conn.end == End.HEAD_TIMEOUT.value:  # the sweeper already answered 408
                 self.steps.refuse_now(conn, HEAD_TIMEOUT, write=False)
             else:
                 self.steps.refuse_now(conn, refuse_head(exc))
             return False
-        if head is None:
+        if head is None or (conn.end is not None and conn.end == End.REVOKED.value):
+            # a head that arrived as a policy change closed its connection between requests
+            # (docs/policy.md#live-policy-changes): the client saw the close, not an answer
             return False
         conn.phase, conn.served = "active", True
         if head.method == "CONNECT":
+            # the last request's record is not what it opens, nor an earlier change's recheck
+            conn.relaying = conn.recheck = None
             await serve_tunnel(self.steps, conn, head)
             return False
         keep = await serve_request(self.steps, conn, head)

@@ -15,14 +15,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..config import ClientSpec, Settings
-from ..errors import TargetError
 from ..policy.addrs import AddressGuard, parse_cidr
-from ..policy.judge import judge
 from ..policy.rules import Policy
-from ..policy.target import IPNetwork, make_target, parse_ip_literal
+from ..policy.target import IPNetwork, join_host_port, parse_ip_literal
 from ..reasons import End
 from .core.clients import ClientTable, Identity
-from .core.record import AccessRecord
+from .core.exchange import revoked_record
+from .core.record import AccessRecord, perf_counter_ns
+from .core.revocation import revoked_by
 from .net.hostaddrs import local_addresses_async
 from .net.resolve import Resolver
 
@@ -124,31 +124,69 @@ class ClientControl:
         self.revoke_tunnels(policies)
 
     def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
-        """Re-judge every open tunnel (CONNECT, SOCKS5, transparent) of the clients in
-        `policies` under its new policy, with the address it was dialed at; close those it
-        no longer allows, recorded `end: revoked` (docs/policy.md#live-policy-changes).
-        Framework-route forwarders are not client policy and stay. Returns how many closed."""
+        """Re-judge what the clients in `policies` have open under their new policy, with
+        the address it was dialed at (`core/revocation.py`), and close what it no longer
+        allows (docs/policy.md#live-policy-changes): a tunnel (CONNECT, SOCKS5,
+        transparent) or a plain-HTTP request in flight is cut, its own record `end:
+        revoked`; a kept-alive client connection between requests and an idle pooled
+        upstream connection whose last request went there are closed, one connection
+        record `end: revoked` for each such last request. Framework-route forwarders are
+        not client policy and stay. Returns how many connections it closed."""
+        proxy = self.proxy
+        guard = proxy.gate.guard
         closed = 0
-        for conn in list(self.proxy._conns):
+        # the last request of an idle connection -> (listener, its mode): one record each
+        idle: dict[AccessRecord, tuple[str | None, str | None]] = {}
+        for conn in list(proxy._conns):
             rec = conn.relaying
-            if not isinstance(rec, AccessRecord) or conn.end is not None:
+            if conn.end is not None:
                 continue
-            if rec.method == "FORWARD" or rec.client_id not in policies:
+            if rec is None and conn.phase in ("active", "hello"):
+                # being judged, resolved or dialed under the old policy: judged again by
+                # the new one before it relays (driver.py)
+                conn.recheck = {**(conn.recheck or {}), **policies}
                 continue
-            try:
-                target = make_target(rec.scheme, rec.host, rec.port)  # type: ignore[arg-type]
-            except TargetError:
+            if not isinstance(rec, AccessRecord):
                 continue
-            ip = parse_ip_literal(rec.addr) if rec.addr else None
-            addrs = () if ip is None else (ip,)
-            if judge(policies[rec.client_id], self.proxy.gate.guard, target, addrs).allowed:
+            if revoked_by(policies, guard, rec) is None:
                 continue
             conn.end = End.REVOKED.value
-            conn.side.abort()
-            if conn.upstream is not None:
-                conn.upstream.abort()
             closed += 1
+            between = conn.phase in ("idle", "head") and rec.scheme == "http"
+            if not between:
+                conn.side.abort()
+                if conn.upstream is not None:
+                    conn.upstream.abort()
+                continue
+            conn.side.close()
+            listener = conn.listener
+            kind: str = "forward" if listener.forward_to is not None else listener.kind
+            idle[rec] = (join_host_port(listener.host, listener.port), kind)
+        if proxy._started:
+            for side in proxy.pool.revoke(
+                lambda s: revoked_by(policies, guard, s.last_rec) is not None
+            ):
+                closed += 1
+                if isinstance(side.last_rec, AccessRecord):
+                    idle.setdefault(side.last_rec, (None, None))
+        for last_rec, (listener_at, mode) in idle.items():
+            self._record_revoked(last_rec, policies, listener_at, mode)
         return closed
+
+    def _record_revoked(
+        self,
+        last_rec: AccessRecord,
+        policies: Mapping[str | None, Policy],
+        listener: str | None,
+        kind: str | None,
+    ) -> None:
+        """The connection record of what was closed between requests (docs/audit-log.md)."""
+        policy = policies[last_rec.client_id]
+        verdict = revoked_by(policies, self.proxy.gate.guard, last_rec)
+        assert verdict is not None
+        what = "a kept-alive connection" if listener is not None else "a pooled upstream"
+        rec = revoked_record(last_rec, perf_counter_ns(), listener, kind, what, policy.digest)
+        self.proxy.steps.emit(rec, "block", verdict.reason, verdict.rule, rec.detail, None)
 
     def policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
         """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""

@@ -29,6 +29,7 @@ def run_probe(
     """Connect to every target at once; classify each by the deadline."""
     targets = [(k, "reachable") for k in reachable] + [(k, "blocked") for k in blocked]
     outcomes: dict[int, str] = {}
+    sources: dict[int, str] = {}
     sel = selectors.DefaultSelector()
     socks = []
     try:
@@ -39,6 +40,7 @@ def run_probe(
             code = sock.connect_ex((str(keep.addr), keep.port or 0))
             if code in (0, errno.EINPROGRESS):
                 sel.register(sock, selectors.EVENT_WRITE, i)
+                sources[i] = _source(sock)
             else:
                 outcomes[i] = errno.errorcode.get(code, str(code))
         _wait(sel, outcomes, time.monotonic() + timeout)
@@ -48,10 +50,19 @@ def run_probe(
             sock.close()
     return ProbeResult(
         tuple(
-            ProbeItem(str(keep), expect, outcomes.get(i, "timeout"))
+            ProbeItem(str(keep), expect, outcome, sources[i] if outcome == "connected" else "")
             for i, (keep, expect) in enumerate(targets)
+            for outcome in (outcomes.get(i, "timeout"),)
         )
     )
+
+
+def _source(sock: socket.socket) -> str:
+    """The probe connection's own ADDR:PORT (bound by `connect`), as the listener sees its
+    peer: the proxy tells the probe's connection from an agent's by it, however late it
+    accepts it (docs/netcut.md#probe)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _wait(sel: selectors.BaseSelector, outcomes: dict[int, str], deadline: float) -> None:

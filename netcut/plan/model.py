@@ -322,6 +322,9 @@ class ProbeItem:
     target: str
     expect: str  # "reachable" | "blocked"
     outcome: str  # "connected" | "timeout" | an errno name such as "ECONNREFUSED"
+    # a connected probe's own ADDR:PORT ("" where unknown: helper mode), by which a listener
+    # tells the probe's connection from anyone else's (docs/netcut.md#probe)
+    source: str = ""
 
     @property
     def ok(self) -> bool:

@@ -70,8 +70,11 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
     await proxy.start()
     policy = Policy(allow=[upstream.addr_ns, f"{upstream.addr_ns}:80"])  # :80 for SOCKS5 too
     try:
-        bad = await prepare_execution(hoarder.ns, policy, proxy, socks_port=1080)
-        good = await prepare_execution(victim.ns, policy, proxy, socks_port=1080)
+        # transparent too: each sandbox has every kind of listener a hoarder could fill
+        bad = await prepare_execution(hoarder.ns, policy, proxy, socks_port=1080,
+                                      transparent=True)  # fmt: skip
+        good = await prepare_execution(victim.ns, policy, proxy, socks_port=1080,
+                                       transparent=True)  # fmt: skip
         yield Scene(hoarder, victim, upstream, origin, proxy, audit, bad, good)
         await release_execution(proxy, bad, restore=True)
         await release_execution(proxy, good, restore=True)
@@ -83,14 +86,16 @@ async def scene(test_host_factory: object) -> AsyncIterator[Scene]:
                 await netcut.restore_async(host.ns)
 
 
-def hoard(ns: str, port: int, n: int, first: bytes) -> list[socket.socket]:
-    """`n` connections from inside `ns` to its loopback `port`, each sending `first`."""
+def hoard(ns: str, port: int, n: int, first: bytes, host: str = "127.0.0.1") -> list[socket.socket]:
+    """`n` connections from inside `ns` to `host:port` (its loopback by default), each
+    sending `first`."""
 
     def open_all() -> list[socket.socket]:
         out = []
         for _ in range(n):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(first)
+            s = socket.create_connection((host, port), timeout=5)
+            if first:
+                s.sendall(first)
             out.append(s)
         return out
 
@@ -101,36 +106,6 @@ async def curl(host: harness.TestHost, *args: str) -> str:
     _, out, _ = await run("ip", "netns", "exec", host.ns, *AGENT, "curl", "-s", "--max-time",
                           "10", "-o", "/dev/null", "-w", "%{http_code}", *args)  # fmt: skip
     return out.strip()
-
-
-@pytest.mark.netns
-async def test_a_socks_hoarder_takes_only_its_own_share(scene: Scene) -> None:
-    """60 connections to the hoarder's own SOCKS5 port, each sending `\\x05` and stalling:
-    before, they held every slot and the victim got 503 through its proxy and a closed SOCKS
-    connection; now the hoarder is capped at its share from accept, the victim is served,
-    and every refusal is recorded with the hoarder's client id, mode and listener."""
-    held = await asyncio.to_thread(hoard, scene.hoarder.ns, 1080, 60, b"\x05")
-    try:
-        cap = scene.proxy.limits.client_cap
-        bad_id = scene.bad.client_id
-        await wait_refusals(scene.audit, 60 - cap, reason="too_many_connections",
-                            client_id=bad_id)  # fmt: skip
-        url = f"http://{scene.upstream.addr_ns}/"
-        assert await curl(scene.victim, "-x", scene.good.proxy_url, url) == "200"
-        got = await curl(scene.victim, "--socks5-hostname", "127.0.0.1:1080", url)
-        assert got == "200"
-        refused = scene.audit.find(reason="too_many_connections")
-        assert refused, "no record of the hoarder's refusals"
-        for record in refused:
-            assert record["client_id"] == bad_id
-            assert record["mode"] == "socks5"
-            assert str(record["listener"]).endswith(":1080")
-        # aggregated: far fewer lines than refusals
-        assert len(refused) < 60 - cap
-        assert not scene.audit.find(reason="too_many_connections", client_id=scene.good.client_id)
-    finally:
-        for s in held:
-            s.close()
 
 
 async def test_unauthenticated_connections_do_not_lock_out_a_token_holder() -> None:
@@ -248,3 +223,44 @@ async def test_silent_connections_to_the_http_listener_are_recorded() -> None:
         assert record["end"] == "head_timeout"
         assert record["client_id"] is None  # the default client of that source
         assert record["mode"] == "http"
+
+
+@pytest.mark.netns
+async def test_a_hoarder_takes_only_its_own_share_in_every_mode(scene: Scene) -> None:
+    """The issue's repro and its other ways to the same result, one after the other: 60
+    connections to the hoarder's own SOCKS5 port each sending `\\x05` and stalling, then
+    60 silent connections to its own HTTP proxy listener, to port 80 (transparent), and to
+    DNS over TCP. Before, they held every slot (`max_connections` 40) and the victim got 503
+    through its proxy, a closed SOCKS connection and an empty reply in transparent mode; now
+    the hoarder is capped at its share from accept, the victim is served every way, and every
+    refusal is recorded - aggregated - with the hoarder's client id, the listener and its
+    mode. (One test for the four ways: each needs the sandboxes' namespaces,
+    docs/testing.md#which-tests-need-root.)"""
+    up = scene.upstream.addr_ns
+    cap = scene.proxy.limits.client_cap
+    bad_id = scene.bad.client_id
+    url = f"http://{up}/"
+    ways = {
+        "socks5": ("127.0.0.1", 1080, b"\x05"),
+        "http": ("127.0.0.1", 3128, b""),
+        "transparent": (up, 80, b""),
+        "dns": ("127.0.0.1", 53, b""),
+    }
+    for way, (host, port, first) in ways.items():
+        held = await asyncio.to_thread(hoard, scene.hoarder.ns, port, 60, first, host)
+        try:
+            await wait_refusals(scene.audit, 60 - cap, reason="too_many_connections",
+                                client_id=bad_id, mode=way)  # fmt: skip
+            assert await curl(scene.victim, "-x", scene.good.proxy_url, url) == "200", way
+            socks = await curl(scene.victim, "--socks5-hostname", "127.0.0.1:1080", url)
+            assert socks == "200", way
+            assert await curl(scene.victim, "--noproxy", "*", url) == "200", way  # transparent
+            refused = scene.audit.find(reason="too_many_connections", mode=way)
+            assert {r["client_id"] for r in refused} == {bad_id}
+            own = {f"{li.host}:{li.port}" for li in scene.bad.listeners if li.kind == way}
+            assert {r["listener"] for r in refused} <= own
+            assert len(refused) < 60 - cap  # aggregated: far fewer lines than refusals
+        finally:
+            for s in held:
+                s.close()
+    assert not scene.audit.find(reason="too_many_connections", client_id=scene.good.client_id)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import ssl
 import struct
 import sys
 
@@ -123,5 +125,54 @@ async def test_update_execution_closes_a_transparent_tunnel(test_host_factory: o
                 assert rec["client_id"] == execution.client_id
             finally:
                 await release_execution(proxy, execution, restore=True)
+    finally:
+        server.close()
+
+
+def _client_hello(name: str) -> bytes:
+    """A real TLS ClientHello naming `name` (the ssl module's own, from a memory BIO)."""
+    ctx = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+@pytest.mark.parametrize("callbacks", [True, False], ids=["callback-driver", "coroutine"])
+async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relays(
+    callbacks: bool,
+) -> None:
+    """A CONNECT admitted under the old policy that is still waiting for its ClientHello
+    (its SNI check) when the policy changes: the change finds no relay to cut yet, so it is
+    judged again before its first byte is relayed, and cut (`end: revoked`, nothing sent).
+    Both drivers: the callback driver (a CONNECT's default) and the coroutine."""
+    received = bytearray()
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                received.extend(data)
+        writer.close()
+
+    server = await start_tcp(None, 0, sink)
+    port = port_of(server)
+    audit = MemoryAudit()
+    settings = exempt(build_settings({}, resolve=["echo.test=127.0.0.1"]), port)
+    try:
+        async with EgressProxy(settings, audit=audit) as proxy:
+            proxy.steps.fast_path = callbacks
+            # an https:// rule: the proxy reads the ClientHello before it relays
+            rule = f"https://echo.test:{port}"
+            proxy.add_client(ClientSpec("sb", Policy(allow=[rule]), token="tok"))
+            reader, writer = await _connect_tunnel(*proxy.addresses[0], port)
+            proxy.set_client_policy("sb", Policy(allow=["www.test"]))
+            writer.write(_client_hello("echo.test"))
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            rec = await audit.wait_for(host="echo.test", end="revoked")
+            assert (rec["client_id"], rec["decision"], rec["bytes_up"]) == ("sb", "allow", 0)
+            assert rec["sni"] == "echo.test"
+            writer.close()
+        assert bytes(received) == b""  # not one byte reached the upstream
     finally:
         server.close()

@@ -310,6 +310,20 @@ def test_probe_command_ok(topo: Topology) -> None:
     assert len(data["items"]) == 3
 
 
+def test_probe_names_its_own_end_of_each_connection(topo: Topology) -> None:
+    """A connected item's `source` is the probe's ADDR:PORT, as the listener sees its peer
+    (egress tells the probe's connection from an agent's by it: docs/netcut.md#probe)."""
+    blocked = f"{topo.upstream_ip}:{topo.echo_port}"
+    netcut.cut(topo.sandbox, [topo.proxy], probe=False)
+    result = netcut.probe(topo.sandbox, expect_reachable=[topo.proxy], expect_blocked=[blocked])
+    assert result.ok, result.reason()
+    reached, refused = result.items
+    addr, _, port = reached.source.rpartition(":")
+    assert addr == topo.sandbox_ip, reached
+    assert 0 < int(port) < 65536, reached
+    assert refused.source == "", refused
+
+
 def test_dry_run_and_status_cli(topo: Topology) -> None:
     routes = topo.routes()
     tables = sh("ip", "netns", "exec", topo.sandbox, "cat", "/proc/net/ip_tables_names").stdout

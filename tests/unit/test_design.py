@@ -111,17 +111,18 @@ def test_at_most_one_place_handles_refused() -> None:
 
 
 RECORD_FIELDS_OWNER = "egress.proxy.core.exchange"
-RECORD_CLASS = "egress.proxy.core.record"
 RECORD_NAME = re.compile(r"rec(ord)?s?$|_rec(ord)?$", re.IGNORECASE)
 
 
-def record_fields() -> set[str]:
-    (module,) = [m for m in modules() if m.name == RECORD_CLASS]
-    for node in ast.walk(module.tree):
-        if isinstance(node, ast.ClassDef) and node.name == "AccessRecord":
-            for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "__slots__":
-                    return set(ast.literal_eval(stmt.value))
+@cache
+def record_class() -> tuple[str, frozenset[str]]:
+    """The module that defines `AccessRecord`, and the fields its `__slots__` declare."""
+    for module in modules():
+        for node in module.tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "AccessRecord":
+                for stmt in node.body:
+                    if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "__slots__":
+                        return module.name, frozenset(ast.literal_eval(stmt.value))
     raise AssertionError("AccessRecord declares its fields in __slots__")
 
 
@@ -138,10 +139,10 @@ def record_writes(ms: tuple[Module, ...] | None = None) -> list[str]:
 
     An access record is recognised by its name (`rec`, `record`, `self.record`, ...):
     `record_names_say_so` keeps every annotated or constructed one named that way."""
-    fields = record_fields()
+    defined_in, fields = record_class()
     found = []
     for m in ms or modules():
-        if m.name in (RECORD_FIELDS_OWNER, RECORD_CLASS):
+        if m.name in (RECORD_FIELDS_OWNER, defined_in):
             continue
         for node in ast.walk(m.tree):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):

@@ -438,6 +438,30 @@ def connection_record(
     return rec
 
 
+def revoked_record(
+    last_rec: AccessRecord,
+    t0: int,
+    listener: str | None,
+    mode: str | None,
+    what: str,
+    policy: str,
+) -> AccessRecord:
+    """A kept-alive client connection or a pooled upstream closed between requests because
+    a policy change no longer allows the destination of its last request (`last_rec`): a
+    connection record (`method: "-"`) naming that destination, `end: revoked`
+    (docs/audit-log.md#connection-records). `what` says what was closed, `policy` is the
+    hash of the policy that no longer allows it."""
+    rec = AccessRecord(last_rec.client, "-", last_rec.scheme, last_rec.host, last_rec.port, t0)
+    rec.listener, rec.mode, rec.end = listener, mode, End.REVOKED.value
+    rec.addr, rec.orig_dst = last_rec.addr, last_rec.orig_dst
+    rec.identify(last_rec.client_id)
+    rec.policy = policy
+    rec.detail = (
+        f"{what} closed between requests: a policy change no longer allows its last destination"
+    )
+    return rec
+
+
 def probe_record(
     client: str, where: tuple[str, int], t0: int, orig_dst: str | None, client_id: str | None
 ) -> AccessRecord:
@@ -473,5 +497,6 @@ __all__ = [
     "emitted",
     "probe_record",
     "reported",
+    "revoked_record",
     "tallied",
 ]

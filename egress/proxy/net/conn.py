@@ -9,9 +9,9 @@ and idle timeouts from the server's one sweeper task, so no timer is armed per o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ...errors import ProtocolError
 from ...reasons import End
@@ -23,6 +23,9 @@ from ..core.responses import error_response
 from .dialer import Dialer
 from .listener import Listener
 from .relay import Side
+
+if TYPE_CHECKING:
+    from ...policy.rules import Policy
 
 T = TypeVar("T")
 
@@ -108,8 +111,12 @@ class Conn:
     orig_dst: str | None = None  # transparent mode: where the client was going (ip:port)
     owner: object = None  # the per-client cap's key, once the client is known (admission.py)
     served: bool = False  # an exchange (which writes its own record) began on it
-    # the record of the tunnel it relays: a policy change re-judges it (control.py)
+    # the record of the tunnel it relays, or of the plain-HTTP exchange in flight or last
+    # dialed: a policy change re-judges it (tenants.py, docs/policy.md#live-policy-changes)
     relaying: object = None
+    # the new policies of changes made while an exchange was being judged, resolved or
+    # dialed: it is judged again by them before it relays (driver.py)
+    recheck: Mapping[str | None, Policy] | None = None
     task: asyncio.Task[None] | None = None
     rec: AccessRecord | None = None  # the exchange whose open record was written, for progress
     # the callback driver's dial in progress (its connect timeout is the sweeper's)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -44,9 +45,9 @@ class Listener:
     # DNS listener, its UDP socket beside the TCP one (docs/proxy.md#transparent-mode-and-socks5)
     fake_ips: FakeIPs | None = None
     datagram: asyncio.DatagramTransport | None = None
-    # while `prepare_execution` proves the cut, a connection to this listener's own address
-    # is the probe, not the agent (docs/audit-log.md#sandbox-records)
-    probing: bool = False
+    # set by `prepare_execution` while it proves the cut: which connections to this
+    # listener's own address are the probe's, not the agent's (docs/audit-log.md#sandbox-records)
+    probe: ListenerProbe | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -67,6 +68,36 @@ class Listener:
             acceptor.close()
         if self.datagram is not None:
             self.datagram.close()
+
+
+class ListenerProbe:
+    """Which connections to a listener's own address are `prepare_execution`'s probe.
+
+    Told apart by their source address, which the probe reports when it returns (netcut's
+    `ProbeItem.source`), never by when they arrive: a busy proxy may accept the probe's
+    connection after the probe returned, and an agent's connection may come at any time
+    (docs/audit-log.md#sandbox-records). A connection accepted while the probe still runs
+    waits for its result."""
+
+    __slots__ = ("_done", "_sources")
+
+    def __init__(self) -> None:
+        self._done = asyncio.Event()
+        self._sources: set[str] = set()
+
+    def finish(self, sources: Iterable[str]) -> None:
+        """The probe returned: these are its connections (none if it failed)."""
+        self._sources.update(sources)
+        self._done.set()
+
+    async def claims(self, client: str) -> bool:
+        """Whether the connection from `client` (`ip:port`) is one of the probe's; each is
+        claimed once."""
+        await self._done.wait()
+        if client in self._sources:
+            self._sources.discard(client)
+            return True
+        return False
 
 
 class ListenError(OSError):
@@ -127,4 +158,12 @@ def peer_text(peer: object) -> str:
     return "unknown"
 
 
-__all__ = ["BACKLOG", "Listener", "ListenerKind", "listen_socket", "parse_listen", "peer_text"]
+__all__ = [
+    "BACKLOG",
+    "Listener",
+    "ListenerKind",
+    "ListenerProbe",
+    "listen_socket",
+    "parse_listen",
+    "peer_text",
+]

@@ -10,7 +10,7 @@ budget, `fdbudget.py`), each closed after `idle` seconds (the server's sweeper c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ...policy.target import IPAddress
 from ..core.gate import Refuse, refuse_dial
@@ -98,6 +98,26 @@ class UpstreamPool:
             return
         idle.append(upstream)
         self._held += 1
+
+    def revoke(self, gone: Callable[[Side], bool]) -> list[Side]:
+        """Close the idle connections `gone` says a policy change took away (it is given each
+        one, `Side.last_rec` names the exchange it carried last); returns them, for the records
+        (docs/policy.md#live-policy-changes)."""
+        closed: list[Side] = []
+        for key, sides in list(self._idle.items()):
+            keep: list[Side] = []
+            for side in sides:
+                (closed if gone(side) else keep).append(side)
+            if len(keep) == len(sides):
+                continue
+            self._held -= len(sides) - len(keep)
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        for side in closed:
+            side.close()
+        return closed
 
     def sweep(self, now: float) -> None:
         """Close idle connections that saw EOF or sat unused for longer than `idle`."""

@@ -93,6 +93,9 @@ class Side(asyncio.Protocol):
         self.on_wake: Callable[[], None] | None = None
         self._read_paused_full = False
         self._read_paused_sink = False
+        # an upstream: the record of the last exchange it carried; a policy change re-judges
+        # it while it waits in the pool (docs/policy.md#live-policy-changes)
+        self.last_rec: object = None
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -93,9 +93,11 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
         return
     addr, port = dst
     conn.orig_dst = f"{addr}:{port}"
-    if conn.listener.probing and (str(addr), port) == conn.listener.address:
-        _probed(steps, conn, identity)
-        return
+    probe = conn.listener.probe
+    if probe is not None and (str(addr), port) == conn.listener.address:
+        if await probe.claims(conn.client):
+            _probed(steps, conn, identity)
+            return
     pool = conn.listener.fake_ips
     name = pool.name_for(addr) if pool is not None else None
     kind = kind_of(port, identity.policy.https_ports)
