@@ -3,9 +3,9 @@
 Each resolves the target, opens the namespace file once (the fd names the namespace for the
 whole operation, so a name re-pointed meanwhile cannot redirect it), applies the safety rails,
 then runs the whole operation as one job inside the namespace in one of netcut's worker
-processes (direct/worker.py, direct/executor.py's jobs): a cut with its probe (and, for
-egress, its status) is one round trip. The caller's own namespace, netfilter tables and
-event loop are never touched.
+processes (direct/worker.py, direct/executor.py's jobs, named so that the caller never loads
+python-iptables): a cut with its probe (and, for egress, its status) is one round trip. The
+caller's own namespace, netfilter tables and event loop are never touched.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import netcut.direct.probe as probe_mod
 from netcut import flow, safety
 from netcut.argtypes import check_flags, check_list, check_seconds
 from netcut.collect import Collected, collect
-from netcut.direct import executor
 from netcut.direct.probe import ProbeResult
-from netcut.direct.worker import DEFAULT_TIMEOUT_S, ns_identity, run_in_netns
+from netcut.direct.worker import DEFAULT_TIMEOUT_S, job, ns_identity, run_in_netns
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
 from netcut.plan.model import Keep, NamespaceState, parse_keep
@@ -59,9 +58,14 @@ class DirectExecutor:
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
     ) -> NamespaceState:
         state: NamespaceState = run_in_netns(
-            self.fd, executor.job_read_state, keeps, nameservers, verify
+            self.fd, job("job_read_state"), keeps, nameservers, verify
         )
         return state
+
+    def read_marks(self) -> NamespaceState:
+        """What a restore reads: `read_state(...).marks()`, read alone."""
+        marks: NamespaceState = run_in_netns(self.fd, job("job_read_marks"))
+        return marks
 
 
 def parse_keeps(keep: Iterable[KeepLike], field: str = "keep") -> tuple[Keep, ...]:
@@ -131,7 +135,7 @@ def cut(
     back, or `rolled_back` False when the worker died: `restore` undoes what ran), ProbeFailed.
     """
     result: CutResult = _cut_job(
-        executor.job_cut,
+        job("job_cut"),
         target,
         keep,
         probe=probe,
@@ -162,7 +166,7 @@ def cut_and_status(
     prepare_execution proves (helper mode's twin is netcut.helper.cut_and_status). Raises
     as `cut` does."""
     found: tuple[CutResult, CutStatus] = _cut_job(
-        executor.job_cut_and_status,
+        job("job_cut_and_status"),
         target,
         keep,
         probe=True,
@@ -243,7 +247,7 @@ def restore(target: TargetLike) -> RestoreResult:
     resolved, fd, identity = _open(target)
     try:
         result: RestoreResult = run_in_netns(
-            fd, executor.job_restore, Store.for_namespace(identity), str(resolved)
+            fd, job("job_restore"), Store.for_namespace(identity), str(resolved)
         )
         return result
     finally:
@@ -256,7 +260,7 @@ def status(target: TargetLike) -> CutStatus:
     safety.require_privilege()
     _, fd, identity = _open(target)
     try:
-        found: CutStatus = run_in_netns(fd, executor.job_status, Store.for_namespace(identity))
+        found: CutStatus = run_in_netns(fd, job("job_status"), Store.for_namespace(identity))
         return found
     finally:
         os.close(fd)

@@ -56,6 +56,22 @@ class Journaling(Protocol):
     def apply_journaled(self, ops: tuple[Op, ...], journal: Journal) -> None: ...
 
 
+@runtime_checkable
+class ReadsMarks(Protocol):
+    """An executor that can read netcut's marks alone (`NamespaceState.marks()`: its routes,
+    backstop and redirects), which is all a restore plans from and judges by (direct mode:
+    docs/netcut.md#idempotency-status-restore). One that is not (helper mode) reads the
+    whole state instead."""
+
+    def read_marks(self) -> NamespaceState: ...
+
+
+def _marks(ex: Executor) -> NamespaceState:
+    if isinstance(ex, ReadsMarks):
+        return ex.read_marks()
+    return ex.read_state((), ()).marks()
+
+
 @dataclass(frozen=True)
 class CutResult:
     """What a cut did. `changed` is False when the namespace was already cut (then nothing
@@ -262,13 +278,16 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
     start = time.perf_counter()
     with store.locked():
         record = store.load()
-        state = ex.read_state((), ())
+        # Netcut's marks are all a restore needs: whether the namespace is "not cut" (no
+        # mark: judge_status) and what to undo (plan_restore) depend on nothing else, and
+        # the check afterwards is that no mark is left (tests/unit/test_netcut_marks.py).
+        state = _marks(ex)
         before = judge_status(record, state)
         if before.state == "not cut":
             store.remove()
             return RestoreResult(label, False, before)
         lines = _restore(ex, store, record, state)
-        after = judge_status(None, ex.read_state((), ()))
+        after = judge_status(None, _marks(ex))
         elapsed = (time.perf_counter() - start) * 1000
         return RestoreResult(label, True, after, lines, elapsed)
 

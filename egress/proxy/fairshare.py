@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Final
 
 # a request that has held its slot this long is a long one (a long poll, a streamed body):
@@ -37,6 +37,31 @@ class Ticket:
         self.live = True
 
 
+class Waiter:
+    """A callback waiting for a slot (the callback fast path's, `fast.py`): it waits in the
+    same first-in-first-out queue as `Turns.take`'s coroutines."""
+
+    __slots__ = ("owner", "then", "turns")
+
+    def __init__(self, turns: Turns, owner: Hashable, then: Callable[[Ticket], None]) -> None:
+        self.turns = turns
+        self.owner = owner
+        self.then: Callable[[Ticket], None] | None = then
+
+    def run(self, ticket: Ticket) -> None:
+        then, self.then = self.then, None
+        if then is None:  # cancelled after the slot was handed over: pass it on
+            self.turns.give_back(ticket)
+        else:
+            then(ticket)
+
+    def cancel(self) -> None:
+        """Stop waiting (its connection went away)."""
+        if self.then is not None:
+            self.then = None
+            self.turns._forget(self.owner, self)
+
+
 class Turns:
     """Requests in flight per client (see the module docstring)."""
 
@@ -48,7 +73,7 @@ class Turns:
         self.long = LONG
         self._active: dict[Hashable, int] = {}
         self._held: dict[Hashable, deque[Ticket]] = {}  # live tickets, oldest first
-        self._waiting: dict[Hashable, deque[asyncio.Future[Ticket]]] = {}
+        self._waiting: dict[Hashable, deque[asyncio.Future[Ticket] | Waiter]] = {}
 
     def try_take(self, owner: Hashable) -> Ticket | None:
         """A slot of `owner` if one is free and nobody of `owner` waits (no waiting)."""
@@ -74,6 +99,13 @@ class Turns:
             else:
                 self._forget(owner, fut)
             raise
+
+    def wait(self, owner: Hashable, then: Callable[[Ticket], None]) -> Waiter:
+        """`then(ticket)`, from a loop callback, once a slot of `owner` is handed to it (in
+        turn with `take`'s waiters); call this when `try_take` gave none."""
+        waiter = Waiter(self, owner, then)
+        self._waiting.setdefault(owner, deque()).append(waiter)
+        return waiter
 
     def give_back(self, ticket: Ticket) -> None:
         """A request ended: its slot (unless already expired) goes to the next waiter of
@@ -122,7 +154,11 @@ class Turns:
             fut = waiting.popleft()
             if not waiting:
                 del self._waiting[owner]
-            if not fut.done():
+            if isinstance(fut, Waiter):
+                if fut.then is not None:  # the slot passes on, on the next loop turn
+                    self.loop.call_soon(fut.run, self._ticket(owner))
+                    return
+            elif not fut.done():
                 fut.set_result(self._ticket(owner))  # the slot passes on: same count
                 return
             waiting = self._waiting.get(owner)
@@ -132,7 +168,7 @@ class Turns:
         else:
             self._active.pop(owner, None)
 
-    def _forget(self, owner: Hashable, fut: asyncio.Future[Ticket]) -> None:
+    def _forget(self, owner: Hashable, fut: asyncio.Future[Ticket] | Waiter) -> None:
         waiting = self._waiting.get(owner)
         if waiting is not None and fut in waiting:
             waiting.remove(fut)
@@ -140,4 +176,4 @@ class Turns:
                 del self._waiting[owner]
 
 
-__all__ = ["LONG", "Ticket", "Turns"]
+__all__ = ["LONG", "Ticket", "Turns", "Waiter"]

@@ -48,7 +48,7 @@ from .core.gate import Refuse as Verdict
 from .core.gate import refuse_upstream
 from .core.record import perf_counter_ns, seconds_since
 from .driver import ok_bytes, refuse, revoked_meanwhile
-from .fairshare import Ticket
+from .fairshare import Ticket, Waiter
 from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
 from .net.dialer import Dialer
 from .net.relay import RelayEnded, Side
@@ -242,6 +242,9 @@ class FastClient(Side):
         self.spawn: Spawn | None = None
         self.finish: Callable[[Conn], None] | None = None  # its end, without a coroutine
         self.searched = 0
+        # a request waiting for its client's turn (`park`): its head and bytes
+        self.parked: Waiter | None = None
+        self._parked: tuple[wire.RequestHead, bytes] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.fast is None:
@@ -265,6 +268,12 @@ class FastClient(Side):
     def _wake(self) -> None:
         if self.fast is not None:  # held back while an exchange is in flight (module docstring)
             return
+        parked = self.parked
+        if parked is not None:  # held back while its request waits for a turn (`park`)
+            if not self.lost:
+                return
+            parked.cancel()  # gone meanwhile: the coroutine ends it, as it would have
+            self.parked = self._parked = None
         if self.spawn is not None:
             self.first_head()
             return
@@ -272,6 +281,35 @@ class FastClient(Side):
 
     def wake(self) -> None:
         super()._wake()
+
+    def park(self, steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes) -> None:
+        """Hold a kept-alive request until its client has a turn (its fair share is in
+        flight): then served from callbacks (`_turn`), with no coroutine step for the wait;
+        its bytes wait in `buf`, where the coroutine would find them if it must serve it."""
+        self.buf += data
+        self._parked = (head, data)
+        self.parked = steps.turns.wait(conn.owner, self._turn)
+
+    def _turn(self, ticket: Ticket) -> None:
+        self.parked = None
+        parked, self._parked = self._parked, None
+        conn, steps = self.conn, self.steps
+        assert conn is not None
+        assert steps is not None
+        assert parked is not None
+        head, data = parked
+        served = False
+        if not self.lost and conn.end is None and not steps.closing:
+            self.consume(len(data))  # bytes after it (a next request) stay
+            try:
+                served = begin(steps, conn, head, data, ticket)
+            except Exception:  # a bug here must not lose the request: the coroutine path
+                log.exception("egress: fast path failed for %s", conn.client)
+            if not served:
+                self.buf[:0] = data
+        if not served:
+            steps.turns.give_back(ticket)  # (a no-op if `begin` gave it back)
+            self.wake()
 
     def first_head(self) -> None:
         """Bytes, EOF or loss before any coroutine serves this connection: a complete CONNECT
@@ -519,11 +557,20 @@ def start(steps: Steps, conn: Conn, data: bytes) -> bool:
         return False
     if conn.owner is None:  # the per-client count is taken by the coroutine path
         return False
-    # its client's turn first: at its fair share, the coroutine path waits for one, and
-    # nothing is decided here only to be decided again there
+    # its client's turn first: at its fair share it waits for one here, from callbacks, in
+    # the same queue as the coroutine path's waits (docs/proxy.md#fair-share)
     ticket = steps.turns.try_take(conn.owner)
     if ticket is None:
-        return False
+        side = conn.side
+        assert isinstance(side, FastClient)
+        side.park(steps, conn, head, data)
+        return True
+    return begin(steps, conn, head, data, ticket)
+
+
+def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket: Ticket) -> bool:
+    """`start`, its client's turn taken: False (the turn given back, nothing done) if the
+    request must take the coroutine path."""
     taken = _decided(steps, conn, head, data)
     if taken is None:
         steps.turns.give_back(ticket)
@@ -585,4 +632,4 @@ def _decided(
     return x, upstream, addr, out, t0, cached
 
 
-__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "start"]
+__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin", "start"]

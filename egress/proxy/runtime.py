@@ -298,8 +298,7 @@ class Steps:
             detail,
             status,
         )
-        for written, count in self._refusals.add(key, pending, self.loop.time()):
-            self._write_pending(written, count)
+        self._count(key, pending)
 
     def _tally(
         self, key: object, client: str, listener: Listener, owner: Owner, refusal: Refuse
@@ -316,6 +315,10 @@ class Steps:
             refusal.detail,
             status,
         )
+        self._count(key, pending)
+
+    def _count(self, key: object, pending: _Pending) -> None:
+        """Into the refusal tally; write what it says is due (`tally.py`)."""
         for written, count in self._refusals.add(key, pending, self.loop.time()):
             self._write_pending(written, count)
 

@@ -1,11 +1,15 @@
 """CONNECT tunnels and framework-route forwarders: byte relays between two sockets.
 
-Shell. `serve_tunnel` is the CONNECT front-end: it turns the request head into an `Intent`
-(the gate's target and identity) and lets the driver carry out the exchange (`driver.drive`:
-decide, resolve, dial, `200`, the SNI check); `serve_forwarder` does the same for a
-forwarder listener's connection to its framework route. `relay_tunnel` then relays both
-directions until they end (flow control and half-close live in `relay.Side`) and hands the
-exchange how the tunnel ended (`reasons.End`) for its one record.
+Shell. `connect_exchange` is the CONNECT front-end: it turns the request head into an
+`Intent` (the gate's target and identity) and starts the exchange; both drivers begin a
+tunnel there. On the coroutine, `serve_tunnel` lets the async driver carry it out
+(`driver.drive`: decide, resolve, dial, `200`, the SNI check) and `relay_tunnel` relays both
+directions until they end (flow control and half-close live in `relay.Side`); the callback
+driver (`fast.Carrier`) carries out the same exchange from callbacks with the same pieces
+(`open_relay`, `relay_over`, `who_left`, `cut`, `end_relay`), and hands what must wait to
+`carry_on` (docs/architecture.md#the-callback-driver). `serve_forwarder` does the same for
+a forwarder listener's connection to its framework route. The exchange gets how the tunnel
+ended (`reasons.End`) for its one record.
 """
 
 from __future__ import annotations

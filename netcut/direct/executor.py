@@ -27,7 +27,7 @@ import signal
 from netcut import flow
 from netcut.collect import collect_if_due
 from netcut.direct import sockdestroy
-from netcut.direct.kernelstate import read_state, write_sysctl
+from netcut.direct.kernelstate import read_marks, read_state, write_sysctl
 from netcut.direct.probe import run_probe
 from netcut.direct.rtnl import MalformedMessage, NetlinkError, Rtnl
 from netcut.direct.shellface import in_namespace
@@ -164,6 +164,9 @@ class InNamespace:
     ) -> NamespaceState:
         return read_state(self.rt, NETFILTER, keeps, nameservers, verify=verify)
 
+    def read_marks(self) -> NamespaceState:
+        return read_marks(self.rt, NETFILTER)
+
     def apply(self, ops: tuple[Op, ...]) -> None:
         apply_plan(self.rt, ops)
 
@@ -217,6 +220,12 @@ def job_read_state(
     """The namespace's state (tests and benchmarks read it through the worker)."""
     with Rtnl() as rt:
         return read_state(rt, NETFILTER, keeps, nameservers, verify=verify)
+
+
+def job_read_marks() -> NamespaceState:
+    """The namespace's marks as a restore reads them (tests compare them with read_state's)."""
+    with Rtnl() as rt:
+        return read_marks(rt, NETFILTER)
 
 
 def job_apply(ops: tuple[Op, ...]) -> None:

@@ -20,6 +20,7 @@ from netcut.netfilter import Netfilter
 from netcut.plan.model import (
     AF_INET,
     AF_INET6,
+    NETCUT_PROTO,
     Addr,
     Keep,
     Link,
@@ -65,6 +66,27 @@ def read_state(
         redirect=netfilter.has_redirects(),
         filters=tuple(netfilter.read_backstop(f) for f in families) if verify else None,
         policy_rules=tuple(_rule(m) for m in rt.dump_rules()) if verify else None,
+    )
+
+
+def read_marks(rt: Rtnl, netfilter: Netfilter) -> NamespaceState:
+    """`read_state(...).marks()` read directly: the links, the routes netcut marked (every
+    table), which families hold the backstop, and the redirects; what a restore needs
+    (docs/netcut.md#idempotency-status-restore). No addresses, sysctls or policy rules,
+    and only the marked routes are decoded."""
+    links = read_links()
+    names = {link.index: link.name for link in links}
+    routes = tuple(
+        _route(m, names, strict=False)
+        for m in rt.dump_routes()
+        if m["family"] in (AF_INET, AF_INET6) and m["proto"] == NETCUT_PROTO
+    )
+    return NamespaceState(
+        links=links,
+        addrs=(),
+        routes=routes,
+        backstop=netfilter.backstop_families(),
+        redirect=netfilter.has_redirects(),
     )
 
 

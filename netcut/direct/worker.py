@@ -92,7 +92,9 @@ class _Worker:
                 raise EOFError("namespace worker sent garbage instead of ready")
             self.ready = True
 
-    def call(self, fd: int, func: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
+    def call(
+        self, fd: int, func: Callable[..., Any] | str, args: tuple[Any, ...], timeout: float
+    ) -> Any:
         self.wait_ready()
         payload = pickle.dumps((func, args))
         socket.send_fds(self.sock, [_LEN.pack(len(payload))], [fd])
@@ -232,16 +234,28 @@ def start_worker() -> None:
         _pool.give_back(worker)
 
 
+# The jobs' module, named rather than imported by callers: importing it loads python-iptables
+# (and runs its library search, ~0.9 s and ~20 MB of RSS), which only the worker needs.
+JOBS = "netcut.direct.executor"
+
+
+def job(name: str) -> str:
+    """A job of the worker's jobs module (direct/executor.py), by name: `run_in_netns` takes
+    it in place of the function, and the worker looks it up."""
+    return f"{JOBS}:{name}"
+
+
 def run_in_netns(
     fd: int,
-    func: Callable[..., T],
+    func: Callable[..., T] | str,
     *args: Any,
     timeout: float = DEFAULT_TIMEOUT_S,
     before: Callable[[], None] | None = None,
 ) -> T:
     """Return `func(*args)` as run inside the namespace named by the open fd `fd`.
 
-    `func` must be a module-level function (it is pickled by name). Exceptions it raises come
+    `func` must be a module-level function (it is pickled by name), or `job(name)` for one of
+    direct/executor.py's jobs, which the caller need not import. Exceptions it raises come
     back as themselves when they are NetcutErrors, as ApplyFailed otherwise. Raises
     ApplyFailed with `rolled_back` False when the worker dies or overruns `timeout` (it is
     then killed): whatever the job did so far stays done. `before` runs once a worker is
@@ -337,10 +351,25 @@ def _warm_up() -> None:  # pragma: no cover - runs in the worker
     executor.NETFILTER.prewarm()
 
 
-def _run_job(fd: int, func: Callable[..., Any], args: tuple[Any, ...]) -> bytes:  # pragma: no cover
+def _resolve(func: Callable[..., Any] | str) -> Callable[..., Any]:  # pragma: no cover
+    """A job named by `job()`: only the jobs module's own functions are looked up."""
+    if not isinstance(func, str):
+        return func
+    module, _, name = func.partition(":")
+    if module != JOBS or not name.startswith("job_"):
+        raise ApplyFailed(f"not a netcut job: {func!r}")
+    import importlib
+
+    found: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def _run_job(  # pragma: no cover
+    fd: int, func: Callable[..., Any] | str, args: tuple[Any, ...]
+) -> bytes:
     try:
         setns(fd)
-        result: tuple[str, Any] = ("ok", func(*args))
+        result: tuple[str, Any] = ("ok", _resolve(func)(*args))
     except Exception as exc:
         result = ("err", exc)
     finally:

@@ -313,6 +313,19 @@ class NamespaceState:
     def marked_routes(self) -> tuple[Route, ...]:
         return tuple(r for r in self.routes if r.proto == NETCUT_PROTO)
 
+    def marks(self) -> NamespaceState:
+        """Only netcut's marks (its routes, backstop and redirects) and the links that name
+        them: all that a restore plans from and judges by (plan_restore, and judge_status's
+        "not cut"), so a restore reads no more than this
+        (docs/netcut.md#idempotency-status-restore)."""
+        return NamespaceState(
+            links=self.links,
+            addrs=(),
+            routes=self.marked_routes,
+            backstop=self.backstop,
+            redirect=self.redirect,
+        )
+
 
 # ---------------------------------------------------------------- probe results
 

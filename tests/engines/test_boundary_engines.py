@@ -11,7 +11,10 @@ container before the cut through its gateway and not after. The origin is a test
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,8 +56,14 @@ class _Hello(BaseHTTPRequestHandler):
 
 @contextmanager
 def http_server(addr: str) -> Iterator[int]:
-    """A plain HTTP server on `addr` in the root namespace (answers `direct`); its port."""
+    """A plain HTTP server on `addr` in the root namespace (answers `direct`); its port.
+
+    Its accept waits at most a second: `serve_forever` accepts on a blocking socket once poll
+    says it is readable, and an accept that then found nothing blocked the thread for good, so
+    that `shutdown()` hung the test's teardown until pytest-timeout (seen once on containerd at
+    load 17). Now such an accept times out, `serve_forever` polls on, and teardown ends."""
     srv = ThreadingHTTPServer((addr, 0), _Hello)
+    srv.socket.settimeout(1.0)  # the served connections are blocking (socket.accept)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv.server_address[1]
@@ -63,14 +72,31 @@ def http_server(addr: str) -> Iterator[int]:
         srv.server_close()
 
 
+_other_links = itertools.count(1)
+# 198.19.254.248/30 is tests/integration/test_harness.py's; the rest of the /24 is ours
+OTHER_HOSTS = [f"198.19.254.{n}" for n in range(1, 248)]
+
+
 @contextmanager
 def other_host() -> Iterator[str]:
     """Another 198.19 address on this machine: one end of a veth pair in the root namespace
-    (named with the pid, removed whatever happens)."""
-    link, addr = f"ncbh{os.getpid() % 100000}", f"198.19.254.{os.getpid() % 250 + 1}"
+    (named with the pid and a counter, removed whatever happens).
+
+    The address is one no interface holds yet, chosen and added under a machine-wide lock:
+    it used to be derived from the pid alone, so two runs at once (two checkouts' suites)
+    could hold the same address on two links, and the first to end took the other's away."""
+    pid = os.getpid()
+    link = f"ncbh{pid % 100000}x{next(_other_links)}"
     sh("ip", "link", "add", link, "type", "veth", "peer", "name", f"{link}p")
     try:
-        sh("ip", "addr", "add", f"{addr}/32", "dev", link)
+        with open("/run/egress-test-other-host.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+            held = set(re.findall(r"inet ([\d.]+)/", sh("ip", "-o", "-4", "addr", "show").stdout))
+            start = pid % len(OTHER_HOSTS)
+            addr = next(
+                a for a in OTHER_HOSTS[start:] + OTHER_HOSTS[:start] if a not in held
+            )  # StopIteration: 247 at once, never
+            sh("ip", "addr", "add", f"{addr}/32", "dev", link)
         sh("ip", "link", "set", link, "up")
         sh("ip", "link", "set", f"{link}p", "up")
         yield addr

@@ -13,6 +13,7 @@ only the proxy, in the root namespace, reaches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import pathlib
 import socket
@@ -137,6 +138,10 @@ def echo_server(addr: str) -> Iterator[int]:
     try:
         yield srv.getsockname()[1]
     finally:
+        # a close alone leaves `serve` blocked in accept() for good, the socket listening
+        # (the kernel holds it for that call); shutdown wakes it (EINVAL), and it ends
+        with contextlib.suppress(OSError):
+            srv.shutdown(socket.SHUT_RDWR)
         srv.close()
 
 

@@ -522,7 +522,12 @@ async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path:
     from egress import AuditLog
 
     log = tmp_path / "audit.jsonl"
+    # SIGINT is how the test stops it, so the child gets SIGINT's default disposition (Python
+    # then turns it into KeyboardInterrupt): a run started in the background by a
+    # non-interactive shell (the CI loop) has SIGINT ignored, which the child would inherit
+    # and never stop (as test_audit_cli.py's test_tail_follow_through_writer_rotation did)
     child = await asyncio.create_subprocess_exec(
+        "env", "--default-signal=INT",
         *EGRESS, "audit", "tail", "-f", "--json", "--control", "-n", "1000000",
         "--interval", "0.05", str(log),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -547,7 +552,7 @@ async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path:
                 break
     finally:
         child.send_signal(signal.SIGINT)
-        _, err = await asyncio.wait_for(child.communicate(), 10)
+        _, err = await asyncio.wait_for(child.communicate(), 60)  # a deadline, never waited out
     seqs = [r["seq"] for r in shown]
     assert seqs == list(range(len(seqs)))  # every line, once, in order, from the start record
     assert [r["n"] for r in shown if "n" in r] == list(range(1000))

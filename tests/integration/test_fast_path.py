@@ -21,7 +21,7 @@ import pytest
 
 from egress.config import build_settings
 from egress.proxy import server as server_mod
-from egress.proxy.server import EgressProxy
+from egress.proxy.server import EgressProxy, Limits
 
 from proxykit import MemoryAudit, exempt
 from servers import Origin, echo, port_of, start_origin, start_tcp
@@ -459,3 +459,81 @@ async def test_a_connect_head_in_pieces_and_a_request_first(both: Both) -> None:
     await settle(both.audit_fast, 2)
     await settle(both.audit_slow, 2)
     assert comparable(both.audit_fast.events) == comparable(both.audit_slow.events)
+
+
+# --- a kept-alive request at its client's fair share waits for its turn from callbacks ------
+
+
+async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_coroutine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two requests of one client in flight (its share, `max_client_inflight=2`): a third,
+    kept-alive, waits for a turn in the callbacks (no coroutine request), reaches the
+    origin only once one of the two ended, and is served and recorded as usual."""
+    seen: list[tuple[str, bool]] = []  # (path, released when it arrived)
+    release = asyncio.Event()
+    two_held = asyncio.Event()
+
+    async def holding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                path = head.split(b" ", 2)[1].decode()
+                seen.append((path, release.is_set()))
+                if path == "/hold":
+                    if sum(p == "/hold" for p, _ in seen) >= 4:
+                        two_held.set()  # (the warm-up's two, then the phase's two)
+                    await release.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        finally:
+            writer.close()
+
+    origin = await start_tcp(None, 0, holding)
+    port = port_of(origin)
+    settings = exempt(build_settings({"allow": [f"127.0.0.1:{port}"]}), port)
+    audit = MemoryAudit()
+    proxy = EgressProxy(settings, audit=audit, limits=Limits(max_client_inflight=2))
+    await proxy.start()
+    conns = [await asyncio.open_connection(*proxy.addresses[0]) for _ in range(3)]
+    url = f"http://127.0.0.1:{port}"
+
+    async def get(i: int, path: str) -> bytes:
+        reader, writer = conns[i]
+        writer.write(f"GET {url}{path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        return await read_one(reader)
+
+    try:
+        async with asyncio.timeout(20):
+            # warm-up: two upstream connections dialed at once, each back in the pool
+            warm = [asyncio.ensure_future(get(i, "/hold")) for i in (0, 1)]
+            while sum(p == "/hold" for p, _ in seen) < 2:
+                await asyncio.sleep(0.01)  # (polls a condition: both reached the origin)
+            release.set()
+            assert all(r.startswith(b"HTTP/1.1 200 ") for r in await asyncio.gather(*warm))
+            assert (await get(2, "/warm")).startswith(b"HTTP/1.1 200 ")
+            release.clear()
+            calls = count_coroutine_requests(monkeypatch)
+            held = [asyncio.ensure_future(get(i, "/hold")) for i in (0, 1)]
+            await two_held.wait()
+            third = asyncio.ensure_future(get(2, "/third"))
+            sides = [c.side for c in proxy._conns]
+            while not any(getattr(s, "parked", None) is not None for s in sides):
+                await asyncio.sleep(0.01)  # (polls a condition: the third is parked)
+            assert ("/third", False) not in seen
+            release.set()
+            answers = await asyncio.gather(*held, third)
+    finally:
+        for _, writer in conns:
+            writer.close()
+        await proxy.stop()
+        origin.close()
+    assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
+    assert ("/third", True) in seen  # it reached the origin only after the release
+    assert calls[0] == 0, "a request of the phase took the coroutine path"
+    paths = [e["path"] for e in audit.events]
+    assert paths.count("/hold") == 4
+    assert "/third" in paths

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,27 +73,9 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 @pytest.fixture
-async def scene(
-    test_host_factory: object,
-    cert: tuple[str, str],
-    request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch,
-) -> AsyncIterator[Scene]:
+async def scene(test_host_factory: object, cert: tuple[str, str]) -> AsyncIterator[Scene]:
     import ssl
 
-    if getattr(request, "param", None) == "loop_busy_during_the_cut":
-        import netcut
-
-        def busy(target: str, keep: list[str], **kwargs: object) -> object:
-            """The cut and its probe with the proxy's loop held for all of it (as a loaded
-            machine may hold it): the probe's connection is accepted only after the probe
-            returned."""
-            return netcut.cut_and_status(target, keep, **kwargs)  # type: ignore[arg-type]
-
-        async def cut_and_status_async(target: str, keep: list[str], **kwargs: object) -> object:
-            return busy(target, keep, **kwargs)
-
-        monkeypatch.setattr(netcut, "cut_and_status_async", cut_and_status_async)
     sandbox = test_host_factory()  # type: ignore[operator]
     upstream = test_host_factory()  # type: ignore[operator]
     up = upstream.addr_ns
@@ -369,14 +352,33 @@ async def test_a_direct_connection_to_the_listener_is_refused(scene: Scene) -> N
     assert "addr" not in event
 
 
-@pytest.mark.parametrize("scene", [None, "loop_busy_during_the_cut"], indirect=True)
-async def test_the_cuts_probe_is_recorded_as_a_probe(scene: Scene) -> None:
+async def test_the_cuts_probe_is_recorded_as_a_probe(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """prepare_execution's probe of the transparent listener is no request the agent made:
     a lifecycle record (method PROBE), never `block CONNECT 127.0.0.1:15001`; also when the
-    proxy accepts the probe's connection only after the probe returned (its loop was busy)."""
+    proxy accepts the probe's connection only after the probe returned (prepared again with
+    the proxy's loop held for the whole cut, as a busy machine may hold it)."""
+    import netcut
+
+    def to_the_listener() -> list[dict[str, object]]:
+        return scene.audit.find(mode="transparent", orig_dst="127.0.0.1:15001")
+
     await scene.audit.wait_for(mode="transparent", orig_dst="127.0.0.1:15001")
+    await release_execution(scene.proxy, scene.execution, restore=True)
+
+    async def loop_held(target: str, keep: list[str], **kwargs: Any) -> object:
+        return netcut.cut_and_status(target, keep, **kwargs)
+
+    monkeypatch.setattr(netcut, "cut_and_status_async", loop_held)
+    scene.execution = await prepare_execution(scene.sandbox.ns, POLICY, scene.proxy,
+                                              transparent=True, socks_port=1080)  # fmt: skip
+    async with asyncio.timeout(5):
+        while len(to_the_listener()) < 2:
+            scene.audit.changed.clear()
+            await scene.audit.changed.wait()
     probes = scene.audit.find(reason="listener_probe")
-    assert probes, scene.audit.events
+    assert len(probes) == 2, scene.audit.events
     assert all(p["method"] == "PROBE" and p["decision"] == "allow" for p in probes)
     assert all(p["orig_dst"] == "127.0.0.1:15001" for p in probes)
     assert not scene.audit.find(method="CONNECT", orig_dst="127.0.0.1:15001")

@@ -25,3 +25,26 @@ def test_a_proxy_without_admin_or_dns_loads_no_aiohttp_prometheus_or_dnspython()
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == ""
+
+
+NETCUT_CALLER = """
+import sys
+import netcut
+netcut.cut, netcut.cut_and_status, netcut.restore, netcut.status  # the API egress calls
+loaded = sorted({m.split('.')[0] for m in sys.modules} & {'iptc', 'pyroute2'})
+print(','.join(loaded))
+"""
+
+
+def test_netcut_callers_load_no_python_iptables_or_pyroute2() -> None:
+    """Only netcut's workers need python-iptables (whose import searches for its libraries
+    with gcc and ldconfig: ~0.9 s and ~20 MB in the proxy before) and netlink: the API names
+    the workers' jobs instead of importing them (netcut/direct/worker.py)."""
+    out = subprocess.run(
+        [sys.executable, "-c", NETCUT_CALLER],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == ""
