@@ -555,7 +555,13 @@ class EgressProxy:
         self._conns.discard(conn)
         self.steps.record_closed(conn)
         self.steps.release(conn)
-        conn.side.close()
+        side = conn.side
+        side.close()
+        if isinstance(side, ClientSide):
+            # `conn.side` and `side.conn` were a cycle: every closed connection left a dozen
+            # objects for the collector, and froze them if a settle came first
+            # (docs/proxy.md#garbage-collection)
+            side.conn = None
         if conn.upstream is not None:
             conn.upstream.close()
         if conn.ended is not None and not conn.ended.done():
