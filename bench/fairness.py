@@ -40,8 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SANDBOXES = 50
 VICTIM_CONNS = 2
@@ -399,58 +400,82 @@ def pooled(slices: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class Setup(NamedTuple):
+    """What `proxy_and_origin` started: the proxy (a `child`), the ports it printed, and the
+    origin's port."""
+
+    proxy: subprocess.Popen[str]
+    ports: dict[str, int]
+    origin_port: int
+
+
+@contextlib.contextmanager
+def proxy_and_origin(workdir: Path, fair: bool) -> Iterator[Setup]:
+    """The origin and the proxy (its audit log `workdir/audit.jsonl`), each its own pinned
+    process (`child`), with the hostile sandbox's DNAT in place; both are stopped on the way
+    out, so the audit log is whole once this ends."""
+    origin = child("-m", "bench.origin", cpu=1)
+    assert origin.stdout is not None
+    origin_port = json.loads(origin.stdout.readline())["http_ports"][0]
+    proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir),
+                  "fair" if fair else "unfair", cpu=0)  # fmt: skip
+    assert proxy.stdout is not None
+    ports = json.loads(proxy.stdout.readline())
+    dnat(ports)
+    try:
+        yield Setup(proxy, ports, origin_port)
+    finally:
+        for p in (proxy, origin):
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait(60)
+
+
+def refusals(log: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The audit log's lines, and its connection records: a refusal at accept each, or a
+    `count` of them (docs/audit-log.md)."""
+    lines = log.read_text().splitlines()
+    return lines, [json.loads(x) for x in lines if '"method":"-"' in x]
+
+
 def run(seconds: float, fair: bool, rounds: int) -> dict[str, Any]:
+    slices: dict[str, list[dict[str, Any]]] = {phase: [] for phase in PHASES}
     with tempfile.TemporaryDirectory(prefix="egress-fairness-") as tmp:
-        workdir = Path(tmp)
-        origin = child("-m", "bench.origin", cpu=1)
-        assert origin.stdout is not None
-        origin_port = json.loads(origin.stdout.readline())["http_ports"][0]
-        proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir),
-                      "fair" if fair else "unfair", cpu=0)  # fmt: skip
-        assert proxy.stdout is not None
-        ports = json.loads(proxy.stdout.readline())
-        dnat(ports)
-        slices: dict[str, list[dict[str, Any]]] = {phase: [] for phase in PHASES}
-        try:
+        with proxy_and_origin(Path(tmp), fair) as (proxy, ports, origin_port):
             # rounds of (baseline, connections, requests): the machine's load drifts, and
             # each round's three slices share it (docs/benchmarks.md#fairness)
             for _ in range(rounds):
                 for phase in PHASES:
                     slices[phase].append(one_slice(phase, proxy, ports, origin_port, seconds))
-        finally:
-            for p in (proxy, origin):
-                assert p.stdin is not None
-                p.stdin.close()
-                p.wait(60)
-        phases = {phase: pooled(slices[phase]) for phase in PHASES}
-        base = phases["baseline"]
-        for phase in PHASES[1:]:
-            under = phases[phase]
-            under["p99_ratio"] = round(under["victims"]["p99_ms"] / base["victims"]["p99_ms"], 2)
-            under["round_ratios"] = [
-                round(h["p99_ms"] / b["p99_ms"], 2)
-                for h, b in zip(slices[phase], slices["baseline"], strict=True)
-            ]
-        log = workdir / "audit.jsonl"
-        lines = log.read_text().splitlines()
-        refusals = [json.loads(x) for x in lines if '"method":"-"' in x]
-        return {
-            "sandboxes": SANDBOXES,
-            "fair_share": fair,
-            "seconds": seconds,
-            "rounds": rounds,
-            "max_connections": ports["max_connections"],
-            "baseline": base["victims"],
-            "baseline_round_p99_ms": base["round_p99_ms"],
-            "connections": phases["connections"],
-            "requests": phases["requests"],
-            "audit": {
-                "lines": len(lines),
-                "bytes": log.stat().st_size,
-                "connection_records": len(refusals),
-                "refusals_counted": sum(int(r.get("count", 1)) for r in refusals),
-            },
-        }
+        log = Path(tmp) / "audit.jsonl"
+        lines, refused = refusals(log)
+        size = log.stat().st_size
+    phases = {phase: pooled(slices[phase]) for phase in PHASES}
+    base = phases["baseline"]
+    for phase in PHASES[1:]:
+        under = phases[phase]
+        under["p99_ratio"] = round(under["victims"]["p99_ms"] / base["victims"]["p99_ms"], 2)
+        under["round_ratios"] = [
+            round(h["p99_ms"] / b["p99_ms"], 2)
+            for h, b in zip(slices[phase], slices["baseline"], strict=True)
+        ]
+    return {
+        "sandboxes": SANDBOXES,
+        "fair_share": fair,
+        "seconds": seconds,
+        "rounds": rounds,
+        "max_connections": ports["max_connections"],
+        "baseline": base["victims"],
+        "baseline_round_p99_ms": base["round_p99_ms"],
+        "connections": phases["connections"],
+        "requests": phases["requests"],
+        "audit": {
+            "lines": len(lines),
+            "bytes": size,
+            "connection_records": len(refused),
+            "refusals_counted": sum(int(r.get("count", 1)) for r in refused),
+        },
+    }
 
 
 def flood_cost(seconds: float) -> dict[str, Any]:
@@ -458,26 +483,16 @@ def flood_cost(seconds: float) -> dict[str, Any]:
     over `seconds` of the flood less its CPU over `seconds` idle, divided by the refusals
     the audit log counts (docs/benchmarks.md#fairness)."""
     with tempfile.TemporaryDirectory(prefix="egress-fairness-") as tmp:
-        workdir = Path(tmp)
-        origin = child("-m", "bench.origin", cpu=1)
-        assert origin.stdout is not None
-        origin_port = json.loads(origin.stdout.readline())["http_ports"][0]
-        proxy = child("-m", "bench.fairness", "--proxy", str(origin_port), str(workdir),
-                      "fair", cpu=0)  # fmt: skip
-        assert proxy.stdin is not None
-        assert proxy.stdout is not None
-        ports = json.loads(proxy.stdout.readline())
-        dnat(ports)
+        with proxy_and_origin(Path(tmp), True) as (proxy, ports, origin_port):
 
-        def mark() -> dict[str, Any]:
-            assert proxy.stdin is not None
-            assert proxy.stdout is not None
-            proxy.stdin.write("mark\n")
-            proxy.stdin.flush()
-            stats: dict[str, Any] = json.loads(proxy.stdout.readline())
-            return stats
+            def mark() -> dict[str, Any]:
+                assert proxy.stdin is not None
+                assert proxy.stdout is not None
+                proxy.stdin.write("mark\n")
+                proxy.stdin.flush()
+                stats: dict[str, Any] = json.loads(proxy.stdout.readline())
+                return stats
 
-        try:
             mark()
             time.sleep(seconds)
             idle = mark()
@@ -488,23 +503,17 @@ def flood_cost(seconds: float) -> dict[str, Any]:
             hostile.wait(60)
             time.sleep(1.0)  # the last refusals' records
             busy = mark()
-        finally:
-            for p in (proxy, origin):
-                assert p.stdin is not None
-                p.stdin.close()
-                p.wait(60)
-        lines = (workdir / "audit.jsonl").read_text().splitlines()
-        refusals = [json.loads(x) for x in lines if '"method":"-"' in x]
-        counted = sum(int(r.get("count", 1)) for r in refusals)
-        cpu = busy["cpu_s"] - idle["cpu_s"] * (seconds + 1.0) / seconds
-        return {
-            "seconds": seconds,
-            "hostile": flood,
-            "refusals_counted": counted,
-            "proxy_idle": idle,
-            "proxy_flood": busy,
-            "cpu_us_per_refusal": round(cpu * 1e6 / counted, 1) if counted else None,
-        }
+        _, refused = refusals(Path(tmp) / "audit.jsonl")
+    counted = sum(int(r.get("count", 1)) for r in refused)
+    cpu = busy["cpu_s"] - idle["cpu_s"] * (seconds + 1.0) / seconds
+    return {
+        "seconds": seconds,
+        "hostile": flood,
+        "refusals_counted": counted,
+        "proxy_idle": idle,
+        "proxy_flood": busy,
+        "cpu_us_per_refusal": round(cpu * 1e6 / counted, 1) if counted else None,
+    }
 
 
 def dnat(ports: dict[str, int]) -> None:
@@ -559,8 +568,11 @@ def victims(ports: dict[str, int], origin_port: int, seconds: float) -> dict[str
     p = child("-m", "bench.fairness", "--victims", str(ports["http"]), str(origin_port),
               str(seconds), cpu=1)  # fmt: skip
     assert p.stdout is not None
-    result: dict[str, Any] = json.loads(p.stdout.readline())
+    out = p.stdout.read().splitlines()  # the numbers are the last line (one long line)
     p.wait(60)
+    if not out:
+        raise RuntimeError("bench.fairness: the victims printed nothing (see their stderr)")
+    result: dict[str, Any] = json.loads(out[-1])
     return result
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import netcut.direct.probe as probe_mod
 from netcut import flow, safety
@@ -31,6 +32,7 @@ from netcut.records import Store, state_dir
 from netcut.resolve import ResolvedTarget, TargetRef, parse_nameservers, resolve_target
 
 TargetLike = TargetRef | ResolvedTarget | str | int
+T = TypeVar("T")
 KeepLike = str | Keep
 
 __all__ = [
@@ -206,7 +208,7 @@ def _cut_job(
             "connection is redirected to the proxy, which judges it"
         )
     safety.require_privilege()
-    ticket = safety.walk_ticket()
+    ticket = _walk_ticket()
     resolved, fd, identity = _open(target)
     try:
         if not force:
@@ -315,10 +317,39 @@ def probe(
         os.close(fd)
 
 
+# The privilege rail's ticket (safety.walk_ticket) of a cut asked through the async API, for
+# the thread that runs it.
+_asked = threading.local()
+
+
+def _walk_ticket() -> int:
+    """The ticket of the cut this thread runs: taken when the async API was called (the cut
+    was asked then), else now."""
+    ticket: int | None = getattr(_asked, "ticket", None)
+    return safety.walk_ticket() if ticket is None else ticket
+
+
+def _cut_in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
+    """`func` in a worker thread, with its walk ticket taken now: the cut is asked when the
+    coroutine is called, not when a thread of the loop's executor (a handful) is free, so
+    that one walk of /proc begun after a burst of asks serves the whole burst
+    (docs/netcut.md#safety-rails)."""
+    ticket = safety.walk_ticket()
+
+    def run() -> T:
+        _asked.ticket = ticket
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _asked.ticket = None
+
+    return asyncio.to_thread(run)
+
+
 async def cut_async(target: TargetLike, keep: Iterable[KeepLike] = (), **kwargs: Any) -> CutResult:
     """`cut` in a worker thread, so the caller's event loop keeps running."""
     check_list(keep, "keep")
-    return await asyncio.to_thread(cut, target, list(keep), **kwargs)
+    return await _cut_in_thread(cut, target, list(keep), **kwargs)
 
 
 async def cut_and_status_async(
@@ -326,7 +357,7 @@ async def cut_and_status_async(
 ) -> tuple[CutResult, CutStatus]:
     """`cut_and_status` in a worker thread."""
     check_list(keep, "keep")
-    return await asyncio.to_thread(cut_and_status, target, list(keep), **kwargs)
+    return await _cut_in_thread(cut_and_status, target, list(keep), **kwargs)
 
 
 async def restore_async(target: TargetLike) -> RestoreResult:

@@ -1,10 +1,12 @@
-"""Helpers for proxy tests: an in-memory audit sink, raw-socket clients, loopback upstreams."""
+"""Helpers for proxy tests: an in-memory audit sink, raw-socket clients, loopback upstreams,
+a real TLS ClientHello."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import ipaddress
+import ssl
 from dataclasses import dataclass, field
 
 from egress.config import Settings
@@ -86,3 +88,20 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
             headers[k.strip().lower()] = v.strip()
     body = await reader.readexactly(int(headers.get("content-length", "0")))
     return status, headers, body
+
+
+def client_hello(server_hostname: str | None, **options: object) -> bytes:
+    """The bytes Python's TLS client sends first (one record holding its ClientHello), naming
+    `server_hostname`; `options` are set on its SSLContext (e.g. `maximum_version`)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    for name, value in options.items():
+        setattr(ctx, name, value)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        return outgoing.read()
+    raise AssertionError("a TLS handshake finished with no server answering")

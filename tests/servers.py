@@ -15,7 +15,7 @@ import asyncio
 import hashlib
 import json
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -137,6 +137,17 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         pass
     finally:
         writer.close()
+
+
+async def request_paths(reader: asyncio.StreamReader) -> AsyncIterator[str]:
+    """The path of each request head a kept-alive client sends, until it closes or resets: the
+    loop of a hand-written origin that answers by path (a body it reads itself)."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        yield head.split(b" ", 2)[1].decode()
 
 
 def describe(resp_body: bytes) -> dict[str, object]:

@@ -32,6 +32,7 @@ from netcut.plan.model import (
 
 LOOPBACK_INDEX = 1
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
+_CONF = "net/ipv6/conf"
 
 
 def read_state(
@@ -177,22 +178,37 @@ def _lookup(rt: Rtnl, addr: str, names: dict[int, str]) -> Lookup:
 
 
 def read_sysctls(links: tuple[Link, ...]) -> tuple[tuple[str, str], ...]:
-    """The IPv6 sysctls a cut changes, as seen by this process's namespace."""
+    """The IPv6 sysctls a cut changes, as seen by this process's namespace.
+
+    Each is opened relative to /proc/sys/net/ipv6/conf, opened once: on a host with
+    hundreds of namespaces, looking up a whole /proc/sys path from a namespace the worker
+    has just entered costs ~15 us, the path below `conf` ~6 us (ten per read). No `conf`
+    (a kernel booted with ipv6.disable=1) is no sysctl."""
+    try:
+        conf = os.open(f"/proc/sys/{_CONF}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ()
     found = []
-    for name in ["all", "default", *(link.name for link in links)]:
-        for leaf in _SYSCTL_NAMES:
-            key = f"net/ipv6/conf/{name}/{leaf}"
-            value = read_sysctl(key)
-            if value is not None:
-                found.append((key, value))
+    try:
+        for name in ["all", "default", *(link.name for link in links)]:
+            for leaf in _SYSCTL_NAMES:
+                value = _read_value(f"{name}/{leaf}", conf)
+                if value is not None:
+                    found.append((f"{_CONF}/{name}/{leaf}", value))
+    finally:
+        os.close(conf)
     return tuple(found)
 
 
 def read_sysctl(key: str) -> str | None:
     """One /proc/sys value; None when the key does not exist. Plain os.read: a status reads
     ten of these, and Python's text-file layer doubled their cost."""
+    return _read_value(f"/proc/sys/{key}")
+
+
+def _read_value(path: str, directory: int | None = None) -> str | None:
     try:
-        fd = os.open(f"/proc/sys/{key}", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=directory)
     except FileNotFoundError:
         return None
     try:

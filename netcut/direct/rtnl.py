@@ -96,26 +96,7 @@ class Rtnl:
         return found[0]
 
     def route(self, add: bool, route: Route) -> None:
-        optional = {
-            "RTA_DST": route.dst,
-            "RTA_GATEWAY": route.gateway,
-            "RTA_OIF": route.oif,
-            "RTA_PREFSRC": route.prefsrc,
-            "RTA_PRIORITY": route.priority,
-            "RTA_PREF": route.pref,
-        }
-        body = rtcodec.route_body(
-            route.family,
-            route.dst_len,
-            tos=route.tos,
-            proto=route.proto,
-            scope=route.scope,
-            rtype=route.type,
-            flags=route.flags,
-            table=route.table,
-            optional=optional,
-            metrics=route.metrics,
-        )
+        body = route_body(route)
         if add:
             self._request(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
         else:
@@ -131,4 +112,30 @@ class Rtnl:
             self._request(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, body)
 
 
-__all__ = ["MalformedMessage", "Message", "NetlinkError", "Rtnl"]
+def route_body(route: Route) -> bytes:
+    """The body of the RTM_NEWROUTE/RTM_DELROUTE that adds or deletes `route`: a restore puts
+    back exactly the route a cut took out (tests/netcut/test_rtcodec_kernel.py decodes it
+    with pyroute2)."""
+    optional = {
+        "RTA_DST": route.dst,
+        "RTA_GATEWAY": route.gateway,
+        "RTA_OIF": route.oif,
+        "RTA_PREFSRC": route.prefsrc,
+        "RTA_PRIORITY": route.priority,
+        "RTA_PREF": route.pref,
+    }
+    return rtcodec.route_body(
+        route.family,
+        route.dst_len,
+        tos=route.tos,
+        proto=route.proto,
+        scope=route.scope,
+        rtype=route.type,
+        flags=route.flags,
+        table=route.table,
+        optional=optional,
+        metrics=route.metrics,
+    )
+
+
+__all__ = ["MalformedMessage", "Message", "NetlinkError", "Rtnl", "route_body"]

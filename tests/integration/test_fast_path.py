@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,19 +22,14 @@ from egress.config import build_settings
 from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy, Limits
 
-from proxykit import MemoryAudit, exempt
-from servers import Origin, echo, port_of, start_origin, start_tcp
+from proxykit import MemoryAudit, client_hello, exempt
+from servers import Origin, echo, port_of, request_paths, start_origin, start_tcp
 
 
 async def raw_origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A keep-alive origin whose answers are chosen by the request path (odd ones included)."""
     try:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            path = head.split(b" ", 2)[1].decode()
+        async for path in request_paths(reader):
             if path == "/interim":
                 writer.write(
                     b"HTTP/1.1 103 Early Hints\r\nLink: </s>\r\n\r\n"
@@ -304,18 +298,6 @@ async def test_pipelined_requests_while_one_is_in_flight(both: Both) -> None:
 # --- CONNECT tunnels: the callback driver (fast.Carrier) against the coroutine driver -------
 
 
-def client_hello(server_hostname: str) -> bytes:
-    """The bytes Python's TLS client sends first (its ClientHello)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
-
-
 async def tunnel(proxy: EgressProxy, target: str, payload: bytes) -> bytes:
     """CONNECT `target` with `payload` right behind the head, half-close, and everything
     the proxy sent back until it closed (Date removed)."""
@@ -476,12 +458,7 @@ async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_corout
 
     async def holding(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                path = head.split(b" ", 2)[1].decode()
+            async for path in request_paths(reader):
                 seen.append((path, release.is_set()))
                 if path == "/hold":
                     if sum(p == "/hold" for p, _ in seen) >= 4:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import sys
 import tomllib
 from pathlib import Path
@@ -21,7 +20,7 @@ from egress.config import build_settings
 
 import harness
 from docexamples import examples, normalize
-from proxykit import MemoryAudit, exempt, raw_exchange
+from proxykit import MemoryAudit, client_hello, exempt, raw_exchange
 from servers import echo, port_of, run, start_origin, start_tcp
 
 
@@ -138,18 +137,6 @@ async def test_report_mode_per_client_and_cli_flag(tmp_path: Path) -> None:
     assert lines[0].startswith("allow b.test default_deny: report-only, would block")
     assert lines[1].startswith("block http://127.0.0.1/ reserved_address")
     assert rc == 1
-
-
-def client_hello(server_hostname: str) -> bytes:
-    """The first bytes of a real TLS client (Python's), naming `server_hostname`."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
 
 
 async def test_report_mode_sni_refusals_are_recorded_and_pass() -> None:

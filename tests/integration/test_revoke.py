@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ssl
 import struct
 import sys
 
@@ -19,7 +18,7 @@ import pytest
 from egress import EgressProxy, Policy, prepare_execution, release_execution, update_execution
 from egress.config import ClientSpec, build_settings
 
-from proxykit import MemoryAudit, exempt
+from proxykit import MemoryAudit, client_hello, exempt
 from servers import echo, port_of, start_tcp
 
 AUTH = "Basic " + base64.b64encode(b"sb:tok").decode()
@@ -129,16 +128,6 @@ async def test_update_execution_closes_a_transparent_tunnel(test_host_factory: o
         server.close()
 
 
-def _client_hello(name: str) -> bytes:
-    """A real TLS ClientHello naming `name` (the ssl module's own, from a memory BIO)."""
-    ctx = ssl.create_default_context()
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=name)
-    with contextlib.suppress(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
-
-
 @pytest.mark.parametrize("callbacks", [True, False], ids=["callback-driver", "coroutine"])
 async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relays(
     callbacks: bool,
@@ -167,7 +156,7 @@ async def test_a_tunnel_judged_before_the_change_is_judged_again_before_it_relay
             proxy.add_client(ClientSpec("sb", Policy(allow=[rule]), token="tok"))
             reader, writer = await _connect_tunnel(*proxy.addresses[0], port)
             proxy.set_client_policy("sb", Policy(allow=["www.test"]))
-            writer.write(_client_hello("echo.test"))
+            writer.write(client_hello("echo.test"))
             assert await asyncio.wait_for(reader.read(), 10) == b""
             rec = await audit.wait_for(host="echo.test", end="revoked")
             assert (rec["client_id"], rec["decision"], rec["bytes_up"]) == ("sb", "allow", 0)

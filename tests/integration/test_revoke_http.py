@@ -29,7 +29,7 @@ from egress import EgressProxy, Policy
 from egress.config import ClientSpec, Settings, build_settings
 
 from proxykit import MemoryAudit, exempt
-from servers import port_of, start_tcp
+from servers import port_of, request_paths, start_tcp
 
 AUTH = "Basic " + base64.b64encode(b"sb:tok").decode()
 NAMES = ("a.test", "b.test", "gone.test")
@@ -55,16 +55,11 @@ class Origin:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open += 1
         try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                path = head.split(b" ", 2)[1]
-                if path == b"/stream":
+            async for path in request_paths(reader):
+                if path == "/stream":
                     await self._stream(writer)
                     return
-                if path == b"/upload":
+                if path == "/upload":
                     await self._upload(reader)
                     return
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

@@ -8,6 +8,7 @@ dropped, or no_new_privs set (execve then grants nothing), the cut goes ahead.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import shutil
@@ -55,6 +56,10 @@ def test_net_raw_in_the_bounding_set_alone_is_refused(topo: Topology) -> None:
             netcut.cut(topo.sandbox, [topo.proxy])
         assert info.value.findings == (f"pid {proc.pid} (sleep): CAP_NET_RAW (bounding)",)
         assert "--allow-privileged" in str(info.value)
+        assert netcut.status(topo.sandbox).state == "not cut"
+        # the async API (egress's prepare) asks its walk when called: the process is found
+        with pytest.raises(netcut.UnsafeTarget):
+            asyncio.run(netcut.cut_and_status_async(topo.sandbox, [topo.proxy]))
         assert netcut.status(topo.sandbox).state == "not cut"
         assert netcut.cut(topo.sandbox, [topo.proxy], allow_privileged=True).changed
     finally:

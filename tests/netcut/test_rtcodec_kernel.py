@@ -17,6 +17,7 @@ import pytest
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from netcut.direct import kernelstate, rtcodec
+from netcut.direct.rtnl import route_body
 from netcut.direct.worker import setns
 from tests.netcut.netcut_testlib import sh
 
@@ -153,8 +154,8 @@ def test_rules_decode_as_pyroute2_does(make_netns: Callable[[str], str]) -> None
 
 
 def test_requests_encode_as_pyroute2_does() -> None:
-    """The route a cut deletes and puts back, encoded by rtcodec, decodes (by pyroute2) to
-    the route it came from: a restore puts back exactly what was there."""
+    """The route a cut deletes and puts back, encoded as `Rtnl.route` sends it, decodes (by
+    pyroute2) to the route it came from: a restore puts back exactly what was there."""
     from netcut.plan.model import Route
 
     route = Route(
@@ -162,27 +163,7 @@ def test_requests_encode_as_pyroute2_does() -> None:
         gateway="198.18.5.9", proto=4, scope=0, prefsrc="198.18.5.2", priority=5, tos=16,
         flags=4, metrics=(("RTAX_MTU", 1400), ("RTAX_ADVMSS", 1300)),
     )  # fmt: skip
-    optional = {
-        "RTA_DST": route.dst,
-        "RTA_GATEWAY": route.gateway,
-        "RTA_OIF": route.oif,
-        "RTA_PREFSRC": route.prefsrc,
-        "RTA_PRIORITY": route.priority,
-        "RTA_PREF": route.pref,
-    }
-    body = rtcodec.route_body(
-        route.family,
-        route.dst_len,
-        tos=route.tos,
-        proto=route.proto,
-        scope=route.scope,
-        rtype=route.type,
-        flags=route.flags,
-        table=route.table,
-        optional=optional,
-        metrics=route.metrics,
-    )
-    data = rtcodec.request(rtcodec.RTM_NEWROUTE, 0, 1, body)
+    data = rtcodec.request(rtcodec.RTM_NEWROUTE, 0, 1, route_body(route))
     (other,) = _pyroute2(data)
     assert kernelstate._route(other, {2: "eth0"}) == route
     (mine,) = rtcodec.parse(data, 1).messages

@@ -85,3 +85,29 @@ def test_a_walk_begun_after_the_ticket_is_reused(monkeypatch: pytest.MonkeyPatch
     late = shared.ticket()  # asked after walk 1 began
     assert shared.members(late) == {"net:[2]": []}
     assert walks == [1, 2]
+
+
+def test_an_async_cut_is_asked_when_called_not_when_a_thread_is_free() -> None:
+    """The async API takes the cut's ticket on the caller's loop when the coroutine is called
+    (netcut/api.py): a walk begun after that, even before the executor's thread runs the
+    cut, serves it; and the thread forgets the ticket afterwards (a later plain call asks
+    anew)."""
+    import asyncio
+
+    from netcut import api
+
+    seen: dict[str, int] = {}
+
+    def in_thread() -> int:
+        return api._walk_ticket()
+
+    async def main() -> None:
+        asked = safety.walk_ticket()
+        pending = api._cut_in_thread(in_thread)
+        safety._walks.members()  # a walk begins between the ask and the thread running
+        seen["asked"], seen["in_thread"] = asked, await pending
+        seen["after"] = await asyncio.to_thread(api._walk_ticket)
+
+    asyncio.run(main())
+    assert seen["in_thread"] == seen["asked"]
+    assert seen["after"] == seen["asked"] + 1  # a new ask sees the walk begun meanwhile

@@ -13,19 +13,7 @@ from hypothesis import strategies as st
 
 from egress.proxy.codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
 
-
-def real_hello(server_hostname: str | None, **options: object) -> bytes:
-    """The bytes Python's TLS client sends first (one record holding its ClientHello)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    for name, value in options.items():
-        setattr(ctx, name, value)
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
+from proxykit import client_hello
 
 
 def handshake_message(records: bytes) -> bytes:
@@ -114,7 +102,7 @@ REAL: list[tuple[str, str | None, dict[str, object], str | None]] = [
     ("name", "options", "sni"), [r[1:] for r in REAL], ids=[r[0] for r in REAL]
 )
 def test_real_client_hello(name: str | None, options: dict[str, object], sni: str | None) -> None:
-    hello = real_hello(name, **options)
+    hello = client_hello(name, **options)
     assert parse_client_hello(hello) == ClientHelloResult(TLS, sni)
     assert parse_client_hello(bytearray(hello)) == ClientHelloResult(TLS, sni)
     assert parse_client_hello(memoryview(hello)) == ClientHelloResult(TLS, sni)
@@ -122,7 +110,7 @@ def test_real_client_hello(name: str | None, options: dict[str, object], sni: st
 
 @pytest.mark.parametrize("name", ["example.com", None], ids=["sni", "no_sni"])
 def test_every_prefix_needs_more_and_trailing_bytes_are_ignored(name: str | None) -> None:
-    hello = real_hello(name)
+    hello = client_hello(name)
     expected = ClientHelloResult(TLS, name)
     for i in range(len(hello)):
         assert parse_client_hello(hello[:i]) is None, i
@@ -139,7 +127,7 @@ def test_every_prefix_needs_more_and_trailing_bytes_are_ignored(name: str | None
     ids=["3_byte_records", "header_split", "uneven", "100_byte", "7_byte", "511"],
 )
 def test_client_hello_fragmented_across_records(sizes: list[int]) -> None:
-    message = handshake_message(real_hello("fragmented.example"))
+    message = handshake_message(client_hello("fragmented.example"))
     data = records(message, sizes, versions=[0x0301, 0x0302, 0x0303, 0x0304])
     assert parse_client_hello(data) == ClientHelloResult(TLS, "fragmented.example")
     step = 1 if len(data) < 1000 else 7
@@ -160,7 +148,7 @@ def test_record_count_is_bounded() -> None:
 def test_random_resplits_across_records_and_reads() -> None:
     rng = random.Random(1234)
     for name in ["a.example", "z" * 60 + ".example", None]:
-        message = handshake_message(real_hello(name))
+        message = handshake_message(client_hello(name))
         for _ in range(30):
             sizes = [rng.randint(1, 300) for _ in range(20)]
             data = records(message, sizes, versions=[rng.randint(0x0301, 0x0304)])
@@ -337,7 +325,7 @@ def test_arbitrary_record_payload_never_raises(payload: bytes) -> None:
             assert result.sni.isascii()
 
 
-_HELLOS = [real_hello(n) for n in ("mutate.example", None)]
+_HELLOS = [client_hello(n) for n in ("mutate.example", None)]
 
 
 @settings(max_examples=300)

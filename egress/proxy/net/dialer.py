@@ -93,23 +93,26 @@ class Dialer:
 
     def expire(self) -> None:
         """The connect timeout passed for the current address (the sweeper): the next one."""
-        step = self._step
-        if step is None or self._done is None:
-            return
-        self._step = None
-        step.cancel()
-        self._try(refuse_dial(TimeoutError(), self._addrs[self._at - 1], self.port))
+        if self._stop_step():
+            self._try(refuse_dial(TimeoutError(), self._addrs[self._at - 1], self.port))
 
     def cancel(self) -> None:
         """Give up now (the proxy is stopping): reported as the dial's failure."""
-        step = self._step
-        if step is None or self._done is None:
+        if not self._stop_step():
             return
-        self._step = None
-        step.cancel()
         self._at = len(self._addrs)
         stopping = ConnectionAbortedError(errno.ECONNABORTED, "the proxy is stopping")
         self._report(refuse_dial(stopping, self._addrs[-1], self.port))
+
+    def _stop_step(self) -> bool:
+        """Cancel the connect in flight; False if none is (the dial already ended, or its
+        outcome is being reported), and then there is nothing to do."""
+        step = self._step
+        if step is None or self._done is None:
+            return False
+        self._step = None
+        step.cancel()
+        return True
 
     def _report(self, outcome: tuple[Side, IPAddress] | Refuse) -> None:
         done, self._done = self._done, None
