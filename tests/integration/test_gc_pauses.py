@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import socket
 import time
 import weakref
 
@@ -21,6 +22,8 @@ import pytest
 
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
 from egress.proxy import heap
+from egress.proxy.endpoints import ClientSide
+from egress.proxy.net.conn import Conn
 
 import harness
 
@@ -123,6 +126,36 @@ async def test_a_removed_listener_leaves_no_cycle_behind() -> None:
         await proxy.stop()
 
 
+async def test_a_closed_connection_leaves_no_cycle_behind() -> None:
+    """A client connection that ended is freed by reference counting: before, its `Conn`
+    and its socket's side named each other, and every closed connection (each prepare's
+    probes, every agent's) left a dozen objects for the collector, frozen with the rest if
+    a settle came first (docs/proxy.md#garbage-collection)."""
+    loop = asyncio.get_running_loop()
+    async with EgressProxy(build_settings({}), listen=["127.0.0.1:0"], tune_gc=False) as proxy:
+        host, port = proxy.addresses[0]
+        for head in (b"", b"GET http://x.test/ HTTP/1.1\r\nHost: x.test\r\n\r\n"):
+            sock = socket.socket()
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (host, port))
+            if head:
+                await loop.sock_sendall(sock, head)
+                assert (await loop.sock_recv(sock, 100)).startswith(b"HTTP/1.1 ")
+            sock.close()
+        deadline = time.monotonic() + 10
+        while proxy.metrics()["open_connections"]:
+            assert time.monotonic() < deadline, "the proxy never saw the connections end"
+            await asyncio.sleep(0.01)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            left = [type(o).__name__ for o in gc.garbage if isinstance(o, Conn | ClientSide)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        assert left == [], f"closed connections left cycles: {left}"
+
+
 def test_a_compaction_frees_cycles_that_died_frozen() -> None:
     class Node:
         other: object = None
@@ -153,6 +186,27 @@ def test_a_settle_counts_the_garbage_it_collected() -> None:
     settler.settle()
     assert gone() is None
     assert settler.garbage >= 2
+
+
+def test_a_settle_collects_the_youngest_generation_only() -> None:
+    """A settle's pause is a young collection, not a full one: after 400 prepares a full
+    collection of what the burst made took 11-24 ms of CPU and found nothing
+    (docs/proxy.md#garbage-collection)."""
+    settler = heap.Heap()
+    settler.base = max(1, gc.get_freeze_count())  # no compaction is due
+    started: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        settler.settle()
+    finally:
+        gc.callbacks.remove(seen)
+    assert started == [0]
+    assert settler.compactions == 0
 
 
 async def test_tune_gc_false_leaves_the_collector_alone() -> None:
