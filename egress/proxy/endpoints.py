@@ -4,8 +4,10 @@ Shell. Opening a listening socket (here or inside a sandbox's namespace) and ser
 the proxy's loop; listeners added while running, of every kind (HTTP proxy, SOCKS5,
 transparent, and framework-route forwarders: docs/proxy.md#transparent-mode-and-socks5,
 docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders); removing one and
-closing what it accepted. A mixin of `EgressProxy` (`server.py`). The socket itself is
-`listener.listen_socket`; `ClientSide` hands each accepted connection to the proxy.
+closing what it accepted. A component of `EgressProxy` (`server.py`): its public methods
+are the bodies of `EgressProxy`'s of the same name, which document them (once, where users
+read). The socket itself is `listener.listen_socket`; `ClientSide` hands each accepted
+connection to the proxy.
 """
 
 from __future__ import annotations
@@ -73,14 +75,6 @@ class ListenerControl:
         client: ClientSpec | None = None,
         kind: ListenerKind = "http",
     ) -> Listener:
-        """Listen on `HOST:PORT` (inside `netns` if given) while running.
-
-        With `client`, every connection on this listener is that client (its policy and
-        id), whatever credentials it presents: a listener on a sandbox's own loopback can
-        only be reached from inside that sandbox. `kind` says what it speaks: the HTTP
-        proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`;
-        docs/proxy.md#transparent-mode-and-socks5). Raises OSError / NamespaceError.
-        """
         host, port = parse_listen(listen)
         identity = Identity(client.client_id, client.policy) if client is not None else None
         if kind == "transparent" and identity is None:
@@ -93,12 +87,6 @@ class ListenerControl:
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
     ) -> Listener:
-        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
-
-        Lets a sandbox reach a framework service on the host's loopback at an address of its
-        own (its loopback, or its gateway) without any proxy setting. Every connection is
-        audited (method `FORWARD`, reason `framework_route`).
-        """
         dest = parse_framework_route(route)
         host, port = parse_listen(listen)
         policy = Policy(framework_routes=[dest])
@@ -107,13 +95,10 @@ class ListenerControl:
         )
 
     async def remove_listeners(self, netns: str) -> None:
-        """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.proxy.listeners if li.netns == netns]:
             self.remove_listener(listener)
 
     def remove_listener(self, listener: Listener) -> bool:
-        """Stop `listener` and close the connections it accepted (a released sandbox keeps
-        nothing open). Idempotent; False if it was not one of ours."""
         if listener not in self.proxy.listeners:
             return False
         self.proxy.listeners.remove(listener)

@@ -238,10 +238,14 @@ class EgressProxy:
         return await self.tenants.replace_settings(settings, source=source)
 
     def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
-        """Re-judge every open tunnel (CONNECT, SOCKS5, transparent) of the clients in
-        `policies` under its new policy, with the address it was dialed at; close those it
-        no longer allows, recorded `end: revoked` (docs/policy.md#live-policy-changes).
-        Framework-route forwarders are not client policy and stay. Returns how many closed."""
+        """Re-judge what the clients in `policies` have open under their new policy, with
+        the address it was dialed at (`core/revocation.py`), and close what it no longer
+        allows (docs/policy.md#live-policy-changes): a tunnel (CONNECT, SOCKS5,
+        transparent) or a plain-HTTP request in flight is cut, its own record `end:
+        revoked`; a kept-alive client connection between requests and an idle pooled
+        upstream connection whose last request went there are closed, one connection
+        record `end: revoked` for each such last request. Framework-route forwarders are
+        not client policy and stay. Returns how many connections it closed."""
         return self.tenants.revoke_tunnels(policies)
 
     def reserve(self, network: str) -> None:

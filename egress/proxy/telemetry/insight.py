@@ -1,8 +1,10 @@
 """`Operations`: the operators' half of `EgressProxy`'s public API (docs/metrics.md).
 
 Shell. Metrics as plain data, the admin listener (`/metrics`, `/healthz`, `/readyz`,
-`admin.py`), readiness, and per-execution summaries. A mixin of `EgressProxy` (`server.py`);
-the counting itself is `Observers` (`observe.py`), fed from the access records.
+`admin.py`), readiness, and per-execution summaries. A component of `EgressProxy`
+(`server.py`): its public methods are the bodies of `EgressProxy`'s of the same name, which
+document them (once, where users read). The counting itself is `Observers` (`observe.py`),
+fed from the access records.
 """
 
 from __future__ import annotations
@@ -53,16 +55,12 @@ class Operations:
         self.proxy = proxy
 
     def metrics(self) -> dict[str, object]:
-        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
-
-        Raises RuntimeError when the proxy was built with `metrics=False`."""
         if self.proxy._metrics is None:
             raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
         return self.proxy._metrics.snapshot()
 
     @property
     def admin_url(self) -> str | None:
-        """`http://HOST:PORT` of the admin listener, once started (else None)."""
         if self.proxy.admin is None:
             return None  # without --admin, aiohttp and prometheus_client are never imported
         from .admin import admin_url
@@ -70,7 +68,6 @@ class Operations:
         return admin_url(self.proxy.admin.address)
 
     def ready(self) -> tuple[bool, str]:
-        """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
         if self.proxy.closing:
             return False, "stopping"
         if not self.proxy.listeners:
@@ -94,12 +91,9 @@ class Operations:
             )
 
     def track_execution(self, client_id: str) -> ExecutionSummary:
-        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
         return self.proxy.observers.track(client_id)
 
     def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
-        """Counts by decision, host and reason of `client_id`'s records since tracking began
-        (`stop` ends the tracking; `release_execution` does this)."""
         if stop:
             return self.proxy.observers.untrack(client_id)
         return self.proxy.observers.summaries.get(client_id) or ExecutionSummary(client_id)
