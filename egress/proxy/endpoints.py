@@ -18,7 +18,7 @@ from ..config import ClientSpec
 from ..policy.rules import Policy, parse_framework_route
 from ..reasons import End
 from .core.clients import Identity
-from .fast import FastClient
+from .drive.callback import FastClient
 from .net.accept import Acceptor
 from .net.listener import Listener, ListenerKind, listen_socket, parse_listen
 from .net.netns import listen_in_netns_async
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 class ClientSide(FastClient):
     """A client connection's socket: tells the proxy when it is accepted (a forward-proxy
-    connection's kept-alive requests may then take the callback fast path, `fast.py`)."""
+    connection's kept-alive requests may then take the callback fast path, `drive/callback.py`)."""
 
     def __init__(self, proxy: EgressProxy, listener: Listener) -> None:
         super().__init__(proxy.loop, max_buffer=proxy.limits.max_head)

@@ -38,8 +38,8 @@ class Ticket:
 
 
 class Waiter:
-    """A callback waiting for a slot (the callback fast path's, `fast.py`): it waits in the
-    same first-in-first-out queue as `Turns.take`'s coroutines."""
+    """A callback waiting for a slot (the callback fast path's, `drive/callback.py`): it waits in
+    the same first-in-first-out queue as `Turns.take`'s coroutines."""
 
     __slots__ = ("owner", "then", "turns")
 

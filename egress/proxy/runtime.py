@@ -1,7 +1,7 @@
 """What every exchange of one running proxy shares: admission, the audit sinks, emitting.
 
 Shell. The order of an exchange's steps is the pure `Exchange`'s (`core/exchange.py`) and
-carrying them out is the driver's (`driver.py`); this holds the proxy-wide state they use:
+carrying them out is the driver's (`drive/`); this holds the proxy-wide state they use:
 connection slots and per-client caps (`admission.py`), open and progress records, the
 refusal tally for connections refused before any exchange, and `emit`, the one place an
 audit record leaves (docs/architecture.md#one-exchange).
@@ -125,7 +125,7 @@ class Steps:
         self.metrics = metrics
         self.closing = False
         # serve kept-alive requests and CONNECT tunnels from callbacks where possible
-        # (`fast.py`); off = every request and tunnel takes the coroutine path (tests
+        # (`drive/callback.py`); off = every request and tunnel takes the coroutine path (tests
         # compare the two)
         self.fast_path = True
         # who holds which connection, from accept (admission.py, docs/proxy.md#limits)

@@ -8,8 +8,9 @@ one concept each, and delegates the rest of its public API to them: `tenants`
 audit records written in one place, `steps.py`. Each client connection runs one coroutine:
 *read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every decision is the pure
 gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal, 1xx/101); the
-exchanges are `forward.py` (absolute-form HTTP on the upstream `pool.py`) and `tunnel.py`
-(CONNECT and framework-route forwarders). See docs/architecture.md.
+exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream `pool.py`),
+`modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and framework-route
+forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
 
 Every request on a kept-alive client connection is parsed, identified and judged afresh; an
 upstream connection is reused only for the *checked* address and port, so reuse never skips
@@ -50,8 +51,10 @@ from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection,
 from .core.responses import error_response
 from .endpoints import ClientSide, ListenerControl
 from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
-from .forward import serve_request
 from .heap import Heap
+from .modes.connect.serve import serve_tunnel
+from .modes.forwarder.serve import serve_forwarder
+from .modes.http.serve import serve_request
 from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
 from .net.accept import PAUSE, Lingering, Reserve
 from .net.conn import Conn, Limits, read_head, sweep
@@ -64,7 +67,6 @@ from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_ad
 from .telemetry.metrics import ProxyMetrics
 from .telemetry.observe import DecisionCallback, ExecutionSummary, Observers
 from .tenants import ClientControl
-from .tunnel import serve_forwarder, serve_tunnel
 
 log = logging.getLogger("egress")
 
@@ -403,7 +405,7 @@ class EgressProxy:
         for conn in self._conns:
             if conn.task is not None:
                 tasks.append(conn.task)
-            else:  # served from callbacks (`fast.py`): done when `_finished`
+            else:  # served from callbacks (`drive/callback.py`): done when `_finished`
                 conn.ended = self.loop.create_future()
                 tasks.append(conn.ended)
         for conn in list(self._conns):
@@ -515,7 +517,7 @@ class EgressProxy:
             side.conn, side.steps = conn, steps
             if steps.fast_path:
                 # no task yet: its first head decides (a CONNECT is served from callbacks,
-                # anything else starts the coroutine: `fast.FastClient.first_head`)
+                # anything else starts the coroutine: `drive.callback.FastClient.first_head`)
                 side.spawn, side.finish = self._spawn, self._finished
                 adopt(self.loop, sock, side, lambda _, err: self._adopted(conn, sock, err))
                 return

@@ -1,4 +1,4 @@
-"""The callback fast path (egress/proxy/fast.py) against the coroutine path, on real sockets.
+"""The callback fast path (proxy/drive/callback.py) against the coroutine path, on real sockets.
 
 Every kept-alive request is still parsed, identified, judged and audited: the same request
 sequences go through one proxy with the fast path on and one with it off, and the client
@@ -295,7 +295,7 @@ async def test_pipelined_requests_while_one_is_in_flight(both: Both) -> None:
     assert [e["path"] for e in both.audit_fast.events] == ["/one", "/bytes/200000", "/three"]
 
 
-# --- CONNECT tunnels: the callback driver (fast.Carrier) against the coroutine driver -------
+# --- CONNECT tunnels: the callback driver (drive.callback.Carrier) against the coroutine driver
 
 
 async def tunnel(proxy: EgressProxy, target: str, payload: bytes) -> bytes:
@@ -404,7 +404,7 @@ async def test_a_name_to_look_up_is_handed_to_the_coroutine_driver(
 ) -> None:
     """A name not in the resolver's cache: the callback driver hands the exchange it began
     to the coroutine driver (`tunnel.carry_on`), which looks it up and carries on."""
-    from egress.proxy import fast as fast_mod
+    from egress.proxy.drive import callback as fast_mod
 
     carried = count_calls(monkeypatch, fast_mod, "carry_on")
     monkeypatch.setattr(both.fast.resolver, "cached", lambda host: None)

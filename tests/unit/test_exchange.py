@@ -28,9 +28,9 @@ from egress.proxy.core.exchange import TRANSITIONS, Exchange, SequenceError, Sta
 from egress.proxy.core.gate import Gate, refuse_request
 from egress.proxy.core.gate import Refuse as Verdict
 from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
-from egress.proxy.modes.connect import CONNECT
-from egress.proxy.modes.forwarder import FORWARDER
-from egress.proxy.modes.http import HTTP
+from egress.proxy.modes.connect.front import CONNECT
+from egress.proxy.modes.forwarder.front import FORWARDER
+from egress.proxy.modes.http.front import HTTP
 from egress.proxy.modes.socks5.front import SOCKS5
 from egress.proxy.modes.transparent.front import TRANSPARENT, TRANSPARENT_HTTP
 from egress.proxy.net.resolve import ResolveError

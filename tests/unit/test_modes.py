@@ -9,10 +9,10 @@ import pytest
 from egress.proxy.codec import socks5 as codec
 from egress.proxy.core.intent import NEVER_REFUSED, Front
 from egress.proxy.core.responses import REFUSALS
-from egress.proxy.modes.connect import CONNECT
+from egress.proxy.modes.connect.front import CONNECT
 from egress.proxy.modes.dns.front import DNS
-from egress.proxy.modes.forwarder import FORWARDER
-from egress.proxy.modes.http import HTTP
+from egress.proxy.modes.forwarder.front import FORWARDER
+from egress.proxy.modes.http.front import HTTP
 from egress.proxy.modes.kinds import MODES, ROUTE, mode_for
 from egress.proxy.modes.socks5.front import SOCKS5, SOCKS5_ANSWERS
 from egress.proxy.modes.transparent.front import TRANSPARENT, TRANSPARENT_HTTP

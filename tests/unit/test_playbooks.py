@@ -38,11 +38,11 @@ from egress.proxy.core.exchange import Exchange, State
 from egress.proxy.core.gate import Gate
 from egress.proxy.core.gate import Refuse as Verdict
 from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
-from egress.proxy.modes.connect import CONNECT
+from egress.proxy.modes.connect.front import CONNECT
 from egress.proxy.modes.dns.front import DNS
 from egress.proxy.modes.dns.query import play, query_intent, render
-from egress.proxy.modes.forwarder import FORWARDER
-from egress.proxy.modes.http import HTTP
+from egress.proxy.modes.forwarder.front import FORWARDER
+from egress.proxy.modes.http.front import HTTP
 from egress.proxy.modes.socks5.front import SOCKS5, Handshake
 from egress.proxy.modes.transparent.front import (
     TRANSPARENT,

@@ -4,15 +4,15 @@ Two kinds: a kept-alive absolute-form request (the callback fast path, below), a
 CONNECT's whole tunnel set-up when it is a connection's first head (`Carrier`: accept
 without a task, decide, dial, `200`, SNI, relay; docs/architecture.md#the-callback-driver).
 
-Shell. Why: on a kept-alive connection, the coroutine path (`forward.py`) costs two waits per
-request (client bytes -> the connection's task; upstream bytes -> the task), each a future,
-a task step and several coroutine frames, about ten times the cost of the same hand-over as
+Shell. Why: on a kept-alive connection, the coroutine path (`modes/http/serve.py`) costs two
+waits per request (client bytes -> the connection's task; upstream bytes -> the task), each a
+future, a task step and several coroutine frames, about ten times the cost of the same hand-over as
 a plain callback (bench/profile.md). Here the client's `data_received` parses the head and
 drives the same `Exchange` synchronously (the gate's cached verdicts, a name only from the
 resolver's cache), writes it to an idle pooled upstream already dialed for that checked
 address, and the upstream's callback (`Side.on_wake`) parses the response head and relays
-it with the functions the coroutine path uses (`forward.response_out`,
-`forward.finish_exchange`: the same audit record and metrics,
+it with the functions the coroutine path uses (`modes.http.serve.response_out`,
+`finish_exchange`: the same audit record and metrics,
 docs/architecture.md#the-callback-fast-path).
 
 Only what needs no waiting before the upstream write is taken: a complete bodiless head and
@@ -21,8 +21,8 @@ an identified client, an admitted verdict (an IP literal, or a name in the resol
 cache), an idle pooled upstream. Anything else - the first request of a connection, a
 refusal, a body, a dial, DNS, a malformed head - is left untouched to the connection's
 coroutine, which parses it again and serves it as before. After the upstream write, every
-outcome is handled here exactly as `forward.serve_request` would (1xx relayed, 101 and
-malformed responses refused with an audit record, response bodies relayed by `Side`'s
+outcome is handled here exactly as `modes.http.serve.serve_request` would (1xx relayed, 101
+and malformed responses refused with an audit record, response bodies relayed by `Side`'s
 relay mode with flow control).
 
 The connection's coroutine stays parked in `read_head` while the fast path runs; the
@@ -37,26 +37,34 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ProtocolError
-from ..policy.target import IPAddress, Target
-from ..reasons import End
-from .codec import http1 as wire
-from .codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
-from .core.actions import Action, Dial, ReadHello, Refuse, Relay, ReplyOk, Resolve
-from .core.exchange import Exchange
-from .core.gate import Refuse as Verdict
-from .core.gate import refuse_upstream
-from .core.record import perf_counter_ns, seconds_since
-from .driver import ok_bytes, refuse, revoked_meanwhile
-from .fairshare import Ticket, Waiter
-from .forward import answer, finish_exchange, framer_for, request_intent, request_out, response_out
-from .net.dialer import Dialer
-from .net.relay import RelayEnded, Side
-from .tunnel import carry_on, connect_exchange, cut, end_relay, open_relay, relay_over, who_left
+from ...errors import ProtocolError
+from ...policy.target import IPAddress, Target
+from ...reasons import End
+from ..codec import http1 as wire
+from ..codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
+from ..core.actions import Action, Dial, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from ..core.exchange import Exchange
+from ..core.gate import Refuse as Verdict
+from ..core.gate import refuse_upstream
+from ..core.record import perf_counter_ns, seconds_since
+from ..fairshare import Ticket, Waiter
+from ..modes.connect.serve import connect_exchange
+from ..modes.http.serve import (
+    answer,
+    finish_exchange,
+    framer_for,
+    request_intent,
+    request_out,
+    response_out,
+)
+from ..net.dialer import Dialer
+from ..net.relay import RelayEnded, Side
+from .coroutine import ok_bytes, refuse, revoked_meanwhile
+from .tunnel import carry_on, cut, end_relay, open_relay, relay_over, who_left
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import Steps
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 log = logging.getLogger("egress")
 
@@ -179,7 +187,7 @@ class FastExchange:
             ok = False
         self._end(ok)
 
-    # --- the exchange's end: as forward.serve_request's -------------------------------------
+    # --- the exchange's end: as modes.http.serve.serve_request's ----------------------------
     def _end(self, ok: bool) -> None:
         resp = self.resp
         assert resp is not None
@@ -357,7 +365,7 @@ _WAIT: Final = object()  # a ClientHello still to come
 
 class Carrier:
     """The callback driver: carries out one exchange's actions from loop callbacks, the
-    twin of `driver.drive` (the same exchange, the same answers, the same records) for a
+    twin of `coroutine.drive` (the same exchange, the same answers, the same records) for a
     tunnel's whole set-up: decide, dial (`Dialer`, no task), `200`, the SNI check, relay.
     What must wait on something other than a socket (a name not in the resolver's cache)
     is handed to the coroutine driver mid-exchange (docs/architecture.md#the-callback-driver).
@@ -589,7 +597,7 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     conn.upstream = upstream
     relay = x.dialed(addr, steps.addr_text(addr))
     assert isinstance(relay, Relay)
-    conn.relaying = x.record  # re-judged if its client's policy changes (as forward.py)
+    conn.relaying = x.record  # re-judged if its client's policy changes (as modes/http/serve.py)
     steps.link(conn, x)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)

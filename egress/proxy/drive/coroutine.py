@@ -12,22 +12,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from ..reasons import End
-from .codec import socks5 as socks5_codec
-from .codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
-from .core.actions import Action, Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
-from .core.exchange import Exchange
-from .core.gate import Refuse as Verdict
-from .core.intent import Answer
-from .core.record import perf_counter_ns, seconds_since
-from .core.responses import CONNECT_OK
-from .core.revocation import revoked_by
-from .modes.http import render_refusal
-from .net.resolve import ResolveError
+from ...reasons import End
+from ..codec import socks5 as socks5_codec
+from ..codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
+from ..core.actions import Action, Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
+from ..core.exchange import Exchange
+from ..core.gate import Refuse as Verdict
+from ..core.intent import Answer
+from ..core.record import perf_counter_ns, seconds_since
+from ..core.responses import CONNECT_OK
+from ..core.revocation import revoked_by
+from ..modes.http.front import render_refusal
+from ..net.resolve import ResolveError
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import Steps
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 
 async def drive(

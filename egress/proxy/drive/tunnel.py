@@ -1,15 +1,12 @@
-"""CONNECT tunnels and framework-route forwarders: byte relays between two sockets.
+"""A tunnel's relay, shared by both drivers: two relay directions, then `Exchange.ended`.
 
-Shell. `connect_exchange` is the CONNECT front-end: it turns the request head into an
-`Intent` (the gate's target and identity) and starts the exchange; both drivers begin a
-tunnel there. On the coroutine, `serve_tunnel` lets the async driver carry it out
-(`driver.drive`: decide, resolve, dial, `200`, the SNI check) and `relay_tunnel` relays both
-directions until they end (flow control and half-close live in `relay.Side`); the callback
-driver (`fast.Carrier`) carries out the same exchange from callbacks with the same pieces
-(`open_relay`, `relay_over`, `who_left`, `cut`, `end_relay`), and hands what must wait to
-`carry_on` (docs/architecture.md#the-callback-driver). `serve_forwarder` does the same for
-a forwarder listener's connection to its framework route. The exchange gets how the tunnel
-ended (`reasons.End`) for its one record.
+Shell. `relay_tunnel` relays both directions until they end (flow control and half-close
+live in `net.relay.Side`); the callback driver (`drive.callback.Carrier`) does the same from
+callbacks with the same pieces (`open_relay`, `relay_over`, `who_left`, `cut`, `end_relay`),
+and hands what must wait to `carry_on`, which carries an exchange out on the coroutine
+(docs/architecture.md#the-callback-driver). CONNECT (`modes.connect.serve`), forwarder,
+SOCKS5 and transparent tunnels end here. The exchange gets how the tunnel ended
+(`reasons.End`) for its one record.
 """
 
 from __future__ import annotations
@@ -17,54 +14,15 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..reasons import End
-from .codec import http1 as wire
-from .core.actions import Action
-from .core.exchange import Exchange
-from .core.gate import Refuse
-from .core.intent import Intent
-from .core.record import perf_counter_ns
-from .driver import drive
-from .modes.connect import CONNECT
-from .modes.forwarder import FORWARDER
-from .net.relay import RelayEnded
+from ...reasons import End
+from ..core.actions import Action
+from ..core.exchange import Exchange
+from ..net.relay import RelayEnded
+from .coroutine import drive
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import Steps
-
-
-def connect_exchange(steps: Steps, conn: Conn, head: wire.RequestHead) -> tuple[Exchange, Action]:
-    """A CONNECT's exchange and its first action: target, identity, its client's cap, the
-    verdict on the name (both drivers start a tunnel here)."""
-    t0 = perf_counter_ns()
-    gate = steps.gate
-    target = gate.connect_target(head.target)
-    identity = cap = None
-    if not isinstance(target, Refuse):
-        identity = gate.identify(conn.listener.identity, conn.peer, head)
-        cap = steps.cap(conn, identity)
-    audit = steps.audit
-    intent = Intent(
-        conn.client,
-        "CONNECT",
-        "https",
-        head.target,
-        0,
-        t0,
-        target,
-        identity,
-        cap,
-        audit_ok=audit is None or audit.accepting,
-    )
-    x = Exchange(gate, CONNECT)
-    return x, x.start(intent)
-
-
-async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:
-    """One CONNECT: target, identity, then the exchange (verdict, dial, `200`, SNI, relay)."""
-    x, action = connect_exchange(steps, conn, head)
-    await carry_on(steps, conn, x, action)
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 
 async def carry_on(steps: Steps, conn: Conn, x: Exchange, action: Action) -> None:
@@ -152,28 +110,6 @@ def _closed(steps: Steps) -> None:
         metrics.open_tunnels -= 1
 
 
-async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int]) -> None:
-    """A forwarder connection: relay it to the listener's framework route. No `policy`
-    hash in its records: the route decides, not a policy the log ever recorded
-    (docs/audit-log.md#request-records)."""
-    host, port = forward_to
-    conn.phase, conn.served = "active", True
-    audit = steps.audit
-    intent = Intent(
-        conn.client,
-        "FORWARD",
-        "tcp",
-        host,
-        port,
-        perf_counter_ns(),
-        None,
-        conn.listener.identity,
-        audit_ok=audit is None or audit.accepting,
-    )
-    x = Exchange(steps.gate, FORWARDER)
-    await carry_on(steps, conn, x, x.start(intent))
-
-
 async def _both_or_failure(a: asyncio.Future[None], b: asyncio.Future[None]) -> None:
     """Wait until both futures are done, or one failed (cheaper than `asyncio.wait`)."""
     if a.done() and b.done():
@@ -207,13 +143,10 @@ def _how_ended(up: asyncio.Future[None], down: asyncio.Future[None]) -> str:
 
 __all__ = [
     "carry_on",
-    "connect_exchange",
     "cut",
     "end_relay",
     "open_relay",
     "relay_over",
     "relay_tunnel",
-    "serve_forwarder",
-    "serve_tunnel",
     "who_left",
 ]

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..core.intent import Front
-from .connect import CONNECT
+from .connect.front import CONNECT
 from .dns.front import DNS
-from .forwarder import FORWARDER
-from .http import HTTP
+from .forwarder.front import FORWARDER
+from .http.front import HTTP
 from .socks5.front import SOCKS5
 from .transparent.front import TRANSPARENT, TRANSPARENT_HTTP
 

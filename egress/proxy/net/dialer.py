@@ -1,7 +1,7 @@
 """Dialing a checked address from callbacks, with no task.
 
 Shell. `UpstreamPool.connect` awaits `loop.create_connection` under `asyncio.timeout`: a
-task must wait on it. The callback driver (`fast.py`) dials here instead: the same
+task must wait on it. The callback driver (`drive/callback.py`) dials here instead: the same
 `loop.create_connection` (uvloop connects in C and waits once), run by `Stepped` from
 callbacks. The addresses are tried in order, as the pool does; the connect timeout is the
 sweeper's (`expire`, from `conn.sweep`), so no timer is armed per dial

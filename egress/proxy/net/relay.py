@@ -89,7 +89,7 @@ class Side(asyncio.Protocol):
         self.relay_done: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         # called instead of waking a waiter (bytes, EOF or loss in buffered mode): a
-        # callback-driven exchange reading a head (`fast.py`, docs/architecture.md)
+        # callback-driven exchange reading a head (`drive/callback.py`, docs/architecture.md)
         self.on_wake: Callable[[], None] | None = None
         self._read_paused_full = False
         self._read_paused_sink = False

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..core.intent import Answer, Front
-from ..core.responses import CONNECT_OK
-from .http import http_answers, render_refusal
+from ...core.intent import Answer, Front
+from ...core.responses import CONNECT_OK
+from ..http.front import http_answers, render_refusal
 
 CONNECT: Final = Front("connect", None, "tunnel", Answer("http", 200), http_answers(), 200)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from ...reasons import Reason
-from ..core.intent import CLOSE, Front
+from ....reasons import Reason
+from ...core.intent import CLOSE, Front
 
 FORWARDER: Final = Front("forwarder", None, "route", None, dict.fromkeys(Reason, CLOSE), 200)
 

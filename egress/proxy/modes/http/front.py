@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from ...reasons import Reason
-from ..core.actions import Refuse
-from ..core.intent import CLOSE, Answer, Front
-from ..core.responses import error_response
+from ....reasons import Reason
+from ...core.actions import Refuse
+from ...core.intent import CLOSE, Answer, Front
+from ...core.responses import error_response
 
 
 def http_answers() -> Mapping[Reason, Answer]:

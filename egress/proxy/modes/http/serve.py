@@ -15,24 +15,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError, TargetError
-from ..policy.target import Target, host_header, make_target
-from ..reasons import End
-from .codec import http1 as wire
-from .codec import rewrite
-from .codec.chunked import ChunkedScanner
-from .core.actions import Refuse as Refusal
-from .core.exchange import Exchange
-from .core.gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
-from .core.intent import Intent
-from .core.record import perf_counter_ns
-from .driver import drive, refuse
-from .fairshare import Ticket
-from .net.relay import Framer, LengthFramer, RelayEnded, Side
+from ....errors import ProtocolError, TargetError
+from ....policy.target import Target, host_header, make_target
+from ....reasons import End
+from ...codec import http1 as wire
+from ...codec import rewrite
+from ...codec.chunked import ChunkedScanner
+from ...core.actions import Refuse as Refusal
+from ...core.exchange import Exchange
+from ...core.gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
+from ...core.intent import Intent
+from ...core.record import perf_counter_ns
+from ...drive.coroutine import drive, refuse
+from ...fairshare import Ticket
+from ...net.relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
-    from .net.conn import Conn
-    from .runtime import Steps
+    from ...net.conn import Conn
+    from ...runtime import Steps
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ the CONNECT request; the connection is in phase `hello`, so the sweeper closes a
 stalls there after `head_timeout`), which identifies the client by its listener or its token
 (the gate's `identify`, the password as a Basic credential's) and ends as an `Intent`; then
 authorize, resolve, guard, dial, SNI-check and relay exactly as for an HTTP CONNECT (the
-driver, `tunnel.relay_tunnel`), answering refusals with an RFC 1928 reply code instead of an
+driver, `drive.tunnel.relay_tunnel`), answering refusals with an RFC 1928 reply code instead of an
 HTTP status. Records are CONNECT records with `mode: "socks5"` (docs/audit-log.md).
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from ...core.exchange import Exchange
 from ...core.intent import Intent
 from ...core.record import perf_counter_ns
-from ...driver import drive
-from ...tunnel import relay_tunnel
+from ...drive.coroutine import drive
+from ...drive.tunnel import relay_tunnel
 from .front import SOCKS5, Handshake
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from ...core.gate import Refuse as Verdict
 from ...core.gate import refuse_request
 from ...core.intent import CLOSE, NEVER_REFUSED, RESET, Front, Intent
 from ...core.record import perf_counter_ns
-from ..http import http_answers
+from ..http.front import http_answers
 
 TRANSPARENT: Final = Front(
     "transparent",

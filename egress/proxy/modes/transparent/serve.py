@@ -38,10 +38,10 @@ from ...core.exchange import Exchange, probe_record
 from ...core.gate import Refuse, refuse_head, refuse_request
 from ...core.intent import Intent
 from ...core.record import perf_counter_ns
-from ...driver import drive, read_hello
-from ...forward import serve_request
+from ...drive.coroutine import drive, read_hello
+from ...drive.tunnel import relay_tunnel
 from ...net.conn import read_head
-from ...tunnel import relay_tunnel
+from ..http.serve import serve_request
 from .front import (
     NOT_REDIRECTED,
     TRANSPARENT,

@@ -1,0 +1,1 @@
+"""Drivers of an exchange's actions: a coroutine, protocol callbacks, and the relay both share."""

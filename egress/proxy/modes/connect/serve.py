@@ -1,0 +1,62 @@
+"""The CONNECT front-end: a request head into an `Intent` and the exchange that carries it.
+
+Shell. `connect_exchange` turns the request head into an `Intent` (the gate's target and
+identity) and starts the exchange; both drivers begin a tunnel there. On the coroutine,
+`serve_tunnel` lets the async driver carry it out (`drive.coroutine.drive`: decide, resolve,
+dial, `200`, the SNI check) and relay it (`drive.tunnel`); the callback driver
+(`drive.callback.Carrier`) carries out the same exchange from callbacks
+(docs/architecture.md#the-callback-driver).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...codec import http1 as wire
+from ...core.actions import Action
+from ...core.exchange import Exchange
+from ...core.gate import Refuse
+from ...core.intent import Intent
+from ...core.record import perf_counter_ns
+from ...drive.tunnel import carry_on
+from .front import CONNECT
+
+if TYPE_CHECKING:
+    from ...net.conn import Conn
+    from ...runtime import Steps
+
+
+def connect_exchange(steps: Steps, conn: Conn, head: wire.RequestHead) -> tuple[Exchange, Action]:
+    """A CONNECT's exchange and its first action: target, identity, its client's cap, the
+    verdict on the name (both drivers start a tunnel here)."""
+    t0 = perf_counter_ns()
+    gate = steps.gate
+    target = gate.connect_target(head.target)
+    identity = cap = None
+    if not isinstance(target, Refuse):
+        identity = gate.identify(conn.listener.identity, conn.peer, head)
+        cap = steps.cap(conn, identity)
+    audit = steps.audit
+    intent = Intent(
+        conn.client,
+        "CONNECT",
+        "https",
+        head.target,
+        0,
+        t0,
+        target,
+        identity,
+        cap,
+        audit_ok=audit is None or audit.accepting,
+    )
+    x = Exchange(gate, CONNECT)
+    return x, x.start(intent)
+
+
+async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:
+    """One CONNECT: target, identity, then the exchange (verdict, dial, `200`, SNI, relay)."""
+    x, action = connect_exchange(steps, conn, head)
+    await carry_on(steps, conn, x, action)
+
+
+__all__ = ["connect_exchange", "serve_tunnel"]

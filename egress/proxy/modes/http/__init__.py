@@ -1,0 +1,1 @@
+"""The HTTP forward mode: its answers (`front`, pure) and its requests (`serve`)."""
