@@ -17,7 +17,7 @@ import pytest
 from egress.audit.format import GENESIS, line_hash
 from egress.audit.log import AuditLog
 from egress.audit.verify import ChainVerifier
-from egress.audit.writer import LogWriter
+from egress.audit.writer import BATCH_LINES, LogWriter
 
 EVENT: dict[str, object] = {
     "client": "198.18.0.2:41000",
@@ -497,3 +497,56 @@ async def test_opened_builds_the_same_line_as_record(tmp_path: Path) -> None:
     assert strip[0] == strip[3]
     raw = path.read_bytes().splitlines()
     assert all(line.isascii() for line in raw)
+
+
+async def test_the_writer_gathers_loop_iterations_into_one_write(tmp_path: Path) -> None:
+    """docs/audit-log.md#crash-window: after a write the writer waits before its next batch,
+    so the lines of many loop iterations share one wake-up and one write; the last line
+    handed over during that wait is still written without any later record or flush."""
+    path = tmp_path / "audit.jsonl"
+    async with AuditLog(str(path)) as log:
+        await log.flush()
+        writer = log._writer
+        writer.gather_interval = 0.5  # most of the iterations below fit in one wait
+        real_write = writer.file.write
+        writes: list[int] = []
+
+        def counting_write(data: bytes | memoryview) -> tuple[int, OSError | None]:
+            writes.append(bytes(data).count(b"\n"))
+            return real_write(data)
+
+        writer.file.write = counting_write  # type: ignore[method-assign]
+        for number in range(200):
+            log.record({**EVENT, "n": number})
+            await asyncio.sleep(0.001)  # one line per iteration; the loop idles in between
+        await wait_for(lambda: sum(writes) == 200)
+        assert len(writes) < 50, writes  # before: one write per iteration
+        writer.gather_interval = 0.0
+    records = read_records(path)
+    assert [r["n"] for r in records if "n" in r] == list(range(200))
+    assert verify(path) == []
+
+
+async def test_a_burst_beyond_a_batch_and_close_with_lines_pending(tmp_path: Path) -> None:
+    """More lines than one batch (`BATCH_LINES`), some from another thread, recorded while
+    the writer waits, then closed at once: every line written once, in order, chained."""
+    path = tmp_path / "audit.jsonl"
+    total = BATCH_LINES * 2 + 17
+    async with AuditLog(str(path)) as log:
+        log.record({**EVENT, "n": -1})
+        await log.flush()  # the writer is now in its wait after a write
+        for number in range(total):
+            log.record({**EVENT, "n": number})
+        await asyncio.to_thread(log.record, {**EVENT, "n": total})
+        for number in range(total + 1, total + 5):
+            log.record({**EVENT, "n": number})
+    records = read_records(path)
+    numbers = [r["n"] for r in records if "n" in r]
+    assert sorted(numbers) == list(range(-1, total + 5))
+    own = [n for n in numbers if n != total]  # the other thread's line may come earlier
+    assert own == [n for n in range(-1, total + 5) if n != total]  # the loop's lines in order
+    assert records[-1]["type"] == "end"
+    assert records[-1]["lines"] == len(records) - 1
+    assert log.lines_dropped == 0
+    assert log.lines_abandoned == 0
+    assert verify(path) == []
