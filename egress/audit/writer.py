@@ -5,9 +5,10 @@ Strategy: one thread owns the file and the chain. It takes serialized records fr
 `prev` (auditfmt's chain), joins every line already queued into one `os.write`, and before
 each write checks that the path still names the file it holds (a removed or replaced file is
 reopened and counted). After a write it waits `GATHER_INTERVAL`, so that a busy proxy wakes
-it about once a millisecond rather than once per event-loop iteration. A failed write keeps the unwritten bytes, reports, and is retried
-every `retry_interval`; lines beyond `max_pending_bytes` are given up but keep their `seq`,
-so the gap is visible to `egress audit verify`, and a `loss` record tells how many.
+it about once a millisecond rather than once per event-loop iteration. A failed write
+keeps the unwritten bytes, reports, and is retried every `retry_interval`; lines beyond
+`max_pending_bytes` are given up but keep their `seq`, so the gap is visible to
+`egress audit verify`, and a `loss` record tells how many.
 
 Counters (`write_errors`, `lines_written`, ...) are written by this thread only and read by
 others; under the GIL a reader sees a recent value, which is all a counter promises.
