@@ -279,7 +279,7 @@ class AuditLog:
             if threading.get_ident() == self._loop_thread and self._loop is not None:
                 # Batch per loop iteration: one queue hand-over (one writer wake-up) for all
                 # the lines of an iteration, instead of one per line. Never later than that:
-                # a crash may lose only the crash window (docs/audit-log.md#crash-window).
+                # a crash may lose only what is being written (docs/audit-log.md).
                 if not self._batch:
                     self._loop.call_soon(self._hand_over)
                 self._batch.append(item)

@@ -4,11 +4,9 @@ Strategy: one thread owns the file and the chain. It takes serialized records fr
 `queue.SimpleQueue` (filled by `AuditLog.record()` on the event loop), appends `seq` and
 `prev` (auditfmt's chain), joins every line already queued into one `os.write`, and before
 each write checks that the path still names the file it holds (a removed or replaced file is
-reopened and counted). After a write it waits `GATHER_INTERVAL`, so that a busy proxy wakes
-it about once a millisecond rather than once per event-loop iteration. A failed write
-keeps the unwritten bytes, reports, and is retried every `retry_interval`; lines beyond
-`max_pending_bytes` are given up but keep their `seq`, so the gap is visible to
-`egress audit verify`, and a `loss` record tells how many.
+reopened and counted). A failed write keeps the unwritten bytes, reports, and is retried
+every `retry_interval`; lines beyond `max_pending_bytes` are given up but keep their `seq`,
+so the gap is visible to `egress audit verify`, and a `loss` record tells how many.
 
 Counters (`write_errors`, `lines_written`, ...) are written by this thread only and read by
 others; under the GIL a reader sees a recent value, which is all a counter promises.
@@ -43,10 +41,6 @@ logger = logging.getLogger("egress.audit")
 
 CLOSE_TIMEOUT: Final = 5.0  # aclose() gives an unwritable log this long for the end record
 BATCH_LINES: Final = 8192  # lines joined into one write at most
-# After a write the thread waits this long before taking the next batch, so that under load
-# it wakes (and takes the GIL from the event loop) about once per interval instead of once per
-# loop iteration; an idle writer still wakes at once (docs/audit-log.md#crash-window).
-GATHER_INTERVAL: Final = 0.001
 ERROR_LOG_INTERVAL: Final = 10.0  # seconds between repeated "still failing" reports
 
 DROPPED: Final = object()  # queued instead of a line when the backlog is full
@@ -101,7 +95,6 @@ class LogWriter:
         self.crashed = False
         self.cursor = 0  # index in the batch being processed
         self.close_timeout = close_timeout
-        self.gather_interval = GATHER_INTERVAL
         self._last_error_log = 0.0
         # the outage in progress (docs/audit-log.md#when-the-log-cannot-be-written)
         self.outage_since = 0.0
@@ -183,7 +176,7 @@ class LogWriter:
                 break
         self.cursor = 0
         try:
-            stopping = self._process(batch)
+            return self._process(batch)
         except Exception:
             # Lines chained before the failure are still written; the rest are counted.
             late = batch[self.cursor :]
@@ -196,9 +189,6 @@ class LogWriter:
             for item in batch:
                 if isinstance(item, concurrent.futures.Future) and not item.done():
                     item.set_result(None)
-        if not stopping:
-            time.sleep(self.gather_interval)  # lines recorded meanwhile queue up: one wake-up
-        return stopping
 
     def _process(self, batch: list[object]) -> bool:
         """Chain the batch's lines and write them; True when it held STOP."""
