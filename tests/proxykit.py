@@ -18,8 +18,8 @@ def exempt(settings: Settings | Policy, *ports: int) -> Settings:
 
     For tests that need no root: their upstreams listen on loopback ports of this namespace
     (`servers.start_origin(None, 0)`), and the policy still judges every request as it would a
-    test host's (a framework route would skip the policy). The proxy's own listeners and every
-    other loopback port stay reserved (docs/proxy.md#the-address-guard).
+    test host's (a framework route would skip the policy). Every other loopback port, the
+    proxy's own listeners among them, stays reserved (docs/proxy.md#the-address-guard).
     """
     if isinstance(settings, Policy):
         settings = Settings(policy=settings)

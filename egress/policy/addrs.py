@@ -104,8 +104,8 @@ class AddressGuard:
     `exempt` holds exact `(address, port)` endpoints the guard lets through (API only, empty
     by default, not on the command line): an embedding test rig's own upstreams on loopback,
     judged by the policy like any destination, where a framework route would skip the policy
-    (docs/proxy.md#the-address-guard). Only that port of that address: the proxy's own
-    listeners and every other loopback port stay reserved.
+    (docs/proxy.md#the-address-guard). Only that port of that address passes; every other
+    port stays reserved (so list upstreams only, never one of the proxy's own listeners).
     """
 
     host_local: frozenset[IPAddress] = frozenset()

@@ -71,17 +71,19 @@ def read_state(
 
 
 def read_marks(rt: Rtnl, netfilter: Netfilter) -> NamespaceState:
-    """`read_state(...).marks()` read directly: the links, the routes netcut marked (every
-    table), which families hold the backstop, and the redirects; what a restore needs
+    """`read_state(...).marks()` read directly: the routes netcut marked (every table) with
+    the links that name them (none are listed without such a route: a loopback-only cut
+    has none), which families hold the backstop, and the redirects; what a restore needs
     (docs/netcut.md#idempotency-status-restore). No addresses, sysctls or policy rules,
     and only the marked routes are decoded."""
-    links = read_links()
-    names = {link.index: link.name for link in links}
-    routes = tuple(
-        _route(m, names, strict=False)
+    marked = [
+        m
         for m in rt.dump_routes()
         if m["family"] in (AF_INET, AF_INET6) and m["proto"] == NETCUT_PROTO
-    )
+    ]
+    links = read_links() if marked else ()
+    names = {link.index: link.name for link in links}
+    routes = tuple(_route(m, names, strict=False) for m in marked)
     return NamespaceState(
         links=links,
         addrs=(),

@@ -315,13 +315,14 @@ class NamespaceState:
 
     def marks(self) -> NamespaceState:
         """Only netcut's marks (its routes, backstop and redirects) and the links that name
-        them: all that a restore plans from and judges by (plan_restore, and judge_status's
-        "not cut"), so a restore reads no more than this
+        them (none without a marked route): all that a restore plans from and judges by
+        (plan_restore, and judge_status's "not cut"), so a restore reads no more than this
         (docs/netcut.md#idempotency-status-restore)."""
+        marked = self.marked_routes
         return NamespaceState(
-            links=self.links,
+            links=self.links if marked else (),
             addrs=(),
-            routes=self.marked_routes,
+            routes=marked,
             backstop=self.backstop,
             redirect=self.redirect,
         )

@@ -39,9 +39,8 @@ def nothing(t: Topology) -> None:
 
 
 def marked_routes_elsewhere(t: Topology) -> None:
-    in_ns(t, "ip", "route", "add", "198.18.7.0/24", "via", t.gateway, "table", "100",
-          "proto", "110")  # fmt: skip
-    in_ns(t, "ip", "route", "add", "198.18.8.0/24", "via", t.gateway, "proto", "static")
+    in_ns(t, "ip", "route", "add", "198.18.7.0/24", "dev", "eth0", "table", "100", "proto", "110")
+    in_ns(t, "ip", "route", "add", "198.18.8.0/24", "dev", "eth0", "proto", "static")
     in_ns(t, "ip", "-6", "route", "add", "2001:db8::/64", "dev", "lo", "proto", "110")
 
 
@@ -52,14 +51,18 @@ def v6_backstop_gone(t: Topology) -> None:
 
 
 @pytest.mark.parametrize("tamper", [nothing, marked_routes_elsewhere, v6_backstop_gone])
-@pytest.mark.parametrize("redirect", [None, Redirect(3129, 5353)], ids=["plain", "transparent"])
+@pytest.mark.parametrize(
+    ("redirect", "keep"),
+    [(None, True), (None, False), (Redirect(3129, 5353), True)],
+    ids=["plain", "loopback-only", "transparent"],
+)
 def test_read_marks_is_the_whole_reads_projection(
-    topo: Topology, tamper: Callable[[Topology], None], redirect: Redirect | None
+    topo: Topology, tamper: Callable[[Topology], None], redirect: Redirect | None, keep: bool
 ) -> None:
     marks, projected = both(topo)
     assert marks == projected
     assert not marks.backstop
-    netcut.cut(topo.sandbox, [topo.proxy], probe=False, redirect=redirect)
+    netcut.cut(topo.sandbox, [topo.proxy] if keep else [], probe=False, redirect=redirect)
     tamper(topo)
     marks, projected = both(topo)
     assert marks == projected
@@ -67,6 +70,7 @@ def test_read_marks_is_the_whole_reads_projection(
     assert marks.redirect == (redirect is not None)
     if tamper is marked_routes_elsewhere:
         assert len(marks.routes) >= 2
+    assert bool(marks.links) == bool(marks.routes)  # links only to name marked routes
     result = netcut.restore(topo.sandbox)
     assert result.changed, result
     assert result.status.state == "not cut", result
