@@ -102,3 +102,25 @@ async def test_the_next_address_is_dialed_once_one_timed_out(silent_port: int, f
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert echoed == b"ping"
     assert (rec["decision"], rec["addr"]) == ("allow", "127.0.0.2"), rec
+
+
+async def test_a_proxy_stopping_gives_up_a_dial(silent_port: int) -> None:
+    """The callback driver's dial still waiting when the proxy stops is given up at the end
+    of the grace (`Dialer.cancel`): the stop returns, the client's connection ends, and the
+    request is recorded as failed."""
+    limits = Limits(connect_timeout=60.0, shutdown_grace=0.5)
+    p, audit = await start_proxy(silent_port, True, limits)
+    reader, writer = await asyncio.open_connection(*p.addresses[0])
+    try:
+        writer.write(f"CONNECT slow.test:{silent_port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        async with asyncio.timeout(20):
+            while not any(c.phase == "active" for c in p._conns):
+                await asyncio.sleep(0.01)  # (polls a condition: the request is being served)
+            await p.stop()
+            rest = await reader.read()
+        rec = await audit.wait_for(host="slow.test")
+    finally:
+        writer.close()
+        await p.stop()
+    assert not rest.startswith(b"HTTP/1.1 200 "), rest
+    assert rec["decision"] == "error", rec
