@@ -17,7 +17,7 @@ import pytest
 from egress.audit.format import GENESIS, line_hash
 from egress.audit.log import AuditLog
 from egress.audit.verify import ChainVerifier
-from egress.audit.writer import LogWriter
+from egress.audit.writer import BATCH_LINES, LogWriter
 
 EVENT: dict[str, object] = {
     "client": "198.18.0.2:41000",
@@ -497,3 +497,28 @@ async def test_opened_builds_the_same_line_as_record(tmp_path: Path) -> None:
     assert strip[0] == strip[3]
     raw = path.read_bytes().splitlines()
     assert all(line.isascii() for line in raw)
+
+
+async def test_a_burst_beyond_a_batch_and_close_with_lines_pending(tmp_path: Path) -> None:
+    """More lines than one batch (`BATCH_LINES`) in one loop iteration, one from another
+    thread, then closed at once: every line written once, in order, chained."""
+    path = tmp_path / "audit.jsonl"
+    total = BATCH_LINES * 2 + 17
+    async with AuditLog(str(path)) as log:
+        log.record({**EVENT, "n": -1})
+        await log.flush()
+        for number in range(total):
+            log.record({**EVENT, "n": number})
+        await asyncio.to_thread(log.record, {**EVENT, "n": total})
+        for number in range(total + 1, total + 5):
+            log.record({**EVENT, "n": number})
+    records = read_records(path)
+    numbers = [r["n"] for r in records if "n" in r]
+    assert sorted(numbers) == list(range(-1, total + 5))
+    own = [n for n in numbers if n != total]  # the other thread's line may come earlier
+    assert own == [n for n in range(-1, total + 5) if n != total]  # the loop's lines in order
+    assert records[-1]["type"] == "end"
+    assert records[-1]["lines"] == len(records) - 1
+    assert log.lines_dropped == 0
+    assert log.lines_abandoned == 0
+    assert verify(path) == []
