@@ -143,7 +143,7 @@ class FastExchange:
             return
 
     def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
-        """As `forward._relay_response`, with the relay's end as a callback."""
+        """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
         self.resp = resp
         self.keep, out = response_out(self.steps, self.head, resp, raw)
         client = self.conn.side
@@ -476,7 +476,7 @@ class Carrier:
             return
         self.run(action)
 
-    # --- the ClientHello (as `driver.read_hello`) -------------------------------------------
+    # --- the ClientHello (as `coroutine.read_hello`) ---------------------------------------
     def _hello(self) -> object:
         conn, side = self.conn, self.side
         if conn.phase != "hello":

@@ -111,7 +111,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
                 turn = await steps.turns.take(conn.owner)
 
     # until it is dialed, the previous exchange is not what is open (nor, for a recheck,
-    # what a change found being dialed then: driver.revoked_meanwhile)
+    # what a change found being dialed then: drive.coroutine.revoked_meanwhile)
     conn.relaying = conn.recheck = None
     try:
         keep = _keeper(steps, head)
