@@ -26,12 +26,21 @@ def python312() -> str:
         *sorted(glob.glob("/root/.pyenv/versions/3.12*/bin/python"), reverse=True),
     ]
     for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
+        if candidate and os.access(candidate, os.X_OK) and _runs(candidate):
             return candidate
     raise RuntimeError(
         "Harbor needs Python >= 3.12: set EGRESS_PYTHON312 or install python3.12 "
         "(./dev.sh test does)"
     )
+
+
+def _runs(python: str) -> bool:
+    """A pyenv shim is on PATH even where its version is not selected, and then exits 127:
+    such a candidate is skipped, as dev.sh skips it."""
+    try:
+        return subprocess.run([python, "-c", ""], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _ready(venv: Path) -> bool:
