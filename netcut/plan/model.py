@@ -93,7 +93,9 @@ def parse_keep(text: str | Keep) -> Keep:
 
 
 def _parse_port(original: str, text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    # ASCII digits only: str.isdigit() is true for "¹" (int() then fails) and for "٨٠" (int()
+    # reads 80), neither of which a user typed as a port
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
         raise InvalidInput(f"keep {original!r}: port must be 1-65535")
     return int(text)
 

@@ -8,7 +8,7 @@ import socket
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput
@@ -364,9 +364,17 @@ def test_a_record_without_marks_is_stale() -> None:
 
 
 @given(st.text(max_size=60))
+@example(":¹")  # isdigit() but not int(): was a ValueError
+@example("198.18.0.1:٨٠")  # int() reads 80: was accepted as port 80
 def test_parse_keep_parses_or_raises_invalid_input(text: str) -> None:
     try:
         keep = parse_keep(text)
     except InvalidInput:
         return
     assert parse_keep(str(keep)) == keep
+
+
+@pytest.mark.parametrize("text", [":¹", "198.18.0.1:¹", "198.18.0.1:٨٠", "[::1]:８０"])
+def test_a_port_is_ascii_digits_only(text: str) -> None:
+    with pytest.raises(InvalidInput, match="port must be 1-65535"):
+        parse_keep(text)

@@ -369,6 +369,13 @@ def test_cli_timeouts_finite_and_positive(
     _one_line_error(capsys, rc, flag)
 
 
+@pytest.mark.parametrize("port", ["٣١٢٨", "¹"], ids=["arabic-indic", "superscript"])
+def test_cli_listen_port_is_ascii_digits(capsys: pytest.CaptureFixture[str], port: str) -> None:
+    # before: "٣١٢٨" listened on 3128 (int() reads it), "¹" crashed in int()
+    rc = egress_main(["serve", "--listen", f"127.0.0.1:{port}"])
+    _one_line_error(capsys, rc, "expected HOST:PORT")
+
+
 def test_netcut_cut_expect_blocked_needs_a_port(capsys: pytest.CaptureFixture[str]) -> None:
     # before: accepted and the cut applied; probe refused the same argument
     rc = netcut_main(["cut", "--netns", "egt-none", "--expect-blocked", "1.2.3.4"])

@@ -118,7 +118,7 @@ def parse_listen(spec: str, flag: str = "--listen") -> tuple[str, int]:
         host, port = split_host_port(spec)
     except TargetError as exc:
         raise ValueError(f"{flag} {spec!r}: {exc}") from None
-    if port is None or not port.isdigit():
+    if port is None or not (port.isascii() and port.isdigit()):  # "٣١٢٨" is not a port
         raise ValueError(f"{flag} {spec!r}: expected HOST:PORT (port 0 = ephemeral)")
     if int(port) > 65535:
         raise ValueError(
