@@ -53,7 +53,7 @@ def test_the_record_line_is_json_dumps_of_the_plan_whether_its_ops_are_cached_or
     time an op is seen and every time after (the second plan shares most ops)."""
     one = plan_cut(fixture_state(), KEEPS, Redirect(15001, 15053))
     two = plan_cut(fixture_state(), KEEPS[:1], None)
-    meta = {"target": "ns:x", "b": "\u00e9\"\\"}
+    meta = {"target": "ns:x", "b": '\u00e9"\\'}
     for plan in (one, two, one, two):
         for journal in (True, False):
             data = {**plan_to_data(plan), "meta": meta, "created": 1733000000.25}
