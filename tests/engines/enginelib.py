@@ -66,7 +66,15 @@ def machine_podman_state() -> dict[str, tuple[int, int] | None]:
 
 
 def engine_down(engine: str) -> str | None:
-    """Why `engine` cannot be used, or None when it answers and has the box image."""
+    """Why `engine` cannot be used, or None when it answers and has the box image.
+
+    podman is asked only with a test run's configuration: without one it opens the machine's
+    default store, and creates it (/var/lib/containers/storage, /run/libpod, ...) where there
+    was none, in every session that collected these tests without an engine run."""
+    if engine == "podman" and not os.environ.get("CONTAINERS_STORAGE_CONF"):
+        return (
+            "podman has no test run's configuration (CONTAINERS_STORAGE_CONF: tests/engines/up.sh)"
+        )
     probes = {
         "docker": ["docker", "image", "inspect", BOX],
         "podman": ["podman", "image", "exists", BOX],

@@ -9,6 +9,9 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENGINES = ROOT / "tests" / "engines"
@@ -154,3 +157,33 @@ def test_ci_checks_for_leftovers_before_and_after_under_the_machine_lock() -> No
     up = (ENGINES / "up.sh").read_text()
     assert "/etc/" not in up.split("set -euo pipefail")[1], "nothing written machine-wide"
     assert "helperimage" not in up, "no helper image built ahead of time"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("podman"), reason="root (a mount namespace) and podman"
+)
+def test_a_session_without_an_engine_run_never_opens_podmans_default_store(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Every session that collects tests/engines asks each engine whether it is up. Without
+    an engine run that question went to podman on the machine's default configuration, which
+    created its store (/var/lib/containers/storage) and short-name alias lock
+    (/var/cache/containers). Observed here in a mount namespace of the test's own, with
+    tmpfs over /var/lib and /var/cache, so the machine's are never touched."""
+    probe = (
+        f"import sys; sys.path.insert(0, {str(ENGINES)!r}); import enginelib; "
+        "print(enginelib.engine_down('podman'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_")}
+    env["NETCUT_CI_RUN"] = str(tmp_path / "no-run")
+    script = (
+        'mount -t tmpfs probe /var/lib && mount -t tmpfs probe /var/cache && "$0" -c "$1"; '
+        "find /var/lib /var/cache -mindepth 1"
+    )
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                           sys.executable, probe], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said, *written = done.stdout.splitlines()
+    assert "tests/engines/up.sh" in said
+    assert written == [], "podman wrote machine-wide state"
