@@ -348,7 +348,6 @@ class EgressProxy:
         lim = self.limits
         self.pool = UpstreamPool(
             loop,
-            connect_timeout=lim.connect_timeout,
             idle=lim.pool_idle,
             per_key=lim.pool_per_key,
             max_idle=pool_max_idle(lim.max_connections),
@@ -364,7 +363,6 @@ class EgressProxy:
             observe=self.observers.record,
             metrics=self._metrics,
         )
-        self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
             listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
