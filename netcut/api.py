@@ -417,6 +417,4 @@ async def probe_async(
 ) -> ProbeResult:
     check_list(expect_reachable, "expect_reachable")
     check_list(expect_blocked, "expect_blocked")
-    return await asyncio.to_thread(
-        probe, target, list(expect_reachable), list(expect_blocked), **kwargs
-    )
+    return await _in_thread(probe, target, list(expect_reachable), list(expect_blocked), **kwargs)
