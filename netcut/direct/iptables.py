@@ -18,6 +18,7 @@ extensions (tcp, udp, REJECT) and builds the fixed rules without opening any tab
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import iptc
@@ -260,11 +261,16 @@ def _params(part: Any) -> tuple[tuple[str, str], ...]:
 
 
 def _registered(names: str) -> list[str]:
+    """The tables registered in this namespace (`/proc/self/net/ip{,6}_tables_names`),
+    read as bytes: Python's text layer doubled the cost of these small reads."""
     try:
-        with open(f"/proc/self/net/{names}") as f:
-            return f.read().split()
+        fd = os.open(f"/proc/self/net/{names}", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:  # no (IPv6) xtables in this kernel
         return []
+    try:
+        return os.read(fd, 4096).decode().split()
+    finally:
+        os.close(fd)
 
 
 def prewarm() -> None:
