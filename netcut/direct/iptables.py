@@ -23,6 +23,7 @@ from typing import Any
 
 import iptc
 
+from netcut.direct.kernelstate import PROC_NET
 from netcut.iptables_text import CHAIN, NAT_CHAIN, TARGETS, SeenRule, seen_backstop
 from netcut.plan.model import AF_INET, AF_INET6, OutputRule, RedirectRule, SeenBackstop
 from netcut.plan.planner import backstop_rules
@@ -261,10 +262,10 @@ def _params(part: Any) -> tuple[tuple[str, str], ...]:
 
 
 def _registered(names: str) -> list[str]:
-    """The tables registered in this namespace (`/proc/self/net/ip{,6}_tables_names`),
+    """The tables registered in this namespace (`ip{,6}_tables_names` in its /proc/net),
     read as bytes: Python's text layer doubled the cost of these small reads."""
     try:
-        fd = os.open(f"/proc/self/net/{names}", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"{PROC_NET}/{names}", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:  # no (IPv6) xtables in this kernel
         return []
     try:
