@@ -31,6 +31,10 @@ from netcut.plan.model import (
 )
 
 LOOPBACK_INDEX = 1
+# This thread's namespace's /proc/net: /proc/self/net shows the namespace of the process's
+# main thread, which is not the one entered when another thread did the entering (Linux
+# 3.17+ has thread-self; before it, the worker's one thread is its main thread).
+PROC_NET = "/proc/thread-self/net" if os.path.exists("/proc/thread-self") else "/proc/self/net"
 _SYSCTL_NAMES = ("disable_ipv6", "accept_ra")
 _CONF = "net/ipv6/conf"
 
