@@ -19,7 +19,7 @@ from egress import EgressProxy, Policy, build_settings, prepare_execution, relea
 from netcut import collect
 from netcut.direct import worker as nsexec
 
-pytestmark = pytest.mark.netns
+pytestmark = pytest.mark.userns
 CYCLES = 24
 
 
