@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,22 @@ class Origin:
     def count(self, port: int) -> int:
         return self.counts().get(port, 0)
 
+    def settled_count(self, port: int, limit: float = 2.0) -> int:
+        """`count` once it stops moving (two reads 50 ms apart agree, for at most `limit`
+        seconds): a load generator that stops with requests in flight leaves a proxy
+        forwarding them after it exited (one that admits every request of a lone client
+        at once leaves up to the run's concurrency), and they belong to that run, not the
+        next one."""
+        last = self.count(port)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.count(port)
+            if now == last:
+                break
+            last = now
+        return last
+
     def close(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
@@ -107,10 +124,10 @@ def run_wrk(
     script = workdir / "absolute.lua"
     host = f"{HOST}:{port}"
     script.write_text(WRK_LUA.format(path=target.request_path(port), host=host))
-    before = origin.count(port)
+    before = origin.settled_count(port)
     argv = ["wrk", "-t1", f"-c{conc}", f"-d{seconds}s", "-s", str(script), target.url(port)]
     out = subprocess.run(pinned(argv, LOAD_CPU), capture_output=True, text=True, timeout=60)
-    got = origin.count(port) - before
+    got = origin.settled_count(port) - before
     line = next((x for x in out.stdout.splitlines() if x.startswith("BENCHJSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no result: {out.stdout[-300:]} {out.stderr[-300:]}")
@@ -147,9 +164,9 @@ def run_tunnels(
 ) -> dict[str, Any]:
     """connect, CONNECT, one GET, close, in a loop on conc threads."""
     port = origin.http_ports[0]
-    before = origin.count(port)
+    before = origin.settled_count(port)
     r = run_loadgen(exe, "tunnels", target, port, conc, str(seconds))
-    got = origin.count(port) - before
+    got = origin.settled_count(port) - before
     n = r["tunnels"]
     ratio = got / n if n else 0.0
     r["origin_requests"] = got

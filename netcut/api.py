@@ -11,9 +11,12 @@ caller's own namespace, netfilter tables and event loop are never touched.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -22,7 +25,7 @@ from netcut import flow, safety
 from netcut.argtypes import check_flags, check_list, check_seconds
 from netcut.collect import Collected, collect
 from netcut.direct.probe import ProbeResult
-from netcut.direct.worker import DEFAULT_TIMEOUT_S, job, ns_identity, run_in_netns
+from netcut.direct.worker import DEFAULT_TIMEOUT_S, job, ns_identity, pool_size, run_in_netns
 from netcut.errors import InvalidInput, PrivilegeError, TargetNotFound
 from netcut.flow import CutResult, RestoreResult
 from netcut.plan.model import Keep, NamespaceState, parse_keep
@@ -329,6 +332,44 @@ def _walk_ticket() -> int:
     return safety.walk_ticket() if ticket is None else ticket
 
 
+class _Threads:
+    """The threads the async API runs the synchronous one in: as many as netcut has workers
+    (`pool_size`), since each call spends its time waiting for one. With the loop's default
+    executor (CPU count + 4 threads), 200 concurrent prepares kept the threads beyond the
+    workers' number waking on the worker pool's condition: 53-68 us of the caller's CPU per
+    call waiting for a worker, 8-12 us here, where calls wait in the executor's queue instead
+    (docs/netcut.md#many-sandboxes-at-once). Made at first use, again in a forked child."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.executor: ThreadPoolExecutor | None = None
+
+    def run(self, func: Callable[[], T]) -> Awaitable[T]:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(pool_size(), thread_name_prefix="netcut")
+            executor = self.executor
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        return loop.run_in_executor(executor, functools.partial(context.run, func))
+
+
+_threads = _Threads()
+
+
+def _fresh_threads_in_child() -> None:
+    global _threads
+    _threads = _Threads()
+
+
+os.register_at_fork(after_in_child=_fresh_threads_in_child)
+
+
+def _in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
+    """`func(*args, **kwargs)` in one of the async API's threads."""
+    return _threads.run(functools.partial(func, *args, **kwargs))
+
+
 def _cut_in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
     """`func` in a worker thread, with its walk ticket taken now: the cut is asked when the
     coroutine is called, not when a thread of the loop's executor (a handful) is free, so
@@ -343,7 +384,7 @@ def _cut_in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitab
         finally:
             _asked.ticket = None
 
-    return asyncio.to_thread(run)
+    return _in_thread(run)
 
 
 async def cut_async(target: TargetLike, keep: Iterable[KeepLike] = (), **kwargs: Any) -> CutResult:
@@ -361,11 +402,11 @@ async def cut_and_status_async(
 
 
 async def restore_async(target: TargetLike) -> RestoreResult:
-    return await asyncio.to_thread(restore, target)
+    return await _in_thread(restore, target)
 
 
 async def status_async(target: TargetLike) -> CutStatus:
-    return await asyncio.to_thread(status, target)
+    return await _in_thread(status, target)
 
 
 async def probe_async(
@@ -376,6 +417,4 @@ async def probe_async(
 ) -> ProbeResult:
     check_list(expect_reachable, "expect_reachable")
     check_list(expect_blocked, "expect_blocked")
-    return await asyncio.to_thread(
-        probe, target, list(expect_reachable), list(expect_blocked), **kwargs
-    )
+    return await _in_thread(probe, target, list(expect_reachable), list(expect_blocked), **kwargs)

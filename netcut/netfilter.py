@@ -43,15 +43,12 @@ class Netfilter(Protocol):
     def remove_redirects(self) -> None:
         """Take the redirects out; nothing to do when they are absent."""
 
-    def backstop_families(self) -> tuple[int, ...]:
-        """The families that hold the backstop, read without creating anything."""
-
-    def has_redirects(self) -> bool:
-        """Does the namespace hold the redirects? Read without creating anything."""
-
-    def read_backstop(self, family: int) -> SeenBackstop:
-        """The backstop of `family` (one of `backstop_families()`) as it is, in the plan's
-        terms, for `status` (docs/netcut.md#status)."""
+    def read(self, verify: bool) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+        """What the namespace holds, read without creating anything, in one go (a state
+        read asks once: the tables it opens serve every part): the families that hold the
+        backstop; with `verify`, each one's backstop as it is, in the plan's terms, for
+        `status` (docs/netcut.md#status), else None; and whether the redirects are there.
+        As `ShellNetfilter.read_dump` answers for helper mode."""
 
     def prewarm(self) -> None:
         """Load what the backend needs once per worker, before its first namespace."""

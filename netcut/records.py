@@ -102,10 +102,7 @@ class Store:
         is removed and StateError raised. With `journal`, completed ops are appended later
         (`Journal`); without it the record stands for a complete cut."""
         self._makedirs()
-        data: dict[str, Any] = {**plan_to_data(plan), "meta": meta, "created": time.time()}
-        if journal:
-            data["journal"] = True
-        text = json.dumps(data, sort_keys=True) + "\n"
+        text = record_text(plan, meta, time.time(), journal=journal) + "\n"
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -273,6 +270,41 @@ def plan_to_data(plan: CutPlan) -> dict[str, Any]:
         "nameservers": list(plan.nameservers),
         "ops": [{"op": type(op).__name__, **_data(op)} for op in plan.ops],
     }
+
+
+def record_text(plan: CutPlan, meta: dict[str, str], created: float, *, journal: bool) -> str:
+    """A record's first line: `json.dumps` of `plan_to_data(plan)` with `meta`, `created`
+    (and `journal`), keys sorted, character for character; each op's JSON is made once per
+    process (`_op_text`), since a worker writes the same backstop, sysctl and route ops for
+    sandbox after sandbox (a record is written on every cut: docs/netcut.md#latency)."""
+    parts = {
+        "created": json.dumps(created),
+        "keeps": json.dumps([str(k) for k in plan.keeps]),
+        "meta": json.dumps(meta, sort_keys=True),
+        "nameservers": json.dumps(list(plan.nameservers)),
+        "ops": "[" + ", ".join(_op_text(op) for op in plan.ops) + "]",
+        "version": json.dumps(RECORD_VERSION),
+    }
+    if journal:
+        parts["journal"] = "true"
+    return "{" + ", ".join(f"{json.dumps(k)}: {parts[k]}" for k in sorted(parts)) + "}"
+
+
+_op_texts: dict[tuple[type[Any], Op], str] = {}
+# Bounded: the ops of a long-lived worker's sandboxes repeat, their keeps and routes may not.
+_OP_TEXTS_MAX = 1024
+
+
+def _op_text(op: Op) -> str:
+    """One op as `plan_to_data` writes it, as JSON with sorted keys."""
+    key = (type(op), op)
+    text = _op_texts.get(key)
+    if text is None:
+        if len(_op_texts) >= _OP_TEXTS_MAX:
+            _op_texts.clear()
+        text = json.dumps({"op": type(op).__name__, **_data(op)}, sort_keys=True)
+        _op_texts[key] = text
+    return text
 
 
 def _data(obj: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -106,13 +107,19 @@ def test_host() -> Iterator[TestHost]:
         host.remove()
 
 
+# Namespaces the test sessions make, each name carrying the pid of the session that made it:
+# test hosts (egt-PID-N, and egt-PID-docs of test_docs_example.py) and the documentation
+# examples' namespaces (docex-PID-N, test_doc_examples_root.py).
+_NAMESPACES = re.compile(rf"(?:{PREFIX}|docex)-(\d+)-\w+")
+
+
 def leftovers(pid: int | None = None) -> list[str]:
     """Namespaces and links of ours (of `pid`, or of any dead pid) still present."""
     found: list[str] = []
     names = ip("netns", "list", check=False).stdout.split()
     links = re.findall(r"^\d+: (eg[rn]\d+x\d+)[@:]", ip("-o", "link").stdout, re.M)
     for name in names:
-        m = re.fullmatch(rf"{PREFIX}-(\d+)-\d+", name)
+        m = _NAMESPACES.fullmatch(name)
         if m and _mine_or_dead(int(m.group(1)), pid):
             found.append(name)
     for link in links:
@@ -131,15 +138,39 @@ def _mine_or_dead(owner: int, pid: int | None, modulo: bool = False) -> bool:
 
 
 def sweep(pid: int | None = None) -> None:
-    """Remove leftovers of `pid` (or of dead runs)."""
+    """Remove leftovers of `pid` (or of dead runs): namespaces, links, safety nets."""
     for name in leftovers(pid):
-        if name.startswith(PREFIX):
+        if _NAMESPACES.fullmatch(name):
             ip("netns", "del", name, check=False)
         else:
             ip("link", "del", name, check=False)
+    if pid is None:
+        sweep_safety_nets()
 
 
 SAFETY_NET = "198.18.0.0/15"
+# The routing protocol number a session's safety net carries, to tell it from any other
+# prohibit route (one a machine's administrator made for the same range, say): no routing
+# daemon uses it (/etc/iproute2/rt_protos), and only these routes have it.
+SAFETY_PROTO = "245"
+
+
+def _safety_route(owner: int, net: str = SAFETY_NET) -> tuple[str, ...]:
+    return ("prohibit", net, "proto", SAFETY_PROTO, "metric", str(owner))
+
+
+def stale_safety_nets(net: str = SAFETY_NET) -> list[int]:
+    """The sessions (their PIDs, the routes' metrics) whose safety net is still in place
+    though the session is gone: killed, it never removed its route."""
+    shown = ip("-j", "route", "show", "type", "prohibit", net, "proto", SAFETY_PROTO, check=False)
+    owners = [r.get("metric", 0) for r in json.loads(shown.stdout or "[]")]
+    return sorted(o for o in owners if o and not os.path.exists(f"/proc/{o}"))
+
+
+def sweep_safety_nets(net: str = SAFETY_NET) -> None:
+    """Remove the safety nets of sessions that are gone, and no other route."""
+    for owner in stale_safety_nets(net):
+        ip("route", "del", *_safety_route(owner, net), check=False)
 
 
 @contextlib.contextmanager
@@ -149,13 +180,14 @@ def safety_net(net: str = SAFETY_NET) -> Iterator[bool]:
     Test hosts' connected /30 routes are more specific and still win; a packet to any other
     198.18/15 address fails locally instead of following the default route off the machine.
 
-    Each test session adds a route of its own (its metric is the session's PID) and removes
-    only that one: with one shared route, a session that found it already there relied on it,
-    and the session that had added it removed it when it ended, in the middle of the other's
-    run (test_stray_benchmark_address_fails_locally then failed, depending on which ended
-    first).
+    Each test session adds a route of its own (its metric is the session's PID, its protocol
+    SAFETY_PROTO) and removes only that one: with one shared route, a session that found it
+    already there relied on it, and the session that had added it removed it when it ended, in
+    the middle of the other's run (test_stray_benchmark_address_fails_locally then failed,
+    depending on which ended first). A killed session cannot remove its route: the next
+    session's `sweep()` does, once that PID is gone.
     """
-    mine = ("prohibit", net, "metric", str(os.getpid()))
+    mine = _safety_route(os.getpid(), net)
     added = ip("route", "add", *mine, check=False).returncode == 0
     try:
         yield added

@@ -18,6 +18,11 @@ sandbox hold every slot with connections that never send a byte. So:
 - at the global cap a newcomer may take the place of an unidentified connection, or of its
   *own* client's longest-idle kept-alive connection (the shell picks it from `members`),
   never of another client's.
+
+It also says who is *present* (`others_present`), for the fair share (fairshare.py,
+docs/proxy.md#fair-share): a client holding a connection, or whose last one closed less than
+`PRESENT_FOR` seconds ago (a client that opens a connection per request is gone between its
+requests, and must not find a lone client's uncapped flood ahead of it when it comes back).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ Owner = Hashable  # a client id (str), or ("source", ip) for the default client
 
 GLOBAL_FULL: Final = Refuse(Reason.TOO_MANY_CONNECTIONS, "connection limit reached")
 CLIENT_FULL: Final = Refuse(Reason.TOO_MANY_CONNECTIONS, "per-client connection limit reached")
+# a client stays present this long after its last connection closed (`others_present`)
+PRESENT_FOR: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +63,19 @@ class Admitted(Generic[C]):
 class Slots(Generic[C]):
     """Who holds which connection (see the module docstring)."""
 
-    __slots__ = ("_owned", "_since", "_unknown", "_where", "budget", "total", "unidentified")
+    __slots__ = (
+        "_left",
+        "_left_at",
+        "_left_before",
+        "_owned",
+        "_since",
+        "_unknown",
+        "_where",
+        "budget",
+        "present_for",
+        "total",
+        "unidentified",
+    )
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
@@ -66,6 +85,13 @@ class Slots(Generic[C]):
         self._since: dict[C, float] = {}  # unidentified: accepted at (loop time)
         self.total = 0
         self.unidentified = 0
+        self.present_for = PRESENT_FOR
+        # the client that let go of its last connection most recently, when, and when the
+        # most recent other one did: enough to say whether a client other than a given one
+        # left within `present_for`, in O(1) (`others_present`)
+        self._left: Owner | None = None
+        self._left_at = float("-inf")
+        self._left_before = float("-inf")
 
     # --- accept ------------------------------------------------------------------------------
     def admit(
@@ -152,9 +178,29 @@ class Slots(Generic[C]):
         return [c for c, t in self._since.items() if now - t > timeout]
 
     # --- the end -----------------------------------------------------------------------------
-    def release(self, conn: C) -> None:
-        """`conn` closed: its slot is free. Idempotent."""
+    def release(self, conn: C, now: float | None = None) -> None:
+        """`conn` closed (at loop time `now`, if known): its slot is free. Idempotent."""
+        where = self._where.get(conn)
         self._drop(conn)
+        if now is not None and where is not None and where[0] and where[1] not in self._owned:
+            owner = where[1]  # its last connection: present for `present_for` more
+            if owner != self._left:
+                self._left_before = self._left_at
+                self._left = owner
+            self._left_at = now
+
+    # --- presence (the fair share's) -----------------------------------------------------
+    def others_present(self, owner: Owner, now: float) -> bool:
+        """Whether a client other than `owner` is present at `now`: holds a connection, or
+        let go of its last one less than `present_for` seconds ago. Unidentified connections
+        do not count: they carry no request until their first one names their client, and
+        from then on that client is present."""
+        owned = self._owned
+        n = len(owned)
+        if n > 1 or (n == 1 and owner not in owned):
+            return True
+        left = self._left_before if owner == self._left else self._left_at
+        return now - left < self.present_for
 
     def _drop(self, conn: C) -> None:
         where = self._where.pop(conn, None)
@@ -185,4 +231,4 @@ class Slots(Generic[C]):
         return self._oldest(max(self._unknown.values(), key=len))
 
 
-__all__ = ["CLIENT_FULL", "GLOBAL_FULL", "Admitted", "Budget", "Owner", "Slots"]
+__all__ = ["CLIENT_FULL", "GLOBAL_FULL", "PRESENT_FOR", "Admitted", "Budget", "Owner", "Slots"]

@@ -12,6 +12,16 @@ requests, and every other client's requests are served round-robin beside them (
 bounds a client's share, the loop interleaves the rest). A request that has held its slot
 for a second (`LONG`: a long poll, a streamed body; its cost is then bytes under flow
 control, not turns) stops counting, so long requests never hold a client's short ones back.
+
+The cap applies only while another client is present (`crowded`: it holds a connection, or
+let go of its last one less than a second ago; admission.py): a client alone has nobody to be
+fair to, so it gets as many requests in flight as it sends (the cap cost a lone client half
+its throughput). When another client comes, the one over its share takes no new slot until
+it is back under the cap: each request of its that ends frees a slot without passing it on,
+so within one round of its requests in flight it is held to its share, while the newcomer's
+requests take slots of their own at once (the queues are per client, so a newcomer never
+waits behind another client's queue). When the others are gone, the next request of its that
+ends lets all of its waiting requests go.
 """
 
 from __future__ import annotations
@@ -65,11 +75,19 @@ class Waiter:
 class Turns:
     """Requests in flight per client (see the module docstring)."""
 
-    __slots__ = ("_active", "_held", "_waiting", "cap", "long", "loop")
+    __slots__ = ("_active", "_held", "_waiting", "cap", "crowded", "long", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cap: int | None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        cap: int | None,
+        crowded: Callable[[Hashable, float], bool] | None = None,
+    ) -> None:
         self.loop = loop
         self.cap = cap  # None: no cap
+        # whether a client other than the one given is present at a loop time: the cap
+        # applies only then (the module docstring); None: always
+        self.crowded = crowded
         self.long = LONG
         self._active: dict[Hashable, int] = {}
         self._held: dict[Hashable, deque[Ticket]] = {}  # live tickets, oldest first
@@ -79,7 +97,7 @@ class Turns:
         """A slot of `owner` if one is free and nobody of `owner` waits (no waiting)."""
         cap = self.cap
         n = self._active.get(owner, 0)
-        if cap is not None and (n >= cap or owner in self._waiting):
+        if cap is not None and (owner in self._waiting or (n >= cap and self._capped(owner))):
             return None
         self._active[owner] = n + 1
         return self._ticket(owner)
@@ -139,6 +157,10 @@ class Turns:
     def in_flight(self, owner: Hashable) -> int:
         return self._active.get(owner, 0)
 
+    def waiting(self, owner: Hashable) -> int:
+        """Requests of `owner` waiting for a slot."""
+        return len(self._waiting.get(owner, ()))
+
     def held(self, owner: Hashable) -> int:
         """Tickets of `owner` kept (in flight, or given back behind one in flight)."""
         return len(self._held.get(owner, ()))
@@ -148,21 +170,34 @@ class Turns:
         self._held.setdefault(owner, deque()).append(ticket)
         return ticket
 
+    def _capped(self, owner: Hashable) -> bool:
+        """Whether `owner`'s requests are held to the cap now (another client is present)."""
+        crowded = self.crowded
+        return crowded is None or crowded(owner, self.loop.time())
+
     def _release(self, owner: Hashable) -> None:
+        """One of `owner`'s slots is free: it passes on to the next waiter of its client,
+        unless the client is over its share (it was alone, another came: the slot is let go)
+        or alone (then every waiter goes)."""
+        n = self._active.get(owner, 0) - 1
         waiting = self._waiting.get(owner)
-        while waiting:
-            fut = waiting.popleft()
+        if waiting:
+            cap = self.cap
+            free = 1 << 62 if cap is None or not self._capped(owner) else cap - n
+            while waiting and free > 0:
+                fut = waiting.popleft()
+                if isinstance(fut, Waiter):
+                    if fut.then is None:
+                        continue
+                    self.loop.call_soon(fut.run, self._ticket(owner))  # on the next turn
+                elif fut.done():
+                    continue
+                else:
+                    fut.set_result(self._ticket(owner))
+                n += 1
+                free -= 1
             if not waiting:
                 del self._waiting[owner]
-            if isinstance(fut, Waiter):
-                if fut.then is not None:  # the slot passes on, on the next loop turn
-                    self.loop.call_soon(fut.run, self._ticket(owner))
-                    return
-            elif not fut.done():
-                fut.set_result(self._ticket(owner))  # the slot passes on: same count
-                return
-            waiting = self._waiting.get(owner)
-        n = self._active.get(owner, 0) - 1
         if n > 0:
             self._active[owner] = n
         else:

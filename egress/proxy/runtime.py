@@ -138,8 +138,9 @@ class Steps:
             )
         )
         self._refusals: Tally[_Pending] = Tally()
-        # requests in flight per client (fairshare.py, docs/proxy.md#fair-share)
-        self.turns = Turns(loop, limits.max_client_inflight)
+        # requests in flight per client, capped while another client is present
+        # (fairshare.py, docs/proxy.md#fair-share)
+        self.turns = Turns(loop, limits.max_client_inflight, self.slots.others_present)
         self._addr_texts: dict[IPAddress, str] = {}
 
     # --- admission: a connection belongs to a client from accept (admission.py) --------------
@@ -362,7 +363,7 @@ class Steps:
 
     def release(self, conn: Conn) -> None:
         """A connection ended: its slot is free (admission.py)."""
-        self.slots.release(conn)
+        self.slots.release(conn, self.loop.time())
 
 
 def _where(listener: Listener) -> tuple[str, str]:

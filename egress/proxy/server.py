@@ -348,7 +348,6 @@ class EgressProxy:
         lim = self.limits
         self.pool = UpstreamPool(
             loop,
-            connect_timeout=lim.connect_timeout,
             idle=lim.pool_idle,
             per_key=lim.pool_per_key,
             max_idle=pool_max_idle(lim.max_connections),
@@ -364,7 +363,6 @@ class EgressProxy:
             observe=self.observers.record,
             metrics=self._metrics,
         )
-        self.pool.metrics = self._metrics
         for host, port in self.listen_specs:
             listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
@@ -491,8 +489,9 @@ class EgressProxy:
     def _take(self, listener: Listener, sock: socket.socket, addr: object) -> None:
         """A new connection: admitted (counted for its client from now on, admission.py)
         and served, or refused at once, before it costs a transport or a task
-        (docs/proxy.md#limits)."""
-        sock.setblocking(False)
+        (docs/proxy.md#limits). The socket is made non-blocking where it is used: by the loop
+        when it becomes a transport (so a tunnel's accept costs no `ioctl` of ours), and
+        before a refusal is written to it."""
         steps = self.steps
         audit_ok = self.audit is None or self.audit.accepting
         if audit_ok and not self.closing:
@@ -521,6 +520,7 @@ class EgressProxy:
                 side.spawn, side.finish = self._spawn, self._finished
                 adopt(self.loop, sock, side, lambda _, err: self._adopted(conn, sock, err))
                 return
+        sock.setblocking(False)
         conn.task = self.loop.create_task(self._serve(conn, sock))
 
     def _adopted(self, conn: Conn, sock: socket.socket, err: BaseException | None) -> None:
@@ -575,6 +575,7 @@ class EgressProxy:
         """A connection refused at accept (already recorded): answered and closed like
         `_refuse_socket`, or, past a flood's first refusals in a second, reset at once
         (`tally.answer_in_full`, docs/audit-log.md#aggregated-refusals)."""
+        sock.setblocking(False)
         if not in_full:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
@@ -596,6 +597,7 @@ class EgressProxy:
     def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:
         """Answer (HTTP) or just close (SOCKS5, DNS, transparent: no protocol to answer in)
         straight on the socket, and record it."""
+        sock.setblocking(False)
         if conn.listener.mode.answers_at_accept:
             _, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
             with contextlib.suppress(OSError):

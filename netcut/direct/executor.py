@@ -27,7 +27,7 @@ import signal
 from netcut import flow
 from netcut.collect import collect_if_due
 from netcut.direct import sockdestroy
-from netcut.direct.kernelstate import read_marks, read_state, write_sysctl
+from netcut.direct.kernelstate import SysctlWriter, read_marks, read_state
 from netcut.direct.probe import run_probe
 from netcut.direct.rtnl import MalformedMessage, NetlinkError, Rtnl
 from netcut.direct.shellface import in_namespace
@@ -60,10 +60,17 @@ _GONE = (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV)
 NETFILTER: Netfilter = in_namespace(backend())
 
 
-def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
-    """Run one op. `tolerant`: an add of what exists or a delete of what is gone passes."""
+def apply_op(
+    rt: Rtnl, op: Op, *, tolerant: bool = False, sysctls: SysctlWriter | None = None
+) -> None:
+    """Run one op. `tolerant`: an add of what exists or a delete of what is gone passes.
+    `sysctls`: the writer of the ops around it (one opened here otherwise)."""
     try:
-        _dispatch(rt, op)
+        if sysctls is None:
+            with SysctlWriter() as own:
+                _dispatch(rt, op, own)
+        else:
+            _dispatch(rt, op, sysctls)
     except NetlinkError as exc:
         if tolerant and (exc.code == errno.EEXIST or exc.code in _GONE):
             return
@@ -76,13 +83,13 @@ def apply_op(rt: Rtnl, op: Op, *, tolerant: bool = False) -> None:
         raise ApplyFailed(f"{op}: {exc}") from None
 
 
-def _dispatch(rt: Rtnl, op: Op) -> None:
+def _dispatch(rt: Rtnl, op: Op, sysctls: SysctlWriter) -> None:
     if isinstance(op, AddRoute | DelRoute):
         rt.route(isinstance(op, AddRoute), op.route)
     elif isinstance(op, AddAddr | DelAddr):
         rt.addr(isinstance(op, AddAddr), op.addr)
     elif isinstance(op, SetSysctl):
-        write_sysctl(op.key, op.value)
+        sysctls.write(op.key, op.value)
     elif isinstance(op, AddBackstop):
         NETFILTER.install_backstop(op.family, op.rules)
     elif isinstance(op, RemoveBackstop):
@@ -102,43 +109,46 @@ def apply_plan(rt: Rtnl, ops: tuple[Op, ...], journal: Journal | None = None) ->
     of the journal: a cut that cannot be recorded does not go on) roll back what was done
     and raise ApplyFailed."""
     done: list[Op] = []
-    for index, op in enumerate(ops):
-        try:
-            apply_op(rt, op)
-            done.append(op)
-            if journal is not None:
-                journal.step(index)
-        except (ApplyFailed, StateError) as exc:
-            leftovers = rollback(rt, done)
-            note = f"; rollback incomplete: {'; '.join(leftovers)}" if leftovers else ""
-            msg = f"cut failed at: {exc}; rolled back {len(done)} change(s){note}"
-            raise ApplyFailed(msg, rolled_back=not leftovers) from None
-        if index == _kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+    with SysctlWriter() as sysctls:
+        for index, op in enumerate(ops):
+            try:
+                apply_op(rt, op, sysctls=sysctls)
+                done.append(op)
+                if journal is not None:
+                    journal.step(index)
+            except (ApplyFailed, StateError) as exc:
+                leftovers = rollback(rt, done)
+                note = f"; rollback incomplete: {'; '.join(leftovers)}" if leftovers else ""
+                msg = f"cut failed at: {exc}; rolled back {len(done)} change(s){note}"
+                raise ApplyFailed(msg, rolled_back=not leftovers) from None
+            if index == _kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rollback(rt: Rtnl, done: list[Op]) -> list[str]:
     """Undo `done` in reverse order; return the errors of undo steps that failed."""
     errors = []
-    for op in reversed(done):
-        inverse = planner.invert(op)
-        if inverse is None:
-            continue
-        try:
-            apply_op(rt, inverse, tolerant=True)
-        except ApplyFailed as exc:
-            errors.append(str(exc))
+    with SysctlWriter() as sysctls:
+        for op in reversed(done):
+            inverse = planner.invert(op)
+            if inverse is None:
+                continue
+            try:
+                apply_op(rt, inverse, tolerant=True, sysctls=sysctls)
+            except ApplyFailed as exc:
+                errors.append(str(exc))
     return errors
 
 
 def undo_ops(rt: Rtnl, ops: tuple[Op, ...]) -> list[str]:
     """Apply ops tolerantly, each one even when another failed; return the errors."""
     errors = []
-    for op in ops:
-        try:
-            apply_op(rt, op, tolerant=True)
-        except ApplyFailed as exc:
-            errors.append(str(exc))
+    with SysctlWriter() as sysctls:
+        for op in ops:
+            try:
+                apply_op(rt, op, tolerant=True, sysctls=sysctls)
+            except ApplyFailed as exc:
+                errors.append(str(exc))
     return errors
 
 

@@ -62,16 +62,13 @@ class ShellInNamespace:
     def remove_redirects(self) -> None:
         self._run(self.shell.remove_redirects())
 
-    def backstop_families(self) -> tuple[int, ...]:
-        return self._read(verify=False)[0]
-
-    def has_redirects(self) -> bool:
-        return self._read(verify=False)[2]
-
-    def read_backstop(self, family: int) -> SeenBackstop:
-        seen = self._read(verify=True)[1] or ()
-        found = [backstop for backstop in seen if backstop.family == family]
-        return found[0] if found else SeenBackstop(family, None)
+    def read(self, verify: bool) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+        families, seen, redirect = self._read(verify=verify)
+        if not verify:
+            return families, None, redirect
+        found = {backstop.family: backstop for backstop in seen or ()}
+        filters = tuple(found.get(f, SeenBackstop(f, None)) for f in families)
+        return families, filters, redirect
 
     def prewarm(self) -> None:
         """Nothing to load: the tools start with each script."""

@@ -54,6 +54,21 @@ done
 for link in ncpod0 docker0 $(cat "$RUN_DIR/bridges" 2>/dev/null); do
     ip link show "$link" >/dev/null 2>&1 && ip link del "$link"
 done
+# podman's CNI backend keeps each container's network result under libcni's fixed
+# /var/lib/cni/results, named after the network (ours: netcut-ci), until the container's
+# network is torn down; one a killed run left is ours by its name.
+rm -f /var/lib/cni/results/netcut-ci-*
+# Paths podman, runc and the CNI plugins write whatever their configuration, which up.sh found
+# absent: the run created them, so what it put there goes (the short-name alias lock
+# containers/image takes under /var/cache/containers, the CNI results directory, runc's
+# state root /run/runc), then the directories, only those now empty. Anything else found
+# there stays, for leftovers.sh to report.
+if [[ -f "$RUN_DIR/created" ]]; then
+    while read -r path; do
+        rm -f "$path/short-name-aliases.conf.lock"
+        [[ -d "$path" ]] && find "$path" -depth -type d -empty -delete 2>/dev/null
+    done <"$RUN_DIR/created"
+fi
 rm -rf --one-file-system "$RUN_DIR" "$DATA_DIR"
 # containerd's shim keeps runc's state under the fixed /run/containerd/runc/NAMESPACE and its
 # sockets and fifos under /run/containerd/{s,fifo}, whatever the daemon's root: remove what the

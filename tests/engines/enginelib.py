@@ -3,6 +3,7 @@ the test image, and test containers (`Box`) on each engine."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -19,7 +20,8 @@ _counter = itertools.count(1)
 
 def _ci_env() -> None:
     """Point the clients at up.sh's engines and podman's private configuration (the variables
-    of $NETCUT_CI_RUN/env) where the caller did not choose."""
+    of $NETCUT_CI_RUN/env) where the caller did not choose, and put the run's own `podman`
+    first on PATH (up.sh's, which keeps image copies from writing machine-wide state)."""
     try:
         with open(f"{RUN_DIR}/env") as f:
             lines = f.read().splitlines()
@@ -27,7 +29,12 @@ def _ci_env() -> None:
         return
     for line in lines:
         name, sep, value = line.removeprefix("export ").partition("=")
-        if sep and not os.environ.get(name):
+        path = os.environ.get("PATH", "")
+        if name == "PATH" and value.endswith(":$PATH"):
+            first = value.removesuffix(":$PATH")
+            if first not in path.split(os.pathsep):
+                os.environ["PATH"] = f"{first}{os.pathsep}{path}"
+        elif sep and not os.environ.get(name):
             os.environ[name] = value
 
 
@@ -41,8 +48,33 @@ def sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.Comple
     return done
 
 
+# Where root podman keeps state of its own whatever its configuration: its default store and,
+# in cache/, the blob info cache every image copy writes (docs/netcut.md#engines-in-ci).
+PODMAN_MACHINE_DIR = "/var/lib/containers"
+
+
+def machine_podman_state() -> dict[str, tuple[int, int] | None]:
+    """Every file (size, mtime) and directory (None) under PODMAN_MACHINE_DIR."""
+    found: dict[str, tuple[int, int] | None] = {}
+    for top, _dirs, files in os.walk(PODMAN_MACHINE_DIR):
+        found[top] = None
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(top, name))
+                found[os.path.join(top, name)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
 def engine_down(engine: str) -> str | None:
-    """Why `engine` cannot be used, or None when it answers and has the box image."""
+    """Why `engine` cannot be used, or None when it answers and has the box image.
+
+    podman is asked only with a test run's configuration: without one it opens the machine's
+    default store, and creates it (/var/lib/containers/storage, /run/libpod, ...) where there
+    was none, in every session that collected these tests without an engine run."""
+    if engine == "podman" and not os.environ.get("CONTAINERS_STORAGE_CONF"):
+        return (
+            "podman has no test run's configuration (CONTAINERS_STORAGE_CONF: tests/engines/up.sh)"
+        )
     probes = {
         "docker": ["docker", "image", "inspect", BOX],
         "podman": ["podman", "image", "exists", BOX],

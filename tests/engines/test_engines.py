@@ -28,6 +28,7 @@ from enginelib import (
     HELPER_SHELLS,
     Box,
     docker_client_path,
+    machine_podman_state,
     sh,
     shell_image,
 )
@@ -298,6 +299,24 @@ def test_the_default_image_is_built_on_first_use_and_engine_errors_are_whole(
         assert f"{missing}: image not known" in said, said
     else:
         assert f'image "docker.io/library/{missing}": not found' in said, said
+
+
+@pytest.mark.engine("podman")
+def test_podmans_image_builds_write_nothing_machine_wide(make_box: Callable[..., Box]) -> None:
+    """Root podman keeps its blob info cache in /var/lib/containers/cache whatever its storage
+    configuration and wrote it on every import: up.sh's box image, the helper image netcut
+    builds on first use, the helper images by shell. After a run from a fresh clone that
+    directory existed, on a machine where it had not. The run's podman keeps the cache in
+    memory; nothing under /var/lib/containers appears or changes."""
+    box = make_box("podman")
+    default = helper.default_image()
+    remove_image("podman", default)
+    before = machine_podman_state()
+    assert helper.status(ref(box)).state == "not cut"
+    assert has_image("podman", default), "built on first use"
+    after = machine_podman_state()
+    changed = {path: v for path, v in after.items() if path not in before or before[path] != v}
+    assert changed == {}, "podman wrote machine-wide state"
 
 
 @pytest.mark.parametrize(("engine", "client"), HELPER_ENGINES)

@@ -52,6 +52,8 @@ if ((${#missing[@]})); then
     exit 1
 fi
 
+PODMAN=$(command -v podman)  # the real one, before the run's PATH puts its own first
+
 # ---- a fresh run or none
 for dir in "$RUN_DIR" "$DATA_DIR"; do
     if [[ -e "$dir" ]]; then
@@ -70,12 +72,19 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: poll a command, bounded
     done
 }
 
+# Paths podman, runc and the CNI plugins write whatever their configuration (see down.sh):
+# those absent now are recorded, for down.sh to remove what the run put there.
+for path in /var/cache/containers /var/lib/cni /run/runc; do
+    [[ -e "$path" ]] || echo "$path" >>"$RUN_DIR/created"
+done
+
 cat >"$RUN_DIR/env" <<ENV
 export DOCKER_HOST=unix://$RUN_DIR/docker.sock
 export CONTAINERD_ADDRESS=$RUN_DIR/containerd.sock
 export CONTAINERS_CONF=$RUN_DIR/podman/containers.conf
 export CONTAINERS_STORAGE_CONF=$RUN_DIR/podman/storage.conf
 export CONTAINERS_REGISTRIES_CONF=$RUN_DIR/podman/registries.conf
+export PATH=$RUN_DIR/bin:\$PATH
 ENV
 # shellcheck disable=SC1091
 source "$RUN_DIR/env"
@@ -115,7 +124,29 @@ echo "br-$(docker network inspect -f '{{.Id}}' nc-ci | cut -c1-12)" >"$RUN_DIR/b
 
 # ---- podman: private configuration and storage, runc, the VM's limits, a CNI network that
 # adds no firewall rules
-mkdir -p "$RUN_DIR/podman/cni" "$RUN_DIR/podman/tmp"
+mkdir -p "$RUN_DIR/podman/cni" "$RUN_DIR/podman/tmp" "$RUN_DIR/bin"
+# The podman the run uses, first on its PATH. Run as root, podman keeps its blob info cache
+# in /var/lib/containers/cache whatever its storage configuration (containers/image
+# pkg/blobinfocache/default.go: systemBlobInfoCacheDir, used unless the caller's
+# SystemContext names a directory, which podman's command line cannot), and writes it on
+# every image copy: import, load, pull, build, commit, save, push. Those run in a mount
+# namespace of their own in which /var/lib is read-only but for the run's data directory:
+# podman then keeps the cache in memory ("using a memory-only cache") and writes nothing
+# outside the run. Everything else runs as it is: a container started in a namespace of its
+# own would keep its mounts from the rest of the machine.
+cat >"$RUN_DIR/bin/podman" <<SHIM
+#!/bin/sh
+# podman for one test run, written by tests/engines/up.sh (docs/netcut.md#engines-in-ci).
+case "\$1" in
+import | load | pull | build | commit | save | push | image) ;;
+*) exec $PODMAN "\$@" ;;
+esac
+exec unshare --mount --propagation private /bin/sh -c '
+    mount --bind /var/lib /var/lib && mount -o remount,bind,ro /var/lib &&
+    mount --bind "\$0" "\$0" && mount -o remount,bind,rw "\$0" && exec "\$@"' \\
+    "$DATA_DIR" $PODMAN "\$@"
+SHIM
+chmod 755 "$RUN_DIR/bin/podman"
 hard_nofile=$(ulimit -Hn)
 cat >"$CONTAINERS_CONF" <<CONF
 # Written by egress-netcut's tests/engines/up.sh for one test run (docs/netcut.md#engines-in-ci).
@@ -176,7 +207,7 @@ cp /bin/busybox "$root/bin/busybox"
 for applet in sh sleep cat nc true ls; do ln -s busybox "$root/bin/$applet"; done
 tar -C "$root" -cf "$root.tar" .
 docker import "$root.tar" "$BOX" >/dev/null
-podman import -q "$root.tar" "$BOX" >/dev/null
+"$RUN_DIR/bin/podman" import -q "$root.tar" "$BOX" >/dev/null
 docker save "$BOX" -o "$root.image.tar"
 ctr -n default images import "$root.image.tar" >/dev/null
 rm -rf "$root" "$root.tar" "$root.image.tar"

@@ -104,12 +104,13 @@ async def test_the_next_address_is_dialed_once_one_timed_out(silent_port: int, f
     assert (rec["decision"], rec["addr"]) == ("allow", "127.0.0.2"), rec
 
 
-async def test_a_proxy_stopping_gives_up_a_dial(silent_port: int) -> None:
-    """The callback driver's dial still waiting when the proxy stops is given up at the end
-    of the grace (`Dialer.cancel`): the stop returns, the client's connection ends, and the
-    request is recorded as failed."""
+@DRIVERS
+async def test_a_proxy_stopping_gives_up_a_dial(silent_port: int, fast: bool) -> None:
+    """A dial still waiting when the proxy stops is given up at the end of the grace
+    (`Dialer.cancel`), on either driver: the stop returns, the client's connection ends, and
+    the tunnel is recorded as failed (the coroutine driver once wrote no record here)."""
     limits = Limits(connect_timeout=60.0, shutdown_grace=0.5)
-    p, audit = await start_proxy(silent_port, True, limits)
+    p, audit = await start_proxy(silent_port, fast, limits)
     reader, writer = await asyncio.open_connection(*p.addresses[0])
     try:
         writer.write(f"CONNECT slow.test:{silent_port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -124,3 +125,4 @@ async def test_a_proxy_stopping_gives_up_a_dial(silent_port: int) -> None:
         await p.stop()
     assert not rest.startswith(b"HTTP/1.1 200 "), rest
     assert rec["decision"] == "error", rec
+    assert rec["reason"] == "upstream_error", rec

@@ -4,8 +4,9 @@ Real proxy, real origin on a loopback port that the guard lets through (`proxyki
 The repro: one sandbox's 250 connections of back-to-back GETs took the loop's turns from the
 other 49 (their p99 went from 2.9 ms to 331 ms). Timing is not asserted here (the machine is
 shared); what makes the latency fair is: at most `max_client_inflight` requests of one client
-reach upstream at once, the rest wait for a slot of their own client, and another client's
-request goes through meanwhile.
+reach upstream at once while another client is present, the rest wait for a slot of their own
+client, and another client's request goes through meanwhile. A client alone is not capped
+(issue 24: the cap halved a lone client's throughput).
 """
 
 from __future__ import annotations
@@ -82,14 +83,107 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served() -> No
                 writer.close()
                 return status
 
+            # the victim is present (a kept-alive connection that named its client)
+            v_reader, v_writer = await asyncio.open_connection(host, port)
+            v_writer.write(request("/v", "v", ip))
+            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+            origin.victim_seen.clear()
             flood = [asyncio.ensure_future(one("/h", "h")) for _ in range(HOSTILE_CONNS)]
             await asyncio.wait_for(origin.eight_held.wait(), 20)
+            async with asyncio.timeout(20):  # (polls a condition: the rest queued)
+                while proxy.steps.turns.waiting("hostile") < HOSTILE_CONNS - 8:
+                    await asyncio.sleep(0.01)
             # the hostile client holds all of its slots: another client is served at once
-            assert await asyncio.wait_for(one("/v", "v"), 20) == 200
+            v_writer.write(request("/v", "v", ip))
+            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+            v_writer.close()
             assert await asyncio.gather(*flood) == [200] * HOSTILE_CONNS
     finally:
         server.close()
     assert origin.most_held == 8  # before: every one of the 20 reached the origin at once
+
+
+class GatedOrigin:
+    """Holds every `/h` request until `release` is set, answers `/v` at once; counts the
+    `/h` requests it holds."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.most_held = 0
+        self.release = asyncio.Event()
+        self.changed = asyncio.Event()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                if b" /h " in head.split(b"\r\n", 1)[0]:
+                    self.held += 1
+                    self.most_held = max(self.most_held, self.held)
+                    self.changed.set()
+                    await self.release.wait()
+                    self.held -= 1
+                writer.write(ok)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def holding(self, n: int) -> None:
+        while self.held < n:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def test_a_lone_client_is_not_capped_and_a_newcomer_goes_ahead_of_its_queue() -> None:
+    """Issue 24: the cap applies only while another client is present. A lone client gets
+    more than its share in flight (before: 8); when another client comes, its requests are
+    served at once, while the first client, over its share, takes no new slot: its new
+    requests wait until it is back under the cap."""
+    origin = GatedOrigin()
+    server = await start_tcp(None, 0, origin.serve)
+    ip = f"127.0.0.1:{port_of(server)}"
+    policy = Policy(allow=[ip])
+    clients = (ClientSpec("hog", policy, token="h"), ClientSpec("victim", policy, token="v"))
+    settings = exempt(Settings(Policy(), clients=clients), port_of(server))
+    alone, more = 12, 4
+    try:  # the default Limits: max_client_inflight 8
+        async with EgressProxy(settings) as proxy:
+            proxy.steps.turns.long = 60.0  # held requests stay short ones here, however slow
+            host, port = proxy.addresses[0]
+            turns = proxy.steps.turns
+
+            async def one(path: str, token: str) -> int:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(request(path, token, ip))
+                status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+                writer.close()
+                return status
+
+            first = [asyncio.ensure_future(one("/h", "h")) for _ in range(alone)]
+            await asyncio.wait_for(origin.holding(alone), 20)  # before: never more than 8
+            assert turns.in_flight("hog") == alone
+            # a newcomer: served at once, while the hog holds more than its share
+            v_reader, v_writer = await asyncio.open_connection(host, port)
+            v_writer.write(request("/v", "v", ip))
+            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+            # the hog, over its share with the victim present: its new requests wait
+            later = [asyncio.ensure_future(one("/h", "h")) for _ in range(more)]
+            async with asyncio.timeout(20):  # (polls a condition: all of them queued)
+                while turns.waiting("hog") < more:
+                    await asyncio.sleep(0.01)
+            assert origin.held == alone
+            # the newcomer's next request goes ahead of the hog's queued ones
+            v_writer.write(request("/v", "v", ip))
+            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+            assert turns.waiting("hog") == more
+            assert origin.held == alone
+            v_writer.close()
+            origin.release.set()
+            assert await asyncio.gather(*first, *later) == [200] * (alone + more)
+    finally:
+        server.close()
+    assert origin.most_held == alone
 
 
 async def test_long_requests_stop_counting() -> None:

@@ -449,9 +449,10 @@ async def test_a_connect_head_in_pieces_and_a_request_first(both: Both) -> None:
 async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_coroutine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Two requests of one client in flight (its share, `max_client_inflight=2`): a third,
-    kept-alive, waits for a turn in the callbacks (no coroutine request), reaches the
-    origin only once one of the two ended, and is served and recorded as usual."""
+    """Two requests of one client in flight (its share, `max_client_inflight=2`, while
+    another client holds a connection): a third, kept-alive, waits for a turn in the
+    callbacks (no coroutine request), reaches the origin only once one of the two ended,
+    and is served and recorded as usual."""
     seen: list[tuple[str, bool]] = []  # (path, released when it arrived)
     release = asyncio.Event()
     two_held = asyncio.Event()
@@ -476,6 +477,8 @@ async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_corout
     proxy = EgressProxy(settings, audit=audit, limits=Limits(max_client_inflight=2))
     await proxy.start()
     conns = [await asyncio.open_connection(*proxy.addresses[0]) for _ in range(3)]
+    # another client (the default client, per source address) is present: the share applies
+    other = await asyncio.open_connection(*proxy.addresses[0], local_addr=("127.0.0.2", 0))
     url = f"http://127.0.0.1:{port}"
 
     async def get(i: int, path: str) -> bytes:
@@ -504,7 +507,7 @@ async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_corout
             release.set()
             answers = await asyncio.gather(*held, third)
     finally:
-        for _, writer in conns:
+        for _, writer in (*conns, other):
             writer.close()
         await proxy.stop()
         origin.close()

@@ -79,9 +79,54 @@ def test_the_safety_net_outlives_a_concurrent_session_that_ends_first() -> None:
             assert session.stdout is not None
             assert session.stdout.readline().strip() == "True"
         first.communicate("", timeout=60)
-        assert held() == f"prohibit {net} metric {second.pid}"
+        assert held() == f"prohibit {net} proto {harness.SAFETY_PROTO} metric {second.pid}"
     finally:
         for session in (first, second):
             if session.poll() is None:
                 session.communicate("", timeout=60)
     assert held() == ""
+
+
+def test_a_killed_sessions_safety_net_is_swept_and_nothing_else() -> None:
+    """A session killed (SIGKILL, or the machine's OOM killer) never removes its prohibit
+    route, and every later session added one more. The next session sweeps the routes of
+    sessions that are gone, by their metric (the PID) and protocol (SAFETY_PROTO): never a
+    live session's, nor a prohibit route of the same range that is not a session's."""
+    net = "198.19.254.244/30"
+
+    def held() -> list[str]:
+        shown = harness.ip("route", "show", "type", "prohibit", net).stdout
+        return sorted(" ".join(line.split()) for line in shown.splitlines())
+
+    code = SESSION.format(tests=os.path.dirname(harness.__file__), net=net)
+    killed, live = (
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    )
+    ended = subprocess.Popen(["true"])
+    ended.wait(timeout=60)
+    foreign = ("prohibit", net, "metric", str(ended.pid))  # not a session's, its PID gone
+    proto = harness.SAFETY_PROTO
+    try:
+        for session in (killed, live):
+            assert session.stdout is not None
+            assert session.stdout.readline().strip() == "True"
+        killed.kill()
+        killed.communicate(timeout=60)  # reaps it and closes its pipes
+        harness.ip("route", "add", *foreign)
+        assert f"prohibit {net} proto {proto} metric {killed.pid}" in held()
+        assert harness.stale_safety_nets(net) == [killed.pid]
+        harness.sweep_safety_nets(net)
+        assert held() == sorted(
+            [
+                f"prohibit {net} metric {ended.pid}",
+                f"prohibit {net} proto {proto} metric {live.pid}",
+            ]
+        )
+    finally:
+        live.communicate("", timeout=60)
+        harness.ip("route", "del", *foreign, check=False)
+        harness.ip("route", "del", "prohibit", net, "metric", str(killed.pid), check=False)
+    assert held() == []

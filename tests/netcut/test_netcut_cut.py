@@ -10,6 +10,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -415,6 +416,32 @@ async def test_cut_async_keeps_the_loop_running(topo: Topology) -> None:
     assert status.is_cut
     assert probed.ok
     assert ticks > 1
+
+
+async def test_async_calls_wait_for_a_worker_in_as_many_threads_as_workers(
+    topo: Topology,
+) -> None:
+    """Concurrent async calls run in netcut's own threads, as many as it has workers (the
+    loop's default executor kept more threads than workers waking on the worker pool:
+    docs/netcut.md#many-sandboxes-at-once), and every answer still comes back."""
+    from netcut.direct.worker import pool_size
+
+    seen: set[str] = set()
+    real = netcut.api.status
+
+    def status(target: str) -> object:
+        seen.add(threading.current_thread().name)
+        return real(target)
+
+    netcut.api.status = status  # type: ignore[assignment]
+    try:
+        found = await asyncio.gather(*(netcut.status_async(topo.sandbox) for _ in range(12)))
+    finally:
+        netcut.api.status = real  # type: ignore[assignment]
+    assert all(s.state == "not cut" for s in found)
+    assert seen
+    assert all(name.startswith("netcut") for name in seen), seen
+    assert len(seen) <= pool_size()
 
 
 def test_sync_api_inside_running_loop_thread(topo: Topology) -> None:

@@ -109,3 +109,26 @@ def test_a_flood_is_answered_in_full_only_for_its_first_refusals() -> None:
              10 * ANSWERED: False}  # fmt: skip
     for seen, full in table.items():
         assert answer_in_full(seen) is full, seen
+
+
+def test_presence_for_the_fair_share() -> None:
+    """Another client is present while it holds a connection and for `present_for` seconds
+    after its last one closed; unidentified connections do not count (docs/proxy.md#fair-share)."""
+    s = slots()
+    s.admit("a0", "a", "10.0.0.1", 0.0)
+    s.admit("u", None, "10.0.0.9", 0.0)
+    assert not s.others_present("a", 0.0)
+    s.admit("b0", "b", "10.0.0.2", 0.0)
+    s.admit("b1", "b", "10.0.0.2", 0.0)
+    assert s.others_present("a", 0.0)
+    assert s.others_present("b", 0.0)
+    s.release("b0", 1.0)
+    assert s.others_present("a", 1.0)  # b still holds one
+    s.release("b1", 2.0)
+    assert s.others_present("a", 2.0 + s.present_for / 2)  # b left a moment ago
+    assert s.others_present("b", 2.0)  # a holds a connection
+    assert not s.others_present("a", 2.0 + s.present_for)
+    s.release("a0", 3.0)  # a leaves after b
+    assert s.others_present("b", 3.0 + s.present_for / 2)
+    assert not s.others_present("a", 3.0 + s.present_for / 2)
+    assert not s.others_present("b", 3.0 + s.present_for)

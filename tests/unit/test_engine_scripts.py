@@ -9,6 +9,9 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENGINES = ROOT / "tests" / "engines"
@@ -63,6 +66,43 @@ def test_leftovers_reports_an_earlier_run_and_removes_nothing(tmp_path: pathlib.
     assert (data_dir / "docker" / "image").is_dir(), "a check, not a cleanup"
 
 
+def test_leftovers_reports_podman_state_the_run_created_or_changed_and_not_the_machines(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Root podman writes its blob info cache to /var/lib/containers/cache whatever its
+    configuration: after a run from a fresh clone that directory existed on a machine where
+    it had not, and leftovers.sh said nothing. A machine's own podman state is no leftover;
+    what a run created or changed there is."""
+    own, fresh = tmp_path / "containers", tmp_path / "cni"
+    (own / "storage" / "overlay").mkdir(parents=True)
+    (own / "storage" / "storage.lock").write_text("machine")
+    env = {
+        **os.environ,
+        "NETCUT_CI_RUN": str(tmp_path / "run"),
+        "NETCUT_CI_DATA": str(tmp_path / "data"),
+        "NETCUT_MACHINE_PATHS": f"{own} {fresh}",
+    }
+    record = tmp_path / "before"
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ENGINES / "leftovers.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+
+    assert str(own) not in check("--record", str(record)).stdout, "the machine's own"
+    assert str(own) not in check("--since", str(record)).stdout, "unchanged"
+    (own / "cache").mkdir()
+    (own / "cache" / "blob-info-cache-v1.boltdb").write_bytes(b"\0" * 64)
+    (fresh / "results").mkdir(parents=True)
+    (own / "storage" / "storage.lock").write_text("touched by the run")
+    left = check("--since", str(record))
+    assert left.returncode == 1
+    for path in (own / "cache" / "blob-info-cache-v1.boltdb", fresh / "results",
+                 own / "storage" / "storage.lock"):  # fmt: skip
+        assert f"left over: {path} (created or changed during the run" in left.stdout
+    assert f"left over: {own / 'storage'} " not in left.stdout, "a directory by existence"
+    assert (own / "cache" / "blob-info-cache-v1.boltdb").exists(), "a check, not a cleanup"
+
+
 def test_leftovers_reports_empty_shim_directories_but_not_a_live_containerds(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -108,12 +148,42 @@ def _containerd_running() -> bool:
 
 def test_ci_checks_for_leftovers_before_and_after_under_the_machine_lock() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    marks = ("flock -n 7", "if ! tests/engines/leftovers.sh", "./dev.sh test -p")
+    marks = ("flock -n 7", "if ! tests/engines/leftovers.sh --record", "./dev.sh test -p")
     lock, before, test = (ci.index(m) for m in marks)
-    after = ci.rindex("tests/engines/leftovers.sh")
+    after = ci.rindex("tests/engines/leftovers.sh --since")
     assert lock < before < test < after
     dev = (ROOT / "dev.sh").read_text()
     assert "flock" in dev
     up = (ENGINES / "up.sh").read_text()
     assert "/etc/" not in up.split("set -euo pipefail")[1], "nothing written machine-wide"
     assert "helperimage" not in up, "no helper image built ahead of time"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("podman"), reason="root (a mount namespace) and podman"
+)
+def test_a_session_without_an_engine_run_never_opens_podmans_default_store(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Every session that collects tests/engines asks each engine whether it is up. Without
+    an engine run that question went to podman on the machine's default configuration, which
+    created its store (/var/lib/containers/storage) and short-name alias lock
+    (/var/cache/containers). Observed here in a mount namespace of the test's own, with
+    tmpfs over /var/lib and /var/cache, so the machine's are never touched."""
+    probe = (
+        f"import sys; sys.path.insert(0, {str(ENGINES)!r}); import enginelib; "
+        "print(enginelib.engine_down('podman'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_")}
+    env["NETCUT_CI_RUN"] = str(tmp_path / "no-run")
+    script = (
+        'mount -t tmpfs probe /var/lib && mount -t tmpfs probe /var/cache && "$0" -c "$1"; '
+        "find /var/lib /var/cache -mindepth 1"
+    )
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                           sys.executable, probe], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said, *written = done.stdout.splitlines()
+    assert "tests/engines/up.sh" in said
+    assert written == [], "podman wrote machine-wide state"

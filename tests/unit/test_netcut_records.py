@@ -15,7 +15,7 @@ from netcut.plan.changes import RemoveBackstop, RemoveRedirect
 from netcut.plan.model import Lookup, NamespaceState, parse_keep
 from netcut.plan.planner import plan_cut, plan_restore
 from netcut.plan.transparent import Redirect
-from netcut.records import Store, plan_to_data
+from netcut.records import Store, plan_to_data, record_text
 
 FIXTURE = Path(__file__).with_name("netcut_record_v1.json")
 KEEPS = (parse_keep("198.19.1.1:3128"), parse_keep("198.19.5.5"), parse_keep("127.0.0.1:9"))
@@ -45,3 +45,19 @@ def test_todays_plan_is_written_as_the_old_record() -> None:
     old = {k: v for k, v in head.items() if k not in ("meta", "created", "journal")}
     assert plan_to_data(plan) == old
     assert json.dumps(plan_to_data(plan), sort_keys=True) == json.dumps(old, sort_keys=True)
+
+
+def test_the_record_line_is_json_dumps_of_the_plan_whether_its_ops_are_cached_or_not() -> None:
+    """`record_text` builds each op's JSON once per process: the line it writes is still
+    `json.dumps` of the whole record with sorted keys, character for character, the first
+    time an op is seen and every time after (the second plan shares most ops)."""
+    one = plan_cut(fixture_state(), KEEPS, Redirect(15001, 15053))
+    two = plan_cut(fixture_state(), KEEPS[:1], None)
+    meta = {"target": "ns:x", "b": '\u00e9"\\'}
+    for plan in (one, two, one, two):
+        for journal in (True, False):
+            data = {**plan_to_data(plan), "meta": meta, "created": 1733000000.25}
+            if journal:
+                data["journal"] = True
+            want = json.dumps(data, sort_keys=True)
+            assert record_text(plan, meta, 1733000000.25, journal=journal) == want

@@ -196,6 +196,31 @@ def test_missing_runtime_names_what_was_tried(monkeypatch: pytest.MonkeyPatch) -
         target.find_runtime(None)
 
 
+def private_podman(root: pathlib.Path) -> dict[str, str]:
+    """Environment for a podman that keeps everything under `root`: its storage, runtime
+    state, temporary files, events and networks (CNI, whose configuration directory it
+    reads instead of /etc/containers/networks)."""
+    root.mkdir()
+    (root / "containers.conf").write_text(
+        "[network]\n"
+        'network_backend = "cni"\n'
+        f'network_config_dir = "{root}/cni"\n'
+        "[engine]\n"
+        f'tmp_dir = "{root}/tmp"\n'
+        'events_logger = "file"\n'
+        f'events_logfile_path = "{root}/events.log"\n'
+    )
+    (root / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n'
+    )
+    (root / "registries.conf").write_text("unqualified-search-registries = []\n")
+    return {
+        "CONTAINERS_CONF": str(root / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(root / "storage.conf"),
+        "CONTAINERS_REGISTRIES_CONF": str(root / "registries.conf"),
+    }
+
+
 def _path_with(tmp_path: pathlib.Path, *names: str) -> str:
     for name in names:
         os.symlink(f"/usr/bin/{name}", tmp_path / name)
@@ -222,10 +247,16 @@ def test_a_docker_cli_without_an_engine_is_passed_over(
 def test_with_docker_silent_podman_is_chosen(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The real podman answers `podman info`, with a configuration of its own under tmp_path:
+    with the machine's default one it created podman's store under /var/lib/containers and
+    /etc/containers/networks (docs/netcut.md#engines-in-ci)."""
     monkeypatch.setenv("PATH", _path_with(tmp_path, "docker", "podman"))
+    for name, value in private_podman(tmp_path / "podman-state").items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     monkeypatch.delenv("NETCUT_CONTAINER_RUNTIME", raising=False)
     assert target.choose_runtime() == ("podman", str(tmp_path / "podman"))
+    assert (tmp_path / "podman-state" / "graph" / "libpod").is_dir(), "podman's store is ours"
 
 
 def test_ctr_task_list() -> None:

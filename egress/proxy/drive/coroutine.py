@@ -2,13 +2,14 @@
 
 Shell. The exchange (`core/exchange.py`, pure) decides what comes next; this is the one place
 that turns its actions into I/O for every front-end: resolve (with the DNS timings), dial
-(never raising: the pool returns a refusal), the `ReplyOk` and refusals rendered by the
-answer's style (an HTTP response, an RFC 1928 reply, a reset, a close), the ClientHello
-read, and the record emitted at the end (docs/architecture.md#one-exchange).
+(never raising: the callback driver's own `Dialer` reports a refusal), the `ReplyOk` and
+refusals rendered by the answer's style (an HTTP response, an RFC 1928 reply, a reset, a
+close), the ClientHello read, and the record emitted at the end (docs/architecture.md#one-exchange).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -23,10 +24,13 @@ from ..core.record import perf_counter_ns, seconds_since
 from ..core.responses import CONNECT_OK
 from ..core.revocation import revoked_by
 from ..modes.http.front import render_refusal
+from ..net.dialer import Dialer
 from ..net.resolve import ResolveError
 
 if TYPE_CHECKING:
+    from ...policy.target import IPAddress
     from ..net.conn import Conn
+    from ..net.relay import Side
     from ..runtime import Steps
 
 
@@ -56,9 +60,8 @@ async def drive(
         if isinstance(action, Dial):
             if action.pooled and before_pooled is not None:
                 await before_pooled()
-            pool = steps.pool
-            idle = pool.take_idle(action.addrs, action.port) if action.pooled else None
-            found = idle if idle is not None else await pool.connect(action.addrs, action.port)
+            idle = steps.pool.take_idle(action.addrs, action.port) if action.pooled else None
+            found = idle if idle is not None else await dial(steps, conn, action)
             if isinstance(found, tuple):
                 conn.upstream, addr = found
                 action = x.dialed(addr, steps.addr_text(addr))
@@ -80,6 +83,29 @@ async def drive(
         elif isinstance(action, Done):
             steps.done(action)
             return None
+
+
+async def dial(steps: Steps, conn: Conn, action: Dial) -> tuple[Side, IPAddress] | Verdict:
+    """Connect to the first reachable checked address (the last failure's refusal when none
+    answered) with the callback driver's `Dialer`: one dial for both drivers, so the sweeper
+    times it out and a stopping proxy gives it up (`Dialer.cancel`, recorded as failed) on
+    either (docs/proxy.md#limits)."""
+    found: asyncio.Future[tuple[Side, IPAddress] | Verdict] = steps.loop.create_future()
+
+    def done(outcome: tuple[Side, IPAddress] | Verdict) -> None:
+        if not found.done():
+            found.set_result(outcome)
+        elif isinstance(outcome, tuple):  # this task was cancelled meanwhile: nobody's
+            outcome[0].close()
+
+    dialer = Dialer(steps.loop, action.addrs, action.port, done, steps.metrics)
+    conn.dialing = dialer
+    try:
+        dialer.start()
+        return await found
+    finally:
+        conn.dialing = None
+        dialer.cancel()  # (a no-op once it reported)
 
 
 def revoked_meanwhile(steps: Steps, conn: Conn, x: Exchange) -> bool:
@@ -149,4 +175,4 @@ def refuse(steps: Steps, conn: Conn, action: Refuse, *, close: bool = True) -> N
     steps.done(action.done)
 
 
-__all__ = ["drive", "ok_bytes", "read_hello", "refuse", "revoked_meanwhile"]
+__all__ = ["dial", "drive", "ok_bytes", "read_hello", "refuse", "revoked_meanwhile"]

@@ -1,11 +1,12 @@
-"""Dialing a checked address from callbacks, with no task.
+"""Dialing a checked address from callbacks, with no task: both drivers' one dial.
 
-Shell. `UpstreamPool.connect` awaits `loop.create_connection` under `asyncio.timeout`: a
-task must wait on it. The callback driver (`drive/callback.py`) dials here instead: the same
-`loop.create_connection` (uvloop connects in C and waits once), run by `Stepped` from
-callbacks. The addresses are tried in order, as the pool does; the connect timeout is the
-sweeper's (`expire`, from `conn.sweep`), so no timer is armed per dial
-(docs/proxy.md#limits). Metrics: successful connects, as the pool's (docs/metrics.md).
+Shell. `loop.create_connection` awaited under `asyncio.timeout` needs a task to wait on it.
+The callback driver (`drive/callback.py`) dials here from callbacks: the same
+`loop.create_connection` (uvloop connects in C and waits once), run by `Stepped`; the
+coroutine driver awaits the same dial on a future (`drive.coroutine.dial`). The addresses
+are tried in order; the connect timeout is the sweeper's (`expire`, from `conn.sweep`), so
+no timer is armed per dial (docs/proxy.md#limits), and a stopping proxy gives a dial up
+(`cancel`), reported as its failure. Metrics: successful connects (docs/metrics.md).
 """
 
 from __future__ import annotations

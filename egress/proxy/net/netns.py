@@ -1,11 +1,15 @@
 """Open a socket inside another network namespace without moving the caller.
 
-Strategy (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders): a
-short-lived thread enters the target namespace with `setns(2)` — which changes the namespace
-of that one thread only — creates and binds the socket there (`listener.listen_socket`), and
-hands it back. A socket keeps the namespace it was created in, so the host process's event
-loop can then serve it while every other thread stays where it was. The thread exits right
-after, so no code of ours ever runs in the sandbox's namespace longer than a `bind()`.
+Strategy (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders): a thread
+of a small pool enters the target namespace with `setns(2)` — which changes the namespace
+of that one thread only — creates and binds the socket there (`listener.listen_socket`),
+goes back to the namespace it started in, and hands the socket over. A socket keeps the
+namespace it was created in, so the host process's event loop can then serve it while every
+other thread stays where it was. No code of ours runs in the sandbox's namespace longer than
+a `bind()`; a thread that cannot go back exits instead of taking another job. The threads
+live on between jobs (a thread started per socket cost a prepare ~25 us of CPU and held
+the loop in `Thread.start`: docs/benchmarks.md#hundreds-of-sandboxes-prepare-release-churn)
+and end after `IDLE_S` without work.
 
 Python 3.11 has no `os.setns`, so libc's is called through ctypes. Needs CAP_SYS_ADMIN.
 """
@@ -17,10 +21,11 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import queue
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from ...errors import EgressError
 from ...validate import as_count, as_port
@@ -62,38 +67,120 @@ def namespace_path(ns: NamespaceLike) -> str:
         raise NamespaceError(f"network namespace {ns!r}: {exc}") from None
 
 
+# At most this many threads enter namespaces at once (a name is resolved in the thread: a
+# container's runtime may take a while to answer); an idle one ends after IDLE_S.
+POOL_SIZE = 4
+IDLE_S = 30.0
+
+Job: TypeAlias = (
+    "tuple[NamespaceLike, Callable[[], Any], Callable[[Any, BaseException | None], None]]"
+)
+
+
+class _Threads:
+    """The pool: jobs in a queue, a thread started when none waits for one."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.count = 0
+        self.waiting = 0
+
+    def submit(self, job: Job) -> None:
+        with self.lock:  # put under the lock: a thread ending idle sees it or is counted
+            self.jobs.put(job)
+            start = self.waiting == 0 and self.count < POOL_SIZE
+            if start:
+                self.count += 1
+        if start:
+            try:
+                threading.Thread(target=self._serve, name="netns", daemon=True).start()
+            except BaseException:
+                with self.lock:
+                    self.count -= 1
+                raise
+
+    def _serve(self) -> None:
+        try:
+            home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            home = -1
+        try:
+            while True:
+                with self.lock:
+                    self.waiting += 1
+                try:
+                    job = self.jobs.get(timeout=IDLE_S)
+                except queue.Empty:
+                    with self.lock:
+                        self.waiting -= 1
+                        if not self.jobs.empty():
+                            continue  # a job came in as the wait ended
+                        self.count -= 1
+                    return
+                with self.lock:
+                    self.waiting -= 1
+                try:
+                    went_home = _run_job(job, home)
+                except BaseException:
+                    went_home = False
+                if not went_home:
+                    with self.lock:
+                        self.count -= 1
+                    return  # could not go home: this thread takes no other job
+        finally:
+            if home >= 0:
+                os.close(home)
+
+
+def _run_job(job: Job, home: int) -> bool:
+    """Name and enter the job's namespace, run its function, report through its `done`,
+    and go back to `home`; False when the thread could not (it must take no other job)."""
+    ns, fn, done = job
+    try:
+        path = namespace_path(ns)
+    except BaseException as exc:  # NamespaceError, or whatever naming it raised
+        done(None, exc)
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        done(None, NamespaceError(f"cannot open network namespace {path!r}: {exc}"))
+        return True
+    try:
+        if _libc().setns(fd, CLONE_NEWNET) != 0:
+            why = os.strerror(ctypes.get_errno())
+            done(None, NamespaceError(f"cannot enter network namespace {path!r}: {why}"))
+            return True
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # handed back to the caller
+            result, error = None, exc
+        went_home = home >= 0 and _libc().setns(home, CLONE_NEWNET) == 0
+        done(result, error)
+        return went_home
+    finally:
+        os.close(fd)
+
+
+_threads = _Threads()
+
+
+def _forget_threads_in_child() -> None:
+    """A forked child has none of the parent's threads: it starts its own."""
+    global _threads
+    _threads = _Threads()
+
+
+os.register_at_fork(after_in_child=_forget_threads_in_child)
+
+
 def _start_in_netns_thread(
     ns: NamespaceLike, fn: Callable[[], T], done: Callable[[T | None, BaseException | None], None]
 ) -> None:
-    """Start a thread that names and enters namespace `ns`, runs `fn` and reports through
-    `done(result, error)`; the thread ends right after."""
-
-    def worker() -> None:
-        try:
-            path = namespace_path(ns)
-        except NamespaceError as exc:
-            done(None, exc)
-            return
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            done(None, NamespaceError(f"cannot open network namespace {path!r}: {exc}"))
-            return
-        try:
-            if _libc().setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                why = f"cannot enter network namespace {path!r}: {os.strerror(err)}"
-                done(None, NamespaceError(why))
-                return
-            result = fn()
-        except BaseException as exc:  # handed back to the caller
-            done(None, exc)
-        else:
-            done(result, None)
-        finally:
-            os.close(fd)
-
-    threading.Thread(target=worker, name=f"netns:{ns}", daemon=True).start()
+    """Have a thread of the pool name and enter namespace `ns`, run `fn` and report through
+    `done(result, error)`, then go back to its own namespace."""
+    _threads.submit((ns, fn, done))
 
 
 def call_in_netns_thread(ns: NamespaceLike, fn: Callable[[], T]) -> T:

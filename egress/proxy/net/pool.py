@@ -1,4 +1,4 @@
-"""The upstream connection pool: dialing checked addresses, and idle keep-alive reuse.
+"""The upstream connection pool: idle keep-alive reuse of dialed upstreams (`net/dialer.py`).
 
 Shell. Like httpcore's connection pool, keyed by what was *checked*: the (address, port) the
 gate admitted, never the name, so a pooled connection is only reused for a request that was
@@ -13,24 +13,19 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from ...policy.target import IPAddress
-from ..core.gate import Refuse, refuse_dial
-from ..core.record import perf_counter_ns, seconds_since
-from ..telemetry.metrics import ProxyMetrics
 from .relay import Side
 
 
 class UpstreamPool:
-    """Idle upstream `Side`s by (address, port), and the dialer that makes new ones."""
+    """Idle upstream `Side`s by (address, port); new ones are dialed by `Dialer`."""
 
     __slots__ = (
         "_held",
         "_idle",
         "_loop",
         "closing",
-        "connect_timeout",
         "idle",
         "max_idle",
-        "metrics",
         "per_key",
     )
 
@@ -38,41 +33,17 @@ class UpstreamPool:
         self,
         loop: asyncio.AbstractEventLoop,
         *,
-        connect_timeout: float,
         idle: float,
         per_key: int,
         max_idle: int = 256,
     ) -> None:
         self._loop = loop
-        self.metrics: ProxyMetrics | None = None  # set by the proxy (docs/metrics.md)
         self._idle: dict[tuple[IPAddress, int], list[Side]] = {}
-        self.connect_timeout = connect_timeout
         self.idle = idle
         self.per_key = per_key
         self.max_idle = max_idle
         self._held = 0  # idle connections in all
         self.closing = False
-
-    async def connect(
-        self, addrs: Sequence[IPAddress], port: int
-    ) -> tuple[Side, IPAddress] | Refuse:
-        """Connect to the first reachable checked address; the last failure's `Refuse` when
-        none answered (an action's outcome, not an exception: docs/architecture.md)."""
-        loop = self._loop
-        last: Refuse | None = None
-        metrics = self.metrics
-        for addr in addrs:
-            t0 = perf_counter_ns()
-            try:
-                async with asyncio.timeout(self.connect_timeout):
-                    _, side = await loop.create_connection(lambda: Side(loop), str(addr), port)
-                if metrics is not None:  # docs/metrics.md: successful connects
-                    metrics.connect.observe(seconds_since(t0))
-                return side, addr
-            except OSError as exc:  # TimeoutError and ConnectionRefusedError included
-                last = refuse_dial(exc, addr, port)
-        assert last is not None, "connect() needs at least one address"
-        return last
 
     def take_idle(self, addrs: Sequence[IPAddress], port: int) -> tuple[Side, IPAddress] | None:
         """An idle pooled connection to one of the checked `addrs`, or None (no waiting)."""
