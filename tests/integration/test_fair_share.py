@@ -219,3 +219,46 @@ def test_the_default_share_is_eight() -> None:
     from egress.proxy.server import Limits
 
     assert Limits().max_client_inflight == 8
+
+
+async def test_a_client_that_left_a_moment_ago_still_holds_the_others_to_their_share() -> None:
+    """A sandbox that opens a connection per request holds none between its requests: it
+    stays present for `present_for` after its last connection closed (admission.py), so a
+    flood that starts in that gap is held to its share (the case that kept the cap on a
+    lone client until issue 24)."""
+    origin = GatedOrigin()
+    server = await start_tcp(None, 0, origin.serve)
+    ip = f"127.0.0.1:{port_of(server)}"
+    policy = Policy(allow=[ip])
+    clients = (ClientSpec("hog", policy, token="h"), ClientSpec("victim", policy, token="v"))
+    settings = exempt(Settings(Policy(), clients=clients), port_of(server))
+    flood = 12
+    try:  # the default Limits: max_client_inflight 8
+        async with EgressProxy(settings) as proxy:
+            proxy.steps.turns.long = 60.0  # held requests stay short ones here, however slow
+            proxy.steps.slots.present_for = 60.0  # however slow this machine is
+            host, port = proxy.addresses[0]
+            turns, slots = proxy.steps.turns, proxy.steps.slots
+
+            async def one(path: str, token: str) -> int:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(request(path, token, ip))
+                status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+                writer.close()
+                return status
+
+            assert await one("/v", "v") == 200
+            async with asyncio.timeout(20):  # (polls a condition: its connection is gone)
+                while slots.count("victim"):
+                    await asyncio.sleep(0.01)
+            hog = [asyncio.ensure_future(one("/h", "h")) for _ in range(flood)]
+            await asyncio.wait_for(origin.holding(8), 20)
+            async with asyncio.timeout(20):  # (polls a condition: the rest queued)
+                while turns.waiting("hog") < flood - 8:
+                    await asyncio.sleep(0.01)
+            assert origin.held == 8
+            origin.release.set()
+            assert await asyncio.gather(*hog) == [200] * flood
+    finally:
+        server.close()
+    assert origin.most_held == 8

@@ -51,8 +51,9 @@ class Limits:
     # stay unidentified (docs/proxy.md#limits)
     max_unidentified: int = 64
     identify_timeout: float = 3.0
-    # forward-proxy requests of one client in flight at once; the next waits for one of its
-    # own to end (fairshare.py, docs/proxy.md#fair-share); None = no cap
+    # forward-proxy requests of one client in flight at once while another client is
+    # present; the next waits for one of its own to end (fairshare.py,
+    # docs/proxy.md#fair-share); None = no cap
     max_client_inflight: int | None = 8
 
     def __post_init__(self) -> None:
