@@ -73,11 +73,11 @@ class NamespaceBox:
         """Lay out the root and start the holder. Raises `BoxError` if the holder does not
         come up (its stderr is in the message)."""
         self._layout()
-        script = (
-            "set -e\n"
-            + _mount_script(self.root)
-            + f"echo {HOLDER_READY}\nexec {' '.join(SETPRIV)} sleep infinity\n"
-        )
+        # The holder says it is ready only once it runs without the capabilities that could
+        # undo a cut: said before `setpriv`, a loaded machine let a caller see it still `sh`
+        # with them all (test_nothing_in_the_box_could_undo_a_cut).
+        ready = shlex.quote(f"echo {HOLDER_READY} && exec sleep infinity")
+        script = "set -e\n" + _mount_script(self.root) + f"exec {' '.join(SETPRIV)} sh -c {ready}\n"
         argv = [
             "ip",
             "netns",
