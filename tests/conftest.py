@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 import harness
+import userns
 
 REQUIRE_NETNS = os.environ.get("EGRESS_REQUIRE_NETNS") == "1"
 
@@ -19,6 +20,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if REQUIRE_NETNS:
         pytest.fail(f"EGRESS_REQUIRE_NETNS=1 but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    userns.replace(items)
 
 
 @pytest.fixture(scope="session", autouse=True)

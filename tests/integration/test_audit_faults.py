@@ -173,7 +173,7 @@ async def verify(*paths: Path, live: bool = False) -> tuple[int, str]:
 # ---- a full disk ---------------------------------------------------------------------------
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     test_host: harness.TestHost,
 ) -> None:
@@ -259,7 +259,7 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     assert len(served) == served_after_fill
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_full_disk_open_mode_marks_the_outage_and_exit_1_when_lines_are_abandoned(
     test_host: harness.TestHost,
 ) -> None:

@@ -49,7 +49,7 @@ async def settled(proxy: EgressProxy, before: int) -> None:
         await asyncio.sleep(0.01)
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_a_burst_leaves_a_small_heap_for_full_collections(state_dir: str) -> None:
     threshold = gc.get_threshold()
     proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])
@@ -76,7 +76,7 @@ async def test_a_burst_leaves_a_small_heap_for_full_collections(state_dir: str) 
     assert gc.get_threshold() == threshold, "stop restored the thresholds"
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_churn_keeps_the_frozen_set_bounded(state_dir: str) -> None:
     """Frozen cycles that became garbage (released sandboxes) are compacted away."""
     proxy = EgressProxy(build_settings({}), listen=["127.0.0.1:0"])

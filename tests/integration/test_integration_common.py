@@ -32,6 +32,7 @@ from egress import (
 from egress.proxy.net.netns import listen_in_netns
 
 import harness
+import userns
 from servers import Origin, run, start_origin
 
 
@@ -78,13 +79,7 @@ async def curl(host: harness.TestHost, *args: str) -> tuple[str, str]:
         "netns",
         "exec",
         host.ns,
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--bounding-set=-all",
-        "--",
+        *userns.CAPLESS,
         "curl",
         "-s",
         "--max-time",
@@ -97,7 +92,7 @@ async def curl(host: harness.TestHost, *args: str) -> tuple[str, str]:
     return code, body
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_forwarder_moves_off_a_port_bound_by_anything_in_the_sandbox(scene: Scene) -> None:
     # the framework's own service already listens on the route's port inside the sandbox
     # (before: prepare_execution failed with EADDRINUSE; the fallback only saw our listeners)
@@ -129,7 +124,7 @@ async def test_forwarder_moves_off_a_port_bound_by_anything_in_the_sandbox(scene
         squatter.close()
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_plan_holds_when_the_ports_are_free(scene: Scene) -> None:
     plan = plan_execution(client_id_from("sample/7", 1), framework_routes=[scene.route])
     assert plan.client_id == "sample-7-1"
@@ -147,7 +142,7 @@ async def test_plan_holds_when_the_ports_are_free(scene: Scene) -> None:
     await release_execution(scene.proxy, ex, restore=True)
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_a_taken_proxy_port_is_port_in_use(scene: Scene) -> None:
     squatter = listen_in_netns(scene.sandbox.ns, "127.0.0.1", 3128)
     try:
@@ -159,7 +154,7 @@ async def test_a_taken_proxy_port_is_port_in_use(scene: Scene) -> None:
         squatter.close()
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_a_failed_probe_says_so(scene: Scene) -> None:
     with pytest.raises(ExecutionNotReady) as info:
         await prepare_execution(

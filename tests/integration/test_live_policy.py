@@ -49,7 +49,7 @@ async def wait_line(stream: asyncio.StreamReader, needle: str) -> str:
             return line
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_sighup_under_load_loses_nothing_and_applies_from_the_next_request(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

@@ -43,7 +43,7 @@ def audit_counts(records: list[dict[str, object]]) -> Counter[tuple[str, str, st
     )
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_serve_metrics_equal_the_audit_log(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

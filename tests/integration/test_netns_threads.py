@@ -17,7 +17,7 @@ from egress.proxy.net.netns import NamespaceError, call_in_netns, call_in_netns_
 
 import harness
 
-pytestmark = pytest.mark.netns
+pytestmark = pytest.mark.userns
 
 
 def _own_netns() -> str:

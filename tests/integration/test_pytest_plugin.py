@@ -35,7 +35,7 @@ def curl(proxy: str, url: str) -> str:
     return out.stdout
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 def test_proxy_and_pinned_upstream(egress_proxy: ProxyHandle, egress_upstream: Upstream) -> None:
     assert curl(egress_proxy.url, egress_upstream.url + "hello") == "200"
     assert egress_upstream.seen == ["/hello"]
@@ -47,7 +47,7 @@ def test_proxy_and_pinned_upstream(egress_proxy: ProxyHandle, egress_upstream: U
     assert blocked["path"] == "/?REDACTED"  # fixtures see redacted records
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_fixtures_work_from_async_tests(
     egress_proxy: ProxyHandle, egress_upstream: Upstream
 ) -> None:
@@ -58,7 +58,7 @@ async def test_fixtures_work_from_async_tests(
     assert '"server": "upstream"' in out
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 def test_sandbox_reaches_the_upstream_only_through_the_proxy(
     egress_proxy: ProxyHandle, egress_upstream: Upstream, egress_sandbox: Namespace
 ) -> None:

@@ -24,7 +24,7 @@ from proxykit import MemoryAudit, client_hello, exempt, raw_exchange
 from servers import echo, port_of, run, start_origin, start_tcp
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_report_mode_passes_traffic_and_suggest_allows_exactly_it(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

@@ -185,7 +185,7 @@ async def test_check_honours_a_client_policy(tmp_path: Path) -> None:
     assert "sb" in err
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_serve_prints_request_lines_warns_about_tokens_and_summarizes(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

@@ -33,19 +33,12 @@ from egress.boundary.sandboxes import Sandboxes
 from egress.proxy.net.netns import call_in_netns_thread
 
 import harness
+import userns
 from servers import Origin, run, start_origin
 
-pytestmark = pytest.mark.netns
+pytestmark = pytest.mark.userns
 
-AGENT = [
-    "setpriv",
-    "--reuid=65534",
-    "--regid=65534",
-    "--clear-groups",
-    "--inh-caps=-all",
-    "--bounding-set=-all",
-    "--",
-]
+AGENT = userns.CAPLESS
 ROUNDS = 200
 
 
@@ -300,7 +293,7 @@ OPS = st.one_of(
 )
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 @settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

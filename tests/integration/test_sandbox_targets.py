@@ -23,17 +23,10 @@ from egress.boundary import ExecutionNotReady
 from egress.proxy.net.netns import NamespaceError, namespace_path
 
 import harness
+import userns
 from servers import Origin, run, start_origin
 
-CAPLESS = [
-    "setpriv",
-    "--reuid=65534",
-    "--regid=65534",
-    "--clear-groups",
-    "--inh-caps=-all",
-    "--bounding-set=-all",
-    "--",
-]
+CAPLESS = userns.CAPLESS
 
 
 @dataclass
@@ -116,7 +109,7 @@ async def fetch(scene: Scene, proxy_url: str) -> str:
     return out.strip()
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 def test_every_pid_spelling_names_one_namespace_file(scene: Scene) -> None:
     expected = f"/proc/{scene.pid}/ns/net"
     for spelling in (scene.pid, str(scene.pid), f"pid:{scene.pid}", expected):
@@ -126,7 +119,7 @@ def test_every_pid_spelling_names_one_namespace_file(scene: Scene) -> None:
         namespace_path(2**22 + 1)  # above pid_max: never a process
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_an_int_pid_is_a_sandbox_with_its_own_client_id(scene: Scene) -> None:
     policy = Policy(allow=[scene.upstream.addr_ns])
     ex = await prepare_execution(scene.pid, policy, scene.proxy)
@@ -143,7 +136,7 @@ async def test_an_int_pid_is_a_sandbox_with_its_own_client_id(scene: Scene) -> N
     assert not (await netcut.status_async(scene.sandbox.ns)).is_cut
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_proc_path_sandboxes_get_distinct_client_ids(
     scene: Scene, test_host_factory: object
 ) -> None:
@@ -156,7 +149,7 @@ async def test_proc_path_sandboxes_get_distinct_client_ids(
     await release_execution(scene.proxy, a, restore=True)
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_a_listener_that_cannot_open_leaves_nothing_and_a_retry_works(
     scene: Scene,
 ) -> None:

@@ -40,7 +40,7 @@ def audit_lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_serve_with_curl_and_sigterm_leaves_complete_audit(
     test_host: harness.TestHost, tmp_path: Path
 ) -> None:

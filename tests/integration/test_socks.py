@@ -298,7 +298,7 @@ async def test_sni_mismatch_on_an_https_port_is_cut(cert: tuple[str, str]) -> No
         server.close()
 
 
-@pytest.mark.netns
+@pytest.mark.userns
 async def test_egress_serve_socks_flag(test_host: harness.TestHost, tmp_path: Path) -> None:
     """`egress serve --socks`: one `listening on HOST:PORT socks5` line after the HTTP ones,
     curl through it, and the record in the file log after SIGTERM."""
