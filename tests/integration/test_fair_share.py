@@ -23,37 +23,39 @@ from servers import port_of, start_tcp
 HOSTILE_CONNS = 20
 
 
-class HoldingOrigin:
-    """Holds every `/h` request until a `/v` request has been answered; counts how many
-    `/h` requests it holds at once."""
+class GatedOrigin:
+    """Holds every `/h` request until `release` is set, answers `/v` at once (and, with
+    `victim_releases`, sets `release`); counts the `/h` requests it holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, victim_releases: bool = False) -> None:
+        self.victim_releases = victim_releases
         self.held = 0
         self.most_held = 0
-        self.eight_held = asyncio.Event()
-        self.victim_seen = asyncio.Event()
+        self.release = asyncio.Event()
         self.changed = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
-                if b" /v " in head.split(b"\r\n", 1)[0]:
-                    writer.write(ok)
-                    self.victim_seen.set()
-                    continue
-                self.held += 1
-                self.changed.set()
-                self.most_held = max(self.most_held, self.held)
-                if self.held >= 8:
-                    self.eight_held.set()
-                await self.victim_seen.wait()
-                self.held -= 1
+                if b" /h " in head.split(b"\r\n", 1)[0]:
+                    self.held += 1
+                    self.most_held = max(self.most_held, self.held)
+                    self.changed.set()
+                    await self.release.wait()
+                    self.held -= 1
+                elif self.victim_releases:
+                    self.release.set()
                 writer.write(ok)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def holding(self, n: int) -> None:
+        while self.held < n:
+            self.changed.clear()
+            await self.changed.wait()
 
 
 def request(path: str, token: str, host: str) -> bytes:
@@ -65,7 +67,7 @@ def request(path: str, token: str, host: str) -> bytes:
 
 
 async def test_one_client_gets_at_most_its_share_while_another_is_served() -> None:
-    origin = HoldingOrigin()
+    origin = GatedOrigin(victim_releases=True)
     server = await start_tcp(None, 0, origin.serve)
     ip = f"127.0.0.1:{port_of(server)}"
     policy = Policy(allow=[ip])
@@ -87,9 +89,9 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served() -> No
             v_reader, v_writer = await asyncio.open_connection(host, port)
             v_writer.write(request("/v", "v", ip))
             assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
-            origin.victim_seen.clear()
+            origin.release.clear()
             flood = [asyncio.ensure_future(one("/h", "h")) for _ in range(HOSTILE_CONNS)]
-            await asyncio.wait_for(origin.eight_held.wait(), 20)
+            await asyncio.wait_for(origin.holding(8), 20)
             async with asyncio.timeout(20):  # (polls a condition: the rest queued)
                 while proxy.steps.turns.waiting("hostile") < HOSTILE_CONNS - 8:
                     await asyncio.sleep(0.01)
@@ -101,38 +103,6 @@ async def test_one_client_gets_at_most_its_share_while_another_is_served() -> No
     finally:
         server.close()
     assert origin.most_held == 8  # before: every one of the 20 reached the origin at once
-
-
-class GatedOrigin:
-    """Holds every `/h` request until `release` is set, answers `/v` at once; counts the
-    `/h` requests it holds."""
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.most_held = 0
-        self.release = asyncio.Event()
-        self.changed = asyncio.Event()
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-        try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                if b" /h " in head.split(b"\r\n", 1)[0]:
-                    self.held += 1
-                    self.most_held = max(self.most_held, self.held)
-                    self.changed.set()
-                    await self.release.wait()
-                    self.held -= 1
-                writer.write(ok)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    async def holding(self, n: int) -> None:
-        while self.held < n:
-            self.changed.clear()
-            await self.changed.wait()
 
 
 async def test_a_lone_client_is_not_capped_and_a_newcomer_goes_ahead_of_its_queue() -> None:
@@ -189,7 +159,7 @@ async def test_a_lone_client_is_not_capped_and_a_newcomer_goes_ahead_of_its_queu
 async def test_long_requests_stop_counting() -> None:
     """A request holding its slot for `LONG` (a long poll) stops counting: ten held requests
     of one client all reach the upstream, the last two once the first have grown long."""
-    origin = HoldingOrigin()
+    origin = GatedOrigin(victim_releases=True)
     server = await start_tcp(None, 0, origin.serve)
     ip = f"127.0.0.1:{port_of(server)}"
     clients = (ClientSpec("poller", Policy(allow=[ip]), token="p"),)
@@ -203,11 +173,8 @@ async def test_long_requests_stop_counting() -> None:
                 reader, writer = await asyncio.open_connection(host, port)
                 writer.write(request("/h", "p", ip))
                 writers.append((reader, writer))
-            async with asyncio.timeout(20):
-                while origin.held < 10:
-                    origin.changed.clear()
-                    await origin.changed.wait()
-            origin.victim_seen.set()
+            await asyncio.wait_for(origin.holding(10), 20)
+            origin.release.set()
             for reader, writer in writers:
                 assert (await asyncio.wait_for(read_response(reader), 20))[0] == 200
                 writer.close()
