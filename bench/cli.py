@@ -237,11 +237,18 @@ class Cost:
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
 
-    def _read(self) -> tuple[float, float, float, float]:
+    def _read(self) -> tuple[float, float, float, float, float, float]:
         proxy = procfs.cpu_seconds(self.pid) if self.pid else 0.0
         ours = procfs.cpu_seconds(os.getpid())  # harness, origin, proxy, reaped load gens
         load_core = procfs.cpu_busy_seconds(px.LOAD_CPU)
-        return proxy, ours, load_core, procfs.cpu_busy_seconds(px.PROXY_CPU)
+        return (
+            proxy,
+            ours,
+            load_core,
+            procfs.cpu_busy_seconds(px.PROXY_CPU),
+            procfs.cpu_steal_seconds(px.LOAD_CPU),
+            procfs.cpu_steal_seconds(px.PROXY_CPU),
+        )
 
     def __enter__(self) -> Cost:
         self.t0 = time.monotonic()
@@ -251,9 +258,10 @@ class Cost:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.monotonic() - self.t0
         end = self._read()
-        self.cpu, ours, load_core, proxy_core = (
+        self.cpu, ours, load_core, proxy_core, load_steal, proxy_steal = (
             b - a for a, b in zip(self.start, end, strict=True)
         )
+        self.load_steal, self.proxy_steal = load_steal / self.wall, proxy_steal / self.wall
         # Everything of ours except the proxy runs on the load core.
         self.load_other = max(0.0, load_core - (ours - self.cpu)) / self.wall
         self.proxy_other = max(0.0, proxy_core - self.cpu) / self.wall
@@ -262,6 +270,9 @@ class Cost:
         """Adds cpu_s, key (CPU per unit), cpu_pct and the other-work shares of both cores."""
         r["proxy_core_other_pct"] = round(100 * self.proxy_other, 1)
         r["load_core_other_pct"] = round(100 * self.load_other, 1)
+        # Hypervisor steal slows every target alike and is not re-run for: reported only.
+        r["proxy_core_steal_pct"] = round(100 * self.proxy_steal, 1)
+        r["load_core_steal_pct"] = round(100 * self.load_steal, 1)
         # Without a proxy, CPU 1 only hosts work the scheduler moved off the busy CPU 0.
         worst = max(self.load_other, self.proxy_other) if self.pid else self.load_other
         r["noisy"] = worst > NOISE_LIMIT

@@ -146,6 +146,17 @@ def cpu_busy_seconds(cpu: int) -> float:
     return 0.0
 
 
+def cpu_steal_seconds(cpu: int) -> float:
+    """Time the hypervisor ran someone else on this virtual CPU since boot (/proc/stat
+    steal). A stolen core runs every proxy slower, the direct path too, and no process on
+    this machine is charged for it, so `other_work_pct` cannot see it: the report states it."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                return int(line.split()[8]) / CLK_TCK
+    return 0.0
+
+
 def other_work_pct(window_s: float = 0.5) -> float:
     """How busy both CPUs are with work outside this process tree, over a short window:
     100 means one whole core's worth of someone else's work.

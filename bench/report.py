@@ -265,11 +265,19 @@ def noise_summary(result: dict[str, Any]) -> str:
     noisy = sum(1 for m in parts if m.get("noisy"))
     retried = sum(m.get("attempts", 1) - 1 for m in parts)
     waited = sum(r.get("quiet_wait_s", 0) for r in result["runs"])
-    return (
+    line = (
         f"Noise: {noisy} of {len(parts)} measurements kept with other work above 5% of a "
         f"core (flagged under Checks); {retried} re-runs; {waited:.0f} s spent waiting "
         "for a quiet machine."
     )
+    steal = [m["proxy_core_steal_pct"] for m in parts if "proxy_core_steal_pct" in m]
+    if steal:  # runs before this field was recorded have none
+        line += (
+            f" Hypervisor steal on the proxy's core: median {statistics.median(steal):.0f} %, "
+            f"most {max(steal):.0f} % of a measurement (every target slowed alike: compare "
+            "ratios, not absolute figures, with runs on other machines)."
+        )
+    return line
 
 
 def _error_counts(runs: list[Run]) -> list[str]:
