@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from egress import EgressProxy, Policy
 from egress.config import ClientSpec, Settings
@@ -58,6 +60,24 @@ class GatedOrigin:
             await self.changed.wait()
 
 
+@asynccontextmanager
+async def proxied(
+    origin: GatedOrigin, *clients: str, long: float = 60.0
+) -> AsyncIterator[tuple[EgressProxy, str]]:
+    """A proxy (the default Limits: max_client_inflight 8) whose `clients` (token: the name's
+    first letter) may all reach `origin`; yields it and the origin's address. `long`: when a
+    held request stops counting (60 s: held requests stay short ones here, however slow)."""
+    server = await start_tcp(None, 0, origin.serve)
+    ip = f"127.0.0.1:{port_of(server)}"
+    specs = tuple(ClientSpec(n, Policy(allow=[ip]), token=n[0]) for n in clients)
+    try:
+        async with EgressProxy(exempt(Settings(Policy(), clients=specs), port_of(server))) as proxy:
+            proxy.steps.turns.long = long
+            yield proxy, ip
+    finally:
+        server.close()
+
+
 def request(path: str, token: str, host: str) -> bytes:
     cred = base64.b64encode(f"x:{token}".encode()).decode()
     return (
@@ -68,40 +88,31 @@ def request(path: str, token: str, host: str) -> bytes:
 
 async def test_one_client_gets_at_most_its_share_while_another_is_served() -> None:
     origin = GatedOrigin(victim_releases=True)
-    server = await start_tcp(None, 0, origin.serve)
-    ip = f"127.0.0.1:{port_of(server)}"
-    policy = Policy(allow=[ip])
-    clients = (ClientSpec("hostile", policy, token="h"), ClientSpec("victim", policy, token="v"))
-    settings = exempt(Settings(Policy(), clients=clients), port_of(server))
-    try:  # the default Limits: max_client_inflight 8
-        async with EgressProxy(settings) as proxy:
-            proxy.steps.turns.long = 60.0  # held requests stay short ones here, however slow
-            host, port = proxy.addresses[0]
+    async with proxied(origin, "hostile", "victim") as (proxy, ip):
+        host, port = proxy.addresses[0]
 
-            async def one(path: str, token: str) -> int:
-                reader, writer = await asyncio.open_connection(host, port)
-                writer.write(request(path, token, ip))
-                status, _, _ = await asyncio.wait_for(read_response(reader), 20)
-                writer.close()
-                return status
+        async def one(path: str, token: str) -> int:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request(path, token, ip))
+            status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+            writer.close()
+            return status
 
-            # the victim is present (a kept-alive connection that named its client)
-            v_reader, v_writer = await asyncio.open_connection(host, port)
-            v_writer.write(request("/v", "v", ip))
-            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
-            origin.release.clear()
-            flood = [asyncio.ensure_future(one("/h", "h")) for _ in range(HOSTILE_CONNS)]
-            await asyncio.wait_for(origin.holding(8), 20)
-            async with asyncio.timeout(20):  # (polls a condition: the rest queued)
-                while proxy.steps.turns.waiting("hostile") < HOSTILE_CONNS - 8:
-                    await asyncio.sleep(0.01)
-            # the hostile client holds all of its slots: another client is served at once
-            v_writer.write(request("/v", "v", ip))
-            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
-            v_writer.close()
-            assert await asyncio.gather(*flood) == [200] * HOSTILE_CONNS
-    finally:
-        server.close()
+        # the victim is present (a kept-alive connection that named its client)
+        v_reader, v_writer = await asyncio.open_connection(host, port)
+        v_writer.write(request("/v", "v", ip))
+        assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+        origin.release.clear()
+        flood = [asyncio.ensure_future(one("/h", "h")) for _ in range(HOSTILE_CONNS)]
+        await asyncio.wait_for(origin.holding(8), 20)
+        async with asyncio.timeout(20):  # (polls a condition: the rest queued)
+            while proxy.steps.turns.waiting("hostile") < HOSTILE_CONNS - 8:
+                await asyncio.sleep(0.01)
+        # the hostile client holds all of its slots: another client is served at once
+        v_writer.write(request("/v", "v", ip))
+        assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+        v_writer.close()
+        assert await asyncio.gather(*flood) == [200] * HOSTILE_CONNS
     assert origin.most_held == 8  # before: every one of the 20 reached the origin at once
 
 
@@ -111,48 +122,39 @@ async def test_a_lone_client_is_not_capped_and_a_newcomer_goes_ahead_of_its_queu
     served at once, while the first client, over its share, takes no new slot: its new
     requests wait until it is back under the cap."""
     origin = GatedOrigin()
-    server = await start_tcp(None, 0, origin.serve)
-    ip = f"127.0.0.1:{port_of(server)}"
-    policy = Policy(allow=[ip])
-    clients = (ClientSpec("hog", policy, token="h"), ClientSpec("victim", policy, token="v"))
-    settings = exempt(Settings(Policy(), clients=clients), port_of(server))
     alone, more = 12, 4
-    try:  # the default Limits: max_client_inflight 8
-        async with EgressProxy(settings) as proxy:
-            proxy.steps.turns.long = 60.0  # held requests stay short ones here, however slow
-            host, port = proxy.addresses[0]
-            turns = proxy.steps.turns
+    async with proxied(origin, "hog", "victim") as (proxy, ip):
+        host, port = proxy.addresses[0]
+        turns = proxy.steps.turns
 
-            async def one(path: str, token: str) -> int:
-                reader, writer = await asyncio.open_connection(host, port)
-                writer.write(request(path, token, ip))
-                status, _, _ = await asyncio.wait_for(read_response(reader), 20)
-                writer.close()
-                return status
+        async def one(path: str, token: str) -> int:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request(path, token, ip))
+            status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+            writer.close()
+            return status
 
-            first = [asyncio.ensure_future(one("/h", "h")) for _ in range(alone)]
-            await asyncio.wait_for(origin.holding(alone), 20)  # before: never more than 8
-            assert turns.in_flight("hog") == alone
-            # a newcomer: served at once, while the hog holds more than its share
-            v_reader, v_writer = await asyncio.open_connection(host, port)
-            v_writer.write(request("/v", "v", ip))
-            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
-            # the hog, over its share with the victim present: its new requests wait
-            later = [asyncio.ensure_future(one("/h", "h")) for _ in range(more)]
-            async with asyncio.timeout(20):  # (polls a condition: all of them queued)
-                while turns.waiting("hog") < more:
-                    await asyncio.sleep(0.01)
-            assert origin.held == alone
-            # the newcomer's next request goes ahead of the hog's queued ones
-            v_writer.write(request("/v", "v", ip))
-            assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
-            assert turns.waiting("hog") == more
-            assert origin.held == alone
-            v_writer.close()
-            origin.release.set()
-            assert await asyncio.gather(*first, *later) == [200] * (alone + more)
-    finally:
-        server.close()
+        first = [asyncio.ensure_future(one("/h", "h")) for _ in range(alone)]
+        await asyncio.wait_for(origin.holding(alone), 20)  # before: never more than 8
+        assert turns.in_flight("hog") == alone
+        # a newcomer: served at once, while the hog holds more than its share
+        v_reader, v_writer = await asyncio.open_connection(host, port)
+        v_writer.write(request("/v", "v", ip))
+        assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+        # the hog, over its share with the victim present: its new requests wait
+        later = [asyncio.ensure_future(one("/h", "h")) for _ in range(more)]
+        async with asyncio.timeout(20):  # (polls a condition: all of them queued)
+            while turns.waiting("hog") < more:
+                await asyncio.sleep(0.01)
+        assert origin.held == alone
+        # the newcomer's next request goes ahead of the hog's queued ones
+        v_writer.write(request("/v", "v", ip))
+        assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
+        assert turns.waiting("hog") == more
+        assert origin.held == alone
+        v_writer.close()
+        origin.release.set()
+        assert await asyncio.gather(*first, *later) == [200] * (alone + more)
     assert origin.most_held == alone
 
 
@@ -160,26 +162,18 @@ async def test_long_requests_stop_counting() -> None:
     """A request holding its slot for `LONG` (a long poll) stops counting: ten held requests
     of one client all reach the upstream, the last two once the first have grown long."""
     origin = GatedOrigin(victim_releases=True)
-    server = await start_tcp(None, 0, origin.serve)
-    ip = f"127.0.0.1:{port_of(server)}"
-    clients = (ClientSpec("poller", Policy(allow=[ip]), token="p"),)
-    settings = exempt(Settings(Policy(), clients=clients), port_of(server))
-    try:
-        async with EgressProxy(settings) as proxy:
-            proxy.steps.turns.long = 0.2
-            host, port = proxy.addresses[0]
-            writers = []
-            for _ in range(10):
-                reader, writer = await asyncio.open_connection(host, port)
-                writer.write(request("/h", "p", ip))
-                writers.append((reader, writer))
-            await asyncio.wait_for(origin.holding(10), 20)
-            origin.release.set()
-            for reader, writer in writers:
-                assert (await asyncio.wait_for(read_response(reader), 20))[0] == 200
-                writer.close()
-    finally:
-        server.close()
+    async with proxied(origin, "poller", long=0.2) as (proxy, ip):
+        host, port = proxy.addresses[0]
+        writers = []
+        for _ in range(10):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request("/h", "p", ip))
+            writers.append((reader, writer))
+        await asyncio.wait_for(origin.holding(10), 20)
+        origin.release.set()
+        for reader, writer in writers:
+            assert (await asyncio.wait_for(read_response(reader), 20))[0] == 200
+            writer.close()
 
 
 def test_the_default_share_is_eight() -> None:
@@ -194,38 +188,29 @@ async def test_a_client_that_left_a_moment_ago_still_holds_the_others_to_their_s
     flood that starts in that gap is held to its share (the case that kept the cap on a
     lone client until issue 24)."""
     origin = GatedOrigin()
-    server = await start_tcp(None, 0, origin.serve)
-    ip = f"127.0.0.1:{port_of(server)}"
-    policy = Policy(allow=[ip])
-    clients = (ClientSpec("hog", policy, token="h"), ClientSpec("victim", policy, token="v"))
-    settings = exempt(Settings(Policy(), clients=clients), port_of(server))
     flood = 12
-    try:  # the default Limits: max_client_inflight 8
-        async with EgressProxy(settings) as proxy:
-            proxy.steps.turns.long = 60.0  # held requests stay short ones here, however slow
-            proxy.steps.slots.present_for = 60.0  # however slow this machine is
-            host, port = proxy.addresses[0]
-            turns, slots = proxy.steps.turns, proxy.steps.slots
+    async with proxied(origin, "hog", "victim") as (proxy, ip):
+        proxy.steps.slots.present_for = 60.0  # however slow this machine is
+        host, port = proxy.addresses[0]
+        turns, slots = proxy.steps.turns, proxy.steps.slots
 
-            async def one(path: str, token: str) -> int:
-                reader, writer = await asyncio.open_connection(host, port)
-                writer.write(request(path, token, ip))
-                status, _, _ = await asyncio.wait_for(read_response(reader), 20)
-                writer.close()
-                return status
+        async def one(path: str, token: str) -> int:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request(path, token, ip))
+            status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+            writer.close()
+            return status
 
-            assert await one("/v", "v") == 200
-            async with asyncio.timeout(20):  # (polls a condition: its connection is gone)
-                while slots.count("victim"):
-                    await asyncio.sleep(0.01)
-            hog = [asyncio.ensure_future(one("/h", "h")) for _ in range(flood)]
-            await asyncio.wait_for(origin.holding(8), 20)
-            async with asyncio.timeout(20):  # (polls a condition: the rest queued)
-                while turns.waiting("hog") < flood - 8:
-                    await asyncio.sleep(0.01)
-            assert origin.held == 8
-            origin.release.set()
-            assert await asyncio.gather(*hog) == [200] * flood
-    finally:
-        server.close()
+        assert await one("/v", "v") == 200
+        async with asyncio.timeout(20):  # (polls a condition: its connection is gone)
+            while slots.count("victim"):
+                await asyncio.sleep(0.01)
+        hog = [asyncio.ensure_future(one("/h", "h")) for _ in range(flood)]
+        await asyncio.wait_for(origin.holding(8), 20)
+        async with asyncio.timeout(20):  # (polls a condition: the rest queued)
+            while turns.waiting("hog") < flood - 8:
+                await asyncio.sleep(0.01)
+        assert origin.held == 8
+        origin.release.set()
+        assert await asyncio.gather(*hog) == [200] * flood
     assert origin.most_held == 8
