@@ -163,7 +163,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
     history, live = (paths[:-1], paths[-1]) if args.follow else (paths, None)
     follower = Follower(live) if live is not None else None
-    gaps = GapFiller(live, _warn) if live is not None else None
+    # `tail -f PATH` wants the whole log: lines rotated away before PATH was opened too
+    gaps = GapFiller(live, _warn, from_start=not history) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     try:
         older: Iterator[bytes] = (

@@ -180,20 +180,39 @@ def _collect(name: str, lo: int, hi: int, into: list[bytes]) -> int | None:
         return first
 
 
-FILL_ATTEMPTS: Final = 5  # reads of the rotated files while the writer may be renaming them
-FILL_PAUSE: Final = 0.02  # seconds between them: a shift of many files takes a moment
+FILL_ATTEMPTS: Final = 5  # listings of the rotated files while the writer may be renaming them
+FILL_PAUSE: Final = 0.02  # seconds between reads: a shift of many files takes a moment
+# A gap's fill reads the rotated files again while they change, for at most this long (a
+# burst of hundreds of rotations on a loaded machine kept them changing for over a second)
+FILL_BUDGET: Final = 5.0
+
+
+def _snapshot(path: str) -> tuple[tuple[str, int, int], ...]:
+    """PATH's rotated files with their inode and size: equal twice in a row, they settled."""
+    out: list[tuple[str, int, int]] = []
+    for name in _rotated_now(path):
+        with contextlib.suppress(OSError):
+            st = os.stat(name)
+            out.append((name, st.st_ino, st.st_size))
+    return tuple(out)
 
 
 class GapFiller:
     """Keeps a followed log continuous: when a `rotate` (or `reopen`) record arrives with a
     `seq` past the next one expected, the lines in between are fetched from the rotated files
     first; lines already shown (a file read twice across a rotation or a copytruncate) are
-    not shown again. What cannot be found is reported with its exact `seq` ranges."""
+    not shown again. What cannot be found is reported with its exact `seq` ranges.
 
-    def __init__(self, path: str, warn: Callable[[str], None]) -> None:
+    `from_start`: everything of the log is wanted (`tail -f PATH` with no history read yet),
+    so a first record that is a `rotate` with `seq` N means lines 0..N-1 went into rotated
+    files before the follower opened PATH (PATH did not exist yet when `tail` started, or
+    rotated between the listing of its rotated files and its opening): they are fetched too."""
+
+    def __init__(self, path: str, warn: Callable[[str], None], *, from_start: bool = False) -> None:
         self.path = path
         self.warn = warn
         self.last: int | None = None
+        self.from_start = from_start
 
     def feed(self, lines: Iterable[bytes]) -> Iterator[bytes]:
         for data in lines:
@@ -207,23 +226,31 @@ class GapFiller:
                 self.last = None  # a new run: its seq starts again at 0
             elif self.last is not None and seq <= self.last:
                 continue  # already shown
-            if kind in ("rotate", "reopen") and self.last is not None and seq > self.last + 1:
-                yield from self._fill(self.last + 1, seq - 1)
+            expected = self.last + 1 if self.last is not None else 0 if self.from_start else None
+            if kind in ("rotate", "reopen") and expected is not None and seq > expected:
+                yield from self._fill(expected, seq - 1)
+            self.from_start = False  # only the first record can follow nothing shown
             self.last = seq
             yield data
 
     def _fill(self, lo: int, hi: int) -> list[bytes]:
+        # The writer may be shifting and compressing files as we read them: read again
+        # while they change (up to FILL_BUDGET); a line still missing from a settled set of
+        # files is gone (removed by `keep`), and waiting longer would only fall behind.
         found: dict[int, bytes] = {}
-        for attempt in range(FILL_ATTEMPTS):  # the writer may be shifting files as we read
-            if attempt:
-                time.sleep(FILL_PAUSE)
+        deadline = time.monotonic() + FILL_BUDGET
+        seen: tuple[tuple[str, int, int], ...] | None = None
+        while True:
+            files = _snapshot(self.path)
             for data in recover_rotated(self.path, lo, hi):
                 record = parse_record(data)
                 seq = record.get("seq") if record else None
                 if isinstance(seq, int):
                     found.setdefault(seq, data)
-            if len(found) == hi - lo + 1:
+            if len(found) == hi - lo + 1 or files == seen or time.monotonic() > deadline:
                 break
+            seen = files
+            time.sleep(FILL_PAUSE)
         missing = [seq for seq in range(lo, hi + 1) if seq not in found]
         if missing:
             self.warn(
