@@ -86,24 +86,26 @@ def request(path: str, token: str, host: str) -> bytes:
     ).encode()
 
 
+async def ask(proxy: EgressProxy, ip: str, path: str, token: str) -> int:
+    """One request on a connection of its own; its status."""
+    reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+    writer.write(request(path, token, ip))
+    status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+    writer.close()
+    return int(status)
+
+
 async def test_one_client_gets_at_most_its_share_while_another_is_served() -> None:
     origin = GatedOrigin(victim_releases=True)
     async with proxied(origin, "hostile", "victim") as (proxy, ip):
         host, port = proxy.addresses[0]
-
-        async def one(path: str, token: str) -> int:
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(request(path, token, ip))
-            status, _, _ = await asyncio.wait_for(read_response(reader), 20)
-            writer.close()
-            return status
 
         # the victim is present (a kept-alive connection that named its client)
         v_reader, v_writer = await asyncio.open_connection(host, port)
         v_writer.write(request("/v", "v", ip))
         assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
         origin.release.clear()
-        flood = [asyncio.ensure_future(one("/h", "h")) for _ in range(HOSTILE_CONNS)]
+        flood = [asyncio.ensure_future(ask(proxy, ip, "/h", "h")) for _ in range(HOSTILE_CONNS)]
         await asyncio.wait_for(origin.holding(8), 20)
         async with asyncio.timeout(20):  # (polls a condition: the rest queued)
             while proxy.steps.turns.waiting("hostile") < HOSTILE_CONNS - 8:
@@ -127,14 +129,7 @@ async def test_a_lone_client_is_not_capped_and_a_newcomer_goes_ahead_of_its_queu
         host, port = proxy.addresses[0]
         turns = proxy.steps.turns
 
-        async def one(path: str, token: str) -> int:
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(request(path, token, ip))
-            status, _, _ = await asyncio.wait_for(read_response(reader), 20)
-            writer.close()
-            return status
-
-        first = [asyncio.ensure_future(one("/h", "h")) for _ in range(alone)]
+        first = [asyncio.ensure_future(ask(proxy, ip, "/h", "h")) for _ in range(alone)]
         await asyncio.wait_for(origin.holding(alone), 20)  # before: never more than 8
         assert turns.in_flight("hog") == alone
         # a newcomer: served at once, while the hog holds more than its share
@@ -142,7 +137,7 @@ async def test_a_lone_client_is_not_capped_and_a_newcomer_goes_ahead_of_its_queu
         v_writer.write(request("/v", "v", ip))
         assert (await asyncio.wait_for(read_response(v_reader), 20))[0] == 200
         # the hog, over its share with the victim present: its new requests wait
-        later = [asyncio.ensure_future(one("/h", "h")) for _ in range(more)]
+        later = [asyncio.ensure_future(ask(proxy, ip, "/h", "h")) for _ in range(more)]
         async with asyncio.timeout(20):  # (polls a condition: all of them queued)
             while turns.waiting("hog") < more:
                 await asyncio.sleep(0.01)
@@ -191,21 +186,13 @@ async def test_a_client_that_left_a_moment_ago_still_holds_the_others_to_their_s
     flood = 12
     async with proxied(origin, "hog", "victim") as (proxy, ip):
         proxy.steps.slots.present_for = 60.0  # however slow this machine is
-        host, port = proxy.addresses[0]
         turns, slots = proxy.steps.turns, proxy.steps.slots
 
-        async def one(path: str, token: str) -> int:
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(request(path, token, ip))
-            status, _, _ = await asyncio.wait_for(read_response(reader), 20)
-            writer.close()
-            return status
-
-        assert await one("/v", "v") == 200
+        assert await ask(proxy, ip, "/v", "v") == 200
         async with asyncio.timeout(20):  # (polls a condition: its connection is gone)
             while slots.count("victim"):
                 await asyncio.sleep(0.01)
-        hog = [asyncio.ensure_future(one("/h", "h")) for _ in range(flood)]
+        hog = [asyncio.ensure_future(ask(proxy, ip, "/h", "h")) for _ in range(flood)]
         await asyncio.wait_for(origin.holding(8), 20)
         async with asyncio.timeout(20):  # (polls a condition: the rest queued)
             while turns.waiting("hog") < flood - 8:
