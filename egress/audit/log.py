@@ -33,6 +33,7 @@ import math
 import queue
 import threading
 from collections.abc import AsyncIterator
+from json.encoder import encode_basestring_ascii
 from types import TracebackType
 from typing import Final, Literal
 
@@ -293,9 +294,9 @@ class AuditLog:
         link `id`, returned; its request record (and its `progress` records) carry the same
         `id`, so a crash never hides that it existed (docs/audit-log.md#open-and-progress).
 
-        Once per request on the hot path, so the line is encoded here from the proxy's few
-        flat fields (`OPEN_FIELDS`: nothing to redact) rather than through `record()`'s
-        copy and redaction; any other field takes `record()`."""
+        Once per request on the hot path, so the line is built here from the proxy's few
+        flat fields (`OPEN_FIELDS`, str/int/None: nothing to redact) rather than through
+        `record()`'s copy, redaction and encoder; anything else takes `record()`."""
         self._links = link = self._links + 1
         delivery = self._delivery
         if (
@@ -305,19 +306,29 @@ class AuditLog:
             or delivery.subscribers
             or self._enqueued - self._writer.dequeued >= self._max_backlog
             or threading.get_ident() != self._loop_thread
-            or not _OPEN_KEYS.issuperset(event)
         ):
             self.record({"type": "open", "id": link, **event})
             return link
-        try:  # the C encoder over the few flat fields: one call, `record()`'s bytes
-            line = encode_record({"ts": self._clock.now(), "type": "open", "id": link, **event})
-        except (ValueError, TypeError, RecursionError):
-            self.record({"type": "open", "id": link, **event})
-            return link
+        parts = [f'{{"ts":"{self._clock.now()}","type":"open","id":{link}']
+        for key, value in event.items():
+            prefix = _OPEN_PREFIX.get(key)
+            if prefix is None:
+                self.record({"type": "open", "id": link, **event})
+                return link
+            if isinstance(value, str):
+                parts.append(prefix + _json_str(value))
+            elif value is None:
+                parts.append(prefix + "null")
+            elif value.__class__ is int:
+                parts.append(prefix + str(value))
+            else:
+                self.record({"type": "open", "id": link, **event})
+                return link
+        parts.append("}")
         self._enqueued += 1
         if not self._batch and self._loop is not None:
             self._loop.call_soon(self._hand_over)
-        self._batch.append(line)
+        self._batch.append("".join(parts))
         return link
 
     # -- hooks and events() ----------------------------------------------------------------
@@ -335,7 +346,8 @@ class AuditLog:
 
 # The fields of an open record that `opened` serializes itself (docs/audit-log.md).
 OPEN_FIELDS: Final = ("client", "method", "host", "port", "addr", "client_id", "mode")
-_OPEN_KEYS: Final = frozenset(OPEN_FIELDS)
+_OPEN_PREFIX: Final = {key: f',"{key}":' for key in OPEN_FIELDS}
+_json_str: Final = encode_basestring_ascii
 
 
 def _plain(value: object) -> object:
