@@ -237,12 +237,13 @@ class Cost:
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
 
-    def _read(self) -> tuple[float, float, float, float, float, float]:
-        proxy = procfs.cpu_seconds(self.pid) if self.pid else 0.0
+    def _read(self) -> tuple[float, float, float, float, float, float, float]:
+        user, system = procfs.cpu_split_seconds(self.pid) if self.pid else (0.0, 0.0)
         ours = procfs.cpu_seconds(os.getpid())  # harness, origin, proxy, reaped load gens
         load_core = procfs.cpu_busy_seconds(px.LOAD_CPU)
         return (
-            proxy,
+            user + system,
+            system,
             ours,
             load_core,
             procfs.cpu_busy_seconds(px.PROXY_CPU),
@@ -258,7 +259,7 @@ class Cost:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.monotonic() - self.t0
         end = self._read()
-        self.cpu, ours, load_core, proxy_core, load_steal, proxy_steal = (
+        self.cpu, self.kernel, ours, load_core, proxy_core, load_steal, proxy_steal = (
             b - a for a, b in zip(self.start, end, strict=True)
         )
         self.load_steal, self.proxy_steal = load_steal / self.wall, proxy_steal / self.wall
@@ -281,6 +282,9 @@ class Cost:
         r["cpu_s"] = self.cpu
         r[key] = self.cpu / units * scale if units else None
         r["cpu_pct"] = 100 * self.cpu / self.wall
+        # of which the kernel's (system time): `cpu_us_per_tunnel` -> `kernel_us_per_tunnel`
+        r["kernel_s"] = self.kernel
+        r[key.replace("cpu_", "kernel_", 1)] = self.kernel / units * scale if units else None
 
 
 def run_one(name: str, origin: measure.Origin, loadgen: Path, args: argparse.Namespace) -> Any:
