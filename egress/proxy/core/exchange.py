@@ -128,18 +128,18 @@ class Exchange:
     def _move(self, event: str, to: State) -> None:
         allowed = TRANSITIONS[event].get(self.state)
         if allowed is None or to not in allowed:
-            raise self._illegal(event)
+            raise SequenceError(f"exchange: {event} in state {self.state.value}")
         self.state = to
 
-    def _illegal(self, event: str) -> SequenceError:
-        return SequenceError(f"exchange: {event} in state {self.state.value}")
+    def _check(self, event: str) -> None:
+        if self.state not in TRANSITIONS[event]:
+            raise SequenceError(f"exchange: {event} in state {self.state.value}")
 
     # -- events ------------------------------------------------------------------------------
     def start(self, intent: Intent) -> Refuse | Resolve | Dial | Done:
         """The front-end's intent: identify, target, the verdict on the name (a DNS query's
         exchange may end here: `Done`, answered without an address)."""
-        if self.state not in TRANSITIONS["start"]:
-            raise self._illegal("start")
+        self._check("start")
         if self.front.shape == "lookup":
             return self._lookup(intent)
         rec = self.record = AccessRecord(
@@ -193,8 +193,7 @@ class Exchange:
     def resolved(self, addrs: tuple[IPAddress, ...]) -> Refuse | Dial | Done:
         """The name's addresses: the verdict on them (address rules, the guard); a DNS
         query's lookup is answered with the first (its fake address)."""
-        if self.state not in TRANSITIONS["resolved"]:
-            raise self._illegal("resolved")
+        self._check("resolved")
         if self.front.shape == "lookup":
             rec = self.record
             assert isinstance(rec, DnsRecord)
@@ -205,8 +204,7 @@ class Exchange:
     def resolve_failed(self, err: BaseException | Verdict) -> Refuse:
         """No address: `err` is the lookup's failure, or the refusal it already is (a DNS
         query's full fake-address pool)."""
-        if self.state not in TRANSITIONS["resolve_failed"]:
-            raise self._illegal("resolve_failed")
+        self._check("resolve_failed")
         if not isinstance(err, Verdict):
             err = refuse_resolve(err, self.record.host)
         return self._refuse("resolve_failed", err)
@@ -214,8 +212,7 @@ class Exchange:
     def dial_failed(self, err: BaseException | Verdict, addr: IPAddress | None = None) -> Refuse:
         """No address answered: `err` is the last failure, at `addr` (or the pool's own
         refusal, which names its address)."""
-        if self.state not in TRANSITIONS["dial_failed"]:
-            raise self._illegal("dial_failed")
+        self._check("dial_failed")
         if not isinstance(err, Verdict):
             if addr is None:
                 raise SequenceError("exchange: dial_failed needs the address that failed")
@@ -224,8 +221,7 @@ class Exchange:
 
     def dialed(self, addr: IPAddress, text: str | None = None) -> ReplyOk | Relay:
         """Connected to `addr` (`text`: its spelling, when the driver caches them)."""
-        if self.state not in TRANSITIONS["dialed"]:
-            raise self._illegal("dialed")
+        self._check("dialed")
         rec = self.record
         self._addr = addr
         rec.addr = text if text is not None else str(addr)
@@ -250,8 +246,7 @@ class Exchange:
 
     def replied(self) -> ReadHello | Relay:
         """The `ReplyOk` went out: read the ClientHello where the gate wants its SNI."""
-        if self.state not in TRANSITIONS["replied"]:
-            raise self._illegal("replied")
+        self._check("replied")
         identity, target = self._identity, self._target
         if identity is not None and target is not None:
             if self.gate.wants_sni(identity.policy, target):
@@ -262,8 +257,7 @@ class Exchange:
 
     def hello(self, result: ClientHelloResult | None) -> Refuse | Relay:
         """The tunnel's first bytes (None: the client closed without any)."""
-        if self.state not in TRANSITIONS["hello"]:
-            raise self._illegal("hello")
+        self._check("hello")
         rec = self.record
         if result is not None and result.sni is not None and result.kind == "tls":
             rec.sni = result.sni
@@ -276,8 +270,7 @@ class Exchange:
     def response(self, status: int) -> Refuse | Relay:
         """An upstream response head: a 1xx is relayed and more is read, a 101 is refused, a
         final status is recorded and its body relayed."""
-        if self.state not in TRANSITIONS["response"]:
-            raise self._illegal("response")
+        self._check("response")
         if self.front.shape != "request":
             raise SequenceError("exchange: a response head on a tunnel")
         step = response_step(status)
@@ -291,8 +284,7 @@ class Exchange:
     def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
         """The relay ended: `how` it ended (`reasons.End`, None: a response that completed)
         and the bytes each way; the record is final."""
-        if self.state not in TRANSITIONS["ended"]:
-            raise self._illegal("ended")
+        self._check("ended")
         rec = self.record
         rec.bytes_up, rec.bytes_down = up, down
         if how is not None:
@@ -306,8 +298,7 @@ class Exchange:
     def refuse(self, verdict: Verdict, now: int | None = None) -> Refuse:
         """A refusal from outside the sequence (a per-client cap, a broken request body, an
         upstream that answered nonsense): answered and recorded as the sequence's own."""
-        if self.state not in TRANSITIONS["refuse"]:
-            raise self._illegal("refuse")
+        self._check("refuse")
         return self._refuse("refuse", verdict, now)
 
     # -- the steps ---------------------------------------------------------------------------
