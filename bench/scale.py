@@ -61,6 +61,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -198,6 +199,32 @@ async def _timed(coro: Any) -> tuple[float, Any]:
 
 def fds(pid: int | str = "self") -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def netns_threads() -> int:
+    """The proxy's namespace-listener threads alive: each holds one descriptor, its home
+    namespace, for as long as it lives (egress/proxy/net/netns.py, a pool of at most 4 that
+    grows when jobs overlap and shrinks when idle), so they are counted apart from leaks."""
+    return sum(t.name == "netns" for t in threading.enumerate())
+
+
+def fds_left(fds0: dict[int, str], threads0: int) -> tuple[int, int, list[str]]:
+    """Since `fds0` (`fd_targets()`) and `threads0` (`netns_threads()`): (descriptors left,
+    less one per namespace-pool thread started meanwhile; the threads started; what every
+    new descriptor refers to). A CI run under load saw a pool thread start during the churn
+    and counted its home namespace as a leak."""
+    fds1, threads = fd_targets(), netns_threads() - threads0
+    new = sorted(t for fd, t in fds1.items() if fds0.get(fd) != t)
+    return len(fds1) - len(fds0) - threads, threads, new
+
+
+def fd_targets(pid: int | str = "self") -> dict[int, str]:
+    """Each open descriptor and what it refers to (`socket:[N]`, `net:[N]`, a path)."""
+    out: dict[int, str] = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own, say)
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+    return out
 
 
 def host_of(i: int) -> str:
@@ -517,11 +544,13 @@ async def churn(proxy: Any, cycles: int, slots: int, state: str) -> dict[str, An
     await asyncio.gather(*(slot(k) for k in range(slots)))  # warm-up: one cycle a slot
     samples.clear()
     how[True] = how[False] = 0
-    fds0, done, counter, cycles = fds(), 0, itertools.count(), total
+    fds0, threads0 = fd_targets(), netns_threads()
+    done, counter, cycles = 0, itertools.count(), total
     start = time.perf_counter()
     await asyncio.gather(*(slot(k) for k in range(slots)))
     seconds = time.perf_counter() - start
     records = [n for n in os.listdir(state) if n.endswith(".json")]
+    left, threads, new = fds_left(fds0, threads0)
     half = [s for s in samples if s["cycle"] >= cycles // 2]
     last = (
         [s for s in samples if s["cycle"] >= cycles - LAST_CYCLES] if cycles > LAST_CYCLES else half
@@ -538,7 +567,9 @@ async def churn(proxy: Any, cycles: int, slots: int, state: str) -> dict[str, An
         "workers_rss_slope_kib_per_1000": slope(last, "workers_rss_kib"),
         "records_left": len(records),
         "listeners_left": len(proxy.listeners) - 1,
-        "fds_left": fds() - fds0,
+        "fds_left": left,  # less the home namespaces of the pool's threads started meanwhile
+        "netns_threads_added": threads,
+        "fds_new": new,
         "namespaces_left": len(namespaces_left()) - 1,  # the origin's is still there
         "proxy_rss_growth_last_half_kib": half[-1]["proxy_rss_kib"] - half[0]["proxy_rss_kib"],
         "workers_rss_growth_last_half_kib": half[-1]["workers_rss_kib"]
