@@ -205,7 +205,9 @@ def netns_threads() -> int:
     """The proxy's namespace-listener threads alive: each holds one descriptor, its home
     namespace, for as long as it lives (egress/proxy/net/netns.py, a pool of at most 4 that
     grows when jobs overlap and shrinks when idle), so they are counted apart from leaks."""
-    return sum(t.name == "netns" for t in threading.enumerate())
+    from egress.proxy.net.netns import THREAD_NAME
+
+    return sum(t.name == THREAD_NAME for t in threading.enumerate())
 
 
 def fds_left(fds0: dict[int, str], threads0: int) -> tuple[int, int, list[str]]:

@@ -25,7 +25,7 @@ import queue
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from ...errors import EgressError
 from ...validate import as_count, as_port
@@ -71,6 +71,9 @@ def namespace_path(ns: NamespaceLike) -> str:
 # container's runtime may take a while to answer); an idle one ends after IDLE_S.
 POOL_SIZE = 4
 IDLE_S = 30.0
+# the pool's threads are named so: each holds its home namespace open while it lives, which a
+# count of the process's descriptors must tell from a leak (bench/scale.py)
+THREAD_NAME: Final = "netns"
 
 Job: TypeAlias = (
     "tuple[NamespaceLike, Callable[[], Any], Callable[[Any, BaseException | None], None]]"
@@ -94,7 +97,7 @@ class _Threads:
                 self.count += 1
         if start:
             try:
-                threading.Thread(target=self._serve, name="netns", daemon=True).start()
+                threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True).start()
             except BaseException:
                 with self.lock:
                     self.count -= 1
@@ -147,20 +150,21 @@ def _run_job(job: Job, home: int) -> bool:
     except OSError as exc:
         done(None, NamespaceError(f"cannot open network namespace {path!r}: {exc}"))
         return True
-    try:
-        if _libc().setns(fd, CLONE_NEWNET) != 0:
-            why = os.strerror(ctypes.get_errno())
-            done(None, NamespaceError(f"cannot enter network namespace {path!r}: {why}"))
-            return True
-        try:
-            result, error = fn(), None
-        except BaseException as exc:  # handed back to the caller
-            result, error = None, exc
-        went_home = home >= 0 and _libc().setns(home, CLONE_NEWNET) == 0
-        done(result, error)
-        return went_home
+    try:  # closed once entered, before anything is reported: a caller that counts its
+        # descriptors after the job (bench/scale.py's churn) never sees it still open
+        why = None if _libc().setns(fd, CLONE_NEWNET) == 0 else os.strerror(ctypes.get_errno())
     finally:
         os.close(fd)
+    if why is not None:
+        done(None, NamespaceError(f"cannot enter network namespace {path!r}: {why}"))
+        return True
+    try:
+        result, error = fn(), None
+    except BaseException as exc:  # handed back to the caller
+        result, error = None, exc
+    went_home = home >= 0 and _libc().setns(home, CLONE_NEWNET) == 0
+    done(result, error)
+    return went_home
 
 
 _threads = _Threads()
