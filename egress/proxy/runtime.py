@@ -18,7 +18,15 @@ from ..reasons import End, Reason
 from .admission import Admitted, Budget, Owner, Slots
 from .core.actions import Done
 from .core.clients import Identity
-from .core.exchange import Exchange, connection_record, emitted, reported, tallied
+from .core.exchange import (
+    Exchange,
+    connection_record,
+    deferred,
+    emitted,
+    opened_late,
+    reported,
+    tallied,
+)
 from .core.gate import Gate, Refuse
 from .core.record import AccessRecord, perf_counter_ns
 from .core.responses import error_response, refusal_for
@@ -222,11 +230,17 @@ class Steps:
         return None
 
     def link(self, conn: Conn, x: Exchange) -> None:
-        """`opened` for an exchange: the `open` record, its id kept by the exchange."""
+        """The upstream was contacted: a tunnel's `open` record now, its id kept by the
+        exchange; a request's only if it is still running after the interim interval
+        (`progress` writes it then), so a short request has exactly one record."""
         audit = self.lifecycle
         if audit is not None:
-            x.linked(audit.opened(x.record.opened()), self.loop.time())
-            conn.rec = x.record
+            rec = x.record
+            conn.rec = rec
+            if x.opens_at_dial:
+                x.linked(audit.opened(rec.opened()), self.loop.time())
+            else:
+                deferred(rec, self.loop.time())
 
     def done(self, done: Done) -> None:
         """Emit an exchange's final record."""
@@ -234,12 +248,15 @@ class Steps:
 
     def progress(self, conn: Conn, now: float) -> None:
         """A `progress` record for a long tunnel or exchange (the sweeper calls this every
-        `interim_interval`): bytes so far, so a crash loses at most one interval."""
+        `interim_interval`): bytes so far, so a crash loses at most one interval. A request
+        still running one interval after its dial gets its deferred `open` record first."""
         rec = conn.rec
         audit = self.lifecycle
-        if rec is None or not rec.link or audit is None:
+        if rec is None or audit is None or now - rec.reported < audit.interim_interval:
             return
-        if now - rec.reported < audit.interim_interval:
+        if not rec.link:
+            if rec.unopened:
+                opened_late(rec, audit.opened(rec.opened()), now)
             return
         reported(rec, now)
         upstream = conn.upstream

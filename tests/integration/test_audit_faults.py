@@ -377,7 +377,9 @@ async def test_kill_9_leaves_an_open_record_for_every_tunnel_and_request_in_flig
 
 
 async def test_open_and_end_records_pair_up_after_a_clean_stop(tmp_path: Path) -> None:
-    """Each open record's `id` is on exactly one request record; verify finds none open."""
+    """A tunnel's open record's `id` is on exactly one request record; a short request has
+    its one record and no `open` (docs/audit-log.md#open-and-progress); verify finds none
+    open."""
     origin = await start_origin(None, 0)
     echo_srv = await start_tcp(None, 0, echo)
     echo_at = f"{LO}:{port_of(echo_srv)}"
@@ -402,8 +404,12 @@ async def test_open_and_end_records_pair_up_after_a_clean_stop(tmp_path: Path) -
     recs = records(log)
     opens = {r["id"]: r for r in recs if r.get("type") == "open"}
     ends = [r for r in requests_of(recs) if "id" in r]
-    assert len(opens) == 31
+    assert len(opens) == 1
+    assert [r["method"] for r in ends] == ["CONNECT"]
     assert sorted(r["id"] for r in ends) == sorted(opens)
+    short = [r for r in requests_of(recs) if r["method"] == "GET" and r["decision"] == "allow"]
+    assert len(short) == 30
+    assert all("id" not in r for r in short)
     blocked = [r for r in requests_of(recs) if r["decision"] == "block"]
     assert len(blocked) == 1
     assert "id" not in blocked[0]
@@ -412,6 +418,49 @@ async def test_open_and_end_records_pair_up_after_a_clean_stop(tmp_path: Path) -
     rc, out = await verify(log)
     assert rc == 0, out
     assert "open at crash" not in out
+
+
+async def test_a_request_that_outlives_the_interim_interval_gets_its_open_record(
+    tmp_path: Path,
+) -> None:
+    """A slow request gets its deferred `open` record one interim interval after its dial,
+    before its end record, and the end carries the same `id`."""
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        arrived.set()
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    slow_srv = await start_tcp(None, 0, slow)
+    slow_at = f"{LO}:{port_of(slow_srv)}"
+    log = tmp_path / "audit.jsonl"
+    async with serve(
+        "--framework-route", f"http://{slow_at}", "--audit-log", str(log), "--audit-interim", "0.2",
+    ) as proxy:  # fmt: skip
+        client = await Client.connect(proxy.address)
+        client.writer.write(f"GET http://{slow_at}/slow HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await asyncio.wait_for(arrived.wait(), 10)
+        await wait_for_records(log, lambda recs: any(r.get("type") == "open" for r in recs))
+        release.set()
+        status = (await client.reader.readuntil(b"\r\n")).split()[1]
+        assert status == b"200"
+        client.close()
+        code, err = await proxy.stop()
+    slow_srv.close()
+    assert code == 0, err
+    recs = records(log)
+    opens = [r for r in recs if r.get("type") == "open"]
+    assert len(opens) == 1
+    (end,) = requests_of(recs)
+    assert end["id"] == opens[0]["id"]
+    assert recs.index(opens[0]) < recs.index(end)
+    rc, out = await verify(log)
+    assert rc == 0, out
 
 
 # ---- SIGTERM under load ----------------------------------------------------------------------

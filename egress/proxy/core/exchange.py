@@ -239,6 +239,13 @@ class Exchange:
         self._move("dialed", State.REPLYING)
         return ReplyOk(ok)
 
+    @property
+    def opens_at_dial(self) -> bool:
+        """Whether its `open` record is written at the dial: tunnels (CONNECT, SOCKS5,
+        transparent, forwarders) last, a plain request mostly does not, so a request gets
+        one only if it outlives the interim interval (docs/audit-log.md#open-and-progress)."""
+        return self.front.shape != "request"
+
     def linked(self, link: int, reported: float) -> None:
         """The `open` record was written with id `link` (docs/audit-log.md#open-and-progress)."""
         rec = self.record
@@ -483,9 +490,21 @@ def reported(rec: AccessRecord, now: float) -> None:
     rec.reported = now
 
 
+def deferred(rec: AccessRecord, now: float) -> None:
+    """A request went upstream at loop time `now`: its `open` record waits an interim
+    interval (docs/audit-log.md#open-and-progress-records)."""
+    rec.unopened, rec.reported = True, now
+
+
+def opened_late(rec: AccessRecord, link: int, now: float) -> None:
+    """A deferred request's `open` record was written with id `link` at loop time `now`."""
+    rec.unopened, rec.link, rec.reported = False, link, now
+
+
 def emitted(rec: AccessRecord) -> None:
-    """The record was emitted: no more progress records for it."""
+    """The record was emitted: no more open or progress records for it."""
     rec.link = 0
+    rec.unopened = False
 
 
 __all__ = [
@@ -494,7 +513,9 @@ __all__ = [
     "SequenceError",
     "State",
     "connection_record",
+    "deferred",
     "emitted",
+    "opened_late",
     "probe_record",
     "reported",
     "revoked_record",

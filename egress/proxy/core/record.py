@@ -52,6 +52,7 @@ class AccessRecord:
         "socks_reply",
         "status",
         "t0",
+        "unopened",
         "would",
     )
 
@@ -68,6 +69,9 @@ class AccessRecord:
         # record was emitted); `reported`: loop time of the open or last progress record
         self.link = 0
         self.reported = 0.0
+        # a request that reached its upstream but has no `open` record yet: it gets one only
+        # if it outlives the interim interval (docs/audit-log.md#open-and-progress)
+        self.unopened = False
         self.path: str | None = None
         self.identified = False  # client_id is logged (even when None) once identified
         self.client_id: str | None = None
