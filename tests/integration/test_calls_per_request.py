@@ -1,0 +1,133 @@
+"""The kept-alive request's cost in Python steps, counted so it cannot creep back.
+
+A request on a connection whose client, policy and upstream are unchanged should cost one
+parse, a cached decision, one record and the writes (docs/architecture.md#design-checks).
+The count is deterministic where microseconds are not (bench/profile.md: a same-run A/B on
+this machine moves ±10-15 %), so a test can hold it: the proxy runs on this thread's event
+loop under `sys.setprofile`, while the client and the origin run on threads of their own
+(blocking sockets, not profiled), and the audit log's writer thread is not profiled either.
+The budgets are today's counts plus a small margin; lower them when the path gets leaner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from egress.audit.log import AuditLog
+from egress.config import build_settings
+from egress.proxy.server import EgressProxy
+from proxykit import exempt
+
+BODY = b"x" * 100
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + BODY
+REQUESTS = 300
+WARM_UP = 50
+# Python-level calls (function and method frames entered, generators and coroutines resumed)
+# and C functions called, on the proxy's thread per kept-alive request, after the warm-up.
+# Measured 2026-12-03: 159-161 and 195-200 (at a446b58, before the deferred `open` record:
+# 169-172 and 228-234); the assertion message gives a run's counts.
+PY_CALL_BUDGET = 165
+C_CALL_BUDGET = 205
+
+
+def origin_thread(sock: socket.socket) -> None:
+    """Answer every request on each accepted connection with RESPONSE (keep-alive)."""
+
+    def serve(conn: socket.socket) -> None:
+        buf = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                _, buf = buf.split(b"\r\n\r\n", 1)
+                conn.sendall(RESPONSE)
+
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+def client_requests(proxy: tuple[str, int], url: str, count: int) -> list[bytes]:
+    """`count` absolute-form GETs on one kept-alive connection; each response's status line."""
+    statuses = []
+    with socket.create_connection(proxy, timeout=10) as conn:
+        buf = b""
+        request = f"GET {url} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        for _ in range(count):
+            conn.sendall(request)
+            while len(buf) < len(RESPONSE):
+                data = conn.recv(65536)
+                assert data, "the proxy closed the connection"
+                buf += data
+            statuses.append(buf.split(b"\r\n", 1)[0])
+            buf = buf[len(RESPONSE) :]
+    return statuses
+
+
+@contextmanager
+def counting(tally: Counter[str]) -> Iterator[None]:
+    """Count profile events of this thread into `tally` ('call', 'c_call')."""
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        tally[event] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+async def test_a_kept_alive_request_costs_a_bounded_number_of_python_steps(
+    tmp_path: Path,
+) -> None:
+    origin = socket.create_server(("127.0.0.1", 0))
+    port = origin.getsockname()[1]
+    threading.Thread(target=origin_thread, args=(origin,), daemon=True).start()
+    url = f"http://127.0.0.1:{port}/"
+    settings = exempt(build_settings({"allow": [f"127.0.0.1:{port}"]}), port)
+    tally: Counter[str] = Counter()
+    async with AuditLog(str(tmp_path / "audit.jsonl")) as audit:
+        proxy = EgressProxy(settings, audit=audit)
+        await proxy.start()
+        statuses = await requests_through(proxy, url, tally)
+    origin.close()
+    assert set(statuses) == {b"HTTP/1.1 200 OK"}
+    py_calls = (tally["call"]) / REQUESTS
+    c_calls = tally["c_call"] / REQUESTS
+    counts = f"{py_calls:.1f} Python calls and {c_calls:.1f} C calls per request"
+    assert py_calls <= PY_CALL_BUDGET, counts
+    assert c_calls <= C_CALL_BUDGET, counts
+
+
+async def requests_through(proxy: EgressProxy, url: str, tally: Counter[str]) -> list[bytes]:
+    """The warm-up, then REQUESTS on a new connection with this thread's calls counted."""
+    try:
+        address = proxy.addresses[0]
+        warm = await asyncio.to_thread(client_requests, address, url, WARM_UP)
+        assert set(warm) == {b"HTTP/1.1 200 OK"}
+
+        def measured() -> list[bytes]:
+            return client_requests(address, url, REQUESTS)
+
+        # the measured connection is new: its first request (the dial, the identification)
+        # is counted too, spread over REQUESTS
+        with counting(tally):
+            statuses = await asyncio.to_thread(measured)
+    finally:
+        await proxy.stop()
+    return statuses
