@@ -24,6 +24,7 @@ from types import FrameType
 from egress.audit.log import AuditLog
 from egress.config import build_settings
 from egress.proxy.server import EgressProxy
+
 from proxykit import exempt
 
 BODY = b"x" * 100
