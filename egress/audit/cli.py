@@ -22,8 +22,10 @@ from typing import Final
 
 from egress.audit.follow import Follower, GapFiller, rotated_history
 from egress.audit.read import (
+    ChainWatch,
     EventFilter,
     InputError,
+    Line,
     Summary,
     chains,
     is_lifecycle,
@@ -42,10 +44,52 @@ DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
 DEFAULT_INTERVAL: Final = 0.25  # seconds between polls of a followed log
 MAX_PROBLEMS_SHOWN: Final = 50  # verify prints this many, then a count
+MAX_UNREADABLE_SHOWN: Final = 20  # unreadable lines named on stderr, then counted
 
 
 def _warn(message: str) -> None:
     print(f"egress audit: warning: {message}", file=sys.stderr)
+
+
+def _damaged(path: str, why: str) -> None:
+    _warn(f"{path}: {why}")
+
+
+class Unreadable:
+    """Lines that are not JSON objects (a truncated or damaged file, a foreign line): the
+    reading commands skip them, name each on stderr as `FILE:LINE` (the first
+    `MAX_UNREADABLE_SHOWN`), count them, and exit 1, so that a truncated log never reads
+    as "nothing matched" (docs/audit-log.md#the-reviewers-commands).
+
+    `located` passes lines on and remembers where the one being judged came from, so the
+    commands can keep iterating bytes (the gap filler of `tail -f` passes them through)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.line = Line("?", 0, b"", True)  # the line being judged
+
+    def located(self, lines: Iterable[Line]) -> Iterator[bytes]:
+        for line in lines:
+            self.line = line
+            yield line.data
+
+    def note(self) -> None:
+        self.count += 1
+        if self.count <= MAX_UNREADABLE_SHOWN:
+            why = "not a JSON object" if self.line.complete else "truncated line (no newline)"
+            _warn(f"{self.line.where}: {why}; skipped")
+
+    def exit_code(self) -> int:
+        """1 (and a closing line) when lines were skipped; 0 otherwise."""
+        if not self.count:
+            return 0
+        more = self.count - MAX_UNREADABLE_SHOWN
+        _warn(
+            f"{self.count} line(s) were not JSON objects and were skipped"
+            + (f" ({more} not named above)" if more > 0 else "")
+            + "; run `egress audit verify`"
+        )
+        return 1
 
 
 def _event_filter(args: argparse.Namespace) -> EventFilter:
@@ -89,10 +133,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
     window = _event_filter(args)
     summary = Summary()
-    for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
-        record = parse_record(line.data)
+    unreadable = Unreadable()
+    watch = ChainWatch(paths)
+    for data in unreadable.located(read_lines(paths, _damaged)):
+        record = parse_record(data)
+        watch.see(unreadable.line, record)
         if record is None:
             summary.bad_lines += 1
+            unreadable.note()
         elif is_request(record):
             summary.ended(record)
             if window.in_window(record):
@@ -104,11 +152,6 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary.track(record)
     summary.crashed()
     summary.derive_domains(make_domain_of())
-    if summary.bad_lines:
-        _warn(
-            f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
-            "(run `egress audit verify`)"
-        )
     if args.json:
         out = {
             "files": paths,
@@ -122,15 +165,24 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         if window.since or window.until:
             header.append(f"window: {window.since or '-'} .. {window.until or '-'}")
         print(render_summary(summary, args.top or DEFAULT_TOP, header))
-    return 0
+    return _finish(unreadable, watch)
+
+
+def _finish(unreadable: Unreadable, watch: ChainWatch | None = None) -> int:
+    """The closing warnings of a reading command, and its exit code (1: lines skipped)."""
+    hint = watch.hint() if watch is not None else None
+    if hint:
+        _warn(hint)
+    return unreadable.exit_code()
 
 
 def _selected(
-    args: argparse.Namespace, chooser: EventFilter, lines: Iterable[bytes]
+    args: argparse.Namespace, chooser: EventFilter, lines: Iterable[bytes], bad: Unreadable
 ) -> Iterator[tuple[bytes, dict[str, object]]]:
     for data in lines:
         record = parse_record(data)
         if record is None:
+            bad.note()
             continue
         if is_request(record):
             if chooser.matches(record):
@@ -149,13 +201,11 @@ def _emit(args: argparse.Namespace, data: bytes, record: dict[str, object]) -> N
 
 def cmd_filter(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
-    lines = (
-        line.data
-        for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}"))
-    )
-    for data, record in _selected(args, chooser, lines):
+    unreadable = Unreadable()
+    lines = unreadable.located(read_lines(order_paths(args.paths), _damaged))
+    for data, record in _selected(args, chooser, lines, unreadable):
         _emit(args, data, record)
-    return 0
+    return unreadable.exit_code()
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -166,20 +216,21 @@ def cmd_tail(args: argparse.Namespace) -> int:
     # `tail -f PATH` wants the whole log: lines rotated away before PATH was opened too
     gaps = GapFiller(live, _warn, from_start=not history) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
+    bad = Unreadable()
     try:
-        older: Iterator[bytes] = (
-            line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))
-        )
+        older_lines: Iterator[Line] = read_lines(history, _damaged)
         if live is not None and not history:  # `tail -f PATH`: its rotated files come first
-            older = rotated_history(live)
+            older_lines = rotated_history(live)
+        older = bad.located(older_lines)
         # through the gap filler too, so that following goes on from their last seq
-        last.extend(_selected(args, chooser, gaps.feed(older) if gaps is not None else older))
+        last.extend(_selected(args, chooser, gaps.feed(older) if gaps else older, bad))
         if follower is not None and gaps is not None:
-            last.extend(_selected(args, chooser, gaps.feed(_drain(follower))))
+            last.extend(_selected(args, chooser, gaps.feed(bad.located(_drain(follower))), bad))
         for data, record in last:
             _emit(args, data, record)
         while follower is not None and gaps is not None:
-            for data, record in _selected(args, chooser, gaps.feed(_drain(follower))):
+            fresh = gaps.feed(bad.located(_drain(follower)))
+            for data, record in _selected(args, chooser, fresh, bad):
                 _emit(args, data, record)
             time.sleep(args.interval)
     except KeyboardInterrupt:
@@ -187,12 +238,12 @@ def cmd_tail(args: argparse.Namespace) -> int:
     finally:
         if follower is not None:
             follower.close()
-    return 0
+    return bad.exit_code()
 
 
-def _drain(follower: Follower) -> Iterator[bytes]:
+def _drain(follower: Follower) -> Iterator[Line]:
     while True:
-        lines = follower.read()
+        lines = follower.read_lines()
         if not lines:
             return
         yield from lines
@@ -264,12 +315,16 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     window = _event_filter(args)
 
     lifecycle = 0
+    unreadable = Unreadable()
 
     def records() -> Iterator[dict[str, object]]:
         nonlocal lifecycle
-        for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
-            record = parse_record(line.data)
-            if record is None or not window.in_window(record):
+        for data in unreadable.located(read_lines(paths, _damaged)):
+            record = parse_record(data)
+            if record is None:
+                unreadable.note()
+                continue
+            if not window.in_window(record):
                 continue
             if args.client and record.get("client_id") not in args.client:
                 continue
@@ -284,7 +339,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     result = suggest(records())
     result.lifecycle = lifecycle
     sys.stdout.write(render(result, make_domain_of(), lint, paths))
-    return 0
+    return _finish(unreadable)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -305,10 +360,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         + (f"; head {results[0].head}" if len(results) == 1 else f"; {len(results)} chains")
     )
     data = ReportData()
-    for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
-        record = parse_record(line.data)
+    unreadable = Unreadable()
+    for line in unreadable.located(read_lines(paths, _damaged)):
+        record = parse_record(line)
         if record is None:
             data.summary.bad_lines += 1
+            unreadable.note()
         else:
             data.add(record)
     data.summary.derive_domains(make_domain_of())
@@ -324,7 +381,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InputError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     print(f"wrote {args.html} ({len(page.encode())} bytes); {verdict}")
-    return 1 if problems else 0
+    return max(1 if problems else 0, _finish(unreadable))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -334,17 +391,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     from egress.audit.ocsf import to_ocsf
 
     window = _event_filter(args)
+    paths = order_paths(args.paths)
     left_out = 0
-    for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}")):
-        record = parse_record(line.data)
-        if record is None or not is_request(record):
+    unreadable, watch = Unreadable(), ChainWatch(paths)
+    for data in unreadable.located(read_lines(paths, _damaged)):
+        record = parse_record(data)
+        watch.see(unreadable.line, record)
+        if record is None:
+            unreadable.note()
+        elif not is_request(record):
             left_out += 1
-            continue
-        if window.in_window(record):
+        elif window.in_window(record):
             print(json.dumps(to_ocsf(record, __version__), separators=(",", ":")))
     if left_out:
-        _warn(f"{left_out} control, lifecycle or unreadable line(s) left out (not requests)")
-    return 0
+        _warn(f"{left_out} control or lifecycle line(s) left out (not requests)")
+    return _finish(unreadable, watch)
 
 
 def _parser() -> argparse.ArgumentParser:
