@@ -392,8 +392,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     window = _event_filter(args)
     paths = order_paths(args.paths)
-    left_out = 0
+    left_out = exported = 0
     unreadable, watch = Unreadable(), ChainWatch(paths)
+    chain_of = {path: index for index, group in enumerate(chains(paths)) for path in group}
+    runs: dict[int, str] = {}  # chain -> the run its lines belong to now
     for data in unreadable.located(read_lines(paths, _damaged)):
         record = parse_record(data)
         watch.see(unreadable.line, record)
@@ -401,8 +403,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             unreadable.note()
         elif not is_request(record):
             left_out += 1
+            if isinstance(record.get("run"), str):  # start, rotate, reopen, ... name the run
+                runs[chain_of.get(unreadable.line.path, -1)] = str(record["run"])
         elif window.in_window(record):
-            print(json.dumps(to_ocsf(record, __version__), separators=(",", ":")))
+            exported += 1
+            run = runs.get(chain_of.get(unreadable.line.path, -1))
+            event = to_ocsf(record, __version__, run=run, sequence=exported)
+            print(json.dumps(event, separators=(",", ":")))
     if left_out:
         _warn(f"{left_out} control or lifecycle line(s) left out (not requests)")
     return _finish(unreadable, watch)
