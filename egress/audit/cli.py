@@ -280,19 +280,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"... and {unlisted} more open at crash")
     if len(groups) > 1:  # one head per worker's chain
         for group, r in zip(groups, results, strict=True):
-            print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {r.head}")
+            print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {_head(r)}")
     verdict = "FAILED" if problems else "OK"
     shown = f", {len(problems)} problem(s)" if problems else ""
     lines, runs = sum(r.lines for r in results), sum(r.runs for r in results)
     requests = sum(r.requests for r in results)
     crashed = sum(len(r.open_at_crash) + r.open_at_crash_unlisted for r in results)
     shown += f", {crashed} open at crash" if crashed else ""
-    head = result.head if len(results) == 1 else f"of {len(results)} chains above"
+    head = _head(result) if len(results) == 1 else f"of {len(results)} chains above"
     print(
         f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "
         f"{requests} request records{shown}; head {head}"
     )
     return 1 if problems else 0
+
+
+def _head(result: VerifyResult) -> str:
+    return result.head or "(none: no lines)"
 
 
 def _verify_chain(paths: list[str], live: bool) -> VerifyResult:
@@ -357,7 +361,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         f"{'FAILED' if problems else 'OK'}: {lines} lines in {len(paths)} file(s), "
         f"{sum(r.runs for r in results)} run(s), {requests} request records"
         + (f", {len(problems)} problem(s)" if problems else "")
-        + (f"; head {results[0].head}" if len(results) == 1 else f"; {len(results)} chains")
+        + (f"; head {_head(results[0])}" if len(results) == 1 else f"; {len(results)} chains")
     )
     data = ReportData()
     unreadable = Unreadable()
@@ -497,10 +501,23 @@ def _parser() -> argparse.ArgumentParser:
         help="accept a last run without an end record (still being written)",
     )
     verify.add_argument(
-        "--head", metavar="SHA256", help="the head hash kept out of band; the chain must end there"
+        "--head",
+        type=_sha256,
+        metavar="SHA256",
+        help="the head hash kept out of band; the chain must end there",
     )
     verify.add_argument("paths", nargs="+", metavar="PATH")
     return parser
+
+
+def _sha256(text: str) -> str:
+    """`--head`: 64 hex digits (bad input, exit 2; not a broken chain, exit 1)."""
+    value = text.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise argparse.ArgumentTypeError(
+            f"not a SHA-256 hash (64 hex digits): {printable(text[:80])}"
+        )
+    return value
 
 
 def _positive(kind: type[int] | type[float], zero: bool = False) -> Callable[[str], float]:
@@ -569,10 +586,22 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
 }
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]  # type: ignore[no-any-return]
+    return parser
+
+
 def audit_main(argv: list[str]) -> int:
     """`egress audit ARGV...` (ARGV without the word "audit"); returns the exit code."""
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the subcommand's usage, not the parent's: it is the one mistyped
+            _subcommand(parser, args.command).error(
+                f"unrecognized arguments: {printable(' '.join(extra))}"
+            )
     except SystemExit as exc:  # argparse has printed usage and the error
         return exc.code if isinstance(exc.code, int) else 2
     try:

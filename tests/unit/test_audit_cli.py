@@ -386,6 +386,10 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         (["tail", "-f", "--interval", "-1", "x"], "must be > 0"),
         (["summarize", "--top", "0", "x"], "must be > 0"),
         (["tail", "-n", "ten", "x"], "not a number"),
+        (["verify", "--head", "nothex", "x"], "not a SHA-256 hash (64 hex digits): nothex"),
+        (["verify", "--head", "0" * 63, "x"], "not a SHA-256 hash"),
+        (["filter", "--bogus", "x"], "usage: egress audit filter"),
+        (["verify", "--hed", "x", "y"], "usage: egress audit verify"),
     ],
     ids=[
         "missing-file",
@@ -397,6 +401,10 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         "bad-interval",
         "bad-top",
         "bad-lines",
+        "head-not-hex",
+        "head-short",
+        "mistyped-option-subcommand-usage",
+        "mistyped-verify-option",
     ],
 )
 def test_usage_errors_exit_2(
@@ -519,6 +527,47 @@ def test_an_overlong_line_is_one_bad_line(
     summary = json.loads(out)
     assert summary["bad_lines"] == 1
     assert summary["totals"]["allow"] == 1
+
+
+def test_messages_show_no_python_values(
+    tmp_path: Path, sample_log: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No `head None`, no `None`/`False`/dict reprs in what a reviewer reads (issue 32)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code, out, _ = run(capsys, "verify", str(empty))
+    assert code == 1
+    assert "head (none: no lines)" in out
+    assert "None" not in out
+    _, out, _ = run(capsys, "filter", "--control", *sample_log)
+    start = next(line for line in out.splitlines() if " --- start " in line)
+    assert "keep_query=false" in start
+    for python in ("None", "False", "{'"):
+        assert python not in out
+    path = tmp_path / "policy.jsonl"
+    path.write_text(
+        '{"type":"policy","ts":"2026-11-30T05:00:00.000Z","client_id":null,'
+        '"canonical":{"default":"deny","allow":["a.test"]},"seq":1,"prev":"x"}\n'
+        '{"client":"198.18.0.2:1","method":"GET","scheme":"http","host":"","port":0,'
+        '"decision":"error","reason":"bad_request","rule":null}\n'
+    )
+    _, out, _ = run(capsys, "filter", "--control", str(path))
+    policy, origin_form = out.splitlines()
+    assert 'client_id=null canonical={"default":"deny","allow":["a.test"]}' in policy
+    assert " GET - from 198.18.0.2:1 " in origin_form  # no destination: not `:0`
+
+
+def test_serve_names_the_bad_audit_option_not_the_log() -> None:
+    """`egress serve --audit-rotate-bytes 0` without a log said `cannot open the audit log
+    None` (issue 32)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
+         "--audit-rotate-bytes", "0", "--quiet"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--audit-rotate-bytes must be at least 1" in done.stderr
+    assert "None" not in done.stderr
 
 
 def test_a_directory_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
