@@ -379,7 +379,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     page = render_html(data, Verified(not problems, verdict, shown), paths, make_domain_of())
     temporary = f"{args.html}.tmp{os.getpid()}"
     try:
-        with open(temporary, "w", encoding="utf-8") as out:
+        # 0600 like the log it shows (docs/audit-log.md#egress-audit-report): it names every
+        # host and client of the run
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # (a leftover temporary file keeps its mode otherwise)
+        with open(fd, "w", encoding="utf-8") as out:
             out.write(page)
         os.replace(temporary, args.html)
     except OSError as exc:
