@@ -31,7 +31,9 @@ explain the commands: [proxy.md](proxy.md#running-it) (`egress serve`),
 
 Exit codes: `egress check` 0 all allowed, 1 any blocked, 2 bad input; `egress serve` 0 after
 SIGTERM/SIGINT, 2 bad input or a listener that cannot open; `egress audit` 0, 1 verify found a
-problem, 2 bad input; `netcut` see [netcut.md](netcut.md#exit-codes).
+problem or lines that are not JSON were skipped
+([audit-log.md](audit-log.md#lines-that-are-not-json)), 2 bad input; `netcut` see
+[netcut.md](netcut.md#exit-codes).
 """
 
 
