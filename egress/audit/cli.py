@@ -365,8 +365,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     data = ReportData()
     unreadable = Unreadable()
-    for line in unreadable.located(read_lines(paths, _damaged)):
-        record = parse_record(line)
+    for raw in unreadable.located(read_lines(paths, _damaged)):
+        record = parse_record(raw)
         if record is None:
             data.summary.bad_lines += 1
             unreadable.note()
