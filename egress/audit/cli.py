@@ -51,10 +51,6 @@ def _warn(message: str) -> None:
     print(f"egress audit: warning: {message}", file=sys.stderr)
 
 
-def _damaged(path: str, why: str) -> None:
-    _warn(f"{path}: {why}")
-
-
 class Unreadable:
     """Lines that are not JSON objects (a truncated or damaged file, a foreign line): the
     reading commands skip them, name each on stderr as `FILE:LINE` (the first
@@ -66,7 +62,13 @@ class Unreadable:
 
     def __init__(self) -> None:
         self.count = 0
+        self.damaged_files = 0  # compressed files that end early or are corrupt
         self.line = Line("?", 0, b"", True)  # the line being judged
+
+    def damaged(self, path: str, why: str) -> None:
+        """`read_lines`' report of a damaged `.gz`: its rest is unreadable too."""
+        self.damaged_files += 1
+        _warn(f"{path}: {why}")
 
     def located(self, lines: Iterable[Line]) -> Iterator[bytes]:
         for line in lines:
@@ -82,7 +84,7 @@ class Unreadable:
     def exit_code(self) -> int:
         """1 (and a closing line) when lines were skipped; 0 otherwise."""
         if not self.count:
-            return 0
+            return 1 if self.damaged_files else 0
         more = self.count - MAX_UNREADABLE_SHOWN
         _warn(
             f"{self.count} line(s) were not JSON objects and were skipped"
@@ -135,7 +137,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     summary = Summary()
     unreadable = Unreadable()
     watch = ChainWatch(paths)
-    for data in unreadable.located(read_lines(paths, _damaged)):
+    for data in unreadable.located(read_lines(paths, unreadable.damaged)):
         record = parse_record(data)
         watch.see(unreadable.line, record)
         if record is None:
@@ -202,7 +204,7 @@ def _emit(args: argparse.Namespace, data: bytes, record: dict[str, object]) -> N
 def cmd_filter(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
     unreadable = Unreadable()
-    lines = unreadable.located(read_lines(order_paths(args.paths), _damaged))
+    lines = unreadable.located(read_lines(order_paths(args.paths), unreadable.damaged))
     for data, record in _selected(args, chooser, lines, unreadable):
         _emit(args, data, record)
     return unreadable.exit_code()
@@ -218,7 +220,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
     bad = Unreadable()
     try:
-        older_lines: Iterator[Line] = read_lines(history, _damaged)
+        older_lines: Iterator[Line] = read_lines(history, bad.damaged)
         if live is not None and not history:  # `tail -f PATH`: its rotated files come first
             older_lines = rotated_history(live)
         older = bad.located(older_lines)
@@ -323,7 +325,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
     def records() -> Iterator[dict[str, object]]:
         nonlocal lifecycle
-        for data in unreadable.located(read_lines(paths, _damaged)):
+        for data in unreadable.located(read_lines(paths, unreadable.damaged)):
             record = parse_record(data)
             if record is None:
                 unreadable.note()
@@ -365,7 +367,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     data = ReportData()
     unreadable = Unreadable()
-    for raw in unreadable.located(read_lines(paths, _damaged)):
+    for raw in unreadable.located(read_lines(paths, unreadable.damaged)):
         record = parse_record(raw)
         if record is None:
             data.summary.bad_lines += 1
@@ -404,7 +406,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     unreadable, watch = Unreadable(), ChainWatch(paths)
     chain_of = {path: index for index, group in enumerate(chains(paths)) for path in group}
     runs: dict[int, str] = {}  # chain -> the run its lines belong to now
-    for data in unreadable.located(read_lines(paths, _damaged)):
+    for data in unreadable.located(read_lines(paths, unreadable.damaged)):
         record = parse_record(data)
         watch.see(unreadable.line, record)
         if record is None:

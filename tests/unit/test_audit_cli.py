@@ -693,3 +693,21 @@ def test_million_lines_in_memory_bounded_by_distinct_hosts(tmp_path: Path) -> No
     assert big_peak - small_peak < 8 * 1024, (small_peak, big_peak)
     assert small_summary["totals"]["events"] == 10_000  # type: ignore[index]
     assert elapsed < 60, elapsed
+
+
+def test_a_truncated_gzip_file_exits_1_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rotated file cut short is a truncated log as well: named, and exit 1."""
+    import gzip
+
+    line = TRUNCATED.split("\n")[0].encode() + b"\n"
+    whole = gzip.compress(
+        b"".join(line.replace(b'"port":443', b'"port":%d' % n) for n in range(400))
+    )
+    path = tmp_path / "audit.jsonl.1.gz"
+    path.write_bytes(whole[: len(whole) // 2])  # every line whole JSON: only the cut fails
+    for argv in (["filter"], ["summarize"], ["export", "--format", "ocsf"]):
+        code, _, err = run(capsys, *argv, str(path))
+        assert code == 1, argv
+        assert "compressed data is damaged or ends early" in err
