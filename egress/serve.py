@@ -224,8 +224,12 @@ async def run_serve(
     try:
         audit = _open_audit(args)
         await audit.start()
-    except (OSError, ValueError) as exc:
-        print(f"egress serve: cannot open the audit log {args.audit_log!r}: {exc}", file=sys.stderr)
+    except ValueError as exc:  # a bad --audit-* value: say which, not "the audit log None"
+        print(f"egress serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        why = exc.strerror or exc
+        print(f"egress serve: cannot open the audit log {args.audit_log}: {why}", file=sys.stderr)
         return 2
     if not args.quiet:
         _warn_tokens(settings, args.require_auth)

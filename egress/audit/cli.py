@@ -22,8 +22,10 @@ from typing import Final
 
 from egress.audit.follow import Follower, GapFiller, rotated_history
 from egress.audit.read import (
+    ChainWatch,
     EventFilter,
     InputError,
+    Line,
     Summary,
     chains,
     is_lifecycle,
@@ -42,10 +44,54 @@ DEFAULT_TOP: Final = 15  # rows per table in the terminal summary
 DEFAULT_TAIL: Final = 10  # like tail(1)
 DEFAULT_INTERVAL: Final = 0.25  # seconds between polls of a followed log
 MAX_PROBLEMS_SHOWN: Final = 50  # verify prints this many, then a count
+MAX_UNREADABLE_SHOWN: Final = 20  # unreadable lines named on stderr, then counted
 
 
 def _warn(message: str) -> None:
     print(f"egress audit: warning: {message}", file=sys.stderr)
+
+
+class Unreadable:
+    """Lines that are not JSON objects (a truncated or damaged file, a foreign line): the
+    reading commands skip them, name each on stderr as `FILE:LINE` (the first
+    `MAX_UNREADABLE_SHOWN`), count them, and exit 1, so that a truncated log never reads
+    as "nothing matched" (docs/audit-log.md#the-reviewers-commands).
+
+    `located` passes lines on and remembers where the one being judged came from, so the
+    commands can keep iterating bytes (the gap filler of `tail -f` passes them through)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.damaged_files = 0  # compressed files that end early or are corrupt
+        self.line = Line("?", 0, b"", True)  # the line being judged
+
+    def damaged(self, path: str, why: str) -> None:
+        """`read_lines`' report of a damaged `.gz`: its rest is unreadable too."""
+        self.damaged_files += 1
+        _warn(f"{path}: {why}")
+
+    def located(self, lines: Iterable[Line]) -> Iterator[bytes]:
+        for line in lines:
+            self.line = line
+            yield line.data
+
+    def note(self) -> None:
+        self.count += 1
+        if self.count <= MAX_UNREADABLE_SHOWN:
+            why = "not a JSON object" if self.line.complete else "truncated line (no newline)"
+            _warn(f"{self.line.where}: {why}; skipped")
+
+    def exit_code(self) -> int:
+        """1 (and a closing line) when lines were skipped; 0 otherwise."""
+        if not self.count:
+            return 1 if self.damaged_files else 0
+        more = self.count - MAX_UNREADABLE_SHOWN
+        _warn(
+            f"{self.count} line(s) were not JSON objects and were skipped"
+            + (f" ({more} not named above)" if more > 0 else "")
+            + "; run `egress audit verify`"
+        )
+        return 1
 
 
 def _event_filter(args: argparse.Namespace) -> EventFilter:
@@ -89,10 +135,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     paths = order_paths(args.paths)
     window = _event_filter(args)
     summary = Summary()
-    for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
-        record = parse_record(line.data)
+    unreadable = Unreadable()
+    watch = ChainWatch(paths)
+    for data in unreadable.located(read_lines(paths, unreadable.damaged)):
+        record = parse_record(data)
+        watch.see(unreadable.line, record)
         if record is None:
             summary.bad_lines += 1
+            unreadable.note()
         elif is_request(record):
             summary.ended(record)
             if window.in_window(record):
@@ -104,11 +154,6 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             summary.track(record)
     summary.crashed()
     summary.derive_domains(make_domain_of())
-    if summary.bad_lines:
-        _warn(
-            f"{summary.bad_lines} line(s) were not JSON objects and were skipped "
-            "(run `egress audit verify`)"
-        )
     if args.json:
         out = {
             "files": paths,
@@ -122,15 +167,24 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         if window.since or window.until:
             header.append(f"window: {window.since or '-'} .. {window.until or '-'}")
         print(render_summary(summary, args.top or DEFAULT_TOP, header))
-    return 0
+    return _finish(unreadable, watch)
+
+
+def _finish(unreadable: Unreadable, watch: ChainWatch | None = None) -> int:
+    """The closing warnings of a reading command, and its exit code (1: lines skipped)."""
+    hint = watch.hint() if watch is not None else None
+    if hint:
+        _warn(hint)
+    return unreadable.exit_code()
 
 
 def _selected(
-    args: argparse.Namespace, chooser: EventFilter, lines: Iterable[bytes]
+    args: argparse.Namespace, chooser: EventFilter, lines: Iterable[bytes], bad: Unreadable
 ) -> Iterator[tuple[bytes, dict[str, object]]]:
     for data in lines:
         record = parse_record(data)
         if record is None:
+            bad.note()
             continue
         if is_request(record):
             if chooser.matches(record):
@@ -149,13 +203,11 @@ def _emit(args: argparse.Namespace, data: bytes, record: dict[str, object]) -> N
 
 def cmd_filter(args: argparse.Namespace) -> int:
     chooser = _event_filter(args)
-    lines = (
-        line.data
-        for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}"))
-    )
-    for data, record in _selected(args, chooser, lines):
+    unreadable = Unreadable()
+    lines = unreadable.located(read_lines(order_paths(args.paths), unreadable.damaged))
+    for data, record in _selected(args, chooser, lines, unreadable):
         _emit(args, data, record)
-    return 0
+    return unreadable.exit_code()
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -166,20 +218,21 @@ def cmd_tail(args: argparse.Namespace) -> int:
     # `tail -f PATH` wants the whole log: lines rotated away before PATH was opened too
     gaps = GapFiller(live, _warn, from_start=not history) if live is not None else None
     last: deque[tuple[bytes, dict[str, object]]] = deque(maxlen=max(args.lines, 0))
+    bad = Unreadable()
     try:
-        older: Iterator[bytes] = (
-            line.data for line in read_lines(history, lambda p, why: _warn(f"{p}: {why}"))
-        )
+        older_lines: Iterator[Line] = read_lines(history, bad.damaged)
         if live is not None and not history:  # `tail -f PATH`: its rotated files come first
-            older = rotated_history(live)
+            older_lines = rotated_history(live)
+        older = bad.located(older_lines)
         # through the gap filler too, so that following goes on from their last seq
-        last.extend(_selected(args, chooser, gaps.feed(older) if gaps is not None else older))
+        last.extend(_selected(args, chooser, gaps.feed(older) if gaps else older, bad))
         if follower is not None and gaps is not None:
-            last.extend(_selected(args, chooser, gaps.feed(_drain(follower))))
+            last.extend(_selected(args, chooser, gaps.feed(bad.located(_drain(follower))), bad))
         for data, record in last:
             _emit(args, data, record)
         while follower is not None and gaps is not None:
-            for data, record in _selected(args, chooser, gaps.feed(_drain(follower))):
+            fresh = gaps.feed(bad.located(_drain(follower)))
+            for data, record in _selected(args, chooser, fresh, bad):
                 _emit(args, data, record)
             time.sleep(args.interval)
     except KeyboardInterrupt:
@@ -187,12 +240,12 @@ def cmd_tail(args: argparse.Namespace) -> int:
     finally:
         if follower is not None:
             follower.close()
-    return 0
+    return bad.exit_code()
 
 
-def _drain(follower: Follower) -> Iterator[bytes]:
+def _drain(follower: Follower) -> Iterator[Line]:
     while True:
-        lines = follower.read()
+        lines = follower.read_lines()
         if not lines:
             return
         yield from lines
@@ -229,19 +282,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"... and {unlisted} more open at crash")
     if len(groups) > 1:  # one head per worker's chain
         for group, r in zip(groups, results, strict=True):
-            print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {r.head}")
+            print(f"chain {group[-1]}: {r.lines} lines, {r.runs} run(s), head {_head(r)}")
     verdict = "FAILED" if problems else "OK"
     shown = f", {len(problems)} problem(s)" if problems else ""
     lines, runs = sum(r.lines for r in results), sum(r.runs for r in results)
     requests = sum(r.requests for r in results)
     crashed = sum(len(r.open_at_crash) + r.open_at_crash_unlisted for r in results)
     shown += f", {crashed} open at crash" if crashed else ""
-    head = result.head if len(results) == 1 else f"of {len(results)} chains above"
+    head = _head(result) if len(results) == 1 else f"of {len(results)} chains above"
     print(
         f"{verdict}: {lines} lines in {len(paths)} file(s), {runs} run(s), "
         f"{requests} request records{shown}; head {head}"
     )
     return 1 if problems else 0
+
+
+def _head(result: VerifyResult) -> str:
+    return result.head or "(none: no lines)"
 
 
 def _verify_chain(paths: list[str], live: bool) -> VerifyResult:
@@ -264,12 +321,16 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     window = _event_filter(args)
 
     lifecycle = 0
+    unreadable = Unreadable()
 
     def records() -> Iterator[dict[str, object]]:
         nonlocal lifecycle
-        for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
-            record = parse_record(line.data)
-            if record is None or not window.in_window(record):
+        for data in unreadable.located(read_lines(paths, unreadable.damaged)):
+            record = parse_record(data)
+            if record is None:
+                unreadable.note()
+                continue
+            if not window.in_window(record):
                 continue
             if args.client and record.get("client_id") not in args.client:
                 continue
@@ -284,7 +345,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     result = suggest(records())
     result.lifecycle = lifecycle
     sys.stdout.write(render(result, make_domain_of(), lint, paths))
-    return 0
+    return _finish(unreadable)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -302,13 +363,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         f"{'FAILED' if problems else 'OK'}: {lines} lines in {len(paths)} file(s), "
         f"{sum(r.runs for r in results)} run(s), {requests} request records"
         + (f", {len(problems)} problem(s)" if problems else "")
-        + (f"; head {results[0].head}" if len(results) == 1 else f"; {len(results)} chains")
+        + (f"; head {_head(results[0])}" if len(results) == 1 else f"; {len(results)} chains")
     )
     data = ReportData()
-    for line in read_lines(paths, lambda p, why: _warn(f"{p}: {why}")):
-        record = parse_record(line.data)
+    unreadable = Unreadable()
+    for raw in unreadable.located(read_lines(paths, unreadable.damaged)):
+        record = parse_record(raw)
         if record is None:
             data.summary.bad_lines += 1
+            unreadable.note()
         else:
             data.add(record)
     data.summary.derive_domains(make_domain_of())
@@ -318,13 +381,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     page = render_html(data, Verified(not problems, verdict, shown), paths, make_domain_of())
     temporary = f"{args.html}.tmp{os.getpid()}"
     try:
-        with open(temporary, "w", encoding="utf-8") as out:
+        # 0600 like the log it shows (docs/audit-log.md#egress-audit-report): it names every
+        # host and client of the run
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # (a leftover temporary file keeps its mode otherwise)
+        with open(fd, "w", encoding="utf-8") as out:
             out.write(page)
         os.replace(temporary, args.html)
     except OSError as exc:
         raise InputError(f"cannot write {args.html}: {exc.strerror or exc}") from None
     print(f"wrote {args.html} ({len(page.encode())} bytes); {verdict}")
-    return 1 if problems else 0
+    return max(1 if problems else 0, _finish(unreadable))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -334,17 +401,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     from egress.audit.ocsf import to_ocsf
 
     window = _event_filter(args)
-    left_out = 0
-    for line in read_lines(order_paths(args.paths), lambda p, why: _warn(f"{p}: {why}")):
-        record = parse_record(line.data)
-        if record is None or not is_request(record):
+    paths = order_paths(args.paths)
+    left_out = exported = 0
+    unreadable, watch = Unreadable(), ChainWatch(paths)
+    chain_of = {path: index for index, group in enumerate(chains(paths)) for path in group}
+    runs: dict[int, str] = {}  # chain -> the run its lines belong to now
+    for data in unreadable.located(read_lines(paths, unreadable.damaged)):
+        record = parse_record(data)
+        watch.see(unreadable.line, record)
+        if record is None:
+            unreadable.note()
+        elif not is_request(record):
             left_out += 1
-            continue
-        if window.in_window(record):
-            print(json.dumps(to_ocsf(record, __version__), separators=(",", ":")))
+            if isinstance(record.get("run"), str):  # start, rotate, reopen, ... name the run
+                runs[chain_of.get(unreadable.line.path, -1)] = str(record["run"])
+        elif window.in_window(record):
+            exported += 1
+            run = runs.get(chain_of.get(unreadable.line.path, -1))
+            event = to_ocsf(record, __version__, run=run, sequence=exported)
+            print(json.dumps(event, separators=(",", ":")))
     if left_out:
-        _warn(f"{left_out} control, lifecycle or unreadable line(s) left out (not requests)")
-    return 0
+        _warn(f"{left_out} control or lifecycle line(s) left out (not requests)")
+    return _finish(unreadable, watch)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -429,10 +507,23 @@ def _parser() -> argparse.ArgumentParser:
         help="accept a last run without an end record (still being written)",
     )
     verify.add_argument(
-        "--head", metavar="SHA256", help="the head hash kept out of band; the chain must end there"
+        "--head",
+        type=_sha256,
+        metavar="SHA256",
+        help="the head hash kept out of band; the chain must end there",
     )
     verify.add_argument("paths", nargs="+", metavar="PATH")
     return parser
+
+
+def _sha256(text: str) -> str:
+    """`--head`: 64 hex digits (bad input, exit 2; not a broken chain, exit 1)."""
+    value = text.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise argparse.ArgumentTypeError(
+            f"not a SHA-256 hash (64 hex digits): {printable(text[:80])}"
+        )
+    return value
 
 
 def _positive(kind: type[int] | type[float], zero: bool = False) -> Callable[[str], float]:
@@ -501,10 +592,22 @@ COMMANDS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
 }
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]  # type: ignore[no-any-return]
+    return parser
+
+
 def audit_main(argv: list[str]) -> int:
     """`egress audit ARGV...` (ARGV without the word "audit"); returns the exit code."""
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the subcommand's usage, not the parent's: it is the one mistyped
+            _subcommand(parser, args.command).error(
+                f"unrecognized arguments: {printable(' '.join(extra))}"
+            )
     except SystemExit as exc:  # argparse has printed usage and the error
         return exc.code if isinstance(exc.code, int) else 2
     try:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final
 
 from egress.audit.format import rotated_name, rotation_of
-from egress.audit.read import GZIP_MAGIC, InputError, open_log, parse_record
+from egress.audit.read import GZIP_MAGIC, InputError, Line, open_log, parse_record
 
 READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
 
@@ -30,27 +30,34 @@ class Follower:
         self._stream: IO[bytes] | None = None
         self._ident: tuple[int, int] | None = None
         self._partial = b""
+        self._number = 0  # lines read from the file now open (for FILE:LINE in warnings)
 
     def read(self) -> list[bytes]:
         """New complete lines (without newlines); [] when nothing new."""
+        return [line.data for line in self.read_lines()]
+
+    def read_lines(self) -> list[Line]:
+        """New complete lines with where they were read (`PATH:N`; the rest of a file
+        renamed away by a rotation is `PATH (rotated):N`); [] when nothing new."""
         if self._stream is None and not self._open():
             return []
         assert self._stream is not None
         data = self._stream.read(READ_CHUNK)
         if data:
-            return self._split(data)
+            return self._split(data, self.path)
         if self._rotated():
             # Lines may have landed in the old file between our read and the rename.
-            rest = self._split(self._stream.read())
+            rest = self._split(self._stream.read(), f"{self.path} (rotated)")
             self._close()
             self._open()
-            return rest + self.read()
+            return rest + self.read_lines()
         return []
 
-    def _split(self, data: bytes) -> list[bytes]:
+    def _split(self, data: bytes, name: str) -> list[Line]:
         chunks = (self._partial + data).split(b"\n")
         self._partial = chunks.pop()
-        return chunks
+        first, self._number = self._number + 1, self._number + len(chunks)
+        return [Line(name, first + i, chunk, True) for i, chunk in enumerate(chunks)]
 
     def _open(self) -> bool:
         try:
@@ -64,6 +71,7 @@ class Follower:
             raise InputError(f"cannot follow compressed file {self.path}")
         st = os.fstat(stream.fileno())
         self._stream, self._ident, self._partial = stream, (st.st_dev, st.st_ino), b""
+        self._number = 0
         return True
 
     def _rotated(self) -> bool:
@@ -77,6 +85,7 @@ class Follower:
         if st.st_size < self._stream.tell():  # truncated in place (copytruncate)
             self._stream.seek(0)
             self._partial = b""
+            self._number = 0
         return False
 
     def _close(self) -> None:
@@ -111,18 +120,18 @@ def _rotated_now(path: str) -> list[str]:
     return [name for _, name in sorted(found)]
 
 
-def rotated_history(path: str) -> Iterator[bytes]:
+def rotated_history(path: str) -> Iterator[Line]:
     """The lines of PATH's rotated files, oldest first (for `tail -f PATH`): every file of one
     listing is opened before any is read, so a writer shifting names meanwhile cannot make
     us skip one (a listing whose file vanished before it was opened is taken again)."""
-    streams: list[IO[bytes]] = []
+    streams: list[tuple[str, IO[bytes]]] = []
     for _ in range(FILL_ATTEMPTS):
-        for stream in streams:
+        for _name, stream in streams:
             stream.close()
         streams = []
         try:
             for name in reversed(_rotated_now(path)):
-                streams.append(open_log(name))
+                streams.append((name, open_log(name)))
             break
         except FileNotFoundError:
             continue
@@ -130,12 +139,12 @@ def rotated_history(path: str) -> Iterator[bytes]:
             if "No such file" not in str(exc):
                 raise
     try:
-        for stream in streams:
+        for name, stream in streams:
             with contextlib.suppress(EOFError, OSError, zlib.error):
-                for raw in stream:
-                    yield raw.rstrip(b"\n")
+                for number, raw in enumerate(stream, 1):
+                    yield Line(name, number, raw.rstrip(b"\n"), raw.endswith(b"\n"))
     finally:
-        for stream in streams:
+        for _name, stream in streams:
             stream.close()
 
 

@@ -21,6 +21,7 @@ Pure: records in, events out.
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import datetime
 from typing import Final
 
@@ -46,6 +47,19 @@ _HTTP_METHODS: Final = {
     "PUT": (7, "Put"),
     "TRACE": (8, "Trace"),
     "PATCH": (9, "Patch"),
+}
+# who decided when no rule did (`rule` is null): the default posture only for the default
+# reasons; the address guard, the SNI check or authentication for theirs
+# (docs/audit-log.md#reason-codes); any other null-rule record (an error) names no decider
+_DECIDED_BY: Final = {
+    "default_deny": "(default posture)",
+    "default_allow": "(default posture)",
+    "reserved_address": "(address guard)",
+    "sni_mismatch": "(TLS SNI check)",
+    "sni_missing": "(TLS SNI check)",
+    "auth_required": "(proxy authentication)",
+    "auth_failed": "(proxy authentication)",
+    "not_a_name": "(DNS responder: an address spelling)",
 }
 _NETWORK: Final = {"allow": (2, "Close"), "block": (5, "Refuse"), "error": (4, "Fail")}
 _RCODES: Final = {
@@ -103,10 +117,23 @@ def event_class(record: dict[str, object]) -> int:
     return HTTP_ACTIVITY
 
 
-def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object]:
-    """One request record (not control, not lifecycle) as one OCSF event."""
+def to_ocsf(
+    record: dict[str, object],
+    product_version: str,
+    *,
+    run: str | None = None,
+    sequence: int | None = None,
+) -> dict[str, object]:
+    """One request record (not control, not lifecycle) as one OCSF event.
+
+    `run` is the id of the record's run (its `start` record's `run`): it becomes the event's
+    `metadata.correlation_uid`, and with the record's `seq` its `metadata.uid`
+    (`RUN:SEQ`, unique across runs and workers). `sequence` is the event's position in the
+    export, `metadata.sequence` (a record's `seq` restarts at 0 in every run and worker, so
+    it is no sequence of the export; it is in the uid)."""
     cls = event_class(record)
     event = _header(record, cls, product_version)
+    event["metadata"] = _metadata(record, product_version, run, sequence)
     reason = record.get("reason")
     if isinstance(reason, str):
         event["status_code"] = reason
@@ -114,11 +141,12 @@ def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object
         event["message"] = event["status_detail"] = str(record["detail"])
     _endpoints(record, cls, event)
     _measures(record, event)
-    rule = record.get("rule")
-    event["firewall_rule"] = {
-        "name": "(default posture)" if rule is None else str(rule),
-        **({"desc": reason} if isinstance(reason, str) else {}),
-    }
+    name = _decider(record)
+    if name is not None:  # (the schema wants a name or uid in a firewall_rule)
+        event["firewall_rule"] = {
+            "name": name,
+            **({"desc": reason} if isinstance(reason, str) and reason else {}),
+        }
     if record.get("policy"):
         event["policy"] = {"uid": str(record["policy"]), "name": "egress policy"}
     if cls == HTTP_ACTIVITY:
@@ -132,19 +160,28 @@ def to_ocsf(record: dict[str, object], product_version: str) -> dict[str, object
         for k, v in record.items()
         if k not in _MAPPED and not (k == "status" and cls == HTTP_ACTIVITY)
     }
+    method = record.get("method")
+    if cls == HTTP_ACTIVITY and method not in _HTTP_METHODS:
+        extra["http_method"] = method  # the schema's enum has no such method: kept raw here
+    metadata = event["metadata"]
+    if isinstance(metadata, dict) and "uid" not in metadata and record.get("seq") is not None:
+        extra["seq"] = record["seq"]  # no run known: the chain's seq kept as it is
     if extra:
         event["unmapped"] = extra
     return event
 
 
 def _header(record: dict[str, object], cls: int, product_version: str) -> dict[str, object]:
-    """The fields every event opens with: its class and activity, time, verdict, metadata."""
+    """The fields every event opens with: its class and activity, time, verdict."""
     decision = str(record.get("decision") or "error")
     verdict = _VERDICT.get(decision, _VERDICT["error"])
     if cls == DNS_ACTIVITY:
         activity = (2, "Response")
     elif cls == HTTP_ACTIVITY:
-        activity = _HTTP_METHODS.get(str(record.get("method")).upper(), (99, "Other"))
+        # methods are case-sensitive (RFC 9110 9.1): `get` is no GET. Any other method is
+        # 99 Other, whose `activity_name` is the source's own value (the schema says so)
+        method = str(record.get("method"))
+        activity = _HTTP_METHODS.get(method, (99, method))
     else:
         activity = _NETWORK.get(decision, (4, "Fail"))
     return {
@@ -155,7 +192,7 @@ def _header(record: dict[str, object], cls: int, product_version: str) -> dict[s
         "activity_id": activity[0],
         "activity_name": activity[1],
         "type_uid": cls * 100 + activity[0],
-        "type_name": f"{_CLASS_NAMES[cls]}: {activity[1]}",
+        "type_name": f"{_CLASS_NAMES[cls]}: {activity[1] if activity[0] != 99 else 'Other'}",
         "time": _epoch_ms(record.get("ts")),
         "severity_id": verdict[6],
         "severity": _SEVERITY[verdict[6]],
@@ -165,18 +202,26 @@ def _header(record: dict[str, object], cls: int, product_version: str) -> dict[s
         "disposition": verdict[3],
         "status_id": verdict[4],
         "status": verdict[5],
-        "metadata": {
-            "version": OCSF_VERSION,
-            "profiles": list(PROFILES),
-            "product": {
-                "name": "egress",
-                "vendor_name": "egress-netcut",
-                "version": product_version,
-            },
-            "log_name": "egress audit log",
-            **({"sequence": record["seq"]} if isinstance(record.get("seq"), int) else {}),
-        },
     }
+
+
+def _metadata(
+    record: dict[str, object], product_version: str, run: str | None, sequence: int | None
+) -> dict[str, object]:
+    seq = record.get("seq")
+    out: dict[str, object] = {
+        "version": OCSF_VERSION,
+        "profiles": list(PROFILES),
+        "product": {"name": "egress", "vendor_name": "egress-netcut", "version": product_version},
+        "log_name": "egress audit log",
+    }
+    if run:
+        out["correlation_uid"] = run  # every event of one run (one worker's chain)
+        if type(seq) is int:
+            out["uid"] = out["original_event_uid"] = f"{run}:{seq}"
+    if sequence is not None:
+        out["sequence"] = sequence
+    return out
 
 
 def _endpoints(record: dict[str, object], cls: int, event: dict[str, object]) -> None:
@@ -191,6 +236,8 @@ def _endpoints(record: dict[str, object], cls: int, event: dict[str, object]) ->
         dst["port"] = record["port"]
     if record.get("addr"):
         dst["ip"] = str(record["addr"])
+    elif _is_address(record.get("host")):  # refused before any dial: the target says it
+        dst["ip"] = str(record["host"]).strip("[]")
     if dst and cls != DNS_ACTIVITY:
         event["dst_endpoint"] = dst
 
@@ -222,7 +269,10 @@ def _http(record: dict[str, object], event: dict[str, object]) -> None:
         url["url_string"] = f"{scheme}://{authority}{path}"
         if path:
             url["path"] = path.split("?", 1)[0]
-    event["http_request"] = {"http_method": method, "url": url}
+    request: dict[str, object] = {"url": url}
+    if method in _HTTP_METHODS:  # the schema's enum; any other is under `unmapped`
+        request["http_method"] = method
+    event["http_request"] = request
     if isinstance(record.get("status"), int):
         event["http_response"] = {"code": record["status"]}
         event["http_status"] = record["status"]
@@ -244,6 +294,27 @@ def _dns(record: dict[str, object], event: dict[str, object]) -> None:
             {"rdata": str(record["answer"]), "type": str(record.get("qtype") or "A"), "class": "IN"}
         ]
     event["dst_endpoint"] = {"port": 53, "svc_name": "dns"}
+
+
+def _decider(record: dict[str, object]) -> str | None:
+    """The rule that decided, or who did when no rule did: a verdict with a null rule is the
+    default posture's unless its reason names another decider (the address guard, the SNI
+    check, authentication); an error with neither decided nothing (None)."""
+    rule = record.get("rule")
+    if rule is not None:
+        return str(rule)
+    reason = str(record.get("would_reason") or record.get("reason"))
+    if reason in _DECIDED_BY:
+        return _DECIDED_BY[reason]
+    return "(default posture)" if record.get("decision") in ("allow", "block") else None
+
+
+def _is_address(host: object) -> bool:
+    try:
+        ipaddress.ip_address(str(host).strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _endpoint_of_client(record: dict[str, object]) -> dict[str, object]:

@@ -370,3 +370,58 @@ class Summary:
                 self.lifecycle.items(), key=lambda kv: (kv[0][1], kv[0][0])
             )
         ]
+
+
+# ---- a cheap look at the chain -------------------------------------------------------------
+
+
+class ChainWatch:
+    """What `summarize` and `export` can tell of a broken chain on their way through the
+    lines, at almost no cost: within each chain (a worker's files, or all other files) a
+    line's `seq` is the previous one's + 1, except at a run's `start` (0), and a chain begins
+    with a `start`, `rotate` or `reopen` record. A gap, a reordered or replayed line or a
+    missing first file shows; an edited line does not (only `egress audit verify` hashes
+    them), so this is a hint to run verify, never a verdict (docs/audit-log.md)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self._chain = {path: index for index, group in enumerate(chains(paths)) for path in group}
+        self._last: dict[int, int] = {}  # chain -> seq of its last line
+        self.problems = 0
+        self.first: str | None = None  # "FILE:LINE: what"
+
+    def see(self, line: Line, record: dict[str, object] | None) -> None:
+        """One line in reading order; `record` is None for an unreadable line."""
+        chain = self._chain.get(line.path, -1)
+        last = self._last.get(chain)
+        if record is None:  # it took a place in the chain: do not blame the next line
+            if last is not None:
+                self._last[chain] = last + 1
+            return
+        seq, kind = record.get("seq"), record.get("type")
+        if type(seq) is not int:
+            self._problem(line, "no seq field")
+        elif kind == "start":
+            if seq != 0:
+                self._problem(line, f"a start record with seq {seq}")
+        elif last is None:
+            if kind not in ("rotate", "reopen"):
+                self._problem(line, "the chain does not begin with a start record")
+        elif seq != last + 1:
+            self._problem(line, f"seq {seq} follows seq {last}")
+        if type(seq) is int:
+            self._last[chain] = seq
+
+    def _problem(self, line: Line, what: str) -> None:
+        self.problems += 1
+        if self.first is None:
+            self.first = f"{line.where}: {what}"
+
+    def hint(self) -> str | None:
+        """One warning line when something was seen, naming the first place."""
+        if not self.problems:
+            return None
+        return (
+            f"the log's chain looks broken at {self.problems} place(s), first {self.first}; "
+            "lines may be missing or out of order: run `egress audit verify` before trusting "
+            "these results"
+        )

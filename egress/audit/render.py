@@ -9,6 +9,8 @@ them reach the reader's terminal.
 
 from __future__ import annotations
 
+import json
+
 from egress.audit.format import CONTROL_TYPES, LIFECYCLE_METHODS, LINKED_TYPES
 from egress.audit.read import DIMENSIONS, Summary
 from egress.printable import printable
@@ -90,12 +92,15 @@ def format_event(record: dict[str, object]) -> str:
     """`TS DECISION METHOD TARGET from CLIENT REASON [rule=..] [status=..] ... -- detail`."""
     kind = record.get("type")
     if kind in CONTROL_TYPES or kind in LINKED_TYPES:  # open/progress too (--control)
-        extras = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("type", "ts", "prev"))
+        extras = " ".join(
+            f"{k}={_value(v)}" for k, v in record.items() if k not in ("type", "ts", "prev")
+        )
         return printable(f"{record.get('ts', '-')} --- {kind} {extras}")
     if kind in (None, "request") and record.get("method") in LIFECYCLE_METHODS:
         return _lifecycle_event(record)
-    host, port = record.get("host", "-"), record.get("port")
-    target = f"{host}:{port}" if port is not None else str(host)
+    host, port = record.get("host"), record.get("port")
+    # no destination (a connection record, origin-form): `-`, not `:0`
+    target = f"{host}:{port}" if host and port is not None else str(host or "-")
     if record.get("path") is not None:
         target += str(record["path"])
     parts = [
@@ -117,6 +122,13 @@ def format_event(record: dict[str, object]) -> str:
     if record.get("detail"):
         parts.append(f"-- {record['detail']}")
     return printable(" ".join(parts))
+
+
+def _value(value: object) -> str:
+    """A field's value as the log spells it (`null`, `false`, `{"a":1}`), not Python's."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), default=str)
 
 
 def _lifecycle_event(record: dict[str, object]) -> str:

@@ -2,9 +2,13 @@
 (docs/audit-log.md#egress-audit-report).
 
 Strategy: the page is built from what one streaming pass keeps, so memory is bounded by
-distinct values, never by lines (as `summarize`): the `Summary` tables, per blocked host its
-reasons and rules, per client (execution or sandbox) its decisions per minute, the policy
-records (up to `MAX_POLICIES`), the lifecycle records (up to `MAX_LIFECYCLE`). The chain's
+distinct values, never by lines (as `summarize`): the `Summary` tables, the records by kind
+(plain-HTTP requests, tunnels, DNS queries, no destination) and decision, per host reached
+(allowed) its requests, tunnels, ports and bytes, per client its kinds, decisions, bytes and
+the hosts it reached (`MAX_CLIENT_HOSTS` each), per blocked host its reasons and rules, per
+error reason and destination its count and first detail (`MAX_ERRORS` of them), per client
+(execution or sandbox) its decisions per minute, the policy records (up to
+`MAX_POLICIES`), the lifecycle records (up to `MAX_LIFECYCLE`). The chain's
 verify result is computed by the caller and shown first: a report of a doctored log is worth
 nothing.
 
@@ -34,9 +38,22 @@ MAX_TIMELINES: Final = 50  # clients with a timeline (busiest first); the rest c
 MAX_ROWS: Final = 200  # rows per table; the rest counted
 COLUMNS: Final = 60  # bars per timeline
 MAX_SLICES: Final = 200_000  # (client, time slice) counters kept before coarsening
+MAX_ERRORS: Final = 10_000  # (reason, destination) error rows kept; the rest counted
+MAX_CLIENT_HOSTS: Final = 1000  # hosts reached kept per client; the rest counted together
+MAX_PORTS: Final = 16  # ports kept per host reached
+MAX_DETAIL: Final = 300  # characters of an error's first detail shown
+# what a record is, for the split of tunnels from requests (docs/audit-log.md#egress-audit-report)
+KINDS: Final = ("request", "tunnel", "dns", "nowhere")
+_KIND_TITLES: Final = {
+    "request": "plain-HTTP requests",
+    "tunnel": "tunnels (CONNECT, SOCKS5, transparent, forwarder)",
+    "dns": "DNS queries (transparent mode)",
+    "nowhere": "no destination (refused before a request, malformed target)",
+}
 _PAD: Final = {19: "", 16: ":00", 13: ":00:00", 10: "T00:00:00"}
 _SLOT: Final = {"allow": 0, "block": 1, "error": 2}
-_COLORS: Final = ("#2e7d32", "#c62828", "#ef6c00")  # allow, block, error
+# allow, block, error: errors are no refusal by the policy, so never in a block's red
+_COLORS: Final = ("#2e7d32", "#c62828", "#ef6c00")
 
 
 @dataclass
@@ -46,6 +63,73 @@ class Verified:
     ok: bool
     verdict: str  # the last line: `OK: ...` or `FAILED: ...`
     problems: list[str] = field(default_factory=list)
+
+
+def kind_of(record: dict[str, object]) -> str:
+    """`request`, `tunnel`, `dns` or `nowhere` (a record that names no destination)."""
+    method = record.get("method")
+    if method == "DNS":
+        return "dns"
+    if method == "-" or not record.get("host"):
+        return "nowhere"
+    # SOCKS5 and transparent tunnels are CONNECT records (docs/audit-log.md)
+    return "tunnel" if method in ("CONNECT", "FORWARD") else "request"
+
+
+@dataclass
+class Reached:
+    """A host the policy let the agent reach: what went there."""
+
+    kinds: list[int] = field(default_factory=lambda: [0, 0, 0])  # request, tunnel, dns
+    ports: set[int] = field(default_factory=set)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+    def add(self, record: dict[str, object], kind: str) -> None:
+        self.kinds[KINDS.index(kind)] += 1
+        port = record.get("port")
+        if isinstance(port, int) and len(self.ports) < MAX_PORTS:
+            self.ports.add(port)
+        self.bytes_up += _count(record.get("bytes_up"))
+        self.bytes_down += _count(record.get("bytes_down"))
+
+
+@dataclass
+class ClientRow:
+    """One client (execution or sandbox): its records by kind and decision, its bytes and
+    the hosts it reached."""
+
+    kinds: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # as KINDS
+    decisions: list[int] = field(default_factory=lambda: [0, 0, 0])  # allow, block, error
+    bytes_up: int = 0
+    bytes_down: int = 0
+    hosts: dict[str, int] = field(default_factory=dict)  # host reached -> allowed records
+    hosts_more: int = 0  # allowed records to hosts beyond MAX_CLIENT_HOSTS
+
+    def add(self, record: dict[str, object], kind: str, slot: int | None) -> None:
+        self.kinds[KINDS.index(kind)] += 1
+        if slot is not None:
+            self.decisions[slot] += 1
+        self.bytes_up += _count(record.get("bytes_up"))
+        self.bytes_down += _count(record.get("bytes_down"))
+        if slot == 0 and kind != "nowhere":
+            host = str(record.get("host"))
+            if host in self.hosts or len(self.hosts) < MAX_CLIENT_HOSTS:
+                self.hosts[host] = self.hosts.get(host, 0) + 1
+            else:
+                self.hosts_more += 1
+
+
+@dataclass
+class ErrorRow:
+    """Errors of one reason to one destination: how many, and the first one's detail."""
+
+    detail: str
+    count: int = 0
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 @dataclass
@@ -63,6 +147,11 @@ class ReportData:
     policies_more: int = 0
     lifecycle: list[dict[str, object]] = field(default_factory=list)
     lifecycle_more: int = 0
+    kinds: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0, 0] for k in KINDS})
+    reached: dict[str, Reached] = field(default_factory=dict)  # allowed host -> what went
+    clients: dict[str, ClientRow] = field(default_factory=dict)
+    errors: dict[tuple[str, str], ErrorRow] = field(default_factory=dict)  # (reason, where)
+    errors_more: int = 0  # error records beyond MAX_ERRORS distinct rows
 
     def add(self, record: dict[str, object]) -> None:
         kind = record.get("type")
@@ -86,8 +175,23 @@ class ReportData:
         self.summary.add(record)
         decision = record.get("decision")
         slot = _SLOT.get(decision) if isinstance(decision, str) else None
+        kind = kind_of(record)
+        client = str(record.get("client_id") or client_ip(record.get("client", "(none)")))
+        row = self.clients.get(client)
+        if row is None:
+            row = self.clients[client] = ClientRow()
+        row.add(record, kind, slot)
         if slot is None:
             return
+        self.kinds[kind][slot] += 1
+        if slot == 0 and kind != "nowhere":
+            host = str(record.get("host"))
+            reached = self.reached.get(host)
+            if reached is None:
+                reached = self.reached[host] = Reached()
+            reached.add(record, kind)
+        elif slot == 2:
+            self._error(record, kind)
         if slot == 1:
             host = str(record.get("host") or "(none)")
             rule = record.get("rule")
@@ -108,6 +212,19 @@ class ReportData:
                     self._request_slot(client, ts, slot)
                     return
             counts[slot] += 1
+
+    def _error(self, record: dict[str, object], kind: str) -> None:
+        where = "(no destination)" if kind == "nowhere" else str(record.get("host"))
+        if kind != "nowhere" and isinstance(record.get("port"), int):
+            where = f"{where}:{record['port']}"
+        key = (str(record.get("reason") or "(none)"), where)
+        row = self.errors.get(key)
+        if row is None:
+            if len(self.errors) >= MAX_ERRORS:
+                self.errors_more += 1
+                return
+            row = self.errors[key] = ErrorRow(str(record.get("detail") or "")[:MAX_DETAIL])
+        row.count += 1
 
     def _request_slot(self, client: str, ts: str, slot: int) -> None:
         slices = self.timeline[client]
@@ -142,6 +259,11 @@ border-bottom:1px solid #eee;vertical-align:top}td.n,th.n{text-align:right}
 .failed{background:#ffebee;border:1px solid #c62828;padding:.6em}
 code{font-family:ui-monospace,monospace;word-break:break-all}.more{color:#666}
 .legend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 12px}
+tr.error td:first-child,tr.error-row td:first-child{border-left:4px solid #ef6c00}
+tr.block td:first-child{border-left:4px solid #c62828}
+tr.reached-host td:first-child{border-left:4px solid #2e7d32}
+.detail{color:#555;font-size:.9em}tr.client td:first-child code{white-space:nowrap}
+.legend span.error-key{background:#ffb74d;outline:1px dashed #e65100}
 """
 
 
@@ -185,8 +307,12 @@ def render_html(
         f"<code>{_text(s.last_ts or '-')}</code>"
         + (f"; {s.bad_lines} unreadable line(s)" if s.bad_lines else "")
         + "</p>",
+        _kinds(data),
         _timelines(data),
+        _clients(data),
+        _reached(data),
         _blocked_hosts(data, domain_of),
+        _errors(data),
         _refusals(s),
         _policies(data),
         _lifecycle(data),
@@ -330,28 +456,161 @@ def _blocked_hosts(data: ReportData, domain_of: Callable[[str], str]) -> str:
 
 
 def _refusals(s: Summary) -> str:
-    out = ['<h2 id="refusals-title">Refusals by reason</h2>']
-    rows = [
-        (key, counts[1] + counts[2])
-        for key, counts in s.tables["reason"].items()
-        if counts[1] + counts[2]
+    """Blocks and errors by reason: a block's bar in solid red, an error's in light orange
+    with a dashed outline (an error is no refusal by the policy: a name that did not
+    resolve, a malformed head)."""
+    out = [
+        '<h2 id="refusals-title">Refusals and errors by reason</h2>',
+        '<p class="legend"><span style="background:#c62828"></span>block (the policy, the '
+        'address guard, the SNI check)<span class="error-key"></span>error (resolution, '
+        "connection, malformed requests, limits)</p>",
     ]
-    rows.sort(key=lambda kv: (-kv[1], kv[0]))
+    rows = [
+        (key, word, counts[slot])
+        for key, counts in s.tables["reason"].items()
+        for word, slot in (("block", 1), ("error", 2))
+        if counts[slot]
+    ]
+    rows.sort(key=lambda row: (-row[2], row[0], row[1]))
     if not rows:
         return "\n".join([*out, "<p>(none)</p>"])
-    peak = rows[0][1]
-    out.append('<table id="refusals"><tr><th class="n">count</th><th>reason</th><th></th></tr>')
-    for reason, n in rows[:MAX_ROWS]:
-        width = max(1, round(300 * n / peak))
-        svg = (
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="300" height="12" role="img" '
-            f'aria-label="{n}"><rect width="{width}" height="12" fill="{_COLORS[1]}"/></svg>'
-        )
+    peak = rows[0][2]
+    out.append(
+        '<table id="refusals"><tr><th class="n">count</th><th>decision</th><th>reason</th>'
+        "<th></th></tr>"
+    )
+    for reason, word, n in rows[:MAX_ROWS]:
         out.append(
-            f'<tr class="refusal" data-reason="{_text(reason)}" data-count="{n}">'
-            f'<td class="n">{n}</td><td><code>{_text(reason)}</code></td><td>{svg}</td></tr>'
+            f'<tr class="refusal {word}" data-reason="{_text(reason)}" data-decision="{word}" '
+            f'data-count="{n}"><td class="n">{n}</td><td>{word}</td>'
+            f"<td><code>{_text(reason)}</code></td><td>{_bar(n, peak, word)}</td></tr>"
         )
     out.append("</table>")
+    return "\n".join(out)
+
+
+def _bar(n: int, peak: int, word: str) -> str:
+    width = max(1, round(300 * n / peak))
+    if word == "error":  # orange with a dashed outline: never mistaken for a block's red
+        fill = (
+            f'<rect x="0.5" y="0.5" width="{max(1, width - 1)}" height="11" fill="#ffb74d" '
+            'stroke="#e65100" stroke-dasharray="3 2"/>'
+        )
+    else:
+        fill = f'<rect width="{width}" height="12" fill="{_COLORS[1]}"/>'
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="300" height="12" role="img" '
+        f'aria-label="{n} {word}">{fill}</svg>'
+    )
+
+
+def _kinds(data: ReportData) -> str:
+    """Tunnels apart from plain-HTTP requests (and DNS queries, and what had no
+    destination), by decision."""
+    out = [
+        '<h2 id="kinds-title">Tunnels and requests</h2>',
+        '<table id="kinds"><tr><th>kind</th><th class="n">allow</th><th class="n">block</th>'
+        '<th class="n">error</th><th class="n">total</th></tr>',
+    ]
+    for kind in KINDS:
+        allow, block, error = data.kinds[kind]
+        out.append(
+            f'<tr class="kind" data-kind="{kind}" data-allow="{allow}" data-block="{block}" '
+            f'data-error="{error}"><td>{_KIND_TITLES[kind]}</td><td class="n">{allow}</td>'
+            f'<td class="n">{block}</td><td class="n">{error}</td>'
+            f'<td class="n">{allow + block + error}</td></tr>'
+        )
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _clients(data: ReportData) -> str:
+    """One row per client: its requests and tunnels, decisions, bytes, hosts reached."""
+    out = ['<h2 id="clients-title">Clients</h2>']
+    rows = sorted(data.clients.items(), key=lambda kv: (-sum(kv[1].kinds), kv[0]))
+    if not rows:
+        return "\n".join([*out, "<p>(no requests)</p>"])
+    heads = "requests,tunnels,DNS,no dest.,allow,block,error,bytes up,bytes down".split(",")
+    out.append(
+        '<table id="clients"><tr><th>client</th>'
+        + "".join(f'<th class="n">{h}</th>' for h in heads)
+        + "<th>hosts reached (allowed records)</th></tr>"
+    )
+    for client, row in rows[:MAX_ROWS]:
+        numbers = [*row.kinds, *row.decisions, row.bytes_up, row.bytes_down]
+        top = sorted(row.hosts.items(), key=lambda kv: (-kv[1], kv[0]))
+        reached = ", ".join(f"<code>{_text(h)}</code> {n}" for h, n in top[:10])
+        more = len(top) - 10
+        if more > 0 or row.hosts_more:
+            reached += f' <span class="more">and {max(more, 0)} more hosts'
+            reached += f" (+{row.hosts_more} records)</span>" if row.hosts_more else "</span>"
+        out.append(
+            f'<tr class="client" data-client="{_text(client)}" data-requests="{row.kinds[0]}" '
+            f'data-tunnels="{row.kinds[1]}" data-allow="{row.decisions[0]}" '
+            f'data-block="{row.decisions[1]}" data-error="{row.decisions[2]}" '
+            f'data-hosts="{len(row.hosts)}"><td><code>{_text(client)}</code></td>'
+            + "".join(f'<td class="n">{n}</td>' for n in numbers)
+            + f"<td>{reached or '-'}</td></tr>"
+        )
+    out.append("</table>")
+    if len(rows) > MAX_ROWS:
+        out.append(f'<p class="more">... and {len(rows) - MAX_ROWS} more clients</p>')
+    return "\n".join(out)
+
+
+def _reached(data: ReportData) -> str:
+    """What the agent actually reached: every allowed host, busiest first."""
+    out = ['<h2 id="reached-title">Reached hosts (allowed)</h2>']
+    hosts = sorted(data.reached.items(), key=lambda kv: (-sum(kv[1].kinds), kv[0]))
+    if not hosts:
+        return "\n".join([*out, "<p>(none)</p>"])
+    out.append(
+        '<table id="reached-hosts"><tr><th>host</th><th class="n">requests</th>'
+        '<th class="n">tunnels</th><th class="n">DNS</th><th>ports</th>'
+        '<th class="n">bytes up</th><th class="n">bytes down</th></tr>'
+    )
+    for host, seen in hosts[:MAX_ROWS]:
+        ports = ", ".join(str(p) for p in sorted(seen.ports))
+        out.append(
+            f'<tr class="reached-host" data-host="{_text(host)}" '
+            f'data-allows="{sum(seen.kinds)}" data-requests="{seen.kinds[0]}" '
+            f'data-tunnels="{seen.kinds[1]}"><td><code>{_text(host)}</code></td>'
+            + "".join(f'<td class="n">{n}</td>' for n in seen.kinds)
+            + f'<td>{ports}</td><td class="n">{seen.bytes_up}</td>'
+            f'<td class="n">{seen.bytes_down}</td></tr>'
+        )
+    out.append("</table>")
+    if len(hosts) > MAX_ROWS:
+        out.append(f'<p class="more">... and {len(hosts) - MAX_ROWS} more hosts</p>')
+    return "\n".join(out)
+
+
+def _errors(data: ReportData) -> str:
+    """Errors (a name that did not resolve, an upstream that refused, a malformed request,
+    a limit) by reason and destination, with the first one's detail."""
+    out = ['<h2 id="errors-title">Errors</h2>']
+    rows = sorted(data.errors.items(), key=lambda kv: (-kv[1].count, kv[0]))
+    if not rows:
+        return "\n".join([*out, "<p>(none)</p>"])
+    out.append(
+        '<table id="errors"><tr><th class="n">count</th><th>reason</th><th>destination</th>'
+        "<th>first detail</th></tr>"
+    )
+    for (reason, where), row in rows[:MAX_ROWS]:
+        out.append(
+            f'<tr class="error-row" data-reason="{_text(reason)}" data-where="{_text(where)}" '
+            f'data-count="{row.count}"><td class="n">{row.count}</td>'
+            f"<td><code>{_text(reason)}</code></td><td><code>{_text(where)}</code></td>"
+            f'<td class="detail">{_text(row.detail)}</td></tr>'
+        )
+    out.append("</table>")
+    hidden = len(rows) - min(len(rows), MAX_ROWS)
+    if hidden or data.errors_more:
+        out.append(
+            f'<p class="more">... and {hidden} more rows'
+            + (f", {data.errors_more} more errors not itemized" if data.errors_more else "")
+            + "</p>"
+        )
     return "\n".join(out)
 
 

@@ -12,8 +12,11 @@ Pure: records in, text out; the registrable-domain function and the linter are p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from egress.printable import printable
 
 # reasons whose records are callouts, never rules
 GUARD_REASONS = frozenset({"reserved_address"})
@@ -46,7 +49,9 @@ class Suggestion:
     refused: dict[str, _Seen] = field(default_factory=dict)  # enforce-mode default denials
     failed: dict[str, _Seen] = field(default_factory=dict)  # errors before any verdict
     routes: int = 0
-    skipped: int = 0  # not a destination (no host or port): not counted in `records`
+    # no destination (no host or port: refused before a request was read, a malformed
+    # target): counted in `records`, listed by reason, never a rule
+    nowhere: dict[str, _Seen] = field(default_factory=dict)
     lifecycle: int = 0  # sandbox lifecycle records: no requests, left out
 
     def add(self, record: dict[str, object]) -> None:
@@ -55,12 +60,12 @@ class Suggestion:
         scheme = str(record.get("scheme") or "")
         reason = str(record.get("reason") or "")
         decision = str(record.get("decision") or "")
-        if not host or not isinstance(port, int) or port <= 0:
-            self.skipped += 1
-            return
         self.records += 1
         if record.get("client_id"):
             self.clients.add(str(record["client_id"]))
+        if not host or not isinstance(port, int) or port <= 0:
+            _bump(self.nowhere, reason or "(no reason)", f"{record.get('method')} {host}".strip())
+            return
         where = f"{_bracket(host)}:{port}"
         would = record.get("would") == "block"
         # report-only: the policy's verdict, also when the request failed after it
@@ -126,10 +131,12 @@ def render(
 ) -> str:
     """The suggestion as TOML with comments (loadable by `--policy`)."""
     lines = [
-        "# Suggested by `egress audit suggest` from " + ", ".join(sources),
-        f"# {s.records} request records"
-        + (f" of clients {', '.join(sorted(s.clients))}" if s.clients else "")
-        + ". Every allow rule below is exactly one observed destination (no wildcards).",
+        printable("# Suggested by `egress audit suggest` from " + ", ".join(sources)),
+        printable(
+            f"# {s.records} request records"
+            + (f" of clients {', '.join(sorted(s.clients))}" if s.clients else "")
+            + ". Every allow rule below is exactly one observed destination (no wildcards)."
+        ),
         "# Review it: traffic seen during observation is not necessarily traffic to allow.",
         'default = "deny"',
         "allow = [",
@@ -139,7 +146,7 @@ def render(
         groups.setdefault(domain_of(s.hosts[rule]), []).append(rule)
     for domain in sorted(groups, key=lambda d: (-sum(s.allowed[r].count for r in groups[d]), d)):
         total = sum(s.allowed[r].count for r in groups[domain])
-        lines.append(f"    # {domain}: {total} record(s)")
+        lines.append(printable(f"    # {domain}: {total} record(s)"))
         for rule in sorted(groups[domain]):
             seen = s.allowed[rule]
             extra = []
@@ -153,7 +160,7 @@ def render(
     lines += _callouts(s)
     findings = lint(list(s.allowed))
     if findings:
-        lines += ["", "# lint:"] + [f"#   {f}" for f in findings]
+        lines += ["", "# lint:"] + [printable(f"#   {f}") for f in findings]
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +180,11 @@ def _callouts(s: Suggestion) -> list[str]:
             "(add them by hand if wanted)",
         ),
         (s.failed, "failed before the policy's verdict was used (not allowed)"),
+        (
+            s.nowhere,
+            "no destination (refused before a request was read, or a malformed target), "
+            "by reason; not allowed",
+        ),
     )
     for table, title in sections:
         if not table:
@@ -181,7 +193,9 @@ def _callouts(s: Suggestion) -> list[str]:
         for where in sorted(table):
             seen = table[where]
             notes = "; ".join(sorted(seen.notes))
-            out.append(f"#   {where}  {seen.count} record(s)" + (f"  {notes}" if notes else ""))
+            # a comment is one line: text from the log never ends it (egress/printable.py)
+            line = f"#   {where}  {seen.count} record(s)" + (f"  {notes}" if notes else "")
+            out.append(printable(line))
     if s.routes:
         out += [
             "",
@@ -193,7 +207,11 @@ def _callouts(s: Suggestion) -> list[str]:
 
 
 def _toml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A TOML basic string: JSON's escapes are TOML's (`\\n`, `\\uXXXX`), except that TOML
+    wants DEL escaped too, and has no escape for a lone surrogate (shown as U+FFFD): a
+    hostile log's host never breaks the file."""
+    text = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 __all__ = ["Suggestion", "exact_rule", "render", "suggest"]

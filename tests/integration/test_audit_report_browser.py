@@ -206,3 +206,48 @@ async def test_a_hostile_log_is_shown_never_run(
     hosts = [a["data-host"] for a in dom.find("tr", class_="blocked-host")]
     assert hosts == [HOSTILE_HOST]
     screenshot(page, "audit-report-hostile", capsys)
+
+
+async def test_reached_hosts_clients_and_errors_in_chromium(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report's tables of what the agent reached, its clients, errors and kinds load
+    in a real browser without a console message, with their counts (issue 32)."""
+    log = tmp_path / "audit.jsonl"
+    base = {"method": "CONNECT", "scheme": "https", "port": 443, "rule": None}
+    async with AuditLog(str(log)) as audit:
+        for n in range(5):
+            audit.record({**base, "client": f"198.18.0.2:{n}", "client_id": "task-7",
+                          "host": "pypi.org", "decision": "allow", "reason": "allow_rule",
+                          "rule": "pypi.org", "bytes_up": 10, "bytes_down": 900})  # fmt: skip
+        audit.record({**base, "client": "198.18.0.3:1", "client_id": "task-8", "method": "GET",
+                      "scheme": "http", "host": "api.test", "port": 80, "decision": "allow",
+                      "reason": "allow_rule", "rule": "http://api.test"})  # fmt: skip
+        audit.record({**base, "client": "198.18.0.3:2", "client_id": "task-8",
+                      "host": "gone.test", "decision": "error", "reason": "dns_error",
+                      "detail": "gone.test: name does not resolve"})  # fmt: skip
+        audit.record({"client": "198.18.0.3:3", "method": "-", "scheme": "", "host": "",
+                      "port": 0, "decision": "error", "reason": "bad_request", "rule": None,
+                      "detail": "request line is not 'method SP target SP version'"})  # fmt: skip
+        audit.record({**base, "client": "198.18.0.3:4", "client_id": "task-8",
+                      "host": "evil.test", "decision": "block",
+                      "reason": "default_deny"})  # fmt: skip
+    page = tmp_path / "report.html"
+    assert audit_main(["report", "--html", str(page), str(log)]) == 0
+    capsys.readouterr()
+    assert page.stat().st_mode & 0o777 == 0o600
+    dom_text, messages = load(page)
+    assert messages == []
+    screenshot(page, "audit-report-reached", capsys)
+    dom = Dom(dom_text)
+    reached = {a["data-host"]: a for a in dom.find("tr", class_="reached-host")}
+    assert (reached["pypi.org"]["data-tunnels"], reached["api.test"]["data-requests"]) == (
+        "5",
+        "1",
+    )
+    clients = {a["data-client"] for a in dom.find("tr", class_="client")}
+    assert clients == {"task-7", "task-8", "198.18.0.3"}
+    errors = {a["data-reason"] for a in dom.find("tr", class_="error-row")}
+    assert errors == {"dns_error", "bad_request"}
+    kinds = {a["data-kind"]: a["data-allow"] for a in dom.find("tr", class_="kind")}
+    assert (kinds["tunnel"], kinds["request"]) == ("5", "1")

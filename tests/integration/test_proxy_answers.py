@@ -195,3 +195,38 @@ async def test_idle_keepalive_connections_are_reclaimed_at_the_cap() -> None:
         for _, w, _ in idle:
             w.close()
         assert not audit.find(reason="too_many_connections")
+
+
+@pytest.mark.parametrize(
+    ("head", "method", "host", "port"),
+    [
+        (b"GET /x HTTP/1.1\r\nHost: a.test:8080\r\n\r\n", "GET", "", 0),
+        (b"GET http://a..test:8080/ HTTP/1.1\r\nHost: a..test\r\n\r\n", "GET", "", 0),
+        (b"CONNECT bad_host!:443 HTTP/1.1\r\nHost: x\r\n\r\n", "CONNECT", "bad_host!", 443),
+        (b"CONNECT bad_host! HTTP/1.1\r\nHost: x\r\n\r\n", "CONNECT", "bad_host!", 0),
+    ],
+    ids=["origin-form", "bad-host", "connect-bad-host", "connect-no-port"],
+)
+async def test_a_target_without_destination_names_client_and_listener(
+    head: bytes, method: str, host: str, port: int
+) -> None:
+    """A request refused because its target names no destination (origin-form, a bad
+    host) is recorded like a connection record: `listener`, `mode` and `client_id`, and a
+    CONNECT's port apart from its host (issue 32: the port stayed inside `host`)."""
+    audit = MemoryAudit()
+    spec = ClientSpec("task-1", Policy(allow=["a.test"]), token="s3cret")
+    settings = Settings(Policy(), clients=(spec,))
+    auth = b"Proxy-Authorization: Basic dGFzay0xOnMzY3JldA==\r\n"  # task-1:s3cret
+    async with EgressProxy(settings, audit=audit) as proxy:
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        writer.write(head.replace(b"\r\n\r\n", b"\r\n" + auth + b"\r\n"))
+        await writer.drain()
+        status, _, _ = await asyncio.wait_for(read_response(reader), 5)
+        writer.close()
+        assert status == 400
+        record = await audit.wait_for(reason="bad_request")
+        listen = proxy.addresses[0]
+    assert (record["method"], record["host"], record["port"]) == (method, host, port)
+    assert record["listener"] == f"{listen[0]}:{listen[1]}"
+    assert record["mode"] == "http"
+    assert record["client_id"] == "task-1"

@@ -386,6 +386,10 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         (["tail", "-f", "--interval", "-1", "x"], "must be > 0"),
         (["summarize", "--top", "0", "x"], "must be > 0"),
         (["tail", "-n", "ten", "x"], "not a number"),
+        (["verify", "--head", "nothex", "x"], "not a SHA-256 hash (64 hex digits): nothex"),
+        (["verify", "--head", "0" * 63, "x"], "not a SHA-256 hash"),
+        (["filter", "--bogus", "x"], "usage: egress audit filter"),
+        (["verify", "--hed", "x", "y"], "usage: egress audit verify"),
     ],
     ids=[
         "missing-file",
@@ -397,6 +401,10 @@ async def test_tail_follow_through_writer_rotation(tmp_path: Path) -> None:
         "bad-interval",
         "bad-top",
         "bad-lines",
+        "head-not-hex",
+        "head-short",
+        "mistyped-option-subcommand-usage",
+        "mistyped-verify-option",
     ],
 )
 def test_usage_errors_exit_2(
@@ -408,17 +416,105 @@ def test_usage_errors_exit_2(
     assert "Traceback" not in err
 
 
-def test_bad_lines_are_counted_not_fatal(
+def test_bad_lines_are_counted_named_and_exit_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "audit.jsonl"
     path.write_text('{"host":"a.example","decision":"block"}\nnot json\n[1]\n{"host":"b.exa')
     code, out, err = run(capsys, "summarize", "--json", str(path))
-    assert code == 0
+    assert code == 1  # the counts are of the readable lines only
     summary = json.loads(out)
     assert summary["bad_lines"] == 3
     assert summary["totals"]["block"] == 1
+    assert f"{path}:2: not a JSON object; skipped" in err
+    assert f"{path}:3: not a JSON object; skipped" in err
+    assert f"{path}:4: truncated line (no newline); skipped" in err
     assert "3 line(s) were not JSON objects" in err
+
+
+TRUNCATED = (
+    '{"ts":"2026-11-30T05:00:00.000Z","client":"198.18.0.2:1","method":"CONNECT",'
+    '"host":"a.example","port":443,"decision":"block","reason":"default_deny","rule":null}\n'
+    '{"ts":"2026-11-30T05:00:01.000Z","client":"198.18.0.2:2","method":"CONNECT","host":"b.ex'
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["filter"],
+        ["filter", "--json"],
+        ["filter", "--host", "b.example"],
+        ["tail"],
+        ["tail", "-n", "1", "--host", "b.example"],
+        ["export", "--format", "ocsf"],
+        ["suggest"],
+    ],
+    ids=[
+        "filter",
+        "filter-json",
+        "filter-nothing-matched",
+        "tail",
+        "tail-nothing-matched",
+        "export",
+        "suggest",
+    ],
+)
+def test_every_reading_command_names_unreadable_lines_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """A truncated file must not read as "nothing matched" (issue 32): the line is named on
+    stderr with its file and line number, and the exit status says lines were skipped."""
+    path = tmp_path / "audit.jsonl"
+    path.write_text(TRUNCATED)
+    code, _, err = run(capsys, *argv, str(path))
+    assert code == 1, err
+    assert f"{path}:2: truncated line (no newline); skipped" in err
+    assert "1 line(s) were not JSON objects" in err
+    assert "egress audit verify" in err
+
+
+def test_tail_follow_names_an_unreadable_line_of_the_live_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tail -f`: a line the follower reads that is not JSON is named as `PATH:N` too."""
+    path = tmp_path / "audit.jsonl"
+    path.write_text('{"type":"start","seq":0}\ngarbage\n')
+    follower = Follower(str(path))
+    lines = follower.read_lines()
+    follower.close()
+    assert [(line.where, line.data) for line in lines] == [
+        (f"{path}:1", b'{"type":"start","seq":0}'),
+        (f"{path}:2", b"garbage"),
+    ]
+
+
+def test_a_clean_log_exits_0_with_nothing_on_stderr(
+    sample_log: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["filter"], ["tail"], ["summarize"], ["export", "--format", "ocsf"]):
+        code, _, err = run(capsys, *argv, *sample_log)
+        assert code == 0, argv
+        assert "not JSON" not in err
+        assert "chain looks broken" not in err
+
+
+def test_summarize_and_export_hint_at_a_broken_chain(
+    sample_log: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line deleted from the middle: summarize and export still answer, but say the chain
+    looks broken and to run verify (issue 32)."""
+    live = Path(sample_log[-1])
+    lines = live.read_bytes().splitlines(keepends=True)
+    copy = tmp_path / "audit.jsonl"
+    copy.write_bytes(b"".join(lines[:3] + lines[4:]))
+    for argv in (["summarize"], ["export", "--format", "ocsf"]):
+        code, out, err = run(capsys, *argv, *sample_log[:-1], str(copy))
+        assert code == 0
+        assert out
+        assert "chain looks broken at 1 place(s)" in err, argv
+        assert f"{copy}:4: seq " in err
+        assert "run `egress audit verify`" in err
 
 
 def test_an_overlong_line_is_one_bad_line(
@@ -427,10 +523,51 @@ def test_an_overlong_line_is_one_bad_line(
     path = tmp_path / "audit.jsonl"
     path.write_bytes(b"x" * 3_000_000 + b"\n" + b'{"host":"a.example","decision":"allow"}\n')
     code, out, _ = run(capsys, "summarize", "--json", str(path))
-    assert code == 0
+    assert code == 1  # one line skipped
     summary = json.loads(out)
     assert summary["bad_lines"] == 1
     assert summary["totals"]["allow"] == 1
+
+
+def test_messages_show_no_python_values(
+    tmp_path: Path, sample_log: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No `head None`, no `None`/`False`/dict reprs in what a reviewer reads (issue 32)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code, out, _ = run(capsys, "verify", str(empty))
+    assert code == 1
+    assert "head (none: no lines)" in out
+    assert "None" not in out
+    _, out, _ = run(capsys, "filter", "--control", *sample_log)
+    start = next(line for line in out.splitlines() if " --- start " in line)
+    assert "keep_query=false" in start
+    for python in ("None", "False", "{'"):
+        assert python not in out
+    path = tmp_path / "policy.jsonl"
+    path.write_text(
+        '{"type":"policy","ts":"2026-11-30T05:00:00.000Z","client_id":null,'
+        '"canonical":{"default":"deny","allow":["a.test"]},"seq":1,"prev":"x"}\n'
+        '{"client":"198.18.0.2:1","method":"GET","scheme":"http","host":"","port":0,'
+        '"decision":"error","reason":"bad_request","rule":null}\n'
+    )
+    _, out, _ = run(capsys, "filter", "--control", str(path))
+    policy, origin_form = out.splitlines()
+    assert 'client_id=null canonical={"default":"deny","allow":["a.test"]}' in policy
+    assert " GET - from 198.18.0.2:1 " in origin_form  # no destination: not `:0`
+
+
+def test_serve_names_the_bad_audit_option_not_the_log() -> None:
+    """`egress serve --audit-rotate-bytes 0` without a log said `cannot open the audit log
+    None` (issue 32)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "egress.cli", "serve", "--listen", "127.0.0.1:0",
+         "--audit-rotate-bytes", "0", "--quiet"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--audit-rotate-bytes must be at least 1" in done.stderr
+    assert "None" not in done.stderr
 
 
 def test_a_directory_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -556,3 +693,21 @@ def test_million_lines_in_memory_bounded_by_distinct_hosts(tmp_path: Path) -> No
     assert big_peak - small_peak < 8 * 1024, (small_peak, big_peak)
     assert small_summary["totals"]["events"] == 10_000  # type: ignore[index]
     assert elapsed < 60, elapsed
+
+
+def test_a_truncated_gzip_file_exits_1_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rotated file cut short is a truncated log as well: named, and exit 1."""
+    import gzip
+
+    line = TRUNCATED.split("\n")[0].encode() + b"\n"
+    whole = gzip.compress(
+        b"".join(line.replace(b'"port":443', b'"port":%d' % n) for n in range(400))
+    )
+    path = tmp_path / "audit.jsonl.1.gz"
+    path.write_bytes(whole[: len(whole) // 2])  # every line whole JSON: only the cut fails
+    for argv in (["filter"], ["summarize"], ["export", "--format", "ocsf"]):
+        code, _, err = run(capsys, *argv, str(path))
+        assert code == 1, argv
+        assert "compressed data is damaged or ends early" in err

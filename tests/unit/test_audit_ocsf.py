@@ -18,6 +18,7 @@ from audit_samples import write_sample
 from ocsf_json_schema import OcsfJsonSchemaEmbedded, get_ocsf_schema
 
 from egress.audit.cli import audit_main
+from egress.audit.log import AuditLog
 from egress.audit.ocsf import (
     DNS_ACTIVITY,
     HTTP_ACTIVITY,
@@ -106,6 +107,8 @@ def shapes() -> dict[str, dict[str, object]]:
     return out
 
 
+RUN = "c531f3566e5b7d86305c15537a341ee5"
+
 # carried in another form: ts as `time`, client as src_endpoint ip/port, decision as
 # action/disposition/status, method as the activity, scheme in the class, rcode as rcode_id;
 # seq/prev are the chain
@@ -129,7 +132,7 @@ def test_every_record_shape_is_a_valid_ocsf_event(shape: str) -> None:
 def test_the_mapping_field_by_field() -> None:
     """The table in docs/audit-log.md#egress-audit-export, checked on one record each."""
     s = shapes()
-    connect = to_ocsf(s["connect_allowed"], "0.1.0")
+    connect = to_ocsf(s["connect_allowed"], "0.1.0", run=RUN)
     assert (connect["class_uid"], connect["activity_id"], connect["type_uid"]) == (4002, 1, 400201)
     assert connect["src_endpoint"] == {"ip": "198.18.0.2", "port": 40001, "uid": "task-7"}
     assert connect["dst_endpoint"] == {"hostname": "pypi.org", "port": 443, "ip": "198.18.7.10"}
@@ -141,24 +144,26 @@ def test_the_mapping_field_by_field() -> None:
     assert connect["policy"] == {"uid": "sha256:0123456789abcdef", "name": "egress policy"}
     assert connect["duration"] == 2  # 1.5 ms, OCSF's whole milliseconds
     assert connect["unmapped"] == {"sni": "pypi.org", "end": "eof", "duration_ms": 1.5}
-    get = to_ocsf(s["get_blocked"], "0.1.0")
+    assert connect["metadata"]["uid"] == f"{RUN}:7"  # type: ignore[index]
+    assert connect["metadata"]["correlation_uid"] == RUN  # type: ignore[index]
+    get = to_ocsf(s["get_blocked"], "0.1.0", run=RUN)
     assert (get["activity_id"], get["action_id"], get["disposition_id"]) == (3, 2, 2)
     assert get["http_request"]["url"]["url_string"] == "http://evil.test:80/x?REDACTED"  # type: ignore[index]
     assert (get["http_response"], get["status_code"]) == ({"code": 403}, "block_rule")
     assert get["message"] == "blocked by rule 'evil.test'"
-    would = to_ocsf(s["report_only_dns_error"], "0.1.0")
+    would = to_ocsf(s["report_only_dns_error"], "0.1.0", run=RUN)
     assert (would["disposition_id"], would["status_code"]) == (27, "dns_error")
     assert would["unmapped"] == {"would": "block", "would_reason": "default_deny"}
-    socks = to_ocsf(s["socks_refused"], "0.1.0")
+    socks = to_ocsf(s["socks_refused"], "0.1.0", run=RUN)
     assert (socks["class_uid"], socks["activity_id"]) == (4001, 5)  # Network Activity: Refuse
     assert socks["unmapped"] == {"mode": "socks5", "socks_reply": 2}
-    assert to_ocsf(s["forwarder"], "0.1.0")["activity_id"] == 2  # Close
-    assert to_ocsf(s["refused_before_a_request"], "0.1.0")["activity_id"] == 4  # Fail
-    dns = to_ocsf(s["dns_answered"], "0.1.0")
+    assert to_ocsf(s["forwarder"], "0.1.0", run=RUN)["activity_id"] == 2  # Close
+    assert to_ocsf(s["refused_before_a_request"], "0.1.0", run=RUN)["activity_id"] == 4  # Fail
+    dns = to_ocsf(s["dns_answered"], "0.1.0", run=RUN)
     assert (dns["class_uid"], dns["activity_id"], dns["rcode_id"]) == (4003, 2, 0)
     assert dns["query"] == {"hostname": "pypi.org", "type": "A", "class": "IN"}
     assert dns["answers"] == [{"rdata": "198.19.0.7", "type": "A", "class": "IN"}]
-    assert to_ocsf(s["dns_refused"], "0.1.0")["rcode_id"] == 3
+    assert to_ocsf(s["dns_refused"], "0.1.0", run=RUN)["rcode_id"] == 3
 
 
 def test_export_the_sample_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,3 +177,82 @@ def test_export_the_sample_log(tmp_path: Path, capsys: pytest.CaptureFixture[str
     for event in events:
         assert problems(event) == [], event
     assert "left out (not requests)" in err
+
+
+# ---- issue 32: odd methods, who decided, address targets, unique ids -----------------------
+
+
+@pytest.mark.parametrize("method", ["PROPFIND", "X-EXFIL", "get", "Get", "BREW"])
+def test_a_method_outside_the_schemas_enum_is_a_valid_other_event(method: str) -> None:
+    """`http_method` is an enum of the nine RFC 9110/5789 methods: any other (methods are
+    case-sensitive, so `get` too) is activity 99 Other, named by `activity_name`, with the
+    raw method under `unmapped`: a validating pipeline keeps exactly the agent's odd
+    requests."""
+    event = to_ocsf({**shapes()["get_blocked"], "method": method}, "0.1.0")
+    assert problems(event) == []
+    assert (event["activity_id"], event["type_uid"]) == (99, 400299)
+    assert event["activity_name"] == method
+    assert event["type_name"] == "HTTP Activity: Other"
+    assert "http_method" not in event["http_request"]  # type: ignore[operator]
+    assert event["unmapped"]["http_method"] == method  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("reason", "rule", "name"),
+    [
+        ("reserved_address", None, "(address guard)"),
+        ("sni_mismatch", None, "(TLS SNI check)"),
+        ("sni_missing", None, "(TLS SNI check)"),
+        ("default_deny", None, "(default posture)"),
+        ("block_rule", "evil.test", "evil.test"),
+        ("port_not_allowed", None, "(default posture)"),
+        ("dns_error", None, None),
+    ],
+)
+def test_the_firewall_rule_names_who_decided(reason: str, rule: str | None, name: str) -> None:
+    decision = "error" if reason == "dns_error" else "block"
+    record = {**shapes()["get_blocked"], "reason": reason, "rule": rule, "decision": decision}
+    event = to_ocsf(record, "0.1.0")
+    assert problems(event) == []
+    assert event.get("firewall_rule") == ({"name": name, "desc": reason} if name else None)
+
+
+@pytest.mark.parametrize(
+    ("host", "ip"),
+    [("169.254.169.254", "169.254.169.254"), ("2001:db8::1", "2001:db8::1"), ("a.test", None)],
+)
+def test_an_address_target_has_its_ip_even_when_never_dialed(host: str, ip: str | None) -> None:
+    record = {**shapes()["get_blocked"], "host": host, "reason": "reserved_address"}
+    record.pop("addr", None)
+    event = to_ocsf(record, "0.1.0")
+    assert problems(event) == []
+    assert event["dst_endpoint"].get("ip") == ip  # type: ignore[attr-defined]
+
+
+def test_sequence_and_uid_never_repeat_across_runs_and_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs in one file and two workers' files: every record's `seq` repeats, the
+    events' `metadata.sequence` and `metadata.uid` do not; `correlation_uid` is the run id
+    of the record's start record."""
+    event = {"client": "198.18.0.2:1", "method": "GET", "scheme": "http", "host": "a.test",
+             "port": 80, "decision": "allow", "reason": "allow_rule", "rule": "a.test"}  # fmt: skip
+
+    async def write(path: Path, worker: tuple[int, int] | None) -> str:
+        async with AuditLog(str(path), worker=worker) as log:
+            for _ in range(3):
+                log.record(event)
+        return log.run_id
+
+    runs = [asyncio.run(write(tmp_path / "audit.w0.jsonl", (0, 2))) for _ in range(2)]
+    runs.append(asyncio.run(write(tmp_path / "audit.w1.jsonl", (1, 2))))
+    assert audit_main(["export", "--format", "ocsf", str(tmp_path / "audit.jsonl")]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(events) == 9
+    meta = [e["metadata"] for e in events]
+    assert [m["sequence"] for m in meta] == list(range(1, 10))
+    assert len({m["uid"] for m in meta}) == 9
+    assert [m["correlation_uid"] for m in meta] == [r for r in runs for _ in range(3)]
+    assert meta[0]["uid"] == f"{runs[0]}:1"  # RUN:SEQ, the record's place in its chain
+    for e in events:
+        assert problems(e) == []

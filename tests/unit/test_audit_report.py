@@ -114,3 +114,98 @@ def test_time_slices_coarsen_instead_of_growing() -> None:
     assert data.slices <= MAX_SLICES
     assert sum(c[0] for c in data.timeline["c"].values()) == MAX_SLICES + 10
     assert time.monotonic() - started < 60
+
+
+# ---- issue 32: what the agent reached, errors, clients, tunnels vs requests ---------------
+
+REACHED = [
+    {"client": "198.18.0.2:1", "client_id": "task-7", "method": "CONNECT", "scheme": "https",
+     "host": "pypi.org", "port": 443, "decision": "allow", "reason": "allow_rule",
+     "rule": "pypi.org", "bytes_up": 100, "bytes_down": 2000},
+    {"client": "198.18.0.2:2", "client_id": "task-7", "method": "GET", "scheme": "http",
+     "host": "api.test", "port": 8080, "decision": "allow", "reason": "allow_rule",
+     "rule": "http://api.test:8080", "bytes_up": 10, "bytes_down": 20},
+    {"client": "198.18.0.3:1", "client_id": "task-8", "method": "CONNECT", "scheme": "https",
+     "host": "pypi.org", "port": 443, "mode": "socks5", "decision": "allow",
+     "reason": "allow_rule", "rule": "pypi.org", "bytes_up": 1, "bytes_down": 2},
+    {"client": "198.18.0.3:2", "client_id": "task-8", "method": "CONNECT", "scheme": "https",
+     "host": "gone.test", "port": 443, "decision": "error", "reason": "dns_error",
+     "rule": None, "detail": "gone.test: name does not resolve"},
+    {"client": "198.18.0.3:3", "client_id": "task-8", "method": "GET", "scheme": "http",
+     "host": "", "port": 0, "decision": "error", "reason": "bad_request", "rule": None,
+     "detail": "origin-form request"},
+    {"client": "198.18.0.3:4", "method": "-", "scheme": "", "host": "", "port": 0,
+     "decision": "error", "reason": "too_many_connections", "rule": None},
+    {"client": "198.18.0.3:5", "client_id": "task-8", "method": "CONNECT", "scheme": "https",
+     "host": "evil.test", "port": 443, "decision": "block", "reason": "default_deny",
+     "rule": None},
+]  # fmt: skip
+
+
+def _page(tmp_path: Path) -> tuple[Path, str]:
+    import asyncio
+
+    from egress.audit.cli import audit_main
+    from egress.audit.log import AuditLog
+
+    async def write(path: Path) -> None:
+        async with AuditLog(str(path)) as log:
+            for record in REACHED:
+                log.record(record)
+
+    log = tmp_path / "audit.jsonl"
+    asyncio.run(write(log))
+    page = tmp_path / "report.html"
+    assert audit_main(["report", "--html", str(page), str(log)]) == 0
+    return page, page.read_text()
+
+
+def rows(page: str, cls: str) -> list[dict[str, str]]:
+    return [
+        dict(re.findall(r'data-([\w-]+)="([^"]*)"', attrs))
+        for attrs in re.findall(rf'<tr class="{cls}"([^>]*)>', page)
+    ]
+
+
+def test_the_report_shows_what_was_reached_errors_clients_and_kinds(tmp_path: Path) -> None:
+    """Not only the refusals (issue 32): the hosts the agent reached, by host and by client,
+    the errors (a name that did not resolve, malformed attempts), a table per client, and
+    tunnels apart from requests."""
+    _, page = _page(tmp_path)
+    reached = {r["host"]: r for r in rows(page, "reached-host")}
+    assert set(reached) == {"pypi.org", "api.test"}
+    assert (reached["pypi.org"]["tunnels"], reached["pypi.org"]["requests"]) == ("2", "0")
+    assert reached["api.test"]["requests"] == "1"
+    clients = {r["client"]: r for r in rows(page, "client")}
+    assert set(clients) == {"task-7", "task-8", "198.18.0.3"}
+    assert (clients["task-7"]["allow"], clients["task-7"]["hosts"]) == ("2", "2")
+    assert (clients["task-8"]["tunnels"], clients["task-8"]["error"]) == ("3", "2")
+    errors = {(r["reason"], r["where"]): int(r["count"]) for r in rows(page, "error-row")}
+    assert errors == {
+        ("dns_error", "gone.test:443"): 1,
+        ("bad_request", "(no destination)"): 1,
+        ("too_many_connections", "(no destination)"): 1,
+    }
+    kinds = {r["kind"]: r for r in rows(page, "kind")}
+    assert (kinds["tunnel"]["allow"], kinds["tunnel"]["block"]) == ("2", "1")
+    assert (kinds["tunnel"]["error"], kinds["request"]["allow"]) == ("1", "1")
+    assert kinds["nowhere"]["error"] == "2"
+
+
+def test_error_reasons_are_not_drawn_in_block_red(tmp_path: Path) -> None:
+    _, page = _page(tmp_path)
+    refusals = re.findall(r'<tr class="refusal (\w+)".*?</tr>', page, flags=re.S)
+    assert sorted(set(refusals)) == ["block", "error"]
+    for row in re.findall(r'<tr class="refusal error".*?</tr>', page, flags=re.S):
+        assert "#c62828" not in row  # a block's red
+        assert "stroke-dasharray" in row
+    for row in re.findall(r'<tr class="refusal block".*?</tr>', page, flags=re.S):
+        assert 'fill="#c62828"' in row
+
+
+def test_the_report_is_written_0600_like_the_log(tmp_path: Path) -> None:
+    stale = tmp_path / f"report.html.tmp{os.getpid()}"
+    stale.write_text("left over")
+    stale.chmod(0o644)
+    page, _ = _page(tmp_path)
+    assert page.stat().st_mode & 0o777 == 0o600

@@ -163,6 +163,8 @@ class Exchange:
         if isinstance(target, Verdict):
             if target.where is not None:  # named before it was refused (ws://)
                 rec.host, rec.port = target.where
+            if intent.listener is not None:  # no destination: the listener says where
+                rec.listener, rec.mode = intent.listener
             return self._refuse("start", target)
         if isinstance(identity, Verdict):
             return self._refuse("start", identity)

@@ -125,6 +125,10 @@ class Intent:
     # request names a destination the policy judges before its 400 (docs/proxy.md#websocket)
     then: Refuse | None = None
     question: Question | None = None  # a DNS query's type and transport (the DNS mode)
+    # the listener's HOST:PORT and mode, named in the record of a request whose target names
+    # no destination (origin-form, a bad host), as a connection record names them
+    # (docs/audit-log.md#connection-records)
+    listener: tuple[str, str] | None = None
 
 
 __all__ = [

@@ -54,6 +54,13 @@ class Listener:
         return self.host, self.port
 
     @property
+    def named(self) -> tuple[str, str]:
+        """Its `listener` (HOST:PORT) and `mode` as a record names them
+        (docs/audit-log.md#connection-records)."""
+        kind = "forward" if self.forward_to is not None else self.kind
+        return join_host_port(self.host, self.port), kind
+
+    @property
     def mode(self) -> ListenerMode:
         """What it speaks, as an object (`modes/kinds.py`): its front-ends, how a refusal
         at accept is answered, whether its requests may take the fast path."""

@@ -32,25 +32,42 @@ def connect_exchange(steps: Steps, conn: Conn, head: wire.RequestHead) -> tuple[
     t0 = perf_counter_ns()
     gate = steps.gate
     target = gate.connect_target(head.target)
-    identity = cap = None
+    identity = gate.identify(conn.listener.identity, conn.peer, head)
+    cap = listener = None
+    host, port = head.target, 0
     if not isinstance(target, Refuse):
-        identity = gate.identify(conn.listener.identity, conn.peer, head)
         cap = steps.cap(conn, identity)
+    else:  # no destination: the target as written, the listener named (docs/audit-log.md)
+        host, port = written_authority(head.target)
+        listener = conn.listener.named
     audit = steps.audit
     intent = Intent(
         conn.client,
         "CONNECT",
         "https",
-        head.target,
-        0,
+        host,
+        port,
         t0,
         target,
         identity,
         cap,
         audit_ok=audit is None or audit.accepting,
+        listener=listener,
     )
     x = Exchange(gate, CONNECT)
     return x, x.start(intent)
+
+
+def written_authority(text: str) -> tuple[str, int]:
+    """A CONNECT target that did not parse, as its record shows it: `host:port` split when
+    it ends in a port number (`bad_host!:443` -> `bad_host!`, 443; `[::1]:x` stays whole),
+    else the text whole with port 0."""
+    host, sep, port = text.rpartition(":")
+    if not (sep and host and port.isdigit() and len(port) <= 5 and int(port) <= 65535):
+        return text, 0
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
 
 
 async def serve_tunnel(steps: Steps, conn: Conn, head: wire.RequestHead) -> None:

@@ -56,7 +56,11 @@ def request_intent(steps: Steps, conn: Conn, head: wire.RequestHead, t0: int) ->
     if isinstance(parsed, Refuse):
         ws = _websocket_target(head, parsed)
         if not isinstance(ws, Target):  # not ws://, or not a destination: the 400 alone
-            return Intent(conn.client, head.method, "http", "", 0, t0, parsed, None)
+            # no destination: its record names the client and the listener instead, as a
+            # connection record does (docs/audit-log.md#connection-records)
+            who = gate.identify(conn.listener.identity, conn.peer, head)
+            named = conn.listener.named
+            return Intent(conn.client, head.method, "http", "", 0, t0, parsed, who, listener=named)
         target, path, explicit, then = ws, None, False, parsed
         audit_ok = True  # answered 400 or the policy's refusal, as before any dial
     else:
