@@ -168,7 +168,7 @@ def _open_audit(args: argparse.Namespace) -> Any:
     if args.audit_rotate_bytes is not None:
         as_count(args.audit_rotate_bytes, "--audit-rotate-bytes")
     if args.audit_keep is not None:
-        as_count(args.audit_keep, "--audit-keep", minimum=0)
+        as_count(args.audit_keep, "--audit-keep")  # 0 would delete every rotated file
     as_timeout(args.audit_interim, "--audit-interim")
     index, count = getattr(args, "worker_index", None), getattr(args, "worker_count", None)
     return AuditLog(

@@ -96,7 +96,7 @@ class AuditLog:
             events_maxlen=events_maxlen,
         )
         if keep is not None:
-            as_count(keep, "AuditLog keep", minimum=0)
+            as_count(keep, "AuditLog keep")  # 0 would delete every rotated file
         as_timeout(interim_interval, "AuditLog interim_interval")
         self.path = path
         self.fail_mode: FailMode = fail_mode

@@ -311,6 +311,9 @@ def test_bad_options() -> None:
         AuditLog(None, fail_mode="maybe")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rotate_bytes"):
         AuditLog(None, rotate_bytes=0)
+    # before: keep=0 was accepted and removed every rotated file at each rotation
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        AuditLog(None, keep=0)
 
 
 # ---- an unwritable log: /dev/full, a removed directory -------------------------------------
