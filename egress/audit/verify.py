@@ -37,6 +37,7 @@ class _Run:
     last_seq: int = 0
     ended: bool = False
     requests: int = 0
+    whole: bool = True  # begins with its start record: its end record's counts can be checked
     hashes: OrderedDict[int, tuple[str, str]] = field(default_factory=OrderedDict)
     missing: list[tuple[int, int, str]] = field(default_factory=list)  # lo, hi, where
     # open records without their end record yet: id -> (where, what)
@@ -126,6 +127,7 @@ class ChainVerifier:
     def _note_bad_line(self, where: str, line: bytes) -> None:
         # The bad line still took a place in the chain; do not blame its successor too.
         if self._run is not None:
+            self._run.whole = False  # it may have been a request record: counts differ
             self._run.last_seq += 1
             self._remember(self._run.last_seq, line_hash(line), where)
         self._prev_line = line
@@ -176,7 +178,7 @@ class ChainVerifier:
                     where,
                     "chain does not begin with a start record (earlier lines or files missing?)",
                 )
-            run = self._run = _Run(run_id=run_id, where=where, last_seq=seq)
+            run = self._run = _Run(run_id=run_id, where=where, last_seq=seq, whole=False)
             self._remember(seq, line_hash(line), where)
             return
         if run.ended:
@@ -237,6 +239,13 @@ class ChainVerifier:
                 self._fail(
                     where,
                     f"end record says lines={record.get('lines')} but has seq {record['seq']}",
+                )
+            requests = record.get("requests")
+            if self._run.whole and not self._run.missing and requests != self._run.requests:
+                self._fail(
+                    where,
+                    f"end record says requests={requests} but the run has "
+                    f"{self._run.requests} request records (request records deleted or added?)",
                 )
 
     def _open(self, where: str, record: dict[str, object]) -> None:

@@ -43,6 +43,9 @@ CLOSE_TIMEOUT: Final = 5.0  # aclose() gives an unwritable log this long for the
 BATCH_LINES: Final = 8192  # lines joined into one write at most
 ERROR_LOG_INTERVAL: Final = 10.0  # seconds between repeated "still failing" reports
 
+_SANDBOX: Final = '"method":"SANDBOX"'  # the lifecycle methods (format.LIFECYCLE_METHODS)
+_PROBE: Final = '"method":"PROBE"'
+
 DROPPED: Final = object()  # queued instead of a line when the backlog is full
 STOP: Final = object()  # queued by aclose(): write the end record and stop
 
@@ -218,8 +221,13 @@ class LogWriter:
     def _line(self, body: str) -> None:
         self.dequeued += 1
         head = body[:64]  # `ts` comes first (AuditLog.record), `type` right after it
-        if '"type":"' not in head or '"type":"request"' in head:
-            self.requests += 1  # policy, open and progress records are not requests
+        if ('"type":"' not in head or '"type":"request"' in head) and not (
+            _SANDBOX in body or _PROBE in body
+        ):
+            # policy, open and progress records are not requests, nor are the lifecycle
+            # records (docs/audit-log.md#sandbox-records); inside a JSON string a quote is
+            # escaped, so these texts can only be the record's own method field
+            self.requests += 1
         if not self.writable:
             self.outage_lines += 1
             if '"audit_unavailable"' in body:  # an aggregated refusal says how many

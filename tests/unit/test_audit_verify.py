@@ -255,3 +255,35 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     assert audit_main(["verify", str(empty)]) == 1
+
+
+async def test_end_record_counts_request_records_only_and_verify_compares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: the end record's `requests` counted sandbox lifecycle lines too (6 where
+    # verify counted 4), and verify never compared the two
+    path = tmp_path / "audit.jsonl"
+    sandbox = {"client": "-", "method": "SANDBOX", "scheme": "", "host": "ns1", "port": 0}
+    async with AuditLog(str(path)) as log:
+        log.record({**sandbox, "decision": "allow", "reason": "sandbox_added"})
+        log.record({"client": "198.18.0.2:1", "method": "PROBE", "host": "x", "port": 1})
+        for host in ("one.example", "two.example"):
+            log.record({"client": "198.18.0.2:2", "method": "GET", "host": host})
+        log.record({**sandbox, "decision": "block", "reason": "sandbox_removed"})
+    lines = path.read_bytes().splitlines()
+    end = json.loads(lines[-1])
+    assert end["type"] == "end"
+    assert end["requests"] == 2
+    code, out = run(capsys, str(path))
+    assert code == 0, out
+    assert "2 request records" in out[-1]
+    # an end record that claims another count (its line rewritten: the last line has no
+    # successor whose prev would betray it)
+    forged = lines[-1].replace(b'"requests":2', b'"requests":3')
+    path.write_bytes(b"".join(line + b"\n" for line in [*lines[:-1], forged]))
+    code, out = run(capsys, str(path))
+    assert code == 1
+    assert out[0] == (
+        f"{path}:{len(lines)}: end record says requests=3 but the run has 2 request records "
+        "(request records deleted or added?)"
+    )
