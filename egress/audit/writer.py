@@ -230,7 +230,7 @@ class LogWriter:
             self.requests += 1
         if not self.writable:
             self.outage_lines += 1
-            if '"audit_unavailable"' in body:  # an aggregated refusal says how many
+            if '"audit_unavailable"' in body and '"type":"' not in head:  # its `count`: how many
                 at = body.find('"count":')
                 end = body.find(",", at) if at >= 0 else -1
                 count = body[at + 8 : end] if end > 0 else ""

@@ -46,8 +46,8 @@ def bound_fields(ev: dict[str, object]) -> dict[str, object]:
     """`ev` with every field an agent can make long cut to `FIELD_LIMIT` (`bounded`)."""
     for key in BOUNDED_FIELDS:
         value = ev.get(key)
-        if value.__class__ is str and len(value) > FIELD_LIMIT:  # type: ignore[arg-type]
-            ev[key] = bounded(value, query=key == "path")  # type: ignore[arg-type]
+        if isinstance(value, str) and len(value) > FIELD_LIMIT:
+            ev[key] = bounded(value, query=key == "path")
     return ev
 
 
