@@ -165,9 +165,20 @@ class ChainVerifier:
         if run is None:
             kind = record.get("type")
             run_id = str(record.get("run", "?"))
-            if kind in CONTINUES and self._prev_line is None:
-                # a rotated or reopened file given without its predecessors (removed by
-                # --audit-keep, or kept elsewhere): it links to them by seq and prev
+            if kind == "rotate" and self._prev_line is None:
+                # the oldest files not given: removed by --audit-keep, or left out. What they
+                # held (refusals too) cannot be checked, so this is no OK
+                # (docs/audit-log.md#rotation-and-several-runs)
+                self._fail(
+                    where,
+                    f"chain continues run {run_id} after seq {seq - 1} (hash "
+                    f"{record['prev']}) in a file not given: seq 0..{seq - 1} of the run were "
+                    "removed by --audit-keep or not given, and cannot be checked",
+                )
+                self._runs += 1
+            elif kind in CONTINUES and self._prev_line is None:
+                # a reopened file given without the file moved away under the writer (kept
+                # elsewhere): it links to it by seq and prev
                 self.continued.append(
                     f"{where}: chain continues run {run_id} after seq {seq - 1} "
                     f"(hash {record['prev']}) in a file not given"

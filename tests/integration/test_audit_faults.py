@@ -508,11 +508,15 @@ async def test_rotation_flags_keep_and_a_reopened_file_verify_alone_and_together
     assert first["seq"] == json.loads(last_line)["seq"] + 1
     assert first["prev"] == hashlib.sha256(last_line).hexdigest()
     assert [r.get("path") for r in requests_of(records(log))] == ["/after-mv"] * 2
-    for paths in ([log], [old], [old, log], sorted(tmp_path.glob("audit.jsonl.*"))):
-        rc, out = await verify(*paths, live=log not in paths)  # the end is in `log`
-        assert rc == 0, (paths, out)
-    rc, out = await verify(log)
+    rc, out = await verify(log)  # begins with its reopen record: links to `old`
+    assert rc == 0, out
     assert "chain continues run" in out
+    # what --audit-keep deleted is reported, never "OK" (before: rc 0)
+    rotated_files = sorted(tmp_path.glob("audit.jsonl.*"))
+    for paths in ([old], [*rotated_files, old], [*rotated_files, old, log]):
+        rc, out = await verify(*paths, live=log not in paths)  # the end is in `log`
+        assert "removed by --audit-keep" in out, (paths, out)
+        assert rc == 1, (paths, out)
 
 
 async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path: Path) -> None:

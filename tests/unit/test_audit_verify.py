@@ -218,13 +218,16 @@ def test_missing_rotated_file(clean_log: list[Path], capsys: pytest.CaptureFixtu
 
 
 def test_oldest_file_not_given(clean_log: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
-    # a rotated file begins with a rotate record that links to its predecessor: without the
-    # older files (removed by --audit-keep) the chain still verifies, and says where it
-    # continues from; a file missing in the middle is still a gap (test_missing_rotated_file)
+    # a rotated file begins with a rotate record that links to its predecessor: verify says
+    # where the chain continues from, and that what the older files held (removed by
+    # --audit-keep, or not given) cannot be checked. Before: "OK" (with --audit-keep 2 an
+    # earlier refusal was rotated away and verify still said OK). A file missing in the
+    # middle is a gap (test_missing_rotated_file)
     code, out = run(capsys, *map(str, clean_log[1:]))
-    assert code == 0
-    assert "chain continues run" in out[0]
-    assert "in a file not given" in out[0]
+    assert code == 1
+    assert out[0].startswith(f"{clean_log[1]}:1: chain continues run")
+    assert "were removed by --audit-keep or not given, and cannot be checked" in out[0]
+    assert out[-1].startswith("FAILED: ")
 
 
 def test_a_file_that_begins_mid_chain_without_a_link_record(
