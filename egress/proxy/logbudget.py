@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Final
 
-PER_SECOND: Final = 16384  # bytes of refusal records per client per window
+PER_SECOND: Final = 32768  # bytes of refusal records per client per window
 WINDOW: Final = 1.0  # seconds
 
 

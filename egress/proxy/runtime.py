@@ -36,7 +36,7 @@ CACHE_MAX = 65536
 # refused requests of one client, reason and destination written one by one at the start of
 # each second; the rest of that second are counted into one record (`tally.py`,
 # docs/audit-log.md#the-budget-per-sandbox)
-REQUEST_BURST = 4
+REQUEST_BURST = 32
 # what the writer adds to a record's serialized event: `ts`, `seq`, `prev`, the newline
 LINE_OVERHEAD = 120
 # how a connection the proxy closed before any exchange is recorded (docs/audit-log.md)
