@@ -21,6 +21,9 @@ from typing import Final
 from egress.audit.format import rotated_name
 
 _TAIL_PROBE: Final = 65536  # bytes read back at start to find the file's last line
+# the reserve is topped up once this much of it was used: a fallocate costs tens of
+# microseconds on ext4, so one per 64 KiB of log (~150 records), not one per write
+_TOPUP_STEP: Final = 65536
 _FALLOC_FL_KEEP_SIZE: Final = 1  # linux/falloc.h: allocate blocks past the end, size unchanged
 
 
@@ -72,8 +75,8 @@ class LogFile:
         if func is None or self.fd is None:
             return False
         want = self.size + headroom
-        if self.reserved >= want:
-            return True
+        if self.reserved >= want - min(_TOPUP_STEP, headroom // 2):
+            return True  # one call per step of log written, not one per write
         start = max(self.reserved, self.size)  # only what the last writes used up: cheap
         result = func(self.fd, _FALLOC_FL_KEEP_SIZE, start, want - start)  # type: ignore[operator]
         if result != 0:
