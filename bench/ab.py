@@ -32,7 +32,7 @@ SERVE = "import sys; from egress.cli import main; sys.exit(main())"
 
 
 def start(
-    tree: Path, name: str, origin: Origin, workdir: Path
+    tree: Path, name: str, origin: Origin, workdir: Path, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     policy = workdir / f"{name}-policy.toml"
     policy.write_text(rulesmod.egress_toml(rulesmod.generate()))
@@ -51,6 +51,7 @@ def start(
     ]
     for p in [*origin.http_ports, origin.source_port]:
         argv += ["--framework-route", f"http://{HOST}:{p}"]
+    argv += extra or []
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     log = workdir / f"{name}.out"
     with open(log, "wb") as out:
@@ -72,6 +73,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=int, default=3)
     p.add_argument("--no-tunnels", action="store_true")
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument for both trees' `egress serve` (repeatable: "
+        "--serve-arg=--audit-fail --serve-arg=closed)",
+    )
     args = p.parse_args()
     names = ("A", "B")
     loadgen = build_loadgen()
@@ -82,7 +91,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             for name, tree in zip(names, args.trees, strict=True):
-                procs[name] = start(tree, name, origin, work)
+                procs[name] = start(tree, name, origin, work, args.serve_arg)
                 check = forward_check(procs[name][1], origin)
                 print(
                     json.dumps({"tree": name, "path": str(tree), "forward_check": check}),

@@ -279,7 +279,9 @@ class End(StrEnum):
     CLIENT_CLOSED = (
         "client_closed",
         "the client ended the tunnel abruptly (a close with unread bytes is a "
-        "reset; normal after a complete exchange: `curl -I`, `git clone`)",
+        "reset; normal after a complete exchange: `curl -I`, `git clone`), or closed "
+        "inside the body of a request whose head had reached the upstream (an abandoned "
+        "upload: `decision: allow` with its `rule` and `bytes_up`, no `status`)",
     )
     UPSTREAM_CLOSED = (
         "upstream_closed",

@@ -163,14 +163,17 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 
 
 def _open_audit(args: argparse.Namespace) -> Any:
-    from .audit.log import AuditLog
+    from .audit.log import DEFAULT_RESERVE_BYTES, RESERVE_PER_EXCHANGE, AuditLog
 
     if args.audit_rotate_bytes is not None:
         as_count(args.audit_rotate_bytes, "--audit-rotate-bytes")
     if args.audit_keep is not None:
-        as_count(args.audit_keep, "--audit-keep", minimum=0)
+        as_count(args.audit_keep, "--audit-keep")  # 0 would delete every rotated file
     as_timeout(args.audit_interim, "--audit-interim")
     index, count = getattr(args, "worker_index", None), getattr(args, "worker_count", None)
+    reserve = None  # closed mode: room for every connection's exchange (docs/audit-log.md)
+    if args.audit_fail == "closed":
+        reserve = max(DEFAULT_RESERVE_BYTES, args.max_connections * RESERVE_PER_EXCHANGE)
     return AuditLog(
         args.audit_log,
         fail_mode=args.audit_fail,
@@ -179,6 +182,7 @@ def _open_audit(args: argparse.Namespace) -> Any:
         keep=args.audit_keep,
         interim_interval=args.audit_interim,
         worker=None if index is None or count is None else (index, count),
+        reserve_bytes=reserve,
     )
 
 

@@ -10,6 +10,9 @@ a new run's chain to it; appends that report how much got through; rotation on d
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import gzip
 import os
 import shutil
@@ -18,6 +21,27 @@ from typing import Final
 from egress.audit.format import rotated_name
 
 _TAIL_PROBE: Final = 65536  # bytes read back at start to find the file's last line
+# the reserve is topped up once this much of it was used: a fallocate costs tens of
+# microseconds on ext4, so one per 64 KiB of log (~150 records), not one per write
+_TOPUP_STEP: Final = 65536
+_FALLOC_FL_KEEP_SIZE: Final = 1  # linux/falloc.h: allocate blocks past the end, size unchanged
+
+
+def _fallocate() -> object | None:
+    """libc's `fallocate` (Linux), or None: `os.posix_fallocate` would change the size."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        func = ctypes.CDLL(name, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    func.restype = ctypes.c_int
+    return func
+
+
+_FALLOCATE = _fallocate()
 
 
 class LogFile:
@@ -28,6 +52,7 @@ class LogFile:
         self.fd: int | None = None
         self.ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self.size = 0  # bytes in the open file
+        self.reserved = 0  # the file's blocks are allocated up to this offset (`reserve`)
 
     def open_stdout(self) -> None:
         self.fd = os.dup(1)  # the process stdout, whatever sys.stdout was replaced by
@@ -38,6 +63,40 @@ class LogFile:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         st = os.fstat(fd)
         self.fd, self.ident, self.size = fd, (st.st_dev, st.st_ino), st.st_size
+        self.reserved = 0
+
+    def reserve(self, headroom: int) -> bool:
+        """Allocate the file's blocks up to `headroom` bytes past its end, its size unchanged
+        (fallocate with FALLOC_FL_KEEP_SIZE), so that many bytes of appends cannot meet a
+        full disk (docs/audit-log.md#when-the-log-cannot-be-written). False when the file
+        system cannot (no fallocate: nothing is reserved); raises OSError (ENOSPC: the disk
+        is full)."""
+        func = _FALLOCATE
+        if func is None or self.fd is None:
+            return False
+        want = self.size + headroom
+        if self.reserved >= want - min(_TOPUP_STEP, headroom // 2):
+            return True  # one call per step of log written, not one per write
+        start = max(self.reserved, self.size)  # only what the last writes used up: cheap
+        result = func(self.fd, _FALLOC_FL_KEEP_SIZE, start, want - start)  # type: ignore[operator]
+        if result != 0:
+            code = ctypes.get_errno()
+            if code in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV):
+                return False
+            raise OSError(code, os.strerror(code))
+        self.reserved = want
+        return True
+
+    def headroom(self) -> int:
+        """Bytes that can still be appended into blocks already allocated."""
+        return max(0, self.reserved - self.size)
+
+    def release_reserve(self) -> None:
+        """Give back the blocks allocated past the end (before a rotation or at close)."""
+        if self.reserved > self.size and self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)
+        self.reserved = 0
 
     def tail(self) -> bytes:
         """The end of the file as opened (its last line, whole or half), b"" if empty."""
@@ -73,6 +132,7 @@ class LogFile:
         return written, None
 
     def close(self) -> None:
+        self.release_reserve()
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
@@ -83,6 +143,7 @@ class LogFile:
         (the file may then be closed: `fd` None)."""
         assert self.path is not None
         assert self.fd is not None
+        self.release_reserve()
         os.close(self.fd)
         self.fd = None
         _shift_rotated(self.path)

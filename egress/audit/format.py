@@ -34,7 +34,7 @@ FORMAT: Final = "egress-audit/1"
 # Record types. A line without "type" (or with type "request") is one request or tunnel.
 REQUEST_TYPES: Final = frozenset({None, "request"})
 CONTROL_TYPES: Final = frozenset(
-    {"start", "end", "rotate", "reopen", "loss", "outage", "recovered", "policy"}
+    {"start", "end", "rotate", "reopen", "loss", "outage", "recovered", "policy", "suppressed"}
 )
 # Records linked to a request record by its `id`: `open` when the upstream is contacted,
 # `progress` at an interval while it lasts (docs/audit-log.md#open-and-progress-records).

@@ -54,6 +54,11 @@ DEFAULT_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024  # lines kept while the file
 DEFAULT_RETRY_INTERVAL: Final = 0.5  # seconds between attempts to write an unwritable log
 DEFAULT_EVENTS_MAXLEN: Final = 1024  # events buffered per events() consumer
 DEFAULT_INTERIM_INTERVAL: Final = 60.0  # seconds between a long tunnel's progress records
+# closed mode: bytes kept allocated past the end of the file, so that what the proxy admitted
+# before the disk filled is recorded (docs/audit-log.md#when-the-log-cannot-be-written):
+# 8 KiB for each of the default 1,024 connections' exchanges in flight
+RESERVE_PER_EXCHANGE: Final = 8192
+DEFAULT_RESERVE_BYTES: Final = 1024 * RESERVE_PER_EXCHANGE
 
 
 class AuditLog:
@@ -83,6 +88,7 @@ class AuditLog:
         events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
         close_timeout: float = CLOSE_TIMEOUT,
         worker: tuple[int, int] | None = None,
+        reserve_bytes: int | None = None,
     ) -> None:
         _check_args(
             path,
@@ -96,8 +102,11 @@ class AuditLog:
             events_maxlen=events_maxlen,
         )
         if keep is not None:
-            as_count(keep, "AuditLog keep", minimum=0)
+            as_count(keep, "AuditLog keep")  # 0 would delete every rotated file
         as_timeout(interim_interval, "AuditLog interim_interval")
+        if reserve_bytes is None:
+            reserve_bytes = DEFAULT_RESERVE_BYTES if fail_mode == "closed" else 0
+        as_count(reserve_bytes, "AuditLog reserve_bytes", minimum=0)
         self.path = path
         self.fail_mode: FailMode = fail_mode
         self.keep_query = keep_query
@@ -121,6 +130,7 @@ class AuditLog:
             close_timeout=close_timeout,
             clock=self._clock,
             keep=keep,
+            reserve_bytes=reserve_bytes,
         )
         if worker is not None:  # docs/audit-log.md#several-workers: verify checks them
             index, count = _check_worker(worker)

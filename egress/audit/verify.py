@@ -37,6 +37,7 @@ class _Run:
     last_seq: int = 0
     ended: bool = False
     requests: int = 0
+    whole: bool = True  # begins with its start record: its end record's counts can be checked
     hashes: OrderedDict[int, tuple[str, str]] = field(default_factory=OrderedDict)
     missing: list[tuple[int, int, str]] = field(default_factory=list)  # lo, hi, where
     # open records without their end record yet: id -> (where, what)
@@ -126,6 +127,7 @@ class ChainVerifier:
     def _note_bad_line(self, where: str, line: bytes) -> None:
         # The bad line still took a place in the chain; do not blame its successor too.
         if self._run is not None:
+            self._run.whole = False  # it may have been a request record: counts differ
             self._run.last_seq += 1
             self._remember(self._run.last_seq, line_hash(line), where)
         self._prev_line = line
@@ -163,9 +165,20 @@ class ChainVerifier:
         if run is None:
             kind = record.get("type")
             run_id = str(record.get("run", "?"))
-            if kind in CONTINUES and self._prev_line is None:
-                # a rotated or reopened file given without its predecessors (removed by
-                # --audit-keep, or kept elsewhere): it links to them by seq and prev
+            if kind == "rotate" and self._prev_line is None:
+                # the oldest files not given: removed by --audit-keep, or left out. What they
+                # held (refusals too) cannot be checked, so this is no OK
+                # (docs/audit-log.md#rotation-and-several-runs)
+                self._fail(
+                    where,
+                    f"chain continues run {run_id} after seq {seq - 1} (hash "
+                    f"{record['prev']}) in a file not given: seq 0..{seq - 1} of the run were "
+                    "removed by --audit-keep or not given, and cannot be checked",
+                )
+                self._runs += 1
+            elif kind in CONTINUES and self._prev_line is None:
+                # a reopened file given without the file moved away under the writer (kept
+                # elsewhere): it links to it by seq and prev
                 self.continued.append(
                     f"{where}: chain continues run {run_id} after seq {seq - 1} "
                     f"(hash {record['prev']}) in a file not given"
@@ -176,7 +189,7 @@ class ChainVerifier:
                     where,
                     "chain does not begin with a start record (earlier lines or files missing?)",
                 )
-            run = self._run = _Run(run_id=run_id, where=where, last_seq=seq)
+            run = self._run = _Run(run_id=run_id, where=where, last_seq=seq, whole=False)
             self._remember(seq, line_hash(line), where)
             return
         if run.ended:
@@ -237,6 +250,14 @@ class ChainVerifier:
                 self._fail(
                     where,
                     f"end record says lines={record.get('lines')} but has seq {record['seq']}",
+                )
+            requests = record.get("requests")
+            whole = self._run.whole and not self._run.missing
+            if whole and requests is not None and requests != self._run.requests:
+                self._fail(
+                    where,
+                    f"end record says requests={requests} but the run has "
+                    f"{self._run.requests} request records (request records deleted or added?)",
                 )
 
     def _open(self, where: str, record: dict[str, object]) -> None:

@@ -43,6 +43,9 @@ CLOSE_TIMEOUT: Final = 5.0  # aclose() gives an unwritable log this long for the
 BATCH_LINES: Final = 8192  # lines joined into one write at most
 ERROR_LOG_INTERVAL: Final = 10.0  # seconds between repeated "still failing" reports
 
+_SANDBOX: Final = '"method":"SANDBOX"'  # the lifecycle methods (format.LIFECYCLE_METHODS)
+_PROBE: Final = '"method":"PROBE"'
+
 DROPPED: Final = object()  # queued instead of a line when the backlog is full
 STOP: Final = object()  # queued by aclose(): write the end record and stop
 
@@ -65,6 +68,7 @@ class LogWriter:
         close_timeout: float,
         clock: Clock | None = None,
         keep: int | None = None,
+        reserve_bytes: int = 0,
     ) -> None:
         self.path = path
         self.fail_mode = fail_mode
@@ -76,6 +80,9 @@ class LogWriter:
         # one clock for every record (docs/audit-log.md#timestamps): the AuditLog's
         self.clock = clock if clock is not None else Clock()
         self.keep = keep  # rotated files kept (None: all)
+        # closed mode: bytes kept allocated past the file's end, for the records of what was
+        # admitted before the disk filled (docs/audit-log.md#when-the-log-cannot-be-written)
+        self.reserve_bytes = reserve_bytes if path not in (None, "-") else 0
         self.file = LogFile(path)
         self.seq = -1
         self.prev = GENESIS
@@ -214,15 +221,22 @@ class LogWriter:
             self._flush()
         elif (self.file.fd is None or self.file.replaced()) and self._reopen():
             self._succeeded()
+        elif not self.writable and self._top_up():  # room for the reserve again
+            self._succeeded()
 
     def _line(self, body: str) -> None:
         self.dequeued += 1
         head = body[:64]  # `ts` comes first (AuditLog.record), `type` right after it
-        if '"type":"' not in head or '"type":"request"' in head:
-            self.requests += 1  # policy, open and progress records are not requests
+        if ('"type":"' not in head or '"type":"request"' in head) and not (
+            _SANDBOX in body or _PROBE in body
+        ):
+            # policy, open and progress records are not requests, nor are the lifecycle
+            # records (docs/audit-log.md#sandbox-records); inside a JSON string a quote is
+            # escaped, so these texts can only be the record's own method field
+            self.requests += 1
         if not self.writable:
             self.outage_lines += 1
-            if '"audit_unavailable"' in body:  # an aggregated refusal says how many
+            if '"audit_unavailable"' in body and '"type":"' not in head:  # its `count`: how many
                 at = body.find('"count":')
                 end = body.find(",", at) if at >= 0 else -1
                 count = body[at + 8 : end] if end > 0 else ""
@@ -302,8 +316,33 @@ class LogWriter:
         self.pending.clear()
         self.pending_bytes = 0
         self.head_written = 0
-        self._succeeded()
+        if self._top_up():
+            self._succeeded()
         return True
+
+    def _top_up(self) -> bool:
+        """Closed mode: allocate `reserve_bytes` past the end again (only what the last
+        writes used). False when the disk has no room for it: the log is then not
+        writable for the proxy (it admits nothing new), while what it admitted is written
+        into the reserve (docs/audit-log.md#when-the-log-cannot-be-written)."""
+        if not self.reserve_bytes or self.file.fd is None:
+            return True
+        try:
+            if not self.file.reserve(self.reserve_bytes):
+                logger.warning(
+                    "audit log %s: the file system cannot reserve space (no fallocate); "
+                    "closed mode then learns of a full disk only by a failed write",
+                    self.path,
+                )
+                self.reserve_bytes = 0
+            return True
+        except OSError as exc:
+            if self.writable:  # the outage begins here; retried when idle
+                self._failed(
+                    f"cannot keep {self.reserve_bytes} bytes reserved for audit log "
+                    f"{self.path}: {exc}"
+                )
+            return False
 
     def _reopen(self) -> bool:
         if self.file.fd is not None:

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from ..audit.format import LIFECYCLE_METHODS, encode_record
 from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from .admission import Admitted, Budget, Owner, Slots
@@ -28,9 +29,10 @@ from .core.exchange import (
     tallied,
 )
 from .core.gate import Gate, Refuse
-from .core.record import AccessRecord, perf_counter_ns
+from .core.record import AccessRecord, bounded, perf_counter_ns
 from .core.responses import error_response, refusal_for
 from .fairshare import Turns
+from .logbudget import LogBudget, Suppressed
 from .net.conn import Conn, Limits, idle_of
 from .net.listener import Listener, peer_text
 from .net.pool import UpstreamPool
@@ -39,6 +41,12 @@ from .tally import Tally, answer_in_full
 from .telemetry.metrics import BATCH, ProxyMetrics
 
 CACHE_MAX = 65536
+# refused requests of one client, reason and destination written one by one at the start of
+# each second; the rest of that second are counted into one record (`tally.py`,
+# docs/audit-log.md#the-budget-per-sandbox)
+REQUEST_BURST = 32
+# what the writer adds to a record's serialized event: `ts`, `seq`, `prev`, the newline
+LINE_OVERHEAD = 120
 # how a connection the proxy closed before any exchange is recorded (docs/audit-log.md)
 _CLOSED: dict[str, tuple[Reason, str]] = {
     End.HEAD_TIMEOUT.value: (
@@ -89,7 +97,9 @@ class Steps:
 
     __slots__ = (
         "_addr_texts",
+        "_budget",
         "_refusals",
+        "_refused",
         "audit",
         "closing",
         "fast_path",
@@ -146,6 +156,10 @@ class Steps:
             )
         )
         self._refusals: Tally[_Pending] = Tally()
+        # refused requests, aggregated by client, reason and destination (tally.py), and the
+        # byte budget of every client's refusal records (logbudget.py)
+        self._refused: Tally[Done] = Tally(burst=REQUEST_BURST)
+        self._budget = LogBudget()
         # requests in flight per client, capped while another client is present
         # (fairshare.py, docs/proxy.md#fair-share)
         self.turns = Turns(loop, limits.max_client_inflight, self.slots.others_present)
@@ -243,8 +257,23 @@ class Steps:
                 deferred(rec, self.loop.time())
 
     def done(self, done: Done) -> None:
-        """Emit an exchange's final record."""
-        self.emit(done.record, done.decision, done.reason, done.rule, done.detail, done.status)
+        """Emit an exchange's final record; a refusal through the tally: refused requests
+        of one client, reason and destination past the first few of a second become one
+        record with a `count` (docs/audit-log.md#the-budget-per-sandbox)."""
+        rec = done.record
+        if done.decision == "allow" or rec.link or rec.method in LIFECYCLE_METHODS:
+            self.emit(rec, done.decision, done.reason, done.rule, done.detail, done.status)
+            return
+        key = (_who(rec), done.reason, rec.scheme, rec.host, rec.port)
+        for written, count in self._refused.add(key, done, self.loop.time()):
+            self._write_refused(written, count)
+
+    def _write_refused(self, done: Done, count: int) -> None:
+        detail = done.detail
+        if count > 1:
+            tallied(done.record, count)
+            detail = f"{detail or done.reason} ({count} in one second, this the last)"
+        self.emit(done.record, done.decision, done.reason, done.rule, detail, done.status)
 
     def progress(self, conn: Conn, now: float) -> None:
         """A `progress` record for a long tunnel or exchange (the sweeper calls this every
@@ -349,9 +378,41 @@ class Steps:
         self.emit(rec, "error", reason, None, detail, status)
 
     def flush_refusals(self, *, everything: bool = False) -> None:
-        """Write the counted refusals whose second has ended (the sweeper; stop)."""
-        for pending, count in self._refusals.due(self.loop.time(), everything=everything):
+        """Write the counted refusals whose second has ended (the sweeper; stop), then the
+        `suppressed` records of the budget windows that ended."""
+        now = self.loop.time()
+        for pending, count in self._refusals.due(now, everything=everything):
             self._write_pending(pending, count)
+        for done, count in self._refused.due(now, everything=everything):
+            self._write_refused(done, count)
+        for left_out in self._budget.due(now, everything=everything):
+            self._write_suppressed(left_out)
+
+    def _write_suppressed(self, left_out: Suppressed) -> None:
+        if self.audit is not None:
+            event = left_out.event(self._budget.window)
+            if left_out.client_id is not None:
+                event["client_id"] = bounded(left_out.client_id)
+            self.audit.record(event)
+
+    def _within_budget(self, rec: AccessRecord, event: dict[str, object], reason: str) -> bool:
+        """Whether a refusal record fits its client's byte budget of this second
+        (logbudget.py); the `suppressed` records of ended windows are written first."""
+        size = len(encode_record(event)) + LINE_OVERHEAD
+        count = rec.count if rec.count is not None else 1
+        client_id = rec.client_id if rec.identified else None
+        ok, ended = self._budget.take(
+            _who(rec),
+            size,
+            self.loop.time(),
+            count=count,
+            reason=reason,
+            client=rec.client,
+            client_id=client_id,
+        )
+        for left_out in ended:
+            self._write_suppressed(left_out)
+        return ok
 
     def emit(
         self,
@@ -363,8 +424,9 @@ class Steps:
         status: int | None,
     ) -> None:
         event = rec.event(decision, reason, rule, detail, status)
+        refusal = decision != "allow" and not rec.link and rec.method not in LIFECYCLE_METHODS
         emitted(rec)  # ended: no more progress records
-        if self.audit is not None:
+        if self.audit is not None and (not refusal or self._within_budget(rec, event, reason)):
             self.audit.record(event)
         metrics = self.metrics
         if metrics is not None:  # the same record's values (docs/metrics.md), read from slots
@@ -387,6 +449,13 @@ def _where(listener: Listener) -> tuple[str, str]:
     """A connection record's `listener` (HOST:PORT) and `mode`."""
     mode = "forward" if listener.forward_to is not None else listener.kind
     return join_host_port(listener.host, listener.port), mode
+
+
+def _who(rec: AccessRecord) -> object:
+    """Whose budget a record is in: its client's id, else its source address."""
+    if rec.identified and rec.client_id is not None:
+        return rec.client_id
+    return ("source", rec.client.rsplit(":", 1)[0])
 
 
 def _source(conn: Conn) -> object:

@@ -21,21 +21,23 @@ ANSWERED = 32
 
 
 class _Open(Generic[P]):
-    __slots__ = ("count", "last", "start")
+    __slots__ = ("count", "last", "start", "written")
 
     def __init__(self, start: float, last: P) -> None:
         self.start = start
         self.count = 0  # refusals counted, not yet written
         self.last = last
+        self.written = 1  # refusals of the window written at once (the first `burst`)
 
 
 class Tally(Generic[P]):
     """Windows of refusals by key; `add` and `due` say what to write, with counts."""
 
-    __slots__ = ("_open", "window")
+    __slots__ = ("_open", "burst", "window")
 
-    def __init__(self, window: float = WINDOW) -> None:
+    def __init__(self, window: float = WINDOW, burst: int = 1) -> None:
         self.window = window
+        self.burst = burst  # refusals of a key written one by one at the start of a window
         self._open: dict[Hashable, _Open[P]] = {}
 
     def add(self, key: Hashable, payload: P, now: float) -> list[tuple[P, int]]:
@@ -49,6 +51,9 @@ class Tally(Generic[P]):
         if entry is None:
             self._open[key] = _Open(now, payload)
             out.append((payload, 1))
+        elif entry.written < self.burst and not entry.count:
+            entry.written += 1
+            out.append((payload, 1))
         else:
             entry.count += 1
             entry.last = payload
@@ -59,7 +64,7 @@ class Tally(Generic[P]):
         entry = self._open.get(key)
         if entry is None or now - entry.start >= self.window:
             return 0
-        return entry.count + 1
+        return entry.count + entry.written
 
     def due(self, now: float, *, everything: bool = False) -> list[tuple[P, int]]:
         """Counted refusals whose window has ended (all of them with `everything`)."""

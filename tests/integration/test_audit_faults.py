@@ -182,7 +182,7 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     refusals is written when the log recovers, and nothing is lost."""
     origin = await start_origin(test_host, 80)
     echo_srv = await start_tcp(test_host, 7000, echo)
-    with tmpfs("512k") as disk:
+    with tmpfs("16m") as disk:  # the reserve (8 MiB by default) and some room
         log = disk / "audit.jsonl"
         resolve = f"example.test={test_host.addr_ns}"
         async with serve(
@@ -257,6 +257,43 @@ async def test_full_disk_closed_mode_refuses_every_request_and_tunnel(
     # and every request served after the fill has its record (queued, written on recovery)
     served = [r for r in requests_of(recs) if r.get("path") == "/during" and r["status"] == 200]
     assert len(served) == served_after_fill
+
+
+async def test_full_disk_closed_mode_every_200_of_a_burst_has_its_record_on_disk() -> None:
+    """250 kept-alive connections opened before the disk filled send a request at once.
+    Before: 250 of 250 got 200 and none of their records reached the disk (263 lines
+    abandoned at stop, exit 1): the writer learns of a full disk only by writing. Now the log
+    keeps space reserved for what the proxy admitted (closed mode): every 200 has its record
+    on disk, the disk still full when the proxy stops, and nothing is abandoned."""
+    origin = await start_origin(None, 0)
+    site = f"http://{origin.authority}"
+    with tmpfs("16m") as disk:  # the reserve (8 MiB by default) and some room
+        log = disk / "audit.jsonl"
+        async with serve(
+            "--framework-route", site, "--audit-log", str(log), "--audit-fail", "closed"
+        ) as proxy:  # fmt: skip
+            kept = [await Client.connect(proxy.address) for _ in range(250)]
+            assert (await kept[0].get(f"{site}/before"))[0] == 200
+            fill(disk)
+            got = await asyncio.gather(
+                *(c.get(f"{site}/burst-{n}") for n, c in enumerate(kept)), return_exceptions=True
+            )
+            for client in kept:
+                client.close()
+            code, err = await proxy.stop()  # the disk still full
+        recs = records(log)
+    await origin.close()
+    served = {f"/burst-{n}" for n, r in enumerate(got) if isinstance(r, tuple) and r[0] == 200}
+    refused = [r for r in got if isinstance(r, tuple) and r[0] == 503]
+    assert len(served) + len(refused) + sum(isinstance(r, Exception) for r in got) == 250
+    print(f"burst on a full disk: {len(served)} served, {len(refused)} refused")
+    assert served  # the requests admitted before the writer learned of the full disk
+    recorded = {r.get("path") for r in requests_of(recs) if r.get("status") == 200}
+    assert served <= recorded, sorted(served - recorded)[:5]
+    assert code == 0, err
+    assert "could not be written" not in err
+    assert recs[-1]["type"] == "end"
+    assert any(r.get("type") == "outage" for r in recs)
 
 
 @pytest.mark.userns
@@ -557,11 +594,15 @@ async def test_rotation_flags_keep_and_a_reopened_file_verify_alone_and_together
     assert first["seq"] == json.loads(last_line)["seq"] + 1
     assert first["prev"] == hashlib.sha256(last_line).hexdigest()
     assert [r.get("path") for r in requests_of(records(log))] == ["/after-mv"] * 2
-    for paths in ([log], [old], [old, log], sorted(tmp_path.glob("audit.jsonl.*"))):
-        rc, out = await verify(*paths, live=log not in paths)  # the end is in `log`
-        assert rc == 0, (paths, out)
-    rc, out = await verify(log)
+    rc, out = await verify(log)  # begins with its reopen record: links to `old`
+    assert rc == 0, out
     assert "chain continues run" in out
+    # what --audit-keep deleted is reported, never "OK" (before: rc 0)
+    rotated_files = sorted(tmp_path.glob("audit.jsonl.*"))
+    for paths in ([old], [*rotated_files, old], [*rotated_files, old, log]):
+        rc, out = await verify(*paths, live=log not in paths)  # the end is in `log`
+        assert "removed by --audit-keep" in out, (paths, out)
+        assert rc == 1, (paths, out)
 
 
 async def test_tail_follow_across_hundreds_of_rotations_misses_nothing(tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
             "events_maxlen": "count",
             "close_timeout": "number",
             "worker": "list?",
+            "reserve_bytes": "count?",
         },
     ),
     "EgressProxy": (

@@ -218,13 +218,16 @@ def test_missing_rotated_file(clean_log: list[Path], capsys: pytest.CaptureFixtu
 
 
 def test_oldest_file_not_given(clean_log: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
-    # a rotated file begins with a rotate record that links to its predecessor: without the
-    # older files (removed by --audit-keep) the chain still verifies, and says where it
-    # continues from; a file missing in the middle is still a gap (test_missing_rotated_file)
+    # a rotated file begins with a rotate record that links to its predecessor: verify says
+    # where the chain continues from, and that what the older files held (removed by
+    # --audit-keep, or not given) cannot be checked. Before: "OK" (with --audit-keep 2 an
+    # earlier refusal was rotated away and verify still said OK). A file missing in the
+    # middle is a gap (test_missing_rotated_file)
     code, out = run(capsys, *map(str, clean_log[1:]))
-    assert code == 0
-    assert "chain continues run" in out[0]
-    assert "in a file not given" in out[0]
+    assert code == 1
+    assert out[0].startswith(f"{clean_log[1]}:1: chain continues run")
+    assert "were removed by --audit-keep or not given, and cannot be checked" in out[0]
+    assert out[-1].startswith("FAILED: ")
 
 
 def test_a_file_that_begins_mid_chain_without_a_link_record(
@@ -255,3 +258,35 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     assert audit_main(["verify", str(empty)]) == 1
+
+
+async def test_end_record_counts_request_records_only_and_verify_compares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: the end record's `requests` counted sandbox lifecycle lines too (6 where
+    # verify counted 4), and verify never compared the two
+    path = tmp_path / "audit.jsonl"
+    sandbox = {"client": "-", "method": "SANDBOX", "scheme": "", "host": "ns1", "port": 0}
+    async with AuditLog(str(path)) as log:
+        log.record({**sandbox, "decision": "allow", "reason": "sandbox_added"})
+        log.record({"client": "198.18.0.2:1", "method": "PROBE", "host": "x", "port": 1})
+        for host in ("one.example", "two.example"):
+            log.record({"client": "198.18.0.2:2", "method": "GET", "host": host})
+        log.record({**sandbox, "decision": "block", "reason": "sandbox_removed"})
+    lines = path.read_bytes().splitlines()
+    end = json.loads(lines[-1])
+    assert end["type"] == "end"
+    assert end["requests"] == 2
+    code, out = run(capsys, str(path))
+    assert code == 0, out
+    assert "2 request records" in out[-1]
+    # an end record that claims another count (its line rewritten: the last line has no
+    # successor whose prev would betray it)
+    forged = lines[-1].replace(b'"requests":2', b'"requests":3')
+    path.write_bytes(b"".join(line + b"\n" for line in [*lines[:-1], forged]))
+    code, out = run(capsys, str(path))
+    assert code == 1
+    assert out[0] == (
+        f"{path}:{len(lines)}: end record says requests=3 but the run has 2 request records "
+        "(request records deleted or added?)"
+    )

@@ -311,6 +311,9 @@ def test_bad_options() -> None:
         AuditLog(None, fail_mode="maybe")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rotate_bytes"):
         AuditLog(None, rotate_bytes=0)
+    # before: keep=0 was accepted and removed every rotated file at each rotation
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        AuditLog(None, keep=0)
 
 
 # ---- an unwritable log: /dev/full, a removed directory -------------------------------------
@@ -522,3 +525,30 @@ async def test_a_burst_beyond_a_batch_and_close_with_lines_pending(tmp_path: Pat
     assert log.lines_dropped == 0
     assert log.lines_abandoned == 0
     assert verify(path) == []
+
+
+async def test_closed_mode_keeps_a_reserve_past_the_end_and_gives_it_back(tmp_path: Path) -> None:
+    """docs/audit-log.md#the-reserve: the blocks past the end are the file's (allocated),
+    its size and content unchanged; given back at rotation and at close."""
+    path = tmp_path / "audit.jsonl"
+    reserve = 1 << 20
+    log = AuditLog(str(path), fail_mode="closed", reserve_bytes=reserve, rotate_bytes=4000)
+    await log.start()
+    for n in range(10):
+        log.record({"client": "198.18.0.2:1", "method": "GET", "host": f"h{n}.test"})
+    await log.flush()
+    st = os.stat(path)
+    if st.st_blocks * 512 < reserve:
+        pytest.skip("this file system cannot allocate past the end (no fallocate)")
+    assert b"\0" not in path.read_bytes()
+    assert st.st_size < 4000
+    for n in range(40):  # rotations: each rotated file gives its reserve back
+        log.record({"client": "198.18.0.2:1", "method": "GET", "host": f"r{n}.test"})
+    await log.flush()
+    assert os.stat(path).st_blocks * 512 >= reserve
+    for rotated in tmp_path.glob("audit.jsonl.*"):
+        assert rotated.stat().st_blocks * 512 < 64 * 1024, rotated
+    await log.aclose()
+    assert os.stat(path).st_blocks * 512 < 64 * 1024  # given back at close
+    assert log.writable
+    assert log.write_errors == 0

@@ -359,8 +359,9 @@ def test_cli_policy_file_errors_are_one_line(
         ("--connect-timeout", "inf"),
         ("--head-timeout", "0"),
         ("--idle-timeout", "-5"),
+        ("--audit-keep", "0"),
     ],
-    ids=["head-nan", "idle-nan", "connect-inf", "head-zero", "idle-negative"],
+    ids=["head-nan", "idle-nan", "connect-inf", "head-zero", "idle-negative", "keep-zero"],
 )
 def test_cli_timeouts_finite_and_positive(
     capsys: pytest.CaptureFixture[str], flag: str, value: str

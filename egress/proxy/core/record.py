@@ -9,11 +9,46 @@ admitted request carries `rule` and `reason` right after `client_id`.
 
 from __future__ import annotations
 
+from hashlib import sha256
 from time import perf_counter_ns
+from typing import Final
 
 # Durations come from the monotonic high-resolution counter, never from the event loop's
 # clock: uvloop's loop time has whole milliseconds, which made every sub-millisecond
 # request 0 or 1 ms in the records, on stderr and in the histograms (docs/audit-log.md).
+
+
+# The longest text of an agent's choosing a record keeps (a path, a host or target that did
+# not parse, an SNI, a detail quoting them): the rest is cut and named by its length and a
+# digest, so one request can never make a line of more than a few KiB, and two long paths
+# that differ only past the cut still differ (docs/audit-log.md#bounded-fields).
+FIELD_LIMIT: Final = 512
+BOUNDED_FIELDS: Final = ("path", "host", "detail", "sni", "orig_dst", "client_id")
+
+
+def bounded(text: str, limit: int = FIELD_LIMIT, *, query: bool = False) -> str:
+    """`text`, or its first `limit` characters and `...[+N chars sha256:H]` for the rest,
+    H the first 16 hex digits of the SHA-256 of the characters cut (UTF-8, lone surrogates
+    kept). With `query` (a path) no digest covers a query string (it may hold a secret:
+    docs/audit-log.md#redaction): a query in the cut part is only marked, `?...`, which the
+    redaction then replaces as any query."""
+    if len(text) <= limit:
+        return text
+    rest = text[limit:]
+    mark = ""
+    if query and "?" in rest:
+        rest, mark = rest[: rest.index("?")], "?..."
+    digest = sha256(rest.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{text[:limit]}...[+{len(text) - limit} chars sha256:{digest}]{mark}"
+
+
+def bound_fields(ev: dict[str, object]) -> dict[str, object]:
+    """`ev` with every field an agent can make long cut to `FIELD_LIMIT` (`bounded`)."""
+    for key in BOUNDED_FIELDS:
+        value = ev.get(key)
+        if isinstance(value, str) and len(value) > FIELD_LIMIT:
+            ev[key] = bounded(value, query=key == "path")
+    return ev
 
 
 def seconds_since(t0: int) -> float:
@@ -204,7 +239,7 @@ class AccessRecord:
             ev["detail"] = detail
         if self.count is not None:
             ev["count"] = self.count
-        return ev
+        return bound_fields(ev)
 
 
 # a DNS answer's rcode, as the record spells it (RFC 1035 and RFC 6895 mnemonics)
@@ -256,7 +291,15 @@ class DnsRecord(AccessRecord):
             ev["detail"] = detail
         if self.would is not None:
             ev["would"] = self.would
-        return ev
+        return bound_fields(ev)
 
 
-__all__ = ["AccessRecord", "DnsRecord", "perf_counter_ns", "seconds_since"]
+__all__ = [
+    "FIELD_LIMIT",
+    "AccessRecord",
+    "DnsRecord",
+    "bound_fields",
+    "bounded",
+    "perf_counter_ns",
+    "seconds_since",
+]

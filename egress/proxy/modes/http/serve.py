@@ -184,6 +184,13 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             if req_done is not None:
                 _settle(req_done)
             return finish_exchange(steps, conn, upstream, None, x, keep=False, ok=False, end=None)
+        if req_done is not None and _client_went_away(req_done, conn.side):
+            # the client closed inside its body: what reached the upstream was allowed and
+            # sent, so the record is the allowed exchange, ended `client_closed`, with its
+            # rule and bytes (not a 400 nobody reads; docs/audit-log.md#end-values)
+            return finish_exchange(
+                steps, conn, upstream, None, x, keep=False, ok=False, end=End.CLIENT_CLOSED.value
+            )
         body_error = _body_error(req_done) if req_done is not None else None
         return answer(steps, conn, head, x, body_error or got)
     resp, resp_raw = got
@@ -330,6 +337,19 @@ def _body_error(req_done: asyncio.Future[None]) -> Refuse | None:
     if isinstance(exc, RelayEnded) and exc.reason == "protocol":
         return refuse_request(f"malformed request body: {exc}")
     return refuse_request("client closed inside the request body")
+
+
+def _client_went_away(req_done: asyncio.Future[None], client: Side) -> bool:
+    """Whether the request body relay ended because the client closed (not a malformed
+    body, which is a 400, nor an upstream that went away); marks its exception retrieved."""
+    if not req_done.done() or req_done.cancelled():
+        return False
+    exc = req_done.exception()
+    return (
+        isinstance(exc, RelayEnded)
+        and exc.reason in ("eof", "lost")
+        and (client.eof or client.lost)
+    )
 
 
 def _abort_on_error(fut: asyncio.Future[None], upstream: Side) -> None:
