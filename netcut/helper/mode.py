@@ -32,7 +32,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from netcut import flow
@@ -206,14 +206,50 @@ class _Container:
     def __str__(self) -> str:
         return f"{self.ref} (helper via {os.path.basename(self.runtime)})"
 
-    def store(self) -> Store:
-        """The namespace's record, the same one direct mode uses (keyed by the netns inode).
-        A host that cannot even stat the namespace falls back to the container id."""
+    @property
+    def name(self) -> str:
+        """The container's name as its runtime reports it (docker: `/NAME`), or its id."""
+        name = self.info.get("Name")
+        return name.lstrip("/") if isinstance(name, str) and name.strip("/") else self.id
+
+    def identify(self, seen: tuple[int | None, int] | None) -> None:
+        """The namespace's nsfs identity, by which its record is keyed in both modes: as the
+        helper saw it from inside (its /proc/self/ns/net; a host process that is not root
+        cannot stat the container's), else as this host sees /proc/PID/ns/net."""
+        self.identity: tuple[int, int] | None = None
+        if seen is not None:
+            dev, ino = seen
+            if dev is None:  # only the inode was read: nsfs has one device, ours says it
+                dev = os.stat("/proc/self/ns/net").st_dev
+            self.identity = (dev, ino)
+            return
         try:
             st = os.stat(f"/proc/{self.pid}/ns/net")
         except OSError:
-            return Store.for_container(self.id)
-        return Store.for_namespace((st.st_dev, st.st_ino))
+            return
+        self.identity = (st.st_dev, st.st_ino)
+
+    def store(self) -> Store:
+        """The namespace's record, the same one direct mode uses (keyed by the netns
+        identity); only when neither the helper nor the host could tell it, the container
+        id. A record an older netcut kept by container id moves to the identity's name."""
+        legacy = Store.for_container(self.id)
+        identity = getattr(self, "identity", None)
+        if identity is None:
+            return legacy
+        store = Store.for_namespace(identity)
+        if os.path.exists(legacy.path) and not os.path.exists(store.path):
+            with contextlib.suppress(OSError):
+                os.replace(legacy.path, store.path)
+        return store
+
+    def meta(self) -> dict[str, str]:
+        """What a record says about its container: `netcut gc` asks the runtime about it
+        when this host cannot see the namespace's holders (docs/netcut.md#collecting-records)."""
+        meta = {"target": str(self), "container": self.id, "runtime": self.runtime}
+        if self.namespace is not None:
+            meta["namespace"] = self.namespace
+        return meta
 
     def nameservers(self) -> tuple[str, ...]:
         try:
@@ -301,12 +337,14 @@ def _cut_in(
         keeps,
         ex.nameservers,
         dry_run,
-        {"target": str(c), "container": c.id},
+        c.meta(),
         probe,
         blocked,
         probe_timeout,
+        probe_resolvers=bool(ex.dns_probe),
     )
-    return flow.cut(ex, c.store(), str(c), request, render=render_script)
+    result = flow.cut(ex, c.store(), str(c), request, render=render_script)
+    return replace(result, identity=c.identity, mode="helper")
 
 
 @contextlib.contextmanager
@@ -324,8 +362,21 @@ def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container,
         else:
             ex.start()
             c = _Container(target, runtime)
-        ex.nameservers = c.nameservers()
+        facts = ex.read_facts()
+        c.identify(facts.identity)
+        # the container's own resolvers as the helper reads them, and where the engine's
+        # nat rules send DNS; the host adds what it can read itself (containerd's helper
+        # image has no resolv.conf of the task's)
+        ex.nameservers = tuple(dict.fromkeys((*facts.resolvers, *c.nameservers())))
+        ex.dns_unverified = facts.unverified
+        ex.dns_probe, ex.dns_name = _probed_resolvers(ex.nameservers), c.name
         yield c, ex
+
+
+def _probed_resolvers(nameservers: tuple[str, ...]) -> tuple[str, ...]:
+    """The resolvers the probe asks: every one but the helper's loopback itself (127.0.0.1,
+    ::1: a resolver there is inside the namespace, and port 53 is refused anyway)."""
+    return tuple(ns for ns in nameservers if ns not in ("127.0.0.1", "::1"))
 
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
