@@ -37,6 +37,7 @@ from typing import Any
 
 from netcut import flow
 from netcut.api import KeepLike, parse_keeps, probe_targets
+from netcut.argtypes import check_seconds
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
 from netcut.helper.script import parse_probe, render_script
@@ -50,7 +51,7 @@ from netcut.helper.session import (
     is_ctr,
     why_failed,
 )
-from netcut.plan.model import Keep
+from netcut.plan.model import Keep, ProbeResult
 from netcut.plan.status import CutStatus
 from netcut.records import Store
 from netcut.resolve import (
@@ -75,6 +76,7 @@ __all__ = [
     "helper_argv",
     "inspect_network",
     "parse_probe",
+    "probe",
     "restore",
     "status",
 ]
@@ -377,6 +379,24 @@ def _probed_resolvers(nameservers: tuple[str, ...]) -> tuple[str, ...]:
     """The resolvers the probe asks: every one but the helper's loopback itself (127.0.0.1,
     ::1: a resolver there is inside the namespace, and port 53 is refused anyway)."""
     return tuple(ns for ns in nameservers if ns not in ("127.0.0.1", "::1"))
+
+
+def probe(
+    target: TargetRef,
+    expect_reachable: list[KeepLike] | tuple[KeepLike, ...] = (),
+    expect_blocked: list[KeepLike] | tuple[KeepLike, ...] = (),
+    *,
+    timeout: float = 1.0,
+    image: str | None = None,
+) -> ProbeResult:
+    """Helper-mode twin of api.probe: the same connections, made from a helper container
+    in the target's namespace (`netcut probe --mode helper`)."""
+    check_seconds(timeout, "timeout")
+    reachable = probe_targets(expect_reachable, "expect_reachable")
+    blocked = probe_targets(expect_blocked, "expect_blocked")
+    with _session(target, image) as (_, ex):
+        ex.dns_probe = ()  # only what was asked: a namespace that is not cut answers DNS
+        return ex.probe(reachable, blocked, timeout)
 
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
