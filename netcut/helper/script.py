@@ -315,11 +315,18 @@ def facts_script() -> str:
 _QUERY_ID = b"NC"
 
 
+def _query_name(name: str) -> str:
+    """`name` as the probe asks it: letters, digits, `-`, `_` and dots only (a container's
+    name always is), else a name under `.invalid`."""
+    ok = all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+    return name.strip(".") if ok and name.strip(".") else "netcut-probe.invalid"
+
+
 def dns_query(name: str) -> bytes:
     """A DNS query (type A, recursion desired) for `name`: what the probe sends to each
     resolver, which must not answer. A name a resolver answers itself is best (the
     container's own name: Docker's embedded DNS answers it without asking upstream)."""
-    labels = [p for p in name.strip(".").split(".") if p] or ["netcut-probe", "invalid"]
+    labels = [p for p in _query_name(name).split(".") if p]
     qname = b"".join(bytes([len(p[:63])]) + p[:63].encode("ascii", "replace") for p in labels)
     return _QUERY_ID + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + qname + b"\x00\x00\x01\x00\x01"
 
@@ -327,17 +334,22 @@ def dns_query(name: str) -> bytes:
 def dns_probe_script(resolvers: tuple[str, ...], name: str, timeout: float) -> str:
     """Send `dns_query(name)` to port 53 of every resolver at once; one `answered dns:ADDR`
     or `silent dns:ADDR` line each. bash's /dev/udp under `timeout` (reads the answer's
-    id), else netcat's or busybox's `nc -u`; any answer at all is a way out."""
+    first byte, its id's: bash reads byte by byte, and the rest of a datagram is gone after
+    the first read), else netcat's `nc -u`, else busybox's `nslookup` (Debian's busybox `nc`
+    has no `-u`), whose output tells an answer, NXDOMAIN included, from none; any answer at
+    all is a way out."""
     secs = str(max(1, round(timeout)))
     query = "".join(f"\\{b:03o}" for b in dns_query(name))
     lines = [
         f"ncut_q={shlex.quote(query)}",
+        f"ncut_qname={shlex.quote(_query_name(name))}",
         'ncut_dns() { if [ -x "$NCUT_BASH" ] && [ -x "$NCUT_TIMEOUT" ]; then'
         ' ncut_timeout "$2" "$NCUT_BASH" -c \'exec 3<>"/dev/udp/$0/53" && printf "$1" >&3'
-        ' && IFS= read -r -n 2 x <&3 && [ "$x" = NC ]\' "$1" "$ncut_q";'
+        ' && IFS= read -r -n 1 x <&3 && [ "$x" = N ]\' "$1" "$ncut_q";'
         ' elif [ -x "$NCUT_NC" ]; then out=$(printf "$ncut_q" | ncut_nc -u -w "$2" "$1" 53);'
         ' [ -n "$out" ];'
-        ' else out=$(printf "$ncut_q" | ncut_busybox nc -u -w "$2" "$1" 53); [ -n "$out" ];'
+        ' else out=$("$NCUT_BUSYBOX" timeout "$2" "$NCUT_BUSYBOX" nslookup "$ncut_qname" "$1"'
+        ' 2>&1); case "$out" in *"Name:"*|*"can\'t find"*|*"answer:"*) true;; *) false;; esac;'
         ' fi </dev/null 2>/dev/null && echo "answered dns:$1" || echo "silent dns:$1"; }',
     ]
     for addr in resolvers:
