@@ -81,23 +81,32 @@ class User:
         """`netcut ARGS` as this user."""
         return self.run(_python(), "-m", "netcut.cli", *args, env=env, timeout=timeout)
 
+    def python(
+        self, code: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`python3 -c CODE` as this user, with this checkout importable."""
+        return self.run(_python(), "-c", code, env=env)
+
     def records(self) -> str:
         """Its default record directory when it has no $XDG_RUNTIME_DIR."""
         return os.path.join(tempfile.gettempdir(), f"netcut-{self.uid}")
 
 
 @contextlib.contextmanager
-def temporary_user(socket: str) -> Iterator[User]:
-    """A new user in the group that owns `socket` (the engine's), removed afterwards."""
+def temporary_user(socket: str | None = None) -> Iterator[User]:
+    """A new user (in the group that owns `socket`, the engine's), removed afterwards."""
     name = f"ncu{os.getpid() % 100000}"
-    st = os.stat(socket)
+    st = os.stat(socket) if socket is not None else None
     lent_group = None
-    if st.st_gid == 0:  # never add a user to root's group: lend the socket to one of ours
+    if socket is not None and st is not None and st.st_gid == 0:
+        # never add a user to root's group: lend the socket to a group of our own
         lent_group = f"{name}g"
         subprocess.run(["groupadd", lent_group], check=True)
         shutil.chown(socket, group=lent_group)
         os.chmod(socket, st.st_mode | 0o060)
-    group = lent_group or grp.getgrgid(st.st_gid).gr_name
+    groups = []
+    if st is not None:
+        groups = ["--groups", lent_group or grp.getgrgid(st.st_gid).gr_name]
     subprocess.run(
         [
             "useradd",
@@ -107,8 +116,7 @@ def temporary_user(socket: str) -> Iterator[User]:
             "--shell",
             "/usr/sbin/nologin",
             "--user-group",
-            "--groups",
-            group,
+            *groups,
             name,
         ],
         check=True,
@@ -132,7 +140,7 @@ def temporary_user(socket: str) -> Iterator[User]:
             uid = pwd.getpwnam(name).pw_uid
             shutil.rmtree(os.path.join(tempfile.gettempdir(), f"netcut-{uid}"), ignore_errors=True)
         subprocess.run(["userdel", name], check=False, capture_output=True)
-        if lent_group is not None:
+        if lent_group is not None and socket is not None and st is not None:
             os.chown(socket, st.st_uid, st.st_gid)
             os.chmod(socket, st.st_mode)
             subprocess.run(["groupdel", lent_group], check=False, capture_output=True)
