@@ -123,3 +123,28 @@ def test_a_record_of_another_boot_is_stale(tmp_path: object) -> None:
     with open(store.path, "w") as f:
         f.write(json.dumps(data) + "\n")
     assert store.load() is None
+
+
+def test_a_namespace_a_user_cannot_enter_names_the_fix(user: User) -> None:
+    """egress's listener inside a namespace, as a user who is not root (what verifiers'
+    runtime met: `NamespaceError: ... Permission denied` and nothing more)."""
+    code = (
+        "import egress\n"
+        "try:\n"
+        "    egress.listen_in_netns('/proc/1/ns/net', '127.0.0.1', 0)\n"
+        "except egress.NamespaceError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = user.python(code)
+    assert "Permission denied" in done.stdout, done.stderr
+    assert 'cut_mode="helper"' in done.stdout
+
+
+def test_a_gateway_that_is_not_here_names_rootless_podman() -> None:
+    import errno
+
+    from egress.proxy.net.listener import listen_socket
+
+    with pytest.raises(OSError, match="rootless podman") as caught:
+        listen_socket("198.18.255.254", 0)  # on no interface of this namespace
+    assert caught.value.errno == errno.EADDRNOTAVAIL
