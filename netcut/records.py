@@ -1,8 +1,11 @@
 """Where a cut is recorded so that `restore` can undo exactly it.
 
-One file per namespace, `$NETCUT_STATE_DIR/<st_dev>-<st_ino>.json` in direct mode and
-`container-<full id>.json` in helper mode (default directory /run/netcut: tmpfs, so records
-vanish with the boot, as do the namespaces they describe). A record is written atomically
+One file per namespace, `<st_dev>-<st_ino>.json` in both modes (helper mode: the identity
+the helper sees from inside; `container-<full id>.json` only when neither it nor the host can
+tell), in $NETCUT_STATE_DIR, else /run/netcut for root (tmpfs, so records vanish with the
+boot, as do the namespaces they describe), else a checked directory of the user's own
+(`user_state_dir`: docs/netcut.md#the-record-directory). Each record carries the boot id, and
+one of another boot is ignored. A record is written atomically
 *before* the cut's first change. In direct mode it is a journal (docs/netcut.md#the-journal):
 line 1 is the plan (JSON), and the worker appends one line per op as each completes, so a cut
 killed at any point, worker and caller alike, leaves a record that says which ops ran; the
@@ -104,7 +107,7 @@ def check_private(directory: str) -> None:
     """Refuse a record directory another user could write to or swap: it must be a real
     directory (not a symlink), owned by this user, with no group or world access. A record
     says which routes to put back, so one written by someone else could open a namespace on
-    `restore` (docs/netcut.md#state-directory)."""
+    `restore` (docs/netcut.md#the-record-directory)."""
     try:
         st = os.lstat(directory)
     except OSError as exc:
