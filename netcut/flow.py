@@ -43,8 +43,15 @@ class Executor(Protocol):
         delete of what is gone passes): undo and repair. Return the errors."""
 
     def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
-    ) -> ProbeResult: ...
+        self,
+        reachable: tuple[Keep, ...],
+        blocked: tuple[Keep, ...],
+        timeout: float,
+        resolvers: tuple[str, ...] = (),
+        name: str = "",
+    ) -> ProbeResult:
+        """Connect to each target; with `resolvers`, also ask each one for `name` on port 53
+        (each must stay silent)."""
 
 
 @runtime_checkable
@@ -147,8 +154,10 @@ class CutRequest:
     redirect: Redirect | None = None  # transparent mode (docs/netcut.md#transparent-mode)
     # probed as reachable besides the keeps with a port (loopback listeners: egress)
     expect_reachable: tuple[Keep, ...] = ()
-    # the executor also probes the namespace's resolvers (helper mode: docs/netcut.md#probe)
-    probe_resolvers: bool = False
+    # resolvers the probe must find silent, asked for `query_name` (helper mode:
+    # docs/netcut.md#the-resolvers-from-inside)
+    resolvers: tuple[str, ...] = ()
+    query_name: str = ""
 
 
 def cut(
@@ -284,9 +293,17 @@ def _repair(
 def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:
     keeps = (k for k in req.keeps if k.port is not None)
     reachable = tuple(dict.fromkeys((*keeps, *req.expect_reachable)))
-    if not req.probe or not (reachable or req.expect_blocked or req.probe_resolvers):
+    # with transparent mode's DNS responder every query is the proxy's to answer
+    answered_by_proxy = req.redirect is not None and req.redirect.dns_port is not None
+    resolvers = () if answered_by_proxy else req.resolvers
+    if not req.probe or not (reachable or req.expect_blocked or resolvers):
         return result
-    found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
+    if resolvers:
+        found = ex.probe(
+            reachable, req.expect_blocked, req.probe_timeout, resolvers, req.query_name
+        )
+    else:
+        found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
     if not found.ok:
         raise ProbeFailed(f"{label} is cut but the probe failed: {found.reason()}", found)
     return replace(result, probe=found)

@@ -187,8 +187,16 @@ class InNamespace:
         return undo_ops(self.rt, ops)
 
     def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+        self,
+        reachable: tuple[Keep, ...],
+        blocked: tuple[Keep, ...],
+        timeout: float,
+        resolvers: tuple[str, ...] = (),
+        name: str = "",
     ) -> ProbeResult:
+        """Direct mode reads the resolvers itself (root reads the container's resolv.conf)
+        and asks none of them: `resolvers` is helper mode's (CutRequest.resolvers)."""
+        del resolvers, name
         return run_probe(reachable, blocked, timeout)
 
 

@@ -343,7 +343,8 @@ def _cut_in(
         probe,
         blocked,
         probe_timeout,
-        probe_resolvers=bool(ex.dns_probe),
+        resolvers=_probed_resolvers(ex.nameservers),
+        query_name=c.name,
     )
     result = flow.cut(ex, c.store(), str(c), request, render=render_script)
     return replace(result, identity=c.identity, mode="helper")
@@ -371,7 +372,6 @@ def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container,
         # image has no resolv.conf of the task's)
         ex.nameservers = tuple(dict.fromkeys((*facts.resolvers, *c.nameservers())))
         ex.dns_unverified = facts.unverified
-        ex.dns_probe, ex.dns_name = _probed_resolvers(ex.nameservers), c.name
         yield c, ex
 
 
@@ -395,7 +395,6 @@ def probe(
     reachable = probe_targets(expect_reachable, "expect_reachable")
     blocked = probe_targets(expect_blocked, "expect_blocked")
     with _session(target, image) as (_, ex):
-        ex.dns_probe = ()  # only what was asked: a namespace that is not cut answers DNS
         return ex.probe(reachable, blocked, timeout)
 
 

@@ -202,11 +202,8 @@ class HelperExecutor:
         self.runtime = runtime
         self.target = container  # name or id, as the caller gave it
         self.nameservers: tuple[str, ...] = ()
-        # what the helper reported it sees (`read_facts`): why DNS cannot be verified, and
-        # the resolvers its probe must find silent, asked for `dns_name`
+        # what the helper reported it sees (`read_facts`): why DNS cannot be verified
         self.dns_unverified: tuple[str, ...] = ()
-        self.dns_probe: tuple[str, ...] = ()
-        self.dns_name = ""
         self.chosen = image or os.environ.get(IMAGE_ENV, "").strip() or None
         self.proc: subprocess.Popen[bytes] | None = None
         self.buffer = b""
@@ -385,7 +382,12 @@ class HelperExecutor:
         return [] if code == 0 else [f"helper undo failed (exit {code}): {why_failed(out, code)}"]
 
     def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+        self,
+        reachable: tuple[Keep, ...],
+        blocked: tuple[Keep, ...],
+        timeout: float,
+        resolvers: tuple[str, ...] = (),
+        name: str = "",
     ) -> ProbeResult:
         found = ProbeResult(())
         if reachable or blocked:
@@ -393,15 +395,18 @@ class HelperExecutor:
             if code != 0:
                 raise ApplyFailed(f"helper probe failed (exit {code}): {why_failed(out, code)}")
             found = parse_probe(out, reachable, blocked)
-        return ProbeResult((*found.items, *self.probe_dns(timeout)))
+        return ProbeResult((*found.items, *self.probe_dns(resolvers, name, timeout)))
 
-    def probe_dns(self, timeout: float) -> tuple[ProbeItem, ...]:
-        """Every resolver the container has must stay silent (docs/netcut.md#probe)."""
-        if not self.dns_probe:
+    def probe_dns(
+        self, resolvers: tuple[str, ...], name: str, timeout: float
+    ) -> tuple[ProbeItem, ...]:
+        """Ask each resolver for `name`; each must stay silent
+        (docs/netcut.md#the-resolvers-from-inside)."""
+        if not resolvers:
             return ()
-        script = dns_probe_script(self.dns_probe, self.dns_name, timeout)
+        script = dns_probe_script(resolvers, name, timeout)
         code, out = self.send(script, timeout + 30)
-        items = parse_dns_probe(out, self.dns_probe)
+        items = parse_dns_probe(out, resolvers)
         if code != 0 or any(item.outcome == "not probed" for item in items):
             raise ApplyFailed(f"helper DNS probe failed (exit {code}): {why_failed(out, code)}")
         return items

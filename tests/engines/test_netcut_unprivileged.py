@@ -179,8 +179,7 @@ def test_the_probe_hears_a_resolver_that_answers(make_box, shell: str) -> None:
     image = None if shell == "default" else shell_image("docker", shell)
     with HelperExecutor("docker", box.name, image) as ex:
         ex.start()
-        ex.dns_probe, ex.dns_name = ("127.0.0.11",), box.name
-        items = ex.probe_dns(2.0)
+        items = ex.probe_dns(("127.0.0.11",), box.name, 2.0)
     assert [(i.target, i.outcome, i.ok) for i in items] == [
         ("127.0.0.11:53 (DNS)", "connected", False)
     ]
