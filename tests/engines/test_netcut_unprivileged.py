@@ -183,3 +183,20 @@ def test_the_probe_hears_a_resolver_that_answers(make_box, shell: str) -> None:
     assert [(i.target, i.outcome, i.ok) for i in items] == [
         ("127.0.0.11:53 (DNS)", "connected", False)
     ]
+
+
+def test_forget_finds_a_helper_cuts_record(user: User, make_box) -> None:
+    """`CutResult.identity` is set in helper mode, so `forget` (what release_execution(
+    forget=True) calls) removes the record; it was None, and the record stayed."""
+    box = make_box("docker")
+    code = (
+        "import netcut\n"
+        "from netcut.helper import mode\n"
+        f"r = mode.cut(netcut.container({box.name!r}))\n"
+        "print(list(r.identity), netcut.forget(r.identity), netcut.forget(r.identity))\n"
+    )
+    done = user.python(code)
+    assert done.returncode == 0, done.stderr
+    dev, ino = _identity(box)
+    assert done.stdout.split() == [f"[{dev},", f"{ino}]", "True", "False"]
+    assert [n for n in os.listdir(user.records()) if n.endswith(".json")] == []
