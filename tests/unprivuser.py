@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import itertools
 import os
 import pwd
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+_made = itertools.count(1)
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -95,7 +97,7 @@ class User:
 @contextlib.contextmanager
 def temporary_user(socket: str | None = None) -> Iterator[User]:
     """A new user (in the group that owns `socket`, the engine's), removed afterwards."""
-    name = f"ncu{os.getpid() % 100000}"
+    name = f"ncu{os.getpid() % 100000}x{next(_made)}"
     st = os.stat(socket) if socket is not None else None
     lent_group = None
     if socket is not None and st is not None and st.st_gid == 0:

@@ -38,7 +38,7 @@ from typing import Any
 from netcut import flow
 from netcut.api import KeepLike, parse_keeps, probe_targets
 from netcut.argtypes import check_seconds
-from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
+from netcut.errors import ApplyFailed, InvalidInput, PrivilegeError, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
 from netcut.helper.script import parse_probe, render_script
 from netcut.helper.session import (
@@ -60,6 +60,7 @@ from netcut.resolve import (
     containerd_task,
     find_runtime,
     parse_nameservers,
+    socket_hint,
 )
 
 _DANGEROUS = {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
@@ -173,6 +174,10 @@ class _Container:
         done = _run([self.runtime, "inspect", "--format", "{{json .}}", ref.value], RUN_TIMEOUT_S)
         if done.returncode != 0:
             why = why_failed(done.stderr or done.stdout, done.returncode)
+            if socket_hint(why):
+                raise PrivilegeError(
+                    f"container {ref.value!r} via {self.runtime}: {why}{socket_hint(why)}"
+                )
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: {why}")
         try:
             info = json.loads(done.stdout)

@@ -185,6 +185,15 @@ def test_the_probe_hears_a_resolver_that_answers(make_box, shell: str) -> None:
     ]
 
 
+def test_a_user_outside_the_engines_group_is_told_how_to_join() -> None:
+    """The engine's socket refuses a user not in its group: the error says what to do."""
+    with temporary_user() as outsider:
+        done = outsider.netcut("status", "--container", "nc-no-such-box", "--runtime", "docker")
+    assert done.returncode == 2
+    assert "permission denied" in done.stderr
+    assert "add it to the group that owns the socket" in done.stderr
+
+
 def test_forget_finds_a_helper_cuts_record(user: User, make_box) -> None:
     """`CutResult.identity` is set in helper mode, so `forget` (what release_execution(
     forget=True) calls) removes the record; it was None, and the record stayed."""
