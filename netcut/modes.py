@@ -34,21 +34,24 @@ class ModeChoice:
         return f"mode: {self.mode} ({self.reason})"
 
 
-def missing_direct_caps(mask: int | None = None) -> tuple[str, ...]:
-    """The capabilities direct mode needs that this process's effective set lacks."""
-    held = own_effective_caps() if mask is None else mask
-    return tuple(name for bit, name in _DIRECT_CAPS.items() if not held >> bit & 1)
+def missing_direct_caps(mask: int) -> tuple[str, ...]:
+    """The capabilities direct mode needs that the effective set `mask` lacks."""
+    return tuple(name for bit, name in _DIRECT_CAPS.items() if not mask >> bit & 1)
 
 
 def choose_mode(
-    target: TargetRef | ResolvedTarget | str | int,
-    asked: str | None = None,
-    mask: int | None = None,
+    target: TargetRef | ResolvedTarget | str | int, asked: str | None = None
 ) -> ModeChoice:
-    """`asked` ("direct", "helper") as given; else direct with the privileges for it, else
-    helper for a container target. `mask` is the effective capability set (this process's
-    by default). Raises PrivilegeError for a target only direct mode can reach without
-    them, InvalidInput for an unknown mode."""
+    """`asked` ("direct", "helper") as given; else direct when this process holds the
+    privileges for it, else helper for a container target. Raises PrivilegeError for a
+    target only direct mode can reach without them, InvalidInput for an unknown mode."""
+    return decide(target, asked, own_effective_caps())
+
+
+def decide(
+    target: TargetRef | ResolvedTarget | str | int, asked: str | None, mask: int
+) -> ModeChoice:
+    """`choose_mode` for a process whose effective capability set is `mask`."""
     if asked is not None and asked != "auto":
         if asked not in MODES:
             raise InvalidInput(f"mode {asked!r}: give direct or helper (or leave it out)")

@@ -168,6 +168,7 @@ class _Container:
         self.ref = ref
         self.runtime = runtime or find_runtime(ref.runtime)
         self.namespace: str | None = None
+        self.identity: tuple[int, int] | None = None  # the namespace's (`identify`)
         if is_ctr(self.runtime):
             self._containerd()
             return
@@ -223,7 +224,7 @@ class _Container:
         """The namespace's nsfs identity, by which its record is keyed in both modes: as the
         helper saw it from inside (its /proc/self/ns/net; a host process that is not root
         cannot stat the container's), else as this host sees /proc/PID/ns/net."""
-        self.identity: tuple[int, int] | None = None
+        self.identity = None
         if seen is not None:
             dev, ino = seen
             if dev is None:  # only the inode was read: nsfs has one device, ours says it
@@ -241,10 +242,9 @@ class _Container:
         identity); only when neither the helper nor the host could tell it, the container
         id. A record an older netcut kept by container id moves to the identity's name."""
         legacy = Store.for_container(self.id)
-        identity = getattr(self, "identity", None)
-        if identity is None:
+        if self.identity is None:
             return legacy
-        store = Store.for_namespace(identity)
+        store = Store.for_namespace(self.identity)
         if os.path.exists(legacy.path) and not os.path.exists(store.path):
             with contextlib.suppress(OSError):
                 os.replace(legacy.path, store.path)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from netcut.errors import InvalidInput, PrivilegeError
 from netcut.helper.dump import parse_facts
 from netcut.helper.script import dns_query, parse_dns_probe
-from netcut.modes import choose_mode
+from netcut.modes import decide as choose_mode
 from netcut.plan import planner
 from netcut.plan.model import AF_INET, NamespaceState
 from netcut.plan.status import judge_status
