@@ -328,8 +328,10 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
         return RestoreResult(label, True, after, lines, elapsed)
 
 
-def status(ex: Executor, store: Store) -> CutStatus:
-    return judge_status(store.load(), ex.read_state((), (), verify=True))
+def status(ex: Executor, store: Store, nameservers: tuple[str, ...] = ()) -> CutStatus:
+    """The whole live state against the record; `nameservers`, the namespace's resolvers as
+    the caller read them, must be refused too (docs/netcut.md#the-resolvers-from-inside)."""
+    return judge_status(store.load(), ex.read_state((), nameservers, verify=True))
 
 
 def cut_and_status(

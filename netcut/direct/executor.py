@@ -227,9 +227,9 @@ def job_restore(store: Store, label: str) -> flow.RestoreResult:
         return flow.restore(ex, store, label)
 
 
-def job_status(store: Store) -> CutStatus:
+def job_status(store: Store, nameservers: tuple[str, ...] = ()) -> CutStatus:
     with InNamespace() as ex:
-        return flow.status(ex, store)
+        return flow.status(ex, store, nameservers)
 
 
 def job_read_state(

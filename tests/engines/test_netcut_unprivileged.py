@@ -107,7 +107,7 @@ def _identity(box: Box) -> tuple[int, int]:
 
 
 def test_status_is_partial_while_a_resolver_is_not_refused_and_a_cut_closes_it(
-    user: User, make_box
+    user: User, make_box, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A record whose plan does not refuse 127.0.0.11 (what a helper cut made before the fix)
     and a backstop exactly as recorded: only the resolvers tell that the cut is not whole."""
@@ -131,6 +131,14 @@ def test_status_is_partial_while_a_resolver_is_not_refused_and_a_cut_closes_it(
     assert done.returncode == 3, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == "partial"
     assert "DNS resolver 127.0.0.11 (loopback: an engine's embedded DNS) not refused" in done.stdout
+    # direct mode (root reads the resolv.conf itself) judges the same record alike
+    from netcut import api
+
+    with monkeypatch.context() as m:
+        m.setenv("NETCUT_STATE_DIR", user.records())
+        direct = api.status(f"docker:{box.name}")
+    assert direct.state == "partial"
+    assert any("127.0.0.11" in line for line in direct.details)
 
     done = user.netcut("cut", "--container", box.name)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -179,7 +187,7 @@ def test_the_probe_hears_a_resolver_that_answers(make_box, shell: str) -> None:
     image = None if shell == "default" else shell_image("docker", shell)
     with HelperExecutor("docker", box.name, image) as ex:
         ex.start()
-        items = ex.probe_dns(("127.0.0.11",), box.name, 2.0)
+        items = ex.probe_dns(("127.0.0.11",), box.name, 5.0)  # returns at the answer
     assert [(i.target, i.outcome, i.ok) for i in items] == [
         ("127.0.0.11:53 (DNS)", "connected", False)
     ]
