@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass
 
 from netcut.records import Store, recorded_namespaces
+from netcut.safety import own_effective_caps
+
+CAP_SYS_PTRACE = 19
 
 # The cut collects at most this often per worker process (a full /proc scan costs ~ms).
 CUT_COLLECT_EVERY_S = 10.0
@@ -45,10 +48,12 @@ def live_namespaces() -> set[tuple[int, int]]:
 
 
 def _scan() -> tuple[set[tuple[int, int]], bool]:
-    """`live_namespaces`, and whether the scan saw every process's namespace: a user who is
-    not root cannot read another user's /proc/PID/ns/net, so a namespace missing from its
-    scan may still be held (a container's, by processes of root's)."""
-    complete = True
+    """`live_namespaces`, and whether the scan can be trusted to see every holder: a process
+    without CAP_SYS_PTRACE (a user who is not root) cannot read another user's
+    /proc/PID/ns/net, so a namespace missing from its scan may still be held (a container's,
+    by processes of root's). Root's scan counts as whole, as it always did (a process it
+    may not read, like an init of a sandbox the host runs in, is skipped)."""
+    complete = bool(own_effective_caps() >> CAP_SYS_PTRACE & 1)
     live: set[tuple[int, int]] = set()
     own = os.stat("/proc/self/ns/net").st_dev  # every nsfs inode has the same st_dev
     inodes: set[int] = set()
@@ -68,10 +73,8 @@ def _scan() -> tuple[set[tuple[int, int]], bool]:
                     continue
                 if found is not None:
                     inodes.add(found)
-        except PermissionError:
-            complete = False  # not ours to read
         except OSError:
-            continue  # exited meanwhile
+            continue  # exited meanwhile, or not ours to read
     live.update((own, ino) for ino in inodes)
     live.update(_mounted_namespaces())
     return live, complete
