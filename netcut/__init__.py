@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         status_async,
     )
     from netcut.direct.worker import start_worker
+    from netcut.modes import ModeChoice, choose_mode
     from netcut.plan.model import Keep, ProbeItem, ProbeResult, parse_keep
     from netcut.plan.planner import CutPlan
     from netcut.plan.status import CutStatus
@@ -74,6 +75,8 @@ _LAZY = {
     "Keep": "netcut.plan.model",
     "parse_keep": "netcut.plan.model",
     "start_worker": "netcut.direct.worker",
+    "ModeChoice": "netcut.modes",
+    "choose_mode": "netcut.modes",
     "CutPlan": "netcut.plan.planner",
     "CutStatus": "netcut.plan.status",
     "ProbeItem": "netcut.plan.model",
@@ -106,6 +109,7 @@ __all__ = [
     "CutStatus",
     "InvalidInput",
     "Keep",
+    "ModeChoice",
     "NetcutError",
     "PrivilegeError",
     "ProbeFailed",
@@ -116,6 +120,7 @@ __all__ = [
     "TargetNotFound",
     "TargetRef",
     "UnsafeTarget",
+    "choose_mode",
     "container",
     "cut",
     "cut_and_status",

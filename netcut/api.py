@@ -263,9 +263,10 @@ def status(target: TargetLike) -> CutStatus:
     """Whether `target` is cut (every effect of the recorded cut holds), partially cut, or
     not cut. Raises TargetNotFound, PrivilegeError."""
     safety.require_privilege()
-    _, fd, identity = _open(target)
+    resolved, fd, identity = _open(target)
     try:
-        found: CutStatus = run_in_netns(fd, job("job_status"), Store.for_namespace(identity))
+        store = Store.for_namespace(identity)
+        found: CutStatus = run_in_netns(fd, job("job_status"), store, _nameservers(resolved))
         return found
     finally:
         os.close(fd)

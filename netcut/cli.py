@@ -13,9 +13,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from netcut import api, resolve
+from netcut import api, modes, resolve
 from netcut.direct.probe import ProbeResult
 from netcut.errors import InvalidInput, NetcutError, ProbeFailed
 from netcut.helper import image as helperimage
@@ -79,6 +80,22 @@ def _add_target(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_mode(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        choices=modes.MODES,
+        default=None,
+        help="direct: enter the namespace from this process (root or CAP_SYS_ADMIN +"
+        " CAP_NET_ADMIN); helper: run a helper container in the container's namespace"
+        " (default: direct when this process may, else helper for a container)",
+    )
+    p.add_argument(
+        "--helper-image",
+        metavar="IMAGE",
+        help=f"helper image (default: ${helper.IMAGE_ENV}, else built once)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from netcut import __version__
 
@@ -108,18 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read the state, run the safety checks and print the plan; change nothing",
     )
-    cut.add_argument(
-        "--mode",
-        choices=("direct", "helper"),
-        default="direct",
-        help="direct: enter the namespace from this process (root); helper: run a helper"
-        " container in the container's namespace (default: direct)",
-    )
-    cut.add_argument(
-        "--helper-image",
-        metavar="IMAGE",
-        help=f"helper image (default: ${helper.IMAGE_ENV}, else built once)",
-    )
+    _add_mode(cut)
     cut.add_argument("--no-probe", action="store_true", help="do not probe after the cut")
     cut.add_argument(
         "--probe-timeout",
@@ -181,18 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for the connections, all at once (default: 1)",
     )
+    _add_mode(probe)
     probe.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     status = sub.add_parser("status", help="say whether and how the namespace is cut")
     _add_target(status)
-    status.add_argument("--mode", choices=("direct", "helper"), default="direct")
-    status.add_argument("--helper-image", metavar="IMAGE")
+    _add_mode(status)
     status.add_argument("--json", action="store_true")
 
     restore = sub.add_parser("restore", help="undo a cut exactly")
     _add_target(restore)
-    restore.add_argument("--mode", choices=("direct", "helper"), default="direct")
-    restore.add_argument("--helper-image", metavar="IMAGE")
+    _add_mode(restore)
     restore.add_argument("--json", action="store_true")
 
     gc = sub.add_parser("gc", help="remove the records of namespaces that no longer exist")
@@ -257,7 +262,8 @@ def _cmd_cut(args: argparse.Namespace) -> int:
         probe_timeout=args.probe_timeout,
     )
     redirect = _redirect(args)
-    if args.mode == "helper":
+    choice = modes.choose_mode(ref, args.mode)
+    if choice.mode == "helper":
         if redirect is not None:
             raise InvalidInput(
                 "--transparent needs --mode direct (the helper image does not "
@@ -266,7 +272,10 @@ def _cmd_cut(args: argparse.Namespace) -> int:
         result = helper.cut(ref, args.keep, image=args.helper_image, **options)
     else:
         result = api.cut(ref, args.keep, redirect=redirect, **options)
+    result = replace(result, mode=choice.mode, mode_reason=choice.reason)
     data = {
+        **_mode_data(choice),
+        "identity": list(result.identity) if result.identity else None,
         "result": result.head,
         "repaired": list(result.found),
         "target": result.target,
@@ -291,37 +300,51 @@ def _redirect(args: argparse.Namespace) -> Redirect | None:
     return Redirect(args.redirect_to, args.dns_to)
 
 
+def _mode_data(choice: modes.ModeChoice) -> dict[str, str]:
+    return {"mode": choice.mode, "mode_reason": choice.reason}
+
+
 def _cmd_probe(args: argparse.Namespace) -> int:
-    result = api.probe(
-        _target(args), args.expect_reachable, args.expect_blocked, timeout=args.timeout
-    )
+    ref = _target(args)
+    choice = modes.choose_mode(ref, args.mode)
+    reachable, blocked = args.expect_reachable, args.expect_blocked
+    if choice.mode == "helper":
+        result = helper.probe(
+            ref, reachable, blocked, timeout=args.timeout, image=args.helper_image
+        )
+    else:
+        result = api.probe(ref, reachable, blocked, timeout=args.timeout)
     lines = result.lines() + ([f"probe failed: {result.reason()}"] if not result.ok else [])
-    _emit(args, lines or ["nothing to probe"], _probe_data(result) or {})
+    lines = (lines or ["nothing to probe"]) + [choice.line()]
+    _emit(args, lines, {**(_probe_data(result) or {}), **_mode_data(choice)})
     return 0 if result.ok else 1
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     ref = _target(args)
-    if args.mode == "helper":
+    choice = modes.choose_mode(ref, args.mode)
+    if choice.mode == "helper":
         status = helper.status(ref, image=args.helper_image)
     else:
         status = api.status(ref)
-    _emit(args, status.lines(), _status_data(status))
+    _emit(args, [*status.lines(), choice.line()], {**_status_data(status), **_mode_data(choice)})
     return STATUS_EXIT[status.state]
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
     ref = _target(args)
-    if args.mode == "helper":
+    choice = modes.choose_mode(ref, args.mode)
+    if choice.mode == "helper":
         result = helper.restore(ref, image=args.helper_image)
     else:
         result = api.restore(ref)
     head = "restored" if result.changed else "not cut: nothing to restore"
-    lines = [f"{head}: {result.target}", *result.lines]
+    lines = [f"{head}: {result.target}", *result.lines, choice.line()]
     _emit(
         args,
         lines,
         {
+            **_mode_data(choice),
             "result": "restored" if result.changed else "not cut",
             "target": result.target,
             "changed": result.changed,

@@ -43,8 +43,15 @@ class Executor(Protocol):
         delete of what is gone passes): undo and repair. Return the errors."""
 
     def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
-    ) -> ProbeResult: ...
+        self,
+        reachable: tuple[Keep, ...],
+        blocked: tuple[Keep, ...],
+        timeout: float,
+        resolvers: tuple[str, ...] = (),
+        name: str = "",
+    ) -> ProbeResult:
+        """Connect to each target; with `resolvers`, also ask each one for `name` on port 53
+        (each must stay silent)."""
 
 
 @runtime_checkable
@@ -90,8 +97,13 @@ class CutResult:
     repaired: bool = False
     found: tuple[str, ...] = ()
     # the namespace's nsfs (st_dev, st_ino), which names its record: `netcut.forget` takes
-    # it after the namespace is gone (direct mode; None in helper mode)
+    # it after the namespace is gone (both modes; None only when neither the helper nor
+    # the host could tell it)
     identity: tuple[int, int] | None = None
+    # which mode did the work ("direct" or "helper"), and why when it was chosen for the
+    # caller (docs/netcut.md#modes-and-privileges)
+    mode: str = "direct"
+    mode_reason: str = ""
 
     @property
     def head(self) -> str:
@@ -111,6 +123,8 @@ class CutResult:
                 shown += ["helper script:", *(f"  {line}" for line in self.script.splitlines())]
             return shown
         out = [f"{self.head}: {self.target}"]
+        if self.mode_reason:
+            out.append(f"mode: {self.mode} ({self.mode_reason})")
         out += [f"  found: {line}" for line in self.found]
         if self.plan is not None and self.changed:
             out += self.plan.lines()
@@ -140,6 +154,10 @@ class CutRequest:
     redirect: Redirect | None = None  # transparent mode (docs/netcut.md#transparent-mode)
     # probed as reachable besides the keeps with a port (loopback listeners: egress)
     expect_reachable: tuple[Keep, ...] = ()
+    # resolvers the probe must find silent, asked for `query_name` (helper mode:
+    # docs/netcut.md#the-resolvers-from-inside)
+    resolvers: tuple[str, ...] = ()
+    query_name: str = ""
 
 
 def cut(
@@ -154,6 +172,10 @@ def cut(
         state = ex.read_state(req.keeps, req.nameservers, verify=record is not None)
         status = judge_status(record, state)
         same = record is not None and set(record.keeps) == set(req.keeps)
+        if record is not None and verify.unrefused_resolvers(record.ops, state):
+            # A resolver the recorded backstop does not refuse (a cut made before netcut
+            # could see it): no repair of that plan closes it, a new plan does.
+            same = False
         if status.state == "partial" and record is not None and same:
             result = _repair(ex, store, label, record, state, req, render=render, start=start)
         elif status.is_cut:
@@ -177,6 +199,12 @@ def cut(
             if status.state == "partial" and not req.dry_run:
                 _restore(ex, store, record, state)
                 state = ex.read_state(req.keeps, req.nameservers)
+            if state.dns_unverified and not req.dry_run:
+                # fail closed: a cut whose DNS cannot be verified would never be `cut`
+                raise ApplyFailed(
+                    f"{label}: its DNS cannot be verified ({'; '.join(state.dns_unverified)});"
+                    " nothing was changed"
+                )
             planned = plan_mod.plan_cut(state, req.keeps, req.redirect)
             if req.dry_run:
                 script = render(planned.ops) if render else None
@@ -265,9 +293,17 @@ def _repair(
 def _probed(ex: Executor, label: str, result: CutResult, req: CutRequest) -> CutResult:
     keeps = (k for k in req.keeps if k.port is not None)
     reachable = tuple(dict.fromkeys((*keeps, *req.expect_reachable)))
-    if not req.probe or not (reachable or req.expect_blocked):
+    # with transparent mode's DNS responder every query is the proxy's to answer
+    answered_by_proxy = req.redirect is not None and req.redirect.dns_port is not None
+    resolvers = () if answered_by_proxy else req.resolvers
+    if not req.probe or not (reachable or req.expect_blocked or resolvers):
         return result
-    found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
+    if resolvers:
+        found = ex.probe(
+            reachable, req.expect_blocked, req.probe_timeout, resolvers, req.query_name
+        )
+    else:
+        found = ex.probe(reachable, req.expect_blocked, req.probe_timeout)
     if not found.ok:
         raise ProbeFailed(f"{label} is cut but the probe failed: {found.reason()}", found)
     return replace(result, probe=found)
@@ -292,8 +328,10 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
         return RestoreResult(label, True, after, lines, elapsed)
 
 
-def status(ex: Executor, store: Store) -> CutStatus:
-    return judge_status(store.load(), ex.read_state((), (), verify=True))
+def status(ex: Executor, store: Store, nameservers: tuple[str, ...] = ()) -> CutStatus:
+    """The whole live state against the record; `nameservers`, the namespace's resolvers as
+    the caller read them, must be refused too (docs/netcut.md#the-resolvers-from-inside)."""
+    return judge_status(store.load(), ex.read_state((), nameservers, verify=True))
 
 
 def cut_and_status(

@@ -1,8 +1,11 @@
 """Where a cut is recorded so that `restore` can undo exactly it.
 
-One file per namespace, `$NETCUT_STATE_DIR/<st_dev>-<st_ino>.json` in direct mode and
-`container-<full id>.json` in helper mode (default directory /run/netcut: tmpfs, so records
-vanish with the boot, as do the namespaces they describe). A record is written atomically
+One file per namespace, `<st_dev>-<st_ino>.json` in both modes (helper mode: the identity
+the helper sees from inside; `container-<full id>.json` only when neither it nor the host can
+tell), in $NETCUT_STATE_DIR, else /run/netcut for root (tmpfs, so records vanish with the
+boot, as do the namespaces they describe), else a checked directory of the user's own
+(`user_state_dir`: docs/netcut.md#the-record-directory). Each record carries the boot id, and
+one of another boot is ignored. A record is written atomically
 *before* the cut's first change. In direct mode it is a journal (docs/netcut.md#the-journal):
 line 1 is the plan (JSON), and the worker appends one line per op as each completes, so a cut
 killed at any point, worker and caller alike, leaves a record that says which ops ran; the
@@ -26,7 +29,9 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import struct
+import tempfile
 import time
 import zlib
 from collections.abc import Iterator
@@ -61,13 +66,92 @@ _FLOCK = struct.Struct("hhqqi4x")
 _F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 
 
+# Where the kernel names this boot: a record from another boot describes a namespace that is
+# gone, whatever its inode says now (docs/netcut.md#collecting-records).
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_STATE_FIX = (
+    f"set ${STATE_DIR_ENV} to a directory of your own (mode 0700), or unset it: a user"
+    " other than root gets $XDG_RUNTIME_DIR/netcut, else /tmp/netcut-UID"
+)
+
+
 def state_dir() -> str:
-    return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+    """The record directory: $NETCUT_STATE_DIR as given; else /run/netcut for root (tmpfs);
+    else a directory of this user's own (`user_state_dir`), checked before it is used."""
+    given = os.environ.get(STATE_DIR_ENV)
+    if given:
+        return given
+    if os.geteuid() == 0:
+        return DEFAULT_STATE_DIR
+    return user_state_dir()
+
+
+def user_state_dir() -> str:
+    """A non-root user's record directory: `$XDG_RUNTIME_DIR/netcut` (a tmpfs of the user's
+    own, emptied at logout and reboot) when $XDG_RUNTIME_DIR is a directory this user owns
+    that no one else may enter, else `/tmp/netcut-UID`. Never a shared world-writable path:
+    the directory itself is checked (`check_private`) before a record is read or written."""
+    uid = os.geteuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
+    if runtime.startswith("/"):
+        try:
+            st = os.stat(runtime)
+        except OSError:
+            st = None
+        if st is not None and st.st_uid == uid and not st.st_mode & 0o077:
+            return os.path.join(runtime, "netcut")
+    return os.path.join(tempfile.gettempdir(), f"netcut-{uid}")
+
+
+def check_private(directory: str) -> None:
+    """Refuse a record directory another user could write to or swap: it must be a real
+    directory (not a symlink), owned by this user, with no group or world access. A record
+    says which routes to put back, so one written by someone else could open a namespace on
+    `restore` (docs/netcut.md#the-record-directory)."""
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise _state_error(directory, exc, "check it") from None
+    why = None
+    if not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory (a symlink?)"
+    elif st.st_uid != os.geteuid():
+        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o077:
+        why = f"is open to others (mode {stat.S_IMODE(st.st_mode):04o}, needs 0700)"
+    if why is not None:
+        raise StateError(
+            f"state directory {directory} {why}; refusing to keep records there: remove it,"
+            f" or {_STATE_FIX}"
+        )
+
+
+def _checked_default() -> str | None:
+    """The directory `check_private` guards: a non-root user's default one."""
+    return None if os.geteuid() == 0 else user_state_dir()
+
+
+_boot_id: str | None = None
+
+
+def boot_id() -> str:
+    """This boot's id (empty where the kernel does not say); read once per process."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open(BOOT_ID_PATH) as f:
+                _boot_id = f.read().strip()
+        except OSError:
+            _boot_id = ""
+    return _boot_id
 
 
 def _state_error(directory: str, exc: OSError, doing: str) -> StateError:
     why = exc.strerror or str(exc)
-    return StateError(f"state directory {directory}: cannot {doing}: {why} (${STATE_DIR_ENV})")
+    hint = f"${STATE_DIR_ENV}"
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = _STATE_FIX
+    return StateError(f"state directory {directory}: cannot {doing}: {why} ({hint})")
 
 
 @dataclass(frozen=True)
@@ -96,12 +180,16 @@ class Store:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise _state_error(self.directory, exc, "create it") from None
+        if self.directory == _checked_default():
+            check_private(self.directory)
 
     def save(self, plan: CutPlan, meta: dict[str, str], *, journal: bool = False) -> None:
         """Write atomically (temporary file, then rename); on any failure the temporary file
         is removed and StateError raised. With `journal`, completed ops are appended later
         (`Journal`); without it the record stands for a complete cut."""
         self._makedirs()
+        if boot_id():
+            meta = {**meta, "boot": boot_id()}
         text = record_text(plan, meta, time.time(), journal=journal) + "\n"
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
@@ -121,8 +209,9 @@ class Store:
             raise _state_error(self.directory, exc, f"write the record {self.key}.json") from None
 
     def load(self) -> CutPlan | None:
-        """The recorded plan (with `applied` set from a journal), or None. Raises
-        InvalidInput for a record it cannot read."""
+        """The recorded plan (with `applied` set from a journal), or None (also for a record
+        written during another boot: a directory under $HOME or /tmp may outlive a reboot, its
+        namespaces never do). Raises InvalidInput for a record it cannot read."""
         try:
             with open(self.path) as f:
                 text = f.read()
@@ -135,6 +224,12 @@ class Store:
             data = json.loads(head)
         except ValueError as exc:
             raise InvalidInput(f"netcut record {self.path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidInput(f"netcut record {self.path}: not a JSON object")
+        meta = data.get("meta")
+        boot = meta.get("boot") if isinstance(meta, dict) else None
+        if boot and boot_id() and boot != boot_id():
+            return None  # a namespace of another boot: gone, whatever its inode says now
         plan = plan_from_data(data)
         if data.get("journal"):
             plan = replace(plan, applied=journal_progress(tail))

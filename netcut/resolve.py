@@ -145,7 +145,23 @@ def choose_runtime(flag: str | None = None, allowed: tuple[str, ...] = RUNTIMES)
         if reason is None:
             return name, found
         why.append(f"{name}: {reason}")
-    raise TargetNotFound(f"no container runtime answered (tried {'; '.join(why)})")
+    said = "; ".join(why)
+    raise TargetNotFound(f"no container runtime answered (tried {said}){socket_hint(said)}")
+
+
+# An engine's socket this user may not use: what a user who is not root must be given.
+_SOCKET_HINT = (
+    " (this user may not use the engine's socket: add it to the group that owns the socket,"
+    " e.g. `usermod -aG docker USER` and log in again, or use rootless podman)"
+)
+
+
+def socket_hint(said: str) -> str:
+    """The fix for an engine's "permission denied" on its socket, or nothing."""
+    lowered = said.lower()
+    if "permission denied" in lowered and ("socket" in lowered or "dial unix" in lowered):
+        return _SOCKET_HINT
+    return ""
 
 
 def find_runtime(flag: str | None = None, allowed: tuple[str, ...] = HELPER_RUNTIMES) -> str:

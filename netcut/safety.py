@@ -237,5 +237,7 @@ def require_privilege() -> None:
     ]
     if missing:
         raise PrivilegeError(
-            f"direct mode needs root or {' + '.join(missing)} (missing); use --mode helper"
+            f"direct mode needs root or {' + '.join(missing)} (missing); for a docker or podman"
+            " container, leave --mode out or give --mode helper: a helper container cuts"
+            " without root (docs/netcut.md#modes-and-privileges)"
         )

@@ -187,8 +187,16 @@ class InNamespace:
         return undo_ops(self.rt, ops)
 
     def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+        self,
+        reachable: tuple[Keep, ...],
+        blocked: tuple[Keep, ...],
+        timeout: float,
+        resolvers: tuple[str, ...] = (),
+        name: str = "",
     ) -> ProbeResult:
+        """Direct mode reads the resolvers itself (root reads the container's resolv.conf)
+        and asks none of them: `resolvers` is helper mode's (CutRequest.resolvers)."""
+        del resolvers, name
         return run_probe(reachable, blocked, timeout)
 
 
@@ -219,9 +227,9 @@ def job_restore(store: Store, label: str) -> flow.RestoreResult:
         return flow.restore(ex, store, label)
 
 
-def job_status(store: Store) -> CutStatus:
+def job_status(store: Store, nameservers: tuple[str, ...] = ()) -> CutStatus:
     with InNamespace() as ex:
-        return flow.status(ex, store)
+        return flow.status(ex, store, nameservers)
 
 
 def job_read_state(

@@ -9,7 +9,9 @@ section, so a broken helper can never make an empty namespace look cut
 
 from __future__ import annotations
 
+import ipaddress
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from netcut.errors import InvalidInput
@@ -211,3 +213,104 @@ def _lookup(addr: str, items: list[dict[str, Any]], index: dict[str, int]) -> Lo
 def _sysctl(line: str) -> tuple[str, str]:
     path, _, value = line.partition(" ")
     return path.removeprefix("/proc/sys/"), value.strip()
+
+
+# ---------------------------------------------------------------- what the helper sees
+
+
+@dataclass(frozen=True)
+class HelperFacts:
+    """What the helper reported from inside the namespace (helper/script.py's
+    `facts_script`). `identity` is (st_dev, st_ino) of its /proc/self/ns/net, st_dev None
+    when it could only read the inode (the host fills in nsfs's device); None when it could
+    read neither. `nameservers` are the container's resolv.conf's, `dns_nat` the addresses
+    the engine's nat rules send DNS to, or from (Docker: 127.0.0.11); `unverified` says
+    why the DNS part cannot be trusted (a nat table the helper cannot read)."""
+
+    identity: tuple[int | None, int] | None
+    nameservers: tuple[str, ...]
+    dns_nat: tuple[str, ...]
+    unverified: tuple[str, ...] = ()
+
+    @property
+    def resolvers(self) -> tuple[str, ...]:
+        """Every address a DNS query may be sent to: resolv.conf's, then the nat rules'."""
+        return tuple(dict.fromkeys((*self.nameservers, *self.dns_nat)))
+
+
+def parse_facts(text: str) -> HelperFacts:
+    """`facts_script` output as HelperFacts; InvalidInput when malformed (a tool failed, a
+    section is missing): a helper that cannot report what it sees never makes a cut."""
+    s = read_sections(text, ("netns", "resolv", "dnsnat"))
+    nameservers = _nameservers(s["resolv"])
+    dns_nat, unverified = _dns_nat(s["dnsnat"])
+    return HelperFacts(_identity(s["netns"].strip()), nameservers, dns_nat, unverified)
+
+
+def _identity(text: str) -> tuple[int | None, int] | None:
+    """`DEV INODE` (stat) or `net:[INODE]` (readlink)."""
+    fields = text.split()
+    if len(fields) == 2 and all(f.isdigit() and len(f) < 21 for f in fields):
+        return int(fields[0]), int(fields[1])
+    if text.startswith("net:[") and text.endswith("]") and text[5:-1].isdigit():
+        return None, int(text[5:-1][:20])
+    return None
+
+
+def _address(text: str) -> str | None:
+    """An IP address as the plan writes it (zone dropped), or None for anything else."""
+    try:
+        return str(ipaddress.ip_address(text.split("%", 1)[0]))
+    except ValueError:
+        return None
+
+
+def _nameservers(section: str) -> tuple[str, ...]:
+    """The `nameserver` addresses of the prefixed resolv.conf lines (not addresses: skipped)."""
+    found: list[str] = []
+    for line in section.splitlines():
+        if not line.startswith("> "):
+            continue
+        fields = line[2:].split()
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            addr = _address(fields[1])
+            if addr is not None:
+                found.append(addr)
+    return tuple(dict.fromkeys(found))
+
+
+def _dns_nat(section: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Addresses of every nat rule that rewrites DNS: a DNAT (or REDIRECT) whose match names
+    port 53 or whose target does (`--to-destination ADDR:53`); its `-d` address (what a
+    client asks: 127.0.0.11) and its target address (where the query goes)."""
+    found: list[str] = []
+    unverified: list[str] = []
+    for line in section.splitlines():
+        if line.strip() == "unreadable nft":
+            unverified.append("the helper image has no iptables-nft-save to read nat rules")
+            continue
+        _, sep, rule = line.partition("> ")
+        if not sep or not rule.startswith("-A "):
+            continue
+        words = rule.split()
+        target = _after(words, "-j")
+        if target not in ("DNAT", "REDIRECT"):
+            continue
+        to = _after(words, "--to-destination") or ""
+        to_addr, _, to_port = to.rpartition(":") if to.count(":") == 1 else (to, "", "")
+        if _after(words, "--dport") != "53" and to_port != "53":
+            continue
+        for text in (_after(words, "-d"), to_addr or None):
+            if text:
+                addr = _address(text.split("/", 1)[0])
+                if addr is not None:
+                    found.append(addr)
+    return tuple(dict.fromkeys(found)), tuple(unverified)
+
+
+def _after(words: list[str], flag: str) -> str | None:
+    """The value after `flag` (never after a negated one: `! -d X` names what is not)."""
+    for i, word in enumerate(words[:-1]):
+        if word == flag and (i == 0 or words[i - 1] != "!"):
+            return words[i + 1]
+    return None

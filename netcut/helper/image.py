@@ -3,11 +3,13 @@ manager, no network (docs/netcut.md#the-offline-helper-image).
 
 The image holds bash (as /bin/sh, so the probe can use /dev/tcp), `ip` and `ss` (iproute2),
 `xtables-legacy-multi` as iptables-legacy/ip6tables-legacy with the whole xtables extension
-directory, and `timeout`, each under /netcut/bin, plus every shared library `ldd` names for
-them, at the paths the host's loader uses. It is imported with `RUNTIME import` from a tar
-streamed on stdin. Its tag is `netcut-helper:<hash>`, where the hash covers the layout and the
-path, size and mtime of every source file: a host upgrade of iproute2 or iptables yields a new
-tag, the same host always finds its image again without reading the files.
+directory, `xtables-nft-multi` as iptables-nft-save (to read the nat rules an engine wrote with
+iptables-nft: Docker's DNS redirection), `timeout` and `stat`, each under /netcut/bin, plus
+every shared library `ldd` names for them, at the paths the host's loader uses. It is imported
+with `RUNTIME import` from a tar streamed on stdin. Its tag is `netcut-helper:<hash>`, where
+the hash covers the layout and the path, size and mtime of every source file: a host upgrade of
+iproute2 or iptables yields a new tag, the same host always finds its image again without
+reading the files.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from dataclasses import dataclass
 from netcut.errors import TargetNotFound
 
 # Bump when the layout changes: it is part of the tag.
-LAYOUT_VERSION = "2"
+LAYOUT_VERSION = "3"
 BIN = "/netcut/bin"
 # tool in the image -> names to look for on the host's PATH
 _TOOLS = {
     "ip": ("ip",),
     "ss": ("ss",),
     "xtables-legacy-multi": ("xtables-legacy-multi",),
+    # reads the nat rules an engine wrote with iptables-nft (Docker's DNS redirection)
+    "xtables-nft-multi": ("xtables-nft-multi",),
     "timeout": ("timeout",),
+    "stat": ("stat",),  # the namespace's identity as the helper sees it
     "bash": ("bash",),
 }
 _LINKS = {
@@ -40,6 +45,7 @@ _LINKS = {
     f"{BIN}/ip6tables-legacy": "xtables-legacy-multi",
     f"{BIN}/iptables-legacy-save": "xtables-legacy-multi",
     f"{BIN}/ip6tables-legacy-save": "xtables-legacy-multi",
+    f"{BIN}/iptables-nft-save": "xtables-nft-multi",
     "/bin/sh": f"{BIN}/bash",
     "/bin/bash": f"{BIN}/bash",
 }

@@ -32,12 +32,13 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from netcut import flow
 from netcut.api import KeepLike, parse_keeps, probe_targets
-from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound, UnsafeTarget
+from netcut.argtypes import check_seconds
+from netcut.errors import ApplyFailed, InvalidInput, PrivilegeError, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
 from netcut.helper.script import parse_probe, render_script
 from netcut.helper.session import (
@@ -50,7 +51,7 @@ from netcut.helper.session import (
     is_ctr,
     why_failed,
 )
-from netcut.plan.model import Keep
+from netcut.plan.model import Keep, ProbeResult
 from netcut.plan.status import CutStatus
 from netcut.records import Store
 from netcut.resolve import (
@@ -59,6 +60,7 @@ from netcut.resolve import (
     containerd_task,
     find_runtime,
     parse_nameservers,
+    socket_hint,
 )
 
 _DANGEROUS = {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
@@ -75,6 +77,7 @@ __all__ = [
     "helper_argv",
     "inspect_network",
     "parse_probe",
+    "probe",
     "restore",
     "status",
 ]
@@ -165,12 +168,17 @@ class _Container:
         self.ref = ref
         self.runtime = runtime or find_runtime(ref.runtime)
         self.namespace: str | None = None
+        self.identity: tuple[int, int] | None = None  # the namespace's (`identify`)
         if is_ctr(self.runtime):
             self._containerd()
             return
         done = _run([self.runtime, "inspect", "--format", "{{json .}}", ref.value], RUN_TIMEOUT_S)
         if done.returncode != 0:
             why = why_failed(done.stderr or done.stdout, done.returncode)
+            if socket_hint(why):
+                raise PrivilegeError(
+                    f"container {ref.value!r} via {self.runtime}: {why}{socket_hint(why)}"
+                )
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: {why}")
         try:
             info = json.loads(done.stdout)
@@ -206,14 +214,49 @@ class _Container:
     def __str__(self) -> str:
         return f"{self.ref} (helper via {os.path.basename(self.runtime)})"
 
-    def store(self) -> Store:
-        """The namespace's record, the same one direct mode uses (keyed by the netns inode).
-        A host that cannot even stat the namespace falls back to the container id."""
+    @property
+    def name(self) -> str:
+        """The container's name as its runtime reports it (docker: `/NAME`), or its id."""
+        name = self.info.get("Name")
+        return name.lstrip("/") if isinstance(name, str) and name.strip("/") else self.id
+
+    def identify(self, seen: tuple[int | None, int] | None) -> None:
+        """The namespace's nsfs identity, by which its record is keyed in both modes: as the
+        helper saw it from inside (its /proc/self/ns/net; a host process that is not root
+        cannot stat the container's), else as this host sees /proc/PID/ns/net."""
+        self.identity = None
+        if seen is not None:
+            dev, ino = seen
+            if dev is None:  # only the inode was read: nsfs has one device, ours says it
+                dev = os.stat("/proc/self/ns/net").st_dev
+            self.identity = (dev, ino)
+            return
         try:
             st = os.stat(f"/proc/{self.pid}/ns/net")
         except OSError:
-            return Store.for_container(self.id)
-        return Store.for_namespace((st.st_dev, st.st_ino))
+            return
+        self.identity = (st.st_dev, st.st_ino)
+
+    def store(self) -> Store:
+        """The namespace's record, the same one direct mode uses (keyed by the netns
+        identity); only when neither the helper nor the host could tell it, the container
+        id. A record an older netcut kept by container id moves to the identity's name."""
+        legacy = Store.for_container(self.id)
+        if self.identity is None:
+            return legacy
+        store = Store.for_namespace(self.identity)
+        if os.path.exists(legacy.path) and not os.path.exists(store.path):
+            with contextlib.suppress(OSError):
+                os.replace(legacy.path, store.path)
+        return store
+
+    def meta(self) -> dict[str, str]:
+        """What a record says about its container: `netcut gc` asks the runtime about it
+        when this host cannot see the namespace's holders (docs/netcut.md#collecting-records)."""
+        meta = {"target": str(self), "container": self.id, "runtime": self.runtime}
+        if self.namespace is not None:
+            meta["namespace"] = self.namespace
+        return meta
 
     def nameservers(self) -> tuple[str, ...]:
         try:
@@ -301,12 +344,15 @@ def _cut_in(
         keeps,
         ex.nameservers,
         dry_run,
-        {"target": str(c), "container": c.id},
+        c.meta(),
         probe,
         blocked,
         probe_timeout,
+        resolvers=_probed_resolvers(ex.nameservers),
+        query_name=c.name,
     )
-    return flow.cut(ex, c.store(), str(c), request, render=render_script)
+    result = flow.cut(ex, c.store(), str(c), request, render=render_script)
+    return replace(result, identity=c.identity, mode="helper")
 
 
 @contextlib.contextmanager
@@ -324,8 +370,37 @@ def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container,
         else:
             ex.start()
             c = _Container(target, runtime)
-        ex.nameservers = c.nameservers()
+        facts = ex.read_facts()
+        c.identify(facts.identity)
+        # the container's own resolvers as the helper reads them, and where the engine's
+        # nat rules send DNS; the host adds what it can read itself (containerd's helper
+        # image has no resolv.conf of the task's)
+        ex.nameservers = tuple(dict.fromkeys((*facts.resolvers, *c.nameservers())))
+        ex.dns_unverified = facts.unverified
         yield c, ex
+
+
+def _probed_resolvers(nameservers: tuple[str, ...]) -> tuple[str, ...]:
+    """The resolvers the probe asks: every one but the helper's loopback itself (127.0.0.1,
+    ::1: a resolver there is inside the namespace, and port 53 is refused anyway)."""
+    return tuple(ns for ns in nameservers if ns not in ("127.0.0.1", "::1"))
+
+
+def probe(
+    target: TargetRef,
+    expect_reachable: list[KeepLike] | tuple[KeepLike, ...] = (),
+    expect_blocked: list[KeepLike] | tuple[KeepLike, ...] = (),
+    *,
+    timeout: float = 1.0,
+    image: str | None = None,
+) -> ProbeResult:
+    """Helper-mode twin of api.probe: the same connections, made from a helper container
+    in the target's namespace (`netcut probe --mode helper`)."""
+    check_seconds(timeout, "timeout")
+    reachable = probe_targets(expect_reachable, "expect_reachable")
+    blocked = probe_targets(expect_blocked, "expect_blocked")
+    with _session(target, image) as (_, ex):
+        return ex.probe(reachable, blocked, timeout)
 
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:

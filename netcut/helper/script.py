@@ -50,6 +50,10 @@ _TOOLS = {
     "nc": "nc",
     "bash": "bash",
     "busybox": "busybox",
+    # what the helper reports about the namespace it sees (`facts_script`)
+    "stat": "stat",
+    "readlink": "readlink",
+    "nftsave": "iptables-nft-save",
 }
 
 
@@ -239,3 +243,134 @@ def parse_probe(text: str, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...
     items = [ProbeItem(str(k), "reachable", outcomes.get(str(k), "no answer")) for k in reachable]
     items += [ProbeItem(str(k), "blocked", outcomes.get(str(k), "no answer")) for k in blocked]
     return ProbeResult(tuple(items))
+
+
+# ---------------------------------------------------------------- what the helper sees
+#
+# The helper is the only party that sees the namespace from inside: the host process of a
+# user who is not root can read neither /proc/PID/ns/net nor /proc/PID/root/etc/resolv.conf
+# of a container's process. So the helper reports the namespace's identity (by which its
+# record is keyed) and its resolvers: the container's own resolv.conf (docker and podman give
+# a helper that joins a container's network the same file) and where the engine redirects
+# DNS (Docker's embedded resolver: a DNAT of 127.0.0.11:53 in the namespace's nat table,
+# written with iptables-nft or legacy iptables). helper/dump.py's `parse_facts` reads them.
+# Every line of a file the container can write is prefixed, so none can pass for a section.
+
+
+def identity_script() -> str:
+    """Section `netns`: `DEV INODE` of /proc/self/ns/net (stat), or its link
+    `net:[INODE]` (readlink; the host adds nsfs's device, which is the same everywhere),
+    or `unknown` when the image has neither tool."""
+    return section(
+        "netns",
+        "stat -L -c '%d %i' /proc/self/ns/net",
+        'if [ -x "$NCUT_STAT" ]; then ncut_stat -L -c "%d %i" /proc/self/ns/net;'
+        ' elif [ -x "$NCUT_READLINK" ]; then ncut_readlink /proc/self/ns/net;'
+        ' elif [ -x "$NCUT_BUSYBOX" ]; then ncut_busybox readlink /proc/self/ns/net;'
+        " else echo unknown; fi",
+    )
+
+
+def resolvers_script() -> str:
+    """Section `resolv`: the helper's /etc/resolv.conf (the target container's own), each
+    line as `> LINE`, or `none` when there is no such file."""
+    return section(
+        "resolv",
+        "read /etc/resolv.conf",
+        "if [ -e /etc/resolv.conf ]; then r=0;"
+        ' while IFS= read -r l || [ -n "$l" ]; do echo "> $l"; l=; done < /etc/resolv.conf'
+        " || r=1; (exit $r); else echo none; fi",
+    )
+
+
+def dns_nat_script() -> str:
+    """Section `dnsnat`: the nat table's rules as the engine wrote them, each as
+    `nft> RULE` (iptables-nft) or `legacy> RULE` (legacy iptables, looked at only when
+    registered: listing would register it); `unreadable nft` when the image has no
+    iptables-nft-save, so a DNAT written there cannot be seen."""
+    return section(
+        "dnsnat",
+        "iptables-nft-save -t nat; iptables-legacy -S -t nat",
+        'r=0; if [ -x "$NCUT_NFTSAVE" ]; then out=$(ncut_nftsave -t nat 2>&1) || r=$?;'
+        ' [ $r = 0 ] && printf "%s\\n" "$out" | while IFS= read -r l || [ -n "$l" ];'
+        ' do echo "nft> $l"; l=; done; else echo "unreadable nft"; fi;'
+        " t=no; " + '{ while read -r n || [ -n "$n" ]; do [ "$n" = nat ] && t=yes; n=;'
+        " done < /proc/net/ip_tables_names; } 2>/dev/null;"
+        " if [ $r = 0 ] && [ $t = yes ]; then out=$(ncut_iptables -w -t nat -S 2>&1) || r=$?;"
+        ' [ $r = 0 ] && printf "%s\\n" "$out" | while IFS= read -r l || [ -n "$l" ];'
+        ' do echo "legacy> $l"; l=; done; fi;'
+        ' [ $r = 0 ] || echo "$out"; (exit $r)',
+    )
+
+
+def facts_script() -> str:
+    """What the helper reports before anything else (helper/session.py): the namespace's
+    identity, its resolvers and the engine's DNS redirection."""
+    return "\n".join((identity_script(), resolvers_script(), dns_nat_script())) + "\n"
+
+
+# ---------------------------------------------------------------- the resolvers, probed
+
+# The query's id: printable, so a shell can tell an answer from nothing (`read` drops NULs).
+_QUERY_ID = b"NC"
+
+
+def _query_name(name: str) -> str:
+    """`name` as the probe asks it: letters, digits, `-`, `_` and dots only (a container's
+    name always is), else a name under `.invalid`."""
+    ok = all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
+    return name.strip(".") if ok and name.strip(".") else "netcut-probe.invalid"
+
+
+def dns_query(name: str) -> bytes:
+    """A DNS query (type A, recursion desired) for `name`: what the probe sends to each
+    resolver, which must not answer. A name a resolver answers itself is best (the
+    container's own name: Docker's embedded DNS answers it without asking upstream)."""
+    labels = [p for p in _query_name(name).split(".") if p]
+    qname = b"".join(bytes([len(p[:63])]) + p[:63].encode("ascii", "replace") for p in labels)
+    return _QUERY_ID + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + qname + b"\x00\x00\x01\x00\x01"
+
+
+def dns_probe_script(resolvers: tuple[str, ...], name: str, timeout: float) -> str:
+    """Send `dns_query(name)` to port 53 of every resolver at once; one `answered dns:ADDR`
+    or `silent dns:ADDR` line each. bash's /dev/udp under `timeout` (reads the answer's
+    first byte, its id's: bash reads byte by byte, and the rest of a datagram is gone after
+    the first read), else netcat's `nc -u`, else busybox's `nslookup` (Debian's busybox `nc`
+    has no `-u`), whose output tells an answer, NXDOMAIN included, from none; any answer at
+    all is a way out."""
+    secs = str(max(1, round(timeout)))
+    query = "".join(f"\\{b:03o}" for b in dns_query(name))
+    lines = [
+        f"ncut_q={shlex.quote(query)}",
+        f"ncut_qname={shlex.quote(_query_name(name))}",
+        'ncut_dns() { if [ -x "$NCUT_BASH" ] && [ -x "$NCUT_TIMEOUT" ]; then'
+        ' ncut_timeout "$2" "$NCUT_BASH" -c \'exec 3<>"/dev/udp/$0/53" && printf "$1" >&3'
+        ' && IFS= read -r -n 1 x <&3 && [ "$x" = N ]\' "$1" "$ncut_q";'
+        ' elif [ -x "$NCUT_NC" ]; then out=$(printf "$ncut_q" | ncut_nc -u -w "$2" "$1" 53);'
+        ' [ -n "$out" ];'
+        ' else out=$("$NCUT_BUSYBOX" timeout "$2" "$NCUT_BUSYBOX" nslookup "$ncut_qname" "$1"'
+        ' 2>&1); case "$out" in *"Name:"*|*"can\'t find"*|*"answer:"*) true;; *) false;; esac;'
+        ' fi </dev/null 2>/dev/null && echo "answered dns:$1" || echo "silent dns:$1"; }',
+    ]
+    for addr in resolvers:
+        lines.append(f"ncut_dns {_q([addr, secs])} &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def parse_dns_probe(text: str, resolvers: tuple[str, ...]) -> tuple[ProbeItem, ...]:
+    """`dns_probe_script` output as probe items: each resolver expected blocked (`connected`
+    when it answered, which fails the probe)."""
+    outcomes: dict[str, str] = {}
+    for line in text.splitlines():
+        outcome, _, name = line.partition(" ")
+        if name.startswith("dns:"):
+            outcomes[name[4:].strip()] = "connected" if outcome == "answered" else "no answer"
+    return tuple(
+        ProbeItem(f"{_host(a)}:53 (DNS)", "blocked", outcomes.get(a, "not probed"))
+        for a in resolvers
+    )
+
+
+def _host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr

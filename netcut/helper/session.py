@@ -18,13 +18,17 @@ import select
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from types import TracebackType
 
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound
 from netcut.helper import image as helperimage
-from netcut.helper.dump import parse_state_dump
+from netcut.helper.dump import HelperFacts, parse_facts, parse_state_dump
 from netcut.helper.script import (
     PRELUDE,
+    dns_probe_script,
+    facts_script,
+    parse_dns_probe,
     parse_probe,
     probe_script,
     render_op,
@@ -33,7 +37,7 @@ from netcut.helper.script import (
 )
 from netcut.plan import planner as plan_mod
 from netcut.plan.changes import Op
-from netcut.plan.model import Keep, NamespaceState, ProbeResult
+from netcut.plan.model import Keep, NamespaceState, ProbeItem, ProbeResult
 
 IMAGE_ENV = "NETCUT_HELPER_IMAGE"
 # A helper container starts in a fraction of a second; a minute means the engine is wedged.
@@ -198,6 +202,8 @@ class HelperExecutor:
         self.runtime = runtime
         self.target = container  # name or id, as the caller gave it
         self.nameservers: tuple[str, ...] = ()
+        # what the helper reported it sees (`read_facts`): why DNS cannot be verified
+        self.dns_unverified: tuple[str, ...] = ()
         self.chosen = image or os.environ.get(IMAGE_ENV, "").strip() or None
         self.proc: subprocess.Popen[bytes] | None = None
         self.buffer = b""
@@ -325,6 +331,17 @@ class HelperExecutor:
 
     # -------------------------------------------------------------- flow.Executor
 
+    def read_facts(self) -> HelperFacts:
+        """What the helper sees from inside: the namespace's identity, the container's
+        resolvers and the engine's DNS redirection (helper/script.py's `facts_script`)."""
+        code, out = self.send(facts_script())
+        try:
+            if code != 0:
+                raise InvalidInput(f"exit {code}: {why_failed(out, code)}")
+            return parse_facts(out)
+        except InvalidInput as exc:
+            raise ApplyFailed(f"helper report failed: {exc}; nothing was changed") from None
+
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False
     ) -> NamespaceState:
@@ -332,9 +349,10 @@ class HelperExecutor:
         if code != 0:
             raise ApplyFailed(f"helper state dump failed (exit {code}): {why_failed(out, code)}")
         try:
-            return parse_state_dump(out, nameservers or self.nameservers)
+            state = parse_state_dump(out, nameservers or self.nameservers)
         except InvalidInput as exc:
             raise ApplyFailed(f"{exc}; nothing was changed") from None
+        return replace(state, dns_unverified=self.dns_unverified) if self.dns_unverified else state
 
     def apply(self, ops: tuple[Op, ...]) -> None:
         lines = ["set -e"]
@@ -364,12 +382,34 @@ class HelperExecutor:
         return [] if code == 0 else [f"helper undo failed (exit {code}): {why_failed(out, code)}"]
 
     def probe(
-        self, reachable: tuple[Keep, ...], blocked: tuple[Keep, ...], timeout: float
+        self,
+        reachable: tuple[Keep, ...],
+        blocked: tuple[Keep, ...],
+        timeout: float,
+        resolvers: tuple[str, ...] = (),
+        name: str = "",
     ) -> ProbeResult:
-        code, out = self.send(probe_script(reachable, blocked, timeout), timeout + 30)
-        if code != 0:
-            raise ApplyFailed(f"helper probe failed (exit {code}): {why_failed(out, code)}")
-        return parse_probe(out, reachable, blocked)
+        found = ProbeResult(())
+        if reachable or blocked:
+            code, out = self.send(probe_script(reachable, blocked, timeout), timeout + 30)
+            if code != 0:
+                raise ApplyFailed(f"helper probe failed (exit {code}): {why_failed(out, code)}")
+            found = parse_probe(out, reachable, blocked)
+        return ProbeResult((*found.items, *self.probe_dns(resolvers, name, timeout)))
+
+    def probe_dns(
+        self, resolvers: tuple[str, ...], name: str, timeout: float
+    ) -> tuple[ProbeItem, ...]:
+        """Ask each resolver for `name`; each must stay silent
+        (docs/netcut.md#the-resolvers-from-inside)."""
+        if not resolvers:
+            return ()
+        script = dns_probe_script(resolvers, name, timeout)
+        code, out = self.send(script, timeout + 30)
+        items = parse_dns_probe(out, resolvers)
+        if code != 0 or any(item.outcome == "not probed" for item in items):
+            raise ApplyFailed(f"helper DNS probe failed (exit {code}): {why_failed(out, code)}")
+        return items
 
 
 __all__ = [

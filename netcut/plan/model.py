@@ -298,6 +298,10 @@ class NamespaceState:
     filters: tuple[SeenBackstop, ...] | None = None
     policy_rules: tuple[PolicyRule, ...] | None = None
     redirect: bool = False  # the namespace holds transparent mode's redirects
+    # Why the namespace's resolvers are not fully known (helper mode: an engine's address
+    # translation the helper cannot read); a cut judged against such a state is "partial"
+    # (docs/netcut.md#status).
+    dns_unverified: tuple[str, ...] = ()
 
     def sysctl(self, key: str) -> str | None:
         return dict(self.sysctls).get(key)

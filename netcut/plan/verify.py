@@ -26,6 +26,8 @@ No I/O here (tests/unit/test_netcut_imports.py checks its imports).
 
 from __future__ import annotations
 
+import ipaddress
+
 from netcut.plan.changes import (
     AddBackstop,
     AddRedirect,
@@ -78,7 +80,46 @@ def differences(ops: tuple[Op, ...], state: NamespaceState) -> tuple[str, ...]:
     for key, want, cur in _wrong_sysctls(state):
         found.append(f"sysctl {key.replace('/', '.')} = {cur} (the cut sets {want})")
     found += [f"IPv6 address {a}" for a in _ipv6_addrs(state)]
+    found += dns_differences(ops, state)
     return tuple(found)
+
+
+def dns_differences(ops: tuple[Op, ...], state: NamespaceState) -> list[str]:
+    """The namespace's resolvers against the plan: every loopback resolver it names now
+    (resolv.conf, the engine's rewrite of port 53: Docker's embedded 127.0.0.11) must be refused
+    by address in the backstop of its family, since the engine's address translation moves
+    the port before the backstop's port-53 rules see it (docs/netcut.md#the-plan); 127.0.0.1
+    and ::1 are loopback itself, refused by port. Resolvers that could not be read at all
+    are a difference too: a cut whose DNS cannot be verified is not a cut."""
+    found = [f"DNS not verified: {why}" for why in state.dns_unverified]
+    found += [
+        f"DNS resolver {addr} (loopback: an engine's embedded DNS) not refused"
+        for addr in unrefused_resolvers(ops, state)
+    ]
+    return found
+
+
+def unrefused_resolvers(ops: tuple[Op, ...], state: NamespaceState) -> list[str]:
+    """The loopback resolvers of `state` (other than 127.0.0.1 and ::1) that the backstop
+    planned as `ops` does not refuse by address."""
+    refused = {
+        rule.dst
+        for op in ops
+        if isinstance(op, AddBackstop)
+        for rule in op.rules
+        if rule.verdict != "allow" and rule.dst and rule.proto is None and rule.dport is None
+    }
+    found: list[str] = []
+    for ns in state.nameservers:
+        try:
+            addr = ipaddress.ip_address(ns.split("%", 1)[0])
+        except ValueError:
+            continue
+        if not addr.is_loopback or str(addr) in ("127.0.0.1", "::1"):
+            continue
+        if f"{addr}/{addr.max_prefixlen}" not in refused:
+            found.append(str(addr))
+    return found
 
 
 def unverified(state: NamespaceState) -> tuple[str, ...]:

@@ -242,11 +242,14 @@ def shell_image(engine: str, shell: str) -> str:
         "/sbin/ip": src.tools["ip"],
         "/usr/sbin/ss": src.tools["ss"],
         "/sbin/xtables-legacy-multi": src.tools["xtables-legacy-multi"],
+        # reads the nat rules docker writes with iptables-nft (its DNS redirection)
+        "/sbin/xtables-nft-multi": src.tools["xtables-nft-multi"],
     }
     files.update({p: p for p in src.files() if p.endswith(".so")})  # xtables extensions
     links = {f"/sbin/{n}": "xtables-legacy-multi" for n in
              ("iptables-legacy", "ip6tables-legacy", "iptables-legacy-save",
               "ip6tables-legacy-save")}  # fmt: skip
+    links["/sbin/iptables-nft-save"] = "xtables-nft-multi"
     if shell == "ash":
         files["/bin/busybox"] = "/bin/busybox"
         links.update({f"/bin/{a}": "busybox" for a in ("sh", "true", "cat", "ls", "sleep")})

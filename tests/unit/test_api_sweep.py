@@ -273,6 +273,7 @@ STRING_OR_INT = {
     ("parse_target", "target"),
     ("prepare_execution", "sandbox"),
     ("forget", "target"),  # a target, or the (st_dev, st_ino) identity of a gone namespace
+    ("choose_mode", "target"),
 }
 
 _TYPED = re.compile(r"\b(bool|int|float|Iterable|Sequence|tuple|list|frozenset)\b")

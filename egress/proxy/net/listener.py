@@ -8,6 +8,7 @@ the sandbox's namespace (docs/proxy.md#listening-inside-a-namespace-framework-ro
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -152,10 +153,23 @@ def listen_socket(
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:  # the same errno, with the way out
+            raise OSError(exc.errno, f"{exc.strerror}: {_NOT_HERE.format(host=host)}") from None
+        raise
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+# A gateway that is not an address of the proxy's namespace: rootless podman's (slirp4netns,
+# the rootless bridge) lives in a namespace of the user's own (docs/netcut.md#modes-and-privileges).
+_NOT_HERE = (
+    "{host} is not an address of this process's network namespace (rootless podman: a"
+    " container's gateway is not the host's; use loopback mode)"
+)
 
 
 def peer_text(peer: object) -> str:

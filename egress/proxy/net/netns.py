@@ -43,6 +43,14 @@ class NamespaceError(EgressError):
     """The namespace cannot be entered (missing, or no privilege)."""
 
 
+# What a process without CAP_SYS_ADMIN is told when it cannot open or enter a namespace.
+_PRIVILEGE_HINT = (
+    " (opening a socket inside another process's network namespace needs root or"
+    " CAP_SYS_ADMIN; without them a container's listeners come from netcut's helper:"
+    ' cut_mode="helper", docs/netcut.md#modes-and-privileges)'
+)
+
+
 @functools.cache
 def _libc() -> ctypes.CDLL:
     """Loaded once: `find_library` runs `ldconfig -p` in a subprocess, which cost every
@@ -148,7 +156,8 @@ def _run_job(job: Job, home: int) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        done(None, NamespaceError(f"cannot open network namespace {path!r}: {exc}"))
+        hint = _PRIVILEGE_HINT if isinstance(exc, PermissionError) else ""
+        done(None, NamespaceError(f"cannot open network namespace {path!r}: {exc}{hint}"))
         return True
     try:  # closed once entered, before anything is reported: a caller that counts its
         # descriptors after the job (bench/scale.py's churn) never sees it still open
@@ -156,7 +165,9 @@ def _run_job(job: Job, home: int) -> bool:
     finally:
         os.close(fd)
     if why is not None:
-        done(None, NamespaceError(f"cannot enter network namespace {path!r}: {why}"))
+        done(
+            None, NamespaceError(f"cannot enter network namespace {path!r}: {why}{_PRIVILEGE_HINT}")
+        )
         return True
     try:
         result, error = fn(), None
