@@ -1,6 +1,8 @@
 """Evaluator-over-task composition and the Harbor / verifiers mappings."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from egress.errors import PolicyError
 from egress.policy.compose import compose, from_harbor, from_verifiers
@@ -258,3 +260,75 @@ def test_verifiers_task_intersects_the_runtime_allow_list() -> None:
 def test_verifiers_refusals(settings: dict[str, object], match: str) -> None:
     with pytest.raises(PolicyError, match=match):
         from_verifiers(settings)
+
+
+# --- composition intersects patterns as sets of names (issue 31) ---------------------------
+
+# a `?` in an evaluator pattern matched the literal `*` of the task's pattern text
+WIDENING = [
+    ("api-?.example.com", "api-*.example.com", "api-x.evil.example.com"),
+    ("?*.example.com", "*.example.com", "example.com"),
+    ("a?", "a*", "a.evil.test"),
+    ("*.?.test", "*.*.test", "a.bc.test"),
+]
+
+
+@pytest.mark.parametrize(("evaluator", "task", "name"), WIDENING)
+def test_a_task_pattern_never_widens_the_evaluator(evaluator: str, task: str, name: str) -> None:
+    for ports in ("", ":*"):
+        ev = Policy(allow=[evaluator + ports])
+        composed = compose(ev, Policy(allow=[task + ports]))
+        assert not allowed(ev, name)
+        assert not allowed(composed, name), (evaluator, task, name, ports)
+
+
+def test_a_narrower_task_pattern_is_kept() -> None:
+    composed = compose(Policy(allow=["*.example.com:*"]), Policy(allow=["api-?.example.com:*"]))
+    assert [r.text for r in composed.allow_rules] == ["*.example.com:*", "api-?.example.com:*"]
+
+
+_SEGMENTS = ["a", "b", "ab", "?", "*", "a*", "*b", "?b", "a?", "x"]
+_PORTS = ["", ":443", ":*", ":8080"]
+
+
+@st.composite
+def _pattern(draw: st.DrawFn) -> str:
+    labels = draw(st.lists(st.sampled_from(_SEGMENTS), min_size=1, max_size=3))
+    head = "*." if draw(st.booleans()) else ""
+    return head + ".".join(labels) + ".test"
+
+
+@st.composite
+def _name_in(draw: st.DrawFn, pattern: str) -> str:
+    """A name `pattern` (or its apex) matches, its wildcards filled from a tiny alphabet."""
+    if pattern.startswith("*.") and draw(st.booleans()):
+        pattern = pattern[2:]
+    fill = st.sampled_from(["a", "b", "x", "ab", "a.b", "x.evil", "b.a"])
+    out = []
+    for ch in pattern:
+        if ch == "*":
+            out.append(draw(st.one_of(st.just(""), fill)))
+        elif ch == "?":
+            out.append(draw(st.sampled_from(["a", "b", "x"])))
+        else:
+            out.append(ch)
+    name = "".join(out)
+    return name if ".." not in name and not name.startswith(".") else "a.test"
+
+
+@given(
+    ev=st.lists(st.tuples(_pattern(), st.sampled_from(_PORTS)), min_size=1, max_size=2),
+    task=st.lists(st.tuples(_pattern(), st.sampled_from(_PORTS)), min_size=1, max_size=2),
+    data=st.data(),
+)
+@settings(max_examples=400, deadline=None)
+def test_compose_never_allows_what_the_evaluator_refuses(
+    ev: list[tuple[str, str]], task: list[tuple[str, str]], data: st.DataObject
+) -> None:
+    evaluator = Policy(allow=[p + port for p, port in ev])
+    composed = compose(evaluator, Policy(allow=[p + port for p, port in task]))
+    for pattern, _ in task:
+        name = data.draw(_name_in(pattern))
+        for scheme, port in (("https", 443), ("http", 80), ("https", 8080), ("http", 22)):
+            if allowed(composed, name, port, scheme):
+                assert allowed(evaluator, name, port, scheme), (name, scheme, port)
