@@ -326,9 +326,10 @@ def _allow_host(rule: str, pattern: str) -> str | None:
         except TargetError:
             return None  # a text our proxy refuses: no destination is spelled so
         if canonical == pattern or (not pattern.isascii() and _u_spelling(canonical) == pattern):
-            return bracket(canonical)
+            return bracket(canonical)  # the name in its canonical or its U-label spelling
         return None  # `0x8080808`, `10.1`, `ｅｖｉｌ.com`: verifiers matches that text only
     labels = []
+    unicode = not pattern.isascii()  # then every literal label must be in U-label spelling
     for segment in pattern.split("."):
         if "*" in segment:
             if not segment.isascii():
@@ -341,8 +342,8 @@ def _allow_host(rule: str, pattern: str) -> str | None:
             label = normalize_label(segment, rule)
         except (TargetError, ValueError):
             return None  # every host this matches has a label our proxy refuses
-        if label != segment and (segment.isascii() or _u_spelling(label) != segment):
-            return None
+        if (_u_spelling(label) if unicode else label) != segment:
+            return None  # a spelling of the name that is neither of its two
         labels.append(label)
     host = ".".join(labels)
     # verifiers' `*.x` never matches `x`; our leading `*.` does, `**.x` does not
@@ -350,10 +351,16 @@ def _allow_host(rule: str, pattern: str) -> str | None:
 
 
 def _u_spelling(canonical: str) -> str | None:
-    try:
-        return idna.decode(canonical)
-    except (idna.IDNAError, UnicodeError):
-        return None
+    """`canonical` with every A-label decoded (the U-label spelling of the name)."""
+    labels = []
+    for label in canonical.split("."):
+        if label.startswith("xn--"):
+            try:
+                label = idna.decode(label)
+            except (idna.IDNAError, UnicodeError):
+                return None
+        labels.append(label)
+    return ".".join(labels)
 
 
 # --- block rules ---
