@@ -224,6 +224,8 @@ def _harbor_fields(policy: object) -> dict[str, object]:
 
 
 _HARBOR_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")  # a label inet_aton reads as a number
+_OCTET = re.compile(r"0|[1-9][0-9]{0,2}")  # a part of a canonical dotted quad
 _HARBOR_BAD = (
     "harbor allowed_hosts entry {!r}: entries must be hostnames, IP addresses, or IP CIDR "
     "ranges, not URLs, ports, or paths"
@@ -285,7 +287,11 @@ def _ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
 
 def _harbor_rule(entry: str) -> str:
     """One normalized Harbor entry as an any-port rule, or `PolicyError` when no rule means
-    exactly what Harbor's sidecar matches."""
+    exactly what Harbor's sidecar matches (docs/integrations.md#harbor).
+
+    An address or CIDR entry admits address destinations only (a name that resolves into it
+    is judged by its name, as Harbor's sidecar judges the name it sniffs): the mapped policy
+    never sets `resolve_names_for_address_rules`."""
     if "/" in entry:
         net = ipaddress.ip_network(entry)
         if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped:
@@ -295,15 +301,21 @@ def _harbor_rule(entry: str) -> str:
     if address is not None:
         if isinstance(address, ipaddress.IPv6Address):
             if address.ipv4_mapped is not None:
+                # the sidecar matches it as written, never an IPv4 destination
                 raise _inexpressible(entry, "an IPv4-mapped IPv6 address (write it as IPv4)")
             return f"[{entry}]:*"
         return f"{entry}:*"
     if entry.startswith("*."):
         # `?*.` is one or more characters and a dot: Harbor's `*.` never matches the apex.
-        # Matched on the spelling, as Harbor's sidecar does, so `*.1.2.3` is a pattern too.
+        # Matched on the spelling, as Harbor's sidecar does, so `*.0.0.1` matches the
+        # address 10.0.0.1 in its dotted spelling; a numeric last label in any other
+        # spelling (`*.1.0x1`, `*.1.2.3.4`) names nothing egress accepts.
         rule = f"?*.{entry[2:]}:*"
-        if entry.rsplit(".", 1)[-1].isdigit():
-            raise _inexpressible(entry, "a numeric last label names no host here")
+        suffix = entry[2:].split(".")
+        if _NUMERIC_LABEL.fullmatch(suffix[-1]) and not (
+            len(suffix) <= 3 and all(_OCTET.fullmatch(p) and int(p) <= 255 for p in suffix)
+        ):
+            raise _inexpressible(entry, "it can match no host name or address egress accepts")
         try:
             parse_rule(rule, "allow")
         except PolicyError as exc:

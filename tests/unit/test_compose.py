@@ -1,5 +1,8 @@
 """Evaluator-over-task composition and the Harbor / verifiers mappings."""
 
+import ipaddress
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -332,3 +335,38 @@ def test_compose_never_allows_what_the_evaluator_refuses(
         for scheme, port in (("https", 443), ("http", 80), ("https", 8080), ("http", 22)):
             if allowed(composed, name, port, scheme):
                 assert allowed(evaluator, name, port, scheme), (name, scheme, port)
+
+
+# --- address rules admit addresses, not names resolving into them (issue 31) ---------------
+
+_NO_LOOKUP = not hasattr(Policy(), "resolve_names_for_address_rules")
+
+
+@pytest.mark.xfail(_NO_LOOKUP, strict=True, reason="rules.py: address rules judge only addresses")
+@pytest.mark.parametrize(
+    "policy",
+    [
+        from_harbor({"network_mode": "allowlist", "allowed_hosts": ["198.18.250.2"]}),
+        from_harbor({"network_mode": "allowlist", "allowed_hosts": ["198.18.0.0/15"]}),
+        from_verifiers({"allow": ["198.18.250.2"]}),
+        from_verifiers({"allow": ["https://198.18.250.2"]}),
+    ],
+    ids=["harbor-address", "harbor-cidr", "verifiers-address", "verifiers-url"],
+)
+def test_an_address_entry_admits_addresses_not_names(policy: Policy) -> None:
+    """Harbor's sidecar and verifiers judge the name a client sent: allowlist
+    `["198.18.250.2"]` with `other.test` pinned there gave 200 (issue 31)."""
+    assert not getattr(policy, "resolve_names_for_address_rules", False)
+    name = make_target("https", "other.test", 443)
+    assert not policy.decide(name, [ipaddress.ip_address("198.18.250.2")]).allowed
+    assert not policy.decide(name).needs_addrs  # refused without a lookup
+    assert policy.decide(make_target("https", "198.18.250.2", 443)).allowed
+
+
+def test_harbor_wildcards_that_name_nothing_are_refused() -> None:
+    for entry in ("*.1.0x1", "*.0x1", "*.1.2.3.0x4"):
+        with pytest.raises(PolicyError, match=f"{re.escape(entry)}.*cannot be expressed"):
+            from_harbor({"network_mode": "allowlist", "allowed_hosts": [entry]})
+    policy = from_harbor({"network_mode": "allowlist", "allowed_hosts": ["*.0.0.1"]})
+    assert allowed(policy, "10.0.0.1")
+    assert not allowed(policy, "10.0.1.1")
