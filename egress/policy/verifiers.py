@@ -1,6 +1,7 @@
 """verifiers 0.4's network policy (`NetworkPolicyConfig`, `TaskData.network_allow` /
-`network_block`) as a `Policy` that decides every destination as verifiers' own
-`NetworkPolicyConfig.permits(scheme, host, port)` does (docs/policy.md#verifiers).
+`network_block`) as a `Policy` never wider than verifiers' own decision: by default that of
+its proxy, `NetworkPolicy.permits(scheme, host, port, connect=True)`, or with
+`any_connect_port=True` that of `NetworkPolicyConfig.permits` (docs/policy.md#verifiers).
 
 Pure. verifiers' semantics, read from its `verifiers/v1/configs/runtime.py`:
 
@@ -19,13 +20,18 @@ Pure. verifiers' semantics, read from its `verifiers/v1/configs/runtime.py`:
   allow/block restriction, as `ModalConfig` refuses it. Its other checks (which rules Modal
   itself can enforce) are Modal's, not the policy's meaning, and are not repeated here.
 
-Each rule is rewritten in our rule language with the same meaning (`host:*` for any port,
-`**.x` for verifiers' `*.x`, which never includes the apex, `*.x` for a block's bare `x`).
-A rule that can match no destination our proxy accepts (one urlsplit rejects, port 0, a
-scheme other than http/https, a character no host name has) is left out: it decides nothing
-either way. What cannot be written exactly is a `PolicyError`, never an approximation.
-Destinations are compared in their canonical spelling (`normalize_host`), the one our proxy
-judges.
+- verifiers' proxy refuses a CONNECT to a port other than 443 unless an allow rule spelled
+  `https://...` names that port (or `*` is allowed), and refuses loopback names.
+
+Each rule is rewritten in our rule language (`**.x` for verifiers' `*.x`, which never
+includes the apex, `*.x:*` for a block's bare `x`). verifiers compares the text a client
+sent; our proxy judges the canonical name or address (`normalize_host`). So an allow rule
+admits a name only where verifiers allows its canonical or U-label spelling (an IDN rule maps
+to its IDNA form; a numeric or compatibility spelling such as `0x8080808` allows nothing
+here), and a block rule blocks at least every name or address that any spelling it matches
+reaches (the IDNA forms of a Unicode name, the address of a numeric text, a CIDR whole).
+Where that cannot be exact, ours is narrower, never wider; a glob we cannot write at all is a
+`PolicyError` naming the rule.
 """
 
 from __future__ import annotations
