@@ -151,16 +151,30 @@ def _ours(policy: Policy, host: str, port: int) -> tuple[Target | None, bool]:
     return targets[0], decisions.pop()
 
 
-def _spelling(sent: str, canonical: str) -> str:
+def _spelling(sent: str, target: Target) -> str:
     if sent.endswith("."):
         return "a trailing dot"
-    if ":" in sent and ":" not in canonical:
+    if ":" in sent and ":" not in target.host:
         return "IPv4-mapped IPv6"
+    if target.ip is not None:
+        return "another IPv4 or IPv6 spelling"
     if not sent.isascii():
         return "a Unicode spelling (U-label, fullwidth)"
-    if sent.lower() != sent:
-        return "upper case"
-    return "another IPv4 or IPv6 spelling"
+    return "another spelling"
+
+
+_WHY = {
+    "IDNA": "an invalid A-label",
+    "numeric last": "a numeric last label",
+    "reads it as": "a name this syntax reads as an address",
+    "longer than": "a long name",
+    "match no host": "a wildcard matching nothing",
+    "IPv4-mapped": "IPv4-mapped IPv6",
+}
+
+
+def _inexpressible(error: str) -> str:
+    return next((why for key, why in _WHY.items() if key in error), error)
 
 
 def run_differential(venv: Path, seed: int, configs: int) -> tuple[Counter[str], list[object]]:
@@ -204,7 +218,7 @@ def run_differential(venv: Path, seed: int, configs: int) -> tuple[Counter[str],
                 wider.append((config, "Harbor refuses this; we called it inexpressible"))
             count["inexpressible" if verdict["legal"] else "illegal"] += 1
             if verdict["legal"]:
-                count["inexpressible: " + str(exc).split("exactly: ")[-1][:40]] += 1
+                count["inexpressible: " + _inexpressible(str(exc))] += 1
             continue
         if not verdict["legal"]:
             wider.append((config, "Harbor refuses this config", verdict["error"]))
@@ -223,7 +237,7 @@ def run_differential(venv: Path, seed: int, configs: int) -> tuple[Counter[str],
                 rules = [r.text for r in policy.allow_rules]
                 wider.append((config, f"{host}:{port}", str(target), rules))
             elif got and not gost_sent:
-                count["spelling: gost refuses " + _spelling(host, target.host)] += 1
+                count["spelling: gost refuses " + _spelling(host, target)] += 1
             elif gost_canonical and not got:
                 count["narrower: " + policy.decide(target).reason] += 1
     return count, wider
