@@ -1,5 +1,6 @@
 """Evaluator-over-task composition and the Harbor / verifiers mappings."""
 
+import fnmatch
 import ipaddress
 import re
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from egress.errors import PolicyError
+from egress.errors import PolicyError, TargetError
 from egress.policy.compose import compose, from_harbor, from_verifiers
 from egress.policy.rules import Policy
 from egress.policy.target import make_target
@@ -370,3 +371,66 @@ def test_harbor_wildcards_that_name_nothing_are_refused() -> None:
     policy = from_harbor({"network_mode": "allowlist", "allowed_hosts": ["*.0.0.1"]})
     assert allowed(policy, "10.0.0.1")
     assert not allowed(policy, "10.0.1.1")
+
+
+# --- a verifiers block is never lost to a spelling (issue 31) ------------------------------
+
+_SPELL_PART = st.sampled_from(["dec", "hex", "oct"])
+
+
+def _aton_part(value: int, style: str) -> str:
+    return {"dec": str(value), "hex": hex(value), "oct": f"0{value:o}"}[style]
+
+
+@given(
+    parts=st.lists(st.tuples(st.integers(0, 300), _SPELL_PART), min_size=1, max_size=4),
+    prefix=st.lists(st.tuples(st.integers(0, 255), _SPELL_PART), max_size=3),
+    port=st.sampled_from([443, 80, 22]),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_numeric_block_blocks_every_spelling_verifiers_blocks(
+    parts: list[tuple[int, str]], prefix: list[tuple[int, str]], port: int
+) -> None:
+    """verifiers blocks the text `q` and every text ending in `.q`; whatever address such a
+    text reaches through our proxy is blocked here."""
+    q = ".".join(_aton_part(v, s) for v, s in parts)
+    sent = ".".join([*(_aton_part(v, s) for v, s in prefix), q])
+    policy = from_verifiers({"block": [q]})
+    try:
+        target = make_target("https", sent, port)
+    except TargetError:
+        return  # our proxy refuses the text itself
+    assert not policy.decide(target).allowed, (q, sent, [r.text for r in policy.block_rules])
+
+
+_IP_SPELLINGS = st.one_of(
+    st.builds(lambda n: str(ipaddress.IPv4Address(n)), st.integers(0, 2**32 - 1)),
+    st.builds(lambda n: hex(n), st.integers(0, 2**32 - 1)),
+    st.builds(lambda n: str(n), st.integers(0, 2**32 - 1)),
+    st.builds(lambda a, n: f"{a}.{n}", st.integers(0, 255), st.integers(0, 2**24 - 1)),
+    st.builds(lambda n: f"::ffff:{ipaddress.IPv4Address(n)}", st.integers(0, 2**32 - 1)),
+    st.builds(lambda n: f"::{ipaddress.IPv4Address(n)}", st.integers(0, 2**32 - 1)),
+    st.builds(lambda n: str(ipaddress.IPv6Address(n)), st.integers(0, 2**128 - 1)),
+)
+
+
+@given(
+    glob=st.text("0123456789abcdefx.*", min_size=1, max_size=8).filter(lambda g: "*" in g),
+    sent=_IP_SPELLINGS,
+)
+@settings(max_examples=500, deadline=None)
+def test_a_glob_block_blocks_every_address_spelling_verifiers_blocks(glob: str, sent: str) -> None:
+    """A block glob verifiers matches against an address's spelling blocks the address."""
+    try:
+        policy = from_verifiers({"block": [glob]})
+    except PolicyError:
+        return
+    if glob in ("*", "*."):
+        return  # framework-only
+    try:
+        target = make_target("https", sent, 443)
+    except TargetError:
+        return
+    text = sent.lower().rstrip(".")
+    if fnmatch.fnmatchcase(text, glob.rstrip(".")) or text.endswith("." + glob):
+        assert not policy.decide(target).allowed, (glob, sent)
