@@ -81,8 +81,8 @@ def _evaluator_covers(evaluator: Policy, rule: Rule) -> bool:
             continue
         assert rule.pattern is not None
         if "*" in rule.pattern or "?" in rule.pattern:
-            # the pattern text itself, judged as a name, must fall under an evaluator rule
-            hits = evaluator._allow.host_matches(rule.pattern)
+            # every name the pattern matches must fall under one evaluator rule's pattern
+            hits = _covering_patterns(evaluator, rule.pattern)
             if not any(r.covers_port(scheme, port) for r in hits):
                 return False
             continue
@@ -101,7 +101,54 @@ def _evaluator_covers_any_port(evaluator: Policy, rule: Rule) -> bool:
             if r.network is not None and r.network.version == rule.network.version
         )
     assert rule.pattern is not None
-    return any(r.any_port for r in evaluator._allow.host_matches(rule.pattern))
+    if "*" not in rule.pattern and "?" not in rule.pattern:
+        return any(r.any_port for r in evaluator.host_rules("allow", rule.pattern))
+    return any(r.any_port for r in _covering_patterns(evaluator, rule.pattern))
+
+
+def _covering_patterns(evaluator: Policy, pattern: str) -> list[Rule]:
+    """The evaluator's host-pattern allow rules that match every name `pattern` matches.
+
+    Decided on the patterns as sets of names, never by matching one pattern's text as a name:
+    `api-?.example.com` matches the text `api-*.example.com`, but not `api-x.evil.example.com`,
+    which that pattern matches (docs/policy.md, composition)."""
+    return [
+        r
+        for r in evaluator.allow_rules
+        if r.pattern is not None and pattern_within(pattern, r.pattern)
+    ]
+
+
+def pattern_within(inner: str, outer: str) -> bool:
+    """Does host pattern `outer` match every name `inner` matches? Both in our syntax (fnmatch
+    `*` and `?`; a leading `*.` also matches the apex). Sound, not complete: a yes is a proof,
+    a no may miss a containment (e.g. `*?` within `?*`), which only drops a task rule."""
+    return all(any(_glob_within(i, o) for o in _languages(outer)) for i in _languages(inner))
+
+
+def _languages(pattern: str) -> list[str]:
+    """`pattern` as plain fnmatch globs whose union it matches."""
+    return [pattern, pattern[2:]] if pattern.startswith("*.") else [pattern]
+
+
+def _glob_within(inner: str, outer: str) -> bool:
+    """Glob containment proven symbol by symbol: an `outer` literal takes only the same
+    `inner` literal, an `outer` `?` one `inner` literal or `?`, an `outer` `*` any run of
+    `inner` symbols; an `inner` `*` only an `outer` `*`. O(len(inner) * len(outer))."""
+    # reach[i]: inner[i:] can still be matched against the rest of outer
+    reach = [i == 0 for i in range(len(inner) + 1)]
+    for o in outer:
+        if o == "*":
+            for i in range(1, len(inner) + 1):
+                reach[i] = reach[i] or reach[i - 1]
+            continue
+        nxt = [False] * (len(inner) + 1)
+        for i in range(len(inner)):
+            c = inner[i]
+            if reach[i] and c != "*" and (o == c or (o == "?" and c != "*")):
+                nxt[i + 1] = True
+        reach = nxt
+    return reach[len(inner)]
 
 
 def _rule_ports(rule: Rule) -> list[tuple[Scheme, int]]:
@@ -177,6 +224,8 @@ def _harbor_fields(policy: object) -> dict[str, object]:
 
 
 _HARBOR_LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+_NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")  # a label inet_aton reads as a number
+_OCTET = re.compile(r"0|[1-9][0-9]{0,2}")  # a part of a canonical dotted quad
 _HARBOR_BAD = (
     "harbor allowed_hosts entry {!r}: entries must be hostnames, IP addresses, or IP CIDR "
     "ranges, not URLs, ports, or paths"
@@ -238,7 +287,11 @@ def _ip_or_none(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
 
 def _harbor_rule(entry: str) -> str:
     """One normalized Harbor entry as an any-port rule, or `PolicyError` when no rule means
-    exactly what Harbor's sidecar matches."""
+    exactly what Harbor's sidecar matches (docs/integrations.md#harbor).
+
+    An address or CIDR entry admits address destinations only (a name that resolves into it
+    is judged by its name, as Harbor's sidecar judges the name it sniffs): the mapped policy
+    never sets `resolve_names_for_address_rules`."""
     if "/" in entry:
         net = ipaddress.ip_network(entry)
         if isinstance(net, ipaddress.IPv6Network) and net.network_address.ipv4_mapped:
@@ -248,15 +301,21 @@ def _harbor_rule(entry: str) -> str:
     if address is not None:
         if isinstance(address, ipaddress.IPv6Address):
             if address.ipv4_mapped is not None:
+                # the sidecar matches it as written, never an IPv4 destination
                 raise _inexpressible(entry, "an IPv4-mapped IPv6 address (write it as IPv4)")
             return f"[{entry}]:*"
         return f"{entry}:*"
     if entry.startswith("*."):
         # `?*.` is one or more characters and a dot: Harbor's `*.` never matches the apex.
-        # Matched on the spelling, as Harbor's sidecar does, so `*.1.2.3` is a pattern too.
+        # Matched on the spelling, as Harbor's sidecar does, so `*.0.0.1` matches the
+        # address 10.0.0.1 in its dotted spelling; a numeric last label in any other
+        # spelling (`*.1.0x1`, `*.1.2.3.4`) names nothing egress accepts.
         rule = f"?*.{entry[2:]}:*"
-        if entry.rsplit(".", 1)[-1].isdigit():
-            raise _inexpressible(entry, "a numeric last label names no host here")
+        suffix = entry[2:].split(".")
+        if _NUMERIC_LABEL.fullmatch(suffix[-1]) and not (
+            len(suffix) <= 3 and all(_OCTET.fullmatch(p) and int(p) <= 255 for p in suffix)
+        ):
+            raise _inexpressible(entry, "it can match no host name or address egress accepts")
         try:
             parse_rule(rule, "allow")
         except PolicyError as exc:

@@ -147,7 +147,9 @@ def test_docker_runtime_without_an_engine(tmp_path_factory: pytest.TempPathFacto
         check=True,
     )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["allow"] == ["**.pypi.test:*", "https://files.test:443"]  # from_verifiers
+    # from_verifiers: CONNECT to 443 and plain HTTP to 80 for a rule without port, as
+    # verifiers' own proxy refuses CONNECT elsewhere (docs/policy.md#verifiers)
+    assert out["allow"] == ["**.pypi.test", "https://files.test:443"]
     assert out["default"] == "deny"
     assert out["client_id"]
     assert out["split"] == [["http://127.0.0.1:8089"], ["https://api.example.test"]]
@@ -156,4 +158,4 @@ def test_docker_runtime_without_an_engine(tmp_path_factory: pytest.TempPathFacto
     assert out["image_question"] == [1, 0, 1, 2]
     assert out["exec_env"] == [False, True]
     assert out["background_env"]
-    assert out["objects"] == [["a.pypi.test:*"], ["*.evil.test:*"], "allow"]
+    assert out["objects"] == [["a.pypi.test"], ["*.evil.test:*", "*.localhost:*"], "allow"]

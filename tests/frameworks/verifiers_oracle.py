@@ -7,17 +7,25 @@ per line out. Everything that decides is verifiers 0.4.0's own code:
   what `Agent.run` calls) on a real `Task(TaskData(...))`;
 - `network_access=False` is `NetworkPolicyConfig(allow=[])`, the one expression in
   `Rollout.__init__` (`verifiers/v1/rollout.py`) that decides it, transcribed;
-- each destination is judged by `NetworkPolicyConfig.permits(scheme, host, port)`.
+- a destination is judged by verifiers' own proxy check, `NetworkPolicy(config,
+  routes=[]).permits(scheme, host, port, connect=...)` (`verifiers/v1/runtimes/docker/
+  egress.py`; a CONNECT is `https`, an absolute-form request `http`), or with `"any_port"`
+  by `NetworkPolicyConfig.permits(scheme, host, port)` alone;
+- whether a block rule matches a spelling is `network_rule_matches(rule, scheme, host, port,
+  subdomains=True)` over the config's `block`, as `permits` asks it.
 
-Input line: `{"config": {...}, "task": {...} | null, "dests": [[scheme, host, port], ...]}`.
-Output line: `{"legal": true, "allowed": [...]}` or `{"legal": false, "error": "..."}`.
+Input line: `{"config": {...}, "task": {...} | null, "any_port": bool,
+"dests": [[scheme, [spelling, ...], port], ...]}`.
+Output line: `{"legal": true, "verdicts": [[[permitted, blocked], ...], ...]}` (one pair per
+spelling; a null spelling gets null) or `{"legal": false, "error": "..."}`.
 """
 
 import json
 import sys
 
 from pydantic import ValidationError
-from verifiers.v1.configs.runtime import NetworkPolicyConfig
+from verifiers.v1.configs.runtime import NetworkPolicyConfig, network_rule_matches
+from verifiers.v1.runtimes.docker.egress import NetworkPolicy
 from verifiers.v1.runtimes.modal import ModalConfig
 from verifiers.v1.task import Task, TaskData
 from verifiers.v1.utils.compile import resolve_runtime_config
@@ -33,15 +41,32 @@ def policy(config: dict, task: dict | None) -> NetworkPolicyConfig:
     return runtime
 
 
+def verdict(config: NetworkPolicyConfig, any_port: bool, scheme: str, host: str, port: int):
+    """[permitted, blocked]: verifiers' decision, and whether a block rule matches."""
+    if any_port:
+        permitted = config.permits(scheme, host, port)
+    else:
+        proxy = NetworkPolicy(config, routes=[])
+        permitted = proxy.permits(scheme, host, port, connect=scheme == "https")
+    blocked = any(
+        network_rule_matches(rule, scheme, host, port, subdomains=True) for rule in config.block
+    )
+    return [permitted, blocked]
+
+
 def main() -> None:
     for line in sys.stdin:
         case = json.loads(line)
         try:
-            judge = policy(case["config"], case["task"])
+            config = policy(case["config"], case["task"])
         except (ValidationError, ValueError, TypeError) as exc:
             out = {"legal": False, "error": str(exc).splitlines()[0]}
         else:
-            out = {"legal": True, "allowed": [judge.permits(*d) for d in case["dests"]]}
+            out = {"legal": True, "verdicts": [
+                [None if host is None else verdict(config, case["any_port"], scheme, host, port)
+                 for host in spellings]
+                for scheme, spellings, port in case["dests"]
+            ]}  # fmt: skip
         sys.stdout.write(json.dumps(out) + "\n")
 
 

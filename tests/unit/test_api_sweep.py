@@ -189,8 +189,11 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
     ),
     # the framework mappings take a mapping: the parameters are its keys
     "from_verifiers": (
-        lambda **kw: egress.from_verifiers(kw),
-        {"network_access": "bool", "allow": "list?", "block": "list?"},
+        lambda **kw: egress.from_verifiers(
+            {k: v for k, v in kw.items() if k != "any_connect_port"},
+            **{k: v for k, v in kw.items() if k == "any_connect_port"},
+        ),
+        {"network_access": "bool", "allow": "list?", "block": "list?", "any_connect_port": "bool"},
     ),
     "from_harbor": (
         lambda **kw: egress.from_harbor({"network_mode": "allowlist", **kw}),
