@@ -52,6 +52,7 @@ from netcut.helper.session import (
 )
 from netcut.plan.model import Keep
 from netcut.plan.status import CutStatus
+from netcut.plan.transparent import Redirect
 from netcut.records import Store
 from netcut.resolve import (
     TargetRef,
@@ -289,8 +290,12 @@ def _cut_in(
     allow_privileged: bool,
     dry_run: bool,
     probe_timeout: float,
+    redirect: Redirect | None = None,
+    expect_reachable: tuple[Keep, ...] = (),
 ) -> CutResult:
-    """The cut on an open session: the privilege rail from `inspect`, then flow.cut."""
+    """The cut on an open session: the privilege rail from `inspect`, then flow.cut.
+    `redirect` and `expect_reachable`: transparent mode and the listeners the helper opened
+    in the namespace (helper/listeners.py)."""
     findings = container_findings(c.info)
     if findings and not allow_privileged:  # a dry run too: it shows what the cut would do
         raise UnsafeTarget(
@@ -305,18 +310,24 @@ def _cut_in(
         probe,
         blocked,
         probe_timeout,
+        redirect,
+        expect_reachable,
     )
     return flow.cut(ex, c.store(), str(c), request, render=render_script)
 
 
 @contextlib.contextmanager
-def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container, HelperExecutor]]:
+def _session(
+    target: TargetRef, image: str | None, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[_Container, HelperExecutor]]:
     """The helper started first, the target inspected while it starts (one container run and
-    one inspect per operation, overlapped: docs/netcut.md#helper-mode)."""
+    one inspect per operation, overlapped: docs/netcut.md#helper-mode). `extra`: more `run`
+    options (helper/listeners.py's mount)."""
     if target.kind != "container":
         raise InvalidInput(f"{target}: helper mode needs --container")
     runtime = find_runtime(target.runtime)
     with HelperExecutor(runtime, target.value, image) as ex:
+        ex.extra = extra
         if is_ctr(runtime):  # its helper joins the task's namespace by PID: resolve first
             c = _Container(target, runtime)
             ex.netns, ex.namespace = f"/proc/{c.pid}/ns/net", c.namespace
