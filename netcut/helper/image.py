@@ -6,10 +6,11 @@ The image holds bash (as /bin/sh, so the probe can use /dev/tcp), `ip` and `ss` 
 directory, and `timeout`, each under /netcut/bin, plus every shared library `ldd` names for
 them, at the paths the host's loader uses; and a Python interpreter with the few standard
 library files it starts with (`-I -S`), which opens the sandbox's listeners and passes them
-back (helper/listeners.py, docs/netcut.md#listeners-from-the-helper). It is imported with `RUNTIME import` from a tar
-streamed on stdin. Its tag is `netcut-helper:<hash>`, where the hash covers the layout and the
-path, size and mtime of every source file: a host upgrade of iproute2 or iptables yields a new
-tag, the same host always finds its image again without reading the files.
+back (helper/listeners.py, docs/netcut.md#listeners-from-the-helper). It is imported with
+`RUNTIME import` from a tar streamed on stdin. Its tag is `netcut-helper:<hash>`, where the
+hash covers the layout and the path, size and mtime of every source file: a host upgrade of
+iproute2 or iptables yields a new tag, the same host always finds its image again without
+reading the files.
 """
 
 from __future__ import annotations
