@@ -1,0 +1,147 @@
+"""The boundary as a docker-group user: a real non-root uid with no capability, member of the
+group that owns the run's docker socket (unprivileged.py), runs the framework's side
+(asuser_boundary.py): `prepare_execution` with the default `cut_mode="auto"` chooses the
+helper, which opens the sandbox's loopback listeners inside its namespace and passes them back
+over a unix socket, then cuts (docs/user-guide.md#helper-mode). The agent, in the container,
+reaches the proxy at 127.0.0.1:PORT: allowed 200, blocked 403, direct TCP unreachable; the
+release restores. Before listeners came from the helper, this failed in `prepare_execution`
+(`cannot open network namespace '/proc/N/ns/net': Permission denied`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from enginelib import Box, docker_client_path
+from test_boundary_engines import http_server, other_host, wget_in
+from unprivileged import SYSTEM_PYTHON, User, docker_group_user
+
+from netcut import api
+from netcut import resolve as target
+
+import harness
+from servers import start_origin
+
+pytestmark = pytest.mark.netns
+AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "asuser_boundary.py")
+
+
+@pytest.fixture(scope="module")
+def docker_user() -> Iterator[User]:
+    if os.geteuid() != 0:
+        pytest.skip("making a user needs root")
+    with docker_group_user() as user:
+        yield user
+
+
+class AsUser:
+    """asuser_boundary.py running as `user`: its JSON lines, and `release` on its stdin."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), 120)
+        if not raw:
+            assert self.proc.stderr is not None
+            err = await self.proc.stderr.read()
+            raise AssertionError(f"the user's process ended: {err.decode(errors='replace')}")
+        said: dict[str, Any] = json.loads(raw)
+        return said
+
+    async def release(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"release\n")
+        await self.proc.stdin.drain()
+        return await self.line()
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.proc.wait()
+
+
+async def as_user(user: User, path: str | None, *args: str) -> AsUser:
+    proc = await asyncio.create_subprocess_exec(
+        *user.argv(SYSTEM_PYTHON, AGENT, *args),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=user.env(path),
+        cwd=user.home,
+    )
+    return AsUser(proc)
+
+
+@pytest.mark.engine("docker")
+@pytest.mark.parametrize("client", ["ce", "debian"])
+@pytest.mark.parametrize("transparent", [False, True], ids=["proxy", "transparent"])
+async def test_a_docker_group_user_prepares_a_loopback_sandbox(
+    client: str,
+    transparent: bool,
+    docker_user: User,
+    make_box: Callable[..., Box],
+    test_host: harness.TestHost,
+) -> None:
+    box = make_box("docker")
+    routes = box.routes()
+    origin = await start_origin(test_host, 80)
+    pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
+    path = docker_client_path(client, os.path.join(docker_user.home, f"bin-{client}"))
+    try:
+        with other_host() as other, http_server(other) as other_port:
+            direct = f"http://{other}:{other_port}/"
+            rc, out, err = await wget_in(box, direct)
+            assert (rc, out) == (0, "direct"), err  # reachable before: the refusal means it
+            kwargs: dict[str, object] = {"transparent": transparent}
+            if not transparent:
+                kwargs["expect_blocked"] = [f"{other}:{other_port}"]
+            agent = await as_user(
+                docker_user, path, f"docker:{box.name}", json.dumps(pins), json.dumps(kwargs)
+            )
+            try:
+                prepared = await agent.line()
+                assert "error" not in prepared, prepared
+                assert int(prepared["caps"], 16) == 0  # no capability at all
+                assert prepared["cut_mode"] == "helper"
+                assert "lacks CAP_SYS_ADMIN" in prepared["reason"]
+                assert "@127.0.0.1:3128" in prepared["proxy_url"]
+                assert all(p[2] == "connected" for p in prepared["probe"] if p[1] == "reachable")
+                # the user's record is its own (NETCUT_STATE_DIR): root sees the cut itself
+                seen = api.status(target.container(box.name, "docker"))
+                assert {"IPv4 backstop", "IPv6 backstop"} <= set(seen.details), seen
+                assert "default via" not in box.routes()
+                proxy = prepared["proxy_url"]
+
+                rc, out, err = await wget_in(box, "http://pypi.test/simple/", proxy)
+                assert rc == 0, err
+                assert '"path": "/simple/"' in out
+                rc, out, err = await wget_in(box, "http://evil.test/", proxy)
+                assert rc != 0
+                assert "403" in err, (out, err)
+                if transparent:  # no proxy configured: redirected to the proxy, judged
+                    rc, out, err = await wget_in(box, "http://pypi.test/transparent/")
+                    assert rc == 0, err
+                    assert '"path": "/transparent/"' in out
+                    rc, out, err = await wget_in(box, "http://evil.test/")
+                    assert rc != 0  # its DNS responder gives a blocked name no address
+                    assert "bad address 'evil.test'" in err, (out, err)
+                rc, out, _ = await wget_in(box, direct)
+                assert rc != 0
+                assert out != "direct"
+
+                released = await agent.release()
+                assert released["allowed"] == {"allow": 2 if transparent else 1}
+                assert "evil.test" in released["blocked"]
+            finally:
+                await agent.close()
+        assert box.routes_back_to(routes) == routes
+        assert api.status(target.container(box.name, "docker")).state == "not cut"
+    finally:
+        await origin.close()
