@@ -136,3 +136,18 @@ class HelperCut:
             allow_privileged=self.ask.allow_privileged,
         )
         return cut, cut.probe, status
+
+
+async def listen_in_sandbox(
+    sandbox: str, specs: Sequence[ListenSpec], image: str | None = None
+) -> list[socket.socket]:
+    """Sockets opened inside a container's namespace by one helper run that cuts nothing
+    (a framework's own in-sandbox listener, e.g. verifiers' callback listener, for a
+    process that cannot enter the namespace: docs/integrations.md#verifiers)."""
+    from netcut.helper.run import HelperRun
+
+    def opened() -> list[socket.socket]:
+        with HelperRun(parse_target(sandbox), image) as run:
+            return run.listen(tuple(specs))
+
+    return await asyncio.to_thread(opened)
