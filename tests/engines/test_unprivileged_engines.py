@@ -11,13 +11,15 @@ release restores. Before listeners came from the helper, this failed in `prepare
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from enginelib import Box, docker_client_path
+from enginelib import BOX, Box, docker_client_path
+from frameworks.frameworkvenv import framework_venv
 from test_boundary_engines import http_server, other_host, wget_in
 from unprivileged import SYSTEM_PYTHON, User, docker_group_user
 
@@ -28,7 +30,9 @@ import harness
 from servers import start_origin
 
 pytestmark = pytest.mark.netns
-AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "asuser_boundary.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+AGENT = os.path.join(HERE, "asuser_boundary.py")
+VERIFIERS = os.path.join(HERE, "asuser_verifiers.py")
 
 
 @pytest.fixture(scope="module")
@@ -62,18 +66,25 @@ class AsUser:
         return await self.line()
 
     async def close(self) -> None:
-        if self.proc.returncode is None:
+        """Its stdin closed (it then tears down what it made), killed if it hangs."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 120)
+        except TimeoutError:
             self.proc.kill()
-        await self.proc.wait()
+            await self.proc.wait()
 
 
-async def as_user(user: User, path: str | None, *args: str) -> AsUser:
+async def as_user(
+    user: User, path: str | None, *args: str, script: str = AGENT, site: list[str] | None = None
+) -> AsUser:
     proc = await asyncio.create_subprocess_exec(
-        *user.argv(SYSTEM_PYTHON, AGENT, *args),
+        *user.argv(SYSTEM_PYTHON, script, *args),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=user.env(path),
+        env=user.env(path, site),
         cwd=user.home,
     )
     return AsUser(proc)
@@ -145,3 +156,48 @@ async def test_a_docker_group_user_prepares_a_loopback_sandbox(
         assert api.status(target.container(box.name, "docker")).state == "not cut"
     finally:
         await origin.close()
+
+
+@pytest.mark.engine("docker")
+async def test_verifiers_docker_runtime_as_a_docker_group_user(
+    docker_user: User, test_host: harness.TestHost, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """verifiers' `EgressDockerRuntime` as a docker-group user: `start()` used to fail with
+    `NamespaceError: cannot open network namespace '/proc/N/ns/net': Permission denied`
+    (its callback listener was opened with setns); now the helper opens it, and the cut
+    that `prepare_execution` makes holds: allowed 200, blocked 403, direct unreachable."""
+    venv = framework_venv("verifiers", tmp_path_factory.mktemp("fw"))
+    site = [str(p) for p in (venv / "lib").glob("python3*/site-packages")]
+    origin = await start_origin(test_host, 80)
+    pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
+    agent = await as_user(docker_user, None, BOX, json.dumps(pins), script=VERIFIERS, site=site)
+    with contextlib.ExitStack() as stack:
+        other = stack.enter_context(other_host())
+        direct = f"http://{other}:{stack.enter_context(http_server(other))}/"
+        await _verifiers_trial(agent, test_host, direct)
+    await origin.close()
+
+
+async def _verifiers_trial(agent: AsUser, test_host: harness.TestHost, direct: str) -> None:
+    try:
+        started = await agent.line()
+        assert "error" not in started, started
+        prepared = await agent.line()
+        assert "error" not in prepared, prepared
+        assert prepared["cut_mode"] == "helper"
+        box = Box("docker", started["container"], 0, "", "")
+        proxy = prepared["proxy_url"]
+        assert "@127.0.0.1:3128" in proxy
+        rc, out, err = await wget_in(box, "http://pypi.test/simple/", proxy)
+        assert rc == 0, err
+        rc, out, err = await wget_in(box, "http://evil.test/", proxy)
+        assert rc != 0
+        assert "403" in err, (out, err)
+        rc, out, err = await wget_in(box, direct)
+        assert rc != 0  # direct: no route
+        released = await agent.release()
+        assert released["released"] is True
+        rc, out, err = await wget_in(box, direct)
+        assert (rc, out) == (0, "direct"), err  # restored: online again
+    finally:
+        await agent.close()

@@ -50,10 +50,12 @@ class User:
             *command,
         ]
 
-    def env(self, path: str | None = None) -> dict[str, str]:
+    def env(self, path: str | None = None, site: list[str] | None = None) -> dict[str, str]:
         """A user's environment: its home, the test engines' clients and configuration, the
-        worktree importable by the system's interpreter; nothing of root's."""
-        site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(ROOT)]
+        worktree importable by the system's interpreter (with `site`, a venv's
+        site-packages, else this one's); nothing of root's."""
+        if site is None:
+            site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(ROOT)]
         keep = ("DOCKER_HOST", "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "LANG")
         env = {k: os.environ[k] for k in keep if k in os.environ}
         env.update(
