@@ -349,3 +349,8 @@ def status(target: TargetRef, *, image: str | None = None) -> CutStatus:
     """Helper-mode twin of api.status."""
     with _session(target, image) as (c, ex):
         return flow.status(ex, c.store())
+
+
+# helper/run.py holds one session across the listeners it opens and the cut that follows
+open_session = _session
+cut_in_session = _cut_in

@@ -41,7 +41,7 @@ class HelperRun:
         """Start the helper (the pass directory mounted) and inspect the container."""
         try:
             self._pass = self._stack.enter_context(FdPass())
-            session = mode._session(self.target, self.image, tuple(self._pass.mount_args()))
+            session = mode.open_session(self.target, self.image, tuple(self._pass.mount_args()))
             self._container, self._ex = self._stack.enter_context(session)
         except BaseException:
             self.close()
@@ -92,7 +92,7 @@ class HelperRun:
         keeps = parse_keeps(keep)
         reachable = probe_targets(expect_reachable, "expect_reachable")
         blocked = probe_targets(expect_blocked, "expect_blocked")
-        result = mode._cut_in(
+        result = mode.cut_in_session(
             self._container,
             self._ex,
             keeps,
