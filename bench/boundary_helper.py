@@ -62,7 +62,8 @@ async def cycles(sandbox: str, n: int, cut_mode: str, transparent: bool) -> dict
                 transparent=transparent,
             )
             prepare.append(time.perf_counter() - t0)
-            used, reason = execution.cut_mode, execution.cut_mode_reason
+            used = execution.cut_mode
+            reason = getattr(execution, "cut_mode_reason", "")  # (older versions: none)
             t0 = time.perf_counter()
             await release_execution(proxy, execution, restore=True)
             release.append(time.perf_counter() - t0)
