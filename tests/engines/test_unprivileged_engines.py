@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from enginelib import BOX, Box, docker_client_path
+from enginelib import BOX, Box, docker_client_path, engine_down
 from frameworks.frameworkvenv import framework_venv
 from test_boundary_engines import http_server, other_host, wget_in
-from unprivileged import SYSTEM_PYTHON, User, docker_group_user
+from unprivileged import SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
 
 from netcut import api
 from netcut import resolve as target
@@ -201,3 +201,77 @@ async def _verifiers_trial(agent: AsUser, test_host: harness.TestHost, direct: s
         assert (rc, out) == (0, "direct"), err  # restored: online again
     finally:
         await agent.close()
+
+
+@pytest.fixture(scope="module")
+def rootless_user() -> Iterator[User]:
+    if os.geteuid() != 0:
+        pytest.skip("making a user needs root")
+    if engine_down("podman") is not None:
+        pytest.skip(f"no podman to copy {BOX} from")
+    with rootless_podman_user(BOX) as user:
+        yield user
+
+
+async def user_run(user: User, *argv: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *user.argv(*argv),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=user.env(),
+        cwd=user.home,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+@pytest.mark.engine("podman")
+async def test_rootless_podman_loopback_sandbox(
+    rootless_user: User, test_host: harness.TestHost
+) -> None:
+    """Rootless podman (slirp4netns: no gateway in the host's namespace, so gateway mode
+    cannot work): the boundary in loopback mode through the helper, as its user."""
+    user = rootless_user
+    name = f"ncr-box-{os.getpid()}"
+    rc, _, err = await user_run(
+        user, "podman", "run", "-d", "--name", name, "--cap-drop", "ALL", BOX, "sleep", "3600"
+    )
+    assert rc == 0, err
+
+    async def wget(url: str, proxy: str | None = None) -> tuple[int, str, str]:
+        env = ["-e", f"http_proxy={proxy}"] if proxy else []
+        argv = ["podman", "exec", *env, name, "busybox", "wget", "-q", "-O", "-", url]
+        return await user_run(user, "timeout", "20", *argv)
+
+    origin = await start_origin(test_host, 80)
+    pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
+    try:
+        with other_host() as other, http_server(other) as other_port:
+            direct = f"http://{other}:{other_port}/"
+            assert (await wget(direct))[:2] == (0, "direct")  # slirp4netns reaches the host
+            kwargs = {"expect_blocked": [f"{other}:{other_port}"]}
+            agent = await as_user(
+                user, None, f"podman:{name}", json.dumps(pins), json.dumps(kwargs)
+            )
+            try:
+                prepared = await agent.line()
+                assert "error" not in prepared, prepared
+                assert prepared["cut_mode"] == "helper"
+                proxy = prepared["proxy_url"]
+                assert "@127.0.0.1:3128" in proxy
+                rc, out, err = await wget("http://pypi.test/simple/", proxy)
+                assert rc == 0, err
+                assert '"path": "/simple/"' in out
+                rc, out, err = await wget("http://evil.test/", proxy)
+                assert rc != 0
+                assert "403" in err, (out, err)
+                assert (await wget(direct))[0] != 0
+                released = await agent.release()
+                assert released["allowed"] == {"allow": 1}
+            finally:
+                await agent.close()
+            assert (await wget(direct))[:2] == (0, "direct")  # restored
+    finally:
+        await origin.close()
+        await user_run(user, "podman", "rm", "-f", "-t", "0", name)
