@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,12 +28,13 @@ from netcut import api
 from netcut import resolve as target
 
 import harness
-from servers import start_origin
+from servers import run, start_origin
 
 pytestmark = pytest.mark.netns
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = os.path.join(HERE, "asuser_boundary.py")
 VERIFIERS = os.path.join(HERE, "asuser_verifiers.py")
+INSPECT = os.path.join(HERE, "asuser_inspect.py")
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +277,63 @@ async def test_rootless_podman_loopback_sandbox(
     finally:
         await origin.close()
         await user_run(user, "podman", "rm", "-f", "-t", "0", name)
+
+
+@pytest.mark.engine("docker")
+@pytest.mark.timeout(600)
+async def test_inspect_egress_sandbox_as_a_docker_group_user(
+    docker_user: User,
+    make_box: Callable[..., Box],
+    test_host: harness.TestHost,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """inspect-ai's `eval()` in the `egress` sandbox with its defaults (loopback, `auto`),
+    as a docker-group user: it used to fail with `ExecutionNotReady kind=namespace`."""
+    venv = framework_venv("inspect", tmp_path_factory.mktemp("fw"))
+    site = [str(p) for p in (venv / "lib").glob("python3*/site-packages")]
+    box = make_box("docker")
+    routes = box.routes()
+    work = os.path.join(docker_user.home, f"inspect-{box.name}")
+    os.makedirs(work)
+    os.chown(work, docker_user.uid, docker_user.gid)
+    audit = os.path.join(work, "audit.jsonl")
+    origin = await start_origin(test_host, 80)
+    try:
+        with other_host() as other, http_server(other) as port:
+            assert (await wget_in(box, f"http://{other}:{port}/"))[:2] == (0, "direct")
+            spec = {
+                "container": box.name,
+                "commands": [
+                    "busybox wget -q -O - http://pypi.test/agent",
+                    "busybox wget -q -O - http://evil.test/refused 2>&1",
+                    "unset http_proxy HTTP_PROXY; busybox wget -q -T 5 -O - "
+                    f"http://{other}:{port}/ 2>&1 || echo unreachable",
+                ],
+                "audit": audit,
+                "resolve": {"pypi.test": test_host.addr_ns, "evil.test": test_host.addr_ns},
+                "allow": ["pypi.test"],
+                "log_dir": os.path.join(work, "logs"),
+            }
+            proc = await asyncio.create_subprocess_exec(
+                *docker_user.argv(SYSTEM_PYTHON, INSPECT, json.dumps(spec)),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=docker_user.env(site=site),
+                cwd=work,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 540)
+        assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        assert result["status"] == "success", result
+        assert result["error"] is None
+        agent, refused, direct = result["tools"]
+        assert '"path": "/agent"' in agent
+        assert "403" in refused
+        assert "unreachable" in direct
+        assert "direct" not in direct
+        assert [s.path for s in origin.seen] == ["/agent"]
+        assert box.routes_back_to(routes) == routes  # released with restore at the end
+        rc, said, why = await run(sys.executable, "-m", "egress.cli", "audit", "verify", audit)
+        assert rc == 0, said + why
+    finally:
+        await origin.close()
