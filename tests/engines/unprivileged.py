@@ -1,5 +1,5 @@
 """A real non-root user in the group that owns the test run's docker socket, made for a test and
-removed after it (docs/testing.md#unprivileged-users): the framework process of a user who runs
+removed after it (docs/user-guide.md#helper-mode): the framework process of a user who runs
 evaluations as a member of the `docker` group, never root. Nothing stands in for the missing
 privileges: the process runs under that uid with no capability, so /proc permissions, setns,
 the state directory and the helper's fd passing are the kernel's to allow or refuse.
