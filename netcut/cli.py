@@ -258,12 +258,7 @@ def _cmd_cut(args: argparse.Namespace) -> int:
     )
     redirect = _redirect(args)
     if args.mode == "helper":
-        if redirect is not None:
-            raise InvalidInput(
-                "--transparent needs --mode direct (the helper image does not "
-                "carry the nat table's REDIRECT support)"
-            )
-        result = helper.cut(ref, args.keep, image=args.helper_image, **options)
+        result = helper.cut(ref, args.keep, image=args.helper_image, redirect=redirect, **options)
     else:
         result = api.cut(ref, args.keep, redirect=redirect, **options)
     data = {

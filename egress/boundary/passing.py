@@ -44,7 +44,8 @@ def listen_specs(
     reuse_main = prior is not None and prior.main is not None and prior.proxy_port == ask.proxy_port
     if not reuse_main:
         out.append((("main",), ListenSpec("tcp", LOOPBACK, ask.proxy_port)))
-    have = set(prior.forwarders) if prior is not None else set()
+    # a forwarder still served (closed ones have no acceptor) is reused, as `_forwarders` does
+    have = {k for k, li in (prior.forwarders if prior else {}).items() if li.acceptor is not None}
     for route in ask.routes:
         if (route.host, route.port) not in have:
             role: Role = ("forward", route.host, route.port)

@@ -235,11 +235,18 @@ def cut(
     allow_privileged: bool = False,
     dry_run: bool = False,
     probe_timeout: float = 1.0,
+    redirect: Redirect | None = None,
 ) -> CutResult:
     """The helper-mode twin of api.cut (same algorithm, result and errors). `force` is
-    accepted for symmetry: a container's namespace is never the host's."""
+    accepted for symmetry: a container's namespace is never the host's. `redirect`:
+    transparent mode (docs/netcut.md#transparent-mode), its nat rules written by the helper."""
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
+    if redirect is not None and blocked:
+        raise InvalidInput(
+            "--expect-blocked cannot be probed in transparent mode: every TCP "
+            "connection is redirected to the proxy, which judges it"
+        )
     with _session(target, image) as (c, ex):
         return _cut_in(
             c,
@@ -250,6 +257,7 @@ def cut(
             allow_privileged=allow_privileged,
             dry_run=dry_run,
             probe_timeout=probe_timeout,
+            redirect=redirect,
         )
 
 

@@ -6,6 +6,9 @@ when they ask for the helper (docs/user-guide.md#helper-mode)."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -100,3 +103,35 @@ async def test_a_port_taken_inside_the_sandbox_fails_closed(
         assert not proxy.listeners
     assert box.routes() == routes
     assert api.status(target.container(box.name, "docker")).state == "not cut"
+
+
+@pytest.mark.engine("docker")
+def test_netcut_cli_transparent_cut_in_helper_mode(make_box: Callable[..., Box]) -> None:
+    """`netcut cut --mode helper --transparent`: the helper writes the nat redirects, status
+    verifies them (a redirect chain removed by hand is `partial`), restore removes them. It
+    used to be refused as a usage error."""
+    box = make_box("docker")
+    routes = box.routes()
+    netcut = [os.path.join(os.path.dirname(sys.executable), "netcut")]
+    where = ["--container", box.name, "--runtime", "docker", "--mode", "helper"]
+    redirect = ["--transparent", "--redirect-to", "15001", "--dns-to", "15053"]
+    done = sh(*netcut, "cut", *where, *redirect, "--json", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["status"]["state"] == "cut"
+    nat = sh("nsenter", f"--net={box.netns}", "iptables-legacy", "-t", "nat", "-S").stdout
+    assert "-A NETCUT_REDIRECT -p tcp -j REDIRECT --to-ports 15001" in nat, nat
+    said = json.loads(sh(*netcut, "status", *where, "--json", check=False).stdout)
+    assert said["state"] == "cut", said
+    sh("nsenter", f"--net={box.netns}", "iptables-legacy", "-t", "nat", "-F", "NETCUT_REDIRECT")
+    sh("nsenter", f"--net={box.netns}", "iptables-legacy", "-t", "nat", "-D", "OUTPUT",
+       "-j", "NETCUT_REDIRECT")  # fmt: skip
+    sh("nsenter", f"--net={box.netns}", "iptables-legacy", "-t", "nat", "-X", "NETCUT_REDIRECT")
+    said = json.loads(sh(*netcut, "status", *where, "--json", check=False).stdout)
+    assert said["state"] == "partial", said
+    done = sh(*netcut, "restore", *where, "--json", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert box.routes_back_to(routes) == routes
+    assert (
+        "NETCUT_REDIRECT"
+        not in sh("nsenter", f"--net={box.netns}", "iptables-legacy", "-t", "nat", "-S").stdout
+    )
