@@ -163,7 +163,11 @@ async def _prepare(ask: Preparation) -> Execution:
             exc, Exception
         ):
             raise
-        raise ExecutionNotReady(f"sandbox {ask.sandbox}: {exc}", not_ready_kind(exc)) from exc
+        kind = not_ready_kind(exc)
+        why = f"sandbox {ask.sandbox}: {exc}"
+        if kind in ("namespace", "no_privilege"):  # the fix is another mode, or root
+            why += f" (cut_mode {ask.cut_mode!r}: {ask.cut_mode_reason})"
+        raise ExecutionNotReady(why, kind) from exc
     finally:
         proxy.heap.leave()
     why = "sandbox_replaced" if prior else "sandbox_added"

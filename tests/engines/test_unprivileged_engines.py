@@ -402,3 +402,19 @@ async def test_harbor_transparent_phase_without_capabilities(
     finally:
         await agent.close()
         await origin.close()
+
+
+@pytest.mark.engine("docker")
+async def test_a_namespace_sandbox_as_a_user_says_it_needs_root(docker_user: User) -> None:
+    """Without root, a sandbox that is not a container has no helper: `auto` uses direct
+    mode, which fails closed with `kind="namespace"` and says why that mode, and what to do."""
+    agent = await as_user(docker_user, None, "pid:1", "[]", "{}")
+    try:
+        said = await agent.line()
+    finally:
+        await agent.close()
+    error = said["error"]
+    assert error.startswith("ExecutionNotReady"), said
+    assert "Permission denied" in error
+    assert "cut_mode 'direct'" in error
+    assert "direct mode needs root" in error
