@@ -38,6 +38,7 @@ status; direct or helper) and `lifecycle.py` (the three calls).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import os
 from collections.abc import Iterable
@@ -167,6 +168,12 @@ async def _prepare(ask: Preparation) -> Execution:
         why = f"sandbox {ask.sandbox}: {exc}"
         if kind in ("namespace", "no_privilege"):  # the fix is another mode, or root
             why += f" (cut_mode {ask.cut_mode!r}: {ask.cut_mode_reason})"
+        elif ask.mode == "gateway" and getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:
+            gateway = f" {ask.gateway}" if ask.gateway else ""
+            why += (
+                f" (the sandbox's gateway{gateway} is not an address of this host's namespace, "
+                "as with rootless podman: use mode='loopback', docs/user-guide.md#helper-mode)"
+            )
         raise ExecutionNotReady(why, kind) from exc
     finally:
         proxy.heap.leave()

@@ -260,3 +260,27 @@ def test_helper_mode_takes_loopback_now() -> None:
     assert ask.cut_mode == "helper"  # type: ignore[attr-defined]
     assert ask.mode == "loopback"  # type: ignore[attr-defined]
     assert ask.cut_mode_reason == "cut_mode='helper' was asked for"  # type: ignore[attr-defined]
+
+
+def test_a_gateway_that_is_not_ours_names_loopback_mode() -> None:
+    """Rootless podman's gateway (slirp4netns, pasta) is no address of the host's namespace:
+    the bind fails with EADDRNOTAVAIL, and the error says to use loopback mode. Nothing is
+    sent anywhere: the bind itself fails."""
+    import asyncio
+
+    from egress import ExecutionNotReady, prepare_execution
+
+    async def prepare() -> None:
+        async with EgressProxy(Policy(), listen=()) as proxy:
+            await prepare_execution(
+                "egt-none-gw",
+                Policy(),
+                proxy,
+                mode="gateway",
+                gateway="198.18.255.254",
+                cut_mode="direct",
+            )
+
+    with pytest.raises(ExecutionNotReady, match="use mode='loopback'") as caught:
+        asyncio.run(prepare())
+    assert "198.18.255.254" in str(caught.value)
