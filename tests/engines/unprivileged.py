@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import itertools
 import os
 import pwd
 import shutil
@@ -27,6 +28,7 @@ from enginelib import RUN_DIR, sh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEM_PYTHON = "/usr/bin/python3"
+_made = itertools.count(1)  # users made by this process: each name is new
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class User:
 def docker_group_user(socket_path: str = f"{RUN_DIR}/docker.sock") -> Iterator[User]:
     """A new user in the group of `socket_path`, removed (with any group made for it, the
     socket's group restored) whatever the outcome."""
-    tag = f"{os.getpid() % 100000}"
+    tag = f"{os.getpid() % 100000}x{next(_made)}"
     name = f"ncu{tag}"
     st = os.stat(socket_path)
     made_group = None
@@ -121,7 +123,7 @@ def rootless_podman_user(image: str) -> Iterator[User]:
     """A new user with subordinate ids and a rootless podman of its own, holding `image`
     (copied from the test run's root podman with `save` and `load`: nothing is pulled).
     Everything is removed after: its processes (by pid), its storage, its subordinate ids."""
-    tag = f"{os.getpid() % 100000}"
+    tag = f"{os.getpid() % 100000}x{next(_made)}"
     name = f"ncr{tag}"
     with contextlib.ExitStack() as undo:
         home = tempfile.mkdtemp(prefix=f"{name}-")
@@ -129,7 +131,7 @@ def rootless_podman_user(image: str) -> Iterator[User]:
         sh("useradd", "-M", "-d", home, "-s", "/bin/sh", name)
         undo.callback(sh, "userdel", name, check=False)
         entry = pwd.getpwnam(name)
-        base = SUBID_BASE + (os.getpid() % 64) * SUBID_COUNT
+        base = SUBID_BASE + ((os.getpid() + next(_made)) % 64) * SUBID_COUNT
         for path in ("/etc/subuid", "/etc/subgid"):
             line = f"{name}:{base}:{SUBID_COUNT}\n"
             with open(path, "a") as f:
