@@ -264,12 +264,7 @@ def _cmd_cut(args: argparse.Namespace) -> int:
     redirect = _redirect(args)
     choice = modes.choose_mode(ref, args.mode)
     if choice.mode == "helper":
-        if redirect is not None:
-            raise InvalidInput(
-                "--transparent needs --mode direct (the helper image does not "
-                "carry the nat table's REDIRECT support)"
-            )
-        result = helper.cut(ref, args.keep, image=args.helper_image, **options)
+        result = helper.cut(ref, args.keep, image=args.helper_image, redirect=redirect, **options)
     else:
         result = api.cut(ref, args.keep, redirect=redirect, **options)
     result = replace(result, mode=choice.mode, mode_reason=choice.reason)

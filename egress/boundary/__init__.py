@@ -9,6 +9,7 @@ from .execution import DNS_PORT as DNS_PORT
 from .execution import PROXY_ENV as PROXY_ENV
 from .execution import TRANSPARENT_PORT as TRANSPARENT_PORT
 from .execution import CutMode as CutMode
+from .execution import CutModeChoice as CutModeChoice
 from .execution import Execution as Execution
 from .execution import ExecutionNotReady as ExecutionNotReady
 from .execution import Mode as Mode

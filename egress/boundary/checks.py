@@ -12,7 +12,8 @@ from netcut.targetref import TargetRef, canonical, parse_target
 from ..policy.rules import FrameworkRoute, Policy, parse_framework_route
 from ..proxy.server import EgressProxy
 from ..validate import as_bool, as_choice, as_count, as_instance, as_port, as_str, as_str_list
-from .execution import CUT_MODES, CutMode, Mode
+from .choice import choose
+from .execution import CUT_MODE_CHOICES, CutMode, CutModeChoice, Mode
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Preparation:
     cut_mode: CutMode
     helper_image: str | None
     transparent: bool
+    cut_mode_reason: str
     transparent_port: int
     dns_port: int
     socks_port: int | None
@@ -54,7 +56,7 @@ def check_preparation(
     gateway: str | None,
     force: bool,
     allow_privileged: bool,
-    cut_mode: CutMode,
+    cut_mode: CutModeChoice,
     helper_image: str | None,
     transparent: bool,
     transparent_port: int,
@@ -69,8 +71,10 @@ def check_preparation(
     as_instance(policy, "prepare_execution policy", Policy, "a Policy")
     as_instance(proxy, "prepare_execution proxy", EgressProxy, "an EgressProxy")
     as_choice(mode, "prepare_execution mode", ("loopback", "gateway"))
-    if as_choice(cut_mode, "prepare_execution cut_mode", CUT_MODES) == "helper":
-        _check_helper(parse_target(key), mode)
+    asked = as_choice(cut_mode, "prepare_execution cut_mode", CUT_MODE_CHOICES)
+    how, why = choose(asked, parse_target(key))
+    if how == "helper":
+        _check_helper(parse_target(key))
     if helper_image is not None:
         as_str(helper_image, "prepare_execution helper_image")
     if as_count(proxy_port, "prepare_execution proxy_port", minimum=0) > 65535:
@@ -96,7 +100,8 @@ def check_preparation(
         gateway=gateway,
         force=force,
         allow_privileged=allow_privileged,
-        cut_mode=cut_mode,
+        cut_mode="helper" if how == "helper" else "direct",
+        cut_mode_reason=why,
         helper_image=helper_image,
         transparent=transparent,
         transparent_port=transparent_port,
@@ -116,16 +121,10 @@ def _check_target(sandbox: object) -> str:
         raise ValueError(f"{what}: {exc}") from None
 
 
-def _check_helper(ref: TargetRef, mode: object) -> None:
+def _check_helper(ref: TargetRef) -> None:
     """Helper mode is for a host process that cannot enter the sandbox's namespace, so
-    everything the boundary does must need no setns (docs/user-guide.md#helper-mode)."""
-    if mode != "gateway":
-        raise ValueError(
-            "prepare_execution cut_mode='helper' needs mode='gateway': a loopback listener is "
-            "a socket opened inside the sandbox's namespace (setns), which is what a host that "
-            "needs helper mode cannot do; in gateway mode the proxy listens on the host side "
-            "of the container's bridge instead"
-        )
+    everything the boundary does must need no setns: the helper opens the loopback listeners
+    and passes them back (docs/user-guide.md#helper-mode)."""
     if ref.kind != "container":
         raise ValueError(
             f"prepare_execution cut_mode='helper' needs a container sandbox (docker:ID, "

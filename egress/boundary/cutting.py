@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from netcut.targetref import parse_target
+
+if TYPE_CHECKING:
+    from .passing import HelperCut
 
 from .execution import (
     CutMode,
@@ -29,12 +32,18 @@ async def cut_and_prove(
     redirect: tuple[int, int] | None = None,
     cut_mode: CutMode = "direct",
     helper_image: str | None = None,
+    run: HelperCut | None = None,
 ) -> tuple[Any, Any]:
+    """Cut `sandbox` keeping `keeps`, probe (`reachable` must answer from inside, `blocked`
+    must not) and read its status; (cut, probe) only when all of that holds. `run`: the helper
+    run that opened the sandbox's listeners, which cuts it too (passing.py)."""
     import netcut
     from netcut.plan.transparent import Redirect
 
     try:
-        if cut_mode == "helper":
+        if run is not None:
+            cut, probe, status = await run.cut_and_status(reachable, list(blocked), redirect)
+        elif cut_mode == "helper":
             cut, probe, status = await _helper_cut(
                 sandbox, keeps, reachable, list(blocked), allow_privileged, helper_image
             )

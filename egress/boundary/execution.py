@@ -20,6 +20,9 @@ from ..proxy.server import Listener
 Mode = Literal["loopback", "gateway"]
 CutMode = Literal["direct", "helper"]  # netcut's `--mode` (docs/netcut.md#helper-mode)
 CUT_MODES = ("direct", "helper")
+# What `prepare_execution` takes: "auto" chooses by this process's privileges (choice.py)
+CutModeChoice = Literal["auto", "direct", "helper"]
+CUT_MODE_CHOICES = ("auto", "direct", "helper")
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 # Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
 TRANSPARENT_PORT = 15001
@@ -109,6 +112,8 @@ class Execution:
     listeners: tuple[Listener, ...] = field(default=(), repr=False)
     cut_mode: CutMode = "direct"  # how it was cut, and how `release_execution` restores it
     helper_image: str | None = field(default=None, repr=False)
+    # why that cut mode: asked for, or chosen by this process's privileges (choice.py)
+    cut_mode_reason: str = ""
 
 
 def client_id_of(sandbox: str) -> str:

@@ -38,6 +38,7 @@ status; direct or helper) and `lifecycle.py` (the three calls).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import os
 from collections.abc import Iterable
@@ -58,6 +59,7 @@ from .execution import (
     DNS_PORT,
     TRANSPARENT_PORT,
     CutMode,
+    CutModeChoice,
     Execution,
     ExecutionNotReady,
     Mode,
@@ -66,6 +68,7 @@ from .execution import (
     not_ready_kind,
     route_url,
 )
+from .passing import HelperCut
 from .sandboxes import Sandbox, Sandboxes, Tenant, with_routes
 
 
@@ -83,7 +86,7 @@ async def prepare_execution(
     gateway: str | None = None,
     force: bool = False,
     allow_privileged: bool = False,
-    cut_mode: CutMode = "direct",
+    cut_mode: CutModeChoice = "auto",
     helper_image: str | None = None,
     transparent: bool = False,
     transparent_port: int = TRANSPARENT_PORT,
@@ -161,7 +164,17 @@ async def _prepare(ask: Preparation) -> Execution:
             exc, Exception
         ):
             raise
-        raise ExecutionNotReady(f"sandbox {ask.sandbox}: {exc}", not_ready_kind(exc)) from exc
+        kind = not_ready_kind(exc)
+        why = f"sandbox {ask.sandbox}: {exc}"
+        if kind in ("namespace", "no_privilege"):  # the fix is another mode, or root
+            why += f" (cut_mode {ask.cut_mode!r}: {ask.cut_mode_reason})"
+        elif ask.mode == "gateway" and getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:
+            gateway = f" {ask.gateway}" if ask.gateway else ""
+            why += (
+                f" (the sandbox's gateway{gateway} is not an address of this host's namespace, "
+                "as with rootless podman: use mode='loopback', docs/user-guide.md#helper-mode)"
+            )
+        raise ExecutionNotReady(why, kind) from exc
     finally:
         proxy.heap.leave()
     why = "sandbox_replaced" if prior else "sandbox_added"
@@ -173,7 +186,27 @@ async def _open_and_cut(
     sandboxes: Sandboxes, ask: Preparation, tenant: Tenant, prior: Sandbox | None
 ) -> Execution:
     """Open (or reuse) the sandbox's listeners, then cut its namespace and prove the cut:
-    the execution is made only from a proven cut."""
+    the execution is made only from a proven cut. In helper mode with loopback listeners one
+    helper run does both: it opens the listeners inside the namespace and passes them back,
+    this loop serves them, then the same run cuts, probes and reports status (passing.py)."""
+    if ask.cut_mode != "helper" or ask.mode != "loopback":
+        return await _open_then_cut(sandboxes, ask, tenant, prior, None)
+    async with HelperCut(ask) as run:
+        held = [(li.kind, li.port) for li in sandboxes.leases.held(ask.sandbox)]
+        sandboxes.supply = await run.supply(prior, held)
+        try:
+            return await _open_then_cut(sandboxes, ask, tenant, prior, run)
+        finally:
+            sandboxes.supply.close()  # whatever a failure left unadopted
+
+
+async def _open_then_cut(
+    sandboxes: Sandboxes,
+    ask: Preparation,
+    tenant: Tenant,
+    prior: Sandbox | None,
+    run: HelperCut | None,
+) -> Execution:
     box = await sandboxes.bind(ask, tenant, prior)
     assert box.main is not None
     listeners = [box.main, *(box.forwarders[(r.host, r.port)] for r in ask.routes)]
@@ -198,6 +231,7 @@ async def _open_and_cut(
             redirect=redirect,
             cut_mode=ask.cut_mode,
             helper_image=ask.helper_image,
+            run=run,
         )
     finally:
         for li in extra:
@@ -241,6 +275,7 @@ def _execution(
         listeners=(*listeners, *extra),
         cut_mode=ask.cut_mode,
         helper_image=ask.helper_image,
+        cut_mode_reason=ask.cut_mode_reason,
     )
 
 

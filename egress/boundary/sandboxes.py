@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import secrets
+import socket
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..config import ClientSpec
 from ..policy.rules import FrameworkRoute, Policy
 from ..policy.target import bracket, join_host_port
 from ..proxy.core.clients import Identity, Leases
+from ..proxy.net.listener import ListenerKind, parse_listen
 from ..proxy.server import EgressProxy, Listener
 from .checks import Preparation
 from .execution import ExecutionNotReady, Mode, client_id_of
@@ -29,6 +31,7 @@ from .gateway import (
     inspected_sources,
     sandbox_sources,
 )
+from .passing import Role, Supply
 
 
 @dataclass(eq=False)
@@ -88,6 +91,39 @@ class Sandboxes:
             reg = _REGISTRIES[proxy] = _Registry()
         self.leases = reg.leases
         self.held = reg.sandboxes
+        # helper mode: the sockets a helper opened in the sandbox's namespace (passing.py)
+        self.supply: Supply | None = None
+
+    async def _adopt(self, role: Role, listener: Listener) -> Listener | None:
+        """Serve `listener` on the socket the helper passed for `role`; None when it passed
+        none (the listener is then opened here, as without a helper)."""
+        sock = self.supply.take(role) if self.supply is not None else None
+        if sock is None:
+            return None
+        try:
+            return await self.proxy.endpoints.open(listener, sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def _listen(
+        self,
+        listen: str,
+        netns: str | None,
+        role: Role,
+        *,
+        kind: ListenerKind = "http",
+        client: ClientSpec | None = None,
+    ) -> Listener:
+        """`proxy.add_listener`, on the helper's socket for `role` when it passed one."""
+        host, port = parse_listen(listen)
+        identity = Identity(client.client_id, client.policy) if client is not None else None
+        adopted = await self._adopt(role, Listener(host, port, netns, identity, kind=kind))
+        if adopted is None:
+            return await self.proxy.add_listener(listen, netns=netns, client=client, kind=kind)
+        if client is not None:
+            self.proxy.tenants.policy_applied(client.client_id, client.policy, "listener")
+        return adopted
 
     def get(self, sandbox: str) -> Sandbox | None:
         return self.held.get(sandbox)
@@ -116,9 +152,10 @@ class Sandboxes:
             if listener is None or dns is None:
                 assert identity is not None
                 fake_ips = FakeIPs()
-                listener = await self.proxy.add_listener(
+                listener = await self._listen(
                     f"127.0.0.1:{transparent[0]}",
-                    netns=netns,
+                    netns,
+                    ("transparent",),
                     kind="transparent",
                     client=ClientSpec(box.client_id, identity.policy),
                 )
@@ -130,14 +167,15 @@ class Sandboxes:
                     identity=identity,
                     fake_ips=fake_ips,
                     netns=netns,
+                    sockets=self._dns_sockets(),
                 )
                 self.leases.hold(box.key, dns)
             out += [listener, dns]
         if socks_port is not None:
             socks = held.get("socks5")
             if socks is None or socks.port not in (0, socks_port):
-                socks = await self.proxy.add_listener(
-                    join_host_port(box.main.host, socks_port), netns=netns, kind="socks5"
+                socks = await self._listen(
+                    join_host_port(box.main.host, socks_port), netns, ("socks",), kind="socks5"
                 )
                 self.leases.hold(box.key, socks)
             out.append(socks)
@@ -147,6 +185,18 @@ class Sandboxes:
             if old not in out and self.leases.let_go(box.key, old):
                 self.proxy.remove_listener(old)
         return out
+
+    def _dns_sockets(self) -> tuple[socket.socket, socket.socket] | None:
+        """The DNS responder's TCP and UDP sockets, when the helper passed them."""
+        if self.supply is None:
+            return None
+        tcp, udp = self.supply.take(("dns",)), self.supply.take(("dns",))
+        if tcp is None or udp is None:
+            for sock in (tcp, udp):
+                if sock is not None:
+                    sock.close()
+            return None
+        return tcp, udp
 
     def admit(self, ask: Preparation, prior: Sandbox | None) -> Tenant:
         """Who the sandbox will be (its client id and token kept from a previous prepare
@@ -233,6 +283,8 @@ class Sandboxes:
         """The host address the sandbox's listeners open on, and the namespace they open in
         (None: the proxy's own)."""
         if ask.mode == "loopback":
+            if self.supply is not None:  # the helper knows it: no runtime to ask
+                return "127.0.0.1", self.supply.netns
             return "127.0.0.1", await self._namespace_file(ask.sandbox)
         # once cut, the sandbox has no default route left to find the host by: keep the first
         known = prior.main.host if prior and prior.main else None
@@ -272,7 +324,7 @@ class Sandboxes:
                         return li
                     if not ours and li.identity is None and li.port == port:
                         return li  # the proxy's own listener: shared, never closed by a release
-        li = await self.proxy.add_listener(f"{bracket(host)}:{port}", netns=netns)
+        li = await self._listen(f"{bracket(host)}:{port}", netns, ("main",))
         self.leases.hold(box.key, li)
         return li
 
@@ -323,7 +375,14 @@ class Sandboxes:
         (docs/self.proxy.md#listening-inside-a-namespace-framework-route-forwarders). Free means
         neither one of our listeners there nor any other socket bound in the sandbox (a
         framework's own in-sandbox service, the agent's server), which only the bind itself can
-        tell (EADDRINUSE). The `Execution`'s `framework_urls` name the port chosen."""
+        tell (EADDRINUSE). The `Execution`'s `framework_urls` name the port chosen. A helper
+        made that choice itself when it opened the socket (passing.py)."""
+        dest = (route.host, route.port)
+        identity = Identity(cid, Policy(framework_routes=[route]))
+        passed = Listener(host, route.port, netns, identity, dest)
+        adopted = await self._adopt(("forward", *dest), passed)
+        if adopted is not None:
+            return adopted
         if route.port not in used:
             try:
                 return await self.proxy.add_forwarder(

@@ -18,8 +18,11 @@ framework route when it is one of the environment's `framework_routes`: reachabl
 URL's exact host and port only, instead of every port of the host.
 
 Two environments (pass their import path to `harbor trials start --env`):
-`EgressDockerEnvironment` (Harbor's docker environment without its sidecar) and
-`NamespaceEnvironment` (a network namespace and a private root, no container engine).
+`EgressDockerEnvironment` (Harbor's docker environment without its sidecar; works as a
+docker-group user: the cut, the transparent redirects and the sandbox's listeners come from
+netcut's helper then, docs/user-guide.md#helper-mode) and `NamespaceEnvironment` (a network
+namespace and a private root, no container engine; **root only**: it creates namespaces and
+enters them).
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ from harbor.environments.docker.docker import DockerEnvironment
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from ..boundary import Execution, prepare_execution, release_execution
+from ..boundary.choice import can_enter, own_caps
+from ..boundary.execution import CUT_MODE_CHOICES
 from ..boundary.plan import client_id_from
 from ..config import build_settings, load_policy_file
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
 from ..proxy.server import EgressProxy
 from ..proxy.telemetry.observe import ExecutionSummary
+from ..validate import as_choice
 from .nsbox import NamespaceBox
 from .shared import shared_proxy
 
@@ -188,19 +194,23 @@ class EgressNetworkPolicy:
 
 class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
     """Harbor's docker environment with egress in place of its gost sidecar: the main
-    container is cut with `netcut` (direct mode, entering its namespace from the host) and
-    served by the proxy on this process's event loop. Extra kwargs (`--ek`):
-    `egress_policy` (an evaluator policy file) and `framework_routes` (URLs)."""
+    container is cut with `netcut` and served by the proxy on this process's event loop.
+    As root, netcut enters its namespace (direct mode); as a docker-group user, one helper
+    container per phase change cuts it and opens its listeners, passing them back
+    (docs/user-guide.md#helper-mode). Extra kwargs (`--ek`): `egress_policy` (an evaluator
+    policy file), `framework_routes` (URLs), `cut_mode` (`auto`, `direct` or `helper`)."""
 
     def __init__(
         self,
         *args: Any,
         egress_policy: str | None = None,
         framework_routes: object = None,
+        cut_mode: str = "auto",
         **kwargs: Any,
     ) -> None:
         self._egress_evaluator = _evaluator(egress_policy)
         self._egress_routes = _routes(framework_routes)
+        self._egress_cut_mode = as_choice(cut_mode, "egress-docker cut_mode", CUT_MODE_CHOICES)
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -220,6 +230,7 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
             _client_id(self.session_id),
             evaluator=self._egress_evaluator,
             framework_routes=self._egress_routes,
+            prepare_args={"cut_mode": self._egress_cut_mode},
         )
         await self._enforce_startup_policy()
 
@@ -232,9 +243,11 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
 class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
     """A Harbor environment that is a network namespace plus a private root directory
     (`egress.integrations.nsbox`): no container engine, so it runs wherever `ip netns` and
-    `unshare` do. Kwargs (`--ek`): `netns` (an existing namespace, wired by the operator;
-    without it a new one with only loopback), `egress_policy`, `framework_routes`,
-    `root_dir`. The task's `environment/setup.sh`, if any, runs in it at start, online."""
+    `unshare` do. Root only (it creates and enters namespaces); a docker-group user runs
+    `EgressDockerEnvironment` instead. Kwargs (`--ek`): `netns` (an existing namespace,
+    wired by the operator; without it a new one with only loopback), `egress_policy`,
+    `framework_routes`, `root_dir`. The task's `environment/setup.sh`, if any, runs in it
+    at start, online."""
 
     def __init__(
         self,
@@ -267,6 +280,12 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
         return self._box
 
     async def start(self, force_build: bool) -> None:
+        if not can_enter(own_caps()):
+            raise PermissionError(
+                "egress-namespace needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN: it creates and "
+                "enters network namespaces); as a docker-group user use egress-docker "
+                "(docs/integrations.md#harbor)"
+            )
         if self._netns is None:
             self._netns = f"egh-{uuid.uuid4().hex[:10]}"
             await _run("ip", "netns", "add", self._netns)

@@ -71,6 +71,14 @@ class EgressSandboxConfig(BaseModel):  # type: ignore[misc]
     before setup too."""
     proxy_port: int = 3128
     allow_privileged: bool = False
+    mode: Literal["loopback", "gateway"] = "loopback"
+    """Where the sandbox reaches the proxy: its own loopback, or the host side of its
+    bridge (docs/user-guide.md#sandbox-lifecycle)."""
+    cut_mode: Literal["auto", "direct", "helper"] = "auto"
+    """How the sandbox is cut: `auto` chooses the helper when this process cannot enter
+    namespaces (a docker-group user), else direct mode (docs/user-guide.md#helper-mode)."""
+    helper_image: str | None = None
+    """netcut's helper image (default: assembled offline from this host's files)."""
 
     def policy(self) -> Policy:
         return Policy(allow=self.allow, block=self.block, default=self.default)
@@ -184,6 +192,9 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
                 proxy_port=self.config.proxy_port,
                 transparent=self.config.transparent,
                 allow_privileged=self.config.allow_privileged,
+                mode=self.config.mode,
+                cut_mode=self.config.cut_mode,
+                helper_image=self.config.helper_image,
             )
         except Exception as exc:
             self.failure = f"egress: sandbox {self.name!r} could not be cut: {exc}"

@@ -15,7 +15,10 @@ verifiers' `DockerRuntime` with that hook, and the cut, replaced:
 - Every exec (and a background server started during setup, by the planned environment)
   gets our proxy environment.
 - No image is pulled: verifiers' alpine/iptables helper is not needed for the cut, and its
-  in-container listener is opened with `setns` instead of a python helper container.
+  in-container listener is opened with `setns` (root) or, for a docker-group user, by
+  netcut's offline-built helper, which passes it back over a unix socket like verifiers'
+  own python helper does (docs/user-guide.md#helper-mode). `cut_mode` (default "auto")
+  chooses as `prepare_execution` does.
 
 `VerifiersBoundary` is that logic on its own, for a runtime of one's own (the tests run a
 namespace runtime with it). verifiers is imported only here.
@@ -36,7 +39,12 @@ from verifiers.v1.runtimes import docker as _docker_mod
 from verifiers.v1.runtimes.docker import DockerRuntime
 from verifiers.v1.runtimes.docker.egress import NetworkPolicy
 
-from ..boundary import Execution, prepare_execution, release_execution
+from netcut.helper.listeners import ListenSpec
+from netcut.targetref import parse_target
+
+from ..boundary import CutModeChoice, Execution, prepare_execution, release_execution
+from ..boundary.choice import choose
+from ..boundary.passing import listen_in_sandbox
 from ..boundary.plan import ExecutionPlan, client_id_from, plan_execution
 from ..policy.rules import Policy
 from ..policy.verifiers import from_verifiers
@@ -63,11 +71,15 @@ class VerifiersBoundary:
         in_sandbox: Callable[[str], bool] = lambda url: False,
         transparent: bool = False,
         proxy_port: int = 3128,
+        cut_mode: CutModeChoice = "auto",
+        helper_image: str | None = None,
     ) -> None:
         self._target = target
         self.policy = policy
         self.in_sandbox = in_sandbox
         self.transparent = transparent
+        self.cut_mode: CutModeChoice = cut_mode
+        self.helper_image = helper_image
         self.plan: ExecutionPlan = plan_execution(client_id, proxy_port=proxy_port)
         self.execution: Execution | None = None
 
@@ -97,6 +109,8 @@ class VerifiersBoundary:
             token=self.plan.token,
             proxy_port=self.plan.proxy_port,
             transparent=self.transparent,
+            cut_mode=self.cut_mode,
+            helper_image=self.helper_image,
         )
 
     def split_routes(self, routes: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -155,6 +169,8 @@ class EgressDockerRuntime(DockerRuntime):  # type: ignore[misc]
         host: Any = None,
         policy: Policy | None = None,
         transparent: bool = False,
+        cut_mode: CutModeChoice = "auto",
+        helper_image: str | None = None,
     ) -> None:
         super().__init__(config, name, host=host)
         chosen = policy if policy is not None else from_verifiers(config)
@@ -164,6 +180,8 @@ class EgressDockerRuntime(DockerRuntime):  # type: ignore[misc]
             client_id=client_id_from(self.name),
             in_sandbox=self._served_inside,
             transparent=transparent,
+            cut_mode=cut_mode,
+            helper_image=helper_image,
         )
 
     async def start(self) -> None:
@@ -174,9 +192,17 @@ class EgressDockerRuntime(DockerRuntime):  # type: ignore[misc]
             _starting.reset(token)
 
     async def _container_listener(self) -> socket.socket:
-        """verifiers' callback listener on the container's loopback, opened with setns
-        (verifiers passes one over a unix socket from a helper container instead)."""
-        path = namespace_path(f"{self.engine}:{self._container}")
+        """verifiers' callback listener on the container's loopback: opened with setns when
+        this process can enter the namespace, else by netcut's helper and passed back over a
+        unix socket (as verifiers' own helper does), in the mode `prepare_execution` will
+        use (egress.boundary.choice)."""
+        sandbox = f"{self.engine}:{self._container}"
+        how, _ = choose(self.egress.cut_mode, parse_target(sandbox))
+        if how == "helper":
+            spec = ListenSpec("tcp", "127.0.0.1", 0)
+            (sock,) = await listen_in_sandbox(sandbox, [spec], self.egress.helper_image)
+            return sock
+        path = namespace_path(sandbox)
         return listen_in_netns(path, "127.0.0.1", 0)
 
     def _served_inside(self, url: str) -> bool:

@@ -12,6 +12,7 @@ connection to the proxy.
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING
 
 from ..config import ClientSpec
@@ -42,13 +43,16 @@ class ListenerControl:
     def __init__(self, proxy: EgressProxy) -> None:
         self.proxy = proxy
 
-    async def open(self, listener: Listener) -> Listener:
+    async def open(self, listener: Listener, sock: socket.socket | None = None) -> Listener:
+        """Serve `listener` on `sock` when given (a socket a helper opened inside the
+        sandbox's namespace and passed back: docs/user-guide.md#helper-mode), else on one
+        opened here (inside `listener.netns` when set)."""
         backlog = self.proxy.backlog
-        if listener.netns:
+        if sock is None and listener.netns:
             sock = await listen_in_netns_async(
                 listener.netns, listener.host, listener.port, backlog=backlog
             )
-        else:
+        elif sock is None:
             sock = listen_socket(
                 listener.host, listener.port, backlog, reuse_port=self.proxy.reuse_port
             )

@@ -5,9 +5,12 @@ The image holds bash (as /bin/sh, so the probe can use /dev/tcp), `ip` and `ss` 
 `xtables-legacy-multi` as iptables-legacy/ip6tables-legacy with the whole xtables extension
 directory, `xtables-nft-multi` as iptables-nft-save (to read the nat rules an engine wrote with
 iptables-nft: Docker's DNS redirection), `timeout` and `stat`, each under /netcut/bin, plus
-every shared library `ldd` names for them, at the paths the host's loader uses. It is imported
-with `RUNTIME import` from a tar streamed on stdin. Its tag is `netcut-helper:<hash>`, where
-the hash covers the layout and the path, size and mtime of every source file: a host upgrade of
+every shared library `ldd` names for them, at the paths the host's loader uses; and a Python
+interpreter with the few standard library files it starts with (`-I -S`), which opens the
+sandbox's listeners and passes them back (helper/listeners.py,
+docs/netcut.md#listeners-from-the-helper). It is imported with `RUNTIME import` from a tar
+streamed on stdin. Its tag is `netcut-helper:<hash>`, where the hash covers the layout and the
+path, size and mtime of every source file: a host upgrade of
 iproute2 or iptables yields a new tag, the same host always finds its image again without
 reading the files.
 """
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from netcut.errors import TargetNotFound
 
 # Bump when the layout changes: it is part of the tag.
-LAYOUT_VERSION = "3"
+LAYOUT_VERSION = "4"
 BIN = "/netcut/bin"
 # tool in the image -> names to look for on the host's PATH
 _TOOLS = {
@@ -49,6 +52,7 @@ _LINKS = {
     "/bin/sh": f"{BIN}/bash",
     "/bin/bash": f"{BIN}/bash",
 }
+PYTHON = f"{BIN}/python3"  # a link to the interpreter's own path (python_files)
 _DIRS = ("/bin", "/etc", "/run", "/tmp", "/proc", "/sys", "/dev", BIN)
 BUILD_TIMEOUT_S = 300.0
 # Where distributions put libxtables' extensions (Debian: multiarch, package iptables).
@@ -61,9 +65,12 @@ class Sources:
 
     tools: dict[str, str]
     extensions: str  # the xtables extension directory, same path in the image
+    # the interpreter and its start-up files, each at its host path (helper/listeners.py)
+    python: tuple[str, ...] = ()
 
     def files(self) -> dict[str, str]:
         found = {f"{BIN}/{name}": path for name, path in self.tools.items()}
+        found.update({path: path for path in self.python})
         for path in sorted(glob.glob(os.path.join(self.extensions, "*.so"))):
             found[path] = path
         return found
@@ -98,7 +105,48 @@ def find_sources() -> Sources:
             "building the helper image needs the xtables extension directory"
             " (libxt_standard.so; Debian package: iptables)"
         )
-    return Sources(tools, dirs[0])
+    return Sources(tools, dirs[0], python_files())
+
+
+# The interpreter the helper runs its listener program with: the system's first (the same
+# for every user of the host, so they share one image), else this process's own.
+_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
+# What `python -I -S` imports from files at start-up (the rest is built in or frozen), and
+# the landmark it finds its prefix by.
+_PY_STARTUP = ("encodings/__init__.py", "encodings/aliases.py", "encodings/utf_8.py", "os.py")
+
+
+def python_files() -> tuple[str, ...]:
+    """The interpreter (its real path), its start-up files and, when `_socket` is not built
+    in, that one extension module: all the listener program needs (helper/listeners.py).
+    Empty when no interpreter answers: the image then opens no listeners."""
+    import sys
+
+    candidates = [*_PYTHONS, sys.executable]
+    for candidate in candidates:
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        exe = os.path.realpath(candidate)
+        probe = (
+            "import sys, sysconfig, _socket; print(sysconfig.get_path('stdlib'));"
+            " print(getattr(_socket, '__file__', ''))"
+        )
+        try:
+            done = subprocess.run(
+                [exe, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = done.stdout.splitlines()
+        if done.returncode != 0 or len(lines) < 2:
+            continue
+        stdlib, socket_so = lines[0], lines[1]
+        files = [exe, *(os.path.join(stdlib, f) for f in _PY_STARTUP)]
+        if socket_so:
+            files.append(socket_so)
+        if all(os.path.isfile(f) for f in files):
+            return tuple(files)
+    return ()
 
 
 def image_tag(sources: Sources | None = None) -> str:
@@ -134,7 +182,13 @@ def rootfs_tar(sources: Sources) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         made: set[str] = set()
-        for d in (*_DIRS, *sorted({os.path.dirname(p) for p in files})):
+        # the interpreter's second landmark (its exec prefix), a directory: helper/listeners.py
+        dynload = [os.path.join(os.path.dirname(sources.python[-1]), "lib-dynload")]
+        for d in (
+            *_DIRS,
+            *sorted({os.path.dirname(p) for p in files}),
+            *dynload[: len(sources.python) > 0],
+        ):
             _mkdirs(tar, d, made)
         for inside, host in sorted(files.items()):
             with open(host, "rb") as f:
@@ -142,7 +196,10 @@ def rootfs_tar(sources: Sources) -> bytes:
             info = _info(inside, tarfile.REGTYPE, 0o755)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        for inside, target in sorted(_LINKS.items()):
+        links = dict(_LINKS)
+        if sources.python:
+            links[PYTHON] = sources.python[0]
+        for inside, target in sorted(links.items()):
             info = _info(inside, tarfile.SYMTYPE, 0o777)
             info.linkname = target
             tar.addfile(info)

@@ -53,6 +53,7 @@ from netcut.helper.session import (
 )
 from netcut.plan.model import Keep, ProbeResult
 from netcut.plan.status import CutStatus
+from netcut.plan.transparent import Redirect
 from netcut.records import Store
 from netcut.resolve import (
     TargetRef,
@@ -277,11 +278,18 @@ def cut(
     allow_privileged: bool = False,
     dry_run: bool = False,
     probe_timeout: float = 1.0,
+    redirect: Redirect | None = None,
 ) -> CutResult:
     """The helper-mode twin of api.cut (same algorithm, result and errors). `force` is
-    accepted for symmetry: a container's namespace is never the host's."""
+    accepted for symmetry: a container's namespace is never the host's. `redirect`:
+    transparent mode (docs/netcut.md#transparent-mode), its nat rules written by the helper."""
     del force
     keeps, blocked = parse_keeps(keep), probe_targets(expect_blocked, "expect_blocked")
+    if redirect is not None and blocked:
+        raise InvalidInput(
+            "--expect-blocked cannot be probed in transparent mode: every TCP "
+            "connection is redirected to the proxy, which judges it"
+        )
     with _session(target, image) as (c, ex):
         return _cut_in(
             c,
@@ -292,6 +300,7 @@ def cut(
             allow_privileged=allow_privileged,
             dry_run=dry_run,
             probe_timeout=probe_timeout,
+            redirect=redirect,
         )
 
 
@@ -332,8 +341,12 @@ def _cut_in(
     allow_privileged: bool,
     dry_run: bool,
     probe_timeout: float,
+    redirect: Redirect | None = None,
+    expect_reachable: tuple[Keep, ...] = (),
 ) -> CutResult:
-    """The cut on an open session: the privilege rail from `inspect`, then flow.cut."""
+    """The cut on an open session: the privilege rail from `inspect`, then flow.cut.
+    `redirect` and `expect_reachable`: transparent mode and the listeners the helper opened
+    in the namespace (helper/listeners.py)."""
     findings = container_findings(c.info)
     if findings and not allow_privileged:  # a dry run too: it shows what the cut would do
         raise UnsafeTarget(
@@ -348,6 +361,8 @@ def _cut_in(
         probe,
         blocked,
         probe_timeout,
+        redirect,
+        expect_reachable,
         resolvers=_probed_resolvers(ex.nameservers),
         query_name=c.name,
     )
@@ -356,13 +371,17 @@ def _cut_in(
 
 
 @contextlib.contextmanager
-def _session(target: TargetRef, image: str | None) -> Iterator[tuple[_Container, HelperExecutor]]:
+def _session(
+    target: TargetRef, image: str | None, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[_Container, HelperExecutor]]:
     """The helper started first, the target inspected while it starts (one container run and
-    one inspect per operation, overlapped: docs/netcut.md#helper-mode)."""
+    one inspect per operation, overlapped: docs/netcut.md#helper-mode). `extra`: more `run`
+    options (helper/listeners.py's mount)."""
     if target.kind != "container":
         raise InvalidInput(f"{target}: helper mode needs --container")
     runtime = find_runtime(target.runtime)
     with HelperExecutor(runtime, target.value, image) as ex:
+        ex.extra = extra
         if is_ctr(runtime):  # its helper joins the task's namespace by PID: resolve first
             c = _Container(target, runtime)
             ex.netns, ex.namespace = f"/proc/{c.pid}/ns/net", c.namespace
@@ -413,3 +432,8 @@ def status(target: TargetRef, *, image: str | None = None) -> CutStatus:
     """Helper-mode twin of api.status."""
     with _session(target, image) as (c, ex):
         return flow.status(ex, c.store())
+
+
+# helper/run.py holds one session across the listeners it opens and the cut that follows
+open_session = _session
+cut_in_session = _cut_in

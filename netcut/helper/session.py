@@ -96,13 +96,15 @@ def helper_argv(
     *,
     netns: str | None = None,
     namespace: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
     """argv of the helper run: shares only the network namespace, holds NET_ADMIN and
     NET_RAW only, reads its commands from stdin. docker and podman join the container's
     namespace (`--network container:ID`); containerd's `ctr run` joins it by the path of the
     task's namespace file (`netns`, `--with-ns network:PATH`) in containerd namespace
     `namespace`, and, since it cannot unmask /proc/sys, gets the target's net sysctls bound
-    writable at /netcut/sys/net (resolved in the namespace it runs in)."""
+    writable at /netcut/sys/net (resolved in the namespace it runs in). `extra`: more `run`
+    options for docker and podman (helper/listeners.py's mount)."""
     caps = [arg for cap in CAPABILITIES for arg in ("--cap-add", cap)]
     if is_ctr(runtime):
         if netns is None or namespace is None:
@@ -142,6 +144,7 @@ def helper_argv(
         *caps,
         "--security-opt",
         unmask,
+        *extra,
         "--entrypoint",
         "/bin/sh",
         image,
@@ -211,6 +214,7 @@ class HelperExecutor:
         self.runs = 0  # containers started (the goal is one per operation)
         self.netns: str | None = None  # containerd: the task's namespace file
         self.namespace: str | None = None  # containerd: its namespace
+        self.extra: tuple[str, ...] = ()  # more `run` options (helper/listeners.py's mount)
 
     def __enter__(self) -> HelperExecutor:
         return self
@@ -247,7 +251,12 @@ class HelperExecutor:
     def _spawn(self, image: str) -> None:
         self.close()
         argv = helper_argv(
-            self.runtime, self.target, image, netns=self.netns, namespace=self.namespace
+            self.runtime,
+            self.target,
+            image,
+            netns=self.netns,
+            namespace=self.namespace,
+            extra=self.extra,
         )
         try:
             self.proc = subprocess.Popen(

@@ -104,16 +104,22 @@ async def open_dns(
     identity: Identity,
     fake_ips: FakeIPs,
     netns: str | None = None,
+    sockets: tuple[socket.socket, socket.socket] | None = None,
 ) -> Listener:
     """A DNS responder on `HOST:PORT` (UDP and TCP, inside `netns` if given) answering for
-    one sandbox. Port 0 picks a port free for both. Raises OSError / NamespaceError."""
+    one sandbox. Port 0 picks a port free for both. `sockets`: its TCP and UDP sockets,
+    already opened inside the sandbox's namespace by a helper (docs/user-guide.md#helper-mode).
+    Raises OSError / NamespaceError."""
     host, port = parse_listen(listen)
     proxy.reserve(str(fake_ips.network))
     listener = Listener(host, port, netns, identity, kind="dns", fake_ips=fake_ips)
-    listener = await proxy.endpoints.open(listener)  # TCP first: it fixes an ephemeral port
+    tcp, udp = sockets if sockets is not None else (None, None)
+    listener = await proxy.endpoints.open(listener, tcp)  # TCP first: it fixes an ephemeral port
     try:
         bound = listener.port
-        if netns:
+        if udp is not None:
+            sock = udp
+        elif netns:
             sock = await call_in_netns(netns, lambda: _udp_socket(host, bound))
         else:
             sock = _udp_socket(host, bound)
