@@ -28,7 +28,8 @@ import asyncio
 import shlex
 import tempfile
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,11 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy
 from ..boundary import Execution, prepare_execution, release_execution
 from ..boundary.plan import client_id_from
 from ..config import build_settings, load_policy_file
+from ..errors import PolicyError
+from ..policy.addrs import PRIVATE_NETWORKS
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
+from ..policy.target import IPAddress, IPNetwork
 from ..proxy.server import EgressProxy
 from ..proxy.telemetry.observe import ExecutionSummary
 from .nsbox import NamespaceBox
@@ -97,14 +101,17 @@ class HarborEgress:
         sandbox: str,
         client_id: str,
         *,
-        evaluator: Policy | None = None,
+        evaluator: Policy | EvaluatorFile | None = None,
         framework_routes: Sequence[str] = (),
         proxy: EgressProxy | None = None,
         prepare_args: dict[str, Any] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.client_id = client_id
-        self.evaluator = evaluator
+        self.file = evaluator if isinstance(evaluator, EvaluatorFile) else None
+        self.evaluator: Policy | None = (
+            evaluator.policy if isinstance(evaluator, EvaluatorFile) else evaluator
+        )
         self.framework_routes = list(framework_routes)
         self.prepare_args = dict(prepare_args or {})
         self.execution: Execution | None = None
@@ -112,8 +119,12 @@ class HarborEgress:
         self._proxy = proxy
 
     async def proxy(self) -> EgressProxy:
+        """The proxy, with the evaluator file's pins and reserved networks added (once)."""
         if self._proxy is None:
-            self._proxy = await shared_proxy()
+            proxy = await shared_proxy()
+            if self.file is not None:
+                self.file.apply_to(proxy)
+            self._proxy = proxy
         return self._proxy
 
     async def apply(self, network_policy: NetworkPolicy) -> None:
@@ -154,10 +165,55 @@ def _routes(value: object) -> list[str]:
     raise ValueError(f"framework_routes must be URLs (a list or comma-separated), not {value!r}")
 
 
-def _evaluator(path: object) -> Policy | None:
+@dataclass(frozen=True)
+class EvaluatorFile:
+    """An `egress_policy` file, every key of it: the evaluator `policy` (composed over each
+    phase's task policy), and what it sets for the whole proxy: `pins` (its `resolve`
+    table) and reserved networks (`reserve`, `reserve_private`). `[clients]` and `mode =
+    "report"` are refused by `load_evaluator` (docs/integrations.md#the-evaluator-file)."""
+
+    policy: Policy
+    pins: Mapping[str, tuple[IPAddress, ...]] = field(default_factory=dict)
+    reserve: tuple[IPNetwork, ...] = ()
+
+    def apply_to(self, proxy: EgressProxy) -> None:
+        """Add the file's pins and reserved networks to the (shared) proxy. They are the
+        proxy's, seen by every sandbox it serves: a name another environment pinned to
+        other addresses is a `PolicyError`, never a silent second answer."""
+        pins = proxy.resolver.pins
+        for name, addrs in self.pins.items():
+            have = pins.get(name)
+            if have is not None and set(have) != set(addrs):
+                shown = ", ".join(map(str, have))
+                raise PolicyError(
+                    f"egress_policy resolve {name!r}: the shared proxy already pins it to "
+                    f"{shown} (EGRESS_RESOLVE, configure_shared_proxy or another environment)"
+                )
+        pins.update(self.pins)
+        for net in self.reserve:
+            proxy.reserve(str(net))
+
+
+def load_evaluator(path: object) -> EvaluatorFile | None:
+    """The `egress_policy` file honoured in full, or a `PolicyError` naming the key that
+    cannot be (a per-sandbox environment is one client; compose keeps no report mode)."""
     if path is None:
         return None
-    return build_settings(load_policy_file(str(path))).policy
+    where = f"egress_policy {str(path)!r}"
+    data = load_policy_file(str(path))
+    if "clients" in data:
+        raise PolicyError(
+            f"{where}: [clients] tables are not supported by a Harbor environment (the sandbox "
+            "is the one client: put its rules at the top level)"
+        )
+    if data.get("mode", "enforce") != "enforce":
+        raise PolicyError(
+            f"{where}: mode = {data['mode']!r} is not supported by a Harbor environment (the "
+            "phase policy is enforced; use `egress check` to try a policy out)"
+        )
+    settings = build_settings(data, where=where)
+    reserve = settings.guard.extra + (PRIVATE_NETWORKS if settings.guard.reserve_private else ())
+    return EvaluatorFile(settings.policy, dict(settings.resolve), tuple(reserve))
 
 
 class EgressNetworkPolicy:
@@ -199,7 +255,7 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
         framework_routes: object = None,
         **kwargs: Any,
     ) -> None:
-        self._egress_evaluator = _evaluator(egress_policy)
+        self._egress_evaluator = load_evaluator(egress_policy)
         self._egress_routes = _routes(framework_routes)
         super().__init__(*args, **kwargs)
 
@@ -247,7 +303,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
     ) -> None:
         self._netns = netns
         self._own_netns = netns is None
-        self._egress_evaluator = _evaluator(egress_policy)
+        self._egress_evaluator = load_evaluator(egress_policy)
         self._egress_routes = _routes(framework_routes)
         self._root_dir = root_dir
         self._box: NamespaceBox | None = None

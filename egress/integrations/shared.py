@@ -6,7 +6,8 @@ it asks for the loop's one. Lifecycle (docs/integrations.md#the-shared-proxy):
 
 - `configure_shared_proxy(...)` says what the next shared proxy is built with (policy or
   settings, audit log path, pinned names, any other `EgressProxy` argument). Without it:
-  a deny-all proxy (every sandbox brings its own policy), auditing to `$EGRESS_AUDIT` if set.
+  a deny-all proxy (every sandbox brings its own policy), auditing to `$EGRESS_AUDIT` if set,
+  with the pins of `$EGRESS_RESOLVE` (`NAME=ADDR`, comma or space separated) if set.
 - The first `await shared_proxy()` on a loop builds and starts it (concurrent first calls
   share one start); later calls on that loop return it. It opens no listener of its own:
   every sandbox gets its own on its loopback from `prepare_execution`.
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit.log import AuditLog
-from ..config import Settings, resolve_pins
+from ..config import Settings, parse_resolve, resolve_pins
 from ..policy.rules import Policy
 from ..proxy.server import EgressProxy
 
@@ -102,14 +103,27 @@ async def close_shared_proxy() -> None:
     await shared.keeper.aclose()  # type: ignore[attr-defined]
 
 
+def env_pins() -> dict[str, list[str]] | None:
+    """`$EGRESS_RESOLVE`: `NAME=ADDR` pins separated by commas or spaces, for a framework
+    started from its own CLI (`harbor trials start`, `vf-eval`, `inspect eval`), where no
+    code of the user's calls `configure_shared_proxy`."""
+    text = os.environ.get("EGRESS_RESOLVE", "")
+    entries = text.replace(",", " ").split()
+    if not entries:
+        return None
+    pins = parse_resolve(entries, "EGRESS_RESOLVE")
+    return {name: [str(a) for a in addrs] for name, addrs in pins.items()}
+
+
 async def _start(config: _Config) -> _Shared:
     path = config.audit if config.audit is not None else os.environ.get("EGRESS_AUDIT") or None
+    resolve = config.resolve if config.resolve is not None else env_pins()
     log = AuditLog(path) if path else None
     if log is not None:
         await log.start()
     proxy = EgressProxy(
         config.policy or Policy(),
-        **{"listen": (), "audit": log, "resolve": config.resolve, **config.proxy_args},
+        **{"listen": (), "audit": log, "resolve": resolve, **config.proxy_args},
     )
     try:
         await proxy.start()
