@@ -1,0 +1,100 @@
+"""egress chosen where verifiers chooses runtimes (issue 31): verifiers' own config and a
+task's `network_allow` / `network_block`, on the documented path `agent.provision(task)`,
+yield egress's runtime once `install()` hooked verifiers' runtime lookup
+(docs/integrations.md#chosen-from-verifiers-config-and-cli). Before the hook, `provision`
+built verifiers' own `DockerRuntime`.
+
+If verifiers changes under the hook (a version outside `SUPPORTED`, a `make_runtime` that no
+longer calls `_runtime_cls`), `install()` raises `UnsupportedVerifiers` and these tests fail
+with its message: the hook is never silently bypassed.
+
+Topology: a fresh namespace per runtime (the namespace twin of `EgressDockerRuntime`: loopback
+only, made and deleted by the runtime); the proxy in verifiers' process reaches `upstream`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import harness
+from .frameworkvenv import framework_venv
+from servers import run, start_origin
+
+pytestmark = pytest.mark.netns
+HERE = Path(__file__).resolve().parent
+
+
+def _code(url: str) -> str:
+    return f"curl -s --max-time 5 -o /dev/null -w '%{{http_code}}' {url}"
+
+
+@pytest.mark.timeout(600)
+async def test_provision_yields_egress_runtime_with_the_task_lists(
+    test_host_factory: object, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    venv = framework_venv("verifiers", tmp_path_factory.getbasetemp())
+    upstream: harness.TestHost = test_host_factory()  # type: ignore[operator]
+    origin = await start_origin(upstream, 80)
+    up = upstream.addr_ns
+    spec = {
+        "audit": str(tmp_path / "audit.jsonl"),
+        "commands": [_code("http://allowed.test/a"), _code("http://blocked.test/b"),
+                     _code("http://other.test/c")],  # fmt: skip
+        "tasks": [
+            {"allow": ["allowed.test"], "block": []},
+            {"allow": ["*"], "block": ["blocked.test"]},
+        ],
+    }
+    pins = f"allowed.test={up},blocked.test={up},other.test={up}"
+    try:
+        rc, out, err = await run(
+            "env", f"EGRESS_RESOLVE={pins}", str(venv / "bin" / "python"),
+            str(HERE / "verifiers_select_run.py"), json.dumps(spec),
+            timeout=540, cwd=str(HERE),
+        )  # fmt: skip
+    finally:
+        await origin.close()
+    assert rc == 0, err[-3000:]
+    first, second = json.loads(out.strip().splitlines()[-1])
+    for result in (first, second):
+        assert result["runtime"] == "NamespaceRuntime", result
+        assert result["ok"], result["errors"]
+    # the task's allow list narrowed verifiers' "*": only allowed.test
+    assert (first["allow"], first["block"]) == (["allowed.test"], [])
+    assert first["outputs"] == ["200", "403", "403"], first
+    # the task's block list on top of "*"
+    assert (second["allow"], second["block"]) == (["*"], ["blocked.test"])
+    assert second["outputs"] == ["200", "403", "200"], second
+    assert [s.path for s in origin.seen] == ["/a", "/a", "/c"]
+    records = [json.loads(line) for line in Path(spec["audit"]).read_text().splitlines()]
+    assert {r["client_id"][:3] for r in records if r.get("method") == "GET"} == {"vf-"}
+
+
+def test_the_hook_fits_the_installed_verifiers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # the pinned range, the hook's target, and install / uninstall round trip; a docker
+    # config maps to EgressDockerRuntime by default
+    venv = framework_venv("verifiers", tmp_path_factory.getbasetemp())
+    script = (
+        "import verifiers, importlib.metadata as m\n"
+        "from verifiers.v1 import runtimes\n"
+        "from verifiers.v1.runtimes.docker import DockerConfig, DockerRuntime\n"
+        "from egress.integrations import verifiers_select as s\n"
+        "from egress.integrations.verifiers import EgressDockerRuntime, install, uninstall\n"
+        "assert runtimes._runtime_cls(DockerConfig()) is DockerRuntime\n"
+        "install()\n"
+        "assert runtimes._runtime_cls(DockerConfig()) is EgressDockerRuntime\n"
+        "assert runtimes.runtime_is_local(DockerConfig())\n"
+        "install()  # idempotent\n"
+        "uninstall()\n"
+        "assert runtimes._runtime_cls(DockerConfig()) is DockerRuntime\n"
+        "print(m.version('verifiers'), s.SUPPORTED)\n"
+    )
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("0.4.0 "), done.stdout
