@@ -42,8 +42,11 @@ async def test_provision_yields_egress_runtime_with_the_task_lists(
     up = upstream.addr_ns
     spec = {
         "audit": str(tmp_path / "audit.jsonl"),
-        "commands": [_code("http://allowed.test/a"), _code("http://blocked.test/b"),
-                     _code("http://other.test/c")],  # fmt: skip
+        "commands": [
+            _code("http://allowed.test/a"),
+            _code("http://blocked.test/b"),
+            _code("http://other.test/c"),
+        ],
         "tasks": [
             {"allow": ["allowed.test"], "block": []},
             {"allow": ["*"], "block": ["blocked.test"]},
