@@ -28,8 +28,7 @@ import asyncio
 import shlex
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +39,12 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from ..boundary import Execution, prepare_execution, release_execution
 from ..boundary.plan import client_id_from
-from ..config import build_settings, load_policy_file
-from ..errors import PolicyError
-from ..policy.addrs import PRIVATE_NETWORKS
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
-from ..policy.target import IPAddress, IPNetwork
 from ..proxy.server import EgressProxy
 from ..proxy.telemetry.observe import ExecutionSummary
 from .nsbox import NamespaceBox
-from .shared import shared_proxy
+from .shared import EvaluatorFile, load_evaluator, shared_proxy
 
 # What egress enforces of Harbor's capability flags. IPv6 entries are refused by Harbor
 # before start: a cut sandbox has no IPv6 at all, so an IPv6 allowlist entry could not be
@@ -163,57 +158,6 @@ def _routes(value: object) -> list[str]:
     if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
         return list(value)
     raise ValueError(f"framework_routes must be URLs (a list or comma-separated), not {value!r}")
-
-
-@dataclass(frozen=True)
-class EvaluatorFile:
-    """An `egress_policy` file, every key of it: the evaluator `policy` (composed over each
-    phase's task policy), and what it sets for the whole proxy: `pins` (its `resolve`
-    table) and reserved networks (`reserve`, `reserve_private`). `[clients]` and `mode =
-    "report"` are refused by `load_evaluator` (docs/integrations.md#the-evaluator-file)."""
-
-    policy: Policy
-    pins: Mapping[str, tuple[IPAddress, ...]] = field(default_factory=dict)
-    reserve: tuple[IPNetwork, ...] = ()
-
-    def apply_to(self, proxy: EgressProxy) -> None:
-        """Add the file's pins and reserved networks to the (shared) proxy. They are the
-        proxy's, seen by every sandbox it serves: a name another environment pinned to
-        other addresses is a `PolicyError`, never a silent second answer."""
-        pins = proxy.resolver.pins
-        for name, addrs in self.pins.items():
-            have = pins.get(name)
-            if have is not None and set(have) != set(addrs):
-                shown = ", ".join(map(str, have))
-                raise PolicyError(
-                    f"egress_policy resolve {name!r}: the shared proxy already pins it to "
-                    f"{shown} (EGRESS_RESOLVE, configure_shared_proxy or another environment)"
-                )
-        pins.update(self.pins)
-        for net in self.reserve:
-            proxy.reserve(str(net))
-
-
-def load_evaluator(path: object) -> EvaluatorFile | None:
-    """The `egress_policy` file honoured in full, or a `PolicyError` naming the key that
-    cannot be (a per-sandbox environment is one client; compose keeps no report mode)."""
-    if path is None:
-        return None
-    where = f"egress_policy {str(path)!r}"
-    data = load_policy_file(str(path))
-    if "clients" in data:
-        raise PolicyError(
-            f"{where}: [clients] tables are not supported by a Harbor environment (the sandbox "
-            "is the one client: put its rules at the top level)"
-        )
-    if data.get("mode", "enforce") != "enforce":
-        raise PolicyError(
-            f"{where}: mode = {data['mode']!r} is not supported by a Harbor environment (the "
-            "phase policy is enforced; use `egress check` to try a policy out)"
-        )
-    settings = build_settings(data, where=where)
-    reserve = settings.guard.extra + (PRIVATE_NETWORKS if settings.guard.reserve_private else ())
-    return EvaluatorFile(settings.policy, dict(settings.resolve), tuple(reserve))
 
 
 class EgressNetworkPolicy:

@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit.log import AuditLog
-from ..config import Settings, parse_resolve, resolve_pins
+from ..config import Settings, build_settings, load_policy_file, parse_resolve, resolve_pins
+from ..errors import PolicyError
+from ..policy.addrs import PRIVATE_NETWORKS
 from ..policy.rules import Policy
+from ..policy.target import IPAddress, IPNetwork
 from ..proxy.server import EgressProxy
 
 
@@ -146,3 +149,56 @@ async def _keep(proxy: EgressProxy, log: AuditLog | None) -> AsyncIterator[None]
         await proxy.stop()
         if log is not None:
             await log.aclose()
+
+
+@dataclass(frozen=True)
+class EvaluatorFile:
+    """An evaluator policy file (harbor's `egress_policy`, inspect's `policy_file`), every
+    key of it: the evaluator `policy` (composed over the task's), and what it sets for the
+    whole proxy: `pins` (its `resolve` table) and reserved networks (`reserve`,
+    `reserve_private`). `[clients]` and `mode = "report"` are refused by `load_evaluator`
+    (docs/integrations.md#the-evaluator-file)."""
+
+    policy: Policy
+    pins: Mapping[str, tuple[IPAddress, ...]] = field(default_factory=dict)
+    reserve: tuple[IPNetwork, ...] = ()
+
+    def apply_to(self, proxy: EgressProxy) -> None:
+        """Add the file's pins and reserved networks to the (shared) proxy. They are the
+        proxy's, seen by every sandbox it serves: a name another environment pinned to
+        other addresses is a `PolicyError`, never a silent second answer."""
+        pins = proxy.resolver.pins
+        for name, addrs in self.pins.items():
+            have = pins.get(name)
+            if have is not None and set(have) != set(addrs):
+                shown = ", ".join(map(str, have))
+                raise PolicyError(
+                    f"resolve {name!r}: the shared proxy already pins it to "
+                    f"{shown} (EGRESS_RESOLVE, configure_shared_proxy or another environment)"
+                )
+        pins.update(self.pins)
+        for net in self.reserve:
+            proxy.reserve(str(net))
+
+
+def load_evaluator(path: object, option: str = "egress_policy") -> EvaluatorFile | None:
+    """The evaluator file at `path` honoured in full, or a `PolicyError` naming `option` and
+    the key that cannot be (a per-sandbox environment is one client; compose keeps no
+    report mode)."""
+    if path is None:
+        return None
+    where = f"{option} {str(path)!r}"
+    data = load_policy_file(str(path))
+    if "clients" in data:
+        raise PolicyError(
+            f"{where}: [clients] tables are not supported for one sandbox (the sandbox "
+            "is the one client: put its rules at the top level)"
+        )
+    if data.get("mode", "enforce") != "enforce":
+        raise PolicyError(
+            f"{where}: mode = {data['mode']!r} is not supported for one sandbox (the "
+            "phase policy is enforced; use `egress check` to try a policy out)"
+        )
+    settings = build_settings(data, where=where)
+    reserve = settings.guard.extra + (PRIVATE_NETWORKS if settings.guard.reserve_private else ())
+    return EvaluatorFile(settings.policy, dict(settings.resolve), tuple(reserve))
