@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -156,15 +157,12 @@ def test_twin_recipes_import_real_names(tmp_path_factory: pytest.TempPathFactory
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
     ]
-    check = (
-        "import importlib, sys, json\nmissing = []\n"
-        + "".join(
-            f"if not hasattr(importlib.import_module({m!r}), {n!r}): missing.append({m + '.' + n!r})\n"
-            for m, n in imports
-        )
-        + "print(json.dumps(missing))\n"
-    )
-    proc = __import__("subprocess").run(
+    lines = ["import importlib, json", "missing = []"]
+    for module, name in imports:
+        found = f"hasattr(importlib.import_module({module!r}), {name!r})"
+        lines.append(f"if not {found}: missing.append({module + '.' + name!r})")
+    check = "\n".join([*lines, "print(json.dumps(missing))"])
+    proc = subprocess.run(
         [str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -101,3 +101,39 @@ def test_the_hook_fits_the_installed_verifiers(tmp_path_factory: pytest.TempPath
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("0.4.0 "), done.stdout
+
+
+@pytest.mark.timeout(600)
+async def test_vf_eval_selects_egress_from_its_own_cli(
+    test_host_factory: object, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # verifiers' own `vf-eval`, with nothing but its command line (the runtime is
+    # `--env.agent.runtime.type docker`) under the launcher; the task's network_allow decides
+    venv = framework_venv("verifiers", tmp_path_factory.getbasetemp())
+    upstream: harness.TestHost = test_host_factory()  # type: ignore[operator]
+    origin = await start_origin(upstream, 80)
+    up = upstream.addr_ns
+    audit, output = tmp_path / "audit.jsonl", tmp_path / "outputs.json"
+    commands = [_code("http://allowed.test/a"), _code("http://other.test/b")]
+    try:
+        rc, out, err = await run(
+            "env", f"PYTHONPATH={HERE}", f"EGRESS_AUDIT={audit}",
+            f"EGRESS_RESOLVE=allowed.test={up},other.test={up}",
+            f"SCRIPTED_COMMANDS={json.dumps(commands)}", f"SCRIPTED_OUTPUT={output}",
+            str(venv / "bin" / "python"), "-m", "egress.integrations.verifiers_select",
+            "--runtime", "namespace",
+            "vf-eval", "fetch_taskset", "--no-push", "-m", "scripted",
+            "--env.agent.harness.id", "scripted_harness", "--env.agent.runtime.type", "docker",
+            "-o", str(tmp_path / "runs"),
+            timeout=540, cwd=str(tmp_path),
+        )  # fmt: skip
+    finally:
+        await origin.close()
+    assert rc == 0, out[-2000:] + err[-3000:]
+    result = json.loads(output.read_text())
+    assert result == {"outputs": ["200", "403"], "runtime": "NamespaceRuntime"}, result
+    assert [s.path for s in origin.seen] == ["/a"]
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    records = [r for r in records if "decision" in r]
+    judged = {(r["host"], r["decision"]) for r in records if r.get("method") == "GET"}
+    assert judged == {("allowed.test", "allow"), ("other.test", "block")}, judged
