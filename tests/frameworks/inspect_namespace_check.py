@@ -28,10 +28,13 @@ async def main() -> None:
     try:
         ids = await box.exec(["sh", "-c", "id -u; grep CapBnd /proc/self/status; env"])
         out["exec"] = ids.stdout
-        await box.write_file("/tmp/setup-x", "#!/bin/sh\nid -u > done.txt\necho ran\n")
-        await box.exec(["chmod", "+x", "/tmp/setup-x"], user="root")
-        ran = await box.exec(["/tmp/setup-x"])
-        out["setup"] = [ran.returncode, ran.stdout.strip(), await box.read_file("done.txt")]
+        # a directory the write creates belongs to the user too: the script writes beside itself
+        script = "#!/bin/sh\nid -u > /tmp/inspect-x/done\necho ran\n"
+        await box.write_file("/tmp/inspect-x/setup", script)
+        await box.exec(["chmod", "+x", "/tmp/inspect-x/setup"], user="root")
+        ran = await box.exec(["/tmp/inspect-x/setup"])
+        done = await box.read_file("/tmp/inspect-x/done") if ran.returncode == 0 else ran.stderr
+        out["setup"] = [ran.returncode, ran.stdout.strip(), done]
         try:
             await box.write_file("../../etc/evil", "x")
             out["escape"] = "written"
