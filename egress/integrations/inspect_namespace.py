@@ -11,10 +11,11 @@ read-only. The safe defaults a user would otherwise write by hand:
 - **capabilities**: `CAP_NET_ADMIN`, `CAP_NET_RAW`, `CAP_SYS_ADMIN` are out of every
   process's bounding set (nothing in the box can undo the cut);
 - **environment**: `PATH` and `HOME` and what the caller passes, never the host's;
-- **files** written by inspect (the sample's `files`, its `setup` script in `/tmp`) belong
-  to `user`, so the setup script inspect writes and marks executable runs as that user
-  (inspect's own temporary directory is 0700, which made it fail as `nobody`); a path that
-  leaves the root (`..`, a link) is refused.
+- **files** written by inspect (the sample's `files`, its `setup` script in `/tmp`) and the
+  directories a write creates belong to `user`, so the setup script inspect writes and marks
+  executable runs as that user and can write beside itself (root's files, or a 0700 host
+  temporary directory, made it fail as `nobody`); a path that leaves the root (`..`, a link)
+  is refused.
 
 Root in a chroot is no filesystem security boundary: this isolates the network, for running
 and testing on one machine, not a jail for hostile code.
