@@ -19,7 +19,6 @@ runs verifiers' own CLI (`vf-eval`, `vf-debug`, ...) with the hook installed.
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -62,8 +61,8 @@ def check_verifiers() -> Any:
     from verifiers.v1 import runtimes
 
     found = getattr(runtimes, "_runtime_cls", None)
-    source = inspect.getsource(runtimes.make_runtime)
-    if not callable(found) or "_runtime_cls(" not in source:
+    code = getattr(runtimes.make_runtime, "__code__", None)  # no source needed
+    if not callable(found) or code is None or "_runtime_cls" not in code.co_names:
         raise UnsupportedVerifiers(
             f"verifiers {version}: make_runtime no longer looks runtimes up in _runtime_cls; "
             "egress's runtime hook cannot select its runtime"

@@ -95,12 +95,22 @@ def test_the_hook_fits_the_installed_verifiers(tmp_path_factory: pytest.TempPath
         "uninstall()\n"
         "assert runtimes._runtime_cls(DockerConfig()) is DockerRuntime\n"
         "print(m.version('verifiers'), s.SUPPORTED)\n"
+        # verifiers changed under the hook: refused loudly, never a silent fall-back
+        "real = runtimes.make_runtime\n"
+        "runtimes.make_runtime = lambda config, name=None: DockerRuntime(config, name)\n"
+        "try:\n    install()\nexcept s.UnsupportedVerifiers as exc:\n    print('changed:', exc)\n"
+        "runtimes.make_runtime = real\n"
+        "s.importlib.metadata.version = lambda name: '0.5.0'\n"
+        "try:\n    install()\nexcept s.UnsupportedVerifiers as exc:\n    print('version:', exc)\n"
+        "assert runtimes._runtime_cls(DockerConfig()) is DockerRuntime\n"
     )
     done = subprocess.run(
         [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("0.4.0 "), done.stdout
+    assert "changed: verifiers 0.4.0: make_runtime no longer looks runtimes up" in done.stdout
+    assert "version: verifiers 0.5.0 is not a version" in done.stdout
 
 
 @pytest.mark.timeout(600)
