@@ -307,4 +307,4 @@ async def _target(inner: SandboxEnvironment) -> str:
 
 
 # the namespace sandbox (`egress-netns`) registers itself with inspect on import
-from . import inspect_namespace as _inspect_namespace  # noqa: E402, F401
+from . import netns_sandbox as _netns_sandbox  # noqa: E402, F401

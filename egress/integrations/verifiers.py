@@ -248,12 +248,12 @@ async def egress_runtime(config: Any, **kwargs: Any) -> AsyncIterator[EgressDock
 # The namespace runtime and the runtime hook live in modules of their own (they import this
 # one); they are public here, loaded on first use.
 _LAZY = {
-    "NamespaceConfig": "verifiers_namespace",
-    "NamespaceRuntime": "verifiers_namespace",
-    "ImageNotSupported": "verifiers_namespace",
-    "install": "verifiers_select",
-    "uninstall": "verifiers_select",
-    "UnsupportedVerifiers": "verifiers_select",
+    "NamespaceConfig": "vf_runtime",
+    "NamespaceRuntime": "vf_runtime",
+    "ImageNotSupported": "vf_runtime",
+    "install": "vf_hook",
+    "uninstall": "vf_hook",
+    "UnsupportedVerifiers": "vf_hook",
 }
 
 

@@ -22,7 +22,7 @@ from inspect_ai.tool import bash
 
 import egress
 from egress.integrations.inspect import EgressSandboxConfig
-from egress.integrations.inspect_namespace import NamespaceSandboxConfig
+from egress.integrations.netns_sandbox import NamespaceSandboxConfig
 
 
 def main() -> None:

@@ -159,7 +159,7 @@ async def test_a_failed_cut_stops_every_exec(
 def test_namespace_sandbox_defaults(tmp_path_factory: pytest.TempPathFactory) -> None:
     venv = framework_venv("inspect", tmp_path_factory.getbasetemp())
     done = subprocess.run(
-        [str(venv / "bin" / "python"), str(HERE / "inspect_namespace_check.py")],
+        [str(venv / "bin" / "python"), str(HERE / "netns_sandbox_check.py")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

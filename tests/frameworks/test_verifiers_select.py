@@ -85,7 +85,7 @@ def test_the_hook_fits_the_installed_verifiers(tmp_path_factory: pytest.TempPath
         "import verifiers, importlib.metadata as m\n"
         "from verifiers.v1 import runtimes\n"
         "from verifiers.v1.runtimes.docker import DockerConfig, DockerRuntime\n"
-        "from egress.integrations import verifiers_select as s\n"
+        "from egress.integrations import vf_hook as s\n"
         "from egress.integrations.verifiers import EgressDockerRuntime, install, uninstall\n"
         "assert runtimes._runtime_cls(DockerConfig()) is DockerRuntime\n"
         "install()\n"
@@ -130,7 +130,7 @@ async def test_vf_eval_selects_egress_from_its_own_cli(
             "env", f"PYTHONPATH={HERE}", f"EGRESS_AUDIT={audit}",
             f"EGRESS_RESOLVE=allowed.test={up},other.test={up}",
             f"SCRIPTED_COMMANDS={json.dumps(commands)}", f"SCRIPTED_OUTPUT={output}",
-            str(venv / "bin" / "python"), "-m", "egress.integrations.verifiers_select",
+            str(venv / "bin" / "python"), "-m", "egress.integrations.vf_hook",
             "--runtime", "namespace",
             "vf-eval", "fetch_taskset", "--no-push", "-m", "scripted",
             "--env.agent.harness.id", "scripted_harness", "--env.agent.runtime.type", "docker",

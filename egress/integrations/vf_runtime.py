@@ -117,12 +117,11 @@ class NamespaceRuntime(SubprocessRuntime):  # type: ignore[misc]
     def _argv(self, argv: list[str], env: dict[str, str]) -> list[str]:
         """`argv` in the namespace as the user, capability-free, with only this environment."""
         merged = {"PATH": PATH, "HOME": "/tmp", **self.process_env(env), **self.egress.env()}
-        return [
-            "ip", "netns", "exec", self._namespace(), "/usr/bin/env", "-i",
-            *(f"{k}={v}" for k, v in merged.items()),
-            "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--", *argv,
-        ]  # fmt: skip
+        enter = ["ip", "netns", "exec", self._namespace(), "/usr/bin/env", "-i"]
+        env_args = [f"{k}={v}" for k, v in merged.items()]
+        ids = [f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups"]
+        caps = ["--inh-caps=-all", "--bounding-set=-all"]
+        return [*enter, *env_args, "setpriv", *ids, *caps, "--", *argv]
 
     async def run(self, argv: list[str], env: dict[str, str]) -> Any:
         return await super().run(self._argv(argv, env), {})

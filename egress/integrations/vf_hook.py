@@ -12,7 +12,7 @@ is checked: `install()` refuses a verifiers outside `SUPPORTED` or whose `make_r
 longer calls `_runtime_cls`, naming what changed, instead of silently building verifiers' own
 runtime (which would enforce verifiers' policy with verifiers' proxy, not ours).
 
-`python -m egress.integrations.verifiers_select [--runtime docker|namespace] vf-eval ARGS...`
+`python -m egress.integrations.vf_hook [--runtime docker|namespace] vf-eval ARGS...`
 runs verifiers' own CLI (`vf-eval`, `vf-debug`, ...) with the hook installed.
 """
 
@@ -73,7 +73,7 @@ def check_verifiers() -> Any:
 def _egress_runtime_cls(config: Any) -> type:
     """`_runtime_cls` with egress's runtimes for docker / podman configs (and ours)."""
     from .verifiers import EgressDockerRuntime, EgressPodmanRuntime
-    from .verifiers_namespace import NamespaceConfig, NamespaceRuntime
+    from .vf_runtime import NamespaceConfig, NamespaceRuntime
 
     kind = getattr(config, "type", None)
     if isinstance(config, NamespaceConfig):
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         args = args[2:]
     if not args:
         raise SystemExit(
-            "usage: python -m egress.integrations.verifiers_select "
+            "usage: python -m egress.integrations.vf_hook "
             "[--runtime docker|namespace] vf-eval|vf-debug|vf-validate ARGS..."
         )
     scripts = {e.name: e for e in importlib.metadata.entry_points(group="console_scripts")}
