@@ -6,7 +6,8 @@ set it the agent's WebSocket dialled directly and failed in the cut sandbox. Her
 clients in a cut sandbox get nothing but `execution.env` (plus PATH and the test CA), and no
 proxy argument: aiohttp's `ws_connect` over wss:// and ws://.
 
-Topology: `sandbox` and `upstream` are test hosts; the proxy in this process reaches the
+Runs in a user namespace of its own (docs/testing.md#which-tests-need-root). Topology:
+`sandbox` and `upstream` are test hosts; the proxy in this process reaches the
 upstream's WebSocket echo server (TLS on 443, plain on 80) over its own veth.
 """
 
@@ -24,16 +25,16 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from egress import EgressProxy, Policy, build_settings, prepare_execution, release_execution
-from egress.boundary import PROXY_ENV, agent_env
 from egress.proxy.net.netns import listen_in_netns
 
 import harness
+import userns
 from proxykit import MemoryAudit
 from servers import run
 
-pytestmark = pytest.mark.netns
+pytestmark = pytest.mark.userns
 
-AGENT = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+AGENT = userns.CAPLESS
 
 # Runs in the sandbox: one WebSocket round trip, configured by the environment alone.
 CLIENT = r"""
@@ -131,14 +132,6 @@ async def ws_client(scene: Scene, url: str) -> dict[str, object]:
     assert rc == 0, err
     result: dict[str, object] = json.loads(out)
     return result
-
-
-def test_every_scheme_and_case_names_the_proxy() -> None:
-    env = agent_env("http://c:t@127.0.0.1:3128", ["localhost", "localhost"])
-    for name in (*PROXY_ENV, "WS_PROXY", "WSS_PROXY"):
-        assert env[name] == env[name.lower()] == "http://c:t@127.0.0.1:3128"
-    assert env["NO_PROXY"] == env["no_proxy"] == "localhost"
-    assert env["NODE_USE_ENV_PROXY"] == "1"
 
 
 async def test_aiohttp_wss_from_the_environment_alone(scene: Scene) -> None:
