@@ -23,7 +23,11 @@ CUT_MODES = ("direct", "helper")
 # What `prepare_execution` takes: "auto" chooses by this process's privileges (choice.py)
 CutModeChoice = Literal["auto", "direct", "helper"]
 CUT_MODE_CHOICES = ("auto", "direct", "helper")
-PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+# Each set upper and lower case: which case and which scheme's name a client reads differs
+# (curl: `http_proxy` only; aiohttp: `WSS_PROXY` for wss://). docs/clients.md#the-agents-environment
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "WS_PROXY", "WSS_PROXY", "ALL_PROXY")
+# Node >= 22.21 / 24.5: built-in fetch and http(s).request read the variables only with it
+NODE_ENV = {"NODE_USE_ENV_PROXY": "1"}
 # Transparent mode's in-namespace ports (on the sandbox's own 127.0.0.1)
 TRANSPARENT_PORT = 15001
 DNS_PORT = 15053
@@ -129,12 +133,15 @@ def client_id_of(sandbox: str) -> str:
 
 
 def agent_env(proxy_url: str, no_proxy: Sequence[str]) -> dict[str, str]:
-    """HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY, upper and lower case."""
+    """The proxy variables every common client reads (PROXY_ENV and NO_PROXY, upper and
+    lower case, and Node's switch), so no client needs configuring by hand: which client
+    reads which is docs/clients.md#the-agents-environment."""
     env: dict[str, str] = {}
     for name in PROXY_ENV:
         env[name] = env[name.lower()] = proxy_url
     joined = ",".join(dict.fromkeys(no_proxy))
     env["NO_PROXY"] = env["no_proxy"] = joined
+    env.update(NODE_ENV)
     return env
 
 

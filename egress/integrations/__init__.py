@@ -6,6 +6,9 @@
 # - `egress.integrations.inspect`: an inspect-ai sandbox extension that wraps another sandbox,
 #   lets setup run online and cuts before the solver (`[inspect]`).
 # - `egress.integrations.harbor`: a harbor environment mixin for its network policy (`[harbor]`).
+# - `vf_runtime` (verifiers' `NamespaceRuntime`), `vf_hook` (`install()`: verifiers' own config
+#   builds egress's runtimes) and `netns_sandbox` (inspect's `egress-netns` sandbox), public
+#   through the framework's module (docs/integrations.md).
 #
 # Each framework is imported only by its own module, and only when that module is imported:
 # importing `egress` or this package never imports a framework. What they share lives in

@@ -44,14 +44,13 @@ from ..boundary import Execution, prepare_execution, release_execution
 from ..boundary.choice import can_enter, own_caps
 from ..boundary.execution import CUT_MODE_CHOICES
 from ..boundary.plan import client_id_from
-from ..config import build_settings, load_policy_file
 from ..policy.compose import compose, from_harbor
 from ..policy.rules import Policy, parse_framework_route
 from ..proxy.server import EgressProxy
 from ..proxy.telemetry.observe import ExecutionSummary
 from ..validate import as_choice
 from .nsbox import NamespaceBox
-from .shared import shared_proxy
+from .shared import EvaluatorFile, load_evaluator, shared_proxy
 
 # What egress enforces of Harbor's capability flags. IPv6 entries are refused by Harbor
 # before start: a cut sandbox has no IPv6 at all, so an IPv6 allowlist entry could not be
@@ -103,14 +102,17 @@ class HarborEgress:
         sandbox: str,
         client_id: str,
         *,
-        evaluator: Policy | None = None,
+        evaluator: Policy | EvaluatorFile | None = None,
         framework_routes: Sequence[str] = (),
         proxy: EgressProxy | None = None,
         prepare_args: dict[str, Any] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.client_id = client_id
-        self.evaluator = evaluator
+        self.file = evaluator if isinstance(evaluator, EvaluatorFile) else None
+        self.evaluator: Policy | None = (
+            evaluator.policy if isinstance(evaluator, EvaluatorFile) else evaluator
+        )
         self.framework_routes = list(framework_routes)
         self.prepare_args = dict(prepare_args or {})
         self.execution: Execution | None = None
@@ -118,8 +120,12 @@ class HarborEgress:
         self._proxy = proxy
 
     async def proxy(self) -> EgressProxy:
+        """The proxy, with the evaluator file's pins and reserved networks added (once)."""
         if self._proxy is None:
-            self._proxy = await shared_proxy()
+            proxy = await shared_proxy()
+            if self.file is not None:
+                self.file.apply_to(proxy)
+            self._proxy = proxy
         return self._proxy
 
     async def apply(self, network_policy: NetworkPolicy) -> None:
@@ -158,12 +164,6 @@ def _routes(value: object) -> list[str]:
     if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
         return list(value)
     raise ValueError(f"framework_routes must be URLs (a list or comma-separated), not {value!r}")
-
-
-def _evaluator(path: object) -> Policy | None:
-    if path is None:
-        return None
-    return build_settings(load_policy_file(str(path))).policy
 
 
 class EgressNetworkPolicy:
@@ -208,7 +208,7 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
         cut_mode: str = "auto",
         **kwargs: Any,
     ) -> None:
-        self._egress_evaluator = _evaluator(egress_policy)
+        self._egress_evaluator = load_evaluator(egress_policy)
         self._egress_routes = _routes(framework_routes)
         self._egress_cut_mode = as_choice(cut_mode, "egress-docker cut_mode", CUT_MODE_CHOICES)
         super().__init__(*args, **kwargs)
@@ -260,7 +260,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
     ) -> None:
         self._netns = netns
         self._own_netns = netns is None
-        self._egress_evaluator = _evaluator(egress_policy)
+        self._egress_evaluator = load_evaluator(egress_policy)
         self._egress_routes = _routes(framework_routes)
         self._root_dir = root_dir
         self._box: NamespaceBox | None = None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextvars
 import secrets
+from dataclasses import replace
 from typing import Any, Literal
 
 from inspect_ai.hooks import Hooks, SampleStart, hooks
@@ -45,8 +46,10 @@ from pydantic import BaseModel, ConfigDict
 
 from ..boundary import Execution, ExecutionNotReady, prepare_execution, release_execution
 from ..boundary.plan import client_id_from
+from ..config import parse_resolve
+from ..policy.compose import compose
 from ..policy.rules import Policy
-from .shared import shared_proxy
+from .shared import EvaluatorFile, load_evaluator, shared_proxy
 
 
 class EgressSandboxConfig(BaseModel):  # type: ignore[misc]
@@ -79,9 +82,29 @@ class EgressSandboxConfig(BaseModel):  # type: ignore[misc]
     namespaces (a docker-group user), else direct mode (docs/user-guide.md#helper-mode)."""
     helper_image: str | None = None
     """netcut's helper image (default: assembled offline from this host's files)."""
+    policy_file: str | None = None
+    """An evaluator policy file (docs/integrations.md#the-evaluator-file), composed over
+    `allow` / `block` / `default` (`egress.compose`: the task's lists can only narrow it);
+    its `resolve` pins and reserved ranges are added to the shared proxy."""
+    resolve: tuple[str, ...] = ()
+    """Pinned names, `NAME=ADDR`, added to the shared proxy (a clash is an error)."""
 
     def policy(self) -> Policy:
-        return Policy(allow=self.allow, block=self.block, default=self.default)
+        """The sample's policy: the lists, under the evaluator file if there is one."""
+        task = Policy(allow=self.allow, block=self.block, default=self.default)
+        file = self.evaluator()
+        return compose(file.policy, task) if file is not None else task
+
+    def evaluator(self) -> EvaluatorFile | None:
+        """The policy file with this config's own pins added (`PolicyError` as
+        `load_evaluator`, or for a malformed pin)."""
+        file = load_evaluator(self.policy_file, "policy_file")
+        pins = parse_resolve(list(self.resolve), "EgressSandboxConfig resolve")
+        if not pins:
+            return file
+        if file is None:
+            return EvaluatorFile(Policy(default="allow"), pins)
+        return replace(file, pins={**file.pins, **pins})
 
 
 # the sample's egress sandboxes waiting for the sample-start hook (a sample runs in one task,
@@ -183,10 +206,14 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         every later `exec` raise; with `fail` it is raised here too."""
         try:
             target = await _target(self.inner)
+            proxy = await shared_proxy()
+            file = self.config.evaluator()
+            if file is not None:
+                file.apply_to(proxy)
             self.execution = await prepare_execution(
                 target,
                 self.config.policy(),
-                await shared_proxy(),
+                proxy,
                 framework_routes=self.config.framework_routes,
                 client_id=client_id,
                 proxy_port=self.config.proxy_port,
@@ -288,3 +315,7 @@ async def _target(inner: SandboxEnvironment) -> str:
         f"(connection type {conn.type!r}); give it an `egress_target` attribute",
         "not_found",
     )
+
+
+# the namespace sandbox (`egress-netns`) registers itself with inspect on import
+from . import netns_sandbox as _netns_sandbox  # noqa: E402, F401

@@ -127,9 +127,11 @@ class NamespaceBox:
         env: dict[str, str] | None = None,
         user: str | int | None = None,
         timeout_sec: float | None = None,
+        input: bytes | None = None,
     ) -> BoxResult:
-        """Run `command` with `sh -c` inside the box (its root, namespaces, `env` only);
-        after `timeout_sec` the whole process group is killed and 124 returned, as `timeout(1)`."""
+        """Run `command` with `sh -c` inside the box (its root, namespaces, `env` only, `input`
+        on stdin); after `timeout_sec` the whole process group is killed and 124 returned, as
+        `timeout(1)`."""
         line = f"cd {shlex.quote(cwd)} && {command}"
         argv = [
             "nsenter",
@@ -152,14 +154,14 @@ class NamespaceBox:
         }
         proc = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if input is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env={**base, **(env or {})},
             start_new_session=True,
         )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_sec)
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout_sec)
         except (TimeoutError, asyncio.CancelledError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

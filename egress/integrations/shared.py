@@ -6,7 +6,8 @@ it asks for the loop's one. Lifecycle (docs/integrations.md#the-shared-proxy):
 
 - `configure_shared_proxy(...)` says what the next shared proxy is built with (policy or
   settings, audit log path, pinned names, any other `EgressProxy` argument). Without it:
-  a deny-all proxy (every sandbox brings its own policy), auditing to `$EGRESS_AUDIT` if set.
+  a deny-all proxy (every sandbox brings its own policy), auditing to `$EGRESS_AUDIT` if set,
+  with the pins of `$EGRESS_RESOLVE` (`NAME=ADDR`, comma or space separated) if set.
 - The first `await shared_proxy()` on a loop builds and starts it (concurrent first calls
   share one start); later calls on that loop return it. It opens no listener of its own:
   every sandbox gets its own on its loopback from `prepare_execution`.
@@ -30,8 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit.log import AuditLog
-from ..config import Settings, resolve_pins
+from ..config import Settings, build_settings, load_policy_file, parse_resolve, resolve_pins
+from ..errors import PolicyError
+from ..policy.addrs import PRIVATE_NETWORKS
 from ..policy.rules import Policy
+from ..policy.target import IPAddress, IPNetwork
 from ..proxy.server import EgressProxy
 
 
@@ -102,14 +106,27 @@ async def close_shared_proxy() -> None:
     await shared.keeper.aclose()  # type: ignore[attr-defined]
 
 
+def env_pins() -> dict[str, list[str]] | None:
+    """`$EGRESS_RESOLVE`: `NAME=ADDR` pins separated by commas or spaces, for a framework
+    started from its own CLI (`harbor trials start`, `vf-eval`, `inspect eval`), where no
+    code of the user's calls `configure_shared_proxy`."""
+    text = os.environ.get("EGRESS_RESOLVE", "")
+    entries = text.replace(",", " ").split()
+    if not entries:
+        return None
+    pins = parse_resolve(entries, "EGRESS_RESOLVE")
+    return {name: [str(a) for a in addrs] for name, addrs in pins.items()}
+
+
 async def _start(config: _Config) -> _Shared:
     path = config.audit if config.audit is not None else os.environ.get("EGRESS_AUDIT") or None
+    resolve = config.resolve if config.resolve is not None else env_pins()
     log = AuditLog(path) if path else None
     if log is not None:
         await log.start()
     proxy = EgressProxy(
         config.policy or Policy(),
-        **{"listen": (), "audit": log, "resolve": config.resolve, **config.proxy_args},
+        **{"listen": (), "audit": log, "resolve": resolve, **config.proxy_args},
     )
     try:
         await proxy.start()
@@ -132,3 +149,56 @@ async def _keep(proxy: EgressProxy, log: AuditLog | None) -> AsyncIterator[None]
         await proxy.stop()
         if log is not None:
             await log.aclose()
+
+
+@dataclass(frozen=True)
+class EvaluatorFile:
+    """An evaluator policy file (harbor's `egress_policy`, inspect's `policy_file`), every
+    key of it: the evaluator `policy` (composed over the task's), and what it sets for the
+    whole proxy: `pins` (its `resolve` table) and reserved networks (`reserve`,
+    `reserve_private`). `[clients]` and `mode = "report"` are refused by `load_evaluator`
+    (docs/integrations.md#the-evaluator-file)."""
+
+    policy: Policy
+    pins: Mapping[str, tuple[IPAddress, ...]] = field(default_factory=dict)
+    reserve: tuple[IPNetwork, ...] = ()
+
+    def apply_to(self, proxy: EgressProxy) -> None:
+        """Add the file's pins and reserved networks to the (shared) proxy. They are the
+        proxy's, seen by every sandbox it serves: a name another environment pinned to
+        other addresses is a `PolicyError`, never a silent second answer."""
+        pins = proxy.resolver.pins
+        for name, addrs in self.pins.items():
+            have = pins.get(name)
+            if have is not None and set(have) != set(addrs):
+                shown = ", ".join(map(str, have))
+                raise PolicyError(
+                    f"resolve {name!r}: the shared proxy already pins it to "
+                    f"{shown} (EGRESS_RESOLVE, configure_shared_proxy or another environment)"
+                )
+        pins.update(self.pins)
+        for net in self.reserve:
+            proxy.reserve(str(net))
+
+
+def load_evaluator(path: object, option: str = "egress_policy") -> EvaluatorFile | None:
+    """The evaluator file at `path` honoured in full, or a `PolicyError` naming `option` and
+    the key that cannot be (a per-sandbox environment is one client; compose keeps no
+    report mode)."""
+    if path is None:
+        return None
+    where = f"{option} {str(path)!r}"
+    data = load_policy_file(str(path))
+    if "clients" in data:
+        raise PolicyError(
+            f"{where}: [clients] tables are not supported for one sandbox (the sandbox "
+            "is the one client: put its rules at the top level)"
+        )
+    if data.get("mode", "enforce") != "enforce":
+        raise PolicyError(
+            f"{where}: mode = {data['mode']!r} is not supported for one sandbox (the "
+            "phase policy is enforced; use `egress check` to try a policy out)"
+        )
+    settings = build_settings(data, where=where)
+    reserve = settings.guard.extra + (PRIVATE_NETWORKS if settings.guard.reserve_private else ())
+    return EvaluatorFile(settings.policy, dict(settings.resolve), tuple(reserve))

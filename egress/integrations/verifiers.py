@@ -269,3 +269,24 @@ async def egress_runtime(config: Any, **kwargs: Any) -> AsyncIterator[EgressDock
         yield runtime
     finally:
         await runtime.stop()
+
+
+# The namespace runtime and the runtime hook live in modules of their own (they import this
+# one); they are public here, loaded on first use.
+_LAZY = {
+    "NamespaceConfig": "vf_runtime",
+    "NamespaceRuntime": "vf_runtime",
+    "ImageNotSupported": "vf_runtime",
+    "install": "vf_hook",
+    "uninstall": "vf_hook",
+    "UnsupportedVerifiers": "vf_hook",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)

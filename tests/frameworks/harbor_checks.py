@@ -6,22 +6,27 @@ first failure).
   own start-up validation accepts allowlist and no-network phases, and the compose project
   gets no sidecar (`_enable_egress_control` is what adds it);
 - Harbor itself refuses an IPv6 allowlist entry before start (a cut sandbox has no IPv6);
-- `phase_policy` turns the model host into a framework route and composes an evaluator.
+- `phase_policy` turns the model host into a framework route and composes an evaluator;
+- the `egress_policy` file is honoured in full (policy, `resolve` pins, `reserve`,
+  `reserve_private`) or refused naming the key (`[clients]`, `mode = "report"`).
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
+from ipaddress import ip_address
 from pathlib import Path
 
 from harbor.models.task.config import EnvironmentConfig, NetworkPolicy
 from harbor.models.trial.paths import TrialPaths
 
-from egress import Policy, make_target
+from egress import EgressProxy, Policy, PolicyError, make_target
 from egress.integrations.harbor import (
     EgressDockerEnvironment,
     NamespaceEnvironment,
+    load_evaluator,
     phase_policy,
 )
 
@@ -30,7 +35,7 @@ NONE = NetworkPolicy(network_mode="no-network")
 V6 = NetworkPolicy(network_mode="allowlist", allowed_hosts=["2001:db8::1"])
 
 
-def environment(cls: type, tmp: Path, phases: list[NetworkPolicy]) -> object:
+def environment(cls: type, tmp: Path, phases: list[NetworkPolicy], **kw: object) -> object:
     env_dir = tmp / "environment"
     env_dir.mkdir(exist_ok=True)
     (env_dir / "Dockerfile").write_text("FROM scratch\n")
@@ -42,6 +47,7 @@ def environment(cls: type, tmp: Path, phases: list[NetworkPolicy]) -> object:
         task_env_config=EnvironmentConfig(),
         network_policy=NetworkPolicy(),
         phase_network_policies=phases,
+        **kw,
     )
 
 
@@ -86,8 +92,48 @@ def check_phase_policy(_: Path) -> None:
     assert phase_policy(NONE, ["http://198.18.0.1:8089/v1"]).allow_rules == ()
 
 
+def check_evaluator_file(tmp: Path) -> None:
+    path = tmp / "evaluator.toml"
+    path.write_text(
+        'block = ["evil.test"]\ndefault = "allow"\n'
+        'resolve = {"allowed.test" = "198.18.0.7"}\nreserve = ["198.18.9.0/24"]\n'
+        "reserve_private = true\n"
+    )
+    file = load_evaluator(str(path))
+    assert file is not None
+    assert [r.text for r in file.policy.block_rules] == ["evil.test"]
+    for cls in (NamespaceEnvironment, EgressDockerEnvironment):
+        env = environment(cls, tmp, [ALLOW], egress_policy=str(path))
+        kept = env._egress_evaluator  # type: ignore[attr-defined]
+        assert (kept.pins, kept.reserve) == (file.pins, file.reserve), kept
+    proxy = EgressProxy(Policy(), resolve={"other.test": "198.18.0.8"})
+    file.apply_to(proxy)
+    assert [str(a) for a in proxy.resolver.pins["allowed.test"]] == ["198.18.0.7"]
+    guard = proxy.gate.guard
+    for addr in ("198.18.9.1", "10.1.2.3", "192.168.1.1"):
+        assert guard.check([ip_address(addr)]) is not None, addr  # reserved now
+    assert guard.check([ip_address("198.18.0.7")]) is None
+    file.apply_to(proxy)  # the same pins again: fine
+    clash = EgressProxy(Policy(), resolve={"allowed.test": "198.18.0.9"})
+    assert "already pins it to 198.18.0.9" in policy_error(lambda: file.apply_to(clash))
+    for text, key in (('[clients.a]\nallow = ["x.test"]\n', "[clients]"),
+                      ('mode = "report"\n', "mode = 'report'")):  # fmt: skip
+        path.write_text(text)
+        message = policy_error(lambda: load_evaluator(str(path)))
+        assert key in message, message
+
+
+def policy_error(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except PolicyError as exc:
+        return str(exc)
+    raise AssertionError(f"{call} raised no PolicyError")
+
+
 def main() -> None:
-    checks = [check_docker, check_namespace, check_ipv6_refused_by_harbor, check_phase_policy]
+    checks = [check_docker, check_namespace, check_ipv6_refused_by_harbor, check_phase_policy,
+              check_evaluator_file]  # fmt: skip
     for n, check in enumerate(checks, 1):
         with tempfile.TemporaryDirectory() as tmp:
             check(Path(tmp))

@@ -1,9 +1,11 @@
 """Run inspect-ai's own `eval()` with `mockllm/model` and a scripted agent, in the `egress`
-sandbox around the `netns` one (run in inspect's venv by test_inspect_integration.py).
+sandbox around the shipped `egress-netns` one (run in inspect's venv by
+test_inspect_integration.py).
 
 argv[1] is a JSON object: `ns` (the sandbox's namespace), `setup_url` (reached directly by
-the sample's setup script), `commands` (the agent's bash commands, in order), `audit` (the
-audit log path), `resolve` (pinned names), `allow`, `cut`. Prints one JSON object: each
+the sample's setup script, which inspect writes and runs as `nobody`), `commands` (the
+agent's bash commands, in order), `audit` (the audit log path), `resolve` (pins, as the
+config's `resolve`), `policy_file` (or null), `allow`, `cut`. Prints one JSON object: each
 command's output, the sample's error (if any) and the eval's status.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 
-import netns_sandbox  # noqa: F401  (registers the `netns` sandbox)
 from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
 from inspect_ai.model import ChatMessageTool, ModelOutput, ModelUsage, get_model
@@ -21,11 +22,12 @@ from inspect_ai.tool import bash
 
 import egress
 from egress.integrations.inspect import EgressSandboxConfig
+from egress.integrations.netns_sandbox import NamespaceSandboxConfig
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    egress.configure_shared_proxy(audit=spec["audit"], resolve=spec["resolve"])
+    egress.configure_shared_proxy(audit=spec["audit"])
     outputs = [
         ModelOutput.for_tool_call("mockllm/model", "bash", {"command": command})
         for command in spec["commands"]
@@ -46,7 +48,12 @@ def main() -> None:
         sandbox=(
             "egress",
             EgressSandboxConfig(
-                inner="netns", inner_config=spec["ns"], allow=spec["allow"], cut=spec["cut"]
+                inner="egress-netns",
+                inner_config=NamespaceSandboxConfig(netns=spec["ns"]),
+                allow=spec["allow"],
+                cut=spec["cut"],
+                policy_file=spec.get("policy_file"),
+                resolve=tuple(f"{k}={v}" for k, v in spec["resolve"].items()),
             ),
         ),
     )

@@ -14,7 +14,6 @@ and no model API, in `egress.integrations.harbor.NamespaceEnvironment` on real n
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -87,16 +86,22 @@ async def test_oracle_trial_in_a_namespace_environment(
     model_url = f"http://{upstream.addr_ns}:8089/v1"
     write_task(tmp_path / "task", direct, f"{upstream.addr_ns}:8089", mode)
     audit = tmp_path / "audit.jsonl"
-    pins = {name: upstream.addr_ns for name in ("allowed.test", "blocked.test")}
-    env = {**os.environ, "EGRESS_AUDIT": str(audit), "EGRESS_RESOLVE": json.dumps(pins)}
+    # the pins as a user of Harbor's CLI sets them: blocked.test from the environment,
+    # allowed.test from the evaluator file's `resolve` table (issue 31: it was dropped)
+    evaluator = tmp_path / "evaluator.toml"
+    evaluator.write_text(
+        f'default = "allow"\nblock = ["evil.test"]\n'
+        f'resolve = {{"allowed.test" = "{upstream.addr_ns}"}}\nreserve = ["198.19.254.0/24"]\n'
+    )
     try:
         rc, out, err = await run(
-            "env", *(f"{k}={v}" for k, v in env.items() if k.startswith("EGRESS_")),
-            str(venv / "bin" / "python"), str(HERE / "harbor_trial.py"), "trials", "start",
+            "env", f"EGRESS_AUDIT={audit}", f"EGRESS_RESOLVE=blocked.test={upstream.addr_ns}",
+            str(venv / "bin" / "harbor"), "trials", "start",
             "-p", str(tmp_path / "task"), "--agent", "oracle",
             "--env", "egress.integrations.harbor:NamespaceEnvironment",
             "--environment-kwarg", f"netns={sandbox.ns}",
             "--environment-kwarg", f"framework_routes={model_url}",
+            "--environment-kwarg", f"egress_policy={evaluator}",
             # Harbor adds the model host to a restricted agent policy (made an allowlist);
             # under no-network it stays no-network: the route alone is reachable
             *(["--allow-agent-host", upstream.addr_ns] if mode == "allowlist" else []),
@@ -178,9 +183,8 @@ async def test_startup_policy_holds_after_setup_for_the_whole_trial(
     audit = tmp_path / "audit.jsonl"
     try:
         rc, out, err = await run(
-            "env", f"EGRESS_AUDIT={audit}",
-            f"EGRESS_RESOLVE={json.dumps({'allowed.test': upstream.addr_ns})}",
-            str(venv / "bin" / "python"), str(HERE / "harbor_trial.py"), "trials", "start",
+            "env", f"EGRESS_AUDIT={audit}", f"EGRESS_RESOLVE=allowed.test={upstream.addr_ns}",
+            str(venv / "bin" / "harbor"), "trials", "start",
             "-p", str(task), "--agent", "oracle",
             "--env", "egress.integrations.harbor:NamespaceEnvironment",
             "--environment-kwarg", f"netns={sandbox.ns}",

@@ -1,15 +1,19 @@
 """inspect-ai's own `eval()` (inspect-ai 0.3.285, `mockllm/model`, a scripted agent calling
-inspect's `bash()` tool) in the `egress` sandbox around a namespace sandbox
-(`netns_sandbox.py`), in inspect's venv (issue 21, docs/integrations.md#inspect-ai).
+inspect's `bash()` tool) in the `egress` sandbox around the shipped namespace sandbox
+(`egress-netns`: commands as `nobody`, the sample's setup script included), with an
+evaluator policy file and pins from the config, in inspect's venv (issues 21 and 31,
+docs/integrations.md#inspect-ai).
 
 Topology: `sandbox` and `upstream` are test hosts; a direct veth joins them (the sample's
 setup goes that way, before the cut); the proxy, in inspect's process, reaches `upstream`
-through its own veth. Names are pinned to `upstream` (`configure_shared_proxy(resolve=)`).
+through its own veth. Names are pinned to `upstream` by the config's `resolve` and the
+evaluator file's.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -63,6 +67,11 @@ async def test_inspect_eval_in_an_egress_sandbox(
     venv = framework_venv("inspect", tmp_path_factory.getbasetemp())
     audit = tmp_path / "audit.jsonl"
     direct = scene.direct.addr_b
+    evaluator = tmp_path / "evaluator.toml"
+    evaluator.write_text(
+        f'default = "allow"\nblock = ["blocked.test"]\n'
+        f'resolve = {{"blocked.test" = "{scene.upstream.addr_ns}"}}\n'
+    )
     spec = {
         "ns": scene.sandbox.ns,
         "setup_url": f"http://{direct}/setup",
@@ -72,7 +81,9 @@ async def test_inspect_eval_in_an_egress_sandbox(
             _code(f"--noproxy '*' http://{direct}/direct"),
         ],
         "audit": str(audit),
-        "resolve": {"allowed.test": scene.upstream.addr_ns, "blocked.test": scene.upstream.addr_ns},
+        "resolve": {"allowed.test": scene.upstream.addr_ns},
+        # the evaluator file: blocks blocked.test and pins it (composed over `allow`)
+        "policy_file": str(evaluator),
         "allow": ["allowed.test"],
         "cut": "sample_start",
         "log_dir": str(tmp_path / "logs"),
@@ -99,6 +110,7 @@ async def test_inspect_eval_in_an_egress_sandbox(
         ("allowed.test", "allow"),
         ("blocked.test", "block"),
     ]
+    assert requests[1]["reason"] == "block_rule"  # the evaluator file's rule, not the default
     # the sample's id, epoch and uuid name the client
     assert all(r["client_id"].startswith("s1-1-") for r in requests), requests
     lifecycle = [r["reason"] for r in records if r.get("method") == "SANDBOX"]
@@ -142,3 +154,25 @@ async def test_a_failed_cut_stops_every_exec(
     assert "in use" in result["error"]
     assert result["tools"] == []  # the sample failed at the agent's first command
     assert [s.path for s in scene.origin.seen] == ["/setup"]  # never /direct
+
+
+def test_namespace_sandbox_defaults(tmp_path_factory: pytest.TempPathFactory) -> None:
+    venv = framework_venv("inspect", tmp_path_factory.getbasetemp())
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(HERE / "netns_sandbox_check.py")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    uid, capbnd, *env = out["exec"].splitlines()
+    assert uid == "65534"  # nobody
+    bounding = int(capbnd.split()[1], 16)
+    for cap in (12, 13, 21):  # CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN
+        assert not bounding & (1 << cap), capbnd
+    assert not any(line.startswith("EGRESS_HOST_SECRET=") for line in env), env
+    # inspect's setup sequence: written as root, chmod +x as root, run as the default user
+    assert out["setup"] == [0, "ran", "65534\n"], out
+    assert out["escape"] == "BoxError"
+    assert out["input"] == "stdin ok"
+    assert out["netns"].startswith("insp-")
+    assert not out["left"]

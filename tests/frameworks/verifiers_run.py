@@ -1,11 +1,7 @@
 """Run verifiers' own `Agent.run` (verifiers 0.4.0) with a scripted harness and no model API,
-in a namespace runtime whose execution boundary is `egress.integrations.verifiers`'s
-(run in verifiers' venv by test_verifiers_integration.py).
-
-The runtime is verifiers' `SubprocessRuntime` with every program run inside the test's
-network namespace as `nobody` without capabilities, and `prepare_execution` /
-the process environment delegated to `VerifiersBoundary`: the same object
-`EgressDockerRuntime` uses (docker is not what this machine's tests run).
+in the shipped `NamespaceRuntime` (every program in the test's network namespace as `nobody`
+without capabilities, the execution boundary `VerifiersBoundary`'s, as in
+`EgressDockerRuntime`); run in verifiers' venv by test_verifiers_integration.py.
 
 argv[1]: JSON with `ns`, `setup_url`, `commands`, `audit`, `resolve`, `config` (the
 runtime's NetworkPolicyConfig dump). Prints one JSON object.
@@ -22,45 +18,21 @@ import scripted_harness
 from verifiers.v1.agent import Agent
 from verifiers.v1.configs.agent import AgentConfig
 from verifiers.v1.configs.harness import HarnessConfig
-from verifiers.v1.configs.runtime import NetworkPolicyConfig
-from verifiers.v1.runtimes.subprocess import SubprocessConfig, SubprocessRuntime
+from verifiers.v1.runtimes.subprocess import SubprocessConfig
 from verifiers.v1.task import Task, TaskData
 
 import egress
-from egress.integrations.verifiers import VerifiersBoundary
+from egress.integrations.verifiers import NamespaceConfig, NamespaceRuntime
 
-AGENT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-         "--bounding-set=-all", "--"]  # fmt: skip
 PREPARED: list[object] = []
 
 
-class NetnsRuntime(SubprocessRuntime):
-    def __init__(self, config: NetworkPolicyConfig, ns: str) -> None:
-        super().__init__(SubprocessConfig())
-        self.ns = ns
-        self.egress = VerifiersBoundary(
-            ns, egress.from_verifiers(config), client_id=egress.client_id_from(self.name)
-        )
-
-    def _argv(self, argv: list[str], env: dict[str, str]) -> list[str]:
-        merged = {**self.process_env(env), **self.egress.env()}
-        envargs = [f"{k}={v}" for k, v in merged.items()]
-        return ["ip", "netns", "exec", self.ns, "/usr/bin/env", "-i", "PATH=/usr/bin:/bin",
-                "HOME=/tmp", *envargs, *AGENT, *argv]  # fmt: skip
-
-    async def run(self, argv: list[str], env: dict[str, str]) -> Any:
-        return await super().run(self._argv(argv, env), {})
-
-    async def open_process(self, argv: list[str], env: dict[str, str]) -> Any:
-        return await super().open_process(self._argv(argv, env), {})
+class RecordingRuntime(NamespaceRuntime):
+    """The shipped namespace runtime, recording what verifiers' rollout prepares."""
 
     async def prepare_execution(self, routes: list[str] | None) -> None:
         PREPARED.append(routes)
-        await self.egress.prepare(routes)
-
-    async def teardown(self) -> None:
-        await self.egress.release()
-        await super().teardown()
+        await super().prepare_execution(routes)
 
 
 class FetchTask(Task):
@@ -81,7 +53,7 @@ async def main() -> None:
     config = AgentConfig(
         model="scripted", harness=HarnessConfig(id="scripted_harness"), runtime=SubprocessConfig()
     )
-    runtime = NetnsRuntime(NetworkPolicyConfig(**SPEC["config"]), SPEC["ns"])
+    runtime = RecordingRuntime(NamespaceConfig(netns=SPEC["ns"], **SPEC["config"]))
     await runtime.start()
     try:
         async with Agent(config) as agent:

@@ -221,3 +221,19 @@ def test_shared_proxy_is_stopped_and_its_audit_flushed_when_asyncio_run_ends(
         timeout=60,
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+async def test_shared_proxy_pins_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a framework's own CLI (harbor trials start, vf-eval): no code to configure pins with
+    from egress import close_shared_proxy
+
+    monkeypatch.setenv("EGRESS_RESOLVE", "api.test=198.18.0.2, api.test=198.18.0.3 b.test=::1")
+    proxy = await shared_proxy()
+    try:
+        assert [str(a) for a in proxy.resolver.pins["api.test"]] == ["198.18.0.2", "198.18.0.3"]
+        assert [str(a) for a in proxy.resolver.pins["b.test"]] == ["::1"]
+    finally:
+        await close_shared_proxy()
+    monkeypatch.setenv("EGRESS_RESOLVE", "api.test")
+    with pytest.raises(PolicyError, match=r"EGRESS_RESOLVE 'api\.test': expected NAME=ADDR"):
+        await shared_proxy()
