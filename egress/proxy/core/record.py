@@ -51,6 +51,11 @@ def bound_fields(ev: dict[str, object]) -> dict[str, object]:
     return ev
 
 
+def _cut_path(path: str) -> str:
+    """A path as its record keeps it (`bounded`, no digest over a query)."""
+    return path if len(path) <= FIELD_LIMIT else bounded(path, query=True)
+
+
 def seconds_since(t0: int) -> float:
     """Seconds from `t0` (a `perf_counter_ns()` reading) to now."""
     return (perf_counter_ns() - t0) / 1e9
@@ -179,9 +184,8 @@ class AccessRecord:
         }
         if self.link:
             ev["id"] = self.link
-        path = self.path
-        if path is not None:
-            ev["path"] = path if len(path) <= FIELD_LIMIT else bounded(path, query=True)
+        if self.path is not None:
+            ev["path"] = _cut_path(self.path)
         if self.identified:
             ev["client_id"] = self.client_id
         if self.policy is not None:
@@ -232,20 +236,23 @@ class AccessRecord:
             ev["rule"] = rule
         if self.status is None and status is not None:
             ev["status"] = status
-        if detail is None:
-            detail = self.detail
-        elif would is not None and self.detail is not None and detail != self.detail:
-            detail = f"{self.detail}; then: {detail}"
+        detail = self._detail(detail, would)
         if detail is not None:
             ev["detail"] = detail
         if self.count is not None:
             ev["count"] = self.count
-        if admitted and detail is None and self.sni is None:
-            # an admitted destination is a canonical name (at most 253 characters) or an
-            # address, and its path was cut above: nothing else here is the agent's length
-            # (a kept-alive request skips the scan: test_calls_per_request.py)
-            return ev
-        return bound_fields(ev)
+        # an admitted destination is canonical (at most 253 characters), its path cut above:
+        # only a refusal, a detail or an SNI carries more of the agent's length
+        plain = admitted and detail is None and self.sni is None
+        return ev if plain else bound_fields(ev)
+
+    def _detail(self, detail: str | None, would: str | None) -> str | None:
+        """The record's `detail`: the one given, after a report-only refusal's own."""
+        if detail is None:
+            return self.detail
+        if would is not None and self.detail is not None and detail != self.detail:
+            return f"{self.detail}; then: {detail}"
+        return detail
 
 
 # a DNS answer's rcode, as the record spells it (RFC 1035 and RFC 6895 mnemonics)
