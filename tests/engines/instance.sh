@@ -9,7 +9,7 @@
 #   NETCUT_CI_BRIDGES  prefix of the run's bridges PREFIXdock0 (docker's default network),
 #                      PREFIXdnet0 (docker's nc-ci), PREFIXpod0 (podman's)     (default nc)
 #   NETCUT_CI_NET      N: the run's four /24s are 198.19.N.0 (docker's default network),
-#                      N+1 (nc-ci), N+2 (podman's), N+3 (containerd's veths); N in 240..252,
+#                      N+1 (nc-ci), N+2 (podman's), N+3 (containerd's veths); N in 240..250,
 #                      inside 198.19.240.0/20                                   (default 250)
 # shellcheck shell=bash
 RUN_DIR="${NETCUT_CI_RUN:-/run/netcut-ci}"
@@ -27,8 +27,8 @@ instance_error() { echo "engines: $*" >&2; exit 2; }
 # PREFIXdnet0 is a link name (at most 15 characters)
 [[ "$CI_BRIDGES" =~ ^[a-z][a-z0-9]{0,9}$ ]] ||
     instance_error "NETCUT_CI_BRIDGES=$CI_BRIDGES: lowercase letters and digits, at most 10"
-[[ "$CI_NET" =~ ^[0-9]{3}$ ]] && ((CI_NET >= 240 && CI_NET <= 252)) ||
-    instance_error "NETCUT_CI_NET=$CI_NET: a number from 240 to 252 (198.19.N.0/24 and the next three)"
+[[ "$CI_NET" =~ ^[0-9]{3}$ ]] && ((CI_NET >= 240 && CI_NET <= 250)) ||
+    instance_error "NETCUT_CI_NET=$CI_NET: a number from 240 to 250 (198.19.N.0/24 and the next three; 198.19.254.0/24 is the boundary tests')"
 
 DOCKER_BRIDGE="${CI_BRIDGES}dock0"
 DOCKER_ADDR="198.19.$CI_NET.1"
