@@ -71,13 +71,14 @@ while read -r link; do
     ip link show "$link" >/dev/null 2>&1 && ip link del "$link"
 done < <(cat "$RUN_DIR/bridges" 2>/dev/null)
 # The traverse ACL entries, the subordinate id ranges, then the user and group up.sh added.
-# (a directory that had no ACL beyond its mode bits gets none again: removing the entry
-# alone would leave the mask entry up.sh's made)
+# (a directory that had no ACL beyond its mode bits gets none again once no other named
+# entry is left, another run's say: removing the entry alone would leave the mask entry)
 while read -r kind dir; do
-    case "$kind" in
-        minimal) setfacl -b "$dir" ;;
-        extended) setfacl -x "u:$user_uid" "$dir" ;;
-    esac
+    [[ -n "${user_uid:-}" && -e "$dir" ]] || continue
+    setfacl -x "u:$user_uid" "$dir" 2>/dev/null
+    if [[ "$kind" == minimal ]] && ! getfacl -cp "$dir" 2>/dev/null | grep -qE '^(user|group):[^:]+:'; then
+        setfacl -b "$dir"
+    fi
 done < <(cat "$RUN_DIR/acl" 2>/dev/null)
 for file in subuid subgid; do
     while IFS=: read -r name start count; do

@@ -5,8 +5,10 @@
 #
 #   leftovers.sh                 what an earlier run left
 #   leftovers.sh --record FILE   the same, and record the machine's podman state in FILE
+#                                and its bridges (not the run's) in FILE.bridges
 #   leftovers.sh --since FILE    the same, and what was created or changed in the machine's
-#                                podman state since FILE was recorded
+#                                podman state since FILE was recorded, and each of the
+#                                machine's bridges deleted or re-addressed since
 #
 # The machine's podman state (podman's default store and blob info cache /var/lib/containers,
 # libcni's /var/lib/cni, the short-name alias cache /var/cache/containers, runc's /run/runc)
@@ -31,12 +33,31 @@ machine_state() {  # one line per file or directory under the machine's podman p
         [[ -e "$path" ]] && find "$path" \( -type d -printf 'd - %p\n' \) -o -printf '%y %s:%T@ %p\n'
     done | sort
 }
+machine_bridges() {  # "NAME IPV4-ADDRESSES" of every bridge that is not one of the run's
+    local link addrs v4 addr
+    ip -br addr show type bridge 2>/dev/null | while read -r link _ addrs; do
+        [[ " ${CI_BRIDGE_NAMES[*]} " == *" $link "* ]] && continue
+        v4=-
+        for addr in $addrs; do [[ "$addr" == *.* ]] && v4="${v4#-} $addr"; done
+        echo "$link ${v4# }"
+    done | sort
+}
 case "${1:-}" in
---record) machine_state >"$2" ;;
+--record)
+    machine_state >"$2"
+    machine_bridges >"$2.bridges"
+    ;;
 --since)
     while read -r _ _ path; do
         say "$path (created or changed during the run: podman's machine-wide state)"
     done < <(comm -13 "$2" <(machine_state))
+    # The machine's bridges (its own docker0 among them) as they were: none deleted or
+    # re-addressed by the run.
+    while read -r link addrs; do
+        now=$(machine_bridges | awk -v l="$link" '$1 == l { $1 = ""; sub(/^ /, ""); print }')
+        [[ "$now" == "$addrs" ]] ||
+            say "bridge $link (the machine's) was ${addrs}, is now ${now:-gone}: the run changed it"
+    done <"$2.bridges"
     ;;
 esac
 
