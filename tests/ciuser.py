@@ -104,7 +104,7 @@ def load(run_dir: str | None = None) -> CiUser | str:
         return f"no engine run with a user in {run_dir} (tests/engines/up.sh): {exc}"
     name, group = run_env.get("NETCUT_CI_USER"), run_env.get("NETCUT_CI_GROUP")
     if not name or not group:
-        return f"{run_dir}/env names no user (an engine run from before tests/engines/up.sh made one)"
+        return f"{run_dir}/env names no user (a run of an up.sh that made none)"
     try:
         pw, gr = pwd.getpwnam(name), grp.getgrnam(group)
     except KeyError as exc:

@@ -1,6 +1,7 @@
 """The engine run's unprivileged user (tests/ciuser.py) is real: not root, no capabilities,
 docker only through the group that owns the run's socket, rootless podman with slirp4netns,
-and no way into a container's network namespace (docs/testing.md#tests-as-the-runs-unprivileged-user).
+and no way into a container's network namespace
+(docs/testing.md#tests-as-the-runs-unprivileged-user).
 
 Other tests build on this user to prove the unprivileged paths; these prove the user is what
 a framework user is, so that a pass there means something."""
@@ -13,9 +14,9 @@ import socket
 import stat
 
 import pytest
+from enginelib import BOX, sh
 
 from ciuser import CiUser
-from enginelib import BOX, sh
 
 # As the user: a container's network namespace, opened and then entered (setns, ctypes: the
 # checkout's Python is 3.11, before os.setns); prints "open ERRNO" or "setns ERRNO" or "ok".
@@ -43,13 +44,14 @@ def test_the_user_is_unprivileged_and_runs_this_checkout(ci_user: CiUser) -> Non
     assert ids.stdout.strip() == str(ci_user.uid)
     done = ci_user.python(
         "import os, netcut\n"
-        "status = dict(line.split(':\\t') for line in open('/proc/self/status').read().splitlines())\n"
+        "lines = open('/proc/self/status').read().splitlines()\n"
+        "status = dict(line.split(':\\t') for line in lines)\n"
         "print(os.getuid(), os.geteuid(), status['CapEff'], status['CapPrm'], netcut.__file__)"
     )
     assert done.returncode == 0, done.stderr
     uid, euid, eff, prm, where = done.stdout.split()
     assert (int(uid), int(euid)) == (ci_user.uid, ci_user.uid)
-    assert int(eff, 16) == 0 and int(prm, 16) == 0, "the user's process holds capabilities"
+    assert (int(eff, 16), int(prm, 16)) == (0, 0), "the user's process holds capabilities"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert where.startswith(os.path.dirname(repo)), f"netcut imported from {where}"
 
@@ -112,7 +114,8 @@ def test_the_user_runs_rootless_podman_on_slirp4netns(ci_user: CiUser) -> None:
         logs = ci_user.run(["podman", "logs", name]).stdout.split("\n")
         assert logs[0].split() == ["0", str(ci_user.uid), "1"]
         assert logs[1].split() == ["1", start, count]
-        assert "tap0" in logs[2] and " 10.0.2." in logs[2], logs[2]
+        assert logs[2].split()[1] == "tap0", logs[2]
+        assert " 10.0.2." in logs[2], logs[2]
         # the container's process is the user's own; its namespace opens but cannot be entered
         pid = ci_user.run(["podman", "inspect", "-f", "{{.State.Pid}}", name]).stdout.strip()
         assert os.stat(f"/proc/{pid}").st_uid == ci_user.uid

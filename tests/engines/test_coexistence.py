@@ -27,7 +27,8 @@ ip link set docker0 up
 state() { echo "$1: docker0 $(ip -4 -o addr show dev docker0 2>&1 | awk '{ print $4 }')"; }
 trap '"$ENGINES/down.sh" >/dev/null 2>&1' EXIT
 "$ENGINES/leftovers.sh" --record "$RECORD" || echo "record: dirty"
-"$ENGINES/up.sh" 2>"$RECORD.up" || { echo "up: failed"; cat "$RECORD.up" "$NETCUT_CI_RUN"/dockerd.log; }
+"$ENGINES/up.sh" 2>"$RECORD.up" ||
+    { echo "up: failed"; cat "$RECORD.up" "$NETCUT_CI_RUN"/dockerd.log; }
 state after-up
 # the run's unprivileged user reaches the run's docker (and so the run's docker works)
 read -r uid gid <"$NETCUT_CI_RUN/user.ids"
@@ -76,7 +77,8 @@ def test_a_run_leaves_the_machines_docker0_alone(tmp_path: object) -> None:
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
     out = done.stdout
-    assert "record: dirty" not in out and "up: failed" not in out, out + done.stderr
+    assert "record: dirty" not in out, out + done.stderr
+    assert "up: failed" not in out, out + done.stderr
     assert "after-up: docker0 172.17.0.1/16\n" in out, out + done.stderr
     assert "user-docker: ok" in out, out + done.stderr
     assert "after-down: docker0 172.17.0.1/16\n" in out, out + done.stderr
