@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import pathlib
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 
@@ -86,3 +89,19 @@ def run_as_user(
     """`run_as_user(argv, input=..., env=..., cwd=..., timeout=..., groups=...)`, which is
     `ci_user.run`: argv run as the run's user, a CompletedProcess (text, captured)."""
     return ci_user.run
+
+
+_user_dirs = itertools.count(1)
+
+
+@pytest.fixture
+def ci_user_tmp(ci_user: ciuser.CiUser) -> Iterator[pathlib.Path]:
+    """A fresh directory the run's user owns (0700, in its home: pytest's tmp_path is under
+    root's 0700 /tmp/pytest-of-root), e.g. for NETCUT_STATE_DIR; removed after the test."""
+    path = pathlib.Path(ci_user.home, f"tmp-{os.getpid()}-{next(_user_dirs)}")
+    path.mkdir(mode=0o700)
+    os.chown(path, ci_user.uid, ci_user.gid)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import socket
 import stat
 
@@ -37,7 +38,9 @@ def _name(tag: str) -> str:
     return f"nc-u{os.getpid()}-{tag}"
 
 
-def test_the_user_is_unprivileged_and_runs_this_checkout(ci_user: CiUser) -> None:
+def test_the_user_is_unprivileged_and_runs_this_checkout(
+    ci_user: CiUser, ci_user_tmp: pathlib.Path
+) -> None:
     assert ci_user.uid != 0
     ids = ci_user.run(["id", "-u"])
     assert ids.returncode == 0, ids.stderr
@@ -52,8 +55,13 @@ def test_the_user_is_unprivileged_and_runs_this_checkout(ci_user: CiUser) -> Non
     uid, euid, eff, prm, where = done.stdout.split()
     assert (int(uid), int(euid)) == (ci_user.uid, ci_user.uid)
     assert (int(eff, 16), int(prm, 16)) == (0, 0), "the user's process holds capabilities"
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    assert where.startswith(os.path.dirname(repo)), f"netcut imported from {where}"
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert where == os.path.join(checkout, "netcut", "__init__.py")
+    # it writes where it owns, not in the checkout
+    assert ci_user.run(["touch", f"{ci_user_tmp}/mine"]).returncode == 0
+    assert (ci_user_tmp / "mine").stat().st_uid == ci_user.uid
+    denied = ci_user.run(["touch", f"{checkout}/nc-user-was-here"])
+    assert "Permission denied" in denied.stderr, denied.stderr
 
 
 @pytest.mark.engine("docker")
