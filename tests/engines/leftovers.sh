@@ -102,7 +102,8 @@ for path in "$checkout" "$checkout"/.venv*/bin/python "$checkout"/.venv-framewor
     done
 done | sort -u | while read -r dir; do
     getfacl -pn "$dir" 2>/dev/null | while IFS=: read -r tag who _; do
-        [[ "$tag" == user && -n "$who" ]] || continue
+        # (4294967295: a uid not mapped into this user namespace, which cannot be told)
+        [[ "$tag" == user && -n "$who" && "$who" != 4294967295 ]] || continue
         if [[ "$who" == "${run_uid:-}" ]] || ! getent passwd "$who" >/dev/null; then
             echo "left over: ACL entry user:$who on $dir"
         fi
