@@ -172,7 +172,7 @@ grant_traverse() {
         [[ -d "$dir" ]] || dir=$(dirname "$dir")
         while :; do
             if [[ -z "$(find "$dir" -maxdepth 0 -perm -o+x)" ]] &&
-                ! grep -qF " $dir" "$RUN_DIR/acl" 2>/dev/null; then
+                ! grep -qxF -e "minimal $dir" -e "extended $dir" "$RUN_DIR/acl" 2>/dev/null; then
                 # "minimal": no ACL beyond the mode bits, which down.sh then restores exactly
                 if [[ -z "$(getfacl -cs "$dir" 2>/dev/null)" ]]; then
                     echo "minimal $dir" >>"$RUN_DIR/acl"
