@@ -195,12 +195,15 @@ def test_a_session_without_an_engine_run_never_opens_podmans_default_store(
 
 def _instance_env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:
     """An engine instance of the test's own: directories under tmp_path, a name no other run
-    has (the suite's own run's user must not count here)."""
+    has (the suite's own run's user must not count here), the default bridges and subnets
+    whatever the suite's run chose (the userns tests have a network namespace of their own)."""
     return {
         **os.environ,
         "NETCUT_CI_RUN": str(tmp_path / "run"),
         "NETCUT_CI_DATA": str(tmp_path / "data"),
         "NETCUT_CI_NAME": f"ncunit-{os.getpid()}",
+        "NETCUT_CI_BRIDGES": "nc",
+        "NETCUT_CI_NET": "250",
         "NETCUT_MACHINE_PATHS": str(tmp_path / "no-podman-state"),
         **extra,
     }
