@@ -49,8 +49,11 @@ SYSTEM_PACKAGES=(iptables iproute2 curl openssl procps nodejs)
 # What only the tests need: Debian's chromium opens `egress audit report`'s page headless
 # (tests/integration/test_audit_report_browser.py; docs/audit-log.md#egress-audit-report).
 TEST_PACKAGES=(chromium)
-# The engines the real-engine tests run on (docs/netcut.md#engines-in-ci).
-ENGINE_PACKAGES=(podman docker.io containerd runc busybox-static containernetworking-plugins uidmap)
+# The engines the real-engine tests run on, and what their unprivileged user needs: uidmap
+# and slirp4netns for rootless podman, acl to let it reach the checkout's interpreters
+# (docs/netcut.md#engines-in-ci).
+ENGINE_PACKAGES=(podman docker.io containerd runc busybox-static containernetworking-plugins
+    uidmap slirp4netns acl)
 
 setup() {
     apt_install "${SYSTEM_PACKAGES[@]}"

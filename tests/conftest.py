@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+import pathlib
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 
 import pytest
 
+import ciuser
 import harness
 import userns
 
@@ -62,3 +67,41 @@ def test_host_factory() -> Iterator[object]:
     finally:
         for host in made:
             host.remove()
+
+
+@pytest.fixture(scope="session")
+def ci_user() -> ciuser.CiUser:
+    """The engine run's real unprivileged user (tests/engines/up.sh, tests/ciuser.py): a
+    docker-group user with rootless podman. Skipped without an engine run, or failed with
+    EGRESS_REQUIRE_ENGINE=1 (docs/testing.md#tests-as-the-runs-unprivileged-user)."""
+    found = ciuser.load()
+    if isinstance(found, str):
+        if os.environ.get(ciuser.REQUIRE_ENV) == "1":
+            pytest.fail(f"{ciuser.REQUIRE_ENV}=1 but {found}", pytrace=False)
+        pytest.skip(f"{found} (set {ciuser.REQUIRE_ENV}=1 to make this a failure)")
+    return found
+
+
+@pytest.fixture
+def run_as_user(
+    ci_user: ciuser.CiUser,
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`run_as_user(argv, input=..., env=..., cwd=..., timeout=..., groups=...)`, which is
+    `ci_user.run`: argv run as the run's user, a CompletedProcess (text, captured)."""
+    return ci_user.run
+
+
+_user_dirs = itertools.count(1)
+
+
+@pytest.fixture
+def ci_user_tmp(ci_user: ciuser.CiUser) -> Iterator[pathlib.Path]:
+    """A fresh directory the run's user owns (0700, in its home: pytest's tmp_path is under
+    root's 0700 /tmp/pytest-of-root), e.g. for NETCUT_STATE_DIR; removed after the test."""
+    path = pathlib.Path(ci_user.home, f"tmp-{os.getpid()}-{next(_user_dirs)}")
+    path.mkdir(mode=0o700)
+    os.chown(path, ci_user.uid, ci_user.gid)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

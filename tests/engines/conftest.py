@@ -2,8 +2,8 @@
 
 Engine tests are marked `engine`: they skip when an engine does not answer, and fail instead
 when EGRESS_REQUIRE_ENGINE=1 (as .ci/run sets). Every container is named `nc-e<pid>-<n>` and
-removed whatever the outcome; networks are the ones up.sh made, in 198.19.250-253.x
-(docs/netcut.md#engines-in-ci).
+removed whatever the outcome; networks are the ones up.sh made, four /24s of 198.19.240.0/20
+(tests/engines/instance.sh; docs/netcut.md#engines-in-ci).
 """
 
 from __future__ import annotations

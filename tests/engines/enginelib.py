@@ -40,6 +40,11 @@ def _ci_env() -> None:
 
 _ci_env()
 
+# The run's networks (tests/engines/instance.sh chooses them; $NETCUT_CI_RUN/env names them)
+DOCKER_GATEWAY = os.environ.get("NETCUT_CI_DOCKER_GATEWAY", "198.19.251.1")  # nc-ci's
+PODMAN_GATEWAY = os.environ.get("NETCUT_CI_PODMAN_GATEWAY", "198.19.252.1")
+CTR_NET = os.environ.get("NETCUT_CI_CTR_NET", "198.19.253")  # containerd boxes' veths, /30s
+
 
 def sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -145,7 +150,7 @@ def start_box(engine: str, *, drop_all: bool = True) -> Box:
         caps = ["--cap-add", "NET_RAW"]
     net = ["--network", "nc-ci"] if engine == "docker" else []
     sh(engine, "run", "-d", "--rm", "--name", name, *caps, *net, BOX, "sleep", "3600")
-    gateway = "198.19.251.1" if engine == "docker" else "198.19.252.1"
+    gateway = DOCKER_GATEWAY if engine == "docker" else PODMAN_GATEWAY
     box = Box(engine, name, _pid(engine, name), gateway, _ip(engine, name))
     kill = ["rm", "-f"] if engine == "docker" else ["rm", "-f", "-t", "0"]
     box.cleanup.append(lambda: sh(engine, *kill, name, check=False))
@@ -154,7 +159,7 @@ def start_box(engine: str, *, drop_all: bool = True) -> Box:
 
 def _start_ctr_box(box: Box) -> Box:
     """`ctr run` gives a container no network; it gets a veth of its own here, the host side
-    in the root namespace on a /30 of 198.19.253.0/24 (the gateway it routes through)."""
+    in the root namespace on a /30 of CTR_NET.0/24 (the gateway it routes through)."""
     ctr, name = ["ctr", "-n", CTR_NAMESPACE], box.name
 
     def remove() -> None:
@@ -174,7 +179,7 @@ def _start_ctr_box(box: Box) -> Box:
 
     box.pid = parse_ctr_tasks(sh(*ctr, "task", "ls").stdout)[name][0]
     n = (os.getpid() + next(_counter)) % 64
-    host, inside = f"198.19.253.{4 * n + 1}", f"198.19.253.{4 * n + 2}"
+    host, inside = f"{CTR_NET}.{4 * n + 1}", f"{CTR_NET}.{4 * n + 2}"
     link = f"ncct{os.getpid() % 100000}x{n}"
     sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", str(box.pid))
     box.cleanup.insert(0, lambda: sh("ip", "link", "del", link, check=False))

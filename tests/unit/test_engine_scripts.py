@@ -155,7 +155,11 @@ def test_ci_checks_for_leftovers_before_and_after_under_the_machine_lock() -> No
     dev = (ROOT / "dev.sh").read_text()
     assert "flock" in dev
     up = (ENGINES / "up.sh").read_text()
-    assert "/etc/" not in up.split("set -euo pipefail")[1], "nothing written machine-wide"
+    # machine-wide, only the run's user: its accounts (useradd/groupadd) and subordinate ids,
+    # recorded for down.sh; no configuration
+    written = set(re.findall(r"/etc/[\w.$/-]*", up.split("set -euo pipefail")[1]))
+    assert written <= {"/etc/subuid", "/etc/subgid", "/etc/$file", "/etc/login.defs",
+                       "/etc/docker"}, written  # fmt: skip
     assert "helperimage" not in up, "no helper image built ahead of time"
 
 
@@ -187,3 +191,115 @@ def test_a_session_without_an_engine_run_never_opens_podmans_default_store(
     said, *written = done.stdout.splitlines()
     assert "tests/engines/up.sh" in said
     assert written == [], "podman wrote machine-wide state"
+
+
+def _instance_env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:
+    """An engine instance of the test's own: directories under tmp_path, a name no other run
+    has (the suite's own run's user must not count here), the default bridges and subnets
+    whatever the suite's run chose (the userns tests have a network namespace of their own)."""
+    return {
+        **os.environ,
+        "NETCUT_CI_RUN": str(tmp_path / "run"),
+        "NETCUT_CI_DATA": str(tmp_path / "data"),
+        "NETCUT_CI_NAME": f"ncunit-{os.getpid()}",
+        "NETCUT_CI_BRIDGES": "nc",
+        "NETCUT_CI_NET": "250",
+        "NETCUT_MACHINE_PATHS": str(tmp_path / "no-podman-state"),
+        **extra,
+    }
+
+
+def _ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=10)
+
+
+@pytest.mark.userns
+def test_leftovers_tells_the_runs_bridges_from_the_machines(tmp_path: pathlib.Path) -> None:
+    """leftovers.sh reported any docker0 as the run's, so .ci/run could not run on a machine
+    whose own Docker runs on docker0; and nothing noticed the run re-addressing or deleting
+    it. Now: the machine's docker0 is no leftover, the run's bridges are (by name, or by an
+    address of the run's subnets), and --since reports a machine bridge changed or gone."""
+    env = _instance_env(tmp_path)
+    record = str(tmp_path / "before")
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ENGINES / "leftovers.sh"), *args], env=env,
+                              capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+
+    _ip("link", "add", "docker0", "type", "bridge")
+    _ip("addr", "add", "172.17.0.1/16", "dev", "docker0")
+    before = check("--record", record)
+    assert "docker0" not in before.stdout, before.stdout
+    assert check("--since", record).stdout == ""
+    _ip("link", "add", "ncdnet0", "type", "bridge")  # the run's, by name
+    _ip("link", "add", "br-0123456789ab", "type", "bridge")  # an older version's nc-ci
+    _ip("addr", "add", "198.19.251.1/24", "dev", "br-0123456789ab")
+    left = check()
+    assert left.returncode == 1
+    assert "left over: bridge ncdnet0\n" in left.stdout
+    assert "left over: bridge br-0123456789ab (198.19.251.1/24: the run's subnet" in left.stdout
+    assert "docker0" not in left.stdout
+    _ip("link", "del", "ncdnet0")
+    _ip("link", "del", "br-0123456789ab")
+    # what up.sh's --bip did to the machine's docker0, then what down.sh did
+    _ip("addr", "flush", "dev", "docker0")
+    _ip("addr", "add", "198.19.250.1/24", "dev", "docker0")
+    readdressed = check("--since", record)
+    assert readdressed.returncode == 1
+    assert (
+        "left over: bridge docker0 (the machine's) was 172.17.0.1/16, is now 198.19.250.1/24"
+        in readdressed.stdout
+    )
+    _ip("link", "del", "docker0")
+    gone = check("--since", record)
+    assert "bridge docker0 (the machine's) was 172.17.0.1/16, is now gone" in gone.stdout
+
+
+@pytest.mark.userns
+def test_up_refuses_a_bridge_name_or_subnet_in_use_before_starting_anything(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Two runs must not share a bridge or a subnet: another instance's (or the machine's)
+    would be taken over and then deleted by this run's down.sh."""
+    env = _instance_env(tmp_path)
+
+    def up() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(ENGINES / "up.sh")], env=env, capture_output=True,
+                              text=True, timeout=30, check=False)  # fmt: skip
+
+    _ip("link", "add", "ncpod0", "type", "bridge")
+    refused = up()
+    assert refused.returncode == 1
+    assert "a link named ncpod0 exists" in refused.stderr
+    _ip("link", "del", "ncpod0")
+    _ip("link", "add", "other0", "type", "bridge")
+    _ip("addr", "add", "198.19.251.7/24", "dev", "other0")
+    refused = up()
+    assert refused.returncode == 1
+    assert "198.19.251.0/24 is in use on this machine" in refused.stderr
+    assert "NETCUT_CI_NET" in refused.stderr
+    assert not (tmp_path / "run").exists(), "nothing started, nothing created"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NETCUT_CI_NET", "251"),  # its fourth /24 would be the boundary tests' 198.19.254
+        ("NETCUT_CI_NET", "25"),
+        ("NETCUT_CI_NET", "250; rm"),
+        ("NETCUT_CI_BRIDGES", "prefixtoolong"),  # prefixtoolongdnet0: over 15 characters
+        ("NETCUT_CI_BRIDGES", "nc-"),
+        ("NETCUT_CI_NAME", "Netcut_CI"),
+        ("NETCUT_CI_RUN", "relative/run"),
+    ],
+)
+def test_an_instance_refuses_names_and_subnets_it_cannot_use(
+    tmp_path: pathlib.Path, name: str, value: str
+) -> None:
+    env = _instance_env(tmp_path, **{name: value})
+    for script in ("up.sh", "down.sh", "leftovers.sh"):
+        done = subprocess.run(["bash", str(ENGINES / script)], env=env, capture_output=True,
+                              text=True, timeout=30, check=False)  # fmt: skip
+        assert done.returncode == 2, (script, done.stderr)
+        assert name in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -97,11 +97,16 @@ def test_test_packages_cover_the_browser_test() -> None:
 def test_engine_packages_cover_the_engine_tests() -> None:
     engines = _dev_sh_packages("ENGINE_PACKAGES")
     assert {"podman", "docker.io", "containerd", "runc", "busybox-static"} <= engines
+    # the run's unprivileged user: rootless podman and the ACLs up.sh gives it
+    assert {"uidmap", "slirp4netns", "acl"} <= engines
     for tool, package in (
         ("dockerd", "docker.io"),
         ("ctr", "containerd"),
         ("podman", "podman"),
         ("busybox", "busybox-static"),
+        ("newuidmap", "uidmap"),
+        ("slirp4netns", "slirp4netns"),
+        ("setfacl", "acl"),
     ):
         found = shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
         if found is not None:  # where it is installed, it came from that package
