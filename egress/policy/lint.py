@@ -99,8 +99,8 @@ def lint_guarded(rule: Rule, guard: AddressGuard) -> Finding | None:
 
 
 def lint_policy(policy: Policy, guard: AddressGuard | None = None) -> list[Finding]:
-    """Every finding: the opt-in first, then allow rules, in definition order; `guard` is the address guard
-    the policy runs under (default: the built-in reserved ranges only)."""
+    """Every finding: the opt-in first, then allow rules, in definition order; `guard` is the
+    address guard the policy runs under (default: the built-in reserved ranges only)."""
     guard = guard or AddressGuard()
     found: list[Finding] = []
     by_address = lint_by_address(policy)

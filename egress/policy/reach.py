@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from .addrs import ALWAYS_RESERVED, PRIVATE_NETWORKS, AddressGuard
-from .target import DEFAULT_PORTS, IPNetwork
+from .target import DEFAULT_PORTS, IPAddress, IPNetwork, Scheme
 
 if TYPE_CHECKING:
     from .rules import Rule
 
-Pair = tuple[str, int]
-_SCHEMES: Final = ("http", "https")
+Pair = tuple[Scheme, int]
+_SCHEMES: Final[tuple[Scheme, ...]] = ("http", "https")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +40,12 @@ class Reach:
     rules: tuple[Rule, ...] = ()
     any_port: bool = False
     pairs: frozenset[Pair] = frozenset()
+    closed: frozenset[Pair] = frozenset()  # where no every-port rule is open (port blocks)
 
-    def covers(self, scheme: str, port: int) -> bool:
-        """Could a name's addresses be allowed on this scheme and port? (one lookup)"""
-        return self.any_port or (scheme, port) in self.pairs
+    def covers(self, scheme: Scheme, port: int) -> bool:
+        """Could a name's addresses be allowed on this scheme and port? (two set lookups)"""
+        pair = (scheme, port)
+        return (self.any_port and pair not in self.closed) or pair in self.pairs
 
     @property
     def empty(self) -> bool:
@@ -69,46 +71,90 @@ def address_reach(
     allows: Sequence[Rule], blocks: Sequence[Rule], guard: AddressGuard | None = None
 ) -> Reach:
     """The reach of allow address rules `allows` past block address rules `blocks` and, when
-    given, the address `guard`'s reserved ranges."""
+    given, the address `guard` (its reserved ranges, less its exempt endpoints)."""
     reserved = _reserved_networks(guard) if guard is not None else ()
     live: list[Rule] = []
     any_port = False
     pairs: set[Pair] = set()
+    closed: set[Pair] | None = None  # pairs every open every-port rule is closed on
+    every = [b.network for b in blocks if _blocks_all(b)]
+    port_blocks = {p for b in blocks if not _blocks_all(b) for p in _block_pairs(b)}
     for rule in allows:
         net = rule.network
         if net is None:
             continue
-        dead = _guarded(net, guard, reserved) if guard is not None else False
         covered = rule_pairs(rule)
-        if dead:
-            continue
-        if covered is None:
-            if _inside(net, [b.network for b in blocks if _blocks_all(b)]):
-                continue
+        if covered is None and not _dead(net, every, reserved, guard):
+            # open on every port but those whose own block rules close it
+            shut = {p for p in port_blocks if not _open(rule, p, blocks, reserved, guard)}
+            closed = shut if closed is None else closed & shut
             any_port = True
             live.append(rule)
             continue
-        open_pairs = {
-            p for p in covered if not _inside(net, [b.network for b in blocks if b.covers_port(*p)])
-        }
-        if open_pairs:
-            pairs |= open_pairs
+        if covered is None:  # dead on every port: only an exempt endpoint can pass
+            covered = frozenset((s, port) for s in _SCHEMES for _, port in _exempt(net, guard))
+        opened = {p for p in covered if _open(rule, p, blocks, reserved, guard)}
+        if opened:
+            pairs |= opened
             live.append(rule)
-    return Reach(tuple(live), any_port, frozenset(pairs))
+    return Reach(tuple(live), any_port, frozenset(pairs), frozenset(closed or ()))
+
+
+def _block_pairs(rule: Rule) -> frozenset[Pair]:
+    """The pairs a block rule with a port covers."""
+    if rule.scheme is not None and rule.port is not None:
+        return frozenset({(rule.scheme, rule.port)})
+    assert rule.port is not None
+    return frozenset((s, rule.port) for s in _SCHEMES)
+
+
+def _open(
+    rule: Rule,
+    pair: Pair,
+    blocks: Sequence[Rule],
+    reserved: Sequence[IPNetwork],
+    guard: AddressGuard | None,
+) -> bool:
+    """Could some address of `rule` pass the blocks and the guard on `pair`?"""
+    net = rule.network
+    assert net is not None
+    if not rule.covers_port(*pair):
+        return False
+    cover = [b.network for b in blocks if b.covers_port(*pair)]
+    if not _dead(net, cover, reserved, guard):
+        return True
+    # every address is blocked or reserved: only an exempt endpoint on this port can pass
+    return any(
+        port == pair[1] and not _inside(ipaddress.ip_network(addr), cover)
+        for addr, port in _exempt(net, guard)
+    )
+
+
+def _dead(
+    net: IPNetwork,
+    cover: Sequence[IPNetwork | None],
+    reserved: Sequence[IPNetwork],
+    guard: AddressGuard | None,
+) -> bool:
+    """Is every address of `net` blocked (`cover`) or reserved by the guard?"""
+    if net.num_addresses == 1 and guard is not None:
+        # one address: the guard's own judgement (it unwraps IPv4 embedded in IPv6)
+        if guard.classify(net.network_address) is not None:
+            return True
+        return _inside(net, cover)
+    return _inside(net, [*cover, *reserved])
+
+
+def _exempt(net: IPNetwork, guard: AddressGuard | None) -> list[tuple[IPAddress, int]]:
+    """The guard's exempt endpoints inside `net`."""
+    if guard is None:
+        return []
+    return [(addr, port) for addr, port in guard.exempt if addr in net]
 
 
 def _blocks_all(rule: Rule) -> bool:
     """A block rule on every port and scheme (no port, or `:*`)."""
     return rule.any_port or (rule.port is None and rule.scheme is None)
-
-
-def _guarded(net: IPNetwork, guard: AddressGuard, reserved: Sequence[IPNetwork]) -> bool:
-    """Does the guard refuse every address of `net`? (an exempt endpoint inside keeps it)"""
-    if any(addr in net for addr, _ in guard.exempt):
-        return False
-    if net.num_addresses == 1:
-        return guard.classify(net.network_address) is not None
-    return _inside(net, reserved)
 
 
 def _reserved_networks(guard: AddressGuard) -> tuple[IPNetwork, ...]:
