@@ -1,0 +1,241 @@
+"""No lookup decides nothing, on the wire (issue 32): a name the policy can never allow costs
+no DNS query, through every front-end.
+
+A real DNS server of ours (`QueryLog`, UDP on the root side of a test host's veth, a
+198.18.0.0/15 address) records every query it receives. `egress serve` runs inside the test
+host's namespace, where `ip netns exec` puts our resolv.conf (that server) and nsswitch.conf
+(`files dns`) in place: the proxy's lookups are glibc's own `getaddrinfo`, exactly as in the
+issue's repro (`--allow github.test --allow 203.0.113.7:22`, a CONNECT to a name the agent
+chose, and the resolver logged that name). Each policy shape of the issue is served and asked
+by CONNECT, absolute-form HTTP and SOCKS5 with a remote name; refused names carry the shape
+and front in their first label, and the log must hold none of them, while an allowed name is
+still resolved and served. The transparent mode and the DNS responder are in
+`test_no_lookup_transparent.py`.
+
+Address rules here name 198.19.255.0/24 (the benchmark range, on no test host) and the
+issue's reserved shapes; nothing is ever dialed there: every such request is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import pytest
+
+import harness
+from proxykit import raw_exchange
+
+pytestmark = pytest.mark.netns
+
+EVIL = "evil.test"
+ALLOWED = "github.test"
+
+
+class QueryLog(asyncio.DatagramProtocol):
+    """A DNS server over UDP that records every query it receives (name and type) and answers
+    A queries for the names in its table; any other name is NXDOMAIN."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        self.table = table
+        self.asked: list[tuple[str, str]] = []
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            query = dns.message.from_wire(data)
+            question = query.question[0]
+        except Exception:  # a garbled datagram is recorded as such and dropped
+            self.asked.append(("<garbled>", "?"))
+            return
+        name = question.name.to_text().rstrip(".").lower()
+        self.asked.append((name, dns.rdatatype.to_text(question.rdtype)))
+        response = dns.message.make_response(query)
+        address = self.table.get(name)
+        if address is None:
+            response.set_rcode(dns.rcode.NXDOMAIN)
+        elif question.rdtype == dns.rdatatype.A:
+            response.answer.append(dns.rrset.from_text(question.name, 5, "IN", "A", address))
+        assert self.transport is not None
+        self.transport.sendto(response.to_wire(), addr)
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.asked}
+
+
+@dataclass
+class Wire:
+    """A test host with our resolver configured for processes run in it, the query log, and
+    an origin (on the root side of the veth) that the allowed name resolves to."""
+
+    host: harness.TestHost
+    log: QueryLog
+    origin_port: int
+    tmp: Path
+    seen: list[bytes] = field(default_factory=list)
+
+
+@pytest.fixture
+async def wire(test_host: harness.TestHost, tmp_path: Path) -> AsyncIterator[Wire]:
+    loop = asyncio.get_running_loop()
+    log = QueryLog({ALLOWED: test_host.addr_root})
+    transport, _ = await loop.create_datagram_endpoint(
+        lambda: log, local_addr=(test_host.addr_root, 53)
+    )
+    seen: list[bytes] = []
+
+    async def origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(origin, test_host.addr_root, 0)
+    etc = Path("/etc/netns") / test_host.ns
+    etc.mkdir(parents=True)
+    (etc / "resolv.conf").write_text(
+        f"nameserver {test_host.addr_root}\noptions attempts:1 timeout:2\n"
+    )
+    (etc / "nsswitch.conf").write_text("hosts: files dns\n")
+    try:
+        port = server.sockets[0].getsockname()[1]
+        yield Wire(test_host, log, port, tmp_path, seen)
+    finally:
+        server.close()
+        transport.close()
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+async def serve_in(w: Wire, *args: str) -> tuple[asyncio.subprocess.Process, int, int]:
+    """`egress serve` inside the test host: (process, HTTP port, SOCKS5 port)."""
+    proc = await asyncio.create_subprocess_exec(
+        "ip", "netns", "exec", w.host.ns, sys.executable, "-m", "egress.cli", "serve",
+        "--quiet", "--listen", f"{w.host.addr_ns}:0", "--socks", f"{w.host.addr_ns}:0",
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    ports = []
+    for _ in range(2):
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+        assert line.startswith("listening on "), line
+        ports.append(int(line.split()[2].rsplit(":", 1)[1]))
+    return proc, ports[0], ports[1]
+
+
+async def socks_connect(host: str, port: int, name: str, dport: int) -> int:
+    """A SOCKS5 CONNECT to a remote name (address type 3): the reply code."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"\x05\x01\x00")
+        assert await reader.readexactly(2) == b"\x05\x00"
+        raw = name.encode()
+        writer.write(b"\x05\x01\x00\x03" + bytes([len(raw)]) + raw + dport.to_bytes(2, "big"))
+        reply = await asyncio.wait_for(reader.readexactly(2), 10)
+        return reply[1]
+    finally:
+        writer.close()
+
+
+@dataclass(frozen=True)
+class Shape:
+    args: tuple[str, ...]
+    ports: tuple[int, ...] = (443,)  # CONNECT and SOCKS5 ports to try (plain HTTP: 80)
+    policy: str | None = None  # a policy file's text, for the opt-in
+
+
+SHAPES = {
+    # the issue's repro: an address rule on another port
+    "addr22": Shape(("--allow", ALLOWED, "--allow", "198.19.255.7:22"), (443, 22)),
+    # an https:// address rule, asked over plain HTTP (and CONNECT elsewhere)
+    "httpsaddr": Shape(("--allow", ALLOWED, "--allow", "https://198.19.255.7"), (443,)),
+    # an address the guard always refuses
+    "loopback": Shape(("--allow", ALLOWED, "--allow", "127.0.0.1:8089"), (8089, 443)),
+    # a private range under --reserve-private
+    "private": Shape(("--allow", ALLOWED, "--allow", "10.0.0.0/8", "--reserve-private")),
+    # an allow CIDR inside a block CIDR
+    "blocked": Shape(
+        ("--allow", ALLOWED, "--allow", "198.19.255.0/24", "--block", "198.19.255.0/24")
+    ),
+    # a name resolving into an allowed CIDR: an address rule admits addresses, not names
+    "cidr": Shape(("--allow", ALLOWED, "--allow", "198.18.0.0/15")),
+    # the opt-in, where no address rule covers the port asked
+    "optin": Shape(
+        ("--allow", ALLOWED),
+        (443,),
+        'resolve_names_for_address_rules = true\nallow = ["198.19.255.7:22"]\n',
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+async def test_a_refused_name_costs_no_query_on_any_front(wire: Wire, shape: Shape) -> None:
+    args = list(shape.args)
+    if shape.policy is not None:
+        path = wire.tmp / "policy.toml"
+        path.write_text(shape.policy)
+        args += ["--policy", str(path)]
+    args += ["--allow", f"{ALLOWED}:{wire.origin_port}"]
+    proc, http_port, socks_port = await serve_in(wire, *args)
+    addr = wire.host.addr_ns
+    answers: dict[str, object] = {}  # refused name -> what the front answered
+    try:
+        name = f"c2VjcmV0-http.{EVIL}"
+        get = f"GET http://{name}/ HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n"
+        answers[name] = (await raw_exchange(addr, http_port, get.encode()))[:12]
+        for port in shape.ports:
+            name = f"c2VjcmV0-connect{port}.{EVIL}"
+            connect = f"CONNECT {name}:{port} HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n"
+            answers[name] = (await raw_exchange(addr, http_port, connect.encode()))[:12]
+            name = f"c2VjcmV0-socks{port}.{EVIL}"
+            answers[name] = await socks_connect(addr, socks_port, name, port)
+        # an allowed name is still resolved (by glibc, through our server) and served
+        get = (
+            f"GET http://{ALLOWED}:{wire.origin_port}/ok HTTP/1.1\r\nHost: {ALLOWED}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        allowed = await raw_exchange(addr, http_port, get.encode())
+    finally:
+        proc.terminate()
+        await proc.wait()
+    leaked = sorted(n for n in wire.log.names() if n.endswith(EVIL))
+    assert leaked == [], f"refused names were resolved: {leaked} (answers: {answers})"
+    assert {n.lower() for n in answers}.isdisjoint(wire.log.names())
+    for name, answer in answers.items():  # 403 from HTTP, 2 "not allowed by ruleset" in SOCKS5
+        assert answer in (b"HTTP/1.1 403", 2), (name, answer)
+    assert allowed.startswith(b"HTTP/1.1 200"), allowed[:200]
+    assert ALLOWED in wire.log.names(), wire.log.asked
+    assert wire.seen
+    assert b"GET /ok " in wire.seen[0]
+
+
+async def test_the_opt_in_resolves_only_where_an_address_rule_could_allow(wire: Wire) -> None:
+    """The control: with the opt-in, a name on the port an address rule covers *is* resolved
+    (the log sees it: the test above would notice a lookup), and refused when its address is
+    outside the rule; on other ports it is not."""
+    path = wire.tmp / "policy.toml"
+    path.write_text('resolve_names_for_address_rules = true\nallow = ["198.19.255.7:22"]\n')
+    proc, http_port, _ = await serve_in(wire, "--policy", str(path))
+    addr = wire.host.addr_ns
+    try:
+        for port in (22, 443):
+            name = f"optin{port}.{EVIL}"
+            connect = f"CONNECT {name}:{port} HTTP/1.1\r\n\r\n"
+            reply = await raw_exchange(addr, http_port, connect.encode())
+            assert reply.startswith((b"HTTP/1.1 403", b"HTTP/1.1 502")), reply[:80]
+    finally:
+        proc.terminate()
+        await proc.wait()
+    assert f"optin22.{EVIL}" in wire.log.names(), wire.log.asked
+    assert f"optin443.{EVIL}" not in wire.log.names(), wire.log.asked
