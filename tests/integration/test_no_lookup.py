@@ -1,7 +1,7 @@
 """No lookup decides nothing, on the wire (issue 32): a name the policy can never allow costs
 no DNS query, through every front-end.
 
-A real DNS server of ours (`QueryLog`, UDP on the root side of a test host's veth, a
+A real DNS server of ours (`dnslog.QueryLog`, UDP on the root side of a test host's veth, a
 198.18.0.0/15 address) records every query it receives. `egress serve` runs inside the test
 host's namespace, where `ip netns exec` puts our resolv.conf (that server) and nsswitch.conf
 (`files dns`) in place: the proxy's lookups are glibc's own `getaddrinfo`, exactly as in the
@@ -24,55 +24,17 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
-import dns.message
-import dns.rcode
-import dns.rdatatype
-import dns.rrset
 import pytest
 
 import harness
+from dnslog import QueryLog
 from proxykit import raw_exchange
 
 pytestmark = pytest.mark.netns
 
 EVIL = "evil.test"
 ALLOWED = "github.test"
-
-
-class QueryLog(asyncio.DatagramProtocol):
-    """A DNS server over UDP that records every query it receives (name and type) and answers
-    A queries for the names in its table; any other name is NXDOMAIN."""
-
-    def __init__(self, table: dict[str, str]) -> None:
-        self.table = table
-        self.asked: list[tuple[str, str]] = []
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        try:
-            query = dns.message.from_wire(data)
-            question = query.question[0]
-        except Exception:  # a garbled datagram is recorded as such and dropped
-            self.asked.append(("<garbled>", "?"))
-            return
-        name = question.name.to_text().rstrip(".").lower()
-        self.asked.append((name, dns.rdatatype.to_text(question.rdtype)))
-        response = dns.message.make_response(query)
-        address = self.table.get(name)
-        if address is None:
-            response.set_rcode(dns.rcode.NXDOMAIN)
-        elif question.rdtype == dns.rdatatype.A:
-            response.answer.append(dns.rrset.from_text(question.name, 5, "IN", "A", address))
-        assert self.transport is not None
-        self.transport.sendto(response.to_wire(), addr)
-
-    def names(self) -> set[str]:
-        return {name for name, _ in self.asked}
 
 
 @dataclass
