@@ -298,3 +298,29 @@ def test_no_lookup_means_final_and_lookup_means_some_address_allows(
                 other = make_target(scheme, target[0], port)  # type: ignore[arg-type]
                 assert not judge(policy, guard, other).allowed
                 assert not judge(policy, guard, other).needs_addrs, (scheme, port)
+
+
+def test_check_lint_and_a_sandbox_keep_the_opt_in(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    from egress.boundary.sandboxes import with_routes
+    from egress.cli import main
+    from egress.policy.rules import parse_framework_route
+
+    policy = Path(str(tmp_path)) / "p.toml"
+    policy.write_text('resolve_names_for_address_rules = true\nallow = ["198.18.0.0/15"]\n')
+    args = ["check", "--lint", "--policy", str(policy), "--resolve", "a.test=198.18.0.5"]
+    assert main([*args, "a.test", "a.test:22"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("lint: policy key 'resolve_names_for_address_rules': ")
+    assert out[1:] == [
+        "allow a.test allow_rule: allowed by rule '198.18.0.0/15'",
+        # no address rule covers port 22: not even a pinned name is resolved for it
+        "block a.test:22 default_deny: no allow rule matches (default deny)",
+    ]
+    opted = Policy(allow=["198.18.0.0/15"], resolve_names_for_address_rules=True)
+    route = parse_framework_route("http://198.18.0.1:8080")
+    assert with_routes(opted, [route]).resolve_names_for_address_rules
+    assert not with_routes(Policy(), [route]).resolve_names_for_address_rules
