@@ -99,10 +99,11 @@ class Decision:
     reason: str
     rule: str | None = None
     detail: str = ""
-    # True when resolved addresses could still change the outcome: an allowed name (the guard
-    # and block address rules judge its addresses), or a refusal an allow address rule could
-    # still turn into an allow (docs/policy.md#no-lookup-decides-nothing); a refusal without
-    # it is final, and the name is never resolved
+    # True when resolved addresses could still change the outcome: an allowed name under
+    # block address rules (an allowed name is resolved in any case: the guard judges its
+    # addresses), or a refusal an allow address rule could still turn into an allow
+    # (docs/policy.md#no-lookup-decides-nothing); a refusal without it is final, and the
+    # name is never resolved
     needs_addrs: bool = False
     # report-only mode (docs/policy.md#report-only-mode): "block" when the policy would have
     # refused; the decision is then an allow that keeps the refusal's reason, rule and detail
