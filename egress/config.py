@@ -48,6 +48,7 @@ _TOP_KEYS = {
     "reserve",
     "reserve_private",
     "mode",
+    "resolve_names_for_address_rules",
     "clients",
 }
 _CLIENT_KEYS = {
@@ -59,6 +60,7 @@ _CLIENT_KEYS = {
     "block",
     "framework_routes",
     "mode",
+    "resolve_names_for_address_rules",
 }
 
 
@@ -181,6 +183,14 @@ def _report_only(value: object, where: str) -> bool:
     return value == "report"
 
 
+def _by_address(data: Mapping[str, Any], default: bool, where: str) -> bool:
+    """`resolve_names_for_address_rules = true`: allow address rules also judge the addresses
+    a name resolves to, at the cost of a lookup per such name
+    (docs/policy.md#no-lookup-decides-nothing)."""
+    value = data.get("resolve_names_for_address_rules", default)
+    return _checked(as_bool, value, f"{where}: 'resolve_names_for_address_rules'")
+
+
 def build_settings(
     file_data: Mapping[str, Any] | None = None,
     *,
@@ -213,6 +223,7 @@ def build_settings(
     as_bool(report_only, "build_settings report_only")
     data = file_data or {}
     top_report = report_only or _report_only(data.get("mode", "enforce"), where)
+    by_address = _by_address(data, False, where)
     posture = _posture(default if default is not None else data.get("default", "deny"), where)
     file_routes = _str_list(data, "framework_routes", where)
     file_allow, file_block = _str_list(data, "allow", where), _str_list(data, "block", where)
@@ -228,6 +239,7 @@ def build_settings(
         default=posture,
         framework_routes=routes,
         report_only=top_report,
+        resolve_names_for_address_rules=by_address,
     )
     pins = parse_resolve(_resolve_entries(data.get("resolve", []), where), f"{where}: resolve")
     pins = _merge_pins(pins, parse_resolve(resolve))
@@ -240,7 +252,14 @@ def build_settings(
     table = _checked(as_table, data.get("clients", {}), f"{where}: 'clients'")
     clients = tuple(
         _client(
-            cid, spec, routes, top_blocks, where, top_report=top_report, force_report=report_only
+            cid,
+            spec,
+            routes,
+            top_blocks,
+            where,
+            top_report=top_report,
+            force_report=report_only,
+            top_by_address=by_address,
         )
         for cid, spec in table.items()
     )
@@ -289,10 +308,12 @@ def _client(
     *,
     top_report: bool = False,
     force_report: bool = False,
+    top_by_address: bool = False,
 ) -> ClientSpec:
     """A per-client policy: its own allow rules and posture; the top-level block rules and
     framework routes apply to every client too (blocks compose, as in `compose`). Its `mode`
-    defaults to the top-level one; `--report-only` forces report mode."""
+    and `resolve_names_for_address_rules` default to the top-level ones; `--report-only`
+    forces report mode."""
     here = f"{where}: client {cid!r}"
     if not isinstance(spec, dict):
         raise PolicyError(f"{here}: must be a table ([clients.{cid}]), not {spec!r}")
@@ -324,6 +345,7 @@ def _client(
             framework_routes=[*routes, *_str_list(spec, "framework_routes", here)],
             report_only=force_report
             or _report_only(spec.get("mode", "report" if top_report else "enforce"), here),
+            resolve_names_for_address_rules=_by_address(spec, top_by_address, here),
         )
     except PolicyError as exc:
         message = str(exc)

@@ -239,8 +239,10 @@ class Reason(StrEnum):
         0,
         "",
         "allow",
-        "DNS: no host rule decides the name, but address rules may allow it once resolved; "
-        "it is answered and each connection judged",
+        "DNS, only under the opt-in `resolve_names_for_address_rules` "
+        "([policy.md](policy.md#no-lookup-decides-nothing)): no host rule decides the name, "
+        "but an address rule may allow it once resolved; it is answered and each connection "
+        "judged",
     )
     POOL_EXHAUSTED = (
         "pool_exhausted",

@@ -194,17 +194,23 @@ def _lint_in_child(settings: Settings) -> None:
     """
     rules = [*(r.text for r in settings.policy.allow_rules)]
     blocks = [*(r.text for r in settings.policy.block_rules)]
+    by_address = settings.policy.resolve_names_for_address_rules
+    # the opt-in per client too (docs/policy.md#no-lookup-decides-nothing)
+    clients = [c.client_id for c in settings.clients if c.policy.resolve_names_for_address_rules]
     code = (
         "import sys, json\n"
-        "from egress.policy.lint import lint_policy\n"
+        "from egress.policy.lint import lint_by_address, lint_policy\n"
         "from egress.policy.rules import Policy\n"
-        "a, b = json.load(sys.stdin)\n"
-        "for f in lint_policy(Policy(allow=a, block=b)): print(f)\n"
+        "a, b, n, clients = json.load(sys.stdin)\n"
+        "p = Policy(allow=a, block=b, resolve_names_for_address_rules=n)\n"
+        "for f in lint_policy(p): print(f)\n"
+        "q = Policy(resolve_names_for_address_rules=True)\n"
+        "for c in clients: print(f'client {c!r}: {lint_by_address(q)}')\n"
     )
     try:
         out = subprocess.run(
             [sys.executable, "-c", code],
-            input=json.dumps([rules, blocks]),
+            input=json.dumps([rules, blocks, by_address, clients]),
             text=True,
             capture_output=True,
             timeout=60,

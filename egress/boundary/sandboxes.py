@@ -65,6 +65,7 @@ def with_routes(policy: Policy, routes: Sequence[FrameworkRoute]) -> Policy:
         default=policy.default,
         framework_routes=[*policy.framework_routes, *routes],
         report_only=policy.report_only,
+        resolve_names_for_address_rules=policy.resolve_names_for_address_rules,
     )
 
 

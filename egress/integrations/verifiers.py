@@ -99,6 +99,7 @@ class VerifiersBoundary:
             block=self.policy.block_rules,
             default=self.policy.default,
             framework_routes=[*self.policy.framework_routes, *allowed],
+            resolve_names_for_address_rules=self.policy.resolve_names_for_address_rules,
         )
         self.execution = await prepare_execution(
             self.target,

@@ -44,6 +44,8 @@ _ALWAYS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
     ),
 )
 
+ALWAYS_RESERVED = _ALWAYS  # what `reach.py` subtracts from an allow address rule
+
 # Opt-in with `--reserve-private`: RFC 1918, CGNAT (RFC 6598), IPv6 ULA (RFC 4193).
 PRIVATE_NETWORKS = _nets(
     "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"

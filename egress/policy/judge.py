@@ -8,6 +8,7 @@ resolved to, whatever the policy said — unless the destination is a framework 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .addrs import AddressGuard
 from .rules import Decision, Policy
@@ -21,8 +22,16 @@ def judge(
 
     Under a report-only policy a policy refusal becomes an allow carrying `would="block"`
     and the refusal's reason; the guard below still refuses reserved addresses, so report
-    mode never opens a path the guard closes (docs/policy.md#report-only-mode)."""
+    mode never opens a path the guard closes (docs/policy.md#report-only-mode).
+
+    A refusal that waits for the name's addresses (`needs_addrs`) stops waiting when every
+    allow address rule that could admit them on this port is refused by the guard: then no
+    answer could change it, and the name is not resolved
+    (docs/policy.md#no-lookup-decides-nothing)."""
     decision = policy.decide(target, addrs)
+    if decision.needs_addrs and not decision.allowed:
+        if not policy.address_reach(guard).covers(target.scheme, target.port):
+            decision = replace(decision, needs_addrs=False)
     if not decision.allowed and policy.report_only:
         decision = Decision(
             True,
@@ -48,15 +57,18 @@ def judge(
     )
 
 
-def judge_name(policy: Policy, name: str) -> Decision:
+def judge_name(policy: Policy, name: str, guard: AddressGuard | None = None) -> Decision:
     """May a connection to *some* port of `name` be allowed? Then its DNS lookup is answered
     (docs/proxy.md#transparent-mode-and-socks5).
 
     Order, as in `policy.decide`: a framework route on the name; a block rule that covers
     every port (a block rule without port or scheme); an allow rule matching the name on any
-    port; the default posture; address rules (the name's addresses are not known here, so it
-    is answered and its connections are judged by address). Each connection is still judged
-    on its own port.
+    port; the default posture; address rules, only under the opt-in
+    `resolve_names_for_address_rules` and only if one could admit some address past the blocks
+    and `guard` (the name's addresses are not known here, so it is answered and its
+    connections are judged by address). Each connection is still judged on its own port. A
+    name no rule could allow is refused here, so no connection to it is ever resolved
+    (docs/policy.md#no-lookup-decides-nothing).
     """
     for route in policy.framework_routes:
         if route.host == name:
@@ -70,7 +82,7 @@ def judge_name(policy: Policy, name: str) -> Decision:
         return Decision(True, "allow_rule", rule.text, f"allowed by rule {rule.text!r}")
     if policy.default == "allow":
         return Decision(True, "default_allow", None, "default posture allow")
-    if any(rule.network is not None for rule in policy.allow_rules):
+    if not policy.address_reach(guard or AddressGuard()).empty:
         return Decision(
             True, "address_rules", None, "address rules may allow it; judged per connection"
         )

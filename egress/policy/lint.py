@@ -5,7 +5,9 @@ Findings (docs/policy.md#lint): a host pattern that covers a whole public suffix
 judged with tldextract's bundled list; a URL rule with a path (paths are ignored, so the rule
 is broader than it reads); an allow rule for addresses the address guard refuses whatever the
 policy says (`127.0.0.1:8089`: it can never allow anything; a framework service there is a
-framework route). Lint never changes a decision or an exit code.
+framework route); the opt-in `resolve_names_for_address_rules` (every name no host rule
+allows then costs a lookup of a name the sandbox chooses). Lint never changes a decision or
+an exit code.
 """
 
 from __future__ import annotations
@@ -24,7 +26,28 @@ class Finding:
     message: str
 
     def __str__(self) -> str:
+        if self.action == "policy":  # a policy key, not a rule
+            return f"lint: policy key {self.rule!r}: {self.message}"
         return f"lint: {self.action} rule {self.rule!r}: {self.message}"
+
+
+BY_ADDRESS_KEY = "resolve_names_for_address_rules"
+
+
+def lint_by_address(policy: Policy) -> Finding | None:
+    """The opt-in that lets allow address rules judge names: each name no host rule allows is
+    then resolved (a query the sandbox chooses, a channel to the resolver) before its
+    refusal (docs/policy.md#no-lookup-decides-nothing)."""
+    if not policy.resolve_names_for_address_rules:
+        return None
+    return Finding(
+        BY_ADDRESS_KEY,
+        "policy",
+        "every name no host rule allows is resolved before it is refused when an address "
+        "rule covers its port, so the sandbox chooses DNS queries (a channel to the "
+        "resolver); allow the names, or the addresses as destinations "
+        "(docs/policy.md#no-lookup-decides-nothing)",
+    )
 
 
 def lint_rule(rule: Rule) -> list[Finding]:
@@ -76,10 +99,13 @@ def lint_guarded(rule: Rule, guard: AddressGuard) -> Finding | None:
 
 
 def lint_policy(policy: Policy, guard: AddressGuard | None = None) -> list[Finding]:
-    """Every finding, allow rules first, in definition order; `guard` is the address guard
-    the policy runs under (default: the built-in reserved ranges only)."""
+    """Every finding: the opt-in first, then allow rules, in definition order; `guard` is the
+    address guard the policy runs under (default: the built-in reserved ranges only)."""
     guard = guard or AddressGuard()
     found: list[Finding] = []
+    by_address = lint_by_address(policy)
+    if by_address is not None:
+        found.append(by_address)
     for rule in (*policy.allow_rules, *policy.block_rules):
         found.extend(lint_rule(rule))
         guarded = lint_guarded(rule, guard)

@@ -166,11 +166,13 @@ async def test_ssh_style_session_through_socks(world: World) -> None:
         ("::ffff:127.0.0.1", 443, "reserved_address", 2),
         ("rebind.test", 443, "reserved_address", 2),
         ("git.test", 2222, "port_not_allowed", 2),
-        ("unknown.test", 22, "dns_error", 4),  # CIDR rules need its addresses: none
+        # no rule can allow it on 22: refused without a lookup (the CIDR rule covers
+        # addresses, on 80 and 443: docs/policy.md#no-lookup-decides-nothing)
+        ("unknown.test", 22, "default_deny", 2),
         ("evil.test/.git.test", 22, "bad_request", 1),
     ],
     ids=["decimal", "hex-short", "octal", "loopback", "v6-loopback", "v4-mapped", "rebinding",
-         "port", "unresolvable", "slash"],
+         "port", "unknown-name", "slash"],
 )  # fmt: skip
 async def test_red_team_refused_with_reply_code(
     world: World, host: str, port: int, reason: str, code: int

@@ -61,7 +61,13 @@ def _execution() -> Execution:
 CASES: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
     "Policy": (
         lambda **kw: Policy(**kw),
-        {"allow": "list", "block": "list", "framework_routes": "list", "report_only": "bool"},
+        {
+            "allow": "list",
+            "block": "list",
+            "framework_routes": "list",
+            "report_only": "bool",
+            "resolve_names_for_address_rules": "bool",
+        },
     ),
     "AuditLog": (
         lambda **kw: AuditLog(None, **kw),

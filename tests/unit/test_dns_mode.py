@@ -144,12 +144,20 @@ MATRIX = [
         Answered(0, "allow", Reason.DEFAULT_ALLOW, "y.test", "A", None, "198.19.128.1"),
     ),
     (
-        "address rules",
+        "address rules, opted in",
+        query("y.test"),
+        Policy(allow=["198.18.0.0/15"], resolve_names_for_address_rules=True),
+        True,
+        None,
+        Answered(0, "allow", Reason.ADDRESS_RULES, "y.test", "A", None, "198.19.128.1"),
+    ),
+    (
+        "address rules admit addresses, not names",
         query("y.test"),
         Policy(allow=["198.18.0.0/15"]),
         True,
         None,
-        Answered(0, "allow", Reason.ADDRESS_RULES, "y.test", "A", None, "198.19.128.1"),
+        Answered(3, "block", Reason.DEFAULT_DENY, "y.test", "A"),
     ),
     (
         "an address spelling",

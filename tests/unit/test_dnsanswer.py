@@ -121,7 +121,19 @@ def test_aaaa_and_cname_are_nodata_for_allowed_names() -> None:
 def test_default_allow_and_address_rules() -> None:
     assert judge_name(Policy(default="allow"), "x.test").reason == "default_allow"
     assert judge_name(Policy(default="allow", block=["x.test"]), "x.test").allowed is False
-    assert judge_name(Policy(allow=["198.18.0.0/15"]), "x.test").reason == "address_rules"
+    assert judge_name(Policy(allow=["198.18.0.0/15"]), "x.test").reason == "default_deny"
+    opted = Policy(allow=["198.18.0.0/15"], resolve_names_for_address_rules=True)
+    assert judge_name(opted, "x.test").reason == "address_rules"
+    # an address rule the guard or the blocks refuse whole answers nothing, even opted in
+    guarded = Policy(allow=["127.0.0.1:8089"], resolve_names_for_address_rules=True)
+    assert judge_name(guarded, "x.test").reason == "default_deny"
+    private = Policy(allow=["10.0.0.0/8"], resolve_names_for_address_rules=True)
+    assert judge_name(private, "x.test", AddressGuard(reserve_private=True)).allowed is False
+    assert judge_name(private, "x.test").reason == "address_rules"
+    blocked = Policy(
+        allow=["203.0.113.0/24"], block=["203.0.113.0/24"], resolve_names_for_address_rules=True
+    )
+    assert judge_name(blocked, "x.test").reason == "default_deny"
 
 
 def test_pool_exhaustion_is_servfail_never_reuse() -> None:

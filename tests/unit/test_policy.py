@@ -127,13 +127,27 @@ def test_cidr_block_matches_any_resolved_address() -> None:
 
 
 def test_cidr_allow_needs_every_address() -> None:
-    policy = Policy(allow=["203.0.113.0/24"])
+    # only under the opt-in does an allow address rule judge a name's addresses
+    # (docs/policy.md#no-lookup-decides-nothing)
+    policy = Policy(allow=["203.0.113.0/24"], resolve_names_for_address_rules=True)
     t = connect("example.com")
     assert policy.decide(t).needs_addrs
     inside = [ipaddress.ip_address("203.0.113.1")]
     mixed = [*inside, ipaddress.ip_address("198.51.100.1")]
     assert policy.decide(t, inside).allowed
     assert not policy.decide(t, mixed).allowed
+
+
+def test_cidr_allow_admits_addresses_not_names() -> None:
+    """Without the opt-in a name resolving into an allowed CIDR is refused, and its refusal
+    needs no lookup; the address itself is allowed."""
+    policy = Policy(allow=["203.0.113.0/24"])
+    t = connect("example.com")
+    first = policy.decide(t)
+    assert (first.allowed, first.reason, first.needs_addrs) == (False, "default_deny", False)
+    inside = [ipaddress.ip_address("203.0.113.1")]
+    assert policy.decide(t, inside).reason == "default_deny"
+    assert policy.decide(connect("203.0.113.1")).allowed
 
 
 BAD_RULES = [
@@ -211,7 +225,7 @@ def test_rule_normalization_is_idempotent(host: str, prefix: str) -> None:
 
 
 def test_partial_address_allow_is_default_deny_not_port() -> None:
-    policy = Policy(allow=["203.0.113.0/24"])
+    policy = Policy(allow=["203.0.113.0/24"], resolve_names_for_address_rules=True)
     t = connect("example.com")
     mixed = [ipaddress.ip_address("203.0.113.1"), ipaddress.ip_address("198.51.100.1")]
     assert policy.decide(t, mixed).reason == "default_deny"

@@ -42,10 +42,15 @@ def test_refused_by_the_new_policy_allowed_or_not_its_client() -> None:
 
 
 def test_judged_with_the_address_it_was_dialed_at() -> None:
-    """Address rules and the guard see the dialed address, not a fresh lookup."""
+    """Address rules (under their opt-in for a name) and the guard see the dialed address,
+    not a fresh lookup; without the opt-in an address rule never keeps a name open
+    (docs/policy.md#no-lookup-decides-nothing)."""
     rec = _rec()
-    assert revoked_by({"sb": Policy(allow=["198.18.0.0/16"])}, GUARD, rec) is None
-    assert revoked_by({"sb": Policy(allow=["198.19.0.0/16"])}, GUARD, rec) is not None
+    inside = Policy(allow=["198.18.0.0/16"], resolve_names_for_address_rules=True)
+    outside = Policy(allow=["198.19.0.0/16"], resolve_names_for_address_rules=True)
+    assert revoked_by({"sb": inside}, GUARD, rec) is None
+    assert revoked_by({"sb": outside}, GUARD, rec) is not None
+    assert revoked_by({"sb": Policy(allow=["198.18.0.0/16"])}, GUARD, rec) is not None
     reserved = AddressGuard(extra=(parse_cidr("198.18.0.0/24"),))
     hit = revoked_by({"sb": Policy(allow=["a.test"])}, reserved, rec)
     assert hit is not None

@@ -297,14 +297,13 @@ class Gate:
         return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
 
     # -- a DNS query (transparent mode's responder) ---------------------------------------------
-    @staticmethod
-    def lookup(policy: Policy, name: str) -> Admit | Refuse:
+    def lookup(self, policy: Policy, name: str) -> Admit | Refuse:
         """A DNS query for `name` (normalized): answered when some connection to it may be
         allowed; an address spelling is no name (docs/proxy.md#transparent-mode-and-socks5).
         Under report-only a refused name is answered, and the record says it would not be."""
         if parse_ip_literal(name) is not None:
             return Refuse(Reason.NOT_A_NAME, "an address spelling is not a name")
-        decision = judge_name(policy, name)
+        decision = judge_name(policy, name, self.guard)
         if decision.allowed:
             return Admit(decision.reason, decision.rule)
         if not policy.report_only:
