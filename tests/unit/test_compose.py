@@ -340,10 +340,7 @@ def test_compose_never_allows_what_the_evaluator_refuses(
 
 # --- address rules admit addresses, not names resolving into them (issue 31) ---------------
 
-_NO_LOOKUP = not hasattr(Policy(), "resolve_names_for_address_rules")
 
-
-@pytest.mark.xfail(_NO_LOOKUP, strict=True, reason="rules.py: address rules judge only addresses")
 @pytest.mark.parametrize(
     "policy",
     [
