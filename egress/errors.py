@@ -1,6 +1,6 @@
 """The few error types a caller of `egress` branches on.
 
-A *denial* is not an error: it is a `Decision` (see `policy.py`) that becomes a 403 at the
+A *denial* is not an error: it is a `Decision` (see `policy/rules.py`) that becomes a 403 at the
 edge. Errors are for input that cannot be judged at all (a malformed host, a bad rule, a
 malformed request) and carry the HTTP status the proxy answers with.
 

@@ -4,7 +4,7 @@ Strategy: every command streams the log line by line (gzip-rotated files are rea
 transparently, detected by their magic bytes, not their name), so memory is bounded by what
 a command keeps: the summary by the number of distinct hosts, clients, reasons and rules
 (client ports are dropped, or every connection would be its own client); tail by `-n`;
-verify by `auditfmt.HASH_WINDOW`. Files are read in the order given, except that a rotation
+verify by `verify.HASH_WINDOW`. Files are read in the order given, except that a rotation
 family (`PATH.3.gz PATH.2.gz PATH.1.gz PATH`) is put in chronological order, so a shell
 glob `audit.jsonl*` just works. Exit codes: 0 ok, 1 verify failed, 2 usage or bad input.
 """

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final
 
-from egress.audit.format import rotated_name, rotation_of
+from egress.audit.format import rotation_of
 from egress.audit.read import GZIP_MAGIC, InputError, Line, open_log, parse_record
 
 READ_CHUNK: Final = 1024 * 1024  # bytes a Follower reads at a time
@@ -95,16 +95,6 @@ class Follower:
 
     def close(self) -> None:
         self._close()
-
-
-def rotated_files(path: str, limit: int = 1000) -> Iterator[str]:
-    """`PATH.1.gz` (or `PATH.1`), `PATH.2.gz`, ...: the rotated files, newest first."""
-    for index in range(1, limit):
-        names = (rotated_name(path, index), rotated_name(path, index, compressed=False))
-        name = next((n for n in names if os.path.exists(n)), None)
-        if name is None:
-            return
-        yield name
 
 
 def _rotated_now(path: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 Strategy: `AuditLog.record()` runs on the proxy's event loop for every event, so it does
 only CPU work that costs a few microseconds: copy the event, add `ts`, redact, serialize
-(`auditfmt`), and hand the text to one writer thread through a `queue.SimpleQueue`. The
+(`format.py`), and hand the text to one writer thread through a `queue.SimpleQueue`. The
 writer thread (`auditwriter`) owns everything else: the hash chain (`seq`, `prev`), batching
 the lines already queued into one `os.write`, rotation and gzip, noticing that the file was
 removed, retrying while it cannot write, and the start/end/rotate/loss records. The event

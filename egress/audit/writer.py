@@ -2,7 +2,7 @@
 
 Strategy: one thread owns the file and the chain. It takes serialized records from a
 `queue.SimpleQueue` (filled by `AuditLog.record()` on the event loop), appends `seq` and
-`prev` (auditfmt's chain), joins every line already queued into one `os.write`, and before
+`prev` (format.py's chain), joins every line already queued into one `os.write`, and before
 each write checks that the path still names the file it holds (a removed or replaced file is
 reopened and counted). A failed write keeps the unwritten bytes, reports, and is retried
 every `retry_interval`; lines beyond `max_pending_bytes` are given up but keep their `seq`,

@@ -8,7 +8,7 @@ import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from netcut.targetref import default_client_id, parse_target
 
@@ -48,7 +48,6 @@ NotReadyKind = Literal[
     "no_gateway",
     "other",
 ]
-NOT_READY_KINDS: tuple[NotReadyKind, ...] = get_args(NotReadyKind)
 
 
 class ExecutionNotReady(EgressError):

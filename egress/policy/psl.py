@@ -20,11 +20,3 @@ def is_public_suffix(name: str) -> bool:
     """True if `name` (canonical, no wildcard) is itself a public suffix (`com`, `co.uk`)."""
     result = _extractor()(f"x.{name}")
     return bool(result.suffix) and result.suffix == name and result.domain == "x"
-
-
-def registrable_domain(host: str) -> str:
-    """`a.b.example.co.uk` -> `example.co.uk`; IPs and unknown suffixes come back unchanged."""
-    result = _extractor()(host)
-    if result.domain and result.suffix:
-        return f"{result.domain}.{result.suffix}"
-    return host

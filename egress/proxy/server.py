@@ -5,7 +5,7 @@ one concept each, and delegates the rest of its public API to them: `tenants`
 (`ClientControl`, `tenants.py`: clients and live policy), `endpoints` (`ListenerControl`,
 `endpoints.py`: listeners of every kind) and `insight` (`Operations`,
 `telemetry/insight.py`: metrics, admin listener, execution summaries). Refusals are answered and
-audit records written in one place, `steps.py`. Each client connection runs one coroutine:
+audit records written in one place, `runtime.py`. Each client connection runs one coroutine:
 *read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every decision is the pure
 gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal, 1xx/101); the
 exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream `pool.py`),

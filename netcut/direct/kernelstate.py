@@ -203,12 +203,6 @@ def read_sysctls(links: tuple[Link, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-def read_sysctl(key: str) -> str | None:
-    """One /proc/sys value; None when the key does not exist. Plain os.read: a status reads
-    ten of these, and Python's text-file layer doubled their cost."""
-    return _read_value(f"/proc/sys/{key}")
-
-
 def _read_value(path: str, directory: int | None = None) -> str | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=directory)
@@ -218,11 +212,6 @@ def _read_value(path: str, directory: int | None = None) -> str | None:
         return os.read(fd, 4096).decode().strip()
     finally:
         os.close(fd)
-
-
-def write_sysctl(key: str, value: str) -> None:
-    with SysctlWriter() as sysctls:
-        sysctls.write(key, value)
 
 
 class SysctlWriter:

@@ -542,3 +542,27 @@ def test_the_layering_tests_check_the_pure_folders_whole() -> None:
         for path in (ROOT / "egress" / folder).rglob("*.py"):
             assert path in test_layering.IN_FOLDERS, path
     assert set(test_netcut_imports.PLAN) == set((ROOT / "netcut" / "plan").glob("*.py"))
+
+
+# --- no reference to a file that no longer exists (issue 33) ---------------------------------
+
+# Files of other projects the code and docs cite by name (a model, a peer, a framework).
+EXTERNAL_FILES = frozenset({"_state.py", "os.py", "egress.py", "proxy.py"})
+
+
+def test_no_reference_to_a_python_file_that_does_not_exist() -> None:
+    """A `name.py` named in egress/, netcut/ or docs/ is one of ours (or a listed external
+    file): renames leave no stale pointers behind (`steps.py`, `wire.py`, `auditfmt` did)."""
+    ours = {
+        p.name for d in ("egress", "netcut", "tests", "bench") for p in (ROOT / d).rglob("*.py")
+    }
+    found = []
+    for folder in ("egress", "netcut", "docs"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".md"):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                for name in re.findall(r"`(?:[\w./-]*/)?([\w-]+\.py)`", line):
+                    if name not in ours and name not in EXTERNAL_FILES:
+                        found.append(f"{path.relative_to(ROOT)}:{number} {name}")
+    assert not found, report(found)

@@ -1,6 +1,6 @@
 """`ChunkedScanner`: where a chunked body ends, validated as it is relayed (docs/wire.md).
 
-Pure, stdlib only; shares the field rules and limits of `wire.py`.
+Pure, stdlib only; shares the field rules and limits of `fields.py`.
 """
 
 from __future__ import annotations

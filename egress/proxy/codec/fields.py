@@ -3,7 +3,7 @@ byte classes, `BodyFraming`, the case-insensitive field access of a parsed head,
 parsing of the head's frame (its end, its field block, its version, keep-alive and
 Content-Length).
 
-`wire.py` is the module the proxy imports; `wirerequest.py` and `wireresponse.py` hold the
+`http1.py` is the module the proxy imports; `request.py` and `response.py` hold the
 two head parsers built on these pieces.
 """
 

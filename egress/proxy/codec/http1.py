@@ -29,7 +29,7 @@ regular expression validates the request line and another the whole field block;
 are lines split, and per field there is just a partition, a strip and a lower.
 
 The module is split along those seams (docs/architecture.md): what both heads share is
-`wirefields.py`, the request parser `wirerequest.py`, the response parser `wireresponse.py`.
+`fields.py`, the request parser `request.py`, the response parser `response.py`.
 Every name stays importable from here, the one module the rest of the proxy imports.
 """
 

@@ -1,5 +1,5 @@
 """Request heads: `parse_request_head` and the request line and framing rules it applies
-(pure, stdlib only; docs/wire.md). Imported through `wire.py`."""
+(pure, stdlib only; docs/wire.md). Imported through `http1.py`."""
 
 from __future__ import annotations
 

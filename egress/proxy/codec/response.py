@@ -1,5 +1,5 @@
 """Response heads: `parse_response_head` and the status line and framing rules it applies
-(pure, stdlib only; docs/wire.md). Imported through `wire.py`."""
+(pure, stdlib only; docs/wire.md). Imported through `http1.py`."""
 
 from __future__ import annotations
 

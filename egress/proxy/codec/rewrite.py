@@ -1,7 +1,7 @@
 """Heads as the proxy sends them on: hop-by-hop fields removed, `Host` set, serialization,
 and byte-for-byte passthrough when nothing needs rewriting (docs/wire.md).
 
-Pure, stdlib only: works on the heads `wire.py` parsed and validated.
+Pure, stdlib only: works on the heads `http1.py` parsed and validated.
 """
 
 from __future__ import annotations

@@ -91,13 +91,6 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
-def prometheus_text(metrics: ProxyMetrics) -> bytes:
-    """The Prometheus text exposition of `metrics` (what /metrics serves)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_ProxyCollector(metrics))
-    return generate_latest(registry)
-
-
 class AdminServer:
     """`/metrics`, `/healthz` (the loop answers) and `/readyz` (listening and able to audit)."""
 
@@ -227,4 +220,4 @@ def admin_url(address: tuple[str, int]) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-__all__ = ["AdminServer", "admin_url", "prometheus_text"]
+__all__ = ["AdminServer", "admin_url"]

@@ -9,14 +9,9 @@ from __future__ import annotations
 from typing import Final
 
 from ...core.intent import Answer, Front
-from ...core.responses import CONNECT_OK
 from ..http.front import http_answers, render_refusal
 
 CONNECT: Final = Front("connect", None, "tunnel", Answer("http", 200), http_answers(), 200)
 
 
-def render_ok() -> bytes:
-    return CONNECT_OK
-
-
-__all__ = ["CONNECT", "render_ok", "render_refusal"]
+__all__ = ["CONNECT", "render_refusal"]

@@ -88,10 +88,6 @@ def render_refusal(action: Refuse) -> bytes:
     return codec.reply(action.answer.code)
 
 
-def render_ok() -> bytes:
-    return codec.reply(codec.REP_SUCCEEDED)
-
-
 NO_METHOD: Final = Verdict(
     Reason.AUTH_REQUIRED,
     "SOCKS5 client offered no acceptable authentication method (username/password required)",
@@ -222,4 +218,4 @@ class Handshake:
         )
 
 
-__all__ = ["NO_METHOD", "SOCKS5", "SOCKS5_ANSWERS", "Handshake", "render_ok", "render_refusal"]
+__all__ = ["NO_METHOD", "SOCKS5", "SOCKS5_ANSWERS", "Handshake", "render_refusal"]
