@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from netcut.errors import InvalidInput
-from netcut.netfilter import Section
 from netcut.plan.model import AF_INET, AF_INET6, OutputRule, RedirectRule, SeenBackstop
+
+# A state-dump section: its name, the command it stands for (for error messages), the shell
+# that prints it (helper/script.py's format, which helper/dump.py reads back).
+Section = Callable[[str, str, str], str]
 
 # The chain that holds the backstop (filter table, iptables and ip6tables).
 CHAIN = "NETCUT"

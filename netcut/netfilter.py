@@ -18,9 +18,9 @@ face over python-iptables; an nftables backend is one new module with a `ShellNe
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
+from netcut.iptables_text import IptablesShell, Section
 from netcut.plan.model import OutputRule, RedirectRule, SeenBackstop
 
 
@@ -52,11 +52,6 @@ class Netfilter(Protocol):
 
     def prewarm(self) -> None:
         """Load what the backend needs once per worker, before its first namespace."""
-
-
-# A state-dump section: its name, the command it stands for (for error messages), the shell
-# that prints it (helper/script.py's format, which helper/dump.py reads back).
-Section = Callable[[str, str, str], str]
 
 
 class ShellNetfilter(Protocol):
@@ -95,6 +90,4 @@ class ShellNetfilter(Protocol):
 def backend() -> ShellNetfilter:
     """The netfilter backend netcut uses, in both modes: the one place it is chosen
     (docs/netcut.md#backends)."""
-    from netcut.iptables_text import IptablesShell  # it imports `Section` from here
-
     return IptablesShell()
