@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian machine (run as root):
 #   ./dev.sh demo    set everything up, then run the end-to-end demo
-#   ./dev.sh test    set everything up (container engines included), then run ruff, mypy and
-#                    the whole test suite; the engines are stopped again at the end
+#   ./dev.sh test    set everything up (container engines included), then run ruff, mypy, the
+#                    unit suite on 3.12 and 3.13, and the whole test suite; the engines are
+#                    stopped again at the end
 #   ./dev.sh bench   set everything up (plus peer proxies), then run the benchmark
 #   ./dev.sh setup   only set up (.venv with the project installed editable)
+#   ./dev.sh pythons the unit suite on every other Python users run (3.12, 3.13: pyenv's or
+#                    python3.X on PATH), each in a venv of its own (.venv-py3.X)
 #   ./dev.sh engines install podman, docker.io, containerd, runc and start the engines the
 #                    engine tests use (tests/engines/up.sh; stop them with tests/engines/down.sh)
 #   ./dev.sh missing PKG...  print the Debian packages among PKG that are not installed
@@ -140,10 +143,42 @@ frameworks_setup() {
     done
 }
 
+# The Pythons besides the dev venv's 3.11 that users run egress on (harbor and inspect-harbor
+# need >= 3.12): each gets the unit suite (docs/testing.md#python-versions).
+OTHER_PYTHONS=(3.12 3.13)
+
+python_for() {
+    # python3.X on PATH if it runs (a pyenv shim may not), else pyenv's newest 3.X
+    local py
+    py="$(command -v "python$1" || true)"
+    [[ -n "$py" ]] && ! "$py" -c '' 2>/dev/null && py=""
+    [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/"$1".*/bin/python 2>/dev/null | sort -V | tail -1)"
+    echo "$py"
+}
+
+pythons() {
+    local version py venv status=0
+    for version in "${OTHER_PYTHONS[@]}"; do
+        py="$(python_for "$version")"
+        if [[ -z "$py" ]]; then
+            echo "dev.sh: no Python $version (python$version on PATH or pyenv's)" >&2
+            return 1
+        fi
+        venv=".venv-py$version"
+        [[ -x "$venv/bin/python" ]] || "$py" -m venv "$venv"
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]" \
+            2> >(grep -v "^WARNING: Location 'file:" >&2)
+        echo "== unit tests on $("$venv/bin/python" -V)"
+        "$venv/bin/python" -m pytest tests/unit -q -p no:cacheprovider "$@" || status=1
+    done
+    return "$status"
+}
+
 cmd="${1:-help}"
 shift || true
 case "$cmd" in
     setup) setup ;;
+    pythons) pythons "$@" ;;
     missing) missing_packages "$@" ;;
     engines)
         apt_install "${ENGINE_PACKAGES[@]}"
@@ -161,6 +196,9 @@ case "$cmd" in
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"
+        # the unit suite on 3.12 and 3.13 too (EGRESS_PYTHONS=0 skips it): first, so that the
+        # whole suite's summary below is the run's last (docs/testing.md#python-versions)
+        [[ "${EGRESS_PYTHONS:-1}" == 0 ]] || pythons
         # The real-engine tests need running engines: start ours on data roots made for this
         # run and take them down again at exit, whatever the outcome (the trap is set before
         # anything starts), unless EGRESS_ENGINES=0 asks for a run without them (those tests
@@ -184,5 +222,5 @@ case "$cmd" in
         exec "$VENV/bin/python" -m bench "$@"
         ;;
     *)
-        sed -n '2,10p' "$0"; exit 2 ;;
+        sed -n '2,13p' "$0"; exit 2 ;;
 esac

@@ -40,7 +40,8 @@ def test_steal_is_read_from_proc_stat() -> None:
 
 _WORK = {
     # a megabyte copied by the kernel per call: system time, little of the interpreter's
-    "kernel": "fd = os.open('/dev/zero', os.O_RDONLY)\nfor _ in range(1500): os.read(fd, 1 << 20)",
+    # (4,000 of them, ~0.2 s: far more than the 10 ms ticks that utime and stime count in)
+    "kernel": "fd = os.open('/dev/zero', os.O_RDONLY)\nfor _ in range(4000): os.read(fd, 1 << 20)",
     "user": "sum(i * i for i in range(3_000_000))",
 }
 
