@@ -122,7 +122,7 @@ class ClientControl:
                 continue
             if rec is None and conn.phase in ("active", "hello"):
                 # being judged, resolved or dialed under the old policy: judged again by
-                # the new one before it relays (drive/coroutine.py)
+                # the new one before it relays (drive/executor.py)
                 conn.recheck = {**(conn.recheck or {}), **policies}
                 continue
             if not isinstance(rec, AccessRecord):

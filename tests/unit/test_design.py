@@ -110,6 +110,116 @@ def test_at_most_one_place_handles_refused() -> None:
     assert len(found) <= 1, report(found)
 
 
+ACTIONS_MODULE = "egress.proxy.core.actions"
+EXECUTOR = ("egress.proxy.drive.executor", "Executor.carry_out")
+
+
+@cache
+def action_classes() -> frozenset[str]:
+    """The action types: the classes `core/actions.py` defines (the `Action` union's)."""
+    for module in modules():
+        if module.name == ACTIONS_MODULE:
+            return frozenset(n.name for n in module.tree.body if isinstance(n, ast.ClassDef))
+    raise AssertionError(f"{ACTIONS_MODULE} defines the actions")
+
+
+def action_names(module: Module) -> dict[str, str]:
+    """The names this module binds to an action class (`Refuse as Refusal`: Refusal)."""
+    names = {}
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.ImportFrom) and absolute(module, node) == ACTIONS_MODULE:
+            for alias in node.names:
+                if alias.name in action_classes():
+                    names[alias.asname or alias.name] = alias.name
+    if module.name == ACTIONS_MODULE:
+        names.update((n, n) for n in action_classes())
+    return names
+
+
+def _classes_named(node: ast.expr, names: dict[str, str]) -> set[str]:
+    """The action classes an `isinstance` second argument or a comparison names."""
+    return {names[n.id] for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names}
+
+
+def action_tests(function: ast.AST, names: dict[str, str]) -> tuple[int, bool]:
+    """How many tests of a value against action classes `function` makes (`isinstance`,
+    `x.__class__ is C`, a `match` case), and whether it has a `match` over them."""
+    tests, matches = 0, False
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance":
+            tests += bool(len(node.args) == 2 and _classes_named(node.args[1], names))
+        elif isinstance(node, ast.Compare):
+            tests += bool(_classes_named(ast.Tuple(node.comparators), names))
+        elif isinstance(node, ast.Match):
+            named = [c for c in node.cases if _classes_named(_pattern_classes(c.pattern), names)]
+            tests += len(named)
+            matches = matches or bool(named)
+    return tests, matches
+
+
+def _pattern_classes(pattern: ast.pattern) -> ast.expr:
+    """The class names a `case` pattern tests, as one expression to search."""
+    found: list[ast.expr] = [n.cls for n in ast.walk(pattern) if isinstance(n, ast.MatchClass)]
+    return ast.Tuple(found)
+
+
+def top_functions(
+    module: Module,
+) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function and method, by qualified name (nested ones are their outer's)."""
+    for node in module.tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{node.name}.{item.name}", item
+
+
+def action_dispatches(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Functions in `egress/proxy` but the executor's `carry_out` that dispatch over action
+    types: two or more tests of an action's class, or a `match` over them (one test,
+    `isinstance(step, Refuse)`, narrows; two choose what to carry out)."""
+    found = []
+    for m in ms or modules():
+        names = action_names(m) if m.name.startswith("egress.proxy") else {}
+        if not names:
+            continue
+        for qualname, function in top_functions(m):
+            if (m.name, qualname) == EXECUTOR:
+                continue
+            tests, matches = action_tests(function, names)
+            if tests >= 2 or matches:
+                found.append(f"{m.where}:{function.lineno} {qualname}: {tests} action tests")
+    return found
+
+
+def test_one_executor_carries_actions_out() -> None:
+    """docs/architecture.md#one-executor: no driver dispatches actions of its own."""
+    found = action_dispatches()
+    assert not found, report(found)
+
+
+def test_the_executor_is_one_exhaustive_match_ending_in_a_raise() -> None:
+    """`carry_out` is a `match` naming every action type, whose last case raises: an action
+    no case names is a bug that says so (mitmproxy's `server_event`)."""
+    module = next(m for m in modules() if m.name == EXECUTOR[0])
+    carry_out = dict(top_functions(module))[EXECUTOR[1]]
+    matches = [n for n in ast.walk(carry_out) if isinstance(n, ast.Match)]
+    assert len(matches) == 1, f"{module.where}: carry_out has {len(matches)} match statements"
+    cases = matches[0].cases
+    named = {ast.unparse(c.pattern.cls) for c in cases if isinstance(c.pattern, ast.MatchClass)}
+    assert named == action_classes(), f"carry_out names {sorted(named)}"
+    last = cases[-1]
+    assert isinstance(last.pattern, ast.MatchAs), "no `case _`"
+    assert last.pattern.pattern is None, "no `case _`"
+    assert [type(s) for s in last.body] == [ast.Raise], "the last case must raise"
+    raised = last.body[0]
+    assert isinstance(raised, ast.Raise)
+    assert raised.exc is not None
+    assert ast.unparse(raised.exc).startswith("RuntimeError(")
+
+
 RECORD_FIELDS_OWNER = "egress.proxy.core.exchange"
 RECORD_NAME = re.compile(r"rec(ord)?s?$|_rec(ord)?$", re.IGNORECASE)
 
@@ -499,6 +609,16 @@ OFFENCES = {
     "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",
     "long_signatures": "def f(a, b, c, d, e, f, g): ...\n",
     "long_functions": "def f():\n" + "    x = 1\n" * 80,
+    "action_dispatches": (
+        "from egress.proxy.core.actions import Dial, Refuse as Refusal\n"
+        "def drive(action):\n"
+        "    if isinstance(action, Dial):\n"
+        "        pass\n"
+        "    elif action.__class__ is Refusal:\n"
+        "        pass\n"
+        "def narrow(action):\n"
+        "    assert isinstance(action, Dial)\n"
+    ),
 }
 
 

@@ -38,12 +38,11 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from ...errors import ProtocolError
-from ...policy.target import IPAddress, Target
+from ...policy.target import Target
 from ...reasons import End
 from ..codec import http1 as wire
-from ..codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
-from ..core.actions import Action, Dial, ReadHello, Refuse, Relay, ReplyOk, Resolve
-from ..core.exchange import Exchange
+from ..core.actions import Action, Refuse
+from ..core.exchange import Exchange, State
 from ..core.gate import Refuse as Verdict
 from ..core.gate import refuse_upstream
 from ..core.record import perf_counter_ns, seconds_since
@@ -57,9 +56,8 @@ from ..modes.http.serve import (
     request_out,
     response_out,
 )
-from ..net.dialer import Dialer
 from ..net.relay import RelayEnded, Side
-from .coroutine import ok_bytes, refuse, revoked_meanwhile
+from .executor import DIAL, END, HELLO, LOOKUP, RELAY, Executor, Wait
 from .tunnel import carry_on, cut, end_relay, open_relay, relay_over, who_left
 
 if TYPE_CHECKING:
@@ -67,6 +65,7 @@ if TYPE_CHECKING:
     from ..runtime import Steps
 
 log = logging.getLogger("egress")
+DONE: Final = State.DONE
 
 
 class FastExchange:
@@ -244,6 +243,7 @@ class FastClient(Side):
     def __init__(self, loop: asyncio.AbstractEventLoop, max_buffer: int = 65536) -> None:
         super().__init__(loop, max_buffer)
         self.fast: FastExchange | None = None
+        self.executor: Executor | None = None  # its kept-alive requests' (`begin`)
         self.conn: Conn | None = None  # set once accepted
         self.steps: Steps | None = None
         # set while no coroutine serves it yet: its first head decides (`first_head`)
@@ -255,20 +255,44 @@ class FastClient(Side):
         self._parked: tuple[wire.RequestHead, bytes] | None = None
 
     def data_received(self, data: bytes) -> None:
+        """A kept-alive request's bytes are served from here when they can be (the module
+        docstring): a complete bodiless head, nothing after it, of an identified client;
+        its client's turn first (at its fair share it waits for one here, from callbacks,
+        in the same queue as the coroutine path's waits: docs/proxy.md#fair-share). Else,
+        and after any fall-back, untouched: the coroutine path's (as `Side`'s)."""
         if self.fast is None:
-            conn = self.conn
+            conn, steps = self.conn, self.steps
             if (
                 conn is not None
                 and conn.phase == "idle"
                 and self.sink is None
                 and not self.buf
                 and self._waiter is not None
-                and self.steps is not None
-                and self.steps.fast_path
+                and steps is not None
+                and steps.fast_path
+                and conn.owner is not None  # (the per-client count is the coroutine path's)
             ):
+                limits = steps.limits
                 try:
-                    if start(self.steps, conn, data):
-                        return
+                    try:
+                        parsed = wire.parse_request_head(
+                            data, max_size=limits.max_head, max_headers=limits.max_headers
+                        )
+                    except ProtocolError:
+                        parsed = None  # the coroutine path answers it
+                    if parsed is not None:
+                        head, used = parsed
+                        if (
+                            used == len(data)
+                            and head.framing.kind == "none"
+                            and head.method != "CONNECT"
+                        ):
+                            ticket = steps.turns.try_take(conn.owner)
+                            if ticket is None:
+                                self.park(steps, conn, head, data)
+                                return
+                            if begin(steps, conn, head, data, ticket):
+                                return
                 except Exception:  # a bug here must not lose the request: the coroutine path
                     log.exception("egress: fast path failed for %s", conn.client)
         super().data_received(data)
@@ -360,26 +384,22 @@ class FastClient(Side):
             finish(conn)
 
 
-_WAIT: Final = object()  # a ClientHello still to come
-
-
 class Carrier:
-    """The callback driver: carries out one exchange's actions from loop callbacks, the
-    twin of `coroutine.drive` (the same exchange, the same answers, the same records) for a
+    """The callback driver: supplies the waiting for one exchange from loop callbacks, the
+    twin of `coroutine.drive` (the same executor, so the same answers and records) for a
     tunnel's whole set-up: decide, dial (`Dialer`, no task), `200`, the SNI check, relay.
     What must wait on something other than a socket (a name not in the resolver's cache)
     is handed to the coroutine driver mid-exchange (docs/architecture.md#the-callback-driver).
     """
 
-    __slots__ = ("conn", "futures", "gone", "over", "side", "spawn", "steps", "timed", "timer", "x")
+    __slots__ = ("conn", "ex", "futures", "gone", "over", "side", "spawn", "steps", "timer")
 
     def __init__(self, steps: Steps, conn: Conn, side: FastClient, spawn: Spawn) -> None:
         self.steps = steps
         self.conn = conn
         self.side = side
         self.spawn = spawn
-        self.x: Exchange | None = None
-        self.timed = False
+        self.ex: Executor | None = None
         self.over = False  # the relay ended (or one direction failed)
         self.gone: str | None = None
         self.futures: tuple[asyncio.Future[None], asyncio.Future[None]] | None = None
@@ -387,16 +407,19 @@ class Carrier:
 
     def begin(self, head: wire.RequestHead) -> None:
         self.conn.relaying = self.conn.recheck = None  # nothing of an earlier exchange
-        try:
-            x, action = connect_exchange(self.steps, self.conn, head)
-            self.x = x
-            self._run(action)
-        except Exception:
-            self._failed()
+        self._carry(self._start, head)
 
-    def run(self, action: Action) -> None:
+    def _start(self, head: wire.RequestHead) -> Action:
+        x, action = connect_exchange(self.steps, self.conn, head)
+        ex = self.ex = Executor(self.steps, self.conn, x)
+        ex.woken = self._dialed
+        return action
+
+    def _carry(self, resume: Callable[..., Action | Wait], *args: object) -> None:
+        """This driver's one guard around the exchange (its start, a dial's report, more of
+        a ClientHello): `resume` gives the next step, carried on until it waits."""
         try:
-            self._run(action)
+            self._run(resume(*args))
         except Exception:
             self._failed()
 
@@ -410,107 +433,45 @@ class Carrier:
             conn.upstream.abort()
         self.side.finished()
 
-    def _run(self, action: Action) -> None:
-        steps, conn, x = self.steps, self.conn, self.x
-        assert x is not None
-        metrics = steps.metrics
-        while True:
-            if isinstance(action, Resolve):
-                addrs = steps.resolver.cached(action.host)
-                if addrs is None:  # a lookup: the coroutine driver carries on from here
-                    self.spawn(conn, carry_on(steps, conn, x, action))
-                    return
-                if metrics is not None:  # a cache hit: answered without a wait
-                    metrics.dns.observe(0.0)
-                action = x.resolved(addrs)
-                continue
-            if not self.timed and x.decided:
-                self.timed = True
-                if metrics is not None:  # parsed head -> verdict (docs/metrics.md)
-                    metrics.decision.observe(seconds_since(x.record.t0))
-            if isinstance(action, Dial):
-                if action.pooled:  # a request's: the coroutine driver's (not met by tunnels)
-                    self.spawn(conn, carry_on(steps, conn, x, action))
-                    return
-                dialer = Dialer(steps.loop, action.addrs, action.port, self._dialed, metrics)
-                conn.dialing = dialer
-                dialer.start()
-                return
-            if isinstance(action, ReplyOk):
-                conn.side.write(ok_bytes(action.answer))
-                action = x.replied()
-            elif isinstance(action, ReadHello):
-                hello = self._hello()
-                if hello is _WAIT:
-                    return
-                action = x.hello(hello)  # type: ignore[arg-type]
-            elif isinstance(action, Refuse):
-                refuse(steps, conn, action)
-                self.side.finished()
-                return
-            elif isinstance(action, Relay):
-                if conn.recheck is not None and revoked_meanwhile(steps, conn, x):
-                    self.side.finished()  # a policy change during its set-up: cut, recorded
-                    return
-                self._relay()
-                return
-            else:  # Done
-                steps.done(action)
-                self.side.finished()
-                return
+    def _run(self, step: Action | Wait) -> None:
+        """Carry the exchange on until it waits: a dial's report (`_dialed`) or more of a
+        ClientHello (`_hello_more`) resume it here; a lookup is the coroutine's."""
+        ex = self.ex
+        assert ex is not None
+        while step.__class__ is not Wait:
+            step = ex.carry_out(step)  # type: ignore[arg-type]
+        if step is DIAL:
+            return  # `_dialed` carries it on (at once, if the dial reported as it started)
+        if step is HELLO:
+            self.side.on_wake = self._hello_more
+        elif step is RELAY:
+            self._relay()
+        elif step is LOOKUP:  # a lookup: the coroutine driver carries on from here
+            assert ex.lookup is not None
+            self.spawn(self.conn, carry_on(self.steps, self.conn, ex.x, ex.lookup))
+        else:
+            assert step is END, step
+            self.side.finished()
 
-    # --- dial ---------------------------------------------------------------------------------
-    def _dialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
-        conn, x, steps = self.conn, self.x, self.steps
-        assert x is not None
-        conn.dialing = None
-        try:
-            if isinstance(outcome, tuple):
-                conn.upstream, addr = outcome
-                action: Action = x.dialed(addr, steps.addr_text(addr))
-                steps.link(conn, x)
-            else:
-                action = x.dial_failed(outcome)
-        except Exception:
-            self._failed()
-            return
-        self.run(action)
-
-    # --- the ClientHello (as `coroutine.read_hello`) ---------------------------------------
-    def _hello(self) -> object:
-        conn, side = self.conn, self.side
-        if conn.phase != "hello":
-            conn.phase, conn.phase_since = "hello", self.steps.loop.time()
-            side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
-            side.want_more()
-        hello = parse_client_hello(side.buf)
-        if hello is None and not side.eof:
-            side.on_wake = self._hello_more
-            side.want_more()
-            return _WAIT
-        side.on_wake = None
-        side.max_buffer = self.steps.limits.max_head
-        conn.phase = "active"
-        return hello
+    # --- what resumes it ----------------------------------------------------------------------
+    def _dialed(self) -> None:
+        """The executor's dial reported (from a loop callback, or as it started)."""
+        ex = self.ex
+        assert ex is not None
+        self._carry(ex.dialed, ex.outcome)
 
     def _hello_more(self) -> None:
-        x = self.x
-        assert x is not None
-        try:
-            hello = self._hello()
-            if hello is _WAIT:
-                return
-            action = x.hello(hello)  # type: ignore[arg-type]
-        except Exception:
-            self._failed()
-            return
-        self.run(action)
+        """More of the ClientHello, or the client's end."""
+        ex = self.ex
+        assert ex is not None
+        self.side.on_wake = None  # (set again if more is still to come)
+        self._carry(ex.hello_more)
 
     # --- relay (as `tunnel.relay_tunnel`) ------------------------------------------------------
     def _relay(self) -> None:
-        x = self.x
-        assert x is not None
-        up, down = self.futures = open_relay(self.steps, self.conn, x)
+        ex = self.ex
+        assert ex is not None
+        up, down = self.futures = open_relay(self.steps, self.conn, ex.x)
         up.add_done_callback(self._relay_moved)
         down.add_done_callback(self._relay_moved)
 
@@ -536,69 +497,59 @@ class Carrier:
             self._failed()
 
     def _relay_ended(self) -> None:
-        futures, x = self.futures, self.x
-        if futures is None or x is None:
+        futures, ex = self.futures, self.ex
+        if futures is None or ex is None:
             return
         self.futures = None
         if self.timer is not None:
             self.timer.cancel()
-        end_relay(self.steps, self.conn, x, futures, self.gone)
+        end_relay(self.steps, self.conn, ex.x, futures, self.gone)
         self.side.finished()
 
 
-def start(steps: Steps, conn: Conn, data: bytes) -> bool:
-    """Serve the request in `data` from callbacks; False (and nothing done) if it must take
-    the coroutine path. The exchange is the coroutine path's own (`Exchange`): this is its
-    synchronous driver, for what needs no waiting; a pure exchange left unfinished here
-    leaves nothing behind (docs/architecture.md#the-callback-fast-path)."""
-    limits = steps.limits
-    try:
-        parsed = wire.parse_request_head(
-            data, max_size=limits.max_head, max_headers=limits.max_headers
-        )
-    except ProtocolError:
-        return False
-    if parsed is None:
-        return False
-    head, used = parsed
-    if used != len(data) or head.framing.kind != "none" or head.method == "CONNECT":
-        return False
-    if conn.owner is None:  # the per-client count is taken by the coroutine path
-        return False
-    # its client's turn first: at its fair share it waits for one here, from callbacks, in
-    # the same queue as the coroutine path's waits (docs/proxy.md#fair-share)
-    ticket = steps.turns.try_take(conn.owner)
-    if ticket is None:
-        side = conn.side
-        assert isinstance(side, FastClient)
-        side.park(steps, conn, head, data)
-        return True
-    return begin(steps, conn, head, data, ticket)
-
-
 def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket: Ticket) -> bool:
-    """`start`, its client's turn taken: False (the turn given back, nothing done) if the
-    request must take the coroutine path."""
-    taken = _decided(steps, conn, head, data)
-    if taken is None:
+    """A kept-alive request served from callbacks (`FastClient.data_received`), its client's
+    turn taken: False (the turn given back, nothing done) if it must take the coroutine
+    path. The exchange is carried out by its executor up
+    to its relay on an idle pooled upstream; it may not dial and leaves the metrics to the
+    end, so a request handed over (a lookup, a dial, a refusal: the coroutine path decides
+    again and answers it) is observed once."""
+    t0 = perf_counter_ns()
+    intent = request_intent(steps, conn, head, t0)
+    target = intent.target
+    if intent.then is not None or not isinstance(target, Target) or intent.path is None:
         steps.turns.give_back(ticket)
         return False
-    x, upstream, addr, out, t0, cached = taken
+    try:
+        out = request_out(head, data, target, intent.path, intent.explicit_port)
+    except (ValueError, UnicodeEncodeError):
+        steps.turns.give_back(ticket)
+        return False  # the coroutine path answers it (400)
+    side = conn.side
+    assert isinstance(side, FastClient)
+    x = Exchange(steps.gate, conn.listener.mode.request_front)
+    ex = side.executor
+    if ex is None:  # one per connection, for its kept-alive requests
+        ex = side.executor = Executor(steps, conn, x, dials=False, timed=False)
+    ex.x, ex.cache_hit = x, False
+    conn.recheck = None  # a change met by an earlier exchange is not this one's (it is idle)
+    step: Action | Wait = x.start(intent)
+    while step is not RELAY:
+        if x.state is DONE or step.__class__ is Wait:  # refused, a lookup, a dial
+            steps.turns.give_back(ticket)
+            return False
+        step = ex.carry_out(step)  # type: ignore[arg-type]
     # from here on the request is ours: nothing below falls back
     metrics = steps.metrics
     if metrics is not None:  # docs/metrics.md
-        if cached:  # a resolver cache hit: answered without a wait
+        if ex.cache_hit:  # a resolver cache hit: answered without a wait
             metrics.dns.observe(0.0)
         metrics.decision.observe(seconds_since(t0))
-    side = conn.side
-    assert isinstance(side, FastClient)
+    upstream = conn.upstream
+    assert upstream is not None
     conn.phase = "active"
     conn.raw_head = data
-    conn.upstream = upstream
-    relay = x.dialed(addr, steps.addr_text(addr))
-    assert isinstance(relay, Relay)
     conn.relaying = x.record  # re-judged if its client's policy changes (as modes/http/serve.py)
-    steps.link(conn, x)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
     fx.ticket = ticket
@@ -608,36 +559,4 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     return True
 
 
-def _decided(
-    steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes
-) -> tuple[Exchange, Side, IPAddress, bytes, int, bool] | None:
-    """The exchange driven up to its dial, on an idle pooled upstream: (exchange, upstream,
-    its address, the head to send, t0, whether the name came from the resolver's cache);
-    None when anything needs a wait or an answer (the coroutine path's to do)."""
-    t0 = perf_counter_ns()
-    intent = request_intent(steps, conn, head, t0)
-    target = intent.target
-    if intent.then is not None or not isinstance(target, Target) or intent.path is None:
-        return None
-    try:
-        out = request_out(head, data, target, intent.path, intent.explicit_port)
-    except (ValueError, UnicodeEncodeError):
-        return None  # the coroutine path answers it (400)
-    x = Exchange(steps.gate, conn.listener.mode.request_front)
-    action = x.start(intent)
-    cached = isinstance(action, Resolve)
-    if isinstance(action, Resolve):
-        addrs = steps.resolver.cached(action.host)
-        if addrs is None:
-            return None
-        action = x.resolved(addrs)
-    if not isinstance(action, Dial):
-        return None  # a refusal: the coroutine path decides again and answers it
-    taken = steps.pool.take_idle(action.addrs, action.port)
-    if taken is None:
-        return None
-    upstream, addr = taken
-    return x, upstream, addr, out, t0, cached
-
-
-__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin", "start"]
+__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin"]

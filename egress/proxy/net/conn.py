@@ -116,7 +116,7 @@ class Conn:
     # dialed: a policy change re-judges it (tenants.py, docs/policy.md#live-policy-changes)
     relaying: object = None
     # the new policies of changes made while an exchange was being judged, resolved or
-    # dialed: it is judged again by them before it relays (drive/coroutine.py)
+    # dialed: it is judged again by them before it relays (drive/executor.py)
     recheck: Mapping[str | None, Policy] | None = None
     task: asyncio.Task[None] | None = None
     rec: AccessRecord | None = None  # the exchange whose open record was written, for progress

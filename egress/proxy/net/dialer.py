@@ -1,9 +1,9 @@
 """Dialing a checked address from callbacks, with no task: both drivers' one dial.
 
 Shell. `loop.create_connection` awaited under `asyncio.timeout` needs a task to wait on it.
-The callback driver (`drive/callback.py`) dials here from callbacks: the same
-`loop.create_connection` (uvloop connects in C and waits once), run by `Stepped`; the
-coroutine driver awaits the same dial on a future (`drive.coroutine.dial`). The addresses
+The executor (`drive/executor.py`) starts every dial here: the callback driver is told of its
+end from a callback, the coroutine driver awaits it on a future; the same
+`loop.create_connection` (uvloop connects in C and waits once), run by `Stepped`. The addresses
 are tried in order; the connect timeout is the sweeper's (`expire`, from `conn.sweep`), so
 no timer is armed per dial (docs/proxy.md#limits), and a stopping proxy gives a dial up
 (`cancel`), reported as its failure. Metrics: successful connects (docs/metrics.md).

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ....reasons import Reason
 from ...codec.dns import FakeIPs, Query, respond
-from ...core.actions import Done, Refuse, Resolve
+from ...core.actions import Done, Refuse
 from ...core.clients import Identity
-from ...core.exchange import Exchange, SequenceError
+from ...core.exchange import Exchange, SequenceError, State
 from ...core.gate import AUDIT_DOWN
 from ...core.gate import Refuse as Verdict
 from ...core.intent import Intent, Question
@@ -61,13 +61,13 @@ def play(x: Exchange, intent: Intent, pool: FakeIPs) -> Refuse | Done:
     """The whole exchange of one query, at once: its lookup is the sandbox's own pool (a
     full pool is `pool_exhausted`, SERVFAIL), so nothing is awaited."""
     action = x.start(intent)
-    if isinstance(action, Resolve):
-        addr = pool.address_for(action.host)
+    if x.state is State.RESOLVING:  # an A query: its lookup (`Resolve`) is the pool's
+        addr = pool.address_for(intent.host)
         if addr is None:
             full = Verdict(Reason.POOL_EXHAUSTED, f"fake address pool {pool.network} is full")
             return x.resolve_failed(full)
         action = x.resolved((addr,))
-    if not isinstance(action, (Refuse, Done)):
+    if not isinstance(action, Refuse | Done):
         raise SequenceError(f"exchange: {action!r} in a DNS exchange")
     return action
 
