@@ -27,8 +27,8 @@ namespace runtime with it). verifiers is imported only here.
 from __future__ import annotations
 
 import contextlib
-import os
 import contextvars
+import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -51,7 +51,6 @@ from ..policy.rules import Policy
 from ..policy.verifiers import from_verifiers
 from ..proxy.net.netns import listen_in_netns, namespace_path
 from .shared import shared_proxy
-
 
 ANY_CONNECT_PORT_ENV = "EGRESS_VERIFIERS_ANY_CONNECT_PORT"
 

@@ -21,12 +21,13 @@ def connect(runtime: object, port: int) -> bool:
 
 def main() -> None:
     docker = DockerConfig(allow=["a.test"])
+    wide = NamespaceConfig(allow=["a.test"], any_connect_port=True)
     said: dict[str, object] = {}
     for name, runtime in [
         ("docker-default", EgressDockerRuntime(docker)),
         ("docker-opt-in", EgressDockerRuntime(docker, any_connect_port=True)),
         ("namespace-default", NamespaceRuntime(NamespaceConfig(allow=["a.test"]))),
-        ("namespace-field", NamespaceRuntime(NamespaceConfig(allow=["a.test"], any_connect_port=True))),
+        ("namespace-field", NamespaceRuntime(wide)),
     ]:
         said[name] = [connect(runtime, 443), connect(runtime, 8443)]
     os.environ[ANY_CONNECT_PORT_ENV] = "1"
