@@ -69,7 +69,8 @@ async def main(tmp: Path, pins: list[str], upstream: str, image: str) -> None:
 
     await env.start(force_build=False)
     try:
-        assert env.egress is not None and env.egress.execution is not None
+        assert env.egress is not None
+        assert env.egress.execution is not None
         ids = {}
         for service in ("main", "db", NETNS_SERVICE):
             found = await env._run_docker_compose_command(["ps", "-q", service])
@@ -95,8 +96,9 @@ async def main(tmp: Path, pins: list[str], upstream: str, image: str) -> None:
         say(step="public", released=env.egress.execution is None)
     finally:
         await env.stop(delete=True)
+    project = f"label=com.docker.compose.project=egc{os.getpid()}__env"
     left = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project=egc{os.getpid()}__env"],
+        ["docker", "ps", "-aq", "--filter", project],
         capture_output=True, text=True, check=False,
     ).stdout.split()  # fmt: skip
     say(step="stopped", left=left, override=env._egress_override is None)
