@@ -27,11 +27,12 @@ from servers import start_origin
 pytestmark = [pytest.mark.netns, pytest.mark.engine("docker")]
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "harbor_compose.py")
+DB = "while true; do echo db-says-hi | nc -l -p 5432; done"  # as harbor_compose.py's
 
 
 def _rootfs() -> bytes:
-    """The host's static busybox with a link per applet, and `/bin/bash` running busybox's
-    sh (Harbor execs `bash -c` in `main`): a task image made offline."""
+    """The host's static busybox with a link per applet, `/bin/bash` running busybox's sh
+    (Harbor execs `bash -c` in `main`) and a passwd with root: a task image made offline."""
     applets = subprocess.run(
         ["/bin/busybox", "--list"], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -47,10 +48,14 @@ def _rootfs() -> bytes:
                 link = tarfile.TarInfo(f"bin/{applet}")
                 link.type, link.linkname = tarfile.SYMTYPE, "busybox"
                 tar.addfile(link)
-        shim = b'#!/bin/sh\nexec /bin/sh "$@"\n'
-        info = tarfile.TarInfo("bin/bash")
-        info.size, info.mode = len(shim), 0o755
-        tar.addfile(info, io.BytesIO(shim))
+        for path, data, mode in (
+            ("bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n', 0o755),
+            ("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644),  # Harbor's `-u root`
+            ("etc/group", b"root:x:0:\n", 0o644),
+        ):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
 
@@ -104,3 +109,79 @@ async def test_every_compose_service_is_behind_the_policy(
     assert [s.path for s in origin.seen] == ["/", "/"]  # the two allowed fetches only
     assert steps["public"] == {"released": True}
     assert steps["stopped"] == {"left": [], "override": True}
+
+
+TASK_TOML = """schema_version = "1.4"
+[metadata]
+[verifier]
+timeout_sec = 120.0
+[agent]
+timeout_sec = 120.0
+network_mode = "allowlist"
+allowed_hosts = ["pypi.test"]
+[environment]
+build_timeout_sec = 120.0
+"""
+SOLVE = """#!/bin/sh
+echo pypi=$(timeout 15 wget -q -O - http://pypi.test/trial >/dev/null 2>&1; echo $?)
+echo evil=$(timeout 15 wget -q -O - http://evil.test/ >/dev/null 2>&1; echo $?)
+echo db=$(nc 127.0.0.1 5432 </dev/null)
+"""
+
+
+@pytest.mark.timeout(900)
+async def test_harbor_trial_with_two_services(
+    test_host: harness.TestHost, tmp_path_factory: pytest.TempPathFactory, task_image: str
+) -> None:
+    """`harbor trials start` with Harbor's oracle agent on the docker environment, a task whose
+    image Harbor builds (`FROM` the offline task image) and whose compose file adds `db`: the
+    agent phase reaches the allowed host, not the blocked one, and `db` on localhost."""
+    venv = harbor_venv(tmp_path_factory.getbasetemp())
+    config = compose_config(tmp_path_factory.getbasetemp())
+    tmp = tmp_path_factory.mktemp("harbor-trial-compose")
+    task = tmp / "two-services"
+    for sub in ("environment", "solution", "tests"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text(TASK_TOML)
+    (task / "instruction.md").write_text("Fetch the index and ask the database.\n")
+    (task / "environment" / "Dockerfile").write_text(f"FROM {task_image}\nWORKDIR /app\n")
+    db = {"services": {"db": {"image": task_image, "command": ["sh", "-c", DB]}}}
+    (task / "environment" / "docker-compose.yaml").write_text(json.dumps(db))
+    (task / "solution" / "solve.sh").write_text(SOLVE)
+    (task / "tests" / "test.sh").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
+    origin = await start_origin(test_host, 80)
+    pins = f"pypi.test={test_host.addr_ns},evil.test={test_host.addr_ns}"
+    env = {
+        **os.environ,
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+        "DOCKER_CONFIG": str(config),
+        "EGRESS_RESOLVE": pins,
+        "EGRESS_AUDIT": str(tmp / "audit.jsonl"),
+    }
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "harbor", "trials", "start", "-p", str(task), "--agent", "oracle",
+            "--env", "egress.integrations.harbor:EgressDockerEnvironment",
+            cwd=str(tmp), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), 600)
+    finally:
+        await origin.close()
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    assert "'reward': 1.0" in text, text[-4000:]
+    [trial] = [p for p in (tmp / "trials").iterdir() if p.is_dir()]
+    agent = (trial / "agent" / "oracle.txt").read_text()
+    assert "pypi=0" in agent, agent
+    assert "evil=0" not in agent, agent  # the blocked name gets no answer
+    assert "db=db-says-hi" in agent, agent
+    assert [s.path for s in origin.seen] == ["/trial"]
+    audit = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()]
+    assert any("evil.test" in json.dumps(r) for r in audit), audit[-5:]
+    project = trial.name.lower()
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}__env"],
+        capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    assert left == []
