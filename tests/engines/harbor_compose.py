@@ -67,8 +67,8 @@ async def main(tmp: Path, pins: list[str], upstream: str, image: str) -> None:
         )
         return done.stdout or ""
 
-    await env.start(force_build=False)
     try:
+        await env.start(force_build=False)  # (a failed start is stopped too, as Harbor does)
         assert env.egress is not None
         assert env.egress.execution is not None
         ids = {}
