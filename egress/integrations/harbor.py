@@ -458,10 +458,12 @@ async def _run(*argv: str) -> None:
 
 
 __all__ = [
+    "NETNS_SERVICE",
     "NETWORK_CAPABILITIES",
     "EgressDockerEnvironment",
     "EgressNetworkPolicy",
     "HarborEgress",
     "NamespaceEnvironment",
     "phase_policy",
+    "shared_namespace_override",
 ]
