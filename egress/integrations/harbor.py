@@ -28,7 +28,9 @@ enters them).
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterable, Sequence
@@ -39,6 +41,9 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.docker.docker import DockerEnvironment
 from harbor.models.task.config import NetworkMode, NetworkPolicy
+
+from netcut.helper import image as helper_image
+from netcut.helper.session import default_image
 
 from ..boundary import Execution, prepare_execution, release_execution
 from ..boundary.choice import can_enter, own_caps
@@ -156,6 +161,57 @@ class HarborEgress:
     close = release
 
 
+# The compose service whose network namespace every policed service of the task shares
+# (docs/integrations.md#every-service-of-the-task): in Harbor's own sidecar mode that is
+# its gost sidecar; here an idle container of netcut's helper image, which holds no
+# capability and runs nothing but a wait.
+NETNS_SERVICE = "egress-netns"
+_HOLDER_WAIT = ["/netcut/bin/python3", "-I", "-S", "-c", "import _signal; _signal.pause()"]
+# what a process in a cut namespace must not hold (netcut refuses to cut otherwise)
+_DROPPED = ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]
+
+
+def shared_namespace_override(services: Sequence[str], holder_image: str) -> dict[str, Any]:
+    """The compose override that puts `services` in one network namespace, held by
+    `NETNS_SERVICE`: the layout Harbor's sidecar mode gives a task (every service without
+    networking of its own shares the sidecar's namespace and reaches the others on
+    `localhost`), with the holder in the sidecar's place. Cutting the holder's namespace
+    then cuts every one of them. Pure.
+
+    Raises `ValueError` when the task already has a service named `NETNS_SERVICE`."""
+    if NETNS_SERVICE in services:
+        raise ValueError(
+            f"the task defines a compose service named {NETNS_SERVICE!r}, which egress-docker "
+            "uses for the namespace its services share: rename it"
+        )
+    override: dict[str, Any] = {
+        NETNS_SERVICE: {
+            "image": holder_image,
+            "pull_policy": "never",
+            "entrypoint": _HOLDER_WAIT,
+            "cap_drop": ["ALL"],
+            "stop_signal": "SIGKILL",
+        }
+    }
+    for name in services:
+        override[name] = {
+            "network_mode": f"service:{NETNS_SERVICE}",
+            "depends_on": {NETNS_SERVICE: {"condition": "service_started"}},
+            "cap_drop": list(_DROPPED),
+        }
+    return {"services": override}
+
+
+def _ensure_image(engine: str, tag: str) -> None:
+    """`tag` present in `engine`, else assembled offline from this host's files (netcut's
+    helper image: no registry is asked)."""
+    found = subprocess.run(
+        [engine, "image", "inspect", tag], capture_output=True, timeout=60, check=False
+    )
+    if found.returncode != 0:
+        helper_image.build(engine, tag)
+
+
 def _routes(value: object) -> list[str]:
     if value is None:
         return []
@@ -193,10 +249,16 @@ class EgressNetworkPolicy:
 
 
 class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
-    """Harbor's docker environment with egress in place of its gost sidecar: the main
-    container is cut with `netcut` and served by the proxy on this process's event loop.
-    As root, netcut enters its namespace (direct mode); as a docker-group user, one helper
-    container per phase change cuts it and opens its listeners, passing them back
+    """Harbor's docker environment with egress in place of its gost sidecar.
+
+    When a policy of the trial is restricted (when Harbor would start its sidecar), every
+    service Harbor would put behind its sidecar (`main` and each task service without
+    `network_mode` / `networks` of its own: Harbor's own selection) shares one network
+    namespace, held by `NETNS_SERVICE`, as they share the sidecar's in Harbor: they reach
+    each other on `localhost`. That namespace is cut with `netcut` and served by the proxy
+    on this process's event loop, so every one of those services is behind the policy.
+    As root, netcut enters it (direct mode); as a docker-group user, one helper container
+    per phase change cuts it and opens its listeners, passing them back
     (docs/user-guide.md#helper-mode). Extra kwargs (`--ek`): `egress_policy` (an evaluator
     policy file), `framework_routes` (URLs), `cut_mode` (`auto`, `direct` or `helper`)."""
 
@@ -211,7 +273,28 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
         self._egress_evaluator = load_evaluator(egress_policy)
         self._egress_routes = _routes(framework_routes)
         self._egress_cut_mode = as_choice(cut_mode, "egress-docker cut_mode", CUT_MODE_CHOICES)
+        policies = [kwargs.get("network_policy"), *(kwargs.get("phase_network_policies") or ())]
+        # Harbor's own rule for starting its sidecar: some policy of the trial is restricted
+        self._egress_shared = any(
+            p is not None and NetworkMode(p.network_mode) != NetworkMode.PUBLIC for p in policies
+        )
+        self._egress_override: Path | None = None
         super().__init__(*args, **kwargs)
+
+    @property
+    def _docker_compose_paths(self) -> list[Path]:
+        paths: list[Path] = list(super()._docker_compose_paths)
+        return [*paths, self._egress_override] if self._egress_override is not None else paths
+
+    def _write_shared_namespace_override(self) -> None:
+        services = self._egress_controlled_service_names()
+        image = default_image()
+        _ensure_image(self.runtime().engine[0], image)
+        override = shared_namespace_override(services, image)
+        directory = Path(tempfile.mkdtemp(prefix="egress-harbor-compose-"))
+        path = directory / "docker-compose-egress-netns.json"
+        path.write_text(json.dumps(override, indent=2))
+        self._egress_override = path
 
     @staticmethod
     def _requires_egress_control(**_: Any) -> bool:
@@ -222,8 +305,11 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
         return "egress-docker"
 
     async def start(self, force_build: bool) -> None:
+        if self._egress_shared:
+            await asyncio.to_thread(self._write_shared_namespace_override)
         await super().start(force_build)
-        found = await self._run_docker_compose_command(["ps", "-q", "main"])
+        holder = NETNS_SERVICE if self._egress_shared else "main"
+        found = await self._run_docker_compose_command(["ps", "-q", holder])
         container = (found.stdout or "").strip().splitlines()[0]
         self.egress = HarborEgress(
             f"docker:{container}",
@@ -235,9 +321,15 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
         await self._enforce_startup_policy()
 
     async def stop(self, delete: bool) -> None:
-        if self.egress is not None:
-            await self.egress.close()
-        await super().stop(delete)
+        try:
+            if self.egress is not None:
+                await self.egress.close()
+            await super().stop(delete)
+        finally:
+            if self._egress_override is not None:
+                self._egress_override.unlink(missing_ok=True)
+                self._egress_override.parent.rmdir()
+                self._egress_override = None
 
 
 class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
@@ -366,10 +458,12 @@ async def _run(*argv: str) -> None:
 
 
 __all__ = [
+    "NETNS_SERVICE",
     "NETWORK_CAPABILITIES",
     "EgressDockerEnvironment",
     "EgressNetworkPolicy",
     "HarborEgress",
     "NamespaceEnvironment",
     "phase_policy",
+    "shared_namespace_override",
 ]

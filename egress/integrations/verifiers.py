@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -50,6 +51,21 @@ from ..policy.rules import Policy
 from ..policy.verifiers import from_verifiers
 from ..proxy.net.netns import listen_in_netns, namespace_path
 from .shared import shared_proxy
+
+ANY_CONNECT_PORT_ENV = "EGRESS_VERIFIERS_ANY_CONNECT_PORT"
+
+
+def runtime_policy(config: Any, any_connect_port: bool | None = None) -> Policy:
+    """`from_verifiers(config)` for a runtime. `any_connect_port` None reads
+    `$EGRESS_VERIFIERS_ANY_CONNECT_PORT` (`1` opts in), so a verifiers CLI run, which builds
+    the runtime from its config, can choose it too; anything but `0`, `1` or unset is a
+    `ValueError` (a typo must not silently keep, or widen, the policy)."""
+    if any_connect_port is None:
+        raw = os.environ.get(ANY_CONNECT_PORT_ENV, "").strip()
+        if raw not in ("", "0", "1"):
+            raise ValueError(f"{ANY_CONNECT_PORT_ENV} must be 0 or 1, not {raw!r}")
+        any_connect_port = raw == "1"
+    return from_verifiers(config, any_connect_port=any_connect_port)
 
 
 class VerifiersBoundary:
@@ -160,7 +176,10 @@ class EgressDockerRuntime(DockerRuntime):  # type: ignore[misc]
     """verifiers' docker runtime with egress-netcut's proxy and cut (module docstring).
 
     Takes the same `DockerConfig`; `policy` overrides `from_verifiers(config)`. The audit's
-    client id is the runtime's name (verifiers' `vf-…`)."""
+    client id is the runtime's name (verifiers' `vf-…`). `any_connect_port` (default:
+    `$EGRESS_VERIFIERS_ANY_CONNECT_PORT` = 1) is `from_verifiers`'s widening opt-in: a rule
+    without a port allows CONNECT to every port, as `NetworkPolicyConfig.permits` alone
+    (verifiers' own proxy allows CONNECT to 443 only; docs/policy.md#verifiers)."""
 
     def __init__(
         self,
@@ -172,9 +191,10 @@ class EgressDockerRuntime(DockerRuntime):  # type: ignore[misc]
         transparent: bool = False,
         cut_mode: CutModeChoice = "auto",
         helper_image: str | None = None,
+        any_connect_port: bool | None = None,
     ) -> None:
         super().__init__(config, name, host=host)
-        chosen = policy if policy is not None else from_verifiers(config)
+        chosen = policy if policy is not None else runtime_policy(config, any_connect_port)
         self.egress = VerifiersBoundary(
             lambda: f"{self.engine}:{self._container}",
             chosen,

@@ -31,8 +31,7 @@ from verifiers.v1.runtimes.subprocess import SubprocessConfig, SubprocessRuntime
 from ..boundary.plan import client_id_from
 from ..errors import EgressError
 from ..policy.rules import Policy
-from ..policy.verifiers import from_verifiers
-from .verifiers import VerifiersBoundary
+from .verifiers import VerifiersBoundary, runtime_policy
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -49,6 +48,9 @@ class NamespaceConfig(NetworkPolicyConfig):  # type: ignore[misc]
     user: str = "nobody"
     """The user every program runs as (a name or a numeric uid), without capabilities."""
     image: str | None = None
+    any_connect_port: bool | None = None
+    """`from_verifiers`'s widening opt-in (CONNECT to every port of a rule without one);
+    None: `$EGRESS_VERIFIERS_ANY_CONNECT_PORT` (docs/integrations.md#connect-ports)."""
 
 
 class ImageNotSupported(EgressError):
@@ -69,7 +71,9 @@ class NamespaceRuntime(SubprocessRuntime):  # type: ignore[misc]
 
     `config` is a `NamespaceConfig` (or any verifiers `NetworkPolicyConfig`: a `DockerConfig`
     under `install(runtime="namespace")`, whose image must then be its default);
-    `policy` overrides `from_verifiers(config)`. The audit's client id is the runtime's name."""
+    `policy` overrides `from_verifiers(config)`; `any_connect_port` (else the config's, else
+    `$EGRESS_VERIFIERS_ANY_CONNECT_PORT`) is its widening opt-in. The audit's client id is
+    the runtime's name."""
 
     def __init__(
         self,
@@ -78,13 +82,16 @@ class NamespaceRuntime(SubprocessRuntime):  # type: ignore[misc]
         *,
         policy: Policy | None = None,
         transparent: bool = False,
+        any_connect_port: bool | None = None,
     ) -> None:
         super().__init__(SubprocessConfig(), name)
         self.config = config  # verifiers reads `network_restricted` and `type` off it
         self.netns: str | None = getattr(config, "netns", None)
         self._own_netns = self.netns is None
         self.uid, self.gid = _identity(str(getattr(config, "user", "nobody")))
-        chosen = policy if policy is not None else from_verifiers(config)
+        if any_connect_port is None:
+            any_connect_port = getattr(config, "any_connect_port", None)
+        chosen = policy if policy is not None else runtime_policy(config, any_connect_port)
         self.egress = VerifiersBoundary(
             lambda: self._namespace(),
             chosen,

@@ -7,6 +7,9 @@ first failure).
   gets no sidecar (`_enable_egress_control` is what adds it);
 - Harbor itself refuses an IPv6 allowlist entry before start (a cut sandbox has no IPv6);
 - `phase_policy` turns the model host into a framework route and composes an evaluator;
+- the services Harbor would put behind its sidecar share one namespace, held by
+  `NETNS_SERVICE` (only when a policy of the trial is restricted, as Harbor decides), with
+  NET_ADMIN/NET_RAW/SYS_ADMIN dropped; a task service of that name is refused;
 - the `egress_policy` file is honoured in full (policy, `resolve` pins, `reserve`,
   `reserve_private`) or refused naming the key (`[clients]`, `mode = "report"`).
 """
@@ -24,10 +27,12 @@ from harbor.models.trial.paths import TrialPaths
 
 from egress import EgressProxy, Policy, PolicyError, make_target
 from egress.integrations.harbor import (
+    NETNS_SERVICE,
     EgressDockerEnvironment,
     NamespaceEnvironment,
     load_evaluator,
     phase_policy,
+    shared_namespace_override,
 )
 
 ALLOW = NetworkPolicy(network_mode="allowlist", allowed_hosts=["pypi.org", "198.18.0.1"])
@@ -58,6 +63,37 @@ def check_docker(tmp: Path) -> None:
     assert caps.dynamic_network_policy
     assert caps.disable_internet
     assert env._enable_egress_control is False  # type: ignore[attr-defined]  # no sidecar
+
+
+def check_shared_namespace(tmp: Path) -> None:
+    restricted = environment(EgressDockerEnvironment, tmp, [ALLOW])
+    public = environment(EgressDockerEnvironment, tmp, [NetworkPolicy()])
+    assert restricted._egress_shared is True  # type: ignore[attr-defined]
+    assert public._egress_shared is False  # type: ignore[attr-defined]  # Harbor's own layout
+    compose = tmp / "environment" / "docker-compose.yaml"
+    compose.write_text(
+        "services:\n  db: {image: x}\n  side: {image: x, networks: [own]}\n"
+        "  peer: {image: x, network_mode: host}\n"
+    )
+    services = restricted._egress_controlled_service_names()  # type: ignore[attr-defined]
+    assert sorted(services) == ["db", "main"], services  # Harbor's own selection
+    override = shared_namespace_override(services, "img:1")["services"]
+    assert sorted(override) == sorted([NETNS_SERVICE, "db", "main"])
+    holder = override[NETNS_SERVICE]
+    assert (holder["image"], holder["cap_drop"], holder["pull_policy"]) == (
+        "img:1",
+        ["ALL"],
+        "never",
+    )
+    for name in ("db", "main"):
+        assert override[name]["network_mode"] == f"service:{NETNS_SERVICE}"
+        assert set(override[name]["cap_drop"]) == {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
+    try:
+        shared_namespace_override(["main", NETNS_SERVICE], "img:1")
+        clash = "accepted"
+    except ValueError as exc:
+        clash = str(exc)
+    assert "rename it" in clash, clash
 
 
 def check_namespace(tmp: Path) -> None:
@@ -132,8 +168,8 @@ def policy_error(call: Callable[[], object]) -> str:
 
 
 def main() -> None:
-    checks = [check_docker, check_namespace, check_ipv6_refused_by_harbor, check_phase_policy,
-              check_evaluator_file]  # fmt: skip
+    checks = [check_docker, check_shared_namespace, check_namespace,
+              check_ipv6_refused_by_harbor, check_phase_policy, check_evaluator_file]  # fmt: skip
     for n, check in enumerate(checks, 1):
         with tempfile.TemporaryDirectory() as tmp:
             check(Path(tmp))

@@ -20,4 +20,4 @@ def test_harbor_environment_classes(tmp_path_factory: pytest.TempPathFactory) ->
         [str(venv / "bin" / "python"), str(checks)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == 5, done.stdout
+    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == 6, done.stdout
