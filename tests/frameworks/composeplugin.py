@@ -56,3 +56,9 @@ def compose_config(run_dir: Path) -> Path:
     plugin.write_bytes(data)
     plugin.chmod(0o755)
     return config
+
+
+if __name__ == "__main__":
+    # dev.sh's set-up: `python tests/frameworks/composeplugin.py DIR` makes DIR/docker-config
+    # and prints it (for EGRESS_DOCKER_CONFIG), so no test downloads anything
+    print(compose_config(Path(sys.argv[1])))
