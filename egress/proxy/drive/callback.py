@@ -51,10 +51,12 @@ from ..fairshare import Ticket, Waiter
 from ..modes.connect.serve import connect_exchange
 from ..modes.http.serve import (
     answer,
+    cut_by_proxy,
     finish_exchange,
     framer_for,
     request_intent,
     request_out,
+    response_end,
     response_out,
 )
 from ..net.dialer import Dialer
@@ -160,13 +162,14 @@ class FastExchange:
                 self._end(True)
             else:
                 up.consume(n)
-                self.end = "upstream_lost"
+                self.end = End.CLIENT_CLOSED.value  # the client is gone (docs/audit-log.md)
                 self._end(False)
             return
         framer = framer_for(resp.framing, 502) if kind in ("length", "chunked") else None
         if kind == "none" or (kind != "close" and framer is None):
-            client.write(out)
-            self._end(True)
+            if not client.write(out):
+                self.end = End.CLIENT_CLOSED.value
+            self._end(self.end is None)
             return
         if kind == "close":
             client.write(out)
@@ -180,8 +183,9 @@ class FastExchange:
         exc = None if fut.cancelled() else fut.exception()
         ok = True
         if isinstance(exc, RelayEnded) and self.resp is not None:
-            if self.resp.framing.kind != "close":  # until-close: its end is the close
-                self.end = f"upstream_{exc.reason}"
+            # until-close: its end is the close, unless the client went away
+            if self.resp.framing.kind != "close" or exc.sink:
+                self.end = response_end(exc)
                 ok = False
         elif fut.cancelled() or exc is not None:
             ok = False
@@ -207,8 +211,8 @@ class FastExchange:
         self.upstream.on_wake = None
         self.upstream.close()
         conn = self.conn
-        if conn.end == End.REVOKED.value and isinstance(refusal, Verdict):
-            # cut by a policy change: nothing to answer, the exchange's record says so
+        if cut_by_proxy(conn) and isinstance(refusal, Verdict):
+            # cut by the proxy (a policy change, a stop): nothing to answer, its record says so
             finish_exchange(
                 self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
             )

@@ -10,7 +10,6 @@ pool when both sides may go on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -179,8 +178,9 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
     got = await _read_response(conn, head, upstream, x)
     if not isinstance(got, tuple):
         upstream.close()
-        if conn.end == End.REVOKED.value and isinstance(got, Refuse):
-            # cut by a policy change: nothing to answer, the exchange's record says so
+        if cut_by_proxy(conn) and isinstance(got, Refuse):
+            # cut by the proxy (a policy change, shutdown, its sandbox released, idle):
+            # nothing to answer, the exchange's record says so with `conn.end`
             if req_done is not None:
                 _settle(req_done)
             return finish_exchange(steps, conn, upstream, None, x, keep=False, ok=False, end=None)
@@ -246,10 +246,11 @@ def finish_exchange(
     end: str | None,
 ) -> bool:
     """End an exchange (its record) and pool (or close) its upstream; True if the client
-    connection may go on. `resp` None: cut before a response (a policy change). An exchange
-    a policy change cut (docs/policy.md#live-policy-changes) ends `revoked`, whatever its
-    relay saw of the cut."""
-    if conn.end is not None and conn.end == End.REVOKED.value:  # (None: every request)
+    connection may go on. `resp` None: cut before a response (by the proxy). An exchange
+    the proxy cut ends as `conn.end` says, whatever its relay saw of the cut: `revoked` by a
+    policy change (docs/policy.md#live-policy-changes), `shutdown` at a stop, `released`,
+    `idle_timeout` (docs/audit-log.md#end-values)."""
+    if conn.end is not None:  # (None: every request)
         end, ok, keep = conn.end, False, False
     keep = keep and resp is not None and resp.framing.kind != "close"
     up, down = conn.side.bytes_relayed, upstream.bytes_relayed
@@ -270,23 +271,40 @@ async def _relay_response(
     """Write the response head and relay its body (one write when it is all buffered):
     (clean, how it was cut short: `upstream_...`, or None)."""
     kind = resp.framing.kind
-    if kind == "none":
-        conn.side.write(head_bytes)
+    framer = framer_for(resp.framing, 502) if kind != "close" else None
+    if kind != "close" and framer is None:  # no body, or Content-Length: 0
+        if not conn.side.write(head_bytes):
+            return False, End.CLIENT_CLOSED.value
         return True, None
     if kind == "close":
-        conn.side.write(head_bytes)
-        with contextlib.suppress(RelayEnded):
+        if not conn.side.write(head_bytes):
+            return False, End.CLIENT_CLOSED.value
+        try:
             await upstream.start_relay(conn.side, None)
-        return True, None
-    framer = framer_for(resp.framing, 502)
-    if framer is None:  # Content-Length: 0
-        conn.side.write(head_bytes)
+        except RelayEnded as exc:
+            if exc.sink:  # the client went away: its end (until-close: the close is the end)
+                return False, End.CLIENT_CLOSED.value
         return True, None
     try:
         await upstream.start_relay(conn.side, framer, prefix=head_bytes)
     except RelayEnded as exc:
-        return False, f"upstream_{exc.reason}"
+        return False, response_end(exc)
     return True, None
+
+
+def response_end(exc: RelayEnded) -> str:
+    """How a response body relay cut short ended, named for the side that ended it: the
+    client's reset or close (the relay could not write to it) is `client_closed`, else the
+    upstream's `upstream_eof`/`upstream_lost`/`upstream_protocol`
+    (docs/audit-log.md#end-values)."""
+    return End.CLIENT_CLOSED.value if exc.sink else f"upstream_{exc.reason}"
+
+
+def cut_by_proxy(conn: Conn) -> bool:
+    """Whether the proxy cut this connection's exchange (a policy change, a stop, its
+    sandbox released, a timeout): its record then ends as `conn.end` says, not as the
+    failure the cut caused on either side (docs/audit-log.md#end-values)."""
+    return conn.end is not None
 
 
 async def _read_response(
@@ -369,9 +387,11 @@ def _settle(fut: asyncio.Future[None]) -> bool:
 
 __all__ = [
     "answer",
+    "cut_by_proxy",
     "finish_exchange",
     "framer_for",
     "request_out",
+    "response_end",
     "response_out",
     "serve_request",
 ]
