@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ....errors import ProtocolError, TargetError
 from ....policy.target import Target, host_header, make_target
@@ -25,13 +25,18 @@ from ...core.exchange import Exchange
 from ...core.gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
 from ...core.intent import Intent
 from ...core.record import perf_counter_ns
-from ...drive.coroutine import drive, refuse
+from ...drive.coroutine import dial, drive, refuse
 from ...fairshare import Ticket
 from ...net.relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
     from ...net.conn import Conn
     from ...runtime import Steps
+
+
+# a pooled upstream closed before a byte of its response: the one refusal `_exchange` may
+# answer with a retry on a fresh connection instead (docs/proxy.md#upstream-keep-alive)
+UNANSWERED: Final = refuse_upstream("upstream closed before a response")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +181,16 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
         # a malformed or truncated request body ends the exchange at once
         req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
     got = await _read_response(conn, head, upstream, x)
+    if got is UNANSWERED and req_done is None and upstream.last_rec is not None:
+        # a pooled upstream that closed before answering: once more on a fresh one
+        fresh = await _redial(steps, conn, x, req.head)
+        if fresh is not None:
+            upstream.close()
+            if isinstance(fresh, Refuse):
+                return answer(steps, conn, head, x, fresh)
+            upstream = conn.upstream = fresh
+            upstream.write(out)
+            got = await _read_response(conn, head, upstream, x)
     if not isinstance(got, tuple):
         upstream.close()
         if cut_by_proxy(conn) and isinstance(got, Refuse):
@@ -201,6 +216,26 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
     return finish_exchange(steps, conn, upstream, resp, x, keep=keep and ok, ok=ok, end=end)
+
+
+async def _redial(
+    steps: Steps, conn: Conn, x: Exchange, head: wire.RequestHead
+) -> Side | Refuse | None:
+    """A fresh upstream to the address already checked, for a request its pooled one left
+    unanswered (`Exchange.retry`: idempotent and bodiless, once); None when it may not be
+    sent again, or the proxy cut it meanwhile; the dial's refusal if none answered."""
+    if cut_by_proxy(conn):
+        return None
+    framing = head.framing
+    dial_again = x.retry(
+        framing.kind == "none" or (framing.kind == "length" and not framing.length)
+    )
+    if dial_again is None:
+        return None
+    found = await dial(steps, conn, dial_again)
+    if isinstance(found, Refuse):
+        return found
+    return found[0]
 
 
 def request_out(
@@ -313,6 +348,7 @@ async def _read_response(
     """The final response head (1xx relayed on the way) and its exact bytes; else the
     exchange's refusal (a 101), or the upstream's failure to refuse with."""
     searched = 0
+    interim = None
     while True:
         try:
             parsed = wire.parse_response_head(
@@ -330,10 +366,13 @@ async def _read_response(
             if resp.status < 200:  # interim: relayed, and read on
                 conn.side.write(raw)
                 searched = 0
+                interim = resp
                 continue
             return resp, raw
         searched = len(upstream.buf)
         if not await upstream.read_more():
+            if not upstream.buf and interim is None:  # not a byte of a response: may retry
+                return UNANSWERED
             return refuse_upstream("upstream closed before a response")
 
 
