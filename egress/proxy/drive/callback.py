@@ -78,7 +78,9 @@ class FastExchange:
         "conn",
         "end",
         "head",
+        "interim",
         "keep",
+        "out",
         "resp",
         "searched",
         "steps",
@@ -100,6 +102,8 @@ class FastExchange:
         self.resp: wire.ResponseHead | None = None
         self.keep = False
         self.ticket: Ticket | None = None  # its client's request slot, given back at the end
+        self.out = b""  # the head sent upstream (sent again by a retry, `_retry`)
+        self.interim = False  # a 1xx was relayed (a retry no longer may)
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
@@ -125,6 +129,8 @@ class FastExchange:
                 return
             if parsed is None:
                 if up.eof:
+                    if not up.buf and not self.interim and self._retry():
+                        return  # its pooled upstream closed unanswered: on a fresh one
                     self._refused(refuse_upstream("upstream closed before a response"))
                 else:
                     self.searched = len(up.buf)
@@ -139,10 +145,37 @@ class FastExchange:
             if resp.status < 200:  # interim: relayed, and read on
                 self.conn.side.write(raw)
                 self.searched = 0
+                self.interim = True
                 continue
             up.on_wake = None
             self._relay(resp, raw)
             return
+
+    def _retry(self) -> bool:
+        """Send the request again on a fresh upstream to the checked address, as
+        `modes.http.serve` does (`Exchange.retry`: idempotent, once); False if it may not."""
+        if cut_by_proxy(self.conn):
+            return False
+        again = self.x.retry(True)  # (the fast path takes bodiless requests only)
+        if again is None:
+            return False
+        self.upstream.on_wake = None
+        self.upstream.close()
+        steps = self.steps
+        dialer = Dialer(steps.loop, again.addrs, again.port, self._redialed, steps.metrics)
+        self.conn.dialing = dialer
+        dialer.start()
+        return True
+
+    def _redialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
+        self.conn.dialing = None
+        if isinstance(outcome, Verdict):
+            self._refused(outcome)  # answered and recorded, `retried: 1`
+            return
+        self.upstream = self.conn.upstream = up = outcome[0]
+        self.searched = 0
+        up.on_wake = self.on_upstream
+        up.write(self.out)
 
     def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
         """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
@@ -606,6 +639,7 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
     fx.ticket = ticket
+    fx.out = out
     side.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(out)
