@@ -1,5 +1,5 @@
 """A pooled upstream that closed just before it was reused (issue 32, LOW;
-docs/proxy.md#upstream-keep-alive).
+docs/proxy.md#upstream-pool).
 
 An origin may close an idle kept-alive connection at any moment; when its FIN crosses the
 proxy's reuse of that connection, the request met a closed upstream and got a 502 (9 of 20

@@ -299,7 +299,7 @@ class Exchange:
         an idle kept-alive connection as it was reused): a request that may be sent again
         (RFC 9110 section 9.2.2: an idempotent method; `bodiless`: no body was streamed) is
         sent once more on a fresh connection to the address already checked, never
-        resolved again (docs/proxy.md#upstream-keep-alive). The `Dial` of that address
+        resolved again (docs/proxy.md#upstream-pool). The `Dial` of that address
         alone, or None (then refused as before: 502). Its record says `retried: 1`."""
         self._check("retry")
         rec = self.record

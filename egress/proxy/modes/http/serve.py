@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 # a pooled upstream closed before a byte of its response: the one refusal `_exchange` may
-# answer with a retry on a fresh connection instead (docs/proxy.md#upstream-keep-alive)
+# answer with a retry on a fresh connection instead (docs/proxy.md#upstream-pool)
 UNANSWERED: Final = refuse_upstream("upstream closed before a response")
 
 
