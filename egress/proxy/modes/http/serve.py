@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from ....errors import ProtocolError, TargetError
-from ....policy.target import Target, host_header, make_target
+from ....policy.target import IPAddress, Target, host_header, make_target
 from ....reasons import End
 from ...codec import http1 as wire
 from ...codec import rewrite
@@ -25,8 +25,9 @@ from ...core.exchange import Exchange
 from ...core.gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
 from ...core.intent import Intent
 from ...core.record import perf_counter_ns
-from ...drive.coroutine import dial, drive, refuse
+from ...drive.coroutine import drive, refuse
 from ...fairshare import Ticket
+from ...net.dialer import Dialer
 from ...net.relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
@@ -232,10 +233,24 @@ async def _redial(
     )
     if dial_again is None:
         return None
-    found = await dial(steps, conn, dial_again)
-    if isinstance(found, Refuse):
-        return found
-    return found[0]
+    found: asyncio.Future[tuple[Side, IPAddress] | Refuse] = steps.loop.create_future()
+
+    def done(outcome: tuple[Side, IPAddress] | Refuse) -> None:
+        if not found.done():
+            found.set_result(outcome)
+        elif isinstance(outcome, tuple):  # this task was cancelled meanwhile: nobody's
+            outcome[0].close()
+
+    # the `Dialer` both drivers use: the sweeper times it out, a stop gives it up
+    dialer = Dialer(steps.loop, dial_again.addrs, dial_again.port, done, steps.metrics)
+    conn.dialing = dialer
+    try:
+        dialer.start()
+        got = await found
+    finally:
+        conn.dialing = None
+        dialer.cancel()  # (a no-op once it reported)
+    return got if isinstance(got, Refuse) else got[0]
 
 
 def request_out(
