@@ -14,10 +14,12 @@ without a byte: every reuse meets the race's outcome, deterministically.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from egress.config import build_settings
+from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy
 
 from proxykit import MemoryAudit, exempt, read_response
@@ -90,8 +92,21 @@ async def run(
 
 
 @pytest.mark.parametrize("kept_alive", [True, False], ids=["fast-path", "coroutine"])
-async def test_an_idempotent_request_is_sent_again_on_a_fresh_upstream(kept_alive: bool) -> None:
+async def test_an_idempotent_request_is_sent_again_on_a_fresh_upstream(
+    kept_alive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = []  # the requests the coroutine path served (an observer, not a stand-in)
+    real = server_mod.serve_request
+
+    async def observed(*args: Any) -> bool:
+        served.append(1)
+        result: bool = await real(*args)
+        return result
+
+    monkeypatch.setattr(server_mod, "serve_request", observed)
     statuses, records, origin = await run(kept_alive)
+    # kept alive, each reuse and its retry are the callback fast path's
+    assert len(served) == (1 if kept_alive else 20)
     assert statuses == [200] * 20  # before: 200, then 502 for every reuse
     assert origin.unanswered == 19
     assert origin.connections == 20
@@ -113,3 +128,28 @@ async def test_a_request_that_may_not_be_sent_twice_is_not(method: str, body: by
     assert set(statuses[1:]) == {502}
     assert not any(r.get("retried") for r in records)
     assert origin.unanswered >= 19
+
+
+async def test_a_retry_that_finds_the_origin_gone_is_answered_and_recorded_once() -> None:
+    """The fresh connection is refused (the origin stopped listening): the dial's 502,
+    in the request's one record, which says it was retried."""
+    origin = OneShotOrigin()
+    server = await asyncio.start_server(origin.serve, "127.0.0.1", 0)
+    port = port_of(server)
+    site = f"pool.test:{port}"
+    audit = MemoryAudit()
+    settings = exempt(build_settings({"allow": [site]}, resolve=["pool.test=127.0.0.1"]), port)
+    async with EgressProxy(settings, audit=audit) as proxy:
+        reader, writer = await asyncio.open_connection(*proxy.addresses[0])
+        writer.write(request(site))
+        assert (await asyncio.wait_for(read_response(reader), 10))[0] == 200
+        server.close()  # no new connection from here on; the pooled one stays open
+        writer.write(request(site))
+        assert (await asyncio.wait_for(read_response(reader), 10))[0] == 502
+        writer.close()
+    records = audit.find(path="/r")
+    assert len(records) == 2
+    assert records[1]["retried"] == 1
+    assert records[1]["decision"] == "error"
+    assert records[1]["status"] == 502
+    assert origin.unanswered == 1
