@@ -50,6 +50,7 @@ from ..core.record import perf_counter_ns, seconds_since
 from ..fairshare import Ticket, Waiter
 from ..modes.connect.serve import connect_exchange
 from ..modes.http.serve import (
+    UNANSWERED,
     answer,
     cut_by_proxy,
     finish_exchange,
@@ -169,8 +170,11 @@ class FastExchange:
 
     def _redialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
         self.conn.dialing = None
-        if isinstance(outcome, Verdict):
-            self._refused(outcome)  # answered and recorded, `retried: 1`
+        if isinstance(outcome, Verdict) or cut_by_proxy(self.conn):
+            if not isinstance(outcome, Verdict):  # cut while it dialed: nothing is sent
+                outcome[0].close()
+                outcome = UNANSWERED
+            self._refused(outcome)  # answered (or cut) and recorded, `retried: 1`
             return
         self.upstream = self.conn.upstream = up = outcome[0]
         self.searched = 0

@@ -224,7 +224,8 @@ async def _redial(
 ) -> Side | Refuse | None:
     """A fresh upstream to the address already checked, for a request its pooled one left
     unanswered (`Exchange.retry`: idempotent and bodiless, once); None when it may not be
-    sent again, or the proxy cut it meanwhile; the dial's refusal if none answered."""
+    sent again, or the proxy cut it (before or while it dialed); the dial's refusal if none
+    answered."""
     if cut_by_proxy(conn):
         return None
     framing = head.framing
@@ -250,7 +251,12 @@ async def _redial(
     finally:
         conn.dialing = None
         dialer.cancel()  # (a no-op once it reported)
-    return got if isinstance(got, Refuse) else got[0]
+    if isinstance(got, Refuse):
+        return got
+    if cut_by_proxy(conn):  # a policy change or a stop while it dialed: nothing is sent
+        got[0].close()
+        return None
+    return got[0]
 
 
 def request_out(
