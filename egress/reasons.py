@@ -283,7 +283,8 @@ class End(StrEnum):
         "the client ended the tunnel abruptly (a close with unread bytes is a "
         "reset; normal after a complete exchange: `curl -I`, `git clone`), or closed "
         "inside the body of a request whose head had reached the upstream (an abandoned "
-        "upload: `decision: allow` with its `rule` and `bytes_up`, no `status`)",
+        "upload: `decision: allow` with its `rule` and `bytes_up`, no `status`), or reset or "
+        "closed inside a response the proxy was relaying to it",
     )
     UPSTREAM_CLOSED = (
         "upstream_closed",
@@ -291,7 +292,11 @@ class End(StrEnum):
     )
     LOST = "lost", "a relay failed with neither connection reported closed (not expected)"
     IDLE_TIMEOUT = "idle_timeout", "closed for inactivity (`idle_timeout`)"
-    SHUTDOWN = "shutdown", "closed after the shutdown grace period"
+    SHUTDOWN = (
+        "shutdown",
+        "closed after the shutdown grace period (a tunnel, or a plain-HTTP request in flight: "
+        "awaiting its response, inside its body or its response's)",
+    )
     HELLO_TIMEOUT = (
         "hello_timeout",
         "no complete TLS ClientHello within the head timeout (SNI check)",

@@ -18,7 +18,7 @@ from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from .admission import Admitted, Budget, Owner, Slots
 from .core.actions import Done
-from .core.clients import Identity
+from .core.clients import Identity, admission_source
 from .core.exchange import (
     Exchange,
     connection_record,
@@ -171,18 +171,18 @@ class Steps:
         address) names the client, else in its source's unidentified budget. Closes what
         must make room (an unidentified connection, or the client's own idle one)."""
         peer = conn.peer
-        source = peer[0] if isinstance(peer, tuple) and peer else conn.client
+        source = str(peer[0] if isinstance(peer, tuple) and peer else conn.client)
+        listener = conn.listener
+        key = admission_source(source, listener.netns)  # loopback sources: one
         owner: Owner | None = None
-        ident = self.gate.clients.identity_at_accept(conn.listener.identity, str(source))
+        ident = self.gate.clients.identity_at_accept(listener.identity, source)
         if ident is not None:
-            owner = ident.client_id if ident.client_id is not None else ("source", source)
+            owner = ident.client_id if ident.client_id is not None else ("source", key)
         slots = self.slots
         reclaim = None
         if owner is not None and slots.total >= self.limits.max_connections:
             reclaim = idle_of(slots.members(owner))
-        verdict = slots.admit(
-            conn, owner, str(source), self.loop.time(), reclaimable=reclaim is not None
-        )
+        verdict = slots.admit(conn, owner, key, self.loop.time(), reclaimable=reclaim is not None)
         if isinstance(verdict, Refuse):
             conn.owner = owner
             return verdict
@@ -204,7 +204,9 @@ class Steps:
         ident = self.gate.clients.identity_at_accept(listener.identity, str(source))
         if ident is None:
             return None
-        owner: Owner = ident.client_id if ident.client_id is not None else ("source", source)
+        owner: Owner = ident.client_id
+        if owner is None:
+            owner = ("source", admission_source(str(source), listener.netns))
         refusal = self.slots.over_cap(owner)
         if refusal is None:
             return None
@@ -234,8 +236,7 @@ class Steps:
         if conn.owner != cid and (cid is not None or conn.owner is None):
             owner: Owner = cid
             if cid is None:  # the default client: shared by everyone, so per source
-                peer = conn.peer
-                owner = ("source", peer[0] if isinstance(peer, tuple) and peer else conn.client)
+                owner = _source(conn)
             if owner != conn.owner:
                 refusal = self.slots.identify(conn, owner)
                 if refusal is not None:
@@ -458,9 +459,12 @@ def _who(rec: AccessRecord) -> object:
     return ("source", rec.client.rsplit(":", 1)[0])
 
 
-def _source(conn: Conn) -> object:
+def _source(conn: Conn) -> Owner:
+    """The default client's key for `conn`: its source address (every loopback source of a
+    namespace one, `core.clients.admission_source`)."""
     peer = conn.peer
-    return ("source", peer[0] if isinstance(peer, tuple) and peer else conn.client)
+    source = str(peer[0] if isinstance(peer, tuple) and peer else conn.client)
+    return ("source", admission_source(source, conn.listener.netns))
 
 
 __all__ = ["AuditSink", "LifecycleSink", "Steps"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -264,3 +265,47 @@ async def test_a_hoarder_takes_only_its_own_share_in_every_mode(scene: Scene) ->
             for s in held:
                 s.close()
     assert not scene.audit.find(reason="too_many_connections", client_id=scene.good.client_id)
+
+
+async def answered(host: str, port: int, source: str) -> int:
+    """Open a connection from `source` and ask for a denied host: the status (403: admitted,
+    and kept alive, idle, after it) or 0 when the proxy refused it at accept (503, or a
+    reset past the first refusals of a second); the connection is left open."""
+    try:
+        reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+        OPEN.append(writer)
+        writer.write(DENIED)
+        status, _, _ = await asyncio.wait_for(read_response(reader), 15)
+    except (ConnectionError, asyncio.IncompleteReadError, ValueError):  # reset meanwhile
+        return 0
+    return 0 if int(status) == 503 else int(status)
+
+
+OPEN: list[asyncio.StreamWriter] = []
+
+
+async def test_loopback_sources_of_one_host_are_one_client() -> None:
+    """Issue 32: on a loopback listener without tokens, each 127.x source was a client of
+    its own, with a cap of its own: one process binding five sources, 16 idle connections
+    each, filled `max_connections` 64 and locked every other client out. Every loopback
+    source of a namespace is one default client (docs/proxy.md#connection-slots): the five
+    together hold 16 (the per-client cap), and a sandbox known by its own source still gets
+    in. Clients named by a source rule (127.0.10.1 here) keep their own count."""
+    sandbox = ClientSpec("sb", Policy(), sources=(ipaddress.ip_network("127.0.10.1/32"),))
+    limits = Limits(max_connections=64)
+    try:
+        async with EgressProxy(Settings(Policy(), clients=(sandbox,)), limits=limits) as proxy:
+            host, port = proxy.addresses[0]
+            got = [
+                await answered(host, port, f"127.0.0.{n}")
+                for n in range(2, 7)
+                for _ in range(limits.client_cap)
+            ]
+            assert got.count(403) == limits.client_cap  # before: 64, the proxy full
+            assert await answered(host, port, "127.0.10.1") == 403  # before: 503
+            assert proxy.steps.slots.count(("source", "loopback")) == limits.client_cap
+            assert proxy.steps.slots.count("sb") == 1
+    finally:
+        for writer in OPEN:
+            writer.close()
+        OPEN.clear()

@@ -201,3 +201,32 @@ async def test_a_client_that_left_a_moment_ago_still_holds_the_others_to_their_s
         origin.release.set()
         assert await asyncio.gather(*hog) == [200] * flood
     assert origin.most_held == 8
+
+
+async def test_an_occasional_client_still_holds_a_flood_to_its_share() -> None:
+    """Issue 32: a client that asks now and then (a connection per request, more than a
+    second apart) always found the flooder alone and uncapped: presence ended one second
+    after its last connection closed, and its requests waited behind the whole flood (p50
+    2.0 -> 24.6-30.5 ms). A client present within the last `PRESENT_FOR` (30 s) counts.
+    The gap below is the scenario (an occasional client), not a synchronization."""
+    origin = GatedOrigin()
+    flood = 12
+    async with proxied(origin, "hog", "victim") as (proxy, ip):
+        turns, slots = proxy.steps.turns, proxy.steps.slots
+
+        assert await ask(proxy, ip, "/v", "v") == 200
+        async with asyncio.timeout(20):  # (polls a condition: its connection is gone)
+            while slots.count("victim"):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(1.5)  # the occasional client's pause between requests
+        hog = [asyncio.ensure_future(ask(proxy, ip, "/h", "h")) for _ in range(flood)]
+        await asyncio.wait_for(origin.holding(8), 20)
+        async with asyncio.timeout(20):  # (polls a condition: each request held or queued)
+            while origin.held + turns.waiting("hog") < flood:
+                await asyncio.sleep(0.01)
+        assert origin.held == 8  # before: 12, the flood uncapped
+        assert turns.waiting("hog") == flood - 8
+        assert await ask(proxy, ip, "/v", "v") == 200  # served beside the held flood
+        origin.release.set()
+        assert await asyncio.gather(*hog) == [200] * flood
+    assert origin.most_held == 8

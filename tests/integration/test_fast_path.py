@@ -10,15 +10,18 @@ the guard lets through (`proxykit.exempt`): no root needed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from ipaddress import ip_network
 from typing import Any
 
 import pytest
 
-from egress.config import build_settings
+from egress.config import ClientSpec, build_settings
+from egress.policy.rules import Policy
 from egress.proxy import server as server_mod
 from egress.proxy.server import EgressProxy, Limits
 
@@ -473,11 +476,14 @@ async def test_a_request_at_the_fair_share_waits_for_its_turn_without_the_corout
     origin = await start_tcp(None, 0, holding)
     port = port_of(origin)
     settings = exempt(build_settings({"allow": [f"127.0.0.1:{port}"]}), port)
+    # another client: a sandbox known by its source (loopback sources are otherwise one)
+    other_sandbox = ClientSpec("other", Policy(), sources=(ip_network("127.0.0.2/32"),))
+    settings = dataclasses.replace(settings, clients=(other_sandbox,))
     audit = MemoryAudit()
     proxy = EgressProxy(settings, audit=audit, limits=Limits(max_client_inflight=2))
     await proxy.start()
     conns = [await asyncio.open_connection(*proxy.addresses[0]) for _ in range(3)]
-    # another client (the default client, per source address) is present: the share applies
+    # another client is present: the share applies
     other = await asyncio.open_connection(*proxy.addresses[0], local_addr=("127.0.0.2", 0))
     url = f"http://127.0.0.1:{port}"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
@@ -154,11 +155,14 @@ async def test_a_connection_flood_is_reset_after_its_first_answers_and_all_recor
 
 async def test_one_clients_flood_never_costs_another_client_its_answer() -> None:
     """The reset past a flood's first answers counts per client: while one client (source
-    127.0.0.1) floods far past it, another at its cap (127.0.0.2) still gets its 503 and its
-    own record."""
+    127.0.0.1) floods far past it, another at its cap (127.0.0.2, a sandbox known by that
+    source: loopback sources are otherwise one client) still gets its 503 and its own
+    record."""
     audit = MemoryAudit()
     limits = Limits(max_connections=16, max_client_connections=2)
-    async with EgressProxy(Policy(), audit=audit, limits=limits) as proxy:
+    other_sandbox = ClientSpec("other", Policy(), sources=(ip_network("127.0.0.2/32"),))
+    settings = Settings(Policy(), clients=(other_sandbox,))
+    async with EgressProxy(settings, audit=audit, limits=limits) as proxy:
         held = [await _refused_keepalive(proxy, src) for src in ("127.0.0.1", "127.0.0.2") * 2]
         flood = await asyncio.gather(*(_refused_at_cap(proxy) for _ in range(4 * ANSWERED)))
         assert None in flood  # the flooding client is past its answers

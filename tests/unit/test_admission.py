@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from egress.proxy.admission import CLIENT_FULL, GLOBAL_FULL, Admitted, Budget, Slots
+from egress.proxy.admission import CLIENT_FULL, GLOBAL_FULL, PRESENT_FOR, Admitted, Budget, Slots
 from egress.proxy.tally import ANSWERED, Tally, answer_in_full
 
 
@@ -130,5 +130,20 @@ def test_presence_for_the_fair_share() -> None:
     assert not s.others_present("a", 2.0 + s.present_for)
     s.release("a0", 3.0)  # a leaves after b
     assert s.others_present("b", 3.0 + s.present_for / 2)
-    assert not s.others_present("a", 3.0 + s.present_for / 2)
+    assert s.others_present("a", 2.0 + s.present_for / 2)  # b left before a, a moment ago
+    assert not s.others_present("a", 2.0 + s.present_for)
     assert not s.others_present("b", 3.0 + s.present_for)
+
+
+def test_an_occasional_client_stays_present_between_its_requests() -> None:
+    """Issue 32: a client asking every second or two, a connection per request, was gone
+    after one second, so a flooder was always alone and uncapped when it came back (its
+    p50 went from 2.0 to 24.6-30.5 ms). It stays present for `PRESENT_FOR` (30 s)."""
+    s = slots()
+    assert s.present_for == PRESENT_FOR >= 30.0
+    s.admit("f", "flooder", "10.0.0.1", 0.0)
+    for t in (0.0, 2.5, 5.0, 20.0):  # the occasional client: one request, then gone a while
+        s.admit(("o", t), "occasional", "10.0.0.2", t)
+        s.release(("o", t), t + 0.01)
+        assert s.others_present("flooder", t + 2.0)
+        assert s.others_present("flooder", t + 10.0)

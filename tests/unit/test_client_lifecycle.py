@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from egress.config import ClientSpec, Settings
 from egress.policy.rules import Policy
-from egress.proxy.core.clients import AuthError, ClientError, ClientTable, Leases
+from egress.proxy.core.clients import AuthError, ClientError, ClientTable, Leases, admission_source
 
 IDS = ["a", "b", "c", "d"]
 TOKENS = ["t1", "t2", "t3", "t4", "t5"]
@@ -176,3 +176,36 @@ def test_removed_client_token_and_source_stop_matching() -> None:
     assert table.identify(net.network_address, None).client_id is None
     with pytest.raises(AuthError):
         table.identify(None, basic("tok"))
+
+
+@settings(max_examples=500)
+@given(
+    st.one_of(
+        st.ip_addresses(v=4),
+        st.ip_addresses(v=6),
+        st.ip_addresses(v=4).map(lambda a: ipaddress.IPv6Address(f"::ffff:{a}")),
+    ),
+    st.one_of(st.none(), st.from_regex(r"[a-z0-9-]{1,12}", fullmatch=True)),
+)
+def test_every_loopback_source_of_a_namespace_is_one_admission_source(
+    addr: ipaddress.IPv4Address | ipaddress.IPv6Address, netns: str | None
+) -> None:
+    """Issue 32 (docs/proxy.md#connection-slots): one process binding several 127.x
+    sources is one default client; any other address keeps its own count, and another
+    namespace's loopback is another source."""
+    text = str(addr)
+    mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+    loopback = addr.is_loopback or (mapped is not None and mapped.is_loopback)
+    key = admission_source(text, netns)
+    if loopback:
+        assert key == ("loopback" if netns is None else f"loopback@{netns}")
+    else:
+        assert key == text
+
+
+def test_admission_source_adversarial_spellings() -> None:
+    assert admission_source("127.0.0.1", None) == admission_source("127.255.0.9", None)
+    assert admission_source("::1", None) == "loopback"
+    assert admission_source("127.0.0.1", "sb1") != admission_source("127.0.0.1", "sb2")
+    for other in ("1127.0.0.1", "12.7.0.0", "::2", "::ffff:10.0.0.1", "", "loopback"):
+        assert admission_source(other, None) == other

@@ -612,3 +612,53 @@ def _shape(action: object) -> object:
 
 def test_every_target_is_a_target() -> None:
     assert isinstance(make_gate().connect_target("x.test:443"), Target)
+
+
+# -- a pooled upstream that closed unanswered: one retry (docs/proxy.md#upstream-pool) -----
+def _relaying(method: str) -> Exchange:
+    g = make_gate()
+    x = Exchange(g, HTTP)
+    parsed = g.request_target("http://x.test/a")
+    assert not isinstance(parsed, Verdict)
+    target, path, _ = parsed
+    assert x.start(Intent("198.18.0.5", method, "http", "", 0, 0, target, who(g), path=path))
+    assert x.resolved((WORLD, ipaddress.ip_address("198.18.7.11"))) == Dial(
+        (WORLD, ipaddress.ip_address("198.18.7.11")), 80, pooled=True
+    )
+    assert x.dialed(WORLD) == Relay(request=True)
+    return x
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"])
+def test_an_idempotent_request_is_retried_once_at_the_checked_address(method: str) -> None:
+    """Issue 32: the retry dials the address already checked (the one it was connected
+    to), alone, fresh: no `Resolve`, no new verdict; once; the record says so."""
+    x = _relaying(method)
+    assert x.retry(True) == Dial((WORLD,), 80, pooled=False)
+    assert x.retry(True) is None  # once
+    assert x.state is State.RELAYING
+    x.response(200)
+    event = done_of_ended(x).record.event("allow", "allow_rule", "x.test", None, 200)
+    assert event["retried"] == 1
+    assert event["addr"] == str(WORLD)
+
+
+@pytest.mark.parametrize(
+    ("method", "bodiless"),
+    [("POST", True), ("PATCH", True), ("CONNECT", True), ("get", True), ("PUT", False)],
+)
+def test_a_request_that_may_not_be_sent_twice_is_not_retried(method: str, bodiless: bool) -> None:
+    x = _relaying(method)
+    assert x.retry(bodiless) is None
+    x.response(502)
+    assert "retried" not in done_of_ended(x).record.event("allow", "allow_rule", "x.test")
+
+
+def test_a_retry_outside_a_relay_is_a_sequence_error() -> None:
+    assert set(TRANSITIONS["retry"]) == {State.RELAYING}
+    with pytest.raises(SequenceError):
+        Exchange(make_gate(), HTTP).retry(True)
+
+
+def done_of_ended(x: Exchange) -> Done:
+    return x.ended(None, 0, 0)

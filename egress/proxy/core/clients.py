@@ -271,6 +271,30 @@ class Leases(Generic[R]):
         return [r for r in self.held(owner) if self.let_go(owner, r)]
 
 
+def admission_source(source: str, netns: str | None) -> str:
+    """The source a connection is counted under for admission (its slots, its fair share):
+    its address, except that every loopback source (127.0.0.0/8, ::1, ::ffff:127.x) of one
+    network namespace is one source, `loopback` (`netns`: the listener's namespace, None for
+    the proxy's own). A loopback connection can only come from that namespace, so from one
+    host: one process binding 127.0.0.2, 127.0.0.3, ... would otherwise be as many default
+    clients, each with its own connection cap, and could fill the proxy (issue 32;
+    docs/proxy.md#connection-slots). Clients named by source rules keep their own identity:
+    this is only the default client's key."""
+    if source.startswith("127.") or (":" in source and _loopback6(source)):
+        return "loopback" if netns is None else f"loopback@{netns}"
+    return source
+
+
+def _loopback6(source: str) -> bool:
+    """An IPv6 peer text that is loopback: ::1, or an IPv4-mapped 127.x in any spelling."""
+    try:
+        addr = ipaddress.IPv6Address(source.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = addr.ipv4_mapped
+    return addr.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def source_address(peername: object) -> IPAddress | None:
     if isinstance(peername, tuple) and peername:
         try:
@@ -287,5 +311,6 @@ __all__ = [
     "ClientTable",
     "Identity",
     "Leases",
+    "admission_source",
     "basic_token",
 ]

@@ -58,6 +58,9 @@ class State(StrEnum):
 
 
 _S = State
+# methods a request may be sent again with when its pooled upstream closed before answering
+# (RFC 9110 section 9.2.2; `Exchange.retry`)
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _ANY: Final = frozenset(s for s in State if s is not State.DONE)
 # event -> {state it may come in: the states it may lead to}; anything else is a bug
 # in a driver (SequenceError), never a silent misrecord
@@ -70,6 +73,7 @@ TRANSITIONS: Final[Mapping[str, Mapping[State, frozenset[State]]]] = {
     "replied": {_S.REPLYING: frozenset({_S.HELLO, _S.RELAYING})},
     "hello": {_S.HELLO: frozenset({_S.RELAYING, _S.DONE})},
     "response": {_S.RELAYING: frozenset({_S.RELAYING, _S.DONE})},
+    "retry": {_S.RELAYING: frozenset({_S.RELAYING})},
     "ended": {_S.RELAYING: frozenset({_S.DONE})},
     "refuse": dict.fromkeys(_ANY, frozenset({_S.DONE})),
 }
@@ -289,6 +293,23 @@ class Exchange:
             self.record.status = status
         self._move("response", State.RELAYING)
         return RELAY_REQUEST
+
+    def retry(self, bodiless: bool) -> Dial | None:
+        """Its pooled upstream closed before any byte of a response (the origin let go of
+        an idle kept-alive connection as it was reused): a request that may be sent again
+        (RFC 9110 section 9.2.2: an idempotent method; `bodiless`: no body was streamed) is
+        sent once more on a fresh connection to the address already checked, never
+        resolved again (docs/proxy.md#upstream-pool). The `Dial` of that address
+        alone, or None (then refused as before: 502). Its record says `retried: 1`."""
+        self._check("retry")
+        rec = self.record
+        addr = self._addr
+        if rec.retried or addr is None or not bodiless or rec.method not in IDEMPOTENT:
+            return None
+        if self.front.shape != "request":
+            raise SequenceError("exchange: a retry of a tunnel")
+        rec.retried = 1
+        return Dial((addr,), rec.port, False)
 
     def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
         """The relay ended: `how` it ended (`reasons.End`, None: a response that completed)
@@ -510,6 +531,7 @@ def emitted(rec: AccessRecord) -> None:
 
 
 __all__ = [
+    "IDEMPOTENT",
     "TRANSITIONS",
     "Exchange",
     "SequenceError",

@@ -86,6 +86,7 @@ class AccessRecord:
         "port",
         "reason",
         "reported",
+        "retried",
         "rule",
         "scheme",
         "sni",
@@ -132,6 +133,8 @@ class AccessRecord:
         self.detail: str | None = None  # report-only: the would-be refusal's detail
         self.listener: str | None = None  # connection records: the listener's HOST:PORT
         self.count: int | None = None  # an aggregated refusal: how many it stands for
+        # sent again on a fresh upstream once its pooled one closed unanswered (1) or not (0)
+        self.retried = 0
 
     def __repr__(self) -> str:
         return f"AccessRecord({self.method} {self.host}:{self.port} {self.reason})"
@@ -205,6 +208,8 @@ class AccessRecord:
                     ev["would_reason"] = self.reason
         if self.addr is not None:
             ev["addr"] = self.addr
+        if self.retried:
+            ev["retried"] = self.retried
         if admitted and forward:
             ev["reason"] = reason
             ev["rule"] = rule

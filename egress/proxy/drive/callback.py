@@ -49,11 +49,14 @@ from ..core.record import perf_counter_ns, seconds_since
 from ..fairshare import Ticket, Waiter
 from ..modes.connect.serve import connect_exchange
 from ..modes.http.serve import (
+    UNANSWERED,
     answer,
+    cut_by_proxy,
     finish_exchange,
     framer_for,
     request_intent,
     request_out,
+    response_end,
     response_out,
 )
 from ..net.relay import RelayEnded, Side
@@ -75,7 +78,9 @@ class FastExchange:
         "conn",
         "end",
         "head",
+        "interim",
         "keep",
+        "out",
         "resp",
         "searched",
         "steps",
@@ -97,6 +102,8 @@ class FastExchange:
         self.resp: wire.ResponseHead | None = None
         self.keep = False
         self.ticket: Ticket | None = None  # its client's request slot, given back at the end
+        self.out = b""  # the head sent upstream (sent again by a retry, `_retry`)
+        self.interim = False  # a 1xx was relayed (a retry no longer may)
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
@@ -122,6 +129,8 @@ class FastExchange:
                 return
             if parsed is None:
                 if up.eof:
+                    if not up.buf and not self.interim and self._retry():
+                        return  # its pooled upstream closed unanswered: on a fresh one
                     self._refused(refuse_upstream("upstream closed before a response"))
                 else:
                     self.searched = len(up.buf)
@@ -136,10 +145,40 @@ class FastExchange:
             if resp.status < 200:  # interim: relayed, and read on
                 self.conn.side.write(raw)
                 self.searched = 0
+                self.interim = True
                 continue
             up.on_wake = None
             self._relay(resp, raw)
             return
+
+    def _retry(self) -> bool:
+        """Send the request again on a fresh upstream to the checked address, as
+        `modes.http.serve` does (`Exchange.retry`: idempotent, once); False if it may not."""
+        if cut_by_proxy(self.conn):
+            return False
+        again = self.x.retry(True)  # (the fast path takes bodiless requests only)
+        if again is None:
+            return False
+        self.upstream.on_wake = None
+        self.upstream.close()
+        steps = self.steps
+        dialer = Dialer(steps.loop, again.addrs, again.port, self._redialed, steps.metrics)
+        self.conn.dialing = dialer
+        dialer.start()
+        return True
+
+    def _redialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
+        self.conn.dialing = None
+        if isinstance(outcome, Verdict) or cut_by_proxy(self.conn):
+            if not isinstance(outcome, Verdict):  # cut while it dialed: nothing is sent
+                outcome[0].close()
+                outcome = UNANSWERED
+            self._refused(outcome)  # answered (or cut) and recorded, `retried: 1`
+            return
+        self.upstream = self.conn.upstream = up = outcome[0]
+        self.searched = 0
+        up.on_wake = self.on_upstream
+        up.write(self.out)
 
     def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
         """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
@@ -159,13 +198,14 @@ class FastExchange:
                 self._end(True)
             else:
                 up.consume(n)
-                self.end = "upstream_lost"
+                self.end = End.CLIENT_CLOSED.value  # the client is gone (docs/audit-log.md)
                 self._end(False)
             return
         framer = framer_for(resp.framing, 502) if kind in ("length", "chunked") else None
         if kind == "none" or (kind != "close" and framer is None):
-            client.write(out)
-            self._end(True)
+            if not client.write(out):
+                self.end = End.CLIENT_CLOSED.value
+            self._end(self.end is None)
             return
         if kind == "close":
             client.write(out)
@@ -179,8 +219,9 @@ class FastExchange:
         exc = None if fut.cancelled() else fut.exception()
         ok = True
         if isinstance(exc, RelayEnded) and self.resp is not None:
-            if self.resp.framing.kind != "close":  # until-close: its end is the close
-                self.end = f"upstream_{exc.reason}"
+            # until-close: its end is the close, unless the client went away
+            if self.resp.framing.kind != "close" or exc.sink:
+                self.end = response_end(exc)
                 ok = False
         elif fut.cancelled() or exc is not None:
             ok = False
@@ -206,8 +247,8 @@ class FastExchange:
         self.upstream.on_wake = None
         self.upstream.close()
         conn = self.conn
-        if conn.end == End.REVOKED.value and isinstance(refusal, Verdict):
-            # cut by a policy change: nothing to answer, the exchange's record says so
+        if cut_by_proxy(conn) and isinstance(refusal, Verdict):
+            # cut by the proxy (a policy change, a stop): nothing to answer, its record says so
             finish_exchange(
                 self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
             )
@@ -553,6 +594,7 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
     fx.ticket = ticket
+    fx.out = out
     side.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(out)

@@ -64,11 +64,14 @@ class LengthFramer:
 
 
 class RelayEnded(Exception):
-    """A relay stopped before its message ended: `reason` says how (eof, lost, protocol)."""
+    """A relay stopped before its message ended: `reason` says how (eof, lost, protocol);
+    `sink`: the side it wrote to was gone, not the side it read from (a response relay
+    whose client reset is the client's end, not the upstream's: docs/audit-log.md#end-values)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, sink: bool = False) -> None:
         super().__init__(detail or reason)
         self.reason = reason
+        self.sink = sink
 
 
 class Side(asyncio.Protocol):
@@ -253,7 +256,7 @@ class Side(asyncio.Protocol):
         if n or prefix:
             chunk = data if n == len(data) else data[:n]
             if not sink.write(prefix + chunk if prefix else chunk):
-                self._finish(RelayEnded("lost", "peer connection closed"))
+                self._finish(RelayEnded("lost", "peer connection closed", sink=True))
                 return
             self.bytes_relayed += n
         if framer is not None and framer.done:

@@ -10,13 +10,12 @@ pool when both sides may go on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ....errors import ProtocolError, TargetError
-from ....policy.target import Target, host_header, make_target
+from ....policy.target import IPAddress, Target, host_header, make_target
 from ....reasons import End
 from ...codec import http1 as wire
 from ...codec import rewrite
@@ -28,11 +27,17 @@ from ...core.intent import Intent
 from ...core.record import perf_counter_ns
 from ...drive.coroutine import drive, refuse
 from ...fairshare import Ticket
+from ...net.dialer import Dialer
 from ...net.relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
     from ...net.conn import Conn
     from ...runtime import Steps
+
+
+# a pooled upstream closed before a byte of its response: the one refusal `_exchange` may
+# answer with a retry on a fresh connection instead (docs/proxy.md#upstream-pool)
+UNANSWERED: Final = refuse_upstream("upstream closed before a response")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +182,21 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
         # a malformed or truncated request body ends the exchange at once
         req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
     got = await _read_response(conn, head, upstream, x)
+    if got is UNANSWERED and req_done is None and upstream.last_rec is not None:
+        # a pooled upstream that closed before answering: once more on a fresh one
+        fresh = await _redial(steps, conn, x, req.head)
+        if fresh is not None:
+            upstream.close()
+            if isinstance(fresh, Refuse):
+                return answer(steps, conn, head, x, fresh)
+            upstream = conn.upstream = fresh
+            upstream.write(out)
+            got = await _read_response(conn, head, upstream, x)
     if not isinstance(got, tuple):
         upstream.close()
-        if conn.end == End.REVOKED.value and isinstance(got, Refuse):
-            # cut by a policy change: nothing to answer, the exchange's record says so
+        if cut_by_proxy(conn) and isinstance(got, Refuse):
+            # cut by the proxy (a policy change, shutdown, its sandbox released, idle):
+            # nothing to answer, the exchange's record says so with `conn.end`
             if req_done is not None:
                 _settle(req_done)
             return finish_exchange(steps, conn, upstream, None, x, keep=False, ok=False, end=None)
@@ -201,6 +217,46 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
     return finish_exchange(steps, conn, upstream, resp, x, keep=keep and ok, ok=ok, end=end)
+
+
+async def _redial(
+    steps: Steps, conn: Conn, x: Exchange, head: wire.RequestHead
+) -> Side | Refuse | None:
+    """A fresh upstream to the address already checked, for a request its pooled one left
+    unanswered (`Exchange.retry`: idempotent and bodiless, once); None when it may not be
+    sent again, or the proxy cut it (before or while it dialed); the dial's refusal if none
+    answered."""
+    if cut_by_proxy(conn):
+        return None
+    framing = head.framing
+    dial_again = x.retry(
+        framing.kind == "none" or (framing.kind == "length" and not framing.length)
+    )
+    if dial_again is None:
+        return None
+    found: asyncio.Future[tuple[Side, IPAddress] | Refuse] = steps.loop.create_future()
+
+    def done(outcome: tuple[Side, IPAddress] | Refuse) -> None:
+        if not found.done():
+            found.set_result(outcome)
+        elif isinstance(outcome, tuple):  # this task was cancelled meanwhile: nobody's
+            outcome[0].close()
+
+    # the `Dialer` both drivers use: the sweeper times it out, a stop gives it up
+    dialer = Dialer(steps.loop, dial_again.addrs, dial_again.port, done, steps.metrics)
+    conn.dialing = dialer
+    try:
+        dialer.start()
+        got = await found
+    finally:
+        conn.dialing = None
+        dialer.cancel()  # (a no-op once it reported)
+    if isinstance(got, Refuse):
+        return got
+    if cut_by_proxy(conn):  # a policy change or a stop while it dialed: nothing is sent
+        got[0].close()
+        return None
+    return got[0]
 
 
 def request_out(
@@ -246,10 +302,11 @@ def finish_exchange(
     end: str | None,
 ) -> bool:
     """End an exchange (its record) and pool (or close) its upstream; True if the client
-    connection may go on. `resp` None: cut before a response (a policy change). An exchange
-    a policy change cut (docs/policy.md#live-policy-changes) ends `revoked`, whatever its
-    relay saw of the cut."""
-    if conn.end is not None and conn.end == End.REVOKED.value:  # (None: every request)
+    connection may go on. `resp` None: cut before a response (by the proxy). An exchange
+    the proxy cut ends as `conn.end` says, whatever its relay saw of the cut: `revoked` by a
+    policy change (docs/policy.md#live-policy-changes), `shutdown` at a stop, `released`,
+    `idle_timeout` (docs/audit-log.md#end-values)."""
+    if conn.end is not None:  # (None: every request)
         end, ok, keep = conn.end, False, False
     keep = keep and resp is not None and resp.framing.kind != "close"
     up, down = conn.side.bytes_relayed, upstream.bytes_relayed
@@ -270,23 +327,40 @@ async def _relay_response(
     """Write the response head and relay its body (one write when it is all buffered):
     (clean, how it was cut short: `upstream_...`, or None)."""
     kind = resp.framing.kind
-    if kind == "none":
-        conn.side.write(head_bytes)
+    framer = framer_for(resp.framing, 502) if kind != "close" else None
+    if kind != "close" and framer is None:  # no body, or Content-Length: 0
+        if not conn.side.write(head_bytes):
+            return False, End.CLIENT_CLOSED.value
         return True, None
     if kind == "close":
-        conn.side.write(head_bytes)
-        with contextlib.suppress(RelayEnded):
+        if not conn.side.write(head_bytes):
+            return False, End.CLIENT_CLOSED.value
+        try:
             await upstream.start_relay(conn.side, None)
-        return True, None
-    framer = framer_for(resp.framing, 502)
-    if framer is None:  # Content-Length: 0
-        conn.side.write(head_bytes)
+        except RelayEnded as exc:
+            if exc.sink:  # the client went away: its end (until-close: the close is the end)
+                return False, End.CLIENT_CLOSED.value
         return True, None
     try:
         await upstream.start_relay(conn.side, framer, prefix=head_bytes)
     except RelayEnded as exc:
-        return False, f"upstream_{exc.reason}"
+        return False, response_end(exc)
     return True, None
+
+
+def response_end(exc: RelayEnded) -> str:
+    """How a response body relay cut short ended, named for the side that ended it: the
+    client's reset or close (the relay could not write to it) is `client_closed`, else the
+    upstream's `upstream_eof`/`upstream_lost`/`upstream_protocol`
+    (docs/audit-log.md#end-values)."""
+    return End.CLIENT_CLOSED.value if exc.sink else f"upstream_{exc.reason}"
+
+
+def cut_by_proxy(conn: Conn) -> bool:
+    """Whether the proxy cut this connection's exchange (a policy change, a stop, its
+    sandbox released, a timeout): its record then ends as `conn.end` says, not as the
+    failure the cut caused on either side (docs/audit-log.md#end-values)."""
+    return conn.end is not None
 
 
 async def _read_response(
@@ -295,6 +369,7 @@ async def _read_response(
     """The final response head (1xx relayed on the way) and its exact bytes; else the
     exchange's refusal (a 101), or the upstream's failure to refuse with."""
     searched = 0
+    interim = None
     while True:
         try:
             parsed = wire.parse_response_head(
@@ -312,10 +387,13 @@ async def _read_response(
             if resp.status < 200:  # interim: relayed, and read on
                 conn.side.write(raw)
                 searched = 0
+                interim = resp
                 continue
             return resp, raw
         searched = len(upstream.buf)
         if not await upstream.read_more():
+            if not upstream.buf and interim is None:  # not a byte of a response: may retry
+                return UNANSWERED
             return refuse_upstream("upstream closed before a response")
 
 
@@ -369,9 +447,11 @@ def _settle(fut: asyncio.Future[None]) -> bool:
 
 __all__ = [
     "answer",
+    "cut_by_proxy",
     "finish_exchange",
     "framer_for",
     "request_out",
+    "response_end",
     "response_out",
     "serve_request",
 ]
