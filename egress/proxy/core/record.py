@@ -51,11 +51,6 @@ def bound_fields(ev: dict[str, object]) -> dict[str, object]:
     return ev
 
 
-def _cut_path(path: str) -> str:
-    """A path as its record keeps it (`bounded`, no digest over a query)."""
-    return path if len(path) <= FIELD_LIMIT else bounded(path, query=True)
-
-
 def seconds_since(t0: int) -> float:
     """Seconds from `t0` (a `perf_counter_ns()` reading) to now."""
     return (perf_counter_ns() - t0) / 1e9
@@ -176,8 +171,7 @@ class AccessRecord:
         detail: str | None = None,
         status: int | None = None,
     ) -> dict[str, object]:
-        """The audit event: the final `decision`, `reason` and `rule`, `detail` if any, and
-        the answered `status` (when the exchange did not already set one)."""
+        """The audit event (`status`: the answered one, when the exchange set none)."""
         ev: dict[str, object] = {
             "client": self.client,
             "method": self.method,
@@ -187,8 +181,9 @@ class AccessRecord:
         }
         if self.link:
             ev["id"] = self.link
-        if self.path is not None:
-            ev["path"] = _cut_path(self.path)
+        path = self.path
+        if path is not None:
+            ev["path"] = path if len(path) <= FIELD_LIMIT else bounded(path, query=True)
         if self.identified:
             ev["client_id"] = self.client_id
         if self.policy is not None:
@@ -203,9 +198,7 @@ class AccessRecord:
             ev["rule"] = rule if would is None else self.rule
             ev["reason"] = reason
             if would is not None:
-                ev["would"] = would
-                if reason != self.reason:
-                    ev["would_reason"] = self.reason
+                self._would(ev, would, reason)
         if self.addr is not None:
             ev["addr"] = self.addr
         if self.retried:
@@ -241,15 +234,21 @@ class AccessRecord:
             ev["rule"] = rule
         if self.status is None and status is not None:
             ev["status"] = status
-        detail = self._detail(detail, would)
+        if detail is not None or self.detail is not None:
+            detail = self._detail(detail, would)
         if detail is not None:
             ev["detail"] = detail
         if self.count is not None:
             ev["count"] = self.count
-        # an admitted destination is canonical (at most 253 characters), its path cut above:
-        # only a refusal, a detail or an SNI carries more of the agent's length
+        # admitted: a canonical destination, the path cut above (docs/audit-log.md#bounded-fields)
         plain = admitted and detail is None and self.sni is None
         return ev if plain else bound_fields(ev)
+
+    def _would(self, ev: dict[str, object], would: str, reason: str) -> None:
+        """A report-only refusal's `would` (and `would_reason` if it differs)."""
+        ev["would"] = would
+        if reason != self.reason:
+            ev["would_reason"] = self.reason
 
     def _detail(self, detail: str | None, would: str | None) -> str | None:
         """The record's `detail`: the one given, after a report-only refusal's own."""

@@ -59,11 +59,13 @@ from ..modes.http.serve import (
     response_end,
     response_out,
 )
+from ..net.dialer import Dialer
 from ..net.relay import RelayEnded, Side
 from .executor import DIAL, END, HELLO, LOOKUP, RELAY, Executor, Wait
 from .tunnel import carry_on, cut, end_relay, open_relay, relay_over, who_left
 
 if TYPE_CHECKING:
+    from ...policy.target import IPAddress
     from ..net.conn import Conn
     from ..runtime import Steps
 
