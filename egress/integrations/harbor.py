@@ -40,8 +40,10 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.docker.docker import DockerEnvironment
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
+from netcut.modes import missing_direct_caps
+from netcut.safety import own_effective_caps
+
 from ..boundary import Execution, prepare_execution, release_execution
-from ..boundary.choice import can_enter, own_caps
 from ..boundary.execution import CUT_MODE_CHOICES
 from ..boundary.plan import client_id_from
 from ..policy.compose import compose, from_harbor
@@ -280,7 +282,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
         return self._box
 
     async def start(self, force_build: bool) -> None:
-        if not can_enter(own_caps()):
+        if missing_direct_caps(own_effective_caps()):
             raise PermissionError(
                 "egress-namespace needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN: it creates and "
                 "enters network namespaces); as a docker-group user use egress-docker "
