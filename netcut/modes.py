@@ -74,10 +74,11 @@ def decide(
     if not missing:
         return ModeChoice(
             "direct",
-            "this process holds CAP_SYS_ADMIN and CAP_NET_ADMIN (it may enter the namespace)",
+            "chosen: this process holds CAP_SYS_ADMIN and CAP_NET_ADMIN (it may enter the"
+            " namespace)",
         )
     ref = as_ref(target)
-    lacks = f"this process lacks {' + '.join(missing)} (not root)"
+    lacks = f"chosen: this process lacks {' + '.join(missing)} (not root)"
     if ref.kind == "container" and (ref.runtime is None or ref.runtime in helper_runtimes):
         return ModeChoice("helper", f"{lacks}, so a helper container cuts the namespace")
     if not strict:
