@@ -75,6 +75,7 @@ async def cycles(sandbox: str, n: int, cut_mode: str, transparent: bool) -> dict
         "transparent": transparent,
         "prepare_ms": ms(prepare),
         "release_ms": ms(release),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],  # a shared machine: say how busy
     }
 
 

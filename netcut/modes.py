@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netcut.errors import InvalidInput, PrivilegeError
-from netcut.resolve import ResolvedTarget, TargetRef, as_ref
+from netcut.resolve import HELPER_RUNTIMES, ResolvedTarget, TargetRef, as_ref
 from netcut.safety import CAP_NET_ADMIN, CAP_SYS_ADMIN, own_effective_caps
 
 MODES = ("direct", "helper")
@@ -49,24 +49,47 @@ def choose_mode(
 
 
 def decide(
-    target: TargetRef | ResolvedTarget | str | int, asked: str | None, mask: int
+    target: TargetRef | ResolvedTarget | str | int,
+    asked: str | None,
+    mask: int,
+    *,
+    helper_runtimes: tuple[str, ...] = HELPER_RUNTIMES,
+    asked_as: str | None = None,
+    strict: bool = True,
 ) -> ModeChoice:
-    """`choose_mode` for a process whose effective capability set is `mask`."""
+    """`choose_mode` for a process whose effective capability set is `mask`.
+
+    The boundary (egress, docs/user-guide.md#helper-mode) asks the same question with its own
+    words: `helper_runtimes` are the engines whose helper does everything it needs (its
+    listeners too: docker and podman), `asked_as` names its option in the reason
+    ("cut_mode='helper' was asked for"), and `strict=False` answers direct mode for a target
+    with no helper instead of raising, so that the preparation fails closed naming the mode
+    and why (a namespace sandbox without root)."""
     if asked is not None and asked != "auto":
         if asked not in MODES:
             raise InvalidInput(f"mode {asked!r}: give direct or helper (or leave it out)")
-        return ModeChoice(asked, "asked for")
+        said = "asked for" if asked_as is None else f"{asked_as}={asked!r} was asked for"
+        return ModeChoice(asked, said)
     missing = missing_direct_caps(mask)
     if not missing:
-        return ModeChoice("direct", "chosen: this process may enter the namespace")
-    ref = as_ref(target)
-    lacks = " + ".join(missing)
-    if ref.kind == "container":
         return ModeChoice(
-            "helper", f"chosen: this process lacks {lacks}, so a helper container cuts"
+            "direct",
+            "chosen: this process holds CAP_SYS_ADMIN and CAP_NET_ADMIN (it may enter the"
+            " namespace)",
+        )
+    ref = as_ref(target)
+    lacks = f"chosen: this process lacks {' + '.join(missing)} (not root)"
+    if ref.kind == "container" and (ref.runtime is None or ref.runtime in helper_runtimes):
+        return ModeChoice("helper", f"{lacks}, so a helper container cuts the namespace")
+    if not strict:
+        engines = " and ".join(helper_runtimes)
+        return ModeChoice(
+            "direct",
+            f"{lacks}, and a {ref.runtime or ref.kind} sandbox has no helper mode ({engines}"
+            " containers only): direct mode needs root",
         )
     raise PrivilegeError(
         f"{ref}: entering a network namespace needs root or CAP_SYS_ADMIN + CAP_NET_ADMIN"
-        f" (missing: {lacks}); run netcut as root, or name a docker or podman container"
-        " (--container ID) and a helper container does it without root"
+        f" (missing: {' + '.join(missing)}); run netcut as root, or name a docker or podman"
+        " container (--container ID) and a helper container does it without root"
     )

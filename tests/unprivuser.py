@@ -1,16 +1,24 @@
-"""A real user that is not root, for the tests of netcut's unprivileged path: a member of the
-group that owns the test dockerd's socket (a "docker-group user", as framework users are).
+"""Real users that are not root, for the tests of the unprivileged path
+(docs/user-guide.md#helper-mode): the framework process of someone who runs evaluations as a
+member of the `docker` group, or with rootless podman, never as root.
 
 Unprivileged paths are tested by a real non-root user, never a monkeypatch as root: the
-record directory's owner and mode, /proc's permissions and the container's resolv.conf are
-only what they are for such a user. `temporary_user()` creates one (useradd, no home, no
-login shell) and removes it and everything it left in /tmp afterwards; when the socket's group
-is root's, the socket is lent to a group of the test's own and given back. It is small on
-purpose: the engine run's permanent user (tests/engines/up.sh) can replace it.
+process runs under that uid with no capability, so the record directory's owner and mode,
+/proc's permissions, setns, the container's resolv.conf and the helper's fd passing are the
+kernel's to allow or refuse.
 
-Commands run as the user through `setpriv` with a clean environment, with the system's
-`python3` (the test's own interpreter may live where the user cannot go: pyenv under /root)
-importing this checkout and the test venv's packages.
+- `temporary_user(socket)`: a user with no home (netcut's default record directory,
+  /tmp/netcut-UID, is what it gets), in the group of `socket` when one is given.
+- `docker_group_user(socket)`: a user with a home of its own (and NETCUT_STATE_DIR in it), in
+  the group of the test engines' docker socket.
+- `rootless_podman_user(image)`: a user with subordinate ids and a rootless podman of its own.
+
+Each is removed afterwards, with everything it left. When the socket's group is root's, the
+socket is lent to a group made for the test and given back (never add a user to root's
+group). Commands run through `setpriv` with a clean environment and the system's `python3`
+(the test's interpreter may live where the user cannot go: pyenv or a venv under /root),
+importing this checkout and the test venv's packages. This is the one fixture module for
+such users, kept small: the engine run's permanent user (tests/engines/up.sh) can replace it.
 """
 
 from __future__ import annotations
@@ -21,21 +29,32 @@ import itertools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-_made = itertools.count(1)
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout
+RUN_DIR = os.environ.get("NETCUT_CI_RUN", "/run/netcut-ci")  # the test engines' (enginelib)
+SYSTEM_PYTHON = "/usr/bin/python3"
+NO_HOME = "/nonexistent"
+_made = itertools.count(1)  # users made by this process: each name is new
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done
 
 
 def _python() -> str:
     """An interpreter any user may run, of this one's version (so the venv's packages load)."""
     for candidate in (
-        "/usr/bin/python3",
+        SYSTEM_PYTHON,
         f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}",
     ):
         if not os.path.exists(candidate):
@@ -51,28 +70,64 @@ def _python() -> str:
     return sys.executable
 
 
-@dataclass
+@dataclass(frozen=True)
 class User:
+    """A temporary user: its name, ids, the engine socket's group it is a member of, a home
+    (NO_HOME: none) and the record directory it is given (None: netcut's default)."""
+
     name: str
     uid: int
     gid: int
-    env: dict[str, str] = field(default_factory=dict)
+    group: str = ""
+    home: str = NO_HOME
+    # variables of its own that replace the test run's (rootless podman's configuration)
+    own_env: tuple[tuple[str, str], ...] = ()
+    state_dir: str | None = None
+
+    def argv(self, *command: str) -> list[str]:
+        """`command` run as this user: its uid, its groups, no capability at all."""
+        return [
+            "setpriv",
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--init-groups",
+            "--inh-caps=-all",
+            "--",
+            *command,
+        ]
+
+    def env(self, path: str | None = None, site: list[str] | None = None) -> dict[str, str]:
+        """A user's environment: its home, the test engines' clients and configuration, the
+        checkout importable by the system's interpreter (with `site`, a venv's
+        site-packages, else this one's); nothing of root's."""
+        if site is None:
+            site = [sysconfig.get_paths()["purelib"]]
+        keep = (
+            "DOCKER_HOST",
+            "CONTAINERS_CONF",
+            "CONTAINERS_STORAGE_CONF",
+            "LANG",
+            "NETCUT_HELPER_IMAGE",
+        )
+        env = {k: os.environ[k] for k in keep if os.environ.get(k)}
+        env.update(
+            HOME=self.home,
+            USER=self.name,
+            PATH=path or os.environ.get("PATH", "/usr/bin:/bin"),
+            PYTHONPATH=os.pathsep.join([ROOT, *site]),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        if self.state_dir is not None:
+            env["NETCUT_STATE_DIR"] = self.state_dir
+        env.update(self.own_env)
+        return env
 
     def run(
         self, *argv: str, env: dict[str, str] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         """`argv` as this user, in a clean environment (`env` added to the user's own)."""
-        full = {**self.env, **(env or {})}
-        command = [
-            "setpriv",
-            f"--reuid={self.uid}",
-            f"--regid={self.gid}",
-            "--init-groups",
-            "env",
-            "-i",
-            *(f"{k}={v}" for k, v in full.items()),
-            *argv,
-        ]
+        full = {**self.env(), **(env or {})}
+        command = self.argv("env", "-i", *(f"{k}={v}" for k, v in full.items()), *argv)
         return subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=False, cwd="/"
         )
@@ -90,59 +145,160 @@ class User:
         return self.run(_python(), "-c", code, env=env)
 
     def records(self) -> str:
-        """Its default record directory when it has no $XDG_RUNTIME_DIR."""
-        return os.path.join(tempfile.gettempdir(), f"netcut-{self.uid}")
+        """Its record directory: the one it is given, else netcut's default for a user with
+        no $XDG_RUNTIME_DIR."""
+        return self.state_dir or os.path.join(tempfile.gettempdir(), f"netcut-{self.uid}")
+
+
+@contextlib.contextmanager
+def _lent_group(socket_path: str, tag: str) -> Iterator[str]:
+    """The group of `socket_path`; a group made for the test when it is root's (the socket
+    lent to it, and given back afterwards)."""
+    st = os.stat(socket_path)
+    if st.st_gid != 0:
+        yield grp.getgrgid(st.st_gid).gr_name
+        return
+    made = f"ncug{tag}"
+    with contextlib.ExitStack() as undo:
+        _sh("groupadd", made)
+        undo.callback(_sh, "groupdel", made, check=False)
+        shutil.chown(socket_path, group=made)
+        undo.callback(os.chown, socket_path, st.st_uid, st.st_gid)
+        os.chmod(socket_path, st.st_mode | 0o060)
+        undo.callback(os.chmod, socket_path, st.st_mode & 0o7777)
+        yield made
 
 
 @contextlib.contextmanager
 def temporary_user(socket: str | None = None) -> Iterator[User]:
-    """A new user (in the group that owns `socket`, the engine's), removed afterwards."""
-    name = f"ncu{os.getpid() % 100000}x{next(_made)}"
-    st = os.stat(socket) if socket is not None else None
-    lent_group = None
-    if socket is not None and st is not None and st.st_gid == 0:
-        # never add a user to root's group: lend the socket to a group of our own
-        lent_group = f"{name}g"
-        subprocess.run(["groupadd", lent_group], check=True)
-        shutil.chown(socket, group=lent_group)
-        os.chmod(socket, st.st_mode | 0o060)
-    groups = []
-    if st is not None:
-        groups = ["--groups", lent_group or grp.getgrgid(st.st_gid).gr_name]
-    subprocess.run(
-        [
-            "useradd",
-            "--no-create-home",
-            "--home-dir",
-            "/nonexistent",
-            "--shell",
-            "/usr/sbin/nologin",
-            "--user-group",
-            *groups,
-            name,
-        ],
-        check=True,
-    )
-    try:
+    """A new user with no home (in the group that owns `socket`, the engine's), removed
+    afterwards with its default record directory."""
+    tag = f"{os.getpid() % 100000}x{next(_made)}"
+    name = f"ncu{tag}"
+    with contextlib.ExitStack() as undo:
+        group = undo.enter_context(_lent_group(socket, tag)) if socket is not None else ""
+        groups = ["--groups", group] if group else []
+        _sh("useradd", "--no-create-home", "--home-dir", NO_HOME, "--shell",
+            "/usr/sbin/nologin", "--user-group", *groups, name)  # fmt: skip
+        undo.callback(_sh, "userdel", name, check=False)
         entry = pwd.getpwnam(name)
-        site = sysconfig.get_paths()["purelib"]
-        path = os.environ.get("PATH", "/usr/bin:/bin")
-        env = {
-            "PATH": path,
-            "HOME": "/nonexistent",
-            "PYTHONPATH": os.pathsep.join([_CHECKOUT, site]),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        for key in ("DOCKER_HOST", "NETCUT_HELPER_IMAGE"):
-            if os.environ.get(key):
-                env[key] = os.environ[key]
-        yield User(name, entry.pw_uid, entry.pw_gid, env)
-    finally:
-        with contextlib.suppress(KeyError):
-            uid = pwd.getpwnam(name).pw_uid
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), f"netcut-{uid}"), ignore_errors=True)
-        subprocess.run(["userdel", name], check=False, capture_output=True)
-        if lent_group is not None and socket is not None and st is not None:
-            os.chown(socket, st.st_uid, st.st_gid)
-            os.chmod(socket, st.st_mode)
-            subprocess.run(["groupdel", lent_group], check=False, capture_output=True)
+        default = os.path.join(tempfile.gettempdir(), f"netcut-{entry.pw_uid}")
+        undo.callback(shutil.rmtree, default, ignore_errors=True)
+        yield User(name, entry.pw_uid, entry.pw_gid, group)
+
+
+@contextlib.contextmanager
+def docker_group_user(socket_path: str = f"{RUN_DIR}/docker.sock") -> Iterator[User]:
+    """A new user with a home and a record directory of its own, in the group of
+    `socket_path`, removed (with any group made for it, the socket's group restored)
+    whatever the outcome."""
+    tag = f"{os.getpid() % 100000}x{next(_made)}"
+    name = f"ncu{tag}"
+    with contextlib.ExitStack() as undo:
+        group = undo.enter_context(_lent_group(socket_path, tag))
+        home = tempfile.mkdtemp(prefix=f"{name}-")
+        undo.callback(shutil.rmtree, home, ignore_errors=True)
+        _sh("useradd", "-M", "-d", home, "-s", "/bin/sh", "-G", group, name)
+        undo.callback(_sh, "userdel", name, check=False)
+        entry = pwd.getpwnam(name)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+        os.chmod(home, 0o700)
+        state = os.path.join(home, "netcut")
+        os.makedirs(state, mode=0o700)
+        os.chown(state, entry.pw_uid, entry.pw_gid)
+        yield User(name, entry.pw_uid, entry.pw_gid, group, home, state_dir=state)
+
+
+# Rootless podman: its own configuration, storage (vfs: no kernel overlay in a user
+# namespace needed) and runtime directory in the user's home; slirp4netns networking; no
+# cgroups of its own on a cgroup v1 host (cgroupfs, events to a file: no systemd).
+_ROOTLESS_CONF = """[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+[containers]
+netns = "slirp4netns"
+"""
+SUBID_BASE = 400000
+SUBID_COUNT = 65536
+
+
+@contextlib.contextmanager
+def rootless_podman_user(image: str) -> Iterator[User]:
+    """A new user with subordinate ids and a rootless podman of its own, holding `image`
+    (copied from the test run's root podman with `save` and `load`: nothing is pulled).
+    Everything is removed after: its processes (by pid), its storage, its subordinate ids."""
+    tag = f"{os.getpid() % 100000}x{next(_made)}"
+    name = f"ncr{tag}"
+    with contextlib.ExitStack() as undo:
+        home = tempfile.mkdtemp(prefix=f"{name}-")
+        undo.callback(shutil.rmtree, home, ignore_errors=True)
+        _sh("useradd", "-M", "-d", home, "-s", "/bin/sh", name)
+        undo.callback(_sh, "userdel", name, check=False)
+        entry = pwd.getpwnam(name)
+        base = SUBID_BASE + ((os.getpid() + next(_made)) % 64) * SUBID_COUNT
+        for path in ("/etc/subuid", "/etc/subgid"):
+            line = f"{name}:{base}:{SUBID_COUNT}\n"
+            with open(path, "a") as f:
+                f.write(line)
+            undo.callback(_drop_line, path, line)
+        undo.callback(_kill_user_processes, entry.pw_uid)
+        own = _rootless_files(home, entry.pw_uid, entry.pw_gid)
+        state = os.path.join(home, "netcut")
+        user = User(name, entry.pw_uid, entry.pw_gid, "", home, own, state_dir=state)
+        tar = os.path.join(home, "image.tar")
+        _sh("podman", "save", "-o", tar, image, timeout=300)
+        os.chown(tar, entry.pw_uid, entry.pw_gid)
+        done = subprocess.run(
+            user.argv("podman", "load", "-i", tar),
+            env=user.env(),
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        yield user
+
+
+def _rootless_files(home: str, uid: int, gid: int) -> tuple[tuple[str, str], ...]:
+    run = os.path.join(home, "run")
+    for d in (run, os.path.join(home, "cfg"), os.path.join(home, "netcut")):
+        os.makedirs(d, mode=0o700)
+    conf = os.path.join(home, "cfg", "containers.conf")
+    storage = os.path.join(home, "cfg", "storage.conf")
+    with open(conf, "w") as f:
+        f.write(_ROOTLESS_CONF)
+    with open(storage, "w") as f:
+        f.write(
+            f'[storage]\ndriver = "vfs"\ngraphroot = "{home}/storage"\nrunroot = "{run}/storage"\n'
+        )
+    for top, dirs, files in os.walk(home):
+        for n in (top, *(os.path.join(top, x) for x in dirs + files)):
+            os.chown(n, uid, gid)
+    return (
+        ("XDG_RUNTIME_DIR", run),
+        ("CONTAINERS_CONF", conf),
+        ("CONTAINERS_STORAGE_CONF", storage),
+        ("PATH", "/usr/bin:/bin:/usr/sbin:/sbin"),  # the system's podman, not the run's
+    )
+
+
+def _drop_line(path: str, line: str) -> None:
+    with open(path) as f:
+        kept = [x for x in f.readlines() if x != line]
+    with open(path, "w") as f:
+        f.writelines(kept)
+
+
+def _kill_user_processes(uid: int) -> None:
+    """Each process of the temporary user (podman's pause process, conmon, slirp4netns, the
+    containers), by pid."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue

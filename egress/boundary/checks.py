@@ -7,13 +7,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from netcut.errors import InvalidInput
+from netcut.modes import decide
+from netcut.safety import own_effective_caps
 from netcut.targetref import TargetRef, canonical, parse_target
 
 from ..policy.rules import FrameworkRoute, Policy, parse_framework_route
 from ..proxy.server import EgressProxy
 from ..validate import as_bool, as_choice, as_count, as_instance, as_port, as_str, as_str_list
-from .choice import choose
 from .execution import CUT_MODE_CHOICES, CutMode, CutModeChoice, Mode
+
+# the engines whose helper opens the listeners a preparation needs (containerd has no
+# `run --network container:ID` to start one with)
+BOUNDARY_HELPERS = ("docker", "podman")
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ def check_preparation(
     as_instance(proxy, "prepare_execution proxy", EgressProxy, "an EgressProxy")
     as_choice(mode, "prepare_execution mode", ("loopback", "gateway"))
     asked = as_choice(cut_mode, "prepare_execution cut_mode", CUT_MODE_CHOICES)
-    how, why = choose(asked, parse_target(key))
+    how, why = cut_mode_for(asked, parse_target(key))
     if how == "helper":
         _check_helper(parse_target(key))
     if helper_image is not None:
@@ -108,6 +113,19 @@ def check_preparation(
         dns_port=dns_port,
         socks_port=socks_port,
     )
+
+
+def cut_mode_for(asked: str, ref: TargetRef, mask: int | None = None) -> tuple[str, str]:
+    """The cut mode a preparation uses, and why: netcut's choice (netcut.modes, the one place
+    it is made), for the helpers whose listeners the boundary can use (docker and podman). A
+    sandbox with no helper gets direct mode even without root, and fails closed naming the
+    mode and why (docs/user-guide.md#helper-mode). `mask`: the effective capabilities
+    (default: this process's)."""
+    caps = own_effective_caps() if mask is None else mask
+    choice = decide(
+        ref, asked, caps, helper_runtimes=BOUNDARY_HELPERS, asked_as="cut_mode", strict=False
+    )
+    return choice.mode, choice.reason
 
 
 def _check_target(sandbox: object) -> str:

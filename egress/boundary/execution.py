@@ -20,7 +20,7 @@ from ..proxy.server import Listener
 Mode = Literal["loopback", "gateway"]
 CutMode = Literal["direct", "helper"]  # netcut's `--mode` (docs/netcut.md#helper-mode)
 CUT_MODES = ("direct", "helper")
-# What `prepare_execution` takes: "auto" chooses by this process's privileges (choice.py)
+# What `prepare_execution` takes: "auto" chooses by privileges (netcut.modes)
 CutModeChoice = Literal["auto", "direct", "helper"]
 CUT_MODE_CHOICES = ("auto", "direct", "helper")
 # Each set upper and lower case: which case and which scheme's name a client reads differs
@@ -115,7 +115,7 @@ class Execution:
     listeners: tuple[Listener, ...] = field(default=(), repr=False)
     cut_mode: CutMode = "direct"  # how it was cut, and how `release_execution` restores it
     helper_image: str | None = field(default=None, repr=False)
-    # why that cut mode: asked for, or chosen by this process's privileges (choice.py)
+    # why that cut mode: asked for, or chosen by privileges (netcut.modes)
     cut_mode_reason: str = ""
 
 

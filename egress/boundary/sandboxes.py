@@ -250,7 +250,11 @@ class Sandboxes:
         In helper mode the gateway and the sandbox's addresses come from its runtime's
         `inspect`, never from inside the namespace (docs/user-guide.md#helper-mode)."""
         sandbox, cid = ask.sandbox, tenant.client_id
-        net = await container_network(sandbox) if ask.cut_mode == "helper" else None
+        # only gateway mode needs the runtime's view (its gateway, the sandbox's sources): in
+        # loopback mode the helper's run already knows the namespace, and an `inspect` more
+        # costs a client start and an engine round trip (docs/benchmarks.md)
+        helper_gateway = ask.cut_mode == "helper" and ask.mode == "gateway"
+        net = await container_network(sandbox) if helper_gateway else None
         host, netns = await self._where(ask, prior, net)
         main = prior.main if prior else None
         box = Sandbox(sandbox, cid, ask.mode, tenant.token, ask.proxy_port, main, {})

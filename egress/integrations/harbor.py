@@ -44,9 +44,10 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from netcut.helper import image as helper_image
 from netcut.helper.session import default_image
+from netcut.modes import missing_direct_caps
+from netcut.safety import own_effective_caps
 
 from ..boundary import Execution, prepare_execution, release_execution
-from ..boundary.choice import can_enter, own_caps
 from ..boundary.execution import CUT_MODE_CHOICES
 from ..boundary.plan import client_id_from
 from ..policy.compose import compose, from_harbor
@@ -372,7 +373,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
         return self._box
 
     async def start(self, force_build: bool) -> None:
-        if not can_enter(own_caps()):
+        if missing_direct_caps(own_effective_caps()):
             raise PermissionError(
                 "egress-namespace needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN: it creates and "
                 "enters network namespaces); as a docker-group user use egress-docker "

@@ -44,7 +44,7 @@ from netcut.helper.listeners import ListenSpec
 from netcut.targetref import parse_target
 
 from ..boundary import CutModeChoice, Execution, prepare_execution, release_execution
-from ..boundary.choice import choose
+from ..boundary.checks import cut_mode_for
 from ..boundary.passing import listen_in_sandbox
 from ..boundary.plan import ExecutionPlan, client_id_from, plan_execution
 from ..policy.rules import Policy
@@ -216,9 +216,9 @@ class EgressDockerRuntime(DockerRuntime):  # type: ignore[misc]
         """verifiers' callback listener on the container's loopback: opened with setns when
         this process can enter the namespace, else by netcut's helper and passed back over a
         unix socket (as verifiers' own helper does), in the mode `prepare_execution` will
-        use (egress.boundary.choice)."""
+        use (netcut.modes)."""
         sandbox = f"{self.engine}:{self._container}"
-        how, _ = choose(self.egress.cut_mode, parse_target(sandbox))
+        how, _ = cut_mode_for(self.egress.cut_mode, parse_target(sandbox))
         if how == "helper":
             spec = ListenSpec("tcp", "127.0.0.1", 0)
             (sock,) = await listen_in_sandbox(sandbox, [spec], self.egress.helper_image)

@@ -127,26 +127,51 @@ def python_files() -> tuple[str, ...]:
         if not candidate or not os.access(candidate, os.X_OK):
             continue
         exe = os.path.realpath(candidate)
-        probe = (
-            "import sys, sysconfig, _socket; print(sysconfig.get_path('stdlib'));"
-            " print(getattr(_socket, '__file__', ''))"
-        )
-        try:
-            done = subprocess.run(
-                [exe, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        lines = done.stdout.splitlines()
-        if done.returncode != 0 or len(lines) < 2:
-            continue
-        stdlib, socket_so = lines[0], lines[1]
-        files = [exe, *(os.path.join(stdlib, f) for f in _PY_STARTUP)]
-        if socket_so:
-            files.append(socket_so)
-        if all(os.path.isfile(f) for f in files):
-            return tuple(files)
+        found = _python_files_of(exe)
+        if found:
+            return found
     return ()
+
+
+# python_files per interpreter, keyed by its path, size and mtime: asking it starts a process
+# (~50 ms, several times that on a loaded host), and every helper operation names its image,
+# twice (docs/benchmarks.md#the-boundary-through-the-helper). A replaced interpreter has a new
+# key; the image tag hashes the files' own size and mtime in any case.
+_PYTHON_FILES: dict[tuple[str, int, int], tuple[str, ...]] = {}
+
+
+def _python_files_of(exe: str) -> tuple[str, ...]:
+    """`python_files` of the interpreter `exe` (a real path); empty when it does not answer."""
+    try:
+        st = os.stat(exe)
+    except OSError:
+        return ()
+    key = (exe, st.st_size, st.st_mtime_ns)
+    if key not in _PYTHON_FILES:
+        _PYTHON_FILES[key] = _ask_python(exe)
+    return _PYTHON_FILES[key]
+
+
+def _ask_python(exe: str) -> tuple[str, ...]:
+    """Ask `exe` where its standard library and `_socket` are: the files, or ()."""
+    probe = (
+        "import sys, sysconfig, _socket; print(sysconfig.get_path('stdlib'));"
+        " print(getattr(_socket, '__file__', ''))"
+    )
+    try:
+        done = subprocess.run(
+            [exe, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) < 2:
+        return ()
+    stdlib, socket_so = lines[0], lines[1]
+    files = [exe, *(os.path.join(stdlib, f) for f in _PY_STARTUP)]
+    if socket_so:
+        files.append(socket_so)
+    return tuple(files) if all(os.path.isfile(f) for f in files) else ()
 
 
 def image_tag(sources: Sources | None = None) -> str:

@@ -1,7 +1,9 @@
 """The framework's process as a docker-group user (run by test_unprivileged_engines.py under
 a real non-root uid): an EgressProxy, `prepare_execution` on a container with the default
-`cut_mode="auto"`, then, when told on stdin, `release_execution(restore=True)`. One JSON
-line on stdout per step; the test drives the agent in the container meanwhile.
+`cut_mode="auto"`, then, when told on stdin, `release_execution(restore=True)` ("release") or
+`release_execution(forget=True)` ("forget"); stdin closed: it ends without releasing (the
+cut and its record stay, as when a framework dies). One JSON line on stdout per step; the test
+drives the agent in the container meanwhile.
 
 argv: SANDBOX PINS_JSON PREPARE_KWARGS_JSON
 """
@@ -49,10 +51,13 @@ async def main(sandbox: str, pins: list[str], kwargs: dict[str, object]) -> None
             probe=[[i.target, i.expect, i.outcome] for i in execution.probe.items],
         )
         loop = asyncio.get_running_loop()
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        assert line.strip() == "release", line
+        line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        if not line:
+            return
+        assert line in ("release", "forget"), line
         t0 = time.perf_counter()
-        summary = await release_execution(proxy, execution, restore=True)
+        how = {"restore": True} if line == "release" else {"forget": True}
+        summary = await release_execution(proxy, execution, **how)
         say(
             step="release",
             seconds=time.perf_counter() - t0,

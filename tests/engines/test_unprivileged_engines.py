@@ -1,5 +1,5 @@
 """The boundary as a docker-group user: a real non-root uid with no capability, member of the
-group that owns the run's docker socket (unprivileged.py), runs the framework's side
+group that owns the run's docker socket (tests/unprivuser.py), runs the framework's side
 (asuser_boundary.py): `prepare_execution` with the default `cut_mode="auto"` chooses the
 helper, which opens the sandbox's loopback listeners inside its namespace and passes them back
 over a unix socket, then cuts (docs/user-guide.md#helper-mode). The agent, in the container,
@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from enginelib import BOX, Box, docker_client_path, engine_down
+from enginelib import BOX, Box, docker_client_path, engine_down, sh
 from frameworks.frameworkvenv import framework_venv
 from frameworks.harborvenv import harbor_venv
 from test_boundary_engines import http_server, other_host, wget_in
-from unprivileged import ROOT, SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
+from unprivuser import ROOT, SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
 
 from netcut import api
 from netcut import resolve as target
@@ -162,6 +162,83 @@ async def test_a_docker_group_user_prepares_a_loopback_sandbox(
         assert api.status(target.container(box.name, "docker")).state == "not cut"
     finally:
         await origin.close()
+
+
+def _records(user: User) -> list[str]:
+    return sorted(n for n in os.listdir(user.records()) if n.endswith(".json"))
+
+
+async def _prepared_by(user: User, box: Box) -> AsUser:
+    """`prepare_execution` of `box` by `user`'s process (the helper, loopback mode), held."""
+    agent = await as_user(user, None, f"docker:{box.name}", "[]", "{}")
+    prepared = await agent.line()
+    assert "error" not in prepared, prepared
+    assert prepared["cut_mode"] == "helper"
+    return agent
+
+
+@pytest.mark.engine("docker")
+async def test_a_docker_group_users_record_is_found_by_root_forget_and_gc(
+    docker_user: User, make_box: Callable[..., Box], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record of a cut the boundary made through the helper (one helper run: listeners
+    passed back, then the cut) is keyed by the namespace the helper saw, as direct mode keys
+    its own (docs/netcut.md#one-algorithm): root in direct mode finds it in the user's record
+    directory (status `cut`, never "no restore record"; restore undoes the cut),
+    `release_execution(forget=True)` removes it, and `netcut gc` collects it once the
+    container is gone. A record keyed by container id was invisible to all three."""
+    box = make_box("docker")
+    routes = box.routes()
+    key = _key(box)
+    monkeypatch.setenv("NETCUT_STATE_DIR", docker_user.records())
+    ref = target.container(box.name, "docker")
+
+    agent = await _prepared_by(docker_user, box)
+    try:
+        assert _records(docker_user) == [key]
+        seen = api.status(ref)  # root, direct mode, the user's record directory
+        assert seen.state == "cut", seen
+        assert "no restore record" not in seen.details
+        assert api.restore(ref).changed  # root undoes the user's cut, from its record
+        assert box.routes_back_to(routes) == routes
+        assert _records(docker_user) == []
+    finally:
+        await agent.close()
+
+    agent = await _prepared_by(docker_user, box)  # cut again, by the user
+    try:
+        assert _records(docker_user) == [key]
+        released = await _send(agent, "forget")
+        assert released["step"] == "release"
+        assert _records(docker_user) == []  # forgotten (a sandbox about to be destroyed)
+    finally:
+        await agent.close()
+
+    other = make_box("docker")
+    agent = await _prepared_by(docker_user, other)
+    await agent.close()  # ends without releasing: the cut and its record stay
+    done = docker_user.netcut("gc", "--json")  # a live container's record stays
+    assert (done.returncode, json.loads(done.stdout)["removed"]) == (0, []), done.stderr
+    gone = _key(other)
+    assert _records(docker_user) == [gone]
+    sh("docker", "rm", "-f", other.name)
+    done = docker_user.netcut("gc", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["removed"] == [gone.removesuffix(".json")]
+    assert _records(docker_user) == []
+
+
+def _key(box: Box) -> str:
+    """The name of the record of `box`'s namespace: its nsfs identity."""
+    st = os.stat(box.netns)
+    return f"{st.st_dev}-{st.st_ino}.json"
+
+
+async def _send(agent: AsUser, line: str) -> dict[str, Any]:
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.write(f"{line}\n".encode())
+    await agent.proc.stdin.drain()
+    return await agent.line()
 
 
 @pytest.mark.engine("docker")

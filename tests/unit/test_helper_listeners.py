@@ -17,8 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from egress import EgressProxy, Policy
-from egress.boundary.checks import check_preparation
-from egress.boundary.choice import CAP_NET_ADMIN, CAP_SYS_ADMIN, decide, effective_caps
+from egress.boundary.checks import check_preparation, cut_mode_for
 from egress.boundary.passing import listen_specs
 from netcut.errors import ApplyFailed, InvalidInput
 from netcut.helper.listeners import (
@@ -31,6 +30,7 @@ from netcut.helper.listeners import (
     parse_reply,
     spec_args,
 )
+from netcut.safety import CAP_NET_ADMIN, CAP_SYS_ADMIN
 from netcut.targetref import parse_target
 
 TCP = ListenSpec("tcp", "127.0.0.1", 0)
@@ -198,19 +198,26 @@ ROOT_CAPS = (1 << CAP_NET_ADMIN) | (1 << CAP_SYS_ADMIN)
         ("auto", "egt-ns", 0, "direct", "needs root"),
         ("auto", "containerd:k8s.io/x", 0, "direct", "docker and podman containers only"),
         ("direct", "docker:box", 0, "direct", "was asked for"),
-        ("helper", "docker:box", ROOT_CAPS, "helper", "was asked for"),
+        ("helper", "docker:box", ROOT_CAPS, "helper", "cut_mode='helper' was asked for"),
     ],
 )
 def test_decide(asked: str, target: str, caps: int, mode: str, needle: str) -> None:
-    how, why = decide(asked, parse_target(target), caps)
+    """The boundary's choice is netcut's (netcut.modes), in the boundary's words; a target
+    with no helper is direct mode, which fails closed later, never a raise here."""
+    how, why = cut_mode_for(asked, parse_target(target), caps)
     assert how == mode
     assert needle in why
 
 
-def test_effective_caps() -> None:
-    assert effective_caps("Name:\tx\nCapEff:\t000001ffffffffff\n") == 0x1FFFFFFFFFF
-    assert effective_caps("CapEff:\tzz\n") == 0
-    assert effective_caps("") == 0
+def test_netcut_and_the_boundary_choose_alike() -> None:
+    """One choice, two callers: for every container and capability set where netcut's CLI
+    picks a mode, the boundary picks the same one."""
+    from netcut.modes import decide
+
+    for target in ("docker:box", "podman:box", "container:box"):
+        for caps in (0, 1 << CAP_NET_ADMIN, 1 << CAP_SYS_ADMIN, ROOT_CAPS):
+            ref = parse_target(target)
+            assert cut_mode_for("auto", ref, caps)[0] == decide(ref, None, caps).mode
 
 
 def _ask(**kw: object) -> object:
