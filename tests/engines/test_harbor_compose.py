@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from frameworks.composeplugin import compose_config
 from frameworks.harborvenv import harbor_venv
-from unprivileged import ROOT
+from unprivuser import ROOT
 
 import harness
 from servers import start_origin

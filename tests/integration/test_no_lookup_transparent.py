@@ -8,7 +8,7 @@ responder and refused at the connection, with no query.
 A sandbox is cut with `transparent=True` (its DNS goes to the responder, its TCP to the
 proxy); the proxy's resolver sends real A and AAAA queries over UDP to `QueryLog`, our DNS
 server on a 198.18.0.0/15 address, which records every query it receives (`getaddrinfo`
-cannot be pointed at it from inside this process; `test_no_lookup.py` runs `egress serve`
+cannot be pointed at it from inside this process; `test_no_lookup_resolver.py` runs `egress serve`
 with glibc's resolver for the other front-ends).
 """
 

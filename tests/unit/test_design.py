@@ -686,3 +686,16 @@ def test_no_reference_to_a_python_file_that_does_not_exist() -> None:
                     if name not in ours and name not in EXTERNAL_FILES:
                         found.append(f"{path.relative_to(ROOT)}:{number} {name}")
     assert not found, report(found)
+
+
+def test_test_files_have_unique_names() -> None:
+    """pytest imports test files by basename (no packages under tests/): two with one name
+    stop the whole run at collection (tests/unit and tests/integration both had
+    test_no_lookup.py)."""
+    seen: dict[str, Path] = {}
+    found = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            found.append(f"{path.relative_to(ROOT)} and {seen[path.name].relative_to(ROOT)}")
+        seen[path.name] = path
+    assert not found, report(found)
