@@ -109,9 +109,14 @@ async def test_idle_admin_connections_cannot_starve_the_proxy(tmp_path: Path) ->
     requests fail, unrecorded. Now the admin endpoint takes at most its own few (503 beyond),
     counted in the descriptor budget, and the proxy keeps answering and recording."""
     log = tmp_path / "audit.jsonl"
+    policy = tmp_path / "policy.toml"  # four sandboxes, each under its own client cap
+    policy.write_text(
+        "".join(f'[clients.adm{n}]\nsources = ["127.0.2.{n}/32"]\n' for n in range(1, 5))
+    )
     proc = await asyncio.create_subprocess_exec(
         "prlimit", "--nofile=300", "--", sys.executable, "-m", "egress.cli", "serve",
         "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--audit-log", str(log),
+        "--policy", str(policy),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
