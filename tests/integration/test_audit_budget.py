@@ -33,7 +33,6 @@ from egress.proxy.server import EgressProxy
 from proxykit import exempt, read_response
 from servers import start_origin
 
-FLOOD_SECONDS = 2.0
 SUPPRESSED_MAX = 2048  # a `suppressed` record's size at most (docs: the bound)
 
 
@@ -102,9 +101,14 @@ async def calm_client(address: tuple[str, int], site: str, token: str, stop: flo
     return served
 
 
-@pytest.mark.parametrize("keep", [None, 2], ids=["keep-all", "keep-2"])
+# keep-all: the 10 s flood issue 32 asked for (a bound per second must hold for a while);
+# keep-2: 2 s, as long as two rotated files of 128 KiB hold the bound's worth, so the earlier
+# refusal must survive (before the budget, 40 flood requests rotated it away)
+@pytest.mark.parametrize(
+    ("keep", "flood_seconds"), [(None, 10.0), (2, 2.0)], ids=["keep-all-10s", "keep-2-2s"]
+)
 async def test_a_refusal_flood_grows_the_log_by_the_stated_bound(
-    tmp_path: Path, keep: int | None
+    tmp_path: Path, keep: int | None, flood_seconds: float
 ) -> None:
     origin = await start_origin(None, 0)
     site = f"example.test:{origin.port}"
@@ -126,7 +130,7 @@ async def test_a_refusal_flood_grows_the_log_by_the_stated_bound(
         await log.flush()
         before = sum(len(line) + 1 for line in log_lines(path))
         loop = asyncio.get_running_loop()
-        stop = loop.time() + FLOOD_SECONDS
+        stop = loop.time() + flood_seconds
         results = await asyncio.gather(
             *(flood_gets(address, "t-flood", stop, sent_gets) for _ in range(3)),
             *(flood_connects(address, stop, sent_connects) for _ in range(2)),
@@ -141,15 +145,15 @@ async def test_a_refusal_flood_grows_the_log_by_the_stated_bound(
     sent = sent_gets[0] + sent_connects[0]
     assert sent_gets[0] >= 50, sent_gets
     assert sent_connects[0] >= 50, sent_connects
-    # the flood ran FLOOD_SECONDS in two budgets: the flooder's (identified GETs) and its
+    # the flood ran flood_seconds in two budgets: the flooder's (identified GETs) and its
     # source address's (malformed CONNECTs name no client); each second of it one window,
     # one more for the first refusal's window and one for what the stop writes; the calm
     # sandbox's records, start and end records besides
     calm_records = [r for r in records if r.get("client_id") == "calm"]
     calm_bytes = sum(len(json.dumps(r, separators=(",", ":"))) + 1 for r in calm_records)
-    windows = math.ceil(FLOOD_SECONDS) + 2  # a window may start before, and one at stop
+    windows = math.ceil(flood_seconds) + 2  # a window may start before, and one at stop
     bound = 2 * windows * (PER_SECOND + SUPPRESSED_MAX) + calm_bytes + 4096
-    print(f"flood: {sent} refusals in {FLOOD_SECONDS} s; log grew {grown} bytes (bound {bound})")
+    print(f"flood: {sent} refusals in {flood_seconds} s; log grew {grown} bytes (bound {bound})")
     assert grown <= bound, (grown, bound, sent)
     assert max(len(line) for line in lines) < 8 * FIELD_LIMIT
     # the other sandbox was served throughout, and each of its requests recorded
