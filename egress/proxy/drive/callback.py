@@ -577,11 +577,16 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     ex.x, ex.cache_hit = x, False
     conn.recheck = None  # a change met by an earlier exchange is not this one's (it is idle)
     step: Action | Wait = x.start(intent)
-    while step is not RELAY:
-        if x.state is DONE or step.__class__ is Wait:  # refused, a lookup, a dial
-            steps.turns.give_back(ticket)
-            return False
-        step = ex.carry_out(step)  # type: ignore[arg-type]
+    try:
+        while step is not RELAY:
+            if x.state is DONE or step.__class__ is Wait:  # refused, a lookup, a dial
+                steps.turns.give_back(ticket)
+                return False
+            step = ex.carry_out(step)  # type: ignore[arg-type]
+    finally:
+        # the exchange is the FastExchange's or the coroutine's now: the connection's
+        # executor must not keep it (and with it a released sandbox's policy) alive
+        del ex.x
     # from here on the request is ours: nothing below falls back
     metrics = steps.metrics
     if metrics is not None:  # docs/metrics.md
