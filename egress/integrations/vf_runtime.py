@@ -150,10 +150,17 @@ class NamespaceRuntime(SubprocessRuntime):  # type: ignore[misc]
     async def teardown(self) -> None:
         with contextlib.suppress(Exception):
             await self.egress.release()
-        await super().teardown()
+        try:
+            await super().teardown()
+        finally:  # verifiers may never call cleanup(): the namespace goes with the runtime
+            self._drop_netns()
 
     def cleanup(self) -> None:
         super().cleanup()
+        self._drop_netns()
+
+    def _drop_netns(self) -> None:
+        """Delete the namespace this runtime made (once; one it was given stays)."""
         if self._own_netns and self.netns is not None:
             subprocess.run(["ip", "netns", "delete", self.netns], check=False, timeout=30)
             self.netns = None
