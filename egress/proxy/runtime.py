@@ -453,10 +453,15 @@ def _where(listener: Listener) -> tuple[str, str]:
 
 
 def _who(rec: AccessRecord) -> object:
-    """Whose budget a record is in: its client's id, else its source address."""
+    """Whose budget a record is in: its client's id, else its source address, every loopback
+    source one (`admission_source`, as for the connection slots): one process binding
+    127.0.0.2, 127.0.0.3, ... would otherwise write as many budgets' worth of refusals
+    (docs/audit-log.md#the-budget-per-sandbox). The record does not carry the listener's
+    namespace, so the loopback sources of every namespace share that one budget: a sandbox
+    on a loopback listener of its own is identified by it and keyed by its id above."""
     if rec.identified and rec.client_id is not None:
         return rec.client_id
-    return ("source", rec.client.rsplit(":", 1)[0])
+    return ("source", admission_source(rec.client.rsplit(":", 1)[0].strip("[]"), None))
 
 
 def _source(conn: Conn) -> Owner:

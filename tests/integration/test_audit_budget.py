@@ -171,3 +171,57 @@ async def test_a_refusal_flood_grows_the_log_by_the_stated_bound(
     )
     assert counted == sent + 1
     assert {r["client_id"] for r in suppressed} <= {"flooder", None}
+
+
+async def flood_connects_from(
+    address: tuple[str, int], sources: list[str], stop: float, sent: list[int]
+) -> None:
+    """`flood_connects`, each connection from the next of `sources` (loopback addresses)."""
+    loop = asyncio.get_running_loop()
+    n = 0
+    while loop.time() < stop:
+        source = sources[n % len(sources)]
+        n += 1
+        reader, writer = await asyncio.open_connection(*address, local_addr=(source, 0))
+        target = "%" + os.urandom(7500).hex()
+        writer.write(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        reply = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+        assert reply.startswith(b"HTTP/1.1 400 ")
+        sent[0] += 1
+
+
+async def test_loopback_sources_share_one_budget(tmp_path: Path) -> None:
+    """A process on the proxy's loopback that binds 127.0.0.2, 127.0.0.3, ... is one default
+    client for admission (docs/proxy.md#connection-slots), so for the log's budget too: before,
+    each source address had a budget of its own and 60 of them wrote ~60 times the bound."""
+    settings = build_settings({"allow": ["example.test"]})
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(str(path))
+    await log.start()
+    sources = [f"127.0.0.{i}" for i in range(2, 62)]
+    sent = [0]
+    flood_seconds = 2.0
+    async with EgressProxy(settings, audit=log) as proxy:
+        address = proxy.addresses[0]
+        assert address[0] == "127.0.0.1", address
+        await log.flush()
+        before = sum(len(line) + 1 for line in log_lines(path))
+        stop = asyncio.get_running_loop().time() + flood_seconds
+        await asyncio.gather(*(flood_connects_from(address, sources, stop, sent) for _ in range(2)))
+    await log.aclose()
+    lines = log_lines(path)
+    grown = sum(len(line) + 1 for line in lines) - before
+    records = [json.loads(line) for line in lines]
+    windows = math.ceil(flood_seconds) + 2
+    bound = windows * (PER_SECOND + SUPPRESSED_MAX) + 4096
+    print(f"flood: {sent[0]} refusals from {len(sources)} sources; grew {grown} (bound {bound})")
+    assert sent[0] >= 2 * len(sources), sent  # every source was used
+    assert grown <= bound, (grown, bound, sent)
+    refusals = [r for r in records if r.get("decision") in ("block", "error")]
+    suppressed = [r for r in records if r.get("type") == "suppressed"]
+    assert suppressed  # one budget was reached
+    counted = sum(int(r.get("count", 1)) for r in refusals) + sum(
+        int(r["refusals"]) for r in suppressed
+    )
+    assert counted == sent[0]
