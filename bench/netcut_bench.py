@@ -38,6 +38,11 @@ from contextlib import contextmanager
 import netcut
 
 GOAL_P50_MS, GOAL_P99_MS = 10.0, 20.0  # issue 4
+# the engine run's addresses (tests/engines/instance.sh writes them to its env file), so the
+# bench times the instance it is pointed at, not only the default one
+DOCKER_GATEWAY = os.environ.get("NETCUT_CI_DOCKER_GATEWAY", "198.19.251.1")  # nc-ci's
+PODMAN_GATEWAY = os.environ.get("NETCUT_CI_PODMAN_GATEWAY", "198.19.252.1")
+CTR_NET = os.environ.get("NETCUT_CI_CTR_NET", "198.19.253")  # containerd boxes' veth /30
 
 
 def sh(*args: str) -> None:
@@ -196,7 +201,7 @@ def engine_box(engine: str) -> Iterator[tuple[netcut.TargetRef, str]]:
     try:
         yield (
             target.container(name, engine),
-            "198.19.251.1" if engine == "docker" else "198.19.252.1",
+            DOCKER_GATEWAY if engine == "docker" else PODMAN_GATEWAY,
         )
     finally:
         rm = ["rm", "-f"] if engine == "docker" else ["rm", "-f", "-t", "0"]
@@ -215,13 +220,13 @@ def _ctr_box(name: str) -> Iterator[str]:
         tasks = subprocess.run([*ctr, "task", "ls"], capture_output=True, text=True, check=True)
         pid = str(parse_ctr_tasks(tasks.stdout)[name][0])
         sh("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", pid)
-        sh("ip", "addr", "add", "198.19.253.253/30", "dev", link)
+        sh("ip", "addr", "add", f"{CTR_NET}.253/30", "dev", link)
         sh("ip", "link", "set", link, "up")
         inside = ["nsenter", f"--net=/proc/{pid}/ns/net", "ip"]
-        sh(*inside, "addr", "add", "198.19.253.254/30", "dev", "eth0")
+        sh(*inside, "addr", "add", f"{CTR_NET}.254/30", "dev", "eth0")
         sh(*inside, "link", "set", "eth0", "up")
-        sh(*inside, "route", "add", "default", "via", "198.19.253.253")
-        yield "198.19.253.253"
+        sh(*inside, "route", "add", "default", "via", f"{CTR_NET}.253")
+        yield f"{CTR_NET}.253"
     finally:
         subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
         subprocess.run([*ctr, "tasks", "kill", "-s", "KILL", name], capture_output=True)
