@@ -216,6 +216,13 @@ async def test_a_harbor_trial_as_a_docker_group_user(
     peer: tuple[str, str],
 ) -> None:
     venv = harbor_venv(tmp_path_factory.getbasetemp())
+    python = str(venv / "bin" / "python")
+    reach = ci_user.run([python, "-c", "import harbor, egress"])
+    assert reach.returncode == 0, (
+        f"the run's user cannot run Harbor's venv {venv}: tests/engines/up.sh grants it the "
+        "way to EGRESS_HARBOR_VENV's interpreter, so export EGRESS_HARBOR_VENV before up.sh "
+        f"(./dev.sh test does): {reach.stderr[-2000:]}"
+    )
     config = user_config(compose_config(tmp_path_factory.getbasetemp()), ci_user, ci_user_tmp)
     trial_name = f"hu{os.getpid()}"
     task = ci_user_tmp / f"user-trial-{os.getpid()}"
@@ -236,7 +243,7 @@ async def test_a_harbor_trial_as_a_docker_group_user(
         }
         classes = user_dir(ci_user_tmp / "classes", ci_user)
         argv = [
-            str(venv / "bin" / "python"), str(DRIVER), str(classes),
+            python, str(DRIVER), str(classes),
             "trials", "start", "-p", str(task), "--agent", "oracle",
             "--env", "egress.integrations.harbor:EgressDockerEnvironment",
             "--trials-dir", str(ci_user_tmp / "trials"), "--trial-name", trial_name,
