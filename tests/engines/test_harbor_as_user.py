@@ -235,11 +235,11 @@ async def test_a_harbor_trial_as_a_docker_group_user(
         for top, dirs, files in os.walk(task):
             for path in (top, *(os.path.join(top, n) for n in dirs + files)):
                 os.chown(path, ci_user.uid, ci_user.gid)
+        # (no NETCUT_STATE_DIR: netcut's default for a user, $XDG_RUNTIME_DIR/netcut)
         env = {
             "DOCKER_CONFIG": str(config),
             "EGRESS_AUDIT": str(audit),
             "EGRESS_RESOLVE": f"allowed.test={upstream},blocked.test={upstream}",
-            "NETCUT_STATE_DIR": str(user_dir(ci_user_tmp / "netcut", ci_user)),
         }
         classes = user_dir(ci_user_tmp / "classes", ci_user)
         argv = [
