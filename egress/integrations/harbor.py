@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shlex
 import subprocess
 import tempfile
@@ -101,7 +102,9 @@ def phase_policy(
 class HarborEgress:
     """One sandbox's Harbor network policy, enforced by egress: `apply` per phase, `close`
     when the environment stops. The proxy is `proxy`, else the loop's `egress.shared_proxy()`;
-    `client_id` names the sandbox in the audit log (Harbor's session id, by default)."""
+    `client_id` names the sandbox in the audit log (Harbor's session id, by default).
+    Each cut is logged to `logger` (the environment's, which Harbor writes to the trial's
+    `trial.log`) with the cut mode netcut used and why (docs/integrations.md#harbor)."""
 
     def __init__(
         self,
@@ -112,6 +115,7 @@ class HarborEgress:
         framework_routes: Sequence[str] = (),
         proxy: EgressProxy | None = None,
         prepare_args: dict[str, Any] | None = None,
+        logger: logging.Logger | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.client_id = client_id
@@ -124,6 +128,7 @@ class HarborEgress:
         self.execution: Execution | None = None
         self.summaries: list[ExecutionSummary] = []
         self._proxy = proxy
+        self.logger = logger or logging.getLogger(__name__)
 
     async def proxy(self) -> EgressProxy:
         """The proxy, with the evaluator file's pins and reserved networks added (once)."""
@@ -150,6 +155,13 @@ class HarborEgress:
             client_id=self.client_id,
             transparent=True,
             **self.prepare_args,
+        )
+        self.logger.info(
+            "egress: %s cut for %s in %s mode (%s)",
+            self.sandbox,
+            NetworkMode(network_policy.network_mode).value,
+            self.execution.cut_mode,
+            self.execution.cut_mode_reason,
         )
 
     async def release(self) -> None:
@@ -318,6 +330,7 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
             evaluator=self._egress_evaluator,
             framework_routes=self._egress_routes,
             prepare_args={"cut_mode": self._egress_cut_mode},
+            logger=self.logger,
         )
         await self._enforce_startup_policy()
 
@@ -391,6 +404,7 @@ class NamespaceEnvironment(EgressNetworkPolicy, BaseEnvironment):
             _client_id(self.session_id),
             evaluator=self._egress_evaluator,
             framework_routes=self._egress_routes,
+            logger=self.logger,
         )
         setup = self.environment_dir / "setup.sh"
         if setup.is_file():

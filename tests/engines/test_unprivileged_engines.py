@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 from enginelib import BOX, Box, docker_client_path, engine_down, sh
 from frameworks.frameworkvenv import framework_venv
-from frameworks.harborvenv import harbor_venv
 from test_boundary_engines import http_server, other_host, wget_in
-from unprivuser import ROOT, SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
+from unprivuser import SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
 
 from netcut import api
 from netcut import resolve as target
@@ -36,9 +35,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = os.path.join(HERE, "asuser_boundary.py")
 VERIFIERS = os.path.join(HERE, "asuser_verifiers.py")
 INSPECT = os.path.join(HERE, "asuser_inspect.py")
-HARBOR = os.path.join(HERE, "capless_harbor.py")
-# root without any capability (no setns, no CAP_NET_ADMIN): Harbor's interpreter is root's
-CAPLESS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
 @pytest.fixture(scope="module")
@@ -417,67 +413,6 @@ async def test_inspect_egress_sandbox_as_a_docker_group_user(
         rc, said, why = await run(sys.executable, "-m", "egress.cli", "audit", "verify", audit)
         assert rc == 0, said + why
     finally:
-        await origin.close()
-
-
-@pytest.mark.engine("docker")
-@pytest.mark.timeout(600)
-async def test_harbor_transparent_phase_without_capabilities(
-    make_box: Callable[..., Box],
-    test_host: harness.TestHost,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    """Harbor's allowlist phase (`HarborEgress.apply`: transparent) from a process with no
-    capability at all, in Harbor's venv: the helper opens the transparent listener and DNS
-    responder in the container and writes the nat redirects; the agent, with no proxy
-    settings, reaches the allowed host and nothing else; the public phase restores.
-    (uid 0 without capabilities, not a new user: Harbor's Python 3.12 lives under /root.)"""
-    venv = harbor_venv(tmp_path_factory.getbasetemp())
-    box = make_box("docker")
-    routes = box.routes()
-    tmp = tmp_path_factory.mktemp("harbor")
-    origin = await start_origin(test_host, 80)
-    pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = await asyncio.create_subprocess_exec(
-        *CAPLESS,
-        str(venv / "bin" / "python"),
-        HARBOR,
-        box.name,
-        json.dumps(pins),
-        str(tmp),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    agent = AsUser(proc)
-    try:
-        with other_host() as other, http_server(other) as port:
-            direct = f"http://{other}:{port}/"
-            classes = await agent.line()
-            assert int(classes["caps"], 16) == 0
-            assert classes["cut_mode"] == "helper"
-            assert "egress-docker cut_mode" in classes["bad"]
-            assert "egress-namespace needs root" in classes["namespace"]
-            applied = await agent.line()
-            assert "error" not in applied, applied
-            assert applied["cut_mode"] == "helper"
-            assert "lacks CAP_SYS_ADMIN" in applied["reason"]
-            assert {"transparent", "dns"} <= set(applied["kinds"])
-            rc, out, err = await wget_in(box, "http://pypi.test/phase")  # no proxy settings
-            assert rc == 0, err
-            assert '"path": "/phase"' in out
-            rc, _, err = await wget_in(box, "http://evil.test/")
-            assert rc != 0
-            assert (await wget_in(box, direct))[0] != 0
-            released = await agent.release()
-            assert released["released"] is True
-            assert box.routes_back_to(routes) == routes
-            assert (await wget_in(box, direct))[:2] == (0, "direct")
-        assert [s.path for s in origin.seen] == ["/phase"]
-    finally:
-        await agent.close()
         await origin.close()
 
 
