@@ -572,6 +572,7 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     if kept is not None:
         path = kept_path(steps, conn, head, kept)
         if path is not None:
+            steps.kept_hits += 1
             x = Exchange(steps.gate, kept.front)
             target, explicit_port = kept.target, kept.explicit_port
             step: Action | Wait = x.start_kept(
