@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+import egress
 from egress.audit.log import AuditLog
 from egress.config import ClientSpec, build_settings
 from egress.policy.rules import Policy
@@ -41,10 +42,15 @@ WARM_UP = 50
 # before it: 169-172 and 228-234); 163 and 200 with the day's merges (the no-lookup reach
 # check, the pooled retry, bounded fields); 142 and 181 with the kept decision (issue 33
 # item 3: no identification, judge or guard re-check while the connection's client, policy
-# and destination are unchanged, egress/proxy/core/kept.py). The budgets leave ~4 % for the
-# run-to-run spread (±1); the assertion message gives a run's counts.
-PY_CALL_BUDGET = 148
-C_CALL_BUDGET = 188
+# and destination are unchanged, egress/proxy/core/kept.py), 98.4 and 134.0 of them in the
+# proxy's own code (111.2 and 143.8 before it). The budgets of the own code's calls leave
+# ~3 % (they do not depend on the machine's load); the totals ~5 %, for the loop's extra
+# turns on a loaded machine (146 and 189 seen at a load of 8 on 2 cores). The assertion
+# message gives a run's counts.
+PY_CALL_BUDGET = 150
+C_CALL_BUDGET = 192
+OWN_PY_CALL_BUDGET = 101
+OWN_C_CALL_BUDGET = 138
 
 
 def origin_thread(sock: socket.socket) -> None:
@@ -87,12 +93,20 @@ def client_requests(proxy: tuple[str, int], url: str, count: int) -> list[bytes]
     return statuses
 
 
+OWN = str(Path(egress.__file__).parent)  # the proxy's own code, not the event loop's
+
+
 @contextmanager
 def counting(tally: Counter[str]) -> Iterator[None]:
-    """Count profile events of this thread into `tally` ('call', 'c_call')."""
+    """Count profile events of this thread into `tally` ('call', 'c_call'), and those made
+    in the proxy's own code ('own call', 'own c_call': C functions called from it), which
+    do not depend on how many turns of the loop the requests took (a loaded machine
+    wakes the loop more often, ~6 Python and ~10 C calls a turn)."""
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
         tally[event] += 1
+        if frame.f_code.co_filename.startswith(OWN):
+            tally["own " + event] += 1
 
     sys.setprofile(profile)
     try:
@@ -118,7 +132,13 @@ async def test_a_kept_alive_request_costs_a_bounded_number_of_python_steps(
     assert set(statuses) == {b"HTTP/1.1 200 OK"}
     py_calls = (tally["call"]) / REQUESTS
     c_calls = tally["c_call"] / REQUESTS
-    counts = f"{py_calls:.1f} Python calls and {c_calls:.1f} C calls per request"
+    own_py, own_c = tally["own call"] / REQUESTS, tally["own c_call"] / REQUESTS
+    counts = (
+        f"{py_calls:.1f} Python calls and {c_calls:.1f} C calls per request "
+        f"({own_py:.1f} and {own_c:.1f} in the proxy's own code)"
+    )
+    assert own_py <= OWN_PY_CALL_BUDGET, counts
+    assert own_c <= OWN_C_CALL_BUDGET, counts
     assert py_calls <= PY_CALL_BUDGET, counts
     assert c_calls <= C_CALL_BUDGET, counts
 
@@ -174,7 +194,8 @@ def client_after_warm_up(
 async def calls_with_sandboxes(tmp_path: Path, sandboxes: int) -> tuple[float, float]:
     """(Python, C) calls per kept-alive request of one sandbox's client (by its token) while
     `sandboxes` sandbox clients are registered (each with a token and a source address, as
-    gateway mode adds them); counted from the connection's third request on."""
+    gateway mode adds them); counted from the connection's third request on, in the proxy's
+    own code (`counting`)."""
     origin = socket.create_server(("127.0.0.1", 0))
     port = origin.getsockname()[1]
     threading.Thread(target=origin_thread, args=(origin,), daemon=True).start()
@@ -210,7 +231,7 @@ async def calls_with_sandboxes(tmp_path: Path, sandboxes: int) -> tuple[float, f
             await proxy.stop()
     origin.close()
     assert set(statuses) == {b"HTTP/1.1 200 OK"}
-    return tally["call"] / REQUESTS, tally["c_call"] / REQUESTS
+    return tally["own call"] / REQUESTS, tally["own c_call"] / REQUESTS
 
 
 async def test_the_calls_per_request_do_not_grow_with_the_sandboxes(tmp_path: Path) -> None:
@@ -219,10 +240,8 @@ async def test_the_calls_per_request_do_not_grow_with_the_sandboxes(tmp_path: Pa
     token is compared against every sandbox's and no policy is judged again
     (docs/architecture.md#the-kept-decision). Without it, each request compared its token
     with all 200 (+200 C calls per request)."""
-    # the least of two runs each: a sweeper tick or a collection in one run adds ~1-2
-    one = [await calls_with_sandboxes(tmp_path, 1) for _ in range(2)]
-    many = [await calls_with_sandboxes(tmp_path, 200) for _ in range(2)]
-    (py_one, c_one), (py_many, c_many) = min(one), min(many)
+    py_one, c_one = await calls_with_sandboxes(tmp_path, 1)
+    py_many, c_many = await calls_with_sandboxes(tmp_path, 200)
     counts = f"1 sandbox: {py_one:.1f} / {c_one:.1f}; 200: {py_many:.1f} / {c_many:.1f}"
     assert abs(py_many - py_one) <= 1, counts
-    assert abs(c_many - c_one) <= 2, counts
+    assert abs(c_many - c_one) <= 1, counts
