@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import gc
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -275,3 +277,20 @@ async def test_a_guard_change_judges_the_next_request_afresh(scene: Scene) -> No
         assert await conn.get(url) == 403
     events = await settle(scene.audit, 4)
     assert events[3]["decision"] == "block"
+
+
+async def test_a_closed_connection_lets_go_of_its_kept_policy(scene: Scene) -> None:
+    """The kept decision holds its client's policy: when the proxy closes the connection (a
+    released sandbox's listener removed), the policy is gone at once, before the loop has
+    even reported the connection lost (docs/architecture.md#the-kept-decision)."""
+    proxy, other = scene.proxy, scene.other
+    policy = allow(other)
+    listener = await proxy.add_listener("127.0.0.1:0", client=ClientSpec("box", policy))
+    url = f"http://127.0.0.1:{other.port}/gone"
+    async with kept_alive(proxy, url, address=(listener.host, listener.port)):
+        gone = weakref.ref(policy)
+        proxy.remove_listener(listener)  # what a loopback sandbox's release does
+        listener.identity = None
+        del policy
+        gc.collect()
+        assert gone() is None, "the closed connection's kept decision held its policy"

@@ -342,9 +342,19 @@ class FastClient(Side):
                     log.exception("egress: fast path failed for %s", conn.client)
         super().data_received(data)
 
+    # the kept decision holds its client's policy: never past the connection, nor past the
+    # moment the proxy closes it (a released sandbox's listener, a revocation)
     def connection_lost(self, exc: Exception | None) -> None:
-        self.kept = None  # it holds its client's policy: never past the connection
+        self.kept = None
         super().connection_lost(exc)
+
+    def close(self) -> None:
+        self.kept = None
+        super().close()
+
+    def abort(self) -> None:
+        self.kept = None
+        super().abort()
 
     def _wake(self) -> None:
         if self.fast is not None:  # held back while an exchange is in flight (module docstring)
