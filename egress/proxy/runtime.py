@@ -105,6 +105,7 @@ class Steps:
         "fast_path",
         "gate",
         "hooks",
+        "kept_hits",
         "lifecycle",
         "limits",
         "loop",
@@ -146,6 +147,8 @@ class Steps:
         # (`drive/callback.py`); off = every request and tunnel takes the coroutine path (tests
         # compare the two)
         self.fast_path = True
+        # kept-alive requests decided by their connection's last decision (`core/kept.py`)
+        self.kept_hits = 0
         # who holds which connection, from accept (admission.py, docs/proxy.md#limits)
         self.slots: Slots[Conn] = Slots(
             Budget(

@@ -12,9 +12,11 @@ exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream `pool.py
 `modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and framework-route
 forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
 
-Every request on a kept-alive client connection is parsed, identified and judged afresh; an
-upstream connection is reused only for the *checked* address and port, so reuse never skips
-a decision. Names are resolved once per decision and only checked addresses are dialed.
+Every request on a kept-alive client connection is parsed, identified and judged afresh (or
+given its connection's kept decision, when nothing that verdict depends on changed:
+`core/kept.py`); an upstream connection is reused only for the *checked* address and port,
+so reuse never skips a decision. Names are resolved once per decision and only checked
+addresses are dialed.
 
 DoS bounds (defaults in `Limits`, docs/proxy.md#limits): head size and field count (`wire`),
 head read timeout, connect timeout, idle timeout, maximum concurrent client connections and a

@@ -76,6 +76,9 @@ class ClientTable:
         self.by_source: list[tuple[Network, Identity]] = []
         self._at_source: dict[str, Identity | None] = {}  # identity_at_accept's cache
         self._at_addr: dict[IPAddress, Identity | None] = {}  # identify_token's cache
+        # bumped by every change of who is who: a decision a connection kept for its next
+        # request (`core/kept.py`) holds only while it is unchanged
+        self.generation = 0
         for spec in settings.clients:
             self.add(spec)
 
@@ -150,6 +153,7 @@ class ClientTable:
         self.by_source = [(net, ids[c.client_id]) for c in specs for net in c.sources]
         self._at_source = {}
         self._at_addr = {}
+        self.generation += 1
 
     def identify(self, source: IPAddress | None, proxy_authorization: str | None) -> Identity:
         """The identity for a request; raise `AuthError` (407) for a missing or wrong token."""

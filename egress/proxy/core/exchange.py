@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final
 
+from ...policy.addrs import AddressGuard
 from ...policy.rules import Decision
 from ...policy.target import IPAddress, Target, parse_ip_literal
 from ...reasons import End, Reason
@@ -33,10 +34,11 @@ from .actions import (
     ReplyOk,
     Resolve,
 )
-from .clients import Identity
+from .clients import ClientTable, Identity
 from .gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
 from .gate import Refuse as Verdict
 from .intent import CLOSE, Answer, Front, Intent
+from .kept import Kept
 from .record import AccessRecord, DnsRecord
 
 
@@ -66,6 +68,7 @@ _ANY: Final = frozenset(s for s in State if s is not State.DONE)
 # in a driver (SequenceError), never a silent misrecord
 TRANSITIONS: Final[Mapping[str, Mapping[State, frozenset[State]]]] = {
     "start": {_S.IDLE: frozenset({_S.RESOLVING, _S.DIALING, _S.DONE})},
+    "start_kept": {_S.IDLE: frozenset({_S.DIALING})},
     "resolved": {_S.RESOLVING: frozenset({_S.DIALING, _S.DONE})},
     "resolve_failed": {_S.RESOLVING: frozenset({_S.DONE})},
     "dialed": {_S.DIALING: frozenset({_S.REPLYING, _S.RELAYING})},
@@ -195,6 +198,82 @@ class Exchange:
             return self._admit("start", (target.ip,))
         self._move("start", State.RESOLVING)
         return Resolve(target.host)
+
+    def start_kept(
+        self, client: str, method: str, path: str, t0: int, orig_dst: str | None, kept: Kept
+    ) -> Dial:
+        """A kept-alive request the connection's last decision holds for (`core/kept.py`:
+        the same client, policy, guard and destination): its record as `start` and the
+        admission would write it, and the `Dial` of the addresses checked then."""
+        target = kept.target
+        rec = self.record = AccessRecord(client, method, "http", target.host, target.port, t0)
+        rec.path = path
+        rec.mode, rec.orig_dst = self.front.record_mode, orig_dst
+        rec.identified, rec.client_id = True, kept.identity.client_id
+        rec.policy = kept.policy
+        rec.reason, rec.rule = kept.reason, kept.rule
+        rec.would, rec.detail = kept.would, kept.detail
+        self._identity, self._target = kept.identity, target
+        self._first, self._admitted = kept.first, kept.admitted
+        self._move("start_kept", State.DIALING)
+        return kept.dial
+
+    def kept(
+        self,
+        *,
+        authority: str,
+        bound: Identity | None,
+        clients: ClientTable,
+        credential: object,
+        guard: AddressGuard,
+        owner: object,
+        resolved: tuple[IPAddress, ...] | None,
+        explicit_port: bool,
+    ) -> Kept | None:
+        """This request's decision, kept for the connection's next one (`core/kept.py`),
+        under the key it was reached with; None unless it was admitted and dialed on a
+        pooled upstream (a request of the HTTP front-end). `resolved`: the resolver's answer
+        it was judged on, for a name."""
+        identity, target, first, admitted = (
+            self._identity,
+            self._target,
+            self._first,
+            self._admitted,
+        )
+        if (
+            self.state is not State.RELAYING
+            or self.front.shape != "request"
+            or identity is None
+            or target is None
+            or first is None
+            or admitted is None
+            or self._addr is None
+        ):
+            return None
+        addrs = (target.ip,) if target.ip is not None else resolved
+        if addrs is None:
+            return None
+        rec = self.record
+        return Kept(
+            authority=authority,
+            bound=bound,
+            clients=clients,
+            credential=credential,
+            guard=guard,
+            owner=owner,
+            resolved=None if target.ip is not None else resolved,
+            front=self.front,
+            identity=identity,
+            target=target,
+            explicit_port=explicit_port,
+            first=first,
+            admitted=admitted,
+            dial=Dial(addrs, target.port, pooled=True),
+            reason=rec.reason,
+            rule=rec.rule,
+            would=rec.would,
+            detail=rec.detail,
+        )
 
     def resolved(self, addrs: tuple[IPAddress, ...]) -> Refuse | Dial | Done:
         """The name's addresses: the verdict on them (address rules, the guard); a DNS

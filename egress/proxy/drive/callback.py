@@ -37,14 +37,15 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
-from ...errors import ProtocolError
-from ...policy.target import Target
+from ...errors import ProtocolError, TargetError
+from ...policy.target import Target, split_url
 from ...reasons import End
 from ..codec import http1 as wire
 from ..core.actions import Action, Refuse
 from ..core.exchange import Exchange, State
 from ..core.gate import Refuse as Verdict
 from ..core.gate import refuse_upstream
+from ..core.kept import ANY_CREDENTIAL, Kept
 from ..core.record import perf_counter_ns, seconds_since
 from ..fairshare import Ticket, Waiter
 from ..modes.connect.serve import connect_exchange
@@ -287,6 +288,7 @@ class FastClient(Side):
         super().__init__(loop, max_buffer)
         self.fast: FastExchange | None = None
         self.executor: Executor | None = None  # its kept-alive requests' (`begin`)
+        self.kept: Kept | None = None  # its last request's decision (`core/kept.py`)
         self.conn: Conn | None = None  # set once accepted
         self.steps: Steps | None = None
         # set while no coroutine serves it yet: its first head decides (`first_head`)
@@ -339,6 +341,20 @@ class FastClient(Side):
                 except Exception:  # a bug here must not lose the request: the coroutine path
                     log.exception("egress: fast path failed for %s", conn.client)
         super().data_received(data)
+
+    # the kept decision holds its client's policy: never past the connection, nor past the
+    # moment the proxy closes it (a released sandbox's listener, a revocation)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.kept = None
+        super().connection_lost(exc)
+
+    def close(self) -> None:
+        self.kept = None
+        super().close()
+
+    def abort(self) -> None:
+        self.kept = None
+        super().abort()
 
     def _wake(self) -> None:
         if self.fast is not None:  # held back while an exchange is in flight (module docstring)
@@ -556,27 +572,44 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     path. The exchange is carried out by its executor up
     to its relay on an idle pooled upstream; it may not dial and leaves the metrics to the
     end, so a request handed over (a lookup, a dial, a refusal: the coroutine path decides
-    again and answers it) is observed once."""
+    again and answers it) is observed once. When the connection's last decision holds for
+    it (`core/kept.py`), the exchange starts from that decision instead of the gate's."""
     t0 = perf_counter_ns()
-    intent = request_intent(steps, conn, head, t0)
-    target = intent.target
-    if intent.then is not None or not isinstance(target, Target) or intent.path is None:
-        steps.turns.give_back(ticket)
-        return False
+    side = conn.side
+    assert isinstance(side, FastClient)
+    kept = side.kept
+    path: str | None = None
+    if kept is not None:
+        path = kept_path(steps, conn, head, kept)
+        if path is not None:
+            steps.kept_hits += 1
+            x = Exchange(steps.gate, kept.front)
+            target, explicit_port = kept.target, kept.explicit_port
+            step: Action | Wait = x.start_kept(
+                conn.client, head.method, path, t0, conn.orig_dst, kept
+            )
+        else:
+            kept = side.kept = None
+    if kept is None:
+        intent = request_intent(steps, conn, head, t0)
+        found = intent.target
+        if intent.then is not None or not isinstance(found, Target) or intent.path is None:
+            steps.turns.give_back(ticket)
+            return False
+        target, path, explicit_port = found, intent.path, intent.explicit_port
+        x = Exchange(steps.gate, conn.listener.mode.request_front)
+        step = x.start(intent)
+    assert path is not None
     try:
-        out = request_out(head, data, target, intent.path, intent.explicit_port)
+        out = request_out(head, data, target, path, explicit_port)
     except (ValueError, UnicodeEncodeError):
         steps.turns.give_back(ticket)
         return False  # the coroutine path answers it (400)
-    side = conn.side
-    assert isinstance(side, FastClient)
-    x = Exchange(steps.gate, conn.listener.mode.request_front)
     ex = side.executor
     if ex is None:  # one per connection, for its kept-alive requests
         ex = side.executor = Executor(steps, conn, x, dials=False, timed=False)
-    ex.x, ex.cache_hit = x, False
+    ex.x, ex.cache_hit = x, kept is not None and kept.resolved is not None
     conn.recheck = None  # a change met by an earlier exchange is not this one's (it is idle)
-    step: Action | Wait = x.start(intent)
     try:
         while step is not RELAY:
             if x.state is DONE or step.__class__ is Wait:  # refused, a lookup, a dial
@@ -588,6 +621,8 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
         # executor must not keep it (and with it a released sandbox's policy) alive
         del ex.x
     # from here on the request is ours: nothing below falls back
+    if kept is None:
+        side.kept = keep_decision(steps, conn, head, x, explicit_port)
     metrics = steps.metrics
     if metrics is not None:  # docs/metrics.md
         if ex.cache_hit:  # a resolver cache hit: answered without a wait
@@ -608,4 +643,59 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     return True
 
 
-__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin"]
+def kept_path(steps: Steps, conn: Conn, head: wire.RequestHead, kept: Kept) -> str | None:
+    """The request's path when the connection's last decision holds for it (the key of
+    `core/kept.py`: the same authority, client, policy, guard, credential and, for a name,
+    the resolver's same answer), and the audit log takes records; else None: judged afresh."""
+    raw = head.target
+    if raw[:7].lower() != "http://":
+        return None
+    try:
+        _, authority, path = split_url(raw)
+    except TargetError:
+        return None
+    gate = steps.gate
+    if not kept.holds(authority, conn.listener.identity, gate.clients, gate.guard, conn.owner):
+        return None
+    credential = kept.credential
+    if credential is not ANY_CREDENTIAL and head.get("proxy-authorization") != credential:
+        return None
+    resolved = kept.resolved
+    if resolved is not None and steps.resolver.cached(kept.target.host) is not resolved:
+        return None
+    audit = steps.audit
+    if audit is not None and not audit.accepting:
+        return None  # closed mode: the full path refuses it (docs/audit-log.md)
+    return path
+
+
+def keep_decision(
+    steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, explicit_port: bool
+) -> Kept | None:
+    """The decision `x` reached, under what it depends on now (nothing has run since it was
+    reached: this is the same callback), for the connection's next request."""
+    raw = head.target
+    try:
+        _, authority, _ = split_url(raw)
+    except TargetError:
+        return None
+    gate = steps.gate
+    bound, clients = conn.listener.identity, gate.clients
+    credential: object = ANY_CREDENTIAL
+    if bound is None and not clients.trivial:
+        credential = head.get("proxy-authorization")
+    target = x.record.host
+    resolved = None if x.dialed_addr is None else steps.resolver.cached(target)
+    return x.kept(
+        authority=authority,
+        bound=bound,
+        clients=clients,
+        credential=credential,
+        guard=gate.guard,
+        owner=conn.owner,
+        resolved=resolved,
+        explicit_port=explicit_port,
+    )
+
+
+__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin", "keep_decision", "kept_path"]
