@@ -784,7 +784,6 @@ def describe_cycle(cycle: tuple[str, ...], ms: tuple[Module, ...] | None = None)
 # Cycles known on main and left to another branch: each is named, and must still exist (a cycle
 # removed is struck from here, so none can come back unseen).
 KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    ("egress.policy.index", "egress.policy.reach", "egress.policy.rules"): "Rule",
     (
         "egress.proxy.endpoints",
         "egress.proxy.modes.dns.serve",
