@@ -364,7 +364,7 @@ class Sandboxes:
         used: set[int],
     ) -> Listener:
         """A forwarder on the route's own port when it is free, else on a port the kernel picks
-        (docs/self.proxy.md#listening-inside-a-namespace-framework-route-forwarders). Free means
+        (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders). Free means
         neither one of our listeners there nor any other socket bound in the sandbox (a
         framework's own in-sandbox service, the agent's server), which only the bind itself can
         tell (EADDRINUSE). The `Execution`'s `framework_urls` name the port chosen. A helper

@@ -4,13 +4,15 @@ Shell, and thin: lifecycle, accepting connections and the sweeper; it owns three
 one concept each, and delegates the rest of its public API to them: `tenants`
 (`ClientControl`, `tenants.py`: clients and live policy), `endpoints` (`ListenerControl`,
 `endpoints.py`: listeners of every kind) and `insight` (`Operations`,
-`telemetry/insight.py`: metrics, admin listener, execution summaries). Refusals are answered and
-audit records written in one place, `runtime.py`. Each client connection runs one coroutine:
-*read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every decision is the pure
-gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal, 1xx/101); the
-exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream `pool.py`),
-`modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and framework-route
-forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
+`telemetry/insight.py`: metrics, admin listener, execution summaries). What they share (the
+configuration in force, the listeners, the open connections) is one `ProxyContext`
+(`context.py`) that each is handed: none holds the proxy, none imports this module. Refusals
+are answered and audit records written in one place, `runtime.py`. Each client connection
+runs one coroutine: *read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every
+decision is the pure gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal,
+1xx/101); the exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream
+`pool.py`), `modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and
+framework-route forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
 
 Every request on a kept-alive client connection is parsed, identified and judged afresh; an
 upstream connection is reused only for the *checked* address and port, so reuse never skips
@@ -36,7 +38,7 @@ import socket
 import struct
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ..config import ClientSpec, Settings, resolve_pins
 from ..errors import ProtocolError
@@ -46,17 +48,18 @@ from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .admission import CLIENT_FULL
+from .context import ProxyContext
 from .core.clients import ClientTable, Identity
 from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
 from .core.responses import error_response
 from .endpoints import ClientSide, ListenerControl
-from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
+from .fdbudget import plan_fds, pool_max_idle
 from .heap import Heap
 from .modes.connect.serve import serve_tunnel
 from .modes.forwarder.serve import serve_forwarder
 from .modes.http.serve import serve_request
 from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
-from .net.accept import PAUSE, Lingering, Reserve
+from .net.accept import PAUSE, Lingering
 from .net.conn import Conn, Limits, read_head, sweep
 from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
 from .net.pool import UpstreamPool
@@ -88,6 +91,26 @@ def _check_arguments(
     # real booleans: require_auth="false" or reuse_port="false" must not read as true
     for flag, value in flags.items():
         as_bool(value, f"EgressProxy {flag}")
+
+
+def _settings(
+    policy: Policy | Settings, resolve: Mapping[str, str | Iterable[str]] | None
+) -> Settings:
+    """The configuration the proxy starts with: `policy`'s, with `resolve`'s pins over its own
+    for the same names."""
+    settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
+    if resolve is None:
+        return settings
+    return dataclasses.replace(settings, resolve={**settings.resolve, **resolve_pins(resolve)})
+
+
+def _host_local(host_local: Iterable[IPAddress] | None) -> frozenset[IPAddress] | None:
+    """The host's own addresses as the caller fixed them (None: read from the interfaces)."""
+    if host_local is None:
+        return None
+    kinds = (IPv4Address, IPv6Address)
+    checked = as_list(host_local, "EgressProxy host_local", kinds, "addresses")
+    return frozenset(cast("list[IPAddress]", checked))
 
 
 class EgressProxy:
@@ -150,37 +173,38 @@ class EgressProxy:
             "tune_gc": tune_gc,
         }
         _check_arguments(policy, audit, limits, sni_missing, flags)
-        if host_local is not None:
-            host_local = as_list(
-                host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
-            )  # type: ignore[assignment]
+        fixed_host_local = _host_local(host_local)
         if resolver is not None:
             as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
-        # its components, each one concept, each holding this proxy (composition, not mixins)
-        self.tenants = ClientControl(self)
-        self.endpoints = ListenerControl(self)
-        self.insight = Operations(self)
-        self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
-        if resolve is not None:
-            pins = {**self.settings.resolve, **resolve_pins(resolve)}
-            self.settings = dataclasses.replace(self.settings, resolve=pins)
+        settings = _settings(policy, resolve)
+        self.gate = Gate(
+            ClientTable(settings, require_auth=require_auth), settings.guard, sni_missing
+        )
+        self.audit = audit
+        # what the proxy's parts share; each component is handed it, never this proxy
+        self.context = context = ProxyContext(
+            settings, self.gate, resolver or Resolver(settings.resolve), audit
+        )
+        self.addresses = context.addresses
+        self.listeners = context.listeners
+        self._conns = context.conns
+        # its components, each one concept (composition, not mixins)
+        self.tenants = ClientControl(
+            context,
+            own_resolver=resolver is not None,
+            host_local=fixed_host_local,
+            listen_netns=listen_netns,
+        )
+        self.endpoints = ListenerControl(
+            context, self._take, self._refuse_exhausted, reuse_port=reuse_port
+        )
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []
         self.listen_netns = listen_netns
         self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
-        self.audit = audit
         self.limits = limits or Limits()
         self.sni_missing: SniMissing = sni_missing
-        self.gate = Gate(
-            ClientTable(self.settings, require_auth=require_auth), self.settings.guard, sni_missing
-        )
-        self.resolver = resolver or Resolver(self.settings.resolve)
-        self._own_resolver = resolver is not None
-        self._fixed_host_local = None if host_local is None else frozenset(host_local)
-        self.addresses: list[tuple[str, int]] = []
-        self.listeners: list[Listener] = []
-        self._conns: set[Conn] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
         self.closing = False
@@ -191,19 +215,26 @@ class EgressProxy:
         self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
         callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
+        self.insight = Operations(self._metrics, self.observers)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         if self.admin_spec is not None:
             check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
-        self.admin: Any = None  # egress.proxy.telemetry.admin.AdminServer once started
-        self.backlog = BACKLOG  # kept when descriptors are scarce (fdbudget.py)
         self.fd_note: str | None = None  # what the descriptor budget changed, if anything
-        self._reserve = Reserve()  # one descriptor to answer with when none is left
         self._lingering: Any = None  # accept.Lingering, once the loop is known
-        self._accept_failures = AcceptFailures()
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
     # --- lifecycle ------------------------------------------------------------------------
     # -- the public API of its components (composition: docs/architecture.md) ------------
+
+    @property
+    def settings(self) -> Settings:
+        """The configuration in force (`replace_settings` and the client calls change it)."""
+        return self.context.settings
+
+    @property
+    def resolver(self) -> Resolver:
+        """The resolver of the pins in force (a reload makes a new one, unless it was given)."""
+        return self.context.resolver
 
     @property
     def clients(self) -> ClientTable:
@@ -275,7 +306,10 @@ class EgressProxy:
         proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`;
         docs/proxy.md#transparent-mode-and-socks5). Raises OSError / NamespaceError.
         """
-        return await self.endpoints.add_listener(listen, netns=netns, client=client, kind=kind)
+        listener = await self.endpoints.add_listener(listen, netns=netns, client=client, kind=kind)
+        if client is not None:
+            self.tenants.policy_applied(client.client_id, client.policy, "listener")
+        return listener
 
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
@@ -310,7 +344,13 @@ class EgressProxy:
 
     def ready(self) -> tuple[bool, str]:
         """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
-        return self.insight.ready()
+        if self.closing:
+            return False, "stopping"
+        if not self.listeners:
+            return False, "not listening"
+        if self.audit is not None and not self.audit.accepting:
+            return False, "audit log not accepting"
+        return True, "ready"
 
     def track_execution(self, client_id: str) -> ExecutionSummary:
         """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
@@ -356,13 +396,14 @@ class EgressProxy:
             loop,
             self.gate,
             self.pool,
-            self.resolver,
+            self.context.resolver,
             self.audit,
             lim,
             hooks=self.hooks,
             observe=self.observers.record,
             metrics=self._metrics,
         )
+        self.context.steps, self.context.pool = self.steps, self.pool
         for host, port in self.listen_specs:
             listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
@@ -371,12 +412,13 @@ class EgressProxy:
             self.socks_addresses.append((await self._open_as("socks5", listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
-        self.tenants.policy_applied(None, self.settings.policy, "start")
-        for spec in self.settings.clients:
+        settings = self.context.settings
+        self.tenants.policy_applied(None, settings.policy, "start")
+        for spec in settings.clients:
             self.tenants.policy_applied(spec.client_id, spec.policy, "start")
         if self.admin_spec is not None:
             try:
-                await self.insight.start_admin(*self.admin_spec)
+                await self.insight.start_admin(*self.admin_spec, self.ready)
             except OSError as exc:
                 raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
         self.heap.started(loop)
@@ -428,10 +470,9 @@ class EgressProxy:
         if self._started:
             self.pool.close()
             self.steps.flush_refusals(everything=True)
-        self.resolver.close()
-        if self.admin is not None:
-            await self.admin.stop()
-        self._reserve.close()
+        self.context.resolver.close()
+        await self.insight.stop_admin()
+        self.endpoints.reserve.close()
         self.heap.stopped()
 
     # --- descriptors (docs/proxy.md#file-descriptors) ---------------------------------------
@@ -454,7 +495,7 @@ class EgressProxy:
                 plan = plan_fds(cap, BACKLOG, admin + in_use, soft, soft)
         if plan.max_connections != cap:
             self.limits = dataclasses.replace(self.limits, max_connections=plan.max_connections)
-        self.backlog = plan.backlog
+        self.endpoints.backlog = plan.backlog
         self.fd_note = plan.note
         if plan.note is not None:
             log.warning("egress: %s", plan.note)
@@ -499,7 +540,7 @@ class EgressProxy:
             if early is not None:  # its client is at its cap: a flood costs only this
                 self._close_refused(listener, sock, *early)
                 return
-        side = ClientSide(self, listener)
+        side = ClientSide(self.loop, self.limits.max_head, listener)
         conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         refusal = admit_connection(
             steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
@@ -591,7 +632,8 @@ class EgressProxy:
 
     def _refuse_exhausted(self, listener: Listener, sock: socket.socket, addr: object) -> None:
         """A connection accepted with the reserved descriptor: answered 503, recorded."""
-        conn = Conn(ClientSide(self, listener), peer_text(addr), addr, listener)
+        side = ClientSide(self.loop, self.limits.max_head, listener)
+        conn = Conn(side, peer_text(addr), addr, listener)
         self._refuse_socket(conn, sock, OUT_OF_DESCRIPTORS)
 
     def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:
