@@ -809,3 +809,35 @@ def test_the_cycle_check_sees_type_only_and_relative_imports() -> None:
     assert "egress.fake.a -> egress.fake.b" in describe_cycle(
         ("egress.fake.a", "egress.fake.b"), (a, b)
     )
+
+
+PROXY_MODULE = "egress.proxy.server"
+
+
+def parts_holding_the_proxy(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Modules of `egress/proxy` that import `server.py`: a part of the proxy is handed what it
+    needs (the `ProxyContext`, callables), never `EgressProxy` (issue 33)."""
+    ms = ms or modules()
+    known = frozenset(m.name for m in ms) | {PROXY_MODULE}
+    return [
+        m.where
+        for m in ms
+        if m.name.startswith("egress.proxy.")
+        and m.name != PROXY_MODULE
+        and PROXY_MODULE in imports_of(m, known)
+    ]
+
+
+def test_no_part_of_the_proxy_holds_the_proxy() -> None:
+    found = parts_holding_the_proxy()
+    assert not found, report(found)
+
+
+def test_the_holding_check_sees_a_type_only_import() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..server import EgressProxy\n"
+    )
+    part = fake_module(source, "egress.proxy.telemetry.fake")
+    assert parts_holding_the_proxy((part,)) == ["egress/proxy/telemetry/fake.py"]
