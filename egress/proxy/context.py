@@ -6,7 +6,7 @@ and `ListenerControl` (`endpoints.py`): each reads and changes the shared state 
 the proxy, so no component holds `EgressProxy` and no import runs back to `server.py`
 (docs/architecture.md#egress-who-owns-what). The configuration in force (`settings`, the
 `gate` that judges by it, the `resolver` of its pins) is swapped here on a reload; the
-running parts (`steps`, `pool`) are set once, by `EgressProxy.start`.
+running parts (`loop`, `steps`, `pool`) are set once, by `EgressProxy.start`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..config import Settings
     from .core.gate import Gate
     from .net.conn import Conn
@@ -33,6 +35,7 @@ class ProxyContext:
         "conns",
         "gate",
         "listeners",
+        "loop",
         "pool",
         "resolver",
         "settings",
@@ -50,6 +53,8 @@ class ProxyContext:
         self.conns: set[Conn] = set()
         # the proxy's own listen addresses, as bound (`EgressProxy.addresses`)
         self.addresses: list[tuple[str, int]] = []
+        # the running parts, set by `EgressProxy.start`
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.steps: Steps | None = None
         self.pool: UpstreamPool | None = None
 

@@ -70,8 +70,10 @@ class ListenerControl:
         elif sock is None:
             sock = listen_socket(listener.host, listener.port, backlog, reuse_port=self.reuse_port)
         take, refuse = self.take, self.refuse
+        loop = self.context.loop
+        assert loop is not None, "listeners are served once the proxy is started"
         acceptor = Acceptor(
-            asyncio.get_running_loop(),
+            loop,
             sock,
             lambda s, addr: take(listener, s, addr),
             lambda s, addr: refuse(listener, s, addr),

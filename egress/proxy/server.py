@@ -403,7 +403,7 @@ class EgressProxy:
             observe=self.observers.record,
             metrics=self._metrics,
         )
-        self.context.steps, self.context.pool = self.steps, self.pool
+        self.context.loop, self.context.steps, self.context.pool = loop, self.steps, self.pool
         for host, port in self.listen_specs:
             listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)

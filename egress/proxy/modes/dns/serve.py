@@ -44,6 +44,9 @@ class DnsHost(Protocol):
     @property
     def steps(self) -> Steps: ...
 
+    @property
+    def listeners(self) -> list[Listener]: ...
+
     def reserve(self, network: str) -> None: ...
 
 
@@ -136,11 +139,12 @@ async def open_dns(
             sock = await call_in_netns(netns, lambda: _udp_socket(host, bound))
         else:
             sock = _udp_socket(host, bound)
-        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+        transport, _ = await proxy.steps.loop.create_datagram_endpoint(
             lambda: _DnsUdp(proxy.steps, listener), sock=sock
         )
     except BaseException:
-        proxy.endpoints.remove_listener(listener)
+        proxy.listeners.remove(listener)
+        listener.close()
         raise
     listener.datagram = transport
     return listener
