@@ -1,6 +1,7 @@
-"""What `prepare_execution` hands the agent (`Execution`), the boundary's errors, modes and
-ports, and how the agent's environment and framework URLs are spelled
-(docs/user-guide.md#sandbox-lifecycle)."""
+"""What `prepare_execution` hands the agent (`Execution`), what the proxy holds for each
+prepared sandbox (`Sandbox`: the registry's and the helper's shared type, so neither imports
+the other), the boundary's errors, modes and ports, and how the agent's environment and
+framework URLs are spelled (docs/user-guide.md#sandbox-lifecycle)."""
 
 from __future__ import annotations
 
@@ -117,6 +118,19 @@ class Execution:
     helper_image: str | None = field(default=None, repr=False)
     # why that cut mode: asked for, or chosen by privileges (netcut.modes)
     cut_mode_reason: str = ""
+
+
+@dataclass(eq=False)
+class Sandbox:
+    """What the proxy holds for one prepared sandbox (docs/user-guide.md#sandbox-lifecycle)."""
+
+    key: str
+    client_id: str
+    mode: Mode
+    token: str
+    proxy_port: int
+    main: Listener | None
+    forwarders: dict[tuple[str, int], Listener]
 
 
 def client_id_of(sandbox: str) -> str:

@@ -64,12 +64,13 @@ from .execution import (
     ExecutionNotReady,
     Mode,
     ReleaseFailed,
+    Sandbox,
     agent_env,
     not_ready_kind,
     route_url,
 )
 from .passing import HelperCut
-from .sandboxes import Sandbox, Sandboxes, Tenant, with_routes
+from .sandboxes import Sandboxes, Tenant, with_routes
 
 
 async def prepare_execution(

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from netcut.helper.run import HelperRun
 
     from .checks import Preparation
-    from .sandboxes import Sandbox
+    from .execution import Sandbox
 
 LOOPBACK = "127.0.0.1"
 # A role names what a socket is for: ("main",), ("forward", host, port), ("transparent",),

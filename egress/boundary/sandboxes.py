@@ -23,7 +23,7 @@ from ..proxy.core.clients import Identity, Leases
 from ..proxy.net.listener import ListenerKind, parse_listen
 from ..proxy.server import EgressProxy, Listener
 from .checks import Preparation
-from .execution import ExecutionNotReady, Mode, client_id_of
+from .execution import ExecutionNotReady, Sandbox, client_id_of
 from .gateway import (
     container_network,
     gateway_of,
@@ -32,19 +32,6 @@ from .gateway import (
     sandbox_sources,
 )
 from .passing import Role, Supply
-
-
-@dataclass(eq=False)
-class Sandbox:
-    """What the proxy holds for one prepared sandbox (docs/user-guide.md#sandbox-lifecycle)."""
-
-    key: str
-    client_id: str
-    mode: Mode
-    token: str
-    proxy_port: int
-    main: Listener | None
-    forwarders: dict[tuple[str, int], Listener]
 
 
 @dataclass(frozen=True)
@@ -377,7 +364,7 @@ class Sandboxes:
         used: set[int],
     ) -> Listener:
         """A forwarder on the route's own port when it is free, else on a port the kernel picks
-        (docs/self.proxy.md#listening-inside-a-namespace-framework-route-forwarders). Free means
+        (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders). Free means
         neither one of our listeners there nor any other socket bound in the sandbox (a
         framework's own in-sandbox service, the agent's server), which only the bind itself can
         tell (EADDRINUSE). The `Execution`'s `framework_urls` name the port chosen. A helper

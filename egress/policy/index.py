@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .rules import Rule
+    from .grammar import Rule
     from .target import IPAddress
 
 

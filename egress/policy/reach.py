@@ -26,7 +26,7 @@ from .addrs import ALWAYS_RESERVED, PRIVATE_NETWORKS, AddressGuard
 from .target import DEFAULT_PORTS, IPAddress, IPNetwork, Scheme
 
 if TYPE_CHECKING:
-    from .rules import Rule
+    from .grammar import Rule
 
 Pair = tuple[Scheme, int]
 _SCHEMES: Final[tuple[Scheme, ...]] = ("http", "https")

@@ -4,71 +4,88 @@ Shell. Opening a listening socket (here or inside a sandbox's namespace) and ser
 the proxy's loop; listeners added while running, of every kind (HTTP proxy, SOCKS5,
 transparent, and framework-route forwarders: docs/proxy.md#transparent-mode-and-socks5,
 docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders); removing one and
-closing what it accepted. A component of `EgressProxy` (`server.py`): its public methods
-are the bodies of `EgressProxy`'s of the same name, which document them (once, where users
-read). The socket itself is `listener.listen_socket`; `ClientSide` hands each accepted
-connection to the proxy.
+closing what it accepted. A component of `EgressProxy` (`server.py`): it is handed the
+proxy's `ProxyContext` (`context.py`: the listeners, the open connections) and the two
+callables an accepted socket goes to, never the proxy; its public methods are
+`EgressProxy`'s of the same name (`Delegated`, `facade.py`), and are documented here, once,
+where users read them. It owns what accepting needs besides: the listen backlog, the
+descriptor held back for a refusal when none is left, and the count of failed accepts
+(docs/proxy.md#file-descriptors). The socket itself is `listener.listen_socket`;
+`ClientSide` is an accepted connection's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..config import ClientSpec
 from ..policy.rules import Policy, parse_framework_route
 from ..reasons import End
+from .context import ProxyContext
 from .core.clients import Identity
 from .drive.callback import FastClient
-from .net.accept import Acceptor
-from .net.listener import Listener, ListenerKind, listen_socket, parse_listen
+from .fdbudget import AcceptFailures
+from .net.accept import Acceptor, Reserve
+from .net.listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
 from .net.netns import listen_in_netns_async
 
-if TYPE_CHECKING:
-    from .server import EgressProxy
+# what a listener hands each accepted socket to: the proxy's `_take`, or its refusal when the
+# socket came from the descriptor held back (docs/proxy.md#file-descriptors)
+Take = Callable[[Listener, socket.socket, object], None]
 
 
 class ClientSide(FastClient):
     """A client connection's socket: tells the proxy when it is accepted (a forward-proxy
     connection's kept-alive requests may then take the callback fast path, `drive/callback.py`)."""
 
-    def __init__(self, proxy: EgressProxy, listener: Listener) -> None:
-        super().__init__(proxy.loop, max_buffer=proxy.limits.max_head)
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_head: int, listener: Listener) -> None:
+        super().__init__(loop, max_buffer=max_head)
         self.listener = listener
 
 
 class ListenerControl:
     """The proxy's listening sockets, a component of `EgressProxy`."""
 
-    def __init__(self, proxy: EgressProxy) -> None:
-        self.proxy = proxy
+    def __init__(
+        self, context: ProxyContext, take: Take, refuse: Take, *, reuse_port: bool
+    ) -> None:
+        self.context = context
+        self.take = take
+        self.refuse = refuse
+        self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
+        self.backlog = BACKLOG  # kept when descriptors are scarce (fdbudget.py)
+        self.reserve = Reserve()  # one descriptor to answer with when none is left
+        self.accept_failures = AcceptFailures()
 
     async def open(self, listener: Listener, sock: socket.socket | None = None) -> Listener:
         """Serve `listener` on `sock` when given (a socket a helper opened inside the
         sandbox's namespace and passed back: docs/user-guide.md#helper-mode), else on one
         opened here (inside `listener.netns` when set)."""
-        backlog = self.proxy.backlog
+        backlog = self.backlog
         if sock is None and listener.netns:
             sock = await listen_in_netns_async(
                 listener.netns, listener.host, listener.port, backlog=backlog
             )
         elif sock is None:
-            sock = listen_socket(
-                listener.host, listener.port, backlog, reuse_port=self.proxy.reuse_port
-            )
+            sock = listen_socket(listener.host, listener.port, backlog, reuse_port=self.reuse_port)
+        take, refuse = self.take, self.refuse
+        loop = self.context.loop
+        assert loop is not None, "listeners are served once the proxy is started"
         acceptor = Acceptor(
-            self.proxy.loop,
+            loop,
             sock,
-            lambda s, addr: self.proxy._take(listener, s, addr),
-            lambda s, addr: self.proxy._refuse_exhausted(listener, s, addr),
-            self.proxy._reserve,
-            self.proxy._accept_failures,
+            lambda s, addr: take(listener, s, addr),
+            lambda s, addr: refuse(listener, s, addr),
+            self.reserve,
+            self.accept_failures,
         )
         listener.acceptor = acceptor
         acceptor.start()
         bound = sock.getsockname()
         listener.host, listener.port = str(bound[0]), int(bound[1])
-        self.proxy.listeners.append(listener)
+        self.context.listeners.append(listener)
         return listener
 
     async def add_listener(
@@ -83,14 +100,17 @@ class ListenerControl:
         identity = Identity(client.client_id, client.policy) if client is not None else None
         if kind == "transparent" and identity is None:
             raise ValueError("a transparent listener serves one sandbox: pass client=")
-        listener = await self.open(Listener(host, port, netns, identity, kind=kind))
-        if client is not None:
-            self.proxy.tenants.policy_applied(client.client_id, client.policy, "listener")
-        return listener
+        return await self.open(Listener(host, port, netns, identity, kind=kind))
 
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
     ) -> Listener:
+        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
+
+        Lets a sandbox reach a framework service on the host's loopback at an address of its
+        own (its loopback, or its gateway) without any proxy setting. Every connection is
+        audited (method `FORWARD`, reason `framework_route`).
+        """
         dest = parse_framework_route(route)
         host, port = parse_listen(listen)
         policy = Policy(framework_routes=[dest])
@@ -99,15 +119,19 @@ class ListenerControl:
         )
 
     async def remove_listeners(self, netns: str) -> None:
-        for listener in [li for li in self.proxy.listeners if li.netns == netns]:
+        """Stop every listener opened inside `netns` (a sandbox being released)."""
+        for listener in [li for li in self.context.listeners if li.netns == netns]:
             self.remove_listener(listener)
 
     def remove_listener(self, listener: Listener) -> bool:
-        if listener not in self.proxy.listeners:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        listeners = self.context.listeners
+        if listener not in listeners:
             return False
-        self.proxy.listeners.remove(listener)
+        listeners.remove(listener)
         listener.close()
-        for conn in [c for c in self.proxy._conns if c.listener is listener]:
+        for conn in [c for c in self.context.conns if c.listener is listener]:
             conn.end = End.RELEASED.value
             conn.side.abort()
             if conn.upstream is not None:

@@ -4,13 +4,15 @@ Shell, and thin: lifecycle, accepting connections and the sweeper; it owns three
 one concept each, and delegates the rest of its public API to them: `tenants`
 (`ClientControl`, `tenants.py`: clients and live policy), `endpoints` (`ListenerControl`,
 `endpoints.py`: listeners of every kind) and `insight` (`Operations`,
-`telemetry/insight.py`: metrics, admin listener, execution summaries). Refusals are answered and
-audit records written in one place, `runtime.py`. Each client connection runs one coroutine:
-*read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every decision is the pure
-gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal, 1xx/101); the
-exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream `pool.py`),
-`modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and framework-route
-forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
+`telemetry/insight.py`: metrics, admin listener, execution summaries). What they share (the
+configuration in force, the listeners, the open connections) is one `ProxyContext`
+(`context.py`) that each is handed: none holds the proxy, none imports this module. Refusals
+are answered and audit records written in one place, `runtime.py`. Each client connection
+runs one coroutine: *read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every
+decision is the pure gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal,
+1xx/101); the exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream
+`pool.py`), `modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and
+framework-route forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
 
 Every request on a kept-alive client connection is parsed, identified and judged afresh (or
 given its connection's kept decision, when nothing that verdict depends on changed:
@@ -38,7 +40,7 @@ import socket
 import struct
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ..config import ClientSpec, Settings, resolve_pins
 from ..errors import ProtocolError
@@ -48,17 +50,19 @@ from ..policy.target import IPAddress, join_host_port
 from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .admission import CLIENT_FULL
-from .core.clients import ClientTable, Identity
+from .context import ProxyContext
+from .core.clients import ClientTable
 from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
 from .core.responses import error_response
 from .endpoints import ClientSide, ListenerControl
-from .fdbudget import AcceptFailures, plan_fds, pool_max_idle
+from .facade import Delegated
+from .fdbudget import plan_fds, pool_max_idle
 from .heap import Heap
 from .modes.connect.serve import serve_tunnel
 from .modes.forwarder.serve import serve_forwarder
 from .modes.http.serve import serve_request
 from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
-from .net.accept import PAUSE, Lingering, Reserve
+from .net.accept import PAUSE, Lingering
 from .net.conn import Conn, Limits, read_head, sweep
 from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
 from .net.pool import UpstreamPool
@@ -67,7 +71,7 @@ from .net.stepped import adopt
 from .runtime import AuditSink, Steps
 from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .telemetry.metrics import ProxyMetrics
-from .telemetry.observe import DecisionCallback, ExecutionSummary, Observers
+from .telemetry.observe import DecisionCallback, Observers
 from .tenants import ClientControl
 
 log = logging.getLogger("egress")
@@ -90,6 +94,26 @@ def _check_arguments(
     # real booleans: require_auth="false" or reuse_port="false" must not read as true
     for flag, value in flags.items():
         as_bool(value, f"EgressProxy {flag}")
+
+
+def _settings(
+    policy: Policy | Settings, resolve: Mapping[str, str | Iterable[str]] | None
+) -> Settings:
+    """The configuration the proxy starts with: `policy`'s, with `resolve`'s pins over its own
+    for the same names."""
+    settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
+    if resolve is None:
+        return settings
+    return dataclasses.replace(settings, resolve={**settings.resolve, **resolve_pins(resolve)})
+
+
+def _host_local(host_local: Iterable[IPAddress] | None) -> frozenset[IPAddress] | None:
+    """The host's own addresses as the caller fixed them (None: read from the interfaces)."""
+    if host_local is None:
+        return None
+    kinds = (IPv4Address, IPv6Address)
+    checked = as_list(host_local, "EgressProxy host_local", kinds, "addresses")
+    return frozenset(cast("list[IPAddress]", checked))
 
 
 class EgressProxy:
@@ -152,37 +176,38 @@ class EgressProxy:
             "tune_gc": tune_gc,
         }
         _check_arguments(policy, audit, limits, sni_missing, flags)
-        if host_local is not None:
-            host_local = as_list(
-                host_local, "EgressProxy host_local", (IPv4Address, IPv6Address), "addresses"
-            )  # type: ignore[assignment]
+        fixed_host_local = _host_local(host_local)
         if resolver is not None:
             as_instance(resolver, "EgressProxy resolver", Resolver, "a Resolver")
-        # its components, each one concept, each holding this proxy (composition, not mixins)
-        self.tenants = ClientControl(self)
-        self.endpoints = ListenerControl(self)
-        self.insight = Operations(self)
-        self.settings = policy if isinstance(policy, Settings) else Settings(policy=policy)
-        if resolve is not None:
-            pins = {**self.settings.resolve, **resolve_pins(resolve)}
-            self.settings = dataclasses.replace(self.settings, resolve=pins)
+        settings = _settings(policy, resolve)
+        self.gate = Gate(
+            ClientTable(settings, require_auth=require_auth), settings.guard, sni_missing
+        )
+        self.audit = audit
+        # what the proxy's parts share; each component is handed it, never this proxy
+        self.context = context = ProxyContext(
+            settings, self.gate, resolver or Resolver(settings.resolve), audit
+        )
+        self.addresses = context.addresses
+        self.listeners = context.listeners
+        self._conns = context.conns
+        # its components, each one concept (composition, not mixins)
+        self.tenants = ClientControl(
+            context,
+            own_resolver=resolver is not None,
+            host_local=fixed_host_local,
+            listen_netns=listen_netns,
+        )
+        self.endpoints = ListenerControl(
+            context, self._take, self._refuse_exhausted, reuse_port=reuse_port
+        )
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
         self.socks_addresses: list[tuple[str, int]] = []
         self.listen_netns = listen_netns
         self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
-        self.audit = audit
         self.limits = limits or Limits()
         self.sni_missing: SniMissing = sni_missing
-        self.gate = Gate(
-            ClientTable(self.settings, require_auth=require_auth), self.settings.guard, sni_missing
-        )
-        self.resolver = resolver or Resolver(self.settings.resolve)
-        self._own_resolver = resolver is not None
-        self._fixed_host_local = None if host_local is None else frozenset(host_local)
-        self.addresses: list[tuple[str, int]] = []
-        self.listeners: list[Listener] = []
-        self._conns: set[Conn] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
         self.closing = False
@@ -193,19 +218,40 @@ class EgressProxy:
         self._metrics = ProxyMetrics(lambda: len(self._conns)) if metrics else None
         callbacks = as_callables(on_decision, "EgressProxy on_decision")
         self.observers = Observers(self._metrics, callbacks)
+        self.insight = Operations(self._metrics, self.observers)
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         if self.admin_spec is not None:
             check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
-        self.admin: Any = None  # egress.proxy.telemetry.admin.AdminServer once started
-        self.backlog = BACKLOG  # kept when descriptors are scarce (fdbudget.py)
         self.fd_note: str | None = None  # what the descriptor budget changed, if anything
-        self._reserve = Reserve()  # one descriptor to answer with when none is left
         self._lingering: Any = None  # accept.Lingering, once the loop is known
-        self._accept_failures = AcceptFailures()
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
-    # --- lifecycle ------------------------------------------------------------------------
-    # -- the public API of its components (composition: docs/architecture.md) ------------
+    # --- the public API of its components (composition: docs/architecture.md) -------------
+    # Each is the component's own method, documented there (facade.py); what takes more than
+    # one component, or the proxy's own state, is written out below.
+    add_client = Delegated("tenants", ClientControl.add_client)
+    remove_client = Delegated("tenants", ClientControl.remove_client)
+    set_client_policy = Delegated("tenants", ClientControl.set_client_policy)
+    replace_settings = Delegated("tenants", ClientControl.replace_settings)
+    revoke_tunnels = Delegated("tenants", ClientControl.revoke_tunnels)
+    reserve = Delegated("tenants", ClientControl.reserve)
+    refresh_host_local = Delegated("tenants", ClientControl.refresh_host_local)
+    add_forwarder = Delegated("endpoints", ListenerControl.add_forwarder)
+    remove_listeners = Delegated("endpoints", ListenerControl.remove_listeners)
+    remove_listener = Delegated("endpoints", ListenerControl.remove_listener)
+    metrics = Delegated("insight", Operations.metrics)
+    track_execution = Delegated("insight", Operations.track_execution)
+    execution_summary = Delegated("insight", Operations.execution_summary)
+
+    @property
+    def settings(self) -> Settings:
+        """The configuration in force (`replace_settings` and the client calls change it)."""
+        return self.context.settings
+
+    @property
+    def resolver(self) -> Resolver:
+        """The resolver of the pins in force (a reload makes a new one, unless it was given)."""
+        return self.context.resolver
 
     @property
     def clients(self) -> ClientTable:
@@ -215,51 +261,6 @@ class EgressProxy:
     def guard(self) -> AddressGuard:
         """The address guard in force (the host's own addresses included)."""
         return self.tenants.guard
-
-    def add_client(self, spec: ClientSpec) -> Identity:
-        """Serve a client (sandbox) with its own policy, or replace the client of the same
-        id atomically (its old token and sources stop matching in the same step); takes
-        effect at once. Raises `ClientError` if the token or sources belong to another client.
-        """
-        return self.tenants.add_client(spec)
-
-    def remove_client(self, client_id: str) -> ClientSpec | None:
-        """Forget a client: its token and source addresses identify nobody any more."""
-        return self.tenants.remove_client(client_id)
-
-    def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
-        """Replace one client's policy, atomically: every request identified from now on
-        (the next request on a kept-alive connection too) is judged by `policy`, and its open
-        tunnels are judged again (`revoke_tunnels`). Also re-binds listeners bound to
-        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
-        return self.tenants.set_client_policy(client_id, policy, source=source)
-
-    async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
-        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
-        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
-        name get its new policy; other bound listeners keep theirs. Networks the proxy
-        reserved for its sandboxes (fake-IP pools, `reserve`) stay reserved."""
-        return await self.tenants.replace_settings(settings, source=source)
-
-    def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
-        """Re-judge what the clients in `policies` have open under their new policy, with
-        the address it was dialed at (`core/revocation.py`), and close what it no longer
-        allows (docs/policy.md#live-policy-changes): a tunnel (CONNECT, SOCKS5,
-        transparent) or a plain-HTTP request in flight is cut, its own record `end:
-        revoked`; a kept-alive client connection between requests and an idle pooled
-        upstream connection whose last request went there are closed, one connection
-        record `end: revoked` for each such last request. Framework-route forwarders are
-        not client policy and stay. Returns how many connections it closed."""
-        return self.tenants.revoke_tunnels(policies)
-
-    def reserve(self, network: str) -> None:
-        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
-        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
-        return self.tenants.reserve(network)
-
-    async def refresh_host_local(self) -> None:
-        """Re-read this host's interface addresses into the guard (also done periodically)."""
-        return await self.tenants.refresh_host_local()
 
     async def add_listener(
         self,
@@ -277,33 +278,10 @@ class EgressProxy:
         proxy, SOCKS5, or transparent redirects (a `transparent` listener requires `client`;
         docs/proxy.md#transparent-mode-and-socks5). Raises OSError / NamespaceError.
         """
-        return await self.endpoints.add_listener(listen, netns=netns, client=client, kind=kind)
-
-    async def add_forwarder(
-        self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
-    ) -> Listener:
-        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
-
-        Lets a sandbox reach a framework service on the host's loopback at an address of its
-        own (its loopback, or its gateway) without any proxy setting. Every connection is
-        audited (method `FORWARD`, reason `framework_route`).
-        """
-        return await self.endpoints.add_forwarder(listen, route, netns=netns, client_id=client_id)
-
-    async def remove_listeners(self, netns: str) -> None:
-        """Stop every listener opened inside `netns` (a sandbox being released)."""
-        return await self.endpoints.remove_listeners(netns)
-
-    def remove_listener(self, listener: Listener) -> bool:
-        """Stop `listener` and close the connections it accepted (a released sandbox keeps
-        nothing open). Idempotent; False if it was not one of ours."""
-        return self.endpoints.remove_listener(listener)
-
-    def metrics(self) -> dict[str, object]:
-        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
-
-        Raises RuntimeError when the proxy was built with `metrics=False`."""
-        return self.insight.metrics()
+        listener = await self.endpoints.add_listener(listen, netns=netns, client=client, kind=kind)
+        if client is not None:
+            self.tenants.policy_applied(client.client_id, client.policy, "listener")
+        return listener
 
     @property
     def admin_url(self) -> str | None:
@@ -312,17 +290,15 @@ class EgressProxy:
 
     def ready(self) -> tuple[bool, str]:
         """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
-        return self.insight.ready()
+        if self.closing:
+            return False, "stopping"
+        if not self.listeners:
+            return False, "not listening"
+        if self.audit is not None and not self.audit.accepting:
+            return False, "audit log not accepting"
+        return True, "ready"
 
-    def track_execution(self, client_id: str) -> ExecutionSummary:
-        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
-        return self.insight.track_execution(client_id)
-
-    def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
-        """Counts by decision, host and reason of `client_id`'s records since tracking began
-        (`stop` ends the tracking; `release_execution` does this)."""
-        return self.insight.execution_summary(client_id, stop=stop)
-
+    # --- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> EgressProxy:
         await self.start()
         return self
@@ -358,13 +334,14 @@ class EgressProxy:
             loop,
             self.gate,
             self.pool,
-            self.resolver,
+            self.context.resolver,
             self.audit,
             lim,
             hooks=self.hooks,
             observe=self.observers.record,
             metrics=self._metrics,
         )
+        self.context.loop, self.context.steps, self.context.pool = loop, self.steps, self.pool
         for host, port in self.listen_specs:
             listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
             self.addresses.append(listener.address)
@@ -373,12 +350,13 @@ class EgressProxy:
             self.socks_addresses.append((await self._open_as("socks5", listener)).address)
         await self.refresh_host_local()
         self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
-        self.tenants.policy_applied(None, self.settings.policy, "start")
-        for spec in self.settings.clients:
+        settings = self.context.settings
+        self.tenants.policy_applied(None, settings.policy, "start")
+        for spec in settings.clients:
             self.tenants.policy_applied(spec.client_id, spec.policy, "start")
         if self.admin_spec is not None:
             try:
-                await self.insight.start_admin(*self.admin_spec)
+                await self.insight.start_admin(*self.admin_spec, self.ready)
             except OSError as exc:
                 raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
         self.heap.started(loop)
@@ -430,10 +408,9 @@ class EgressProxy:
         if self._started:
             self.pool.close()
             self.steps.flush_refusals(everything=True)
-        self.resolver.close()
-        if self.admin is not None:
-            await self.admin.stop()
-        self._reserve.close()
+        self.context.resolver.close()
+        await self.insight.stop_admin()
+        self.endpoints.reserve.close()
         self.heap.stopped()
 
     # --- descriptors (docs/proxy.md#file-descriptors) ---------------------------------------
@@ -456,7 +433,7 @@ class EgressProxy:
                 plan = plan_fds(cap, BACKLOG, admin + in_use, soft, soft)
         if plan.max_connections != cap:
             self.limits = dataclasses.replace(self.limits, max_connections=plan.max_connections)
-        self.backlog = plan.backlog
+        self.endpoints.backlog = plan.backlog
         self.fd_note = plan.note
         if plan.note is not None:
             log.warning("egress: %s", plan.note)
@@ -501,7 +478,7 @@ class EgressProxy:
             if early is not None:  # its client is at its cap: a flood costs only this
                 self._close_refused(listener, sock, *early)
                 return
-        side = ClientSide(self, listener)
+        side = ClientSide(self.loop, self.limits.max_head, listener)
         conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
         refusal = admit_connection(
             steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
@@ -593,7 +570,8 @@ class EgressProxy:
 
     def _refuse_exhausted(self, listener: Listener, sock: socket.socket, addr: object) -> None:
         """A connection accepted with the reserved descriptor: answered 503, recorded."""
-        conn = Conn(ClientSide(self, listener), peer_text(addr), addr, listener)
+        side = ClientSide(self.loop, self.limits.max_head, listener)
+        conn = Conn(side, peer_text(addr), addr, listener)
         self._refuse_socket(conn, sock, OUT_OF_DESCRIPTORS)
 
     def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:

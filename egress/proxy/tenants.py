@@ -1,25 +1,26 @@
 """`ClientControl`: the clients and live-policy half of `EgressProxy`'s public API.
 
 Shell. Adding, replacing and removing clients, swapping one client's policy or the whole
-configuration while connections are served (docs/policy.md#live-policy-changes), reserving
-a network in the address guard, re-reading the host's own addresses, and auditing each
-policy as it starts to apply (docs/audit-log.md). A component of `EgressProxy`
-(`server.py`): the state it works on (`settings`, `gate`, `resolver`, `listeners`) is the
-proxy's own, so the accept path reads it with no indirection. Its public methods are the
-bodies of `EgressProxy`'s of the same name, which document them (once, where users read).
+configuration while connections are served (docs/policy.md#live-policy-changes), reserving a
+network in the address guard, re-reading the host's own addresses, and auditing each policy
+as it starts to apply (docs/audit-log.md). A component of `EgressProxy` (`server.py`): the
+state it works on (`settings`, `gate`, `resolver`, `listeners`, the open connections) is the
+proxy's `ProxyContext` (`context.py`), shared with the accept path, and it is handed nothing
+else. Its public methods are `EgressProxy`'s of the same name (`Delegated`, `facade.py`),
+and are documented here, once, where users read them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..config import ClientSpec, Settings
 from ..policy.addrs import AddressGuard, parse_cidr
 from ..policy.rules import Policy
-from ..policy.target import IPNetwork, join_host_port, parse_ip_literal
+from ..policy.target import IPAddress, IPNetwork, join_host_port, parse_ip_literal
 from ..reasons import End
+from .context import ProxyContext
 from .core.clients import ClientTable, Identity
 from .core.exchange import revoked_record
 from .core.record import AccessRecord, perf_counter_ns
@@ -27,15 +28,22 @@ from .core.revocation import revoked_by
 from .net.hostaddrs import local_addresses_async
 from .net.resolve import Resolver
 
-if TYPE_CHECKING:
-    from .server import EgressProxy
-
 
 class ClientControl:
     """Who the proxy serves and under which policy, a component of `EgressProxy`."""
 
-    def __init__(self, proxy: EgressProxy) -> None:
-        self.proxy = proxy
+    def __init__(
+        self,
+        context: ProxyContext,
+        *,
+        own_resolver: bool,
+        host_local: frozenset[IPAddress] | None,
+        listen_netns: str | None,
+    ) -> None:
+        self.context = context
+        self.own_resolver = own_resolver  # the caller's: a reload keeps it
+        self.host_local = host_local  # fixed by the caller, else read from the interfaces
+        self.listen_netns = listen_netns
 
     # networks reserved by the proxy itself (a transparent sandbox's fake-IP pool): they
     # belong to the sandboxes, not to the configuration, so a reload keeps them
@@ -43,34 +51,43 @@ class ClientControl:
 
     @property
     def clients(self) -> ClientTable:
-        return self.proxy.gate.clients
+        return self.context.gate.clients
 
     @property
     def guard(self) -> AddressGuard:
-        return self.proxy.gate.guard
+        return self.context.gate.guard
 
     def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
         identity = self.clients.put(spec)
         self.sync_settings()
         self.policy_applied(spec.client_id, spec.policy, "api")
         return identity
 
     def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
         spec = self.clients.remove(client_id)
         self.sync_settings()
         return spec
 
     def sync_settings(self) -> None:
-        s = self.proxy.settings
+        s = self.context.settings
         specs = tuple(self.clients.spec(c) for c in self.clients.client_ids)
-        self.proxy.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
+        self.context.settings = Settings(s.policy, s.guard, s.resolve, specs)  # type: ignore[arg-type]
 
     # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
     def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
+        """Replace one client's policy, atomically: every request identified from now on
+        (the next request on a kept-alive connection too) is judged by `policy`, and its open
+        tunnels are judged again (`revoke_tunnels`). Also re-binds listeners bound to
+        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
         known = self.clients.spec(client_id) is not None
         bound = [
             li
-            for li in self.proxy.listeners
+            for li in self.context.listeners
             if li.identity is not None
             and li.identity.client_id == client_id
             and li.forward_to is None
@@ -86,19 +103,24 @@ class ClientControl:
         self.revoke_tunnels({client_id: policy})
 
     async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
+        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
+        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
+        name get its new policy; other bound listeners keep theirs. Networks the proxy
+        reserved for its sandboxes (fake-IP pools, `reserve`) stay reserved."""
         guard = settings.guard
         kept = tuple(n for n in self._owned_reserves if n not in guard.extra)
         if kept:
             settings = replace(settings, guard=replace(guard, extra=(*guard.extra, *kept)))
-        self.proxy.settings = settings
-        self.proxy.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
-        if not self.proxy._own_resolver:
-            old, self.proxy.resolver = self.proxy.resolver, Resolver(settings.resolve)
-            if self.proxy._started:
-                self.proxy.steps.resolver = self.proxy.resolver
+        context = self.context
+        context.settings = settings
+        context.gate.clients = ClientTable(settings, require_auth=self.clients.require_auth)
+        if not self.own_resolver:
+            old, context.resolver = context.resolver, Resolver(settings.resolve)
+            if context.steps is not None:
+                context.steps.resolver = context.resolver
             old.close()
         by_id = {c.client_id: c.policy for c in settings.clients}
-        for listener in self.proxy.listeners:
+        for listener in context.listeners:
             ident = listener.identity
             if ident is not None and listener.forward_to is None and ident.client_id in by_id:
                 listener.identity = Identity(ident.client_id, by_id[ident.client_id])
@@ -111,12 +133,20 @@ class ClientControl:
         self.revoke_tunnels(policies)
 
     def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
-        proxy = self.proxy
-        guard = proxy.gate.guard
+        """Re-judge what the clients in `policies` have open under their new policy, with
+        the address it was dialed at (`core/revocation.py`), and close what it no longer
+        allows (docs/policy.md#live-policy-changes): a tunnel (CONNECT, SOCKS5,
+        transparent) or a plain-HTTP request in flight is cut, its own record `end:
+        revoked`; a kept-alive client connection between requests and an idle pooled
+        upstream connection whose last request went there are closed, one connection
+        record `end: revoked` for each such last request. Framework-route forwarders are
+        not client policy and stay. Returns how many connections it closed."""
+        context = self.context
+        guard = context.gate.guard
         closed = 0
         # the last request of an idle connection -> (listener, its mode): one record each
         idle: dict[AccessRecord, tuple[str | None, str | None]] = {}
-        for conn in list(proxy._conns):
+        for conn in list(context.conns):
             rec = conn.relaying
             if conn.end is not None:
                 continue
@@ -141,8 +171,8 @@ class ClientControl:
             listener = conn.listener
             kind: str = "forward" if listener.forward_to is not None else listener.kind
             idle[rec] = (join_host_port(listener.host, listener.port), kind)
-        if proxy._started:
-            for side in proxy.pool.revoke(
+        if context.pool is not None:
+            for side in context.pool.revoke(
                 lambda s: revoked_by(policies, guard, s.last_rec) is not None
             ):
                 closed += 1
@@ -161,17 +191,19 @@ class ClientControl:
     ) -> None:
         """The connection record of what was closed between requests (docs/audit-log.md)."""
         policy = policies[last_rec.client_id]
-        verdict = revoked_by(policies, self.proxy.gate.guard, last_rec)
+        verdict = revoked_by(policies, self.context.gate.guard, last_rec)
         assert verdict is not None
         what = "a kept-alive connection" if listener is not None else "a pooled upstream"
         rec = revoked_record(last_rec, perf_counter_ns(), listener, kind, what, policy.digest)
-        self.proxy.steps.emit(rec, "block", verdict.reason, verdict.rule, rec.detail, None)
+        assert self.context.steps is not None  # a record to write: the proxy is running
+        self.context.steps.emit(rec, "block", verdict.reason, verdict.rule, rec.detail, None)
 
     def policy_applied(self, client_id: str | None, policy: Policy, source: str) -> None:
         """Audit that `policy` starts applying to `client_id` (docs/audit-log.md)."""
-        if self.proxy.audit is None or not self.proxy._started:
+        audit = self.context.audit
+        if audit is None or not self.context.started:
             return
-        self.proxy.audit.record(
+        audit.record(
             {
                 "type": "policy",
                 "client_id": client_id,
@@ -183,27 +215,30 @@ class ClientControl:
 
     # --- the address guard ------------------------------------------------------------------
     def reserve(self, network: str) -> None:
+        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
+        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
         net = parse_cidr(network)
         if net not in self._owned_reserves:
             self._owned_reserves = (*self._owned_reserves, net)
-        guard = self.proxy.settings.guard
+        context = self.context
+        guard = context.settings.guard
         if net in guard.extra:
             return
-        self.proxy.settings = replace(
-            self.proxy.settings, guard=replace(guard, extra=(*guard.extra, net))
+        context.settings = replace(
+            context.settings, guard=replace(guard, extra=(*guard.extra, net))
         )
-        self.proxy.gate.set_guard(
-            replace(self.proxy.gate.guard, extra=self.proxy.settings.guard.extra)
-        )
+        context.gate.set_guard(replace(context.gate.guard, extra=context.settings.guard.extra))
 
     async def refresh_host_local(self) -> None:
-        if self.proxy._fixed_host_local is not None:
-            found = self.proxy._fixed_host_local
+        """Re-read this host's interface addresses into the guard (also done periodically)."""
+        if self.host_local is not None:
+            found = self.host_local
         else:
             found = await local_addresses_async()
-        own = {parse_ip_literal(h) for h, _ in self.proxy.addresses if not self.proxy.listen_netns}
+        context = self.context
+        own = {parse_ip_literal(h) for h, _ in context.addresses if not self.listen_netns}
         extra = frozenset(a for a in own if a is not None and not a.is_unspecified)
-        self.proxy.gate.set_guard(self.proxy.settings.guard.with_host_local(found | extra))
+        context.gate.set_guard(context.settings.guard.with_host_local(found | extra))
 
 
 __all__ = ["ClientControl"]

@@ -1,19 +1,26 @@
 """`Operations`: the operators' half of `EgressProxy`'s public API (docs/metrics.md).
 
 Shell. Metrics as plain data, the admin listener (`/metrics`, `/healthz`, `/readyz`,
-`admin.py`), readiness, and per-execution summaries. A component of `EgressProxy`
-(`server.py`): its public methods are the bodies of `EgressProxy`'s of the same name, which
-document them (once, where users read). The counting itself is `Observers` (`observe.py`),
-fed from the access records.
+`admin.py`), and per-execution summaries. A component of `EgressProxy` (`server.py`), handed
+the proxy's metrics and observers, never the proxy; readiness is the proxy's own
+(`EgressProxy.ready`), handed to the admin listener as a callable. Its public methods are
+`EgressProxy`'s of the same name (`Delegated`, `facade.py`), and are documented here, once,
+where users read them. The counting itself is `Observers` (`observe.py`), fed from the
+access records.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .observe import ExecutionSummary
+from .observe import ExecutionSummary, Observers
+
+if TYPE_CHECKING:
+    from .admin import AdminServer
+    from .metrics import ProxyMetrics
 
 log = logging.getLogger("egress")
 
@@ -44,45 +51,40 @@ def check_admin_address(host: str, public: bool, what: str) -> None:
         )
 
 
-if TYPE_CHECKING:
-    from ..server import EgressProxy
-
-
 class Operations:
     """What an operator asks the proxy, a component of `EgressProxy`."""
 
-    def __init__(self, proxy: EgressProxy) -> None:
-        self.proxy = proxy
+    def __init__(self, metrics: ProxyMetrics | None, observers: Observers) -> None:
+        self.counters = metrics  # None: built with metrics=False
+        self.observers = observers
+        self.admin: AdminServer | None = None  # once started
 
     def metrics(self) -> dict[str, object]:
-        if self.proxy._metrics is None:
+        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
+
+        Raises RuntimeError when the proxy was built with `metrics=False`."""
+        if self.counters is None:
             raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
-        return self.proxy._metrics.snapshot()
+        return self.counters.snapshot()
 
     @property
     def admin_url(self) -> str | None:
-        if self.proxy.admin is None:
+        if self.admin is None or self.admin.address is None:
             return None  # without --admin, aiohttp and prometheus_client are never imported
         from .admin import admin_url
 
-        return admin_url(self.proxy.admin.address)
+        return admin_url(self.admin.address)
 
-    def ready(self) -> tuple[bool, str]:
-        if self.proxy.closing:
-            return False, "stopping"
-        if not self.proxy.listeners:
-            return False, "not listening"
-        if self.proxy.audit is not None and not self.proxy.audit.accepting:
-            return False, "audit log not accepting"
-        return True, "ready"
-
-    async def start_admin(self, host: str, port: int) -> None:
+    async def start_admin(
+        self, host: str, port: int, ready: Callable[[], tuple[bool, str]]
+    ) -> None:
+        """Serve `/metrics`, `/healthz` and `/readyz` (answered by `ready`) on `host:port`."""
         from .admin import AdminServer
 
-        if self.proxy._metrics is None:
+        if self.counters is None:
             raise ValueError("the admin listener needs metrics (metrics=True)")
-        self.proxy.admin = AdminServer(self.proxy._metrics, self.ready)
-        await self.proxy.admin.start(host, port, ADMIN_MAX_CONNECTIONS, ADMIN_TIMEOUT)
+        self.admin = AdminServer(self.counters, ready)
+        await self.admin.start(host, port, ADMIN_MAX_CONNECTIONS, ADMIN_TIMEOUT)
         if not is_loopback(host):
             log.warning(
                 "egress: the admin endpoint listens on %s, not a loopback address: anyone "
@@ -90,13 +92,20 @@ class Operations:
                 host,
             )
 
+    async def stop_admin(self) -> None:
+        if self.admin is not None:
+            await self.admin.stop()
+
     def track_execution(self, client_id: str) -> ExecutionSummary:
-        return self.proxy.observers.track(client_id)
+        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
+        return self.observers.track(client_id)
 
     def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
+        """Counts by decision, host and reason of `client_id`'s records since tracking began
+        (`stop` ends the tracking; `release_execution` does this)."""
         if stop:
-            return self.proxy.observers.untrack(client_id)
-        return self.proxy.observers.summaries.get(client_id) or ExecutionSummary(client_id)
+            return self.observers.untrack(client_id)
+        return self.observers.summaries.get(client_id) or ExecutionSummary(client_id)
 
 
 __all__ = ["Operations"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ...codec.dns import FakeIPs, read_query
 from ...core.actions import Done, Refuse
@@ -27,11 +27,27 @@ from .front import DNS
 from .query import play, query_intent, render
 
 if TYPE_CHECKING:
+    from ...endpoints import ListenerControl
     from ...net.conn import Conn
     from ...runtime import Steps
-    from ...server import EgressProxy
 
 MAX_TCP_MESSAGE = 65535  # the two-byte length prefix's own bound
+
+
+class DnsHost(Protocol):
+    """What a DNS responder needs of the proxy that serves it (`EgressProxy` is one): its
+    listeners, the address guard's reserve for the fake-IP pool, and the running parts."""
+
+    @property
+    def endpoints(self) -> ListenerControl: ...
+
+    @property
+    def steps(self) -> Steps: ...
+
+    @property
+    def listeners(self) -> list[Listener]: ...
+
+    def reserve(self, network: str) -> None: ...
 
 
 class _DnsUdp(asyncio.DatagramProtocol):
@@ -98,7 +114,7 @@ def _udp_socket(host: str, port: int) -> socket.socket:
 
 
 async def open_dns(
-    proxy: EgressProxy,
+    proxy: DnsHost,
     listen: str,
     *,
     identity: Identity,
@@ -123,7 +139,7 @@ async def open_dns(
             sock = await call_in_netns(netns, lambda: _udp_socket(host, bound))
         else:
             sock = _udp_socket(host, bound)
-        transport, _ = await proxy.loop.create_datagram_endpoint(
+        transport, _ = await proxy.steps.loop.create_datagram_endpoint(
             lambda: _DnsUdp(proxy.steps, listener), sock=sock
         )
     except BaseException:
