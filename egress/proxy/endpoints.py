@@ -6,12 +6,11 @@ transparent, and framework-route forwarders: docs/proxy.md#transparent-mode-and-
 docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders); removing one and
 closing what it accepted. A component of `EgressProxy` (`server.py`): it is handed the
 proxy's `ProxyContext` (`context.py`: the listeners, the open connections) and the two
-callables an accepted socket goes to, never the proxy; its public methods are
-`EgressProxy`'s of the same name (`Delegated`, `facade.py`), and are documented here, once,
-where users read them. It owns what accepting needs besides: the listen backlog, the
-descriptor held back for a refusal when none is left, and the count of failed accepts
-(docs/proxy.md#file-descriptors). The socket itself is `listener.listen_socket`;
-`ClientSide` is an accepted connection's.
+callables an accepted socket goes to, never the proxy; its public methods are the bodies of
+`EgressProxy`'s of the same name, which document them (once, where users read). It owns
+what accepting needs besides: the listen backlog, the descriptor held back for a refusal
+when none is left, and the count of failed accepts (docs/proxy.md#file-descriptors). The
+socket itself is `listener.listen_socket`; `ClientSide` is an accepted connection's.
 """
 
 from __future__ import annotations
@@ -105,12 +104,6 @@ class ListenerControl:
     async def add_forwarder(
         self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
     ) -> Listener:
-        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
-
-        Lets a sandbox reach a framework service on the host's loopback at an address of its
-        own (its loopback, or its gateway) without any proxy setting. Every connection is
-        audited (method `FORWARD`, reason `framework_route`).
-        """
         dest = parse_framework_route(route)
         host, port = parse_listen(listen)
         policy = Policy(framework_routes=[dest])
@@ -119,13 +112,10 @@ class ListenerControl:
         )
 
     async def remove_listeners(self, netns: str) -> None:
-        """Stop every listener opened inside `netns` (a sandbox being released)."""
         for listener in [li for li in self.context.listeners if li.netns == netns]:
             self.remove_listener(listener)
 
     def remove_listener(self, listener: Listener) -> bool:
-        """Stop `listener` and close the connections it accepted (a released sandbox keeps
-        nothing open). Idempotent; False if it was not one of ours."""
         listeners = self.context.listeners
         if listener not in listeners:
             return False

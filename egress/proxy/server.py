@@ -51,11 +51,10 @@ from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
 from .admission import CLIENT_FULL
 from .context import ProxyContext
-from .core.clients import ClientTable
+from .core.clients import ClientTable, Identity
 from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
 from .core.responses import error_response
 from .endpoints import ClientSide, ListenerControl
-from .facade import Delegated
 from .fdbudget import plan_fds, pool_max_idle
 from .heap import Heap
 from .modes.connect.serve import serve_tunnel
@@ -71,7 +70,7 @@ from .net.stepped import adopt
 from .runtime import AuditSink, Steps
 from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .telemetry.metrics import ProxyMetrics
-from .telemetry.observe import DecisionCallback, Observers
+from .telemetry.observe import DecisionCallback, ExecutionSummary, Observers
 from .tenants import ClientControl
 
 log = logging.getLogger("egress")
@@ -226,22 +225,8 @@ class EgressProxy:
         self._lingering: Any = None  # accept.Lingering, once the loop is known
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
-    # --- the public API of its components (composition: docs/architecture.md) -------------
-    # Each is the component's own method, documented there (facade.py); what takes more than
-    # one component, or the proxy's own state, is written out below.
-    add_client = Delegated("tenants", ClientControl.add_client)
-    remove_client = Delegated("tenants", ClientControl.remove_client)
-    set_client_policy = Delegated("tenants", ClientControl.set_client_policy)
-    replace_settings = Delegated("tenants", ClientControl.replace_settings)
-    revoke_tunnels = Delegated("tenants", ClientControl.revoke_tunnels)
-    reserve = Delegated("tenants", ClientControl.reserve)
-    refresh_host_local = Delegated("tenants", ClientControl.refresh_host_local)
-    add_forwarder = Delegated("endpoints", ListenerControl.add_forwarder)
-    remove_listeners = Delegated("endpoints", ListenerControl.remove_listeners)
-    remove_listener = Delegated("endpoints", ListenerControl.remove_listener)
-    metrics = Delegated("insight", Operations.metrics)
-    track_execution = Delegated("insight", Operations.track_execution)
-    execution_summary = Delegated("insight", Operations.execution_summary)
+    # --- lifecycle ------------------------------------------------------------------------
+    # -- the public API of its components (composition: docs/architecture.md) ------------
 
     @property
     def settings(self) -> Settings:
@@ -261,6 +246,51 @@ class EgressProxy:
     def guard(self) -> AddressGuard:
         """The address guard in force (the host's own addresses included)."""
         return self.tenants.guard
+
+    def add_client(self, spec: ClientSpec) -> Identity:
+        """Serve a client (sandbox) with its own policy, or replace the client of the same
+        id atomically (its old token and sources stop matching in the same step); takes
+        effect at once. Raises `ClientError` if the token or sources belong to another client.
+        """
+        return self.tenants.add_client(spec)
+
+    def remove_client(self, client_id: str) -> ClientSpec | None:
+        """Forget a client: its token and source addresses identify nobody any more."""
+        return self.tenants.remove_client(client_id)
+
+    def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
+        """Replace one client's policy, atomically: every request identified from now on
+        (the next request on a kept-alive connection too) is judged by `policy`, and its open
+        tunnels are judged again (`revoke_tunnels`). Also re-binds listeners bound to
+        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
+        return self.tenants.set_client_policy(client_id, policy, source=source)
+
+    async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
+        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
+        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
+        name get its new policy; other bound listeners keep theirs. Networks the proxy
+        reserved for its sandboxes (fake-IP pools, `reserve`) stay reserved."""
+        return await self.tenants.replace_settings(settings, source=source)
+
+    def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
+        """Re-judge what the clients in `policies` have open under their new policy, with
+        the address it was dialed at (`core/revocation.py`), and close what it no longer
+        allows (docs/policy.md#live-policy-changes): a tunnel (CONNECT, SOCKS5,
+        transparent) or a plain-HTTP request in flight is cut, its own record `end:
+        revoked`; a kept-alive client connection between requests and an idle pooled
+        upstream connection whose last request went there are closed, one connection
+        record `end: revoked` for each such last request. Framework-route forwarders are
+        not client policy and stay. Returns how many connections it closed."""
+        return self.tenants.revoke_tunnels(policies)
+
+    def reserve(self, network: str) -> None:
+        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
+        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
+        return self.tenants.reserve(network)
+
+    async def refresh_host_local(self) -> None:
+        """Re-read this host's interface addresses into the guard (also done periodically)."""
+        return await self.tenants.refresh_host_local()
 
     async def add_listener(
         self,
@@ -283,6 +313,32 @@ class EgressProxy:
             self.tenants.policy_applied(client.client_id, client.policy, "listener")
         return listener
 
+    async def add_forwarder(
+        self, listen: str, route: str, *, netns: str | None = None, client_id: str | None = None
+    ) -> Listener:
+        """A plain TCP forwarder from `HOST:PORT` (in `netns`) to framework route `route`.
+
+        Lets a sandbox reach a framework service on the host's loopback at an address of its
+        own (its loopback, or its gateway) without any proxy setting. Every connection is
+        audited (method `FORWARD`, reason `framework_route`).
+        """
+        return await self.endpoints.add_forwarder(listen, route, netns=netns, client_id=client_id)
+
+    async def remove_listeners(self, netns: str) -> None:
+        """Stop every listener opened inside `netns` (a sandbox being released)."""
+        return await self.endpoints.remove_listeners(netns)
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop `listener` and close the connections it accepted (a released sandbox keeps
+        nothing open). Idempotent; False if it was not one of ours."""
+        return self.endpoints.remove_listener(listener)
+
+    def metrics(self) -> dict[str, object]:
+        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
+
+        Raises RuntimeError when the proxy was built with `metrics=False`."""
+        return self.insight.metrics()
+
     @property
     def admin_url(self) -> str | None:
         """`http://HOST:PORT` of the admin listener, once started (else None)."""
@@ -298,7 +354,15 @@ class EgressProxy:
             return False, "audit log not accepting"
         return True, "ready"
 
-    # --- lifecycle ------------------------------------------------------------------------
+    def track_execution(self, client_id: str) -> ExecutionSummary:
+        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
+        return self.insight.track_execution(client_id)
+
+    def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
+        """Counts by decision, host and reason of `client_id`'s records since tracking began
+        (`stop` ends the tracking; `release_execution` does this)."""
+        return self.insight.execution_summary(client_id, stop=stop)
+
     async def __aenter__(self) -> EgressProxy:
         await self.start()
         return self

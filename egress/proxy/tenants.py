@@ -1,13 +1,13 @@
 """`ClientControl`: the clients and live-policy half of `EgressProxy`'s public API.
 
 Shell. Adding, replacing and removing clients, swapping one client's policy or the whole
-configuration while connections are served (docs/policy.md#live-policy-changes), reserving a
-network in the address guard, re-reading the host's own addresses, and auditing each policy
-as it starts to apply (docs/audit-log.md). A component of `EgressProxy` (`server.py`): the
-state it works on (`settings`, `gate`, `resolver`, `listeners`, the open connections) is the
-proxy's `ProxyContext` (`context.py`), shared with the accept path, and it is handed nothing
-else. Its public methods are `EgressProxy`'s of the same name (`Delegated`, `facade.py`),
-and are documented here, once, where users read them.
+configuration while connections are served (docs/policy.md#live-policy-changes), reserving
+a network in the address guard, re-reading the host's own addresses, and auditing each
+policy as it starts to apply (docs/audit-log.md). A component of `EgressProxy`
+(`server.py`): the state it works on (`settings`, `gate`, `resolver`, `listeners`, the open
+connections) is the proxy's `ProxyContext` (`context.py`), shared with the accept path, and
+it is handed nothing else. Its public methods are the bodies of `EgressProxy`'s of the same
+name, which document them (once, where users read).
 """
 
 from __future__ import annotations
@@ -58,17 +58,12 @@ class ClientControl:
         return self.context.gate.guard
 
     def add_client(self, spec: ClientSpec) -> Identity:
-        """Serve a client (sandbox) with its own policy, or replace the client of the same
-        id atomically (its old token and sources stop matching in the same step); takes
-        effect at once. Raises `ClientError` if the token or sources belong to another client.
-        """
         identity = self.clients.put(spec)
         self.sync_settings()
         self.policy_applied(spec.client_id, spec.policy, "api")
         return identity
 
     def remove_client(self, client_id: str) -> ClientSpec | None:
-        """Forget a client: its token and source addresses identify nobody any more."""
         spec = self.clients.remove(client_id)
         self.sync_settings()
         return spec
@@ -80,10 +75,6 @@ class ClientControl:
 
     # --- live policy (docs/policy.md#live-policy-changes) -----------------------------------
     def set_client_policy(self, client_id: str, policy: Policy, *, source: str = "api") -> None:
-        """Replace one client's policy, atomically: every request identified from now on
-        (the next request on a kept-alive connection too) is judged by `policy`, and its open
-        tunnels are judged again (`revoke_tunnels`). Also re-binds listeners bound to
-        that client (a sandbox's own listener). Raises KeyError for an unknown client."""
         known = self.clients.spec(client_id) is not None
         bound = [
             li
@@ -103,10 +94,6 @@ class ClientControl:
         self.revoke_tunnels({client_id: policy})
 
     async def replace_settings(self, settings: Settings, *, source: str = "api") -> None:
-        """Swap the whole configuration (top-level policy, guard, pins, clients) at once, as
-        `egress serve` does on SIGHUP. Listeners bound to a client that the new settings
-        name get its new policy; other bound listeners keep theirs. Networks the proxy
-        reserved for its sandboxes (fake-IP pools, `reserve`) stay reserved."""
         guard = settings.guard
         kept = tuple(n for n in self._owned_reserves if n not in guard.extra)
         if kept:
@@ -133,14 +120,6 @@ class ClientControl:
         self.revoke_tunnels(policies)
 
     def revoke_tunnels(self, policies: Mapping[str | None, Policy]) -> int:
-        """Re-judge what the clients in `policies` have open under their new policy, with
-        the address it was dialed at (`core/revocation.py`), and close what it no longer
-        allows (docs/policy.md#live-policy-changes): a tunnel (CONNECT, SOCKS5,
-        transparent) or a plain-HTTP request in flight is cut, its own record `end:
-        revoked`; a kept-alive client connection between requests and an idle pooled
-        upstream connection whose last request went there are closed, one connection
-        record `end: revoked` for each such last request. Framework-route forwarders are
-        not client policy and stay. Returns how many connections it closed."""
         context = self.context
         guard = context.gate.guard
         closed = 0
@@ -215,8 +194,6 @@ class ClientControl:
 
     # --- the address guard ------------------------------------------------------------------
     def reserve(self, network: str) -> None:
-        """Refuse `network` from now on, like a `--reserve` CIDR (a fake-IP pool must never
-        be dialed: docs/proxy.md#transparent-mode-and-socks5)."""
         net = parse_cidr(network)
         if net not in self._owned_reserves:
             self._owned_reserves = (*self._owned_reserves, net)
@@ -230,7 +207,6 @@ class ClientControl:
         context.gate.set_guard(replace(context.gate.guard, extra=context.settings.guard.extra))
 
     async def refresh_host_local(self) -> None:
-        """Re-read this host's interface addresses into the guard (also done periodically)."""
         if self.host_local is not None:
             found = self.host_local
         else:

@@ -3,10 +3,9 @@
 Shell. Metrics as plain data, the admin listener (`/metrics`, `/healthz`, `/readyz`,
 `admin.py`), and per-execution summaries. A component of `EgressProxy` (`server.py`), handed
 the proxy's metrics and observers, never the proxy; readiness is the proxy's own
-(`EgressProxy.ready`), handed to the admin listener as a callable. Its public methods are
-`EgressProxy`'s of the same name (`Delegated`, `facade.py`), and are documented here, once,
-where users read them. The counting itself is `Observers` (`observe.py`), fed from the
-access records.
+(`EgressProxy.ready`), handed to the admin listener as a callable. Its public methods are the
+bodies of `EgressProxy`'s of the same name, which document them (once, where users read).
+The counting itself is `Observers` (`observe.py`), fed from the access records.
 """
 
 from __future__ import annotations
@@ -60,9 +59,6 @@ class Operations:
         self.admin: AdminServer | None = None  # once started
 
     def metrics(self) -> dict[str, object]:
-        """The proxy's counters, gauges and histograms as plain data (docs/metrics.md).
-
-        Raises RuntimeError when the proxy was built with `metrics=False`."""
         if self.counters is None:
             raise RuntimeError("metrics are disabled (EgressProxy(metrics=False))")
         return self.counters.snapshot()
@@ -97,12 +93,9 @@ class Operations:
             await self.admin.stop()
 
     def track_execution(self, client_id: str) -> ExecutionSummary:
-        """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
         return self.observers.track(client_id)
 
     def execution_summary(self, client_id: str, *, stop: bool = False) -> ExecutionSummary:
-        """Counts by decision, host and reason of `client_id`'s records since tracking began
-        (`stop` ends the tracking; `release_execution` does this)."""
         if stop:
             return self.observers.untrack(client_id)
         return self.observers.summaries.get(client_id) or ExecutionSummary(client_id)
