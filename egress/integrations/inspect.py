@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from inspect_ai.hooks import Hooks, SampleStart, hooks
 from inspect_ai.util import (
+    ComposeConfig,
     ExecResult,
     SandboxConnection,
     SandboxEnvironment,
@@ -131,10 +132,14 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        if "services" in config:  # a Harbor task's compose config (inspect-harbor)
+            return ComposeConfig(**config)
         return EgressSandboxConfig(**config)
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        if isinstance(config, ComposeConfig):
+            return  # a Harbor task: nothing per task (inspect_harbor.sample_init)
         cfg = _config(config)
         await registry_find_sandboxenv(cfg.inner).task_init(task_name, cfg.inner_config)
 
@@ -142,6 +147,8 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     async def task_init_environment(
         cls, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, str]:
+        if isinstance(config, ComposeConfig):
+            return {}
         cfg = _config(config)
         inner = registry_find_sandboxenv(cfg.inner)
         env: dict[str, str] = await inner.task_init_environment(cfg.inner_config, metadata)
@@ -154,6 +161,8 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         config: SandboxEnvironmentConfigType | None,
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
+        if isinstance(config, ComposeConfig):
+            return await inspect_harbor.sample_init(task_name, config, metadata)
         cfg = _config(config)
         inner = registry_find_sandboxenv(cfg.inner)
         envs = await inner.sample_init(task_name, cfg.inner_config, metadata)
@@ -174,6 +183,9 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         environments: dict[str, SandboxEnvironment],
         interrupted: bool,
     ) -> None:
+        if isinstance(config, ComposeConfig):
+            await inspect_harbor.sample_cleanup(environments)
+            return
         cfg = _config(config)
         inner_envs: dict[str, SandboxEnvironment] = {}
         errors: list[BaseException] = []
@@ -198,6 +210,8 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
+        if isinstance(config, ComposeConfig):
+            return
         cfg = _config(config)
         await registry_find_sandboxenv(cfg.inner).task_cleanup(task_name, cfg.inner_config, cleanup)
 
@@ -295,8 +309,8 @@ def _config(config: SandboxEnvironmentConfigType | None) -> EgressSandboxConfig:
     if isinstance(config, dict):
         return EgressSandboxConfig(**config)
     raise TypeError(
-        f"the egress sandbox takes an EgressSandboxConfig, not {type(config).__name__} "
-        "(docs/integrations.md#inspect-ai)"
+        f"the egress sandbox takes an EgressSandboxConfig (or, from inspect-harbor, a Harbor "
+        f"task's ComposeConfig), not {type(config).__name__} (docs/integrations.md#inspect-ai)"
     )
 
 
@@ -317,5 +331,7 @@ async def _target(inner: SandboxEnvironment) -> str:
     )
 
 
-# the namespace sandbox (`egress-netns`) registers itself with inspect on import
+# the namespace sandbox (`egress-netns`) registers itself with inspect on import, and the
+# Harbor phases' hooks theirs
+from . import inspect_harbor  # noqa: E402
 from . import netns_sandbox as _netns_sandbox  # noqa: E402, F401

@@ -1,0 +1,139 @@
+"""Harbor tasks through inspect-harbor (issue 31, item 5): a Harbor `allowlist` task, built
+here (no registry; its image `FROM` the offline task image), run by inspect-harbor 1.0.0's
+own entry point with `sandbox_env_name="egress"`, inspect's `react` agent driven by
+`mockllm/model` and inspect-harbor's scorer, against the docker engine with Compose v2
+(inspect_harbor_run.py, in the inspect-harbor venv). Before: egress's sandbox refused the
+compose config (TypeError), and with inspect's `docker` the task ran with the full network.
+
+- agent phase (the `[environment]` allowlist): the allowed host answers through the proxy,
+  with no proxy settings; a blocked name does not resolve; the upstream's address, with the
+  blocked name as Host or without, gets the proxy's 403; a raw TCP connection to another
+  port of the upstream is reset by the proxy and never reaches it;
+- the task's second service (`db`) is behind the same policy, and `main` reaches it on
+  localhost;
+- verifier phase (`[verifier]` allowlist of `verify.test`): the verifier reaches its own host
+  and no longer the agent's;
+- every decision is in the audit log, which verifies; nothing of the project is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from frameworks.composeplugin import compose_config
+from frameworks.frameworkvenv import inspect_harbor_venv
+from test_harbor_compose import task_image  # noqa: F401 (the fixture)
+
+import harness
+from servers import start_origin
+
+pytestmark = [pytest.mark.netns, pytest.mark.engine("docker")]
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect_harbor_run.py")
+EGRESS = str(Path(sys.executable).with_name("egress"))
+
+
+def _images() -> set[str]:
+    out = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return {line for line in out.split() if line.startswith("hb__")}
+
+
+def _said(text: str | None) -> dict[str, str]:
+    lines = (text or "").splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and line[0].isalpha())
+
+
+def _ok(said: str, path: str) -> bool:
+    """The origin's answer for `path`, and wget's exit status 0."""
+    return f'"{path}"' in said and said.endswith("rc=0")
+
+
+@pytest.mark.timeout(1500)
+async def test_harbor_allowlist_task_through_inspect_harbor(
+    test_host: harness.TestHost,
+    tmp_path_factory: pytest.TempPathFactory,
+    task_image: str,  # noqa: F811
+) -> None:
+    venv = inspect_harbor_venv(tmp_path_factory.getbasetemp())
+    config = compose_config(tmp_path_factory.getbasetemp())
+    tmp = tmp_path_factory.mktemp("inspect-harbor")
+    up = test_host.addr_ns
+    origin = await start_origin(test_host, 80)
+    other_port = await start_origin(test_host, 7000)
+    audit = tmp / "audit.jsonl"
+    env = {
+        **os.environ,
+        "DOCKER_CONFIG": str(config),
+        "EGRESS_RESOLVE": f"allowed.test={up},blocked.test={up},verify.test={up}",
+        "EGRESS_AUDIT": str(audit),
+    }
+    before = _images()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(venv / "bin" / "python"), DRIVER, str(tmp), up, task_image,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=str(tmp),
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 1200)
+    finally:
+        await origin.close()
+        await other_port.close()
+        for image in _images() - before:
+            subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)
+    assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
+    result: dict[str, Any] = json.loads(out.decode().splitlines()[-1])
+    assert result["status"] == "success", result
+    assert result["error"] is None, result
+    agent = _said("\n".join(result["tools"]))
+
+    # the agent phase: the allowed host by name, through the proxy, with no proxy settings
+    assert _ok(agent["allowed"], "/agent"), agent
+    assert "bad address" in agent["blocked"], agent  # no answer for the name
+    assert "403" in agent["blocked_by_address"], agent
+    assert "403" in agent["direct"], agent
+    # a raw TCP connection to another port: judged by address at the proxy and reset, never
+    # reaching the upstream
+    assert agent["tcp"] == "", agent
+    assert other_port.seen == []
+    # the second service: behind the same policy, reached on localhost
+    assert _ok(agent["db_allowed"], "/db"), agent
+    assert not agent["db_blocked"].endswith("rc=0"), agent
+    assert "403" in agent["db_address"], agent
+    # the verifier phase: its own allowlist, not the agent's
+    verifier = _said(result["explanation"])
+    assert _ok(verifier["verify"], "/verify"), verifier
+    assert "bad address" in verifier["verify_allowed"], verifier
+    assert result["score"] == 1.0
+    assert [s.path for s in origin.seen] == ["/agent", "/db", "/verify"]
+
+    records = [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
+    by = {(r.get("host"), r.get("method"), r.get("decision")) for r in records}
+    for seen in [
+        ("allowed.test", "GET", "allow"),
+        ("blocked.test", "DNS", "block"),
+        ("blocked.test", "GET", "block"),
+        (up, "GET", "block"),
+        (up, "CONNECT", "block"),  # the raw TCP connection to port 7000
+        ("verify.test", "GET", "allow"),
+        ("allowed.test", "DNS", "block"),  # in the verifier phase
+    ]:
+        assert seen in by, (seen, sorted(map(str, by)))
+    clients = {r.get("client_id") for r in records if r.get("method") == "GET"}
+    assert len(clients) == 1, clients
+    assert "egress-ih-" in str(next(iter(clients))), clients
+    done = await asyncio.create_subprocess_exec(EGRESS, "audit", "verify", str(audit),
+                                                stdout=asyncio.subprocess.PIPE)  # fmt: skip
+    assert await done.wait() == 0
+    left = subprocess.run(
+        ["docker", "ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}'],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert not [p for p in left if p.startswith("egress-ih-")], left
