@@ -15,6 +15,7 @@ A policy is Harbor's `NetworkPolicy` or its `model_dump()` (`network_mode`,
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -256,7 +257,23 @@ def _section(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def _policy(mode: object, hosts: object) -> dict[str, object]:
     if hosts is not None and not isinstance(hosts, list | tuple):
         raise HarborTaskError(f"harbor_config `allowed_hosts` is a list, not {hosts!r}")
+    for entry in hosts or ():
+        if _is_ipv6(entry):
+            # what Harbor itself refuses before start on egress's environments
+            # (NETWORK_CAPABILITIES): a cut sandbox has no IPv6 at all
+            raise HarborTaskError(
+                f"harbor_config `allowed_hosts` entry {entry!r}: IPv6 addresses and ranges "
+                "cannot be honoured (a cut sandbox has no IPv6); allow an IPv4 address or a name"
+            )
     return {"network_mode": str(getattr(mode, "value", mode)), "allowed_hosts": list(hosts or ())}
+
+
+def _is_ipv6(entry: object) -> bool:
+    text = str(entry).strip().strip("[]")
+    try:
+        return ipaddress.ip_network(text, strict=False).version == 6
+    except ValueError:
+        return False
 
 
 # a compose service's keys that would put it outside the shared namespace, or give a process

@@ -66,9 +66,11 @@ class HarborProject:
         self.phases: HarborPhases = harbor_phases(metadata.get("harbor_config") or {})
         for policy in (self.phases.baseline, self.phases.agent, self.phases.verifier):
             phase_policy(policy)  # PolicyError now, before anything starts
+        # the compose project to run: every service behind the holder, or HarborTaskError now
+        self.image = default_image() if self.phases.restricted else None
+        self.project = police_compose(project, self.image) if self.image else dict(project)
         self.name = f"egress-ih-{secrets.token_hex(5)}"
         self.client_id = client_id_from(task_name, metadata.get("__sample_id__", ""), self.name)
-        self.source = dict(project)
         self.directory = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.containers: dict[str, str] = {}
         self.egress: HarborEgress | None = None
@@ -77,15 +79,12 @@ class HarborProject:
     async def start(self) -> None:
         """Up, then the baseline (as Harbor enforces its startup policy once the environment
         is up: the image build ran online)."""
-        project = self.source
-        if self.phases.restricted:
-            image = default_image()
-            await asyncio.to_thread(ensure_image, ENGINE, image)
-            project = police_compose(project, image)
+        if self.image is not None:
+            await asyncio.to_thread(ensure_image, ENGINE, self.image)
         path = self.directory / "compose.json"
-        path.write_text(json.dumps(project, indent=2))
+        path.write_text(json.dumps(self.project, indent=2))
         await self.compose("up", "--detach", "--build", "--wait", limit=UP_TIMEOUT)
-        for service in [*project["services"]]:
+        for service in [*self.project["services"]]:
             found = await self.compose("ps", "--quiet", service)
             self.containers[service] = found.strip().splitlines()[0]
         if self.phases.restricted:
@@ -107,7 +106,8 @@ class HarborProject:
                 await self.egress.close()
         finally:
             try:
-                await self.compose("down", "--volumes", "--remove-orphans", "--timeout", "1")
+                if (self.directory / "compose.json").exists():  # else nothing was started
+                    await self.compose("down", "--volumes", "--remove-orphans", "--timeout", "1")
             finally:
                 shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -279,12 +279,18 @@ async def _run(
 ) -> ExecResult[str]:
     """`argv`'s result; `TimeoutError` after `limit` seconds (the client is killed), as
     inspect's sandboxes raise it."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if data is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except FileNotFoundError as exc:
+        raise HarborTaskError(
+            f"{argv[0]}: not found on PATH (the Docker CLI with Compose v2 runs Harbor tasks, "
+            "docs/integrations.md#harbor-tasks-through-inspect-harbor)"
+        ) from exc
     try:
         out, err = await asyncio.wait_for(proc.communicate(data), limit)
     except TimeoutError:
