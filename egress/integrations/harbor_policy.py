@@ -337,7 +337,19 @@ def _check_service(name: str, service: object) -> None:
             f"compose service {name!r} is `privileged`: a privileged process could undo the "
             "cut; remove it"
         )
-    caps = {str(c).upper().removeprefix("CAP_") for c in service.get("cap_add") or []}
+    for key in ("cap_add", "cap_drop"):
+        value = service.get(key)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(c, str) for c in value)
+        ):
+            raise HarborTaskError(f"compose service {name!r}: `{key}` is a list of names")
+    depends = service.get("depends_on")
+    if depends is not None and not (
+        isinstance(depends, Mapping)
+        or (isinstance(depends, list) and all(isinstance(d, str) for d in depends))
+    ):
+        raise HarborTaskError(f"compose service {name!r}: `depends_on` is a list or a mapping")
+    caps = {c.upper().removeprefix("CAP_") for c in service.get("cap_add") or []}
     if caps & _UNDOING_CAPS:
         raise HarborTaskError(
             f"compose service {name!r} adds `cap_add: {sorted(caps & _UNDOING_CAPS)}`: a "
