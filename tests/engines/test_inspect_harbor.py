@@ -137,3 +137,75 @@ async def test_harbor_allowlist_task_through_inspect_harbor(
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert not [p for p in left if p.startswith("egress-ih-")], left
+
+
+RECIPE_TASK = """schema_version = "1.1"
+[metadata]
+[verifier]
+timeout_sec = 120.0
+[agent]
+timeout_sec = 120.0
+[environment]
+build_timeout_sec = 300.0
+network_mode = "allowlist"
+allowed_hosts = ["pypi.org"]
+"""
+
+
+@pytest.mark.timeout(1200)
+async def test_the_inspect_harbor_recipe_runs_as_written(
+    test_host: harness.TestHost,
+    tmp_path_factory: pytest.TempPathFactory,
+    task_image: str,  # noqa: F811
+) -> None:
+    """docs/integrations.md's `inspect-harbor` recipe, unedited, on a task `my-task` whose
+    solution fetches the allowed and an unlisted host and whose test rewards only that
+    outcome: `success 1.0`, the allowed fetch alone reached the upstream."""
+    from frameworks.test_recipes import recipes
+
+    _, twin, body = recipes()["inspect-harbor"]
+    assert twin == "tests/engines/test_inspect_harbor.py"
+    venv = inspect_harbor_venv(tmp_path_factory.getbasetemp())
+    config = compose_config(tmp_path_factory.getbasetemp())
+    tmp = tmp_path_factory.mktemp("inspect-harbor-recipe")
+    (tmp / "recipe.py").write_text(body)
+    task = tmp / "my-task"
+    for sub in ("environment", "solution", "tests"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text(RECIPE_TASK)
+    (task / "instruction.md").write_text("Fetch the PyPI index.\n")
+    (task / "environment" / "Dockerfile").write_text(f"FROM {task_image}\nWORKDIR /app\n")
+    get = "timeout 15 wget -q -O /dev/null"
+    (task / "solution" / "solve.sh").write_text(
+        f"#!/bin/sh\n{get} http://pypi.org/simple/; echo pypi=$? > /app/result\n"
+        f"{get} http://example.com/; echo example=$? >> /app/result\n"
+    )
+    (task / "tests" / "test.sh").write_text(
+        '#!/bin/sh\nif [ "$(cat /app/result)" = "$(printf \'pypi=0\\nexample=1\')" ]; then\n'
+        "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n"
+    )
+    up = test_host.addr_ns
+    origin = await start_origin(test_host, 80)
+    env = {
+        **os.environ,
+        "DOCKER_CONFIG": str(config),
+        "EGRESS_RESOLVE": f"pypi.org={up},example.com={up}",
+    }
+    before = _images()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(venv / "bin" / "python"), "recipe.py",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, cwd=str(tmp),
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 900)
+    finally:
+        await origin.close()
+        for image in _images() - before:
+            subprocess.run(["docker", "rmi", "-f", image], capture_output=True, check=False)
+    assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
+    assert out.decode().split()[-2:] == ["success", "1.0"], out.decode()[-2000:]
+    assert [s.path for s in origin.seen] == ["/simple/"]
+    records = [json.loads(line) for line in (tmp / "audit.jsonl").read_text().splitlines()]
+    by = {(r.get("host"), r.get("method"), r.get("decision")) for r in records}
+    assert ("pypi.org", "GET", "allow") in by
+    assert ("example.com", "DNS", "block") in by
