@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from inspect_ai.hooks import Hooks, SampleScoring, SampleStart, hooks
-from inspect_ai.util import ExecResult, SandboxConnection, SandboxEnvironment
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentLimits,
+)
+from inspect_ai.util import subprocess as inspect_subprocess
 
 from netcut.helper.session import default_image
 
@@ -173,8 +180,16 @@ class HarborServiceSandbox(SandboxEnvironment):  # type: ignore[misc]
             argv += ["-u", user]
         for key, value in (env or {}).items():
             argv += ["-e", f"{key}={value}"]
-        data = input.encode() if isinstance(input, str) else input
-        return await _run([*argv, self.container, *cmd], data, timeout)
+        # inspect's own subprocess: its timeout (TimeoutError) and its output limit, so a
+        # command that prints without end cannot fill this process's memory
+        result: ExecResult[str] = await _inspect(
+            [*argv, self.container, *cmd],
+            input=input,
+            timeout=timeout,
+            output_limit=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
+            concurrency=concurrency,
+        )
+        return result
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         data = contents.encode() if isinstance(contents, str) else contents
@@ -185,18 +200,22 @@ class HarborServiceSandbox(SandboxEnvironment):  # type: ignore[misc]
 
     async def read_file(self, file: str, text: bool = True) -> Any:
         script = f'[ -e "$1" ] || exit {_MISSING}; [ -d "$1" ] && exit {_DIRECTORY}; cat -- "$1"'
-        argv = [ENGINE, "exec", self.container, "sh", "-c", script, "sh", file]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        done = await _inspect(
+            [ENGINE, "exec", self.container, "sh", "-c", script, "sh", file],
+            text=False,
+            output_limit=limit + 1,
         )
-        out, err = await proc.communicate()
-        if proc.returncode == _MISSING:
+        if done.returncode == _MISSING:
             raise FileNotFoundError(f"{self.service}: no such file: {file}")
-        if proc.returncode == _DIRECTORY:
+        if done.returncode == _DIRECTORY:
             raise IsADirectoryError(f"{self.service}: a directory: {file}")
-        if proc.returncode != 0:
-            raise PermissionError(f"{self.service}: cannot read {file}: {err.decode().strip()}")
-        return out.decode() if text else out
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip()
+            raise PermissionError(f"{self.service}: cannot read {file}: {why}")
+        if len(done.stdout) > limit:
+            raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+        return done.stdout.decode() if text else done.stdout
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         who = f"-u {user} " if user else ""
@@ -272,6 +291,18 @@ class HarborPhaseHooks(Hooks):  # type: ignore[misc]
     async def on_sample_scoring(self, data: SampleScoring) -> None:
         for project in _projects.get([]):
             await project.enter(project.phases.verifier)
+
+
+async def _inspect(argv: list[str], **kwargs: Any) -> Any:
+    """inspect's `subprocess` (its timeout and output limit), `HarborTaskError` when the
+    Docker CLI is not there."""
+    try:
+        return await inspect_subprocess(argv, **kwargs)
+    except FileNotFoundError as exc:
+        raise HarborTaskError(
+            f"{argv[0]}: not found on PATH (the Docker CLI with Compose v2 runs Harbor tasks, "
+            "docs/integrations.md#harbor-tasks-through-inspect-harbor)"
+        ) from exc
 
 
 async def _run(

@@ -36,6 +36,7 @@ from servers import start_origin
 
 pytestmark = [pytest.mark.netns, pytest.mark.engine("docker")]
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect_harbor_run.py")
+API = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect_harbor_api.py")
 EGRESS = str(Path(sys.executable).with_name("egress"))
 
 
@@ -209,3 +210,42 @@ async def test_the_inspect_harbor_recipe_runs_as_written(
     by = {(r.get("host"), r.get("method"), r.get("decision")) for r in records}
     assert ("pypi.org", "GET", "allow") in by
     assert ("example.com", "DNS", "block") in by
+
+
+@pytest.mark.timeout(900)
+async def test_the_service_sandboxes_through_inspects_sandbox_api(
+    test_host: harness.TestHost,
+    tmp_path_factory: pytest.TempPathFactory,
+    task_image: str,  # noqa: F811
+) -> None:
+    """`exec` (environment, directory, user, stdin, exit status, inspect's timeout and output
+    limit), `write_file` / `read_file` (nested, binary, text, missing, directory) on a
+    `no-network` task's project: cut with nothing allowed, and nothing left after cleanup."""
+    venv = inspect_harbor_venv(tmp_path_factory.getbasetemp())
+    config = compose_config(tmp_path_factory.getbasetemp())
+    origin = await start_origin(test_host, 80)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(venv / "bin" / "python"), API, task_image, test_host.addr_ns,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "DOCKER_CONFIG": str(config)},
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 600)
+    finally:
+        await origin.close()
+    assert origin.seen == []
+    assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
+    said = json.loads(out.decode().splitlines()[-1])
+    assert said["services"] == ["main"]
+    assert said["env_cwd_user"] == "x:/tmp:65534"
+    assert said["stdin"] == "from stdin"
+    assert said["status"] == 3
+    assert said["timeout"] == "TimeoutError"
+    assert said["big_len"] <= 10 * 1024 * 1024  # inspect's limit: retained, not all of it
+    assert said["read_bytes"] == list(b"\x00\x01binary")
+    assert said["read_text"] == "héllo"
+    assert said["missing"] == "FileNotFoundError"
+    assert said["directory"] == "IsADirectoryError"
+    assert said["cut"] is True
+    assert not said["offline"].endswith("rc=0"), said["offline"]
+    assert said["left"] == []
