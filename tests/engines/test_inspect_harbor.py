@@ -127,6 +127,9 @@ async def test_harbor_allowlist_task_through_inspect_harbor(
         ("allowed.test", "DNS", "block"),  # in the verifier phase
     ]:
         assert seen in by, (seen, sorted(map(str, by)))
+    answered = [r.get("status") for r in records if r.get("host") == "allowed.test"
+                and r.get("method") == "GET"]  # fmt: skip
+    assert answered == [200, 200], answered  # the agent's and db's fetch, through the proxy
     clients = {r.get("client_id") for r in records if r.get("method") == "GET"}
     assert len(clients) == 1, clients
     assert "egress-ih-" in str(next(iter(clients))), clients
