@@ -1,6 +1,7 @@
 """The Harbor service sandboxes through inspect's sandbox API (`exec`, `write_file`,
 `read_file`) on a real compose project: run by test_inspect_harbor.py in the inspect-harbor
-venv, as root, with Compose v2 in DOCKER_CONFIG. The task is `no-network` (so the project is
+venv, as root or as root without any capability (then netcut's helper cuts), with Compose v2
+in DOCKER_CONFIG. The task is `no-network` (so the project is
 policed and cut, with nothing allowed).
 
 argv: IMAGE UPSTREAM_ADDR. Prints one JSON object of what each call gave.
@@ -58,6 +59,7 @@ async def main(image: str, upstream: str) -> None:
         said["offline"] = (await main_box.exec(["sh", "-c", fetch])).stdout.strip()
         egress = main_box.project.egress
         said["cut"] = egress is not None and egress.execution is not None
+        said["cut_mode"] = egress.execution.cut_mode if egress and egress.execution else None
     finally:
         await sample_cleanup(envs)
         await close_shared_proxy()

@@ -38,6 +38,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.engine("docker")]
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect_harbor_run.py")
 API = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect_harbor_api.py")
 EGRESS = str(Path(sys.executable).with_name("egress"))
+# root without any capability (no setns, no CAP_NET_ADMIN), as test_unprivileged_engines.py
+CAPLESS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
 def _images() -> set[str]:
@@ -216,20 +218,25 @@ async def test_the_inspect_harbor_recipe_runs_as_written(
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("capless", [False, True], ids=["root", "capless"])
 async def test_the_service_sandboxes_through_inspects_sandbox_api(
+    capless: bool,
     test_host: harness.TestHost,
     tmp_path_factory: pytest.TempPathFactory,
     task_image: str,  # noqa: F811
 ) -> None:
     """`exec` (environment, directory, user, stdin, exit status, inspect's timeout and output
     limit), `write_file` / `read_file` (nested, binary, text, missing, directory) on a
-    `no-network` task's project: cut with nothing allowed, and nothing left after cleanup."""
+    `no-network` task's project: cut with nothing allowed, and nothing left after cleanup. As
+    root the cut is direct; as root without any capability (no setns: a docker-group user's
+    position, with Python 3.12 under /root) netcut's helper cuts."""
     venv = inspect_harbor_venv(tmp_path_factory.getbasetemp())
     config = compose_config(tmp_path_factory.getbasetemp())
     origin = await start_origin(test_host, 80)
     try:
         proc = await asyncio.create_subprocess_exec(
-            str(venv / "bin" / "python"), API, task_image, test_host.addr_ns,
+            *(CAPLESS if capless else []), str(venv / "bin" / "python"), API, task_image,
+            test_host.addr_ns,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "DOCKER_CONFIG": str(config)},
         )  # fmt: skip
@@ -250,5 +257,6 @@ async def test_the_service_sandboxes_through_inspects_sandbox_api(
     assert said["missing"] == "FileNotFoundError"
     assert said["directory"] == "IsADirectoryError"
     assert said["cut"] is True
+    assert said["cut_mode"] == ("helper" if capless else "direct")
     assert not said["offline"].endswith("rc=0"), said["offline"]
     assert said["left"] == []
