@@ -22,6 +22,11 @@ The sample's life, in inspect's order:
    whatever `env` the caller passed: inspect's tools (`bash()`, `python()`) pass none.
 4. `sample_cleanup`: the sandbox is released (cut undone) and the inner one cleaned up.
 
+Given a Harbor task's `ComposeConfig` instead (inspect-harbor's `sandbox_env_name="egress"`),
+every step goes to `egress.integrations.inspect_harbor`, which runs the task's compose
+project behind the policy of the sample's `harbor_config`, per phase
+(docs/integrations.md#harbor-tasks-through-inspect-harbor).
+
 inspect is imported here only, and only when this module is imported (the entry point does
 that when inspect starts).
 """
