@@ -47,7 +47,7 @@ from netcut.safety import own_effective_caps
 from ..boundary.execution import CUT_MODE_CHOICES
 from ..boundary.plan import client_id_from
 from ..validate import as_choice
-from .harbor_policy import (
+from .hb_policy import (
     NETNS_SERVICE,
     HarborEgress,
     ensure_image,

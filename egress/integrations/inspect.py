@@ -23,7 +23,7 @@ The sample's life, in inspect's order:
 4. `sample_cleanup`: the sandbox is released (cut undone) and the inner one cleaned up.
 
 Given a Harbor task's `ComposeConfig` instead (inspect-harbor's `sandbox_env_name="egress"`),
-every step goes to `egress.integrations.inspect_harbor`, which runs the task's compose
+every step goes to `egress.integrations.hb_inspect`, which runs the task's compose
 project behind the policy of the sample's `harbor_config`, per phase
 (docs/integrations.md#harbor-tasks-through-inspect-harbor).
 
@@ -144,7 +144,7 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         if isinstance(config, ComposeConfig):
-            return  # a Harbor task: nothing per task (inspect_harbor.sample_init)
+            return  # a Harbor task: nothing per task (hb_inspect.sample_init)
         cfg = _config(config)
         await registry_find_sandboxenv(cfg.inner).task_init(task_name, cfg.inner_config)
 
@@ -167,7 +167,7 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
         if isinstance(config, ComposeConfig):
-            return await inspect_harbor.sample_init(task_name, config, metadata)
+            return await hb_inspect.sample_init(task_name, config, metadata)
         cfg = _config(config)
         inner = registry_find_sandboxenv(cfg.inner)
         envs = await inner.sample_init(task_name, cfg.inner_config, metadata)
@@ -189,7 +189,7 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         interrupted: bool,
     ) -> None:
         if isinstance(config, ComposeConfig):
-            await inspect_harbor.sample_cleanup(environments)
+            await hb_inspect.sample_cleanup(environments)
             return
         cfg = _config(config)
         inner_envs: dict[str, SandboxEnvironment] = {}
@@ -338,5 +338,5 @@ async def _target(inner: SandboxEnvironment) -> str:
 
 # the namespace sandbox (`egress-netns`) registers itself with inspect on import, and the
 # Harbor phases' hooks theirs
-from . import inspect_harbor  # noqa: E402
+from . import hb_inspect  # noqa: E402
 from . import netns_sandbox as _netns_sandbox  # noqa: E402, F401

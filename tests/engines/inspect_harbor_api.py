@@ -18,7 +18,7 @@ from typing import Any
 from inspect_ai.util import ComposeConfig
 
 from egress.integrations import close_shared_proxy
-from egress.integrations.inspect_harbor import HarborServiceSandbox, sample_cleanup, sample_init
+from egress.integrations.hb_inspect import HarborServiceSandbox, sample_cleanup, sample_init
 
 HARBOR = {"environment": {"network_mode": "no-network"}, "agent": {}, "verifier": {}}
 

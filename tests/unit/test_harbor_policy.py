@@ -1,4 +1,4 @@
-"""`egress.integrations.harbor_policy` (no Harbor imported): a task config's phases as Harbor
+"""`egress.integrations.hb_policy` (no Harbor imported): a task config's phases as Harbor
 0.26 resolves them, and a compose project with every service behind the holder or refused by
 name (docs/integrations.md#harbor-tasks-through-inspect-harbor). The task config and the
 compose file are the task author's: hostile input."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egress.errors import PolicyError
-from egress.integrations.harbor_policy import (
+from egress.integrations.hb_policy import (
     NETNS_SERVICE,
     HarborTaskError,
     harbor_phases,

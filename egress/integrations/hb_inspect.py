@@ -48,7 +48,7 @@ from inspect_ai.util import subprocess as inspect_subprocess
 from netcut.helper.session import default_image
 
 from ..boundary.plan import client_id_from
-from .harbor_policy import (
+from .hb_policy import (
     NETNS_SERVICE,
     HarborEgress,
     HarborPhases,
@@ -263,8 +263,8 @@ async def sample_init(
 
 
 async def sample_cleanup(environments: Mapping[str, SandboxEnvironment]) -> None:
-    projects = {id(e.project): e.project for e in environments.values()
-                if isinstance(e, HarborServiceSandbox)}  # fmt: skip
+    boxes = [e for e in environments.values() if isinstance(e, HarborServiceSandbox)]
+    projects = {id(box.project): box.project for box in boxes}
     _projects.set([p for p in _projects.get([]) if id(p) not in projects])
     for project in projects.values():
         await project.stop()

@@ -1,6 +1,6 @@
 """Harbor's network policy as egress enforces it, without importing Harbor
 (docs/integrations.md#harbor): what `egress.integrations.harbor` (Harbor's own environments)
-and `egress.integrations.inspect_harbor` (Harbor tasks run by inspect-harbor, where Harbor
+and `egress.integrations.hb_inspect` (Harbor tasks run by inspect-harbor, where Harbor
 itself is not installed) share.
 
 - `phase_policy`: the `Policy` one phase runs under (`from_harbor`, framework routes, the
