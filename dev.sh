@@ -130,6 +130,30 @@ compose_setup() {
     export EGRESS_DOCKER_CONFIG
 }
 
+inspect_harbor_setup() {
+    # inspect-harbor 1.0.0 (Harbor tasks as inspect samples) needs Python >= 3.12: a venv of
+    # its own with inspect-ai 0.3.285 and this checkout (editable), pinned, for
+    # tests/frameworks/test_inspect_harbor.py (found by EGRESS_INSPECT_HARBOR_VENV)
+    export EGRESS_INSPECT_HARBOR_VENV="${EGRESS_INSPECT_HARBOR_VENV:-$PWD/.venv-frameworks/inspect-harbor}"
+    local py="${EGRESS_PYTHON312:-}" dir="$EGRESS_INSPECT_HARBOR_VENV" t0
+    [[ -n "$py" ]] || py="$(command -v python3.12 || true)"
+    [[ -n "$py" ]] && ! "$py" -c '' 2>/dev/null && py=""
+    [[ -n "$py" ]] || py="$(ls -1d /root/.pyenv/versions/3.12*/bin/python 2>/dev/null | tail -1)"
+    if [[ -z "$py" ]]; then
+        echo "dev.sh: inspect-harbor needs Python >= 3.12: set EGRESS_PYTHON312" >&2
+        return 1
+    fi
+    if ! "$dir/bin/python" -c "import importlib.metadata as m, sys; \
+            sys.exit(m.version('inspect-harbor') != '1.0.0' or m.version('inspect-ai') != '0.3.285')" \
+            2>/dev/null; then
+        t0=$SECONDS
+        "$py" -m venv "$dir"
+        "$dir/bin/python" -m pip install -q --disable-pip-version-check \
+            "inspect-ai==0.3.285" "inspect-harbor==1.0.0" -e . \
+            2> >(grep -v "^WARNING: Location 'file:" >&2)
+        echo "dev.sh: inspect-harbor==1.0.0 installed in $((SECONDS - t0)) s" >&2
+    fi
+}
 frameworks_setup() {
     # verifiers and inspect-ai at their pinned versions, each with this repository (editable)
     # in a Python 3.11 venv of its own (tests/frameworks/frameworkvenv.py finds them by these
@@ -203,6 +227,7 @@ case "$cmd" in
         apt_install "${TEST_PACKAGES[@]}"
         harbor_setup
         frameworks_setup
+        inspect_harbor_setup
         compose_setup
         echo "== ruff"; "$VENV/bin/ruff" check egress netcut tests bench
         "$VENV/bin/ruff" format --check egress netcut tests bench

@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import shlex
-import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +40,22 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.docker.docker import DockerEnvironment
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
-from netcut.helper import image as helper_image
 from netcut.helper.session import default_image
 from netcut.modes import missing_direct_caps
 from netcut.safety import own_effective_caps
 
-from ..boundary import Execution, prepare_execution, release_execution
 from ..boundary.execution import CUT_MODE_CHOICES
 from ..boundary.plan import client_id_from
-from ..policy.compose import compose, from_harbor
-from ..policy.rules import Policy, parse_framework_route
-from ..proxy.server import EgressProxy
-from ..proxy.telemetry.observe import ExecutionSummary
 from ..validate import as_choice
+from .hb_policy import (
+    NETNS_SERVICE,
+    HarborEgress,
+    ensure_image,
+    phase_policy,
+    shared_namespace_override,
+)
 from .nsbox import NamespaceBox
-from .shared import EvaluatorFile, load_evaluator, shared_proxy
+from .shared import load_evaluator
 
 # What egress enforces of Harbor's capability flags. IPv6 entries are refused by Harbor
 # before start: a cut sandbox has no IPv6 at all, so an IPv6 allowlist entry could not be
@@ -73,156 +71,6 @@ NETWORK_CAPABILITIES = {
     "network_allowlist_ipv6_cidrs": False,
     "dynamic_network_policy": True,
 }
-
-
-def phase_policy(
-    network_policy: NetworkPolicy | dict[str, object],
-    framework_routes: Iterable[str] = (),
-    evaluator: Policy | None = None,
-) -> Policy:
-    """The `Policy` one Harbor phase runs under. Pure.
-
-    `allowed_hosts` entries naming a framework route's host are left to the route (exact
-    host and port); the rest map through `from_harbor`; an `evaluator` policy, if any, is
-    composed over the task's (`egress.compose`). Raises `PolicyError` as `from_harbor`."""
-    dump = (
-        network_policy.model_dump(mode="json")
-        if isinstance(network_policy, NetworkPolicy)
-        else None
-    )
-    fields = dict(dump if dump is not None else network_policy)
-    route_hosts = {parse_framework_route(r).host for r in framework_routes}
-    hosts = fields.get("allowed_hosts") or []
-    if isinstance(hosts, list) and route_hosts:
-        fields["allowed_hosts"] = [h for h in hosts if str(h).strip().lower() not in route_hosts]
-    task = from_harbor(fields)
-    return compose(evaluator, task) if evaluator is not None else task
-
-
-class HarborEgress:
-    """One sandbox's Harbor network policy, enforced by egress: `apply` per phase, `close`
-    when the environment stops. The proxy is `proxy`, else the loop's `egress.shared_proxy()`;
-    `client_id` names the sandbox in the audit log (Harbor's session id, by default).
-    Each cut is logged to `logger` (the environment's, which Harbor writes to the trial's
-    `trial.log`) with the cut mode netcut used and why (docs/integrations.md#harbor)."""
-
-    def __init__(
-        self,
-        sandbox: str,
-        client_id: str,
-        *,
-        evaluator: Policy | EvaluatorFile | None = None,
-        framework_routes: Sequence[str] = (),
-        proxy: EgressProxy | None = None,
-        prepare_args: dict[str, Any] | None = None,
-        logger: logging.Logger | None = None,
-    ) -> None:
-        self.sandbox = sandbox
-        self.client_id = client_id
-        self.file = evaluator if isinstance(evaluator, EvaluatorFile) else None
-        self.evaluator: Policy | None = (
-            evaluator.policy if isinstance(evaluator, EvaluatorFile) else evaluator
-        )
-        self.framework_routes = list(framework_routes)
-        self.prepare_args = dict(prepare_args or {})
-        self.execution: Execution | None = None
-        self.summaries: list[ExecutionSummary] = []
-        self._proxy = proxy
-        self.logger = logger or logging.getLogger(__name__)
-
-    async def proxy(self) -> EgressProxy:
-        """The proxy, with the evaluator file's pins and reserved networks added (once)."""
-        if self._proxy is None:
-            proxy = await shared_proxy()
-            if self.file is not None:
-                self.file.apply_to(proxy)
-            self._proxy = proxy
-        return self._proxy
-
-    async def apply(self, network_policy: NetworkPolicy) -> None:
-        """Enforce `network_policy` now. Raises `PolicyError` for a policy that cannot be
-        enforced exactly and `ExecutionNotReady` when the cut cannot be proven (the sandbox
-        then stays cut: fail closed); Harbor fails the trial either way."""
-        if NetworkMode(network_policy.network_mode) == NetworkMode.PUBLIC:
-            await self.release()
-            return
-        policy = phase_policy(network_policy, self.framework_routes, self.evaluator)
-        self.execution = await prepare_execution(
-            self.sandbox,
-            policy,
-            await self.proxy(),
-            framework_routes=self.framework_routes,
-            client_id=self.client_id,
-            transparent=True,
-            **self.prepare_args,
-        )
-        self.logger.info(
-            "egress: %s cut for %s in %s mode (%s)",
-            self.sandbox,
-            NetworkMode(network_policy.network_mode).value,
-            self.execution.cut_mode,
-            self.execution.cut_mode_reason,
-        )
-
-    async def release(self) -> None:
-        """Undo the cut, if there is one (`ReleaseFailed` if the restore fails)."""
-        execution, self.execution = self.execution, None
-        if execution is not None:
-            summary = await release_execution(await self.proxy(), execution, restore=True)
-            self.summaries.append(summary)
-
-    close = release
-
-
-# The compose service whose network namespace every policed service of the task shares
-# (docs/integrations.md#every-service-of-the-task): in Harbor's own sidecar mode that is
-# its gost sidecar; here an idle container of netcut's helper image, which holds no
-# capability and runs nothing but a wait.
-NETNS_SERVICE = "egress-netns"
-_HOLDER_WAIT = ["/netcut/bin/python3", "-I", "-S", "-c", "import _signal; _signal.pause()"]
-# what a process in a cut namespace must not hold (netcut refuses to cut otherwise)
-_DROPPED = ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]
-
-
-def shared_namespace_override(services: Sequence[str], holder_image: str) -> dict[str, Any]:
-    """The compose override that puts `services` in one network namespace, held by
-    `NETNS_SERVICE`: the layout Harbor's sidecar mode gives a task (every service without
-    networking of its own shares the sidecar's namespace and reaches the others on
-    `localhost`), with the holder in the sidecar's place. Cutting the holder's namespace
-    then cuts every one of them. Pure.
-
-    Raises `ValueError` when the task already has a service named `NETNS_SERVICE`."""
-    if NETNS_SERVICE in services:
-        raise ValueError(
-            f"the task defines a compose service named {NETNS_SERVICE!r}, which egress-docker "
-            "uses for the namespace its services share: rename it"
-        )
-    override: dict[str, Any] = {
-        NETNS_SERVICE: {
-            "image": holder_image,
-            "pull_policy": "never",
-            "entrypoint": _HOLDER_WAIT,
-            "cap_drop": ["ALL"],
-            "stop_signal": "SIGKILL",
-        }
-    }
-    for name in services:
-        override[name] = {
-            "network_mode": f"service:{NETNS_SERVICE}",
-            "depends_on": {NETNS_SERVICE: {"condition": "service_started"}},
-            "cap_drop": list(_DROPPED),
-        }
-    return {"services": override}
-
-
-def _ensure_image(engine: str, tag: str) -> None:
-    """`tag` present in `engine`, else assembled offline from this host's files (netcut's
-    helper image: no registry is asked)."""
-    found = subprocess.run(
-        [engine, "image", "inspect", tag], capture_output=True, timeout=60, check=False
-    )
-    if found.returncode != 0:
-        helper_image.build(engine, tag)
 
 
 def _routes(value: object) -> list[str]:
@@ -302,7 +150,7 @@ class EgressDockerEnvironment(EgressNetworkPolicy, DockerEnvironment):
     def _write_shared_namespace_override(self) -> None:
         services = self._egress_controlled_service_names()
         image = default_image()
-        _ensure_image(self.runtime().engine[0], image)
+        ensure_image(self.runtime().engine[0], image)
         override = shared_namespace_override(services, image)
         directory = Path(tempfile.mkdtemp(prefix="egress-harbor-compose-"))
         path = directory / "docker-compose-egress-netns.json"

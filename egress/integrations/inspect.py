@@ -22,6 +22,11 @@ The sample's life, in inspect's order:
    whatever `env` the caller passed: inspect's tools (`bash()`, `python()`) pass none.
 4. `sample_cleanup`: the sandbox is released (cut undone) and the inner one cleaned up.
 
+Given a Harbor task's `ComposeConfig` instead (inspect-harbor's `sandbox_env_name="egress"`),
+every step goes to `egress.integrations.hb_inspect`, which runs the task's compose
+project behind the policy of the sample's `harbor_config`, per phase
+(docs/integrations.md#harbor-tasks-through-inspect-harbor).
+
 inspect is imported here only, and only when this module is imported (the entry point does
 that when inspect starts).
 """
@@ -35,6 +40,7 @@ from typing import Any, Literal
 
 from inspect_ai.hooks import Hooks, SampleStart, hooks
 from inspect_ai.util import (
+    ComposeConfig,
     ExecResult,
     SandboxConnection,
     SandboxEnvironment,
@@ -131,10 +137,14 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        if "services" in config:  # a Harbor task's compose config (inspect-harbor)
+            return ComposeConfig(**config)
         return EgressSandboxConfig(**config)
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        if isinstance(config, ComposeConfig):
+            return  # a Harbor task: nothing per task (hb_inspect.sample_init)
         cfg = _config(config)
         await registry_find_sandboxenv(cfg.inner).task_init(task_name, cfg.inner_config)
 
@@ -142,6 +152,8 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     async def task_init_environment(
         cls, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, str]:
+        if isinstance(config, ComposeConfig):
+            return {}
         cfg = _config(config)
         inner = registry_find_sandboxenv(cfg.inner)
         env: dict[str, str] = await inner.task_init_environment(cfg.inner_config, metadata)
@@ -154,6 +166,8 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         config: SandboxEnvironmentConfigType | None,
         metadata: dict[str, str],
     ) -> dict[str, SandboxEnvironment]:
+        if isinstance(config, ComposeConfig):
+            return await hb_inspect.sample_init(task_name, config, metadata)
         cfg = _config(config)
         inner = registry_find_sandboxenv(cfg.inner)
         envs = await inner.sample_init(task_name, cfg.inner_config, metadata)
@@ -174,6 +188,9 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
         environments: dict[str, SandboxEnvironment],
         interrupted: bool,
     ) -> None:
+        if isinstance(config, ComposeConfig):
+            await hb_inspect.sample_cleanup(environments)
+            return
         cfg = _config(config)
         inner_envs: dict[str, SandboxEnvironment] = {}
         errors: list[BaseException] = []
@@ -198,6 +215,8 @@ class EgressSandboxEnvironment(SandboxEnvironment):  # type: ignore[misc]
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
+        if isinstance(config, ComposeConfig):
+            return
         cfg = _config(config)
         await registry_find_sandboxenv(cfg.inner).task_cleanup(task_name, cfg.inner_config, cleanup)
 
@@ -295,8 +314,8 @@ def _config(config: SandboxEnvironmentConfigType | None) -> EgressSandboxConfig:
     if isinstance(config, dict):
         return EgressSandboxConfig(**config)
     raise TypeError(
-        f"the egress sandbox takes an EgressSandboxConfig, not {type(config).__name__} "
-        "(docs/integrations.md#inspect-ai)"
+        f"the egress sandbox takes an EgressSandboxConfig (or, from inspect-harbor, a Harbor "
+        f"task's ComposeConfig), not {type(config).__name__} (docs/integrations.md#inspect-ai)"
     )
 
 
@@ -317,5 +336,7 @@ async def _target(inner: SandboxEnvironment) -> str:
     )
 
 
-# the namespace sandbox (`egress-netns`) registers itself with inspect on import
+# the namespace sandbox (`egress-netns`) registers itself with inspect on import, and the
+# Harbor phases' hooks theirs
+from . import hb_inspect  # noqa: E402
 from . import netns_sandbox as _netns_sandbox  # noqa: E402, F401

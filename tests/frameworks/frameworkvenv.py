@@ -52,3 +52,44 @@ def framework_venv(name: str, run_dir: Path) -> Path:
     if not _ready(venv, name):
         create(venv, name)
     return venv
+
+
+INSPECT_HARBOR = ("inspect-ai==0.3.285", "inspect-harbor==1.0.0")
+
+
+def _inspect_harbor_ready(venv: Path) -> bool:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return False
+    names = [pin.split("==")[0] for pin in INSPECT_HARBOR]
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            f"import importlib.metadata as m; print([m.version(n) for n in {names!r}])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    want = [pin.split("==")[1] for pin in INSPECT_HARBOR]
+    return probe.returncode == 0 and probe.stdout.strip() == repr(want)
+
+
+def inspect_harbor_venv(run_dir: Path) -> Path:
+    """A Python 3.12 venv with inspect-ai and inspect-harbor at their pins and this checkout:
+    `EGRESS_INSPECT_HARBOR_VENV` (dev.sh `inspect_harbor_setup`), the repository's
+    `.venv-frameworks/inspect-harbor`, or a new one under `run_dir`."""
+    from .harborvenv import python312
+
+    env = os.environ.get("EGRESS_INSPECT_HARBOR_VENV")
+    for venv in (env, str(REPO / ".venv-frameworks" / "inspect-harbor")):
+        if venv and _inspect_harbor_ready(Path(venv)):
+            return Path(venv)
+    venv = run_dir / "venv-inspect-harbor"
+    if not _inspect_harbor_ready(venv):
+        subprocess.run([python312(), "-m", "venv", str(venv)], check=True, timeout=300)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+               "--disable-pip-version-check"]  # fmt: skip
+        subprocess.run([*pip, *INSPECT_HARBOR, "-e", str(REPO)], check=True, timeout=1800)
+    return venv

@@ -45,6 +45,7 @@ def test_every_recipe_is_run_or_has_a_twin() -> None:
         "verifiers-config",
         "inspect-namespace",
         "harbor-namespace",
+        "inspect-harbor",
     }, sorted(found)
     for name, (_, twin, body) in found.items():
         if twin is not None:
