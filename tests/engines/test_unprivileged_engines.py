@@ -11,23 +11,33 @@ release restores. Before listeners came from the helper, this failed in `prepare
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from enginelib import BOX, Box, docker_client_path, engine_down, sh
 from frameworks.frameworkvenv import framework_venv
 from test_boundary_engines import http_server, other_host, wget_in
+from test_harbor_as_user import outside_server
+from trialprobe import (
+    assert_cut,
+    assert_open,
+    assert_unprivileged,
+    lines,
+    peer_container,
+    resolvers,
+    script,
+)
 from unprivuser import SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
 
 from netcut import api
 from netcut import resolve as target
 
 import harness
+from ciuser import CiUser
 from servers import run, start_origin
 
 pytestmark = pytest.mark.netns
@@ -238,48 +248,122 @@ async def _send(agent: AsUser, line: str) -> dict[str, Any]:
 
 
 @pytest.mark.engine("docker")
+@pytest.mark.timeout(600)
 async def test_verifiers_docker_runtime_as_a_docker_group_user(
-    docker_user: User, test_host: harness.TestHost, tmp_path_factory: pytest.TempPathFactory
+    ci_user: CiUser,
+    ci_user_tmp: Path,
+    test_host: harness.TestHost,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """verifiers' `EgressDockerRuntime` as a docker-group user: `start()` used to fail with
-    `NamespaceError: cannot open network namespace '/proc/N/ns/net': Permission denied`
-    (its callback listener was opened with setns); now the helper opens it, and the cut
-    that `prepare_execution` makes holds: allowed 200, blocked 403, direct unreachable."""
+    """A verifiers trial as the run's docker-group user (issue 30): `EgressDockerRuntime` in
+    verifiers' venv, default cut_mode, run by `netcut-ci-user` with no capability (it used
+    to fail in `start()`: `cannot open network namespace '/proc/N/ns/net': Permission
+    denied`). Its container is on Docker's default bridge (verifiers' `--network bridge`),
+    beside another container there:
+
+    - setup (started, before the cut): a host outside the policy and the other container
+      answer;
+    - cut (the helper, and why): allowed 200 through the proxy, blocked 403; the outside
+      host, the other container and every resolver in the container's resolv.conf (the
+      host's own, asked only once cut) answer nothing;
+    - released: the routes are back and the outside host and the other container answer;
+    - the audit log has the decisions, and `egress audit verify` passes on it, as the user.
+    """
     venv = framework_venv("verifiers", tmp_path_factory.mktemp("fw"))
-    site = [str(p) for p in (venv / "lib").glob("python3*/site-packages")]
+    audit = ci_user_tmp / "audit.jsonl"
     origin = await start_origin(test_host, 80)
     pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
-    agent = await as_user(docker_user, None, BOX, json.dumps(pins), script=VERIFIERS, site=site)
-    with contextlib.ExitStack() as stack:
-        other = stack.enter_context(other_host())
-        direct = f"http://{other}:{stack.enter_context(http_server(other))}/"
-        await _verifiers_trial(agent, test_host, direct)
-    await origin.close()
-
-
-async def _verifiers_trial(agent: AsUser, test_host: harness.TestHost, direct: str) -> None:
+    peer = f"nc-vu{os.getpid()}-peer"
+    argv = [str(venv / "bin" / "python"), VERIFIERS, BOX, json.dumps(pins), str(audit)]
     try:
-        started = await agent.line()
-        assert "error" not in started, started
-        prepared = await agent.line()
-        assert "error" not in prepared, prepared
-        assert prepared["cut_mode"] == "helper"
-        box = Box("docker", started["container"], 0, "", "")
-        proxy = prepared["proxy_url"]
-        assert "@127.0.0.1:3128" in proxy
-        rc, out, err = await wget_in(box, "http://pypi.test/simple/", proxy)
-        assert rc == 0, err
-        rc, out, err = await wget_in(box, "http://evil.test/", proxy)
-        assert rc != 0
-        assert "403" in err, (out, err)
-        rc, out, err = await wget_in(box, direct)
-        assert rc != 0  # direct: no route
-        released = await agent.release()
-        assert released["released"] is True
-        rc, out, err = await wget_in(box, direct)
-        assert (rc, out) == (0, "direct"), err  # restored: online again
+        with (
+            other_host() as other,
+            outside_server(other) as (port, outside),
+            peer_container(["docker"], peer, BOX) as address,
+        ):
+            agent = await as_ci_user(ci_user, argv)
+            try:
+                await _verifiers_trial(agent, ci_user, f"http://{other}:{port}", peer, address)
+            finally:
+                await agent.close()
+        assert outside == ["/setup", "/verify"]  # nothing in between: the cut held
+        assert [s.path for s in origin.seen] == ["/simple/"]
     finally:
-        await agent.close()
+        await origin.close()
+    decided = _decisions(audit)
+    assert ("pypi.test", "GET", "allow") in decided, decided
+    assert ("evil.test", "GET", "block") in decided, decided
+    verified = ci_user.run(["egress", "audit", "verify", str(audit)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def _verifiers_trial(
+    agent: AsUser, user: CiUser, direct: str, peer: str, address: str
+) -> None:
+    started = await agent.line()
+    assert "error" not in started, started
+    assert_unprivileged(started, user.uid, user.group_gid)
+    name = started["container"]
+    box = Box(
+        "docker", name, int(sh("docker", "inspect", "-f", "{{.State.Pid}}", name).stdout), "", ""
+    )
+    routes = box.routes()
+    # setup, online (never asking the host's resolvers: ask=False)
+    rc, out, err = await wget_in(box, f"{direct}/setup")
+    assert rc == 0, err
+    assert_open(lines(await probe_in(box, script(peer, address, ask=False))))
+
+    prepared = await _send(agent, "cut")
+    assert "error" not in prepared, prepared
+    assert prepared["cut_mode"] == "helper"
+    assert "lacks CAP_SYS_ADMIN" in prepared["reason"], prepared
+    proxy = prepared["proxy_url"]
+    assert "@127.0.0.1:3128" in proxy
+    assert "default via" not in box.routes()
+    rc, out, err = await wget_in(box, "http://pypi.test/simple/", proxy)
+    assert rc == 0, err
+    assert '"path": "/simple/"' in out
+    rc, out, err = await wget_in(box, "http://evil.test/", proxy)
+    assert rc != 0
+    assert "403" in err, (out, err)
+    rc, out, err = await wget_in(box, f"{direct}/direct")
+    assert rc != 0  # direct: no route
+    assert "/direct" not in out
+    assert_cut(lines(await probe_in(box, script(peer, address, ask=True))))
+
+    released = await _send(agent, "release")
+    assert released["released"] is True
+    assert_unprivileged(released, user.uid, user.group_gid)
+    assert box.routes_back_to(routes) == routes
+    rc, out, err = await wget_in(box, f"{direct}/verify")
+    assert rc == 0, err  # restored: online again
+    assert_open(lines(await probe_in(box, script(peer, address, ask=False))))
+
+
+async def probe_in(box: Box, probe: str) -> str:
+    """trialprobe's script in the container (the agent): its output."""
+    rc, out, err = await run(
+        "timeout", "120", box.engine, "exec", box.name, "sh", "-c", probe, timeout=130
+    )
+    assert rc == 0, (out, err)
+    return out
+
+
+def _decisions(audit: Path) -> set[tuple[str | None, str | None, str | None]]:
+    records = [json.loads(x) for x in audit.read_text().splitlines() if x.strip()]
+    return {(r.get("host"), r.get("method"), r.get("decision")) for r in records}
+
+
+async def as_ci_user(user: CiUser, argv: list[str], env: dict[str, str] | None = None) -> AsUser:
+    """`argv` as the run's user (tests/ciuser.py), talked to over its stdin and stdout."""
+    proc = await asyncio.create_subprocess_exec(
+        *user.argv(argv, env=env),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=user.home,
+    )
+    return AsUser(proc)
 
 
 @pytest.fixture(scope="module")
@@ -359,61 +443,88 @@ async def test_rootless_podman_loopback_sandbox(
 @pytest.mark.engine("docker")
 @pytest.mark.timeout(600)
 async def test_inspect_egress_sandbox_as_a_docker_group_user(
-    docker_user: User,
+    ci_user: CiUser,
+    ci_user_tmp: Path,
     make_box: Callable[..., Box],
     test_host: harness.TestHost,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """inspect-ai's `eval()` in the `egress` sandbox with its defaults (loopback, `auto`),
-    as a docker-group user: it used to fail with `ExecutionNotReady kind=namespace`."""
+    """An inspect-ai trial as the run's docker-group user (issue 30): inspect's `eval()` in
+    inspect's venv, the `egress` sandbox with its defaults (loopback, `auto`), run by
+    `netcut-ci-user` with no capability (it used to fail with `ExecutionNotReady
+    kind=namespace`). The container is on the run's user-defined network `nc-ci` (Docker's
+    embedded resolver 127.0.0.11 in its resolv.conf), beside another container there:
+
+    - setup (before the sample): a host outside the policy answers; the other container's
+      name resolves through the container's resolvers, and its port answers;
+    - the agent (inspect's `bash()` tool), cut by the helper (the solver sees its mode and
+      why): allowed 200, blocked 403; the outside host, the other container and its name
+      through every resolver the container has answer nothing;
+    - released at the sample's end: the routes are back, and all of it answers again;
+    - the audit log has the decisions, and `egress audit verify` passes on it, as the user.
+    """
     venv = framework_venv("inspect", tmp_path_factory.mktemp("fw"))
-    site = [str(p) for p in (venv / "lib").glob("python3*/site-packages")]
     box = make_box("docker")
     routes = box.routes()
-    work = os.path.join(docker_user.home, f"inspect-{box.name}")
-    os.makedirs(work)
-    os.chown(work, docker_user.uid, docker_user.gid)
-    audit = os.path.join(work, "audit.jsonl")
+    audit = ci_user_tmp / "audit.jsonl"
+    peer = f"nc-iu{os.getpid()}-peer"
     origin = await start_origin(test_host, 80)
     try:
-        with other_host() as other, http_server(other) as port:
-            assert (await wget_in(box, f"http://{other}:{port}/"))[:2] == (0, "direct")
+        with (
+            other_host() as other,
+            outside_server(other) as (port, outside),
+            peer_container(["docker"], peer, BOX, ["--network", "nc-ci"]) as address,
+        ):
+            direct = f"http://{other}:{port}"
+            probe = script(peer, address, ask=True)  # 127.0.0.11 answers container names
+            rc, _, err = await wget_in(box, f"{direct}/setup")
+            assert rc == 0, err
+            assert_open(lines(await probe_in(box, probe)), address)
             spec = {
                 "container": box.name,
                 "commands": [
                     "busybox wget -q -O - http://pypi.test/agent",
                     "busybox wget -q -O - http://evil.test/refused 2>&1",
                     "unset http_proxy HTTP_PROXY; busybox wget -q -T 5 -O - "
-                    f"http://{other}:{port}/ 2>&1 || echo unreachable",
+                    f"{direct}/direct 2>&1 || echo unreachable",
+                    probe,
                 ],
-                "audit": audit,
+                "audit": str(audit),
                 "resolve": {"pypi.test": test_host.addr_ns, "evil.test": test_host.addr_ns},
                 "allow": ["pypi.test"],
-                "log_dir": os.path.join(work, "logs"),
+                "log_dir": str(ci_user_tmp / "logs"),
             }
-            proc = await asyncio.create_subprocess_exec(
-                *docker_user.argv(SYSTEM_PYTHON, INSPECT, json.dumps(spec)),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=docker_user.env(site=site),
-                cwd=work,
-            )
-            out, err = await asyncio.wait_for(proc.communicate(), 540)
-        assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-        result = json.loads(out.decode().strip().splitlines()[-1])
+            argv = [str(venv / "bin" / "python"), INSPECT, json.dumps(spec)]
+            done = await asyncio.to_thread(ci_user.run, argv, cwd=str(ci_user_tmp), timeout=540)
+            assert done.returncode == 0, done.stderr[-3000:]
+            # released with restore at the sample's end
+            assert box.routes_back_to(routes) == routes
+            rc, _, err = await wget_in(box, f"{direct}/verify")
+            assert rc == 0, err
+            assert_open(lines(await probe_in(box, probe)), address)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
         assert result["status"] == "success", result
         assert result["error"] is None
-        agent, refused, direct = result["tools"]
+        for when in ("before", "after"):
+            assert_unprivileged(result[when], ci_user.uid, ci_user.group_gid)
+        assert result["cut"]["cut_mode"] == "helper", result["cut"]
+        assert "lacks CAP_SYS_ADMIN" in result["cut"]["reason"], result["cut"]
+        agent, refused, blocked, probed = result["tools"]
         assert '"path": "/agent"' in agent
         assert "403" in refused
-        assert "unreachable" in direct
-        assert "direct" not in direct
+        assert "unreachable" in blocked
+        assert "/direct" not in blocked
+        assert_cut(lines(probed), address)
+        assert "127.0.0.11" in resolvers(lines(probed))  # a user-defined network's
         assert [s.path for s in origin.seen] == ["/agent"]
-        assert box.routes_back_to(routes) == routes  # released with restore at the end
-        rc, said, why = await run(sys.executable, "-m", "egress.cli", "audit", "verify", audit)
-        assert rc == 0, said + why
+        assert outside == ["/setup", "/verify"]  # nothing in between: the cut held
     finally:
         await origin.close()
+    decided = _decisions(audit)
+    assert ("pypi.test", "GET", "allow") in decided, decided
+    assert ("evil.test", "GET", "block") in decided, decided
+    verified = ci_user.run(["egress", "audit", "verify", str(audit)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.engine("docker")
