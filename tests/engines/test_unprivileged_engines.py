@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from enginelib import BOX, Box, docker_client_path, engine_down, sh
+from enginelib import BOX, Box, docker_client_path, sh
 from frameworks.frameworkvenv import framework_venv
 from test_boundary_engines import http_server, other_host, wget_in
 from test_harbor_as_user import outside_server
@@ -31,13 +33,14 @@ from trialprobe import (
     resolvers,
     script,
 )
-from unprivuser import SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
+from unprivuser import SYSTEM_PYTHON, User, docker_group_user
 
 from netcut import api
 from netcut import resolve as target
 
 import harness
 from ciuser import CiUser
+from dnslog import QueryLog
 from servers import run, start_origin
 
 pytestmark = pytest.mark.netns
@@ -366,78 +369,161 @@ async def as_ci_user(user: CiUser, argv: list[str], env: dict[str, str] | None =
     return AsUser(proc)
 
 
-@pytest.fixture(scope="module")
-def rootless_user() -> Iterator[User]:
-    if os.geteuid() != 0:
-        pytest.skip("making a user needs root")
-    if engine_down("podman") is not None:
-        pytest.skip(f"no podman to copy {BOX} from")
-    with rootless_podman_user(BOX) as user:
-        yield user
-
-
-async def user_run(user: User, *argv: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *user.argv(*argv),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=user.env(),
-        cwd=user.home,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+# slirp4netns's resolver, which forwards to the host's own: never asked while the network is
+# open (no query leaves the machine), only once cut, where nothing may answer
+SLIRP_DNS = "10.0.2.3"
+PEER_NAME = "peer.test"
+PEER_NAME_ADDR = "198.18.0.77"  # only an answer: nothing connects to it
 
 
 @pytest.mark.engine("podman")
+@pytest.mark.timeout(600)
 async def test_rootless_podman_loopback_sandbox(
-    rootless_user: User, test_host: harness.TestHost
+    ci_user: CiUser, ci_user_tmp: Path, test_host: harness.TestHost
 ) -> None:
-    """Rootless podman (slirp4netns: no gateway in the host's namespace, so gateway mode
-    cannot work): the boundary in loopback mode through the helper, as its user."""
-    user = rootless_user
-    name = f"ncr-box-{os.getpid()}"
-    rc, _, err = await user_run(
-        user, "podman", "run", "-d", "--name", name, "--cap-drop", "ALL", BOX, "sleep", "3600"
+    """The loopback-mode trial under the run's user's rootless podman (issue 30; slirp4netns:
+    no gateway in the host's namespace, so gateway mode cannot work): the boundary
+    (asuser_boundary.py) as `netcut-ci-user`, no capability, cut through the helper. The
+    container's one resolver is a DNS server of the test's own on the test host
+    (`--dns`, tests/dnslog.py), beside another rootless container of the user's,
+    reached at its published port:
+
+    - setup (before the cut): the outside host, our resolver (the name's answer) and the
+      other container answer;
+    - cut (the helper, and why): allowed 200 through the proxy, blocked 403; the outside
+      host, the other container, our resolver and slirp4netns's 10.0.2.3 answer nothing
+      (and our resolver saw no query);
+    - released: all of it answers again;
+    - the audit log has the decisions, and `egress audit verify` passes on it, as the user.
+    """
+    podman = ci_user.argv(["podman"])
+    name = f"nc-u{os.getpid()}-podbox"
+    resolver = QueryLog({PEER_NAME: PEER_NAME_ADDR})
+    loop = asyncio.get_running_loop()
+    udp, _ = await loop.create_datagram_endpoint(
+        lambda: resolver, local_addr=(test_host.addr_root, 53)
     )
-    assert rc == 0, err
-
-    async def wget(url: str, proxy: str | None = None) -> tuple[int, str, str]:
-        env = ["-e", f"http_proxy={proxy}"] if proxy else []
-        argv = ["podman", "exec", *env, name, "busybox", "wget", "-q", "-O", "-", url]
-        return await user_run(user, "timeout", "20", *argv)
-
+    audit = ci_user_tmp / "audit.jsonl"
     origin = await start_origin(test_host, 80)
     pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
     try:
-        with other_host() as other, http_server(other) as other_port:
-            direct = f"http://{other}:{other_port}/"
-            assert (await wget(direct))[:2] == (0, "direct")  # slirp4netns reaches the host
-            kwargs = {"expect_blocked": [f"{other}:{other_port}"]}
-            agent = await as_user(
-                user, None, f"podman:{name}", json.dumps(pins), json.dumps(kwargs)
+        done = await _as_user(ci_user, "podman", "run", "-d", "--name", name, "--cap-drop", "ALL",
+                              "--dns", test_host.addr_root, BOX, "sleep", "3600")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        with (
+            other_host() as other,
+            outside_server(other) as (port, outside),
+            peer_container(podman, f"{name}-peer", BOX, ["-p", f"{test_host.addr_root}::7000"]),
+        ):
+            shown = await _as_user(ci_user, "podman", "port", f"{name}-peer", "7000")
+            peer_port = int(shown.stdout.strip().rsplit(":", 1)[1])
+            await _podman_trial(
+                ci_user, name, f"http://{other}:{port}", peer_port, resolver, test_host, pins, audit
             )
-            try:
-                prepared = await agent.line()
-                assert "error" not in prepared, prepared
-                assert prepared["cut_mode"] == "helper"
-                proxy = prepared["proxy_url"]
-                assert "@127.0.0.1:3128" in proxy
-                rc, out, err = await wget("http://pypi.test/simple/", proxy)
-                assert rc == 0, err
-                assert '"path": "/simple/"' in out
-                rc, out, err = await wget("http://evil.test/", proxy)
-                assert rc != 0
-                assert "403" in err, (out, err)
-                assert (await wget(direct))[0] != 0
-                released = await agent.release()
-                assert released["allowed"] == {"allow": 1}
-            finally:
-                await agent.close()
-            assert (await wget(direct))[:2] == (0, "direct")  # restored
+        assert outside == ["/setup", "/verify"]  # nothing in between: the cut held
+        assert [s.path for s in origin.seen] == ["/simple/"]
     finally:
+        udp.close()
         await origin.close()
-        await user_run(user, "podman", "rm", "-f", "-t", "0", name)
+        ci_user.run(["podman", "rm", "-f", "-t", "0", name])
+    decided = _decisions(audit)
+    assert ("pypi.test", "GET", "allow") in decided, decided
+    assert ("evil.test", "GET", "block") in decided, decided
+    verified = ci_user.run(["egress", "audit", "verify", str(audit)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def _podman_trial(
+    user: CiUser,
+    name: str,
+    direct: str,
+    peer_port: int,
+    resolver: QueryLog,
+    test_host: harness.TestHost,
+    pins: list[str],
+    audit: Path,
+) -> None:
+    async def wget(url: str, proxy: str | None = None) -> tuple[int, str, str]:
+        env = ["-e", f"http_proxy={proxy}"] if proxy else []
+        argv = [
+            "timeout",
+            "20",
+            "podman",
+            "exec",
+            *env,
+            name,
+            "busybox",
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            url,
+        ]
+        done = await _as_user(user, *argv)
+        return done.returncode, done.stdout, done.stderr
+
+    async def probed(script: str) -> dict[str, str]:
+        done = await _as_user(user, "timeout", "120", "podman", "exec", name, "sh", "-c", script)
+        assert done.returncode == 0, done.stderr
+        return lines(done.stdout)
+
+    # our resolver is the container's only one (slirp4netns's is never asked while open)
+    probe = script(PEER_NAME, test_host.addr_root, ask=True, port=peer_port)
+    shown = await _as_user(user, "podman", "exec", name, "cat", "/etc/resolv.conf")
+    listed = [x.split()[1] for x in shown.stdout.splitlines() if x.startswith("nameserver")]
+    assert listed == [test_host.addr_root], shown.stdout
+    rc, _, err = await wget(f"{direct}/setup")
+    assert rc == 0, err  # slirp4netns reaches the host
+    assert_open(await probed(probe), PEER_NAME_ADDR)
+    assert (PEER_NAME, "A") in resolver.asked
+
+    kwargs = {"expect_blocked": [direct.removeprefix("http://")]}
+    argv = [
+        sys.executable,
+        AGENT,
+        f"podman:{name}",
+        json.dumps(pins),
+        json.dumps(kwargs),
+        str(audit),
+    ]
+    agent = await as_ci_user(user, argv)
+    try:
+        prepared = await agent.line()
+        assert "error" not in prepared, prepared
+        assert_unprivileged(prepared, user.uid, None)
+        assert prepared["cut_mode"] == "helper"
+        assert "lacks CAP_SYS_ADMIN" in prepared["reason"], prepared
+        proxy = prepared["proxy_url"]
+        assert "@127.0.0.1:3128" in proxy
+        rc, out, err = await wget("http://pypi.test/simple/", proxy)
+        assert rc == 0, err
+        assert '"path": "/simple/"' in out
+        rc, out, err = await wget("http://evil.test/", proxy)
+        assert rc != 0
+        assert "403" in err, (out, err)
+        rc, out, _ = await wget(f"{direct}/direct")
+        assert rc != 0
+        assert "/direct" not in out
+        asked = len(resolver.asked)
+        extra = [SLIRP_DNS]  # asked once cut, where nothing may answer
+        said = await probed(
+            script(PEER_NAME, test_host.addr_root, ask=True, extra=extra, port=peer_port)
+        )
+        assert f"dns_{SLIRP_DNS}" in said, said
+        assert_cut(said, PEER_NAME_ADDR)
+        assert len(resolver.asked) == asked, resolver.asked  # refused in the container
+        released = await agent.release()
+        assert released["allowed"] == {"allow": 1}
+    finally:
+        await agent.close()
+    rc, _, err = await wget(f"{direct}/verify")
+    assert rc == 0, err  # restored
+    assert_open(await probed(probe), PEER_NAME_ADDR)
+
+
+async def _as_user(user: CiUser, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`argv` as the run's user, in a thread (the test's servers answer on this loop)."""
+    return await asyncio.to_thread(user.run, list(argv), timeout=150)
 
 
 @pytest.mark.engine("docker")
