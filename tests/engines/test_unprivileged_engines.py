@@ -583,14 +583,14 @@ async def test_inspect_egress_sandbox_as_a_docker_group_user(
             argv = [str(venv / "bin" / "python"), INSPECT, json.dumps(spec)]
             done = await asyncio.to_thread(ci_user.run, argv, cwd=str(ci_user_tmp), timeout=540)
             assert done.returncode == 0, done.stderr[-3000:]
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            assert result["status"] == "success", result
+            assert result["error"] is None
             # released with restore at the sample's end
             assert box.routes_back_to(routes) == routes
             rc, _, err = await wget_in(box, f"{direct}/verify")
             assert rc == 0, err
             assert_open(lines(await probe_in(box, probe)), address)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        assert result["status"] == "success", result
-        assert result["error"] is None
         for when in ("before", "after"):
             assert_unprivileged(result[when], ci_user.uid, ci_user.group_gid)
         assert result["cut"]["cut_mode"] == "helper", result["cut"]
