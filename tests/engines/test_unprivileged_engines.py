@@ -1,4 +1,9 @@
-"""The boundary as a docker-group user: a real non-root uid with no capability, member of the
+"""The unprivileged path end to end. The frameworks' trials (verifiers, inspect-ai, and the
+boundary under rootless podman) run as the engine run's user `netcut-ci-user`
+(tests/ciuser.py) and check every step of issue 30's trial (tests/engines/trialprobe.py;
+docs/testing.md#tests-as-the-runs-unprivileged-user).
+
+The boundary as a docker-group user: a real non-root uid with no capability, member of the
 group that owns the run's docker socket (tests/unprivuser.py), runs the framework's side
 (asuser_boundary.py): `prepare_execution` with the default `cut_mode="auto"` chooses the
 helper, which opens the sandbox's loopback listeners inside its namespace and passes them back
