@@ -49,8 +49,23 @@ class CiUser:
         """Run `argv` as the user (stdout and stderr captured, text; never raises on a
         non-zero exit). `env` adds to or overrides the user's environment; `groups=False`
         runs it without its supplementary groups (so without the docker group)."""
+        return subprocess.run(
+            self.argv(argv, env=env, groups=groups),
+            input=input,
+            capture_output=True,
+            text=True,
+            cwd=cwd or self.home,
+            timeout=timeout,
+            check=False,
+        )
+
+    def argv(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, groups: bool = True
+    ) -> list[str]:
+        """The command line that runs `argv` as the user, as `run` does (for a process the
+        test talks to while it runs, e.g. with asyncio.create_subprocess_exec)."""
         full_env = {**self.env, **(env or {})}
-        prefix = [
+        return [
             "setpriv",
             f"--reuid={self.uid}",
             f"--regid={self.gid}",
@@ -59,16 +74,8 @@ class CiUser:
             "env",
             "-i",
             *(f"{k}={v}" for k, v in full_env.items()),
+            *argv,
         ]
-        return subprocess.run(
-            [*prefix, *argv],
-            input=input,
-            capture_output=True,
-            text=True,
-            cwd=cwd or self.home,
-            timeout=timeout,
-            check=False,
-        )
 
     def python(
         self, code: str, *args: str, timeout: float = 120, env: Mapping[str, str] | None = None

@@ -5,23 +5,27 @@ a real non-root uid): an EgressProxy, `prepare_execution` on a container with th
 cut and its record stay, as when a framework dies). One JSON line on stdout per step; the test
 drives the agent in the container meanwhile.
 
-argv: SANDBOX PINS_JSON PREPARE_KWARGS_JSON
+argv: SANDBOX PINS_JSON PREPARE_KWARGS_JSON [AUDIT_PATH]
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
+
+from trialprobe import identity
 
 
 def say(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def main(sandbox: str, pins: list[str], kwargs: dict[str, object]) -> None:
+async def main(sandbox: str, pins: list[str], kwargs: dict[str, object], audit: str | None) -> None:
     from egress import (
+        AuditLog,
         EgressProxy,
         Policy,
         build_settings,
@@ -32,7 +36,12 @@ async def main(sandbox: str, pins: list[str], kwargs: dict[str, object]) -> None
     with open("/proc/self/status") as f:
         caps = next(line.split()[1] for line in f if line.startswith("CapEff:"))
     policy = Policy(allow=["pypi.test"], block=["evil.test"])
-    async with EgressProxy(build_settings({}, resolve=pins), listen=["127.0.0.1:0"]) as proxy:
+    settings = build_settings({}, resolve=pins)
+    async with contextlib.AsyncExitStack() as stack:
+        log = await stack.enter_async_context(AuditLog(audit)) if audit else None
+        proxy = await stack.enter_async_context(
+            EgressProxy(settings, listen=["127.0.0.1:0"], audit=log)
+        )
         t0 = time.perf_counter()
         try:
             execution = await prepare_execution(sandbox, policy, proxy, **kwargs)  # type: ignore[arg-type]
@@ -49,6 +58,7 @@ async def main(sandbox: str, pins: list[str], kwargs: dict[str, object]) -> None
             proxy_url=execution.proxy_url,
             listeners=[[li.kind, li.host, li.port] for li in execution.listeners],
             probe=[[i.target, i.expect, i.outcome] for i in execution.probe.items],
+            **identity(),
         )
         loop = asyncio.get_running_loop()
         line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
@@ -67,4 +77,5 @@ async def main(sandbox: str, pins: list[str], kwargs: dict[str, object]) -> None
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])))
+    audit = sys.argv[4] if len(sys.argv) > 4 else None
+    asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), audit))

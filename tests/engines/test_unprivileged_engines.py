@@ -1,4 +1,9 @@
-"""The boundary as a docker-group user: a real non-root uid with no capability, member of the
+"""The unprivileged path end to end. The frameworks' trials (verifiers, inspect-ai, and the
+boundary under rootless podman) run as the engine run's user `netcut-ci-user`
+(tests/ciuser.py) and check every step of issue 30's trial (tests/engines/trialprobe.py;
+docs/testing.md#tests-as-the-runs-unprivileged-user).
+
+The boundary as a docker-group user: a real non-root uid with no capability, member of the
 group that owns the run's docker socket (tests/unprivuser.py), runs the framework's side
 (asuser_boundary.py): `prepare_execution` with the default `cut_mode="auto"` chooses the
 helper, which opens the sandbox's loopback listeners inside its namespace and passes them back
@@ -11,23 +16,36 @@ release restores. Before listeners came from the helper, this failed in `prepare
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from enginelib import BOX, Box, docker_client_path, engine_down, sh
+from enginelib import BOX, Box, docker_client_path, sh
 from frameworks.frameworkvenv import framework_venv
 from test_boundary_engines import http_server, other_host, wget_in
-from unprivuser import SYSTEM_PYTHON, User, docker_group_user, rootless_podman_user
+from test_harbor_as_user import outside_server
+from trialprobe import (
+    assert_cut,
+    assert_open,
+    assert_unprivileged,
+    lines,
+    peer_container,
+    resolvers,
+    script,
+)
+from unprivuser import SYSTEM_PYTHON, User, docker_group_user
 
 from netcut import api
 from netcut import resolve as target
 
 import harness
+from ciuser import CiUser
+from dnslog import QueryLog
 from servers import run, start_origin
 
 pytestmark = pytest.mark.netns
@@ -238,182 +256,366 @@ async def _send(agent: AsUser, line: str) -> dict[str, Any]:
 
 
 @pytest.mark.engine("docker")
+@pytest.mark.timeout(600)
 async def test_verifiers_docker_runtime_as_a_docker_group_user(
-    docker_user: User, test_host: harness.TestHost, tmp_path_factory: pytest.TempPathFactory
+    ci_user: CiUser,
+    ci_user_tmp: Path,
+    test_host: harness.TestHost,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """verifiers' `EgressDockerRuntime` as a docker-group user: `start()` used to fail with
-    `NamespaceError: cannot open network namespace '/proc/N/ns/net': Permission denied`
-    (its callback listener was opened with setns); now the helper opens it, and the cut
-    that `prepare_execution` makes holds: allowed 200, blocked 403, direct unreachable."""
+    """A verifiers trial as the run's docker-group user (issue 30): `EgressDockerRuntime` in
+    verifiers' venv, default cut_mode, run by `netcut-ci-user` with no capability (it used
+    to fail in `start()`: `cannot open network namespace '/proc/N/ns/net': Permission
+    denied`). Its container is on Docker's default bridge (verifiers' `--network bridge`),
+    beside another container there:
+
+    - setup (started, before the cut): a host outside the policy and the other container
+      answer;
+    - cut (the helper, and why): allowed 200 through the proxy, blocked 403; the outside
+      host, the other container and every resolver in the container's resolv.conf (the
+      host's own, asked only once cut) answer nothing;
+    - released: the routes are back and the outside host and the other container answer;
+    - the audit log has the decisions, and `egress audit verify` passes on it, as the user.
+    """
     venv = framework_venv("verifiers", tmp_path_factory.mktemp("fw"))
-    site = [str(p) for p in (venv / "lib").glob("python3*/site-packages")]
+    audit = ci_user_tmp / "audit.jsonl"
     origin = await start_origin(test_host, 80)
     pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
-    agent = await as_user(docker_user, None, BOX, json.dumps(pins), script=VERIFIERS, site=site)
-    with contextlib.ExitStack() as stack:
-        other = stack.enter_context(other_host())
-        direct = f"http://{other}:{stack.enter_context(http_server(other))}/"
-        await _verifiers_trial(agent, test_host, direct)
-    await origin.close()
-
-
-async def _verifiers_trial(agent: AsUser, test_host: harness.TestHost, direct: str) -> None:
+    peer = f"nc-vu{os.getpid()}-peer"
+    argv = [str(venv / "bin" / "python"), VERIFIERS, BOX, json.dumps(pins), str(audit)]
     try:
-        started = await agent.line()
-        assert "error" not in started, started
-        prepared = await agent.line()
-        assert "error" not in prepared, prepared
-        assert prepared["cut_mode"] == "helper"
-        box = Box("docker", started["container"], 0, "", "")
-        proxy = prepared["proxy_url"]
-        assert "@127.0.0.1:3128" in proxy
-        rc, out, err = await wget_in(box, "http://pypi.test/simple/", proxy)
-        assert rc == 0, err
-        rc, out, err = await wget_in(box, "http://evil.test/", proxy)
-        assert rc != 0
-        assert "403" in err, (out, err)
-        rc, out, err = await wget_in(box, direct)
-        assert rc != 0  # direct: no route
-        released = await agent.release()
-        assert released["released"] is True
-        rc, out, err = await wget_in(box, direct)
-        assert (rc, out) == (0, "direct"), err  # restored: online again
+        with (
+            other_host() as other,
+            outside_server(other) as (port, outside),
+            peer_container(["docker"], peer, BOX) as address,
+        ):
+            agent = await as_ci_user(ci_user, argv)
+            try:
+                await _verifiers_trial(agent, ci_user, f"http://{other}:{port}", peer, address)
+            finally:
+                await agent.close()
+        assert outside == ["/setup", "/verify"]  # nothing in between: the cut held
+        assert [s.path for s in origin.seen] == ["/simple/"]
     finally:
-        await agent.close()
+        await origin.close()
+    decided = _decisions(audit)
+    assert ("pypi.test", "GET", "allow") in decided, decided
+    assert ("evil.test", "GET", "block") in decided, decided
+    verified = ci_user.run(["egress", "audit", "verify", str(audit)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-@pytest.fixture(scope="module")
-def rootless_user() -> Iterator[User]:
-    if os.geteuid() != 0:
-        pytest.skip("making a user needs root")
-    if engine_down("podman") is not None:
-        pytest.skip(f"no podman to copy {BOX} from")
-    with rootless_podman_user(BOX) as user:
-        yield user
+async def _verifiers_trial(
+    agent: AsUser, user: CiUser, direct: str, peer: str, address: str
+) -> None:
+    started = await agent.line()
+    assert "error" not in started, started
+    assert_unprivileged(started, user.uid, user.group_gid)
+    name = started["container"]
+    box = Box(
+        "docker", name, int(sh("docker", "inspect", "-f", "{{.State.Pid}}", name).stdout), "", ""
+    )
+    routes = box.routes()
+    # setup, online (never asking the host's resolvers: ask=False)
+    rc, out, err = await wget_in(box, f"{direct}/setup")
+    assert rc == 0, err
+    assert_open(lines(await probe_in(box, script(peer, address, ask=False))))
+
+    prepared = await _send(agent, "cut")
+    assert "error" not in prepared, prepared
+    assert prepared["cut_mode"] == "helper"
+    assert "lacks CAP_SYS_ADMIN" in prepared["reason"], prepared
+    proxy = prepared["proxy_url"]
+    assert "@127.0.0.1:3128" in proxy
+    assert "default via" not in box.routes()
+    rc, out, err = await wget_in(box, "http://pypi.test/simple/", proxy)
+    assert rc == 0, err
+    assert '"path": "/simple/"' in out
+    rc, out, err = await wget_in(box, "http://evil.test/", proxy)
+    assert rc != 0
+    assert "403" in err, (out, err)
+    rc, out, err = await wget_in(box, f"{direct}/direct")
+    assert rc != 0  # direct: no route
+    assert "/direct" not in out
+    assert_cut(lines(await probe_in(box, script(peer, address, ask=True))))
+
+    released = await _send(agent, "release")
+    assert released["released"] is True
+    assert_unprivileged(released, user.uid, user.group_gid)
+    assert box.routes_back_to(routes) == routes
+    rc, out, err = await wget_in(box, f"{direct}/verify")
+    assert rc == 0, err  # restored: online again
+    assert_open(lines(await probe_in(box, script(peer, address, ask=False))))
 
 
-async def user_run(user: User, *argv: str) -> tuple[int, str, str]:
+async def probe_in(box: Box, probe: str) -> str:
+    """trialprobe's script in the container (the agent): its output."""
+    rc, out, err = await run(
+        "timeout", "120", box.engine, "exec", box.name, "sh", "-c", probe, timeout=130
+    )
+    assert rc == 0, (out, err)
+    return out
+
+
+def _decisions(audit: Path) -> set[tuple[str | None, str | None, str | None]]:
+    records = [json.loads(x) for x in audit.read_text().splitlines() if x.strip()]
+    return {(r.get("host"), r.get("method"), r.get("decision")) for r in records}
+
+
+async def as_ci_user(user: CiUser, argv: list[str], env: dict[str, str] | None = None) -> AsUser:
+    """`argv` as the run's user (tests/ciuser.py), talked to over its stdin and stdout."""
     proc = await asyncio.create_subprocess_exec(
-        *user.argv(*argv),
+        *user.argv(argv, env=env),
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=user.env(),
         cwd=user.home,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    return AsUser(proc)
+
+
+# slirp4netns's resolver, which forwards to the host's own: never asked while the network is
+# open (no query leaves the machine), only once cut, where nothing may answer
+SLIRP_DNS = "10.0.2.3"
+PEER_NAME = "peer.test"
+PEER_NAME_ADDR = "198.18.0.77"  # only an answer: nothing connects to it
 
 
 @pytest.mark.engine("podman")
+@pytest.mark.timeout(600)
 async def test_rootless_podman_loopback_sandbox(
-    rootless_user: User, test_host: harness.TestHost
+    ci_user: CiUser, ci_user_tmp: Path, test_host: harness.TestHost
 ) -> None:
-    """Rootless podman (slirp4netns: no gateway in the host's namespace, so gateway mode
-    cannot work): the boundary in loopback mode through the helper, as its user."""
-    user = rootless_user
-    name = f"ncr-box-{os.getpid()}"
-    rc, _, err = await user_run(
-        user, "podman", "run", "-d", "--name", name, "--cap-drop", "ALL", BOX, "sleep", "3600"
+    """The loopback-mode trial under the run's user's rootless podman (issue 30; slirp4netns:
+    no gateway in the host's namespace, so gateway mode cannot work): the boundary
+    (asuser_boundary.py) as `netcut-ci-user`, no capability, cut through the helper. The
+    container's one resolver is a DNS server of the test's own on the test host
+    (`--dns`, tests/dnslog.py), beside another rootless container of the user's,
+    reached at its published port:
+
+    - setup (before the cut): the outside host, our resolver (the name's answer) and the
+      other container answer;
+    - cut (the helper, and why): allowed 200 through the proxy, blocked 403; the outside
+      host, the other container, our resolver and slirp4netns's 10.0.2.3 answer nothing
+      (and our resolver saw no query);
+    - released: all of it answers again;
+    - the audit log has the decisions, and `egress audit verify` passes on it, as the user.
+    """
+    podman = ci_user.argv(["podman"])
+    name = f"nc-u{os.getpid()}-podbox"
+    resolver = QueryLog({PEER_NAME: PEER_NAME_ADDR})
+    loop = asyncio.get_running_loop()
+    udp, _ = await loop.create_datagram_endpoint(
+        lambda: resolver, local_addr=(test_host.addr_root, 53)
     )
-    assert rc == 0, err
-
-    async def wget(url: str, proxy: str | None = None) -> tuple[int, str, str]:
-        env = ["-e", f"http_proxy={proxy}"] if proxy else []
-        argv = ["podman", "exec", *env, name, "busybox", "wget", "-q", "-O", "-", url]
-        return await user_run(user, "timeout", "20", *argv)
-
+    audit = ci_user_tmp / "audit.jsonl"
     origin = await start_origin(test_host, 80)
     pins = [f"pypi.test={test_host.addr_ns}", f"evil.test={test_host.addr_ns}"]
     try:
-        with other_host() as other, http_server(other) as other_port:
-            direct = f"http://{other}:{other_port}/"
-            assert (await wget(direct))[:2] == (0, "direct")  # slirp4netns reaches the host
-            kwargs = {"expect_blocked": [f"{other}:{other_port}"]}
-            agent = await as_user(
-                user, None, f"podman:{name}", json.dumps(pins), json.dumps(kwargs)
+        done = await _as_user(ci_user, "podman", "run", "-d", "--name", name, "--cap-drop", "ALL",
+                              "--dns", test_host.addr_root, BOX, "sleep", "3600")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        with (
+            other_host() as other,
+            outside_server(other) as (port, outside),
+            peer_container(podman, f"{name}-peer", BOX, ["-p", f"{test_host.addr_root}::7000"]),
+        ):
+            shown = await _as_user(ci_user, "podman", "port", f"{name}-peer", "7000")
+            peer_port = int(shown.stdout.strip().rsplit(":", 1)[1])
+            await _podman_trial(
+                ci_user, name, f"http://{other}:{port}", peer_port, resolver, test_host, pins, audit
             )
-            try:
-                prepared = await agent.line()
-                assert "error" not in prepared, prepared
-                assert prepared["cut_mode"] == "helper"
-                proxy = prepared["proxy_url"]
-                assert "@127.0.0.1:3128" in proxy
-                rc, out, err = await wget("http://pypi.test/simple/", proxy)
-                assert rc == 0, err
-                assert '"path": "/simple/"' in out
-                rc, out, err = await wget("http://evil.test/", proxy)
-                assert rc != 0
-                assert "403" in err, (out, err)
-                assert (await wget(direct))[0] != 0
-                released = await agent.release()
-                assert released["allowed"] == {"allow": 1}
-            finally:
-                await agent.close()
-            assert (await wget(direct))[:2] == (0, "direct")  # restored
+        assert outside == ["/setup", "/verify"]  # nothing in between: the cut held
+        assert [s.path for s in origin.seen] == ["/simple/"]
     finally:
+        udp.close()
         await origin.close()
-        await user_run(user, "podman", "rm", "-f", "-t", "0", name)
+        ci_user.run(["podman", "rm", "-f", "-t", "0", name])
+    decided = _decisions(audit)
+    assert ("pypi.test", "GET", "allow") in decided, decided
+    assert ("evil.test", "GET", "block") in decided, decided
+    verified = ci_user.run(["egress", "audit", "verify", str(audit)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def _podman_trial(
+    user: CiUser,
+    name: str,
+    direct: str,
+    peer_port: int,
+    resolver: QueryLog,
+    test_host: harness.TestHost,
+    pins: list[str],
+    audit: Path,
+) -> None:
+    async def wget(url: str, proxy: str | None = None) -> tuple[int, str, str]:
+        env = ["-e", f"http_proxy={proxy}"] if proxy else []
+        argv = [
+            "timeout",
+            "20",
+            "podman",
+            "exec",
+            *env,
+            name,
+            "busybox",
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            url,
+        ]
+        done = await _as_user(user, *argv)
+        return done.returncode, done.stdout, done.stderr
+
+    async def probed(script: str) -> dict[str, str]:
+        done = await _as_user(user, "timeout", "120", "podman", "exec", name, "sh", "-c", script)
+        assert done.returncode == 0, done.stderr
+        return lines(done.stdout)
+
+    # our resolver is the container's only one (slirp4netns's is never asked while open)
+    probe = script(PEER_NAME, test_host.addr_root, ask=True, port=peer_port)
+    shown = await _as_user(user, "podman", "exec", name, "cat", "/etc/resolv.conf")
+    listed = [x.split()[1] for x in shown.stdout.splitlines() if x.startswith("nameserver")]
+    assert listed == [test_host.addr_root], shown.stdout
+    rc, _, err = await wget(f"{direct}/setup")
+    assert rc == 0, err  # slirp4netns reaches the host
+    assert_open(await probed(probe), PEER_NAME_ADDR)
+    assert (PEER_NAME, "A") in resolver.asked
+
+    kwargs = {"expect_blocked": [direct.removeprefix("http://")]}
+    argv = [
+        sys.executable,
+        AGENT,
+        f"podman:{name}",
+        json.dumps(pins),
+        json.dumps(kwargs),
+        str(audit),
+    ]
+    agent = await as_ci_user(user, argv)
+    try:
+        prepared = await agent.line()
+        assert "error" not in prepared, prepared
+        assert_unprivileged(prepared, user.uid, None)
+        assert prepared["cut_mode"] == "helper"
+        assert "lacks CAP_SYS_ADMIN" in prepared["reason"], prepared
+        proxy = prepared["proxy_url"]
+        assert "@127.0.0.1:3128" in proxy
+        rc, out, err = await wget("http://pypi.test/simple/", proxy)
+        assert rc == 0, err
+        assert '"path": "/simple/"' in out
+        rc, out, err = await wget("http://evil.test/", proxy)
+        assert rc != 0
+        assert "403" in err, (out, err)
+        rc, out, _ = await wget(f"{direct}/direct")
+        assert rc != 0
+        assert "/direct" not in out
+        asked = len(resolver.asked)
+        extra = [SLIRP_DNS]  # asked once cut, where nothing may answer
+        said = await probed(
+            script(PEER_NAME, test_host.addr_root, ask=True, extra=extra, port=peer_port)
+        )
+        assert f"dns_{SLIRP_DNS}" in said, said
+        assert_cut(said, PEER_NAME_ADDR)
+        assert len(resolver.asked) == asked, resolver.asked  # refused in the container
+        released = await agent.release()
+        assert released["allowed"] == {"allow": 1}
+    finally:
+        await agent.close()
+    rc, _, err = await wget(f"{direct}/verify")
+    assert rc == 0, err  # restored
+    assert_open(await probed(probe), PEER_NAME_ADDR)
+
+
+async def _as_user(user: CiUser, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`argv` as the run's user, in a thread (the test's servers answer on this loop)."""
+    return await asyncio.to_thread(user.run, list(argv), timeout=150)
 
 
 @pytest.mark.engine("docker")
 @pytest.mark.timeout(600)
 async def test_inspect_egress_sandbox_as_a_docker_group_user(
-    docker_user: User,
+    ci_user: CiUser,
+    ci_user_tmp: Path,
     make_box: Callable[..., Box],
     test_host: harness.TestHost,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """inspect-ai's `eval()` in the `egress` sandbox with its defaults (loopback, `auto`),
-    as a docker-group user: it used to fail with `ExecutionNotReady kind=namespace`."""
+    """An inspect-ai trial as the run's docker-group user (issue 30): inspect's `eval()` in
+    inspect's venv, the `egress` sandbox with its defaults (loopback, `auto`), run by
+    `netcut-ci-user` with no capability (it used to fail with `ExecutionNotReady
+    kind=namespace`). The container is on the run's user-defined network `nc-ci` (Docker's
+    embedded resolver 127.0.0.11 in its resolv.conf), beside another container there:
+
+    - setup (before the sample): a host outside the policy answers; the other container's
+      name resolves through the container's resolvers, and its port answers;
+    - the agent (inspect's `bash()` tool), cut by the helper (the solver sees its mode and
+      why): allowed 200, blocked 403; the outside host, the other container and its name
+      through every resolver the container has answer nothing;
+    - released at the sample's end: the routes are back, and all of it answers again;
+    - the audit log has the decisions, and `egress audit verify` passes on it, as the user.
+    """
     venv = framework_venv("inspect", tmp_path_factory.mktemp("fw"))
-    site = [str(p) for p in (venv / "lib").glob("python3*/site-packages")]
     box = make_box("docker")
     routes = box.routes()
-    work = os.path.join(docker_user.home, f"inspect-{box.name}")
-    os.makedirs(work)
-    os.chown(work, docker_user.uid, docker_user.gid)
-    audit = os.path.join(work, "audit.jsonl")
+    audit = ci_user_tmp / "audit.jsonl"
+    peer = f"nc-iu{os.getpid()}-peer"
     origin = await start_origin(test_host, 80)
     try:
-        with other_host() as other, http_server(other) as port:
-            assert (await wget_in(box, f"http://{other}:{port}/"))[:2] == (0, "direct")
+        with (
+            other_host() as other,
+            outside_server(other) as (port, outside),
+            peer_container(["docker"], peer, BOX, ["--network", "nc-ci"]) as address,
+        ):
+            direct = f"http://{other}:{port}"
+            probe = script(peer, address, ask=True)  # 127.0.0.11 answers container names
+            rc, _, err = await wget_in(box, f"{direct}/setup")
+            assert rc == 0, err
+            assert_open(lines(await probe_in(box, probe)), address)
             spec = {
                 "container": box.name,
                 "commands": [
                     "busybox wget -q -O - http://pypi.test/agent",
                     "busybox wget -q -O - http://evil.test/refused 2>&1",
                     "unset http_proxy HTTP_PROXY; busybox wget -q -T 5 -O - "
-                    f"http://{other}:{port}/ 2>&1 || echo unreachable",
+                    f"{direct}/direct 2>&1 || echo unreachable",
+                    probe,
                 ],
-                "audit": audit,
+                "audit": str(audit),
                 "resolve": {"pypi.test": test_host.addr_ns, "evil.test": test_host.addr_ns},
                 "allow": ["pypi.test"],
-                "log_dir": os.path.join(work, "logs"),
+                "log_dir": str(ci_user_tmp / "logs"),
             }
-            proc = await asyncio.create_subprocess_exec(
-                *docker_user.argv(SYSTEM_PYTHON, INSPECT, json.dumps(spec)),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=docker_user.env(site=site),
-                cwd=work,
-            )
-            out, err = await asyncio.wait_for(proc.communicate(), 540)
-        assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-        result = json.loads(out.decode().strip().splitlines()[-1])
-        assert result["status"] == "success", result
-        assert result["error"] is None
-        agent, refused, direct = result["tools"]
+            argv = [str(venv / "bin" / "python"), INSPECT, json.dumps(spec)]
+            done = await asyncio.to_thread(ci_user.run, argv, cwd=str(ci_user_tmp), timeout=540)
+            assert done.returncode == 0, done.stderr[-3000:]
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            assert result["status"] == "success", result
+            assert result["error"] is None
+            # released with restore at the sample's end
+            assert box.routes_back_to(routes) == routes
+            rc, _, err = await wget_in(box, f"{direct}/verify")
+            assert rc == 0, err
+            assert_open(lines(await probe_in(box, probe)), address)
+        for when in ("before", "after"):
+            assert_unprivileged(result[when], ci_user.uid, ci_user.group_gid)
+        assert result["cut"]["cut_mode"] == "helper", result["cut"]
+        assert "lacks CAP_SYS_ADMIN" in result["cut"]["reason"], result["cut"]
+        agent, refused, blocked, probed = result["tools"]
         assert '"path": "/agent"' in agent
         assert "403" in refused
-        assert "unreachable" in direct
-        assert "direct" not in direct
+        assert "unreachable" in blocked
+        assert "/direct" not in blocked
+        assert_cut(lines(probed), address)
+        assert "127.0.0.11" in resolvers(lines(probed))  # a user-defined network's
         assert [s.path for s in origin.seen] == ["/agent"]
-        assert box.routes_back_to(routes) == routes  # released with restore at the end
-        rc, said, why = await run(sys.executable, "-m", "egress.cli", "audit", "verify", audit)
-        assert rc == 0, said + why
+        assert outside == ["/setup", "/verify"]  # nothing in between: the cut held
     finally:
         await origin.close()
+    decided = _decisions(audit)
+    assert ("pypi.test", "GET", "allow") in decided, decided
+    assert ("evil.test", "GET", "block") in decided, decided
+    verified = ci_user.run(["egress", "audit", "verify", str(audit)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.engine("docker")
