@@ -80,3 +80,27 @@ def test_concurrent_jobs_from_the_loop_each_land_in_their_namespace() -> None:
     finally:
         for h in hosts:
             h.remove()
+
+
+def test_a_job_submitted_as_the_last_is_reported_finds_that_thread_free() -> None:
+    """A caller that submits its next job the moment it hears of the last (a churn of
+    sandboxes: prepare, release, prepare) starts no other thread: each holds a descriptor,
+    its home namespace, and test_sandbox_churn counted one started so as a leak. A pool of
+    the test's own, so that threads other tests left waiting cannot stand in."""
+    pool = netns._Threads()
+    seen: list[object] = []
+    finished = threading.Event()
+
+    with harness.test_host() as a:
+
+        def done(result: object, error: BaseException | None) -> None:
+            seen.append(result if error is None else error)
+            if len(seen) < 5:
+                pool.submit((a.ns, _own_netns, done))  # before this report has returned
+            else:
+                finished.set()
+
+        pool.submit((a.ns, _own_netns, done))
+        assert finished.wait(60)
+        assert seen == [f"net:[{os.stat(a.path).st_ino}]"] * 5
+        assert pool.count == 1, f"{pool.count} threads for jobs one after another"

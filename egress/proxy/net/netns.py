@@ -20,6 +20,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import functools
+import logging
 import os
 import queue
 import socket
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from netcut.targetref import TargetRef
 
 CLONE_NEWNET = 0x40000000
+log = logging.getLogger("egress")
 T = TypeVar("T")
 NamespaceLike: TypeAlias = "str | int | TargetRef"
 
@@ -117,65 +119,83 @@ class _Threads:
         except OSError:
             home = -1
         try:
+            free = False  # counted in `waiting` already (before its last job was reported)
             while True:
-                with self.lock:
-                    self.waiting += 1
+                if not free:
+                    with self.lock:
+                        self.waiting += 1
                 try:
                     job = self.jobs.get(timeout=IDLE_S)
                 except queue.Empty:
                     with self.lock:
-                        self.waiting -= 1
                         if not self.jobs.empty():
+                            free = True
                             continue  # a job came in as the wait ended
+                        self.waiting -= 1
                         self.count -= 1
                     return
                 with self.lock:
                     self.waiting -= 1
-                try:
-                    went_home = _run_job(job, home)
-                except BaseException:
-                    went_home = False
-                if not went_home:
-                    with self.lock:
-                        self.count -= 1
+                free = self._run(job, home)
+                if not free:
                     return  # could not go home: this thread takes no other job
         finally:
             if home >= 0:
                 os.close(home)
 
+    def _run(self, job: Job, home: int) -> bool:
+        """Run `job`; True when this thread is home again, counted as waiting before the
+        job is reported: a caller that submits its next job as soon as it hears (one
+        sandbox's listeners, a churn of sandboxes) finds this thread free instead of
+        starting another, which would hold one more descriptor (its home namespace) until
+        it idles out (docs/proxy.md#listening-inside-a-namespace-framework-route-forwarders)."""
+        try:
+            went_home, report = _run_job(job, home)
+        except BaseException:
+            went_home, report = False, None
+        with self.lock:
+            if went_home:
+                self.waiting += 1
+            else:
+                self.count -= 1
+        if report is not None:
+            try:
+                report()
+            except Exception:  # a bug in a caller's `done`: this thread is fine, and counted
+                log.exception("egress: a namespace job's report failed")
+        return went_home
 
-def _run_job(job: Job, home: int) -> bool:
-    """Name and enter the job's namespace, run its function, report through its `done`,
-    and go back to `home`; False when the thread could not (it must take no other job)."""
+
+def _run_job(job: Job, home: int) -> tuple[bool, Callable[[], None]]:
+    """Name and enter the job's namespace, run its function and go back to `home`; returns
+    whether the thread is home (False: it must take no other job) and the job's report
+    (its `done` with the outcome), for the pool to make once it has counted the thread."""
     ns, fn, done = job
     try:
         path = namespace_path(ns)
     except BaseException as exc:  # NamespaceError, or whatever naming it raised
-        done(None, exc)
-        return True
+        return True, functools.partial(done, None, exc)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         hint = _PRIVILEGE_HINT if isinstance(exc, PermissionError) else ""
-        done(None, NamespaceError(f"cannot open network namespace {path!r}: {exc}{hint}"))
-        return True
+        refused = NamespaceError(f"cannot open network namespace {path!r}: {exc}{hint}")
+        return True, functools.partial(done, None, refused)
     try:  # closed once entered, before anything is reported: a caller that counts its
         # descriptors after the job (bench/scale.py's churn) never sees it still open
         why = None if _libc().setns(fd, CLONE_NEWNET) == 0 else os.strerror(ctypes.get_errno())
     finally:
         os.close(fd)
     if why is not None:
-        done(
-            None, NamespaceError(f"cannot enter network namespace {path!r}: {why}{_PRIVILEGE_HINT}")
-        )
-        return True
+        refused = NamespaceError(f"cannot enter network namespace {path!r}: {why}{_PRIVILEGE_HINT}")
+        return True, functools.partial(done, None, refused)
+    error: BaseException | None = None
     try:
-        result, error = fn(), None
+        result = fn()
     except BaseException as exc:  # handed back to the caller
         result, error = None, exc
     went_home = home >= 0 and _libc().setns(home, CLONE_NEWNET) == 0
-    done(result, error)
-    return went_home
+    return went_home, functools.partial(done, result, error)
 
 
 _threads = _Threads()
