@@ -55,9 +55,7 @@ class EngineApiError(ApplyFailed):
 # ---------------------------------------------------------------- pure
 
 
-def api_socket(
-    runtime: str, env: Mapping[str, str], config_text: str | None = None
-) -> str | None:
+def api_socket(runtime: str, env: Mapping[str, str], config_text: str | None = None) -> str | None:
     """The unix socket whose API the helper may use in place of `runtime` (the docker CLI),
     or None for the CLI: another runtime, `NETCUT_DOCKER_API=0`, a non-unix `DOCKER_HOST`,
     or a docker context other than the default (in `DOCKER_CONTEXT` or as `currentContext`

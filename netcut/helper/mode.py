@@ -164,9 +164,7 @@ def inspect_network(target: TargetRef) -> ContainerNetwork:
 class _Container:
     """One container target: its runtime, full id, PID, inspect data."""
 
-    def __init__(
-        self, ref: TargetRef, runtime: str | None = None, api: str | None = None
-    ) -> None:
+    def __init__(self, ref: TargetRef, runtime: str | None = None, api: str | None = None) -> None:
         """`api`: the Docker Engine API's socket to inspect through (helper/engineapi.py),
         else the runtime's CLI."""
         if ref.kind != "container":
