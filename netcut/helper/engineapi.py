@@ -152,6 +152,8 @@ def message(body: bytes) -> str:
 def find_socket(runtime: str) -> str | None:
     """`api_socket` for this process's environment, only if it may connect to it (else the
     CLI runs, and says why the engine refused)."""
+    if api_socket(runtime, os.environ, None) is None:
+        return None  # no config turns a no into a yes: not read
     config_dir = os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
     config_text = None
     with contextlib.suppress(OSError, UnicodeDecodeError):
@@ -319,7 +321,9 @@ class ApiHelper:
         """All of `data` to the helper's stdin; BrokenPipeError when it is gone."""
         view = memoryview(data)
         while view:
-            select.select([], [self.sock], [], REQUEST_TIMEOUT_S)
+            _, ready, _ = select.select([], [self.sock], [], REQUEST_TIMEOUT_S)
+            if not ready:
+                raise BrokenPipeError(f"the helper read nothing for {REQUEST_TIMEOUT_S:g}s")
             try:
                 sent = self.sock.send(view)
             except BlockingIOError:
