@@ -190,9 +190,13 @@ class FdPass:
             self.close()
             raise
 
+    def bind(self) -> str:
+        """The directory's mount in the helper, as `HOST:CONTAINER`."""
+        return f"{self.dir}:{PASS_DIR}"
+
     def mount_args(self) -> list[str]:
         """The helper's `run` arguments that mount the directory."""
-        return ["-v", f"{self.dir}:{PASS_DIR}"]
+        return ["-v", self.bind()]
 
     def command(self, specs: tuple[ListenSpec, ...], python: str) -> str:
         """The helper's shell command that opens `specs` and passes them back."""

@@ -40,6 +40,7 @@ from netcut.api import KeepLike, parse_keeps, probe_targets
 from netcut.argtypes import check_seconds
 from netcut.errors import ApplyFailed, InvalidInput, PrivilegeError, TargetNotFound, UnsafeTarget
 from netcut.flow import CutResult, RestoreResult
+from netcut.helper import engineapi
 from netcut.helper.script import parse_probe, render_script
 from netcut.helper.session import (
     CAPABILITIES,
@@ -163,7 +164,9 @@ def inspect_network(target: TargetRef) -> ContainerNetwork:
 class _Container:
     """One container target: its runtime, full id, PID, inspect data."""
 
-    def __init__(self, ref: TargetRef, runtime: str | None = None) -> None:
+    def __init__(self, ref: TargetRef, runtime: str | None = None, api: str | None = None) -> None:
+        """`api`: the Docker Engine API's socket to inspect through (helper/engineapi.py),
+        else the runtime's CLI."""
         if ref.kind != "container":
             raise InvalidInput(f"{ref}: helper mode needs --container")
         self.ref = ref
@@ -173,16 +176,8 @@ class _Container:
         if is_ctr(self.runtime):
             self._containerd()
             return
-        done = _run([self.runtime, "inspect", "--format", "{{json .}}", ref.value], RUN_TIMEOUT_S)
-        if done.returncode != 0:
-            why = why_failed(done.stderr or done.stdout, done.returncode)
-            if socket_hint(why):
-                raise PrivilegeError(
-                    f"container {ref.value!r} via {self.runtime}: {why}{socket_hint(why)}"
-                )
-            raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: {why}")
         try:
-            info = json.loads(done.stdout)
+            info = self._inspect(api) if api is not None else self._inspect_cli()
             self.info: dict[str, Any] = info[0] if isinstance(info, list) else info
             self.id = str(self.info["Id"])
             pid = int(self.info.get("State", {}).get("Pid") or 0)
@@ -191,6 +186,29 @@ class _Container:
         if pid == 0:
             raise TargetNotFound(f"container {ref.value!r} via {self.runtime}: not running")
         self.pid = pid
+
+    def _inspect_cli(self) -> Any:
+        done = _run(
+            [self.runtime, "inspect", "--format", "{{json .}}", self.ref.value], RUN_TIMEOUT_S
+        )
+        if done.returncode != 0:
+            why = why_failed(done.stderr or done.stdout, done.returncode)
+            if socket_hint(why):
+                raise PrivilegeError(
+                    f"container {self.ref.value!r} via {self.runtime}: {why}{socket_hint(why)}"
+                )
+            raise TargetNotFound(f"container {self.ref.value!r} via {self.runtime}: {why}")
+        return json.loads(done.stdout)
+
+    def _inspect(self, api: str) -> Any:
+        try:
+            return engineapi.Api(api).inspect(self.ref.value)
+        except engineapi.EngineApiStatus as exc:
+            if exc.status != 404:
+                raise
+            raise TargetNotFound(
+                f"container {self.ref.value!r} via {self.runtime}: {exc.said}"
+            ) from None
 
     def _containerd(self) -> None:
         """A containerd task: its PID from `ctr task ls`, its capabilities from the OCI
@@ -372,23 +390,25 @@ def _cut_in(
 
 @contextlib.contextmanager
 def _session(
-    target: TargetRef, image: str | None, extra: tuple[str, ...] = ()
+    target: TargetRef, image: str | None, binds: tuple[str, ...] = ()
 ) -> Iterator[tuple[_Container, HelperExecutor]]:
     """The helper started first, the target inspected while it starts (one container run and
-    one inspect per operation, overlapped: docs/netcut.md#helper-mode). `extra`: more `run`
-    options (helper/listeners.py's mount)."""
+    one inspect per operation, overlapped: docs/netcut.md#helper-mode); with the Docker
+    Engine API the inspect is one request, then the helper starts (helper/engineapi.py).
+    `binds`: `HOST:CONTAINER` mounts (helper/listeners.py's directory)."""
     if target.kind != "container":
         raise InvalidInput(f"{target}: helper mode needs --container")
     runtime = find_runtime(target.runtime)
     with HelperExecutor(runtime, target.value, image) as ex:
-        ex.extra = extra
+        ex.binds = binds
         if is_ctr(runtime):  # its helper joins the task's namespace by PID: resolve first
             c = _Container(target, runtime)
             ex.netns, ex.namespace = f"/proc/{c.pid}/ns/net", c.namespace
             ex.start()
         else:
             ex.start()
-            c = _Container(target, runtime)
+            c = _Container(target, runtime, api=ex.api)
+            ex.target = c.id  # the container inspected is the one the helper joins
         facts = ex.read_facts()
         c.identify(facts.identity)
         # the container's own resolvers as the helper reads them, and where the engine's

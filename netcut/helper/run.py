@@ -41,7 +41,7 @@ class HelperRun:
         """Start the helper (the pass directory mounted) and inspect the container."""
         try:
             self._pass = self._stack.enter_context(FdPass())
-            session = mode.open_session(self.target, self.image, tuple(self._pass.mount_args()))
+            session = mode.open_session(self.target, self.image, (self._pass.bind(),))
             self._container, self._ex = self._stack.enter_context(session)
         except BaseException:
             self.close()

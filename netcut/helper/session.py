@@ -22,6 +22,7 @@ from dataclasses import replace
 from types import TracebackType
 
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound
+from netcut.helper import engineapi
 from netcut.helper import image as helperimage
 from netcut.helper.dump import HelperFacts, parse_facts, parse_state_dump
 from netcut.helper.script import (
@@ -194,12 +195,68 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
             proc.stderr.close()
 
 
+class CliHelper:
+    """One helper container run by the engine's CLI (`helper_argv`): its stdin, stdout and
+    stderr are the client's pipes. Same face as engineapi.ApiHelper."""
+
+    def __init__(self, argv: list[str]) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except FileNotFoundError:
+            raise TargetNotFound(f"container runtime {argv[0]} not found") from None
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def read(self, timeout: float) -> bytes | None:
+        """The helper's next stdout bytes; b"" when it ended, None on timeout."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], max(timeout, 0))
+        return os.read(fd, 65536) if ready else None
+
+    def failure(self, timeout: float = 10.0) -> str:
+        """Everything the client wrote to stderr, once it exited (or `timeout` passed)."""
+        proc = self.proc
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        text = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        return why_failed(text, proc.returncode)
+
+    def close(self, wait: bool = True) -> None:
+        """Close the shell's stdin and read its output to the end: the container's process
+        is gone when this returns. The client's own exit, which waits for the engine's
+        removal of the `--rm` container (~100 ms, nothing depends on it), is waited for with
+        `wait`, else left to a thread (the client removes ctr's container itself: it must
+        not be cut short)."""
+        proc = self.proc
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if proc.stdout is not None:
+            _drain(proc.stdout.fileno(), time.monotonic() + RUN_TIMEOUT_S)
+            with contextlib.suppress(OSError):
+                proc.stdout.close()
+        if wait:
+            _reap(proc)
+        else:
+            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+
+
 class HelperExecutor:
     """flow.Executor over one helper container per operation.
 
     `start()` launches it at once, before the target's `inspect` (both take a docker/podman
     client start and an engine round trip, so they overlap); nothing is sent to it until the
-    target passed the checks, and a refused target's helper just sees its stdin close."""
+    target passed the checks, and a refused target's helper just sees its stdin close. With
+    the Docker Engine API (engineapi.py) the inspect is one request and the helper starts at
+    the first command, after it."""
 
     def __init__(self, runtime: str, container: str, image: str | None) -> None:
         self.runtime = runtime
@@ -208,13 +265,20 @@ class HelperExecutor:
         # what the helper reported it sees (`read_facts`): why DNS cannot be verified
         self.dns_unverified: tuple[str, ...] = ()
         self.chosen = image or os.environ.get(IMAGE_ENV, "").strip() or None
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: CliHelper | engineapi.ApiHelper | None = None
         self.buffer = b""
         self.started = False  # the prelude answered
         self.runs = 0  # containers started (the goal is one per operation)
         self.netns: str | None = None  # containerd: the task's namespace file
         self.namespace: str | None = None  # containerd: its namespace
-        self.extra: tuple[str, ...] = ()  # more `run` options (helper/listeners.py's mount)
+        self.binds: tuple[str, ...] = ()  # HOST:CONTAINER mounts (helper/listeners.py's)
+        # the engine's API socket, when the helper runs without the CLI (engineapi.py)
+        self.api = engineapi.find_socket(runtime)
+
+    @property
+    def transport(self) -> str:
+        """How the helper runs: "api" (the Docker Engine API) or "cli"."""
+        return "api" if self.api is not None else "cli"
 
     def __enter__(self) -> HelperExecutor:
         return self
@@ -227,17 +291,17 @@ class HelperExecutor:
     # -------------------------------------------------------------- the session
 
     def start(self) -> None:
-        """Launch the helper container (returns at once)."""
-        if self.proc is None:
+        """Launch the helper container (returns at once; with the API, at the first send)."""
+        if self.proc is None and self.api is None:
             self._spawn(self.chosen or default_image())
 
     def _ready(self) -> None:
         """Wait for the helper's shell; import the default image once when it is missing."""
         image = self.chosen or default_image()
         for attempt in (1, 2):
-            if self.proc is None:
-                self._spawn(image)
             try:
+                if self.proc is None:
+                    self._spawn(image)
                 self.started = True
                 self.send(PRELUDE, subshell=False)
                 return
@@ -246,24 +310,25 @@ class HelperExecutor:
                 missing = no_such_image(str(exc))
                 if attempt == 2 or self.chosen is not None or not missing:
                     raise
+                self.close()
                 helperimage.build(self.runtime, image, namespace=self.namespace)
 
     def _spawn(self, image: str) -> None:
         self.close()
-        argv = helper_argv(
-            self.runtime,
-            self.target,
-            image,
-            netns=self.netns,
-            namespace=self.namespace,
-            extra=self.extra,
-        )
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        if self.api is not None:
+            body = engineapi.create_body(self.target, image, CAPABILITIES, self.binds)
+            self.proc = engineapi.ApiHelper(engineapi.Api(self.api), body)
+        else:
+            extra = tuple(arg for bind in self.binds for arg in ("-v", bind))
+            argv = helper_argv(
+                self.runtime,
+                self.target,
+                image,
+                netns=self.netns,
+                namespace=self.namespace,
+                extra=extra,
             )
-        except FileNotFoundError:
-            raise TargetNotFound(f"container runtime {argv[0]} not found") from None
+            self.proc = CliHelper(argv)
         self.runs += 1
         self.buffer = b""
 
@@ -276,29 +341,24 @@ class HelperExecutor:
             self._ready()
         proc = self.proc
         assert proc is not None
-        assert proc.stdin is not None
-        assert proc.stdout is not None
         token = secrets.token_hex(8)
         body = f"(\n{script}\n) </dev/null" if subshell else f"{script}\ntrue"
         request = f'{body}; echo "### end {token} $?"\n'
         try:
-            proc.stdin.write(request.encode())
-            proc.stdin.flush()
+            proc.write(request.encode())
         except BrokenPipeError:
             raise ApplyFailed(f"helper container exited: {self._stderr()}") from None
         marker = f"### end {token} ".encode()
         deadline = time.monotonic() + timeout
-        fd = proc.stdout.fileno()
         while marker not in self.buffer:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
                 raise ApplyFailed(f"helper container: no answer within {timeout:g}s")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise ApplyFailed(f"helper container exited: {self._stderr()}")
+            chunk = proc.read(left)
+            if chunk == b"":
+                raise ApplyFailed(f"helper container exited: {self._stderr()}")
+            if chunk is not None:
                 self.buffer += chunk
         head, _, rest = self.buffer.partition(marker)
         code_text, _, self.buffer = rest.partition(b"\n")
@@ -307,36 +367,21 @@ class HelperExecutor:
 
     def _stderr(self) -> str:
         proc = self.proc
-        if proc is None or proc.stderr is None:
+        if proc is None:
             return "not running"
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        text = proc.stderr.read().decode(errors="replace")
+        said = proc.failure()
         self.close()
-        return why_failed(text, proc.returncode)
+        return said
 
     def close(self, wait: bool = True) -> None:
-        """End the session: close the shell's stdin and wait until the container's process
-        is gone (its output stream ends), so no helper holding NET_ADMIN/NET_RAW is left in
-        the namespace when this returns. `wait=False` leaves only the engine's removal of the
-        `--rm` container (~100 ms, nothing depends on it) to a thread."""
+        """End the session: close the shell's stdin. With `wait`, return once the
+        container's process is gone, so no helper holding NET_ADMIN/NET_RAW is left in the
+        namespace; without, what is left (the helper's exit, right after its stdin closed,
+        and the engine's removal of its container) is a thread's (docs/netcut.md#helper-mode)."""
         proc, self.proc = self.proc, None
         self.started = False
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        if proc.stdout is not None:
-            _drain(proc.stdout.fileno(), time.monotonic() + RUN_TIMEOUT_S)
-            with contextlib.suppress(OSError):
-                proc.stdout.close()
-        if wait:
-            _reap(proc)
-        else:
-            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+        if proc is not None:
+            proc.close(wait)
 
     # -------------------------------------------------------------- flow.Executor
 
@@ -425,6 +470,7 @@ __all__ = [
     "CAPABILITIES",
     "IMAGE_ENV",
     "RUN_TIMEOUT_S",
+    "CliHelper",
     "HelperExecutor",
     "ctr_image",
     "default_image",

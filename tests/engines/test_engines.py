@@ -53,13 +53,16 @@ MODES = [
         pytest.param(engine, "helper", client, image, marks=pytest.mark.engine(engine),
                      id=f"{engine}{'-' + client if client else ''}-helper-{image or 'default'}")
         for engine, client in (
-            ("docker", "ce"), ("docker", "debian"), ("podman", None), ("containerd", None)
+            ("docker", "api"), ("docker", "ce"), ("docker", "debian"), ("podman", None),
+            ("containerd", None),
         )
         for image in (None, *HELPER_SHELLS)
     ),
 ]  # fmt: skip
-# Helper mode on each docker client (docs/netcut.md#engines-in-ci) and on podman.
+# Helper mode through the Docker Engine API, on each docker client (docs/netcut.md#engines-in-ci)
+# and on podman.
 HELPER_ENGINES = [
+    pytest.param("docker", "api", marks=pytest.mark.engine("docker"), id="docker-api"),
     pytest.param("docker", "ce", marks=pytest.mark.engine("docker"), id="docker-ce"),
     pytest.param("docker", "debian", marks=pytest.mark.engine("docker"), id="docker-debian"),
     pytest.param("podman", None, marks=pytest.mark.engine("podman"), id="podman"),
@@ -106,9 +109,14 @@ def remove_image(engine: str, image: str) -> None:
 def use_client(
     engine: str, client: str | None, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Make `docker` on PATH the chosen client for netcut and the test alike."""
-    if engine == "docker" and client is not None:
+    """Make `docker` on PATH the chosen client for netcut and the test alike; with a client,
+    netcut's helper runs through it, not through the Docker Engine API, which is `api`'s
+    (docs/netcut.md#the-docker-engine-api)."""
+    if engine == "docker" and client == "api":
+        monkeypatch.delenv("NETCUT_DOCKER_API", raising=False)
+    elif engine == "docker" and client is not None:
         monkeypatch.setenv("PATH", docker_client_path(client, str(tmp_path / "client")))
+        monkeypatch.setenv("NETCUT_DOCKER_API", "0")
 
 
 @contextmanager
@@ -292,7 +300,9 @@ def test_the_default_image_is_built_on_first_use_and_engine_errors_are_whole(
         "ce": "Run 'docker run --help' for more information",
         "debian": "See 'docker run --help'.",
     }
-    if client is not None:
+    if client == "api":
+        assert said.startswith(f"No such image: {missing} (docker engine API: "), said
+    elif client is not None:
         assert said.splitlines()[-1] == tail[client], said
         assert f"No such image: {missing}" in said, said
     elif engine == "podman":
