@@ -125,14 +125,15 @@ def runs(fake: FakeRuntime) -> list[list[str]]:
 def test_one_helper_run_per_cut_sharing_only_the_network(
     topo: Topology, fake_runtime: FakeRuntime
 ) -> None:
-    fake_runtime.add("sandbox", topo.sandbox)
+    cid = fake_runtime.add("sandbox", topo.sandbox)
     result = helper.cut(target.container("sandbox"), [topo.proxy])
     assert result.changed
     assert result.probe is not None
     assert result.probe.ok
     (argv,) = [c for c in runs(fake_runtime) if "No such image" not in str(c)][-1:]
     assert argv[:3] == ["run", "-i", "--rm"]
-    assert argv[argv.index("--network") + 1] == "container:sandbox"
+    # joined by the id the target's inspect gave, not by its name (which may be reused)
+    assert argv[argv.index("--network") + 1] == f"container:{cid}"
     assert argv[argv.index("--pull") + 1] == "never", "a helper never reaches a registry"
     caps = [argv[i + 1] for i, a in enumerate(argv) if a in ("--cap-add", "--cap-drop")]
     assert caps == ["ALL", "NET_ADMIN", "NET_RAW"], "drop everything, add what iptables needs"
