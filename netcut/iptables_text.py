@@ -313,6 +313,76 @@ def _read_lines(names: str, table: str) -> str:
     )
 
 
+# First line of a dump section that holds `iptables-save` output (IptablesShell.dump).
+SAVE_MARK = "netcut-save"
+# A table's chains (built-in and user-defined) -> their `-A CHAIN ...` lines, in order.
+SavedTable = dict[str, list[str]]
+_MAX_SAVE_LINES = 200_000
+
+
+def parse_save(text: str) -> dict[str, SavedTable]:
+    """`iptables-save` output as table -> chain -> rule lines. Strict, as the kernel's own
+    tool writes it: `*TABLE`, then `:CHAIN POLICY [p:b]` lines, `-A CHAIN ...` lines for
+    chains declared above, `COMMIT`; `#` comments and blank lines skipped. Anything else (a
+    rule outside a table or for an undeclared chain, a table twice, one never committed)
+    is InvalidInput: a dump that cannot be read never passes for one without the backstop."""
+    tables: dict[str, SavedTable] = {}
+    current: SavedTable | None = None
+    for n, line in enumerate(text.splitlines()):
+        if n > _MAX_SAVE_LINES:
+            raise InvalidInput("helper state dump: iptables-save output too long")
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.startswith("*") and current is None:
+            name = line[1:].strip()
+            if not name or name in tables or any(c.isspace() for c in name):
+                raise InvalidInput(f"helper state dump: bad iptables-save table {line[:200]!r}")
+            current = tables[name] = {}
+        elif current is not None and line.startswith(":"):
+            chain = line[1:].split(" ", 1)[0]
+            if not chain or chain in current:
+                raise InvalidInput(f"helper state dump: bad iptables-save chain {line[:200]!r}")
+            current[chain] = []
+        elif current is not None and line.startswith("-A "):
+            chain = line[3:].split(" ", 1)[0]
+            if chain not in current:
+                raise InvalidInput(f"helper state dump: rule for no chain {line[:200]!r}")
+            current[chain].append(line)
+        elif current is not None and line.strip() == "COMMIT":
+            current = None
+        else:
+            raise InvalidInput(f"helper state dump: unreadable iptables-save line {line[:200]!r}")
+    if current is not None:
+        raise InvalidInput("helper state dump: iptables-save output cut short (no COMMIT)")
+    return tables
+
+
+def _read_saves(
+    sections: dict[str, str], verify: bool
+) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+    """`read_dump` from one `iptables-save` per family: the families whose filter table has
+    chain NETCUT, with `verify` each one's backstop (OUTPUT's and NETCUT's rules, read as
+    `-S` lines: save writes rules the same way), and whether the nat table has the
+    redirect chain."""
+    saved = {
+        f: parse_save(sections[name].removeprefix(SAVE_MARK))
+        for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))
+    }
+    filters = {f: tables.get("filter", {}) for f, tables in saved.items()}
+    families = tuple(f for f in (AF_INET, AF_INET6) if CHAIN in filters[f])
+    seen = None
+    if verify:
+        seen = tuple(
+            seen_backstop(
+                f,
+                rule_specs("\n".join(filters[f].get("OUTPUT", ())), "OUTPUT"),
+                rule_specs("\n".join(filters[f][CHAIN]), CHAIN),
+            )
+            for f in families
+        )
+    return families, seen, NAT_CHAIN in saved[AF_INET].get("nat", {})
+
+
 def _yes(sections: dict[str, str], name: str) -> bool:
     answer = sections[name].strip()
     if answer not in ("yes", "no"):
@@ -325,7 +395,12 @@ class IptablesShell:
     python-iptables drives in direct mode, so either mode sees the other's rules."""
 
     def __init__(self) -> None:
-        self.tools = {"iptables": "iptables-legacy", "ip6tables": "ip6tables-legacy"}
+        self.tools = {
+            "iptables": "iptables-legacy",
+            "ip6tables": "ip6tables-legacy",
+            "iptsave": "iptables-legacy-save",
+            "ip6tsave": "ip6tables-legacy-save",
+        }
         self.sections: tuple[str, ...] = ("backstop4", "backstop6")
         # python-iptables in netcut's worker: a commit per change, no process per command
         self.native: str | None = "netcut.direct.iptables:Iptables"
@@ -371,6 +446,32 @@ class IptablesShell:
         ]
 
     def dump(self, section: Section, verify: bool) -> list[str]:
+        """One `iptables-legacy-save` per family when the image has it (the default image
+        does: helper/image.py): every registered table in one run, which `read_dump` reads
+        for the chain, its rules and the redirects whether or not `verify` asks for the
+        rules (`save` lists only registered tables, so it registers none). An image without
+        it gets `_dump_by_command`: today's several `-S` runs per family."""
+        saves = [
+            section(
+                name,
+                f"{tool_name(family)}-legacy-save (if /proc/net/{names} exists)",
+                f"echo {SAVE_MARK}; if [ -e /proc/net/{names} ]; then {sh}; fi",
+            )
+            for family, name, names, sh in (
+                (AF_INET, "backstop4", "ip_tables_names", "ncut_iptsave"),
+                (AF_INET6, "backstop6", "ip6_tables_names", "ncut_ip6tsave"),
+            )
+        ]
+        fallback = "\n".join(self._dump_by_command(section, verify))
+        return [
+            'if [ -x "$NCUT_IPTSAVE" ] && [ -x "$NCUT_IP6TSAVE" ]; then',
+            *saves,
+            "else",
+            fallback,
+            "fi",
+        ]
+
+    def _dump_by_command(self, section: Section, verify: bool) -> list[str]:
         """Per family: is chain NETCUT there, and with `verify` OUTPUT's and NETCUT's rules
         (`iptables -S`); then the redirect chain. A table is looked at only if it is
         registered: listing it would register it."""
@@ -410,6 +511,8 @@ class IptablesShell:
     def read_dump(
         self, sections: dict[str, str], verify: bool
     ) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+        if all(sections[n].startswith(SAVE_MARK) for n in ("backstop4", "backstop6")):
+            return _read_saves(sections, verify)
         families = tuple(
             f
             for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))
