@@ -16,6 +16,7 @@ equals a planned rule, and only DROP or REJECT rules may sit ahead of the jump.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -294,6 +295,9 @@ def _masked(cidr: str | None) -> str | None:
 # The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
 _HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
 _TOLERANT = " 2>/dev/null || true"
+# The hold rule as `-save` prints it, and as a restore line's words.
+_HOLD_TEXT = "-m comment --comment netcut-hold -j REJECT"
+_HOLD_SAVED = "-A OUTPUT " + _HOLD_TEXT
 
 
 def _q(args: list[str]) -> str:
@@ -310,6 +314,52 @@ def _read_lines(names: str, table: str) -> str:
     return (
         f'while read -r n || [ -n "$n" ]; do [ "$n" = {table} ] && t=yes; n=;'
         f" done < /proc/net/{names} 2>/dev/null"
+    )
+
+
+# What `iptables-restore` reads as one word with no quoting at all (its own quoting is not
+# the shell's); any other word keeps an op on the per-command path.
+_RESTORE_WORD = re.compile(r"[A-Za-z0-9_.:/+@%=,-]+")
+
+
+def _restore_args(args: list[str]) -> str:
+    """`args` as one restore line's words, or a line ending in NUL when one cannot be."""
+    if not all(_RESTORE_WORD.fullmatch(a) for a in args):
+        return "\0"
+    return " ".join(args)
+
+
+def _batched(family: int, fill: tuple[str, ...] | None, by_command: list[str]) -> str:
+    """Shell that changes `family`'s filter table in one `-restore --noflush` commit, which
+    the kernel takes at once (so no hold rule: the namespace is never open between two
+    commands). One `-save -t filter` first tells how many jumps to NETCUT (and leftover hold
+    rules) OUTPUT has and whether the chain is there; the commit deletes them all, then with
+    `fill` creates or empties the chain (`:NETCUT` under `--noflush`), refills it and jumps
+    to it first, without `fill` flushes and deletes the chain. An image without both tools
+    runs `by_command`, as before (docs/netcut.md#helper-mode)."""
+    six = "6" if family == AF_INET6 else ""
+    save, restore = f"ncut_ip{six}tsave", f"ncut_ip{six}trestore"
+    reject = "icmp6-port-unreachable" if six else "icmp-port-unreachable"
+    known = {
+        f"-A OUTPUT -j {CHAIN}": f"-D OUTPUT -j {CHAIN}",
+        f"{_HOLD_SAVED} --reject-with {reject}": f"-D OUTPUT {_HOLD_TEXT}",
+    }
+    cases = " ".join(
+        f'{shlex.quote(seen)}) set -- "$@" {shlex.quote(delete)};;'
+        for seen, delete in known.items()
+    )
+    if fill is None:
+        drop = f"{shlex.quote('-F ' + CHAIN)} {shlex.quote('-X ' + CHAIN)}"
+        chain = f'if [ $ncut_c = yes ]; then set -- "$@" {drop}; fi'
+    else:
+        chain = f'set -- "$@" {" ".join(shlex.quote(x) for x in (f":{CHAIN} - [0:0]", *fill))}'
+    return (
+        f'if [ -x "$NCUT_IP{six}TSAVE" ] && [ -x "$NCUT_IP{six}TRESTORE" ]; then\n'
+        f"if ncut_s=$({save} -t filter); then ncut_c=no; set -- '*filter'\n"
+        f'while IFS= read -r l || [ -n "$l" ]; do case "$l" in {cases}'
+        f' ":{CHAIN} "*) ncut_c=yes;; esac; l=; done <<NCUT_EOF\n$ncut_s\nNCUT_EOF\n'
+        f'{chain}; printf "%s\\n" "$@" COMMIT | {restore} -w --noflush\n'
+        f"else false; fi\nelse\n" + "\n".join(by_command) + "\nfi"
     )
 
 
@@ -400,6 +450,8 @@ class IptablesShell:
             "ip6tables": "ip6tables-legacy",
             "iptsave": "iptables-legacy-save",
             "ip6tsave": "ip6tables-legacy-save",
+            "iptrestore": "iptables-legacy-restore",
+            "ip6trestore": "ip6tables-legacy-restore",
         }
         self.sections: tuple[str, ...] = ("backstop4", "backstop6")
         # python-iptables in netcut's worker: a commit per change, no process per command
@@ -418,6 +470,20 @@ class IptablesShell:
             _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
             _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
         ]
+
+    def batched_backstop(self, family: int, rules: tuple[OutputRule, ...] | None) -> str | None:
+        """`install_backstop(family, rules)` (`remove_backstop` when `rules` is None) as one
+        `-save` and one `-restore --noflush` when the image has both (the default image
+        does: helper/image.py), the shell telling which (`_batched`): nothing is assumed of
+        a user's image, which keeps the per-command path. None when a rule has a word that
+        restore's own quoting cannot carry."""
+        if rules is None:
+            return _batched(family, None, self.remove_backstop(family))
+        lines = [f"-A {CHAIN} {_restore_args(filter_args(rule))}" for rule in rules]
+        if any(line.endswith("\0") for line in lines):
+            return None
+        fill = (*lines, f"-I OUTPUT 1 -j {CHAIN}")
+        return _batched(family, fill, self.install_backstop(family, rules))
 
     def remove_backstop(self, family: int) -> list[str]:
         t = _sh(family)

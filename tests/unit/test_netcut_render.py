@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from netcut.errors import InvalidInput
 from netcut.helper import mode as helper
 from netcut.helper.dump import parse_state_dump
-from netcut.helper.script import render_op, render_script, state_script
+from netcut.helper.script import render_batched, render_op, render_script, state_script
 from netcut.iptables_text import SAVE_MARK, SeenRule, parse_rule_spec, parse_save
 from netcut.plan.changes import AddBackstop, AddRoute, KillFlows, RemoveBackstop, SetSysctl
 from netcut.plan.model import (
@@ -579,3 +579,25 @@ def test_a_well_formed_save_round_trips(chains: list[str], rules: list[str]) -> 
     assert parse_state_dump(_save_dump(f"*filter\n{body}COMMIT\n", "")).backstop == (
         (AF_INET,) if "NETCUT" in chains else ()
     )
+
+
+@pytest.mark.parametrize("iface", ['e"th0', "e th0", "eth$0", "eth'0", "e\\th0", "eth0\n-F", ""])
+def test_a_rule_restore_cannot_carry_keeps_the_per_command_path(iface: str) -> None:
+    """iptables-restore has quoting of its own: a word outside its plain set never goes
+    into a batch (an interface name may hold quotes or `$`), the commands are used."""
+    op = AddBackstop(AF_INET, (OutputRule("allow", out_iface=iface or None), OutputRule("reject")))
+    if iface:
+        assert render_batched(op) == render_op(op)
+    else:
+        assert "ncut_iptrestore" in render_batched(op)[0]
+
+
+@given(st.text(max_size=16))
+def test_batching_any_interface_name_is_plain_words_or_the_commands(iface: str) -> None:
+    op = AddBackstop(AF_INET, (OutputRule("allow", out_iface=iface or None),))
+    (batch, *rest) = render_batched(op)
+    if "ncut_iptrestore" in batch:
+        assert not rest
+        assert iface == "" or re.fullmatch(r"[A-Za-z0-9_.:/+@%=,-]+", iface)
+    else:
+        assert [batch, *rest] == render_op(op)
