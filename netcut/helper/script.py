@@ -176,9 +176,12 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
     (docs/netcut.md#status).
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
+    # One `ip -j addr show` answers both links and addresses (it lists every link, with
+    # its index, name and flags, addresses or none): one tool run, two sections.
     lines = [
-        section("links", "ip -j link show", "ncut_ip -j link show"),
-        section("addrs", "ip -j -N addr show", "ncut_ip -j -N addr show"),
+        "ncut_a=$(ncut_ip -j -N addr show); ncut_ar=$?",
+        section("links", "ip -j -N addr show", 'echo "$ncut_a"; (exit $ncut_ar)'),
+        section("addrs", "ip -j -N addr show", 'echo "$ncut_a"; (exit $ncut_ar)'),
         section(
             "routes4",
             "ip -d -N -j -4 route show table all",
