@@ -16,6 +16,7 @@ equals a planned rule, and only DROP or REJECT rules may sit ahead of the jump.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -294,6 +295,9 @@ def _masked(cidr: str | None) -> str | None:
 # The temporary rule that holds OUTPUT closed while chain NETCUT is (re)built.
 _HOLD = ["-m", "comment", "--comment", "netcut-hold", "-j", "REJECT"]
 _TOLERANT = " 2>/dev/null || true"
+# The hold rule as `-save` prints it, and as a restore line's words.
+_HOLD_TEXT = "-m comment --comment netcut-hold -j REJECT"
+_HOLD_SAVED = "-A OUTPUT " + _HOLD_TEXT
 
 
 def _q(args: list[str]) -> str:
@@ -313,6 +317,122 @@ def _read_lines(names: str, table: str) -> str:
     )
 
 
+# What `iptables-restore` reads as one word with no quoting at all (its own quoting is not
+# the shell's); any other word keeps an op on the per-command path.
+_RESTORE_WORD = re.compile(r"[A-Za-z0-9_.:/+@%=,-]+")
+
+
+def _restore_args(args: list[str]) -> str:
+    """`args` as one restore line's words, or a line ending in NUL when one cannot be."""
+    if not all(_RESTORE_WORD.fullmatch(a) for a in args):
+        return "\0"
+    return " ".join(args)
+
+
+def _batched(family: int, fill: tuple[str, ...] | None, by_command: list[str]) -> str:
+    """Shell that changes `family`'s filter table in one `-restore --noflush` commit, which
+    the kernel takes at once (so no hold rule: the namespace is never open between two
+    commands). One `-save -t filter` first tells how many jumps to NETCUT (and leftover hold
+    rules) OUTPUT has and whether the chain is there; the commit deletes them all, then with
+    `fill` creates or empties the chain (`:NETCUT` under `--noflush`), refills it and jumps
+    to it first, without `fill` flushes and deletes the chain. An image without both tools
+    runs `by_command`, as before (docs/netcut.md#helper-mode)."""
+    six = "6" if family == AF_INET6 else ""
+    save, restore = f"ncut_ip{six}tsave", f"ncut_ip{six}trestore"
+    reject = "icmp6-port-unreachable" if six else "icmp-port-unreachable"
+    known = {
+        f"-A OUTPUT -j {CHAIN}": f"-D OUTPUT -j {CHAIN}",
+        f"{_HOLD_SAVED} --reject-with {reject}": f"-D OUTPUT {_HOLD_TEXT}",
+    }
+    cases = " ".join(
+        f'{shlex.quote(seen)}) set -- "$@" {shlex.quote(delete)};;'
+        for seen, delete in known.items()
+    )
+    if fill is None:
+        drop = f"{shlex.quote('-F ' + CHAIN)} {shlex.quote('-X ' + CHAIN)}"
+        chain = f'if [ $ncut_c = yes ]; then set -- "$@" {drop}; fi'
+    else:
+        chain = f'set -- "$@" {" ".join(shlex.quote(x) for x in (f":{CHAIN} - [0:0]", *fill))}'
+    return (
+        f'if [ -x "$NCUT_IP{six}TSAVE" ] && [ -x "$NCUT_IP{six}TRESTORE" ]; then\n'
+        f"if ncut_s=$({save} -t filter); then ncut_c=no; set -- '*filter'\n"
+        f'while IFS= read -r l || [ -n "$l" ]; do case "$l" in {cases}'
+        f' ":{CHAIN} "*) ncut_c=yes;; esac; l=; done <<NCUT_EOF\n$ncut_s\nNCUT_EOF\n'
+        f'{chain}; printf "%s\\n" "$@" COMMIT | {restore} -w --noflush\n'
+        f"else false; fi\nelse\n" + "\n".join(by_command) + "\nfi"
+    )
+
+
+# First line of a dump section that holds `iptables-save` output (IptablesShell.dump).
+SAVE_MARK = "netcut-save"
+# A table's chains (built-in and user-defined) -> their `-A CHAIN ...` lines, in order.
+SavedTable = dict[str, list[str]]
+_MAX_SAVE_LINES = 200_000
+
+
+def parse_save(text: str) -> dict[str, SavedTable]:
+    """`iptables-save` output as table -> chain -> rule lines. Strict, as the kernel's own
+    tool writes it: `*TABLE`, then `:CHAIN POLICY [p:b]` lines, `-A CHAIN ...` lines for
+    chains declared above, `COMMIT`; `#` comments and blank lines skipped. Anything else (a
+    rule outside a table or for an undeclared chain, a table twice, one never committed)
+    is InvalidInput: a dump that cannot be read never passes for one without the backstop."""
+    tables: dict[str, SavedTable] = {}
+    current: SavedTable | None = None
+    for n, line in enumerate(text.splitlines()):
+        if n > _MAX_SAVE_LINES:
+            raise InvalidInput("helper state dump: iptables-save output too long")
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.startswith("*") and current is None:
+            name = line[1:].strip()
+            if not name or name in tables or any(c.isspace() for c in name):
+                raise InvalidInput(f"helper state dump: bad iptables-save table {line[:200]!r}")
+            current = tables[name] = {}
+        elif current is not None and line.startswith(":"):
+            chain = line[1:].split(" ", 1)[0]
+            if not chain or chain in current:
+                raise InvalidInput(f"helper state dump: bad iptables-save chain {line[:200]!r}")
+            current[chain] = []
+        elif current is not None and line.startswith("-A "):
+            chain = line[3:].split(" ", 1)[0]
+            if chain not in current:
+                raise InvalidInput(f"helper state dump: rule for no chain {line[:200]!r}")
+            current[chain].append(line)
+        elif current is not None and line.strip() == "COMMIT":
+            current = None
+        else:
+            raise InvalidInput(f"helper state dump: unreadable iptables-save line {line[:200]!r}")
+    if current is not None:
+        raise InvalidInput("helper state dump: iptables-save output cut short (no COMMIT)")
+    return tables
+
+
+def _read_saves(
+    sections: dict[str, str], verify: bool
+) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+    """`read_dump` from one `iptables-save` per family: the families whose filter table has
+    chain NETCUT, with `verify` each one's backstop (OUTPUT's and NETCUT's rules, read as
+    `-S` lines: save writes rules the same way), and whether the nat table has the
+    redirect chain."""
+    saved = {
+        f: parse_save(sections[name].removeprefix(SAVE_MARK))
+        for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))
+    }
+    filters = {f: tables.get("filter", {}) for f, tables in saved.items()}
+    families = tuple(f for f in (AF_INET, AF_INET6) if CHAIN in filters[f])
+    seen = None
+    if verify:
+        seen = tuple(
+            seen_backstop(
+                f,
+                rule_specs("\n".join(filters[f].get("OUTPUT", ())), "OUTPUT"),
+                rule_specs("\n".join(filters[f][CHAIN]), CHAIN),
+            )
+            for f in families
+        )
+    return families, seen, NAT_CHAIN in saved[AF_INET].get("nat", {})
+
+
 def _yes(sections: dict[str, str], name: str) -> bool:
     answer = sections[name].strip()
     if answer not in ("yes", "no"):
@@ -325,7 +445,14 @@ class IptablesShell:
     python-iptables drives in direct mode, so either mode sees the other's rules."""
 
     def __init__(self) -> None:
-        self.tools = {"iptables": "iptables-legacy", "ip6tables": "ip6tables-legacy"}
+        self.tools = {
+            "iptables": "iptables-legacy",
+            "ip6tables": "ip6tables-legacy",
+            "iptsave": "iptables-legacy-save",
+            "ip6tsave": "ip6tables-legacy-save",
+            "iptrestore": "iptables-legacy-restore",
+            "ip6trestore": "ip6tables-legacy-restore",
+        }
         self.sections: tuple[str, ...] = ("backstop4", "backstop6")
         # python-iptables in netcut's worker: a commit per change, no process per command
         self.native: str | None = "netcut.direct.iptables:Iptables"
@@ -343,6 +470,20 @@ class IptablesShell:
             _q([t, "-w", "-I", "OUTPUT", "1", "-j", CHAIN]),
             _q([t, "-w", "-D", "OUTPUT", *_HOLD]),
         ]
+
+    def batched_backstop(self, family: int, rules: tuple[OutputRule, ...] | None) -> str | None:
+        """`install_backstop(family, rules)` (`remove_backstop` when `rules` is None) as one
+        `-save` and one `-restore --noflush` when the image has both (the default image
+        does: helper/image.py), the shell telling which (`_batched`): nothing is assumed of
+        a user's image, which keeps the per-command path. None when a rule has a word that
+        restore's own quoting cannot carry."""
+        if rules is None:
+            return _batched(family, None, self.remove_backstop(family))
+        lines = [f"-A {CHAIN} {_restore_args(filter_args(rule))}" for rule in rules]
+        if any(line.endswith("\0") for line in lines):
+            return None
+        fill = (*lines, f"-I OUTPUT 1 -j {CHAIN}")
+        return _batched(family, fill, self.install_backstop(family, rules))
 
     def remove_backstop(self, family: int) -> list[str]:
         t = _sh(family)
@@ -371,6 +512,32 @@ class IptablesShell:
         ]
 
     def dump(self, section: Section, verify: bool) -> list[str]:
+        """One `iptables-legacy-save` per family when the image has it (the default image
+        does: helper/image.py): every registered table in one run, which `read_dump` reads
+        for the chain, its rules and the redirects whether or not `verify` asks for the
+        rules (`save` lists only registered tables, so it registers none). An image without
+        it gets `_dump_by_command`: today's several `-S` runs per family."""
+        saves = [
+            section(
+                name,
+                f"{tool_name(family)}-legacy-save (if /proc/net/{names} exists)",
+                f"echo {SAVE_MARK}; if [ -e /proc/net/{names} ]; then {sh}; fi",
+            )
+            for family, name, names, sh in (
+                (AF_INET, "backstop4", "ip_tables_names", "ncut_iptsave"),
+                (AF_INET6, "backstop6", "ip6_tables_names", "ncut_ip6tsave"),
+            )
+        ]
+        fallback = "\n".join(self._dump_by_command(section, verify))
+        return [
+            'if [ -x "$NCUT_IPTSAVE" ] && [ -x "$NCUT_IP6TSAVE" ]; then',
+            *saves,
+            "else",
+            fallback,
+            "fi",
+        ]
+
+    def _dump_by_command(self, section: Section, verify: bool) -> list[str]:
         """Per family: is chain NETCUT there, and with `verify` OUTPUT's and NETCUT's rules
         (`iptables -S`); then the redirect chain. A table is looked at only if it is
         registered: listing it would register it."""
@@ -410,6 +577,8 @@ class IptablesShell:
     def read_dump(
         self, sections: dict[str, str], verify: bool
     ) -> tuple[tuple[int, ...], tuple[SeenBackstop, ...] | None, bool]:
+        if all(sections[n].startswith(SAVE_MARK) for n in ("backstop4", "backstop6")):
+            return _read_saves(sections, verify)
         families = tuple(
             f
             for f, name in ((AF_INET, "backstop4"), (AF_INET6, "backstop6"))

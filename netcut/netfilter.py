@@ -72,6 +72,11 @@ class ShellNetfilter(Protocol):
     def remove_backstop(self, family: int) -> list[str]:
         """Commands that take the backstop out; tolerant of what is already gone."""
 
+    def batched_backstop(self, family: int, rules: tuple[OutputRule, ...] | None) -> str | None:
+        """`install_backstop` (`remove_backstop` when `rules` is None) as one shell compound
+        that makes the change in as few tool runs as the helper's image allows, falling back
+        to those commands by itself; None when the backend has no such batch for `rules`."""
+
     def install_redirects(self, rules: tuple[RedirectRule, ...]) -> list[str]: ...
 
     def remove_redirects(self) -> list[str]: ...

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from netcut.errors import TargetNotFound
 
 # Bump when the layout changes: it is part of the tag.
-LAYOUT_VERSION = "4"
+LAYOUT_VERSION = "5"
 BIN = "/netcut/bin"
 # tool in the image -> names to look for on the host's PATH
 _TOOLS = {
@@ -48,6 +48,8 @@ _LINKS = {
     f"{BIN}/ip6tables-legacy": "xtables-legacy-multi",
     f"{BIN}/iptables-legacy-save": "xtables-legacy-multi",
     f"{BIN}/ip6tables-legacy-save": "xtables-legacy-multi",
+    f"{BIN}/iptables-legacy-restore": "xtables-legacy-multi",
+    f"{BIN}/ip6tables-legacy-restore": "xtables-legacy-multi",
     f"{BIN}/iptables-nft-save": "xtables-nft-multi",
     "/bin/sh": f"{BIN}/bash",
     "/bin/bash": f"{BIN}/bash",

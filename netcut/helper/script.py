@@ -127,6 +127,27 @@ def render_op(op: Op) -> list[str]:
     raise RuntimeError(f"unexpected {op!r}")
 
 
+def render_batched(op: Op) -> list[str]:
+    """`render_op`, but a backstop's install or removal as the backend's batch (one
+    `-save` and one `-restore` per family in the default image), which falls back to
+    `render_op`'s commands by itself in an image without those tools."""
+    if isinstance(op, AddBackstop | RemoveBackstop):
+        rules = op.rules if isinstance(op, AddBackstop) else None
+        batch = NETFILTER.batched_backstop(op.family, rules)
+        if batch is not None:
+            return [batch]
+    return render_op(op)
+
+
+def render_batched_script(ops: tuple[Op, ...], *, tolerant: bool = False) -> str:
+    """`render_script` with `render_batched`: what the helper session runs."""
+    lines = [line for op in ops for line in render_batched(op)]
+    if tolerant:
+        lines = [line if line.endswith(_TOLERANT) else line + _TOLERANT for line in lines]
+        return "\n".join(lines) + "\n"
+    return "set -e\n" + "\n".join(lines) + "\n"
+
+
 def _kill_flows(op: KillFlows) -> str:
     terms = ["dst 127.0.0.0/8", "dst [::1]"]
     for addr, port in op.allowed:
@@ -155,9 +176,12 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
     (docs/netcut.md#status).
 
     Each section is followed by `### rc N`, the exit status of the command that produced it."""
+    # One `ip -j addr show` answers both links and addresses (it lists every link, with
+    # its index, name and flags, addresses or none): one tool run, two sections.
     lines = [
-        section("links", "ip -j link show", "ncut_ip -j link show"),
-        section("addrs", "ip -j -N addr show", "ncut_ip -j -N addr show"),
+        "ncut_a=$(ncut_ip -j -N addr show); ncut_ar=$?",
+        section("links", "ip -j -N addr show", 'echo "$ncut_a"; (exit $ncut_ar)'),
+        section("addrs", "ip -j -N addr show", 'echo "$ncut_a"; (exit $ncut_ar)'),
         section(
             "routes4",
             "ip -d -N -j -4 route show table all",

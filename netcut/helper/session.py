@@ -32,8 +32,8 @@ from netcut.helper.script import (
     parse_dns_probe,
     parse_probe,
     probe_script,
-    render_op,
-    render_script,
+    render_batched,
+    render_batched_script,
     state_script,
 )
 from netcut.plan import planner as plan_mod
@@ -412,7 +412,7 @@ class HelperExecutor:
         lines = ["set -e"]
         for i, op in enumerate(ops):
             lines.append(f"echo '### op {i}'")
-            lines += render_op(op)
+            lines += render_batched(op)
         code, out = self.send("\n".join(lines))
         if code == 0:
             return
@@ -420,7 +420,7 @@ class HelperExecutor:
         done = ops[: (reached[-1] + 1) if reached else 0]  # the failed op may be half done
         rollback = tuple(inv for op in reversed(done) if (inv := plan_mod.invert(op)) is not None)
         try:
-            back, _ = self.send(render_script(rollback, tolerant=True))
+            back, _ = self.send(render_batched_script(rollback, tolerant=True))
         except ApplyFailed:
             back = -1
         said = [x for x in out.splitlines() if not x.startswith("### op ")]
@@ -432,7 +432,7 @@ class HelperExecutor:
         )
 
     def undo(self, ops: tuple[Op, ...]) -> list[str]:
-        code, out = self.send(render_script(ops, tolerant=True))
+        code, out = self.send(render_batched_script(ops, tolerant=True))
         return [] if code == 0 else [f"helper undo failed (exit {code}): {why_failed(out, code)}"]
 
     def probe(
