@@ -112,6 +112,10 @@ def fake_runtime(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Fak
     monkeypatch.setenv("PATH", f"{fake.bin}:{os.environ['PATH']}")
     monkeypatch.delenv("NETCUT_CONTAINER_RUNTIME", raising=False)
     monkeypatch.delenv(helper.IMAGE_ENV, raising=False)
+    # this fake is a docker *CLI*: with a docker socket at hand (DOCKER_HOST of a CI engine
+    # run, or /var/run/docker.sock) netcut would talk to that engine's API instead, which
+    # does not know the fake's containers (docs/netcut.md#the-docker-engine-api)
+    monkeypatch.setenv("NETCUT_DOCKER_API", "0")
     for key, value in (("LOG", fake.log), ("IMAGES", fake.images),
                        ("CONTAINERS", fake.containers)):  # fmt: skip
         monkeypatch.setenv(f"FAKE_RUNTIME_{key}", str(value))
