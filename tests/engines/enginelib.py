@@ -4,9 +4,11 @@ the test image, and test containers (`Box`) on each engine."""
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import os
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -293,3 +295,33 @@ def shell_image(engine: str, shell: str) -> str:
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     _built.add((engine, shell))
     return tag
+
+
+def harbor_task_rootfs() -> bytes:
+    """The host's static busybox with a link per applet, `/bin/bash` running busybox's sh
+    (Harbor execs `bash -c`) and a passwd with root (Harbor's `-u root`): a task image made
+    offline, for `docker import` (the Harbor engine tests')."""
+    applets = subprocess.run(
+        ["/bin/busybox", "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in ("bin", "tmp", "etc", "app"):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add("/bin/busybox", "bin/busybox")
+        for applet in applets:
+            if applet != "busybox":
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(link)
+        for path, data, mode in (
+            ("bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n', 0o755),
+            ("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644),
+            ("etc/group", b"root:x:0:\n", 0o644),
+        ):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()

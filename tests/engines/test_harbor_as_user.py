@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import shutil
 import subprocess
-import tarfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from enginelib import BOX, sh
+from enginelib import BOX, harbor_task_rootfs, sh
 from frameworks.composeplugin import compose_config
 from frameworks.harborvenv import harbor_venv
 from test_boundary_engines import other_host
@@ -61,39 +59,11 @@ tcp() { say sh -c "echo hi | timeout 10 nc $1 $2"; }
 """
 
 
-def _rootfs() -> bytes:
-    """The host's static busybox with a link per applet, `/bin/bash` running busybox's sh
-    (Harbor execs `bash -c`) and a passwd with root: a task image made offline."""
-    applets = subprocess.run(
-        ["/bin/busybox", "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name in ("bin", "tmp", "etc", "app"):
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
-            tar.addfile(info)
-        tar.add("/bin/busybox", "bin/busybox")
-        for applet in applets:
-            if applet != "busybox":
-                link = tarfile.TarInfo(f"bin/{applet}")
-                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-                tar.addfile(link)
-        for path, data, mode in (
-            ("bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n', 0o755),
-            ("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644),
-            ("etc/group", b"root:x:0:\n", 0o644),
-        ):
-            info = tarfile.TarInfo(path)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 @pytest.fixture
 def task_image() -> Iterator[str]:
     tag = f"egress-harbor-user-task:{os.getpid()}"
-    subprocess.run(["docker", "import", "-", tag], input=_rootfs(), check=True, timeout=120,
+    image = harbor_task_rootfs()
+    subprocess.run(["docker", "import", "-", tag], input=image, check=True, timeout=120,
                    capture_output=True)  # fmt: skip
     try:
         yield tag

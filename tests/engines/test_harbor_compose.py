@@ -8,15 +8,14 @@ Harbor's own sidecar mode: one shared namespace, `main` reaches `db` on localhos
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from enginelib import harbor_task_rootfs
 from frameworks.composeplugin import compose_config
 from frameworks.harborvenv import harbor_venv
 from unprivuser import ROOT
@@ -30,39 +29,11 @@ DRIVER = os.path.join(HERE, "harbor_compose.py")
 DB = "while true; do echo db-says-hi | nc -l -p 5432; done"  # as harbor_compose.py's
 
 
-def _rootfs() -> bytes:
-    """The host's static busybox with a link per applet, `/bin/bash` running busybox's sh
-    (Harbor execs `bash -c` in `main`) and a passwd with root: a task image made offline."""
-    applets = subprocess.run(
-        ["/bin/busybox", "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name in ("bin", "tmp", "etc", "app"):
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
-            tar.addfile(info)
-        tar.add("/bin/busybox", "bin/busybox")
-        for applet in applets:
-            if applet != "busybox":
-                link = tarfile.TarInfo(f"bin/{applet}")
-                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-                tar.addfile(link)
-        for path, data, mode in (
-            ("bin/bash", b'#!/bin/sh\nexec /bin/sh "$@"\n', 0o755),
-            ("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644),  # Harbor's `-u root`
-            ("etc/group", b"root:x:0:\n", 0o644),
-        ):
-            info = tarfile.TarInfo(path)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 @pytest.fixture
 def task_image() -> Iterator[str]:
     tag = f"egress-harbor-task:{os.getpid()}"
-    subprocess.run(["docker", "import", "-", tag], input=_rootfs(), check=True, timeout=120,
+    image = harbor_task_rootfs()
+    subprocess.run(["docker", "import", "-", tag], input=image, check=True, timeout=120,
                    capture_output=True)  # fmt: skip
     try:
         yield tag
