@@ -73,6 +73,16 @@ class ReadsMarks(Protocol):
     def read_marks(self) -> NamespaceState: ...
 
 
+@runtime_checkable
+class UndoesAndReadsMarks(Protocol):
+    """An executor for which an undo and the read of the marks it left are one request
+    (helper mode: each request is a round trip through the engine and a shell)."""
+
+    def undo_and_read_marks(
+        self, ops: tuple[Op, ...]
+    ) -> tuple[list[str], NamespaceState | None]: ...
+
+
 def _marks(ex: Executor) -> NamespaceState:
     if isinstance(ex, ReadsMarks):
         return ex.read_marks()
@@ -322,8 +332,8 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
         if before.state == "not cut":
             store.remove()
             return RestoreResult(label, False, before)
-        lines = _restore(ex, store, record, state)
-        after = judge_status(None, _marks(ex))
+        lines, left = _restore(ex, store, record, state)
+        after = judge_status(None, _marks(ex) if left is None else left)
         elapsed = (time.perf_counter() - start) * 1000
         return RestoreResult(label, True, after, lines, elapsed)
 
@@ -350,9 +360,15 @@ def cut_and_status(
 
 def _restore(
     ex: Executor, store: Store, record: CutPlan | None, state: NamespaceState
-) -> tuple[str, ...]:
+) -> tuple[tuple[str, ...], NamespaceState | None]:
+    """Undo the cut and drop its record: the lines that say what was undone, and the marks
+    left afterwards when the executor read them with the undo (else None)."""
     undo = plan_mod.plan_restore(record, state)
-    errors = ex.undo(undo.ops)
+    left: NamespaceState | None = None
+    if isinstance(ex, UndoesAndReadsMarks):
+        errors, left = ex.undo_and_read_marks(undo.ops)
+    else:
+        errors = ex.undo(undo.ops)
     if errors:
         raise ApplyFailed("restore incomplete: " + "; ".join(errors))
     store.remove()
@@ -361,4 +377,4 @@ def _restore(
         lines += (
             "no record of the cut: removed netcut's marks only; routes it deleted are not put back",
         )
-    return lines
+    return lines, left

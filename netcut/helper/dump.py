@@ -247,6 +247,11 @@ def parse_facts(text: str) -> HelperFacts:
     return HelperFacts(_identity(s["netns"].strip()), nameservers, dns_nat, unverified)
 
 
+def parse_identity(text: str) -> HelperFacts:
+    """`identity_script` output alone as HelperFacts (no resolvers: a restore's facts)."""
+    return HelperFacts(_identity(read_sections(text, ("netns",))["netns"].strip()), (), ())
+
+
 def _identity(text: str) -> tuple[int | None, int] | None:
     """`DEV INODE` (stat) or `net:[INODE]` (readlink)."""
     fields = text.split()

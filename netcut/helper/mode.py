@@ -390,12 +390,13 @@ def _cut_in(
 
 @contextlib.contextmanager
 def _session(
-    target: TargetRef, image: str | None, binds: tuple[str, ...] = ()
+    target: TargetRef, image: str | None, binds: tuple[str, ...] = (), *, resolvers: bool = True
 ) -> Iterator[tuple[_Container, HelperExecutor]]:
     """The helper started first, the target inspected while it starts (one container run and
     one inspect per operation, overlapped: docs/netcut.md#helper-mode); with the Docker
     Engine API the inspect is one request, then the helper starts (helper/engineapi.py).
-    `binds`: `HOST:CONTAINER` mounts (helper/listeners.py's directory)."""
+    `binds`: `HOST:CONTAINER` mounts (helper/listeners.py's directory). Without
+    `resolvers` the helper reports only the namespace's identity (a restore's facts)."""
     if target.kind != "container":
         raise InvalidInput(f"{target}: helper mode needs --container")
     runtime = find_runtime(target.runtime)
@@ -409,13 +410,14 @@ def _session(
             ex.start()
             c = _Container(target, runtime, api=ex.api)
             ex.target = c.id  # the container inspected is the one the helper joins
-        facts = ex.read_facts()
+        facts = ex.read_facts() if resolvers else ex.read_identity()
         c.identify(facts.identity)
-        # the container's own resolvers as the helper reads them, and where the engine's
-        # nat rules send DNS; the host adds what it can read itself (containerd's helper
-        # image has no resolv.conf of the task's)
-        ex.nameservers = tuple(dict.fromkeys((*facts.resolvers, *c.nameservers())))
-        ex.dns_unverified = facts.unverified
+        if resolvers:
+            # the container's own resolvers as the helper reads them, and where the engine's
+            # nat rules send DNS; the host adds what it can read itself (containerd's helper
+            # image has no resolv.conf of the task's)
+            ex.nameservers = tuple(dict.fromkeys((*facts.resolvers, *c.nameservers())))
+            ex.dns_unverified = facts.unverified
         yield c, ex
 
 
@@ -444,7 +446,7 @@ def probe(
 
 def restore(target: TargetRef, *, image: str | None = None) -> RestoreResult:
     """Helper-mode twin of api.restore."""
-    with _session(target, image) as (c, ex):
+    with _session(target, image, resolvers=False) as (c, ex):
         return flow.restore(ex, c.store(), str(c))
 
 

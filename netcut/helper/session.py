@@ -24,11 +24,12 @@ from types import TracebackType
 from netcut.errors import ApplyFailed, InvalidInput, TargetNotFound
 from netcut.helper import engineapi
 from netcut.helper import image as helperimage
-from netcut.helper.dump import HelperFacts, parse_facts, parse_state_dump
+from netcut.helper.dump import HelperFacts, parse_facts, parse_identity, parse_state_dump
 from netcut.helper.script import (
     PRELUDE,
     dns_probe_script,
     facts_script,
+    identity_script,
     parse_dns_probe,
     parse_probe,
     probe_script,
@@ -249,6 +250,15 @@ class CliHelper:
             threading.Thread(target=_reap, args=(proc,), daemon=True).start()
 
 
+def _request(script: str, *, subshell: bool) -> tuple[bytes, bytes]:
+    """`script` as the helper's shell runs it, followed by a marker line carrying a random
+    token and the exit status; (the request, the marker that ends its answer)."""
+    token = secrets.token_hex(8)
+    body = f"(\n{script}\n) </dev/null" if subshell else f"{script}\ntrue"
+    request = f'{body}; echo "### end {token} $?"\n'
+    return request.encode(), f"### end {token} ".encode()
+
+
 class HelperExecutor:
     """flow.Executor over one helper container per operation.
 
@@ -269,6 +279,7 @@ class HelperExecutor:
         self.buffer = b""
         self.started = False  # the prelude answered
         self.runs = 0  # containers started (the goal is one per operation)
+        self.requests = 0  # round trips to its shell (a restore's: three)
         self.netns: str | None = None  # containerd: the task's namespace file
         self.namespace: str | None = None  # containerd: its namespace
         self.binds: tuple[str, ...] = ()  # HOST:CONTAINER mounts (helper/listeners.py's)
@@ -295,16 +306,23 @@ class HelperExecutor:
         if self.proc is None and self.api is None:
             self._spawn(self.chosen or default_image())
 
-    def _ready(self) -> None:
-        """Wait for the helper's shell; import the default image once when it is missing."""
+    def _ready(self, first: bytes, marker: bytes, timeout: float) -> tuple[int, str]:
+        """Start the helper's shell and run the first request: the prelude and it are
+        written at once (one round trip, not two); import the default image once when it is
+        missing."""
         image = self.chosen or default_image()
+        prelude, prelude_marker = _request(PRELUDE, subshell=False)
         for attempt in (1, 2):
             try:
                 if self.proc is None:
                     self._spawn(image)
                 self.started = True
-                self.send(PRELUDE, subshell=False)
-                return
+                code, head = self._exchange(prelude + first, marker, timeout)
+                said, _, rest = head.partition(prelude_marker.decode())
+                status, _, out = rest.partition("\n")
+                if status.strip() != "0":
+                    raise ApplyFailed(f"helper shell failed (exit {status.strip()}): {said}")
+                return code, out
             except ApplyFailed as exc:
                 self.started = False
                 missing = no_such_image(str(exc))
@@ -312,6 +330,7 @@ class HelperExecutor:
                     raise
                 self.close()
                 helperimage.build(self.runtime, image, namespace=self.namespace)
+        raise AssertionError("unreachable")
 
     def _spawn(self, image: str) -> None:
         self.close()
@@ -337,18 +356,21 @@ class HelperExecutor:
     ) -> tuple[int, str]:
         """Run `script` in a subshell of the helper's shell (in the shell itself for the
         prelude, whose functions must persist); (exit status, its output)."""
+        request, marker = _request(script, subshell=subshell)
+        self.requests += 1
         if not self.started:
-            self._ready()
+            return self._ready(request, marker, timeout)
+        return self._exchange(request, marker, timeout)
+
+    def _exchange(self, request: bytes, marker: bytes, timeout: float) -> tuple[int, str]:
+        """Write `request`; read up to its `marker`: (the exit status after it, the output
+        before it)."""
         proc = self.proc
         assert proc is not None
-        token = secrets.token_hex(8)
-        body = f"(\n{script}\n) </dev/null" if subshell else f"{script}\ntrue"
-        request = f'{body}; echo "### end {token} $?"\n'
         try:
-            proc.write(request.encode())
+            proc.write(request)
         except BrokenPipeError:
             raise ApplyFailed(f"helper container exited: {self._stderr()}") from None
-        marker = f"### end {token} ".encode()
         deadline = time.monotonic() + timeout
         while marker not in self.buffer:
             left = deadline - time.monotonic()
@@ -395,6 +417,39 @@ class HelperExecutor:
             return parse_facts(out)
         except InvalidInput as exc:
             raise ApplyFailed(f"helper report failed: {exc}; nothing was changed") from None
+
+    def read_identity(self) -> HelperFacts:
+        """Only the namespace's identity (a restore's facts: it needs the record, which is
+        keyed by it, and netcut's marks, not the resolvers)."""
+        code, out = self.send(identity_script())
+        try:
+            if code != 0:
+                raise InvalidInput(f"exit {code}: {why_failed(out, code)}")
+            return parse_identity(out)
+        except InvalidInput as exc:
+            raise ApplyFailed(f"helper report failed: {exc}; nothing was changed") from None
+
+    def undo_and_read_marks(self, ops: tuple[Op, ...]) -> tuple[list[str], NamespaceState | None]:
+        """`undo`, then netcut's marks as they are left: one request, not two (the check
+        after a restore: flow.restore). The marks are None when the undo failed."""
+        token = secrets.token_hex(8)
+        undone = f"### undone {token} "
+        script = (
+            f'(\n:\n{render_batched_script(ops, tolerant=True)}\n); echo "{undone}$?"\n'
+            + state_script((), False)
+        )
+        code, out = self.send(script)
+        said, found, rest = out.partition(undone)
+        undo_code, _, dump = rest.partition("\n")
+        if not found or undo_code.strip() != "0":
+            why = f"exit {undo_code.strip() or code}"
+            return [f"helper undo failed ({why}): {why_failed(said, code)}"], None
+        if code != 0:
+            raise ApplyFailed(f"helper state dump failed (exit {code}): {why_failed(dump, code)}")
+        try:
+            return [], parse_state_dump(dump, self.nameservers).marks()
+        except InvalidInput as exc:
+            raise ApplyFailed(f"{exc}; after the restore") from None
 
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False

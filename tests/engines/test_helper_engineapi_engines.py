@@ -89,13 +89,20 @@ def test_the_cli_helper_holds_the_same(ci_user: CiUser, make_box) -> None:
 
 CUT = r"""
 import json, sys, time, netcut
-from netcut.helper import mode
+from netcut.helper import mode, session
+made = []  # every helper session, to count its container runs and requests
+init = session.HelperExecutor.__init__
+def counted(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    made.append(self)
+session.HelperExecutor.__init__ = counted
 ref = netcut.container(sys.argv[1])
 cut = mode.cut(ref)
 st = mode.status(ref)
 back = mode.restore(ref)
 print(json.dumps({"cut": cut.status.state, "probe": cut.probe.ok, "status": st.state,
-                  "restored": back.changed, "after": back.status.state}))
+                  "restored": back.changed, "after": back.status.state,
+                  "restore": [made[-1].runs, made[-1].requests]}))
 """
 
 
@@ -114,6 +121,9 @@ def test_cut_status_restore_through_either_path(
         "status": "cut",
         "restored": True,
         "after": "not cut",
+        # one container; its shell asked three times: the prelude with the namespace's
+        # identity, netcut's marks, the undo with the marks it left (docs/netcut.md#helper-mode)
+        "restore": [1, 3],
     }
     # nothing of the helpers is left: every container the engine knows is the box's
     full = sh("docker", "inspect", "--format", "{{.Id}}", box.name).stdout.strip()

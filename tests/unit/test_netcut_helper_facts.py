@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netcut.errors import InvalidInput, PrivilegeError
-from netcut.helper.dump import parse_facts
+from netcut.helper.dump import parse_facts, parse_identity
 from netcut.helper.script import dns_query, parse_dns_probe
 from netcut.modes import decide as choose_mode
 from netcut.plan import planner
@@ -109,6 +109,27 @@ def test_any_report_parses_or_is_refused(resolv: str, nat: str, ident: str) -> N
     for addr in facts.resolvers:
         assert addr == addr.strip()
         assert " " not in addr
+
+
+def test_a_restores_report_is_the_identity_alone() -> None:
+    """A restore asks only who the namespace is (helper/mode.py): the same section, read
+    the same way, and no resolvers."""
+    facts = parse_identity("### netns\n### cmd stat\n4 4026532188\n### rc 0\n")
+    assert (facts.identity, facts.resolvers, facts.unverified) == ((4, 4026532188), (), ())
+    with pytest.raises(InvalidInput):
+        parse_identity("### netns\n### cmd stat\n4 1\n### rc 1\n")  # stat failed
+    with pytest.raises(InvalidInput):
+        parse_identity("### resolv\n### cmd read\n### rc 0\n")  # no identity section
+
+
+@given(st.text(max_size=200))
+def test_any_identity_report_parses_or_is_refused(text: str) -> None:
+    try:
+        facts = parse_identity(text)
+    except InvalidInput:
+        return
+    assert facts.resolvers == ()
+    assert facts.identity is None or isinstance(facts.identity[1], int)
 
 
 def test_dns_query_is_a_well_formed_question() -> None:
