@@ -10,6 +10,7 @@ how much network the task needs). `compose(evaluator, task)` obeys four rules:
     a task allow rule survives only if the evaluator itself would allow the rule's own
     host pattern on the rule's ports (a literal or a narrower wildcard of an evaluator rule).
  4. The evaluator's allow entries and framework routes remain, whatever the task says.
+ 5. The mode is the stricter one: report-only only when both sides are report-only.
 
 Mappings: Harbor 0.26's `NetworkPolicy` (`public` | `no-network` | `allowlist` with
 `allowed_hosts`, any port) and verifiers 0.4's `NetworkPolicyConfig` (`verifiers.py`).
@@ -47,6 +48,7 @@ def compose(evaluator: Policy, task: Policy) -> Policy:
         block=_unique([*evaluator.block_rules, *task.block_rules]),
         default=default,
         framework_routes=_unique_routes([*evaluator.framework_routes, *task.framework_routes]),
+        report_only=evaluator.report_only and task.report_only,
     )
 
 

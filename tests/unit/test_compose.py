@@ -431,3 +431,17 @@ def test_a_glob_block_blocks_every_address_spelling_verifiers_blocks(glob: str, 
     text = sent.lower().rstrip(".")
     if fnmatch.fnmatchcase(text, glob.rstrip(".")) or text.endswith("." + glob):
         assert not policy.decide(target).allowed, (glob, sent)
+
+
+@pytest.mark.parametrize(
+    ("evaluator", "task", "report_only"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+)
+def test_the_mode_is_the_stricter(evaluator: bool, task: bool, report_only: bool) -> None:
+    """Report-only composes like the posture: it holds only when both sides say so (it was
+    dropped: two report-only policies composed into one that enforced)."""
+    both = compose(
+        Policy(allow=["pypi.org"], report_only=evaluator),
+        Policy(allow=["pypi.org"], report_only=task),
+    )
+    assert both.report_only is report_only
