@@ -13,7 +13,7 @@ import pytest
 from netcut_testlib import sh
 
 from netcut.helper.script import prelude, render_batched_script, render_script
-from netcut.iptables_text import IptablesShell
+from netcut.iptables_shell import IptablesShell
 from netcut.plan.changes import AddBackstop, Op, RemoveBackstop
 from netcut.plan.model import AF_INET, AF_INET6, OutputRule
 
