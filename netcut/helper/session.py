@@ -6,7 +6,7 @@ request (a script from `helper/script.py`) is written to the helper's /bin/sh an
 marker carrying a random token and the exit status, so the host knows where an answer ends and
 whether it failed; `close()` returns only once the container's process is gone. The default
 image is imported the first time it is missing (helper/image.py). Which container to cut, and
-the checks on it, are `helper/mode.py`'s.
+the checks on it, are `helper/target.py`'s.
 """
 
 from __future__ import annotations
