@@ -1,5 +1,5 @@
 """Helper mode's batched backstop (one `-save` and one `-restore --noflush` per family,
-iptables_text.IptablesShell.batched_backstop) run by a real shell against real iptables in a
+iptables_shell.IptablesShell.batched_backstop) run by a real shell against real iptables in a
 throwaway namespace: it must leave exactly what the per-command path leaves, repair included
 (a stale jump and a leftover hold rule), and fall back to those commands in an image
 without the restore tool."""
