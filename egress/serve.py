@@ -3,7 +3,8 @@
 Prints exactly one `listening on HOST:PORT` line per listener on stdout once it accepts
 (`listening on HOST:PORT socks5` for a `--socks` listener).
 SIGTERM/SIGINT: stop accepting, give open tunnels up to 5 s, close them, flush the audit log,
-exit 0. Uses uvloop when it is installed (embedding code keeps its own loop).
+exit 0. SIGHUP: reload the policy (`reload.py`). Uses uvloop when it is installed (embedding
+code keeps its own loop). The options are `options.py`'s.
 """
 
 from __future__ import annotations
@@ -18,148 +19,16 @@ import subprocess
 import sys
 from typing import Any
 
-from .config import Settings, settings_from_args
+from .config import Settings
+from .options import add_serve_options, limits_from_args
 from .policy.target import join_host_port
 from .printable import printable
 from .proxy.net.listener import ListenError
-from .proxy.server import EgressProxy, Limits, parse_listen
+from .proxy.server import EgressProxy, parse_listen
 from .proxy.telemetry.insight import check_admin_address
+from .reload import reload_clients, reload_policy
 from .validate import as_count, as_timeout
 from .workers import READY, check_worker_args, serve_workers
-
-
-def add_serve_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("serving")
-    g.add_argument(
-        "--listen",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="listen address (repeatable; port 0 = ephemeral; default 127.0.0.1:3128)",
-    )
-    g.add_argument(
-        "--socks",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="also listen for SOCKS5 (RFC 1928 CONNECT, RFC 1929 username/password carrying "
-        "the client token) on this address (repeatable)",
-    )
-    g.add_argument(
-        "--listen-netns",
-        metavar="NS",
-        help="open the listeners inside this network namespace (name, path or PID)",
-    )
-    g.add_argument(
-        "--audit-log",
-        metavar="PATH|-",
-        help="JSON Lines audit log ('-' = stdout, after the `listening on` lines); without "
-        "it, one line per request goes to stderr (see --quiet)",
-    )
-    g.add_argument(
-        "--admin",
-        metavar="HOST:PORT",
-        help="serve /metrics (Prometheus), /healthz and /readyz here (docs/metrics.md); "
-        "a loopback address unless --admin-public",
-    )
-    g.add_argument(
-        "--admin-public",
-        action="store_true",
-        help="allow --admin on a non-loopback address (anyone who reaches it reads /metrics)",
-    )
-    g.add_argument(
-        "--audit-fail",
-        choices=["open", "closed"],
-        default="open",
-        help="when the audit log cannot be written: keep serving (open) or refuse "
-        "new connections (closed)",
-    )
-    g.add_argument(
-        "--audit-rotate-bytes",
-        type=int,
-        metavar="N",
-        help="rotate the audit log to PATH.1.gz before it would exceed N bytes (docs/audit-log.md)",
-    )
-    g.add_argument(
-        "--audit-keep",
-        type=int,
-        metavar="N",
-        help="keep N rotated audit files, removing older ones (default: keep all)",
-    )
-    g.add_argument(
-        "--audit-interim",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="seconds between the progress records of a long tunnel (default: %(default)s)",
-    )
-    g.add_argument(
-        "--audit-keep-query",
-        action="store_true",
-        help="keep query strings in audit lines (redacted by default)",
-    )
-    g.add_argument(
-        "--require-auth",
-        action="store_true",
-        help="every client must present a proxy token (407 otherwise)",
-    )
-    g.add_argument(
-        "--sni-missing",
-        choices=["if-named", "allow", "deny"],
-        default="if-named",
-        help="tunnels to 443 without a TLS SNI (no ClientHello, none with SNI, or non-TLS "
-        "bytes): allow only if the CONNECT host was a name (not an IP) the policy allowed "
-        "(default), always, or never; a malformed ClientHello is always refused",
-    )
-    lim = Limits()
-    for flag, kind, default, metavar, text in (
-        ("--max-head", int, lim.max_head, "BYTES", "largest request head"),
-        ("--max-headers", int, lim.max_headers, "N", "most header fields in a request head"),
-        ("--head-timeout", float, lim.head_timeout, "S", "seconds to receive a request head"),
-        ("--connect-timeout", float, lim.connect_timeout, "S", "seconds to connect upstream"),
-        ("--idle-timeout", float, lim.idle_timeout, "S", "seconds a connection may stay silent"),
-        (
-            "--max-connections",
-            int,
-            lim.max_connections,
-            "N",
-            "concurrent client connections, 503 beyond",
-        ),
-    ):
-        g.add_argument(
-            flag, type=kind, default=default, metavar=metavar, help=f"{text} (default: %(default)s)"
-        )
-    g.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="N proxy processes sharing each listen port (SO_REUSEPORT), each with its own "
-        "audit chain PATH.wI (default 1)",
-    )
-    g.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
-    g.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no warnings, request lines or shutdown summary on stderr",
-    )
-
-
-def limits_from_args(args: argparse.Namespace) -> Limits:
-    """`Limits` from the options, checked by the one validator (`nan`, `inf`, 0 refused) so
-    the error names the option (docs/proxy.md#limits)."""
-    for name in ("max_head", "max_headers", "max_connections"):
-        as_count(getattr(args, name), f"--{name.replace('_', '-')}")
-    for name in ("head_timeout", "connect_timeout", "idle_timeout"):
-        as_timeout(getattr(args, name), f"--{name.replace('_', '-')}")
-    return Limits(
-        max_head=args.max_head,
-        max_headers=args.max_headers,
-        head_timeout=args.head_timeout,
-        connect_timeout=args.connect_timeout,
-        idle_timeout=args.idle_timeout,
-        max_connections=args.max_connections,
-    )
 
 
 def _open_audit(args: argparse.Namespace) -> Any:
@@ -336,54 +205,6 @@ def _announce(proxy: EgressProxy, args: argparse.Namespace, ready_fd: int | None
         print(f"egress serve: admin on {proxy.admin_url}/metrics", file=sys.stderr)
 
 
-async def reload_policy(
-    proxy: EgressProxy, args: argparse.Namespace, serial: asyncio.Lock | None = None
-) -> None:
-    """SIGHUP: re-read the policy file (with the same command-line options), validate it and
-    swap it in; on any error keep the policy in force and say why (docs/proxy.md#sighup).
-
-    Reloads hold `serial` from reading the file to applying it, and asyncio's lock wakes
-    waiters in order: two SIGHUPs 50 ms apart apply in signal order, so the file read last
-    wins (a slow parse of the older file can no longer land after the newer one)."""
-    async with serial or asyncio.Lock():
-        await _reload(proxy, args)
-
-
-async def _reload(proxy: EgressProxy, args: argparse.Namespace) -> None:
-    from .errors import EgressError
-
-    old = proxy.settings.policy.digest
-    before = {c.client_id: c.policy.digest for c in proxy.settings.clients}
-    try:
-        settings = await asyncio.to_thread(settings_from_args, args)
-    except (EgressError, OSError, ValueError) as exc:
-        print(
-            f"egress serve: policy reload failed, keeping policy {old}: {printable(str(exc))}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return
-    await proxy.replace_settings(settings, source="sighup")
-    print(
-        f"egress serve: policy reloaded: {old} -> {settings.policy.digest}"
-        + reload_clients(before, {c.client_id: c.policy.digest for c in settings.clients}),
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def reload_clients(before: dict[str, str], after: dict[str, str]) -> str:
-    """Each client's policy hash before and after a reload (`-` for none), so the message
-    says which sandboxes' policies changed; client ids escaped (docs/proxy.md#sighup)."""
-    if not before and not after:
-        return ""
-    parts = [
-        f"{printable(cid)} {before.get(cid, '-')} -> {after.get(cid, '-')}"
-        for cid in sorted(set(before) | set(after))
-    ]
-    return "; clients: " + ", ".join(parts)
-
-
 def _warn_tokens(settings: Settings, require_auth: bool) -> None:
     """Tokens without --require-auth: clients that send credentials only after a 407 (git,
     `curl --proxy-anyauth`) never present them (docs/clients.md#proxy-authentication)."""
@@ -478,3 +299,15 @@ def _run_loop(args: argparse.Namespace, settings: Settings, ready_fd: int | None
     except OSError as exc:
         print(f"egress serve: cannot listen: {exc.strerror or exc}", file=sys.stderr)
         return 2
+
+
+__all__ = [
+    "add_serve_options",
+    "cmd_serve",
+    "limits_from_args",
+    "reload_clients",
+    "reload_policy",
+    "request_line",
+    "run_serve",
+    "shutdown_summary",
+]

@@ -12,15 +12,16 @@ A backend is one module: its `ShellNetfilter` is all both modes need. Helper mod
 commands in the helper container; direct mode runs the same commands in the namespace
 (direct/shellface.py), unless the backend names a faster face of its own there (`native`).
 `backend()` below is the one place netcut chooses it. The one backend today is iptables:
-iptables_text.py (its rule language and its shell face), and direct/iptables.py, its native
-face over python-iptables; an nftables backend is one new module with a `ShellNetfilter`.
+iptables_shell.py (its shell face, in iptables_text.py's rule language), and
+direct/iptables.py, its native face over python-iptables; an nftables backend is one new
+module with a `ShellNetfilter`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from netcut.iptables_text import IptablesShell, Section
+from netcut.iptables_shell import IptablesShell, Section
 from netcut.plan.model import OutputRule, RedirectRule, SeenBackstop
 
 

@@ -4,7 +4,8 @@ One file per namespace, `<st_dev>-<st_ino>.json` in both modes (helper mode: the
 the helper sees from inside; `container-<full id>.json` only when neither it nor the host can
 tell), in $NETCUT_STATE_DIR, else /run/netcut for root (tmpfs, so records vanish with the
 boot, as do the namespaces they describe), else a checked directory of the user's own
-(`user_state_dir`: docs/netcut.md#the-record-directory). Each record carries the boot id, and
+(`user_state_dir`: docs/netcut.md#the-record-directory; the directory and its checks are
+statedir.py's). Each record carries the boot id, and
 one of another boot is ignored. A record is written atomically
 *before* the cut's first change. In direct mode it is a journal (docs/netcut.md#the-journal):
 line 1 is the plan (JSON), and the worker appends one line per op as each completes, so a cut
@@ -29,9 +30,7 @@ import errno
 import fcntl
 import json
 import os
-import stat
 import struct
-import tempfile
 import time
 import zlib
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from netcut.errors import InvalidInput, StateError
+from netcut.errors import InvalidInput
 from netcut.plan.changes import (
     AddAddr,
     AddBackstop,
@@ -55,103 +54,24 @@ from netcut.plan.changes import (
 )
 from netcut.plan.model import Addr, OutputRule, RedirectRule, Route, parse_keep
 from netcut.plan.planner import CutPlan
+from netcut.statedir import (
+    BOOT_ID_PATH,
+    DEFAULT_STATE_DIR,
+    STATE_DIR_ENV,
+    boot_id,
+    check_private,
+    checked_default,
+    state_dir,
+    state_error,
+    user_state_dir,
+)
 
 # Format version of the JSON record written before a cut.
 RECORD_VERSION = 1
-STATE_DIR_ENV = "NETCUT_STATE_DIR"
-DEFAULT_STATE_DIR = "/run/netcut"
 LOCK_NAME = ".lock"
 # struct flock (x86_64, aarch64): l_type, l_whence, l_start, l_len, l_pid, padding.
 _FLOCK = struct.Struct("hhqqi4x")
 _F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
-
-
-# Where the kernel names this boot: a record from another boot describes a namespace that is
-# gone, whatever its inode says now (docs/netcut.md#collecting-records).
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-_STATE_FIX = (
-    f"set ${STATE_DIR_ENV} to a directory of your own (mode 0700), or unset it: a user"
-    " other than root gets $XDG_RUNTIME_DIR/netcut, else /tmp/netcut-UID"
-)
-
-
-def state_dir() -> str:
-    """The record directory: $NETCUT_STATE_DIR as given; else /run/netcut for root (tmpfs);
-    else a directory of this user's own (`user_state_dir`), checked before it is used."""
-    given = os.environ.get(STATE_DIR_ENV)
-    if given:
-        return given
-    if os.geteuid() == 0:
-        return DEFAULT_STATE_DIR
-    return user_state_dir()
-
-
-def user_state_dir() -> str:
-    """A non-root user's record directory: `$XDG_RUNTIME_DIR/netcut` (a tmpfs of the user's
-    own, emptied at logout and reboot) when $XDG_RUNTIME_DIR is a directory this user owns
-    that no one else may enter, else `/tmp/netcut-UID`. Never a shared world-writable path:
-    the directory itself is checked (`check_private`) before a record is read or written."""
-    uid = os.geteuid()
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
-    if runtime.startswith("/"):
-        try:
-            st = os.stat(runtime)
-        except OSError:
-            st = None
-        if st is not None and st.st_uid == uid and not st.st_mode & 0o077:
-            return os.path.join(runtime, "netcut")
-    return os.path.join(tempfile.gettempdir(), f"netcut-{uid}")
-
-
-def check_private(directory: str) -> None:
-    """Refuse a record directory another user could write to or swap: it must be a real
-    directory (not a symlink), owned by this user, with no group or world access. A record
-    says which routes to put back, so one written by someone else could open a namespace on
-    `restore` (docs/netcut.md#the-record-directory)."""
-    try:
-        st = os.lstat(directory)
-    except OSError as exc:
-        raise _state_error(directory, exc, "check it") from None
-    why = None
-    if not stat.S_ISDIR(st.st_mode):
-        why = "is not a directory (a symlink?)"
-    elif st.st_uid != os.geteuid():
-        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    elif st.st_mode & 0o077:
-        why = f"is open to others (mode {stat.S_IMODE(st.st_mode):04o}, needs 0700)"
-    if why is not None:
-        raise StateError(
-            f"state directory {directory} {why}; refusing to keep records there: remove it,"
-            f" or {_STATE_FIX}"
-        )
-
-
-def _checked_default() -> str | None:
-    """The directory `check_private` guards: a non-root user's default one."""
-    return None if os.geteuid() == 0 else user_state_dir()
-
-
-_boot_id: str | None = None
-
-
-def boot_id() -> str:
-    """This boot's id (empty where the kernel does not say); read once per process."""
-    global _boot_id
-    if _boot_id is None:
-        try:
-            with open(BOOT_ID_PATH) as f:
-                _boot_id = f.read().strip()
-        except OSError:
-            _boot_id = ""
-    return _boot_id
-
-
-def _state_error(directory: str, exc: OSError, doing: str) -> StateError:
-    why = exc.strerror or str(exc)
-    hint = f"${STATE_DIR_ENV}"
-    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        hint = _STATE_FIX
-    return StateError(f"state directory {directory}: cannot {doing}: {why} ({hint})")
 
 
 @dataclass(frozen=True)
@@ -179,8 +99,8 @@ class Store:
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except OSError as exc:
-            raise _state_error(self.directory, exc, "create it") from None
-        if self.directory == _checked_default():
+            raise state_error(self.directory, exc, "create it") from None
+        if self.directory == checked_default():
             check_private(self.directory)
 
     def save(self, plan: CutPlan, meta: dict[str, str], *, journal: bool = False) -> None:
@@ -206,7 +126,7 @@ class Store:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise _state_error(self.directory, exc, f"write the record {self.key}.json") from None
+            raise state_error(self.directory, exc, f"write the record {self.key}.json") from None
 
     def load(self) -> CutPlan | None:
         """The recorded plan (with `applied` set from a journal), or None (also for a record
@@ -240,7 +160,7 @@ class Store:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         except OSError as exc:
-            raise _state_error(self.directory, exc, f"open the record {self.key}.json") from None
+            raise state_error(self.directory, exc, f"open the record {self.key}.json") from None
         return Journal(self.directory, fd)
 
     @contextmanager
@@ -256,7 +176,7 @@ class Store:
             path = os.path.join(self.directory, LOCK_NAME)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise _state_error(self.directory, exc, "open its lock file for writing") from None
+            raise state_error(self.directory, exc, "open its lock file for writing") from None
         try:
             offset = zlib.crc32(self.key.encode()) & 0x7FFFFFFF
             lock = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
@@ -264,7 +184,7 @@ class Store:
                 fcntl.fcntl(fd, _F_OFD_SETLKW, lock)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
-                    raise _state_error(self.directory, exc, "lock a record") from None
+                    raise state_error(self.directory, exc, "lock a record") from None
                 fcntl.flock(fd, fcntl.LOCK_EX)  # no OFD locks (Linux < 3.15): the whole file
             yield
         finally:
@@ -276,7 +196,7 @@ class Store:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise _state_error(self.directory, exc, f"remove the record {self.key}.json") from None
+            raise state_error(self.directory, exc, f"remove the record {self.key}.json") from None
 
 
 class Journal:
@@ -291,7 +211,7 @@ class Journal:
         try:
             os.write(self.fd, b"%d\n" % index)
         except OSError as exc:
-            raise _state_error(self.directory, exc, "append to a record") from None
+            raise state_error(self.directory, exc, "append to a record") from None
 
     def close(self) -> None:
         os.close(self.fd)
@@ -323,7 +243,7 @@ def recorded_namespaces(directory: str) -> list[tuple[int, int]]:
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise _state_error(directory, exc, "list it") from None
+        raise state_error(directory, exc, "list it") from None
     found = []
     for name in names:
         stem, dot, ext = name.partition(".")
@@ -457,3 +377,23 @@ def _route_from_data(data: dict[str, Any]) -> Route:
     data = dict(data)
     data["metrics"] = tuple((str(k), int(v)) for k, v in data.get("metrics", ()))
     return Route(**data)
+
+
+__all__ = [
+    "BOOT_ID_PATH",
+    "DEFAULT_STATE_DIR",
+    "LOCK_NAME",
+    "RECORD_VERSION",
+    "STATE_DIR_ENV",
+    "Journal",
+    "Store",
+    "boot_id",
+    "check_private",
+    "journal_progress",
+    "plan_from_data",
+    "plan_to_data",
+    "record_text",
+    "recorded_namespaces",
+    "state_dir",
+    "user_state_dir",
+]

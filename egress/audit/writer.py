@@ -1,12 +1,14 @@
 """The audit writer thread: the hash chain, batched writes, rotation, retries.
 
 Strategy: one thread owns the file and the chain. It takes serialized records from a
-`queue.SimpleQueue` (filled by `AuditLog.record()` on the event loop), appends `seq` and
+`queue.SimpleQueue` (filled by `AuditLog.record()` on the event loop; `handover.py` says what
+the queue carries), appends `seq` and
 `prev` (format.py's chain), joins every line already queued into one `os.write`, and before
 each write checks that the path still names the file it holds (a removed or replaced file is
 reopened and counted). A failed write keeps the unwritten bytes, reports, and is retried
-every `retry_interval`; lines beyond `max_pending_bytes` are given up but keep their `seq`,
-so the gap is visible to `egress audit verify`, and a `loss` record tells how many.
+every `retry_interval`; lines beyond `max_pending_bytes` are given up but keep their `seq`
+(`backlog.py`), so the gap is visible to `egress audit verify`, and a `loss` record tells how
+many. An outage is marked by `outage` and `recovered` records (`outage.py`).
 
 Counters (`write_errors`, `lines_written`, ...) are written by this thread only and read by
 others; under the GIL a reader sees a recent value, which is all a counter promises.
@@ -14,17 +16,16 @@ others; under the GIL a reader sees a recent value, which is all a counter promi
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import os
 import queue
 import time
-from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
+from egress.audit.backlog import Backlog
 from egress.audit.disk import LogFile
 from egress.audit.format import (
     FORMAT,
@@ -36,18 +37,24 @@ from egress.audit.format import (
     record_ts,
     unchain_line,
 )
+from egress.audit.handover import (
+    BATCH_LINES,
+    DROPPED,
+    STOP,
+    abandon_queued,
+    lines_in,
+    release_waiters,
+    take_batch,
+)
+from egress.audit.outage import Outage
 
 logger = logging.getLogger("egress.audit")
 
 CLOSE_TIMEOUT: Final = 5.0  # aclose() gives an unwritable log this long for the end record
-BATCH_LINES: Final = 8192  # lines joined into one write at most
 ERROR_LOG_INTERVAL: Final = 10.0  # seconds between repeated "still failing" reports
 
 _SANDBOX: Final = '"method":"SANDBOX"'  # the lifecycle methods (format.LIFECYCLE_METHODS)
 _PROBE: Final = '"method":"PROBE"'
-
-DROPPED: Final = object()  # queued instead of a line when the backlog is full
-STOP: Final = object()  # queued by aclose(): write the end record and stop
 
 
 class LogWriter:
@@ -75,7 +82,6 @@ class LogWriter:
         self.keep_query = keep_query
         self.rotate_bytes = rotate_bytes
         self.retry_interval = retry_interval
-        self.max_pending_bytes = max_pending_bytes
         self.run_id = os.urandom(16).hex()
         # one clock for every record (docs/audit-log.md#timestamps): the AuditLog's
         self.clock = clock if clock is not None else Clock()
@@ -88,9 +94,7 @@ class LogWriter:
         self.prev = GENESIS
         self.requests = 0
         self.rotations = 0
-        self.pending: deque[bytes] = deque()  # chained lines with "\n", not yet written
-        self.pending_bytes = 0
-        self.head_written = 0  # bytes of pending[0] already in the file (a partial write)
+        self.pending = Backlog(max_pending_bytes)  # chained lines not yet written
         self.last_body = ""  # the last line taken from the queue: mid-run control records' ts
         self.dequeued = 0
         self.write_errors = 0
@@ -103,12 +107,7 @@ class LogWriter:
         self.cursor = 0  # index in the batch being processed
         self.close_timeout = close_timeout
         self._last_error_log = 0.0
-        # the outage in progress (docs/audit-log.md#when-the-log-cannot-be-written)
-        self.outage_since = 0.0
-        self.outage_lines = 0  # lines taken from the queue while unwritable
-        self.outage_refused = 0  # ... of which audit_unavailable refusals
-        self.outage_errors = 0  # write_errors when it began
-        self.outage_dropped = 0  # lines_dropped when it began
+        self.outage = Outage()  # the one in progress, if `outage.since`
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -163,39 +162,22 @@ class LogWriter:
 
     def _run_batch(self, source: queue.SimpleQueue[object]) -> bool:
         watch = bool(self.pending) or self.fail_mode == "closed"
-        try:
-            item = source.get(timeout=self.retry_interval if watch else None)
-        except queue.Empty:
+        batch = take_batch(source, self.retry_interval if watch else None)
+        if batch is None:
             self._idle_check()
             return False
-        batch: list[object] = []
-        while True:
-            # the event loop hands over a list of lines per loop iteration (one wake-up)
-            if isinstance(item, list):
-                batch.extend(item)
-            else:
-                batch.append(item)
-            if len(batch) >= BATCH_LINES:
-                break
-            try:
-                item = source.get_nowait()
-            except queue.Empty:
-                break
         self.cursor = 0
         try:
             return self._process(batch)
         except Exception:
             # Lines chained before the failure are still written; the rest are counted.
-            late = batch[self.cursor :]
-            self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
+            self.lines_abandoned += lines_in(batch[self.cursor :])
             with contextlib.suppress(Exception):
                 self._flush()
             self._crash()
             return True
         finally:  # flush() waiters are released even if processing failed
-            for item in batch:
-                if isinstance(item, concurrent.futures.Future) and not item.done():
-                    item.set_result(None)
+            release_waiters(batch)
 
     def _process(self, batch: list[object]) -> bool:
         """Chain the batch's lines and write them; True when it held STOP."""
@@ -208,8 +190,8 @@ class LogWriter:
                 self._lose_next()
             elif item is STOP:
                 stopping = True
-                late = batch[index + 1 :]  # raced with aclose(): counted, not written
-                self.lines_abandoned += sum(isinstance(i, str) or i is DROPPED for i in late)
+                # raced with aclose(): counted, not written
+                self.lines_abandoned += lines_in(batch[index + 1 :])
                 break
         self._flush()
         return stopping
@@ -235,12 +217,7 @@ class LogWriter:
             # escaped, so these texts can only be the record's own method field
             self.requests += 1
         if not self.writable:
-            self.outage_lines += 1
-            if '"audit_unavailable"' in body and '"type":"' not in head:  # its `count`: how many
-                at = body.find('"count":')
-                end = body.find(",", at) if at >= 0 else -1
-                count = body[at + 8 : end] if end > 0 else ""
-                self.outage_refused += int(count) if count.isdigit() else 1
+            self.outage.count(body, head)
         self.last_body = body
         self._chain(body)
 
@@ -268,19 +245,11 @@ class LogWriter:
         return (
             limit is not None
             and self.seq >= 0
-            and self.file.size + self.pending_bytes + size > limit
+            and self.file.size + self.pending.size + size > limit
         )
 
     def _push(self, data: bytes) -> None:
-        self.pending.append(data)
-        self.pending_bytes += len(data)
-        while self.pending_bytes > self.max_pending_bytes and len(self.pending) > 2:
-            # Drop the oldest whole line (never the head, which may be half written).
-            head = self.pending.popleft()
-            dropped = self.pending.popleft()
-            self.pending.appendleft(head)
-            self.pending_bytes -= len(dropped)
-            self.lines_dropped += 1
+        self.lines_dropped += self.pending.push(data)
 
     def _lose_next(self) -> None:
         self.dequeued += 1
@@ -296,26 +265,14 @@ class LogWriter:
             return True
         if (self.file.fd is None or self.file.replaced()) and not self._reopen():
             return False
-        data = b"".join(self.pending)
-        skip = self.head_written
+        data, skip = self.pending.take()
         written, exc = self.file.write(memoryview(data)[skip:] if skip else data)
         if exc is not None:
-            done = skip + written
-            # keep whole lines: the first one not fully written stays with its offset, so
-            # a file reopened now gets it whole (`_relink`)
-            start = data.rfind(b"\n", 0, done) + 1
-            self.lines_written += data.count(b"\n", skip, done)
-            self.pending.clear()
-            if start < len(data):
-                self.pending.append(data[start:])
-            self.pending_bytes = len(data) - start
-            self.head_written = done - start
+            # whole lines are kept, so a file reopened now gets them whole (`_relink`)
+            self.lines_written += self.pending.keep(data, skip, skip + written)
             self._failed(f"cannot write audit log {self.path}: {exc}")
             return False
         self.lines_written += data.count(b"\n", skip)
-        self.pending.clear()
-        self.pending_bytes = 0
-        self.head_written = 0
         if self._top_up():
             self._succeeded()
         return True
@@ -361,9 +318,7 @@ class LogWriter:
         """A file opened mid-run begins with a `reopen` record whose `seq` - 1 and `prev`
         name the last line the previous file got, so it verifies alone and after it; the
         lines that file did not get follow, chained anew (a gap stays a gap)."""
-        data = b"".join(self.pending)
-        self.pending.clear()
-        self.pending_bytes = self.head_written = 0
+        data, _ = self.pending.take()
         lines = [unchain_line(line) for line in data.split(b"\n") if line]
         parsed = [line for line in lines if line is not None]
         if parsed:  # rewind to the last line written
@@ -382,9 +337,7 @@ class LogWriter:
         self.write_errors += 1
         now = time.monotonic()
         if self.writable and self.seq >= 0:  # an outage begins: mark its place in the chain
-            self.outage_since = now
-            self.outage_lines = self.outage_refused = 0
-            self.outage_errors, self.outage_dropped = self.write_errors - 1, self.lines_dropped
+            self.outage.begin(now, self.write_errors - 1, self.lines_dropped)
             self._control(
                 {"type": "outage", "run": self.run_id, "error": message, "mode": self.fail_mode}
             )
@@ -398,7 +351,7 @@ class LogWriter:
                 "%s [%d write errors, %d lines waiting; %s]",
                 message,
                 self.write_errors,
-                sum(c.count(b"\n") for c in self.pending),
+                self.pending.lines(),
                 mode,
             )
             self._last_error_log = now
@@ -411,20 +364,12 @@ class LogWriter:
                 "audit log %s is writable again after %d write errors", self.path, self.write_errors
             )
             self.writable = True
-            if self.outage_since:
+            if self.outage.since:
                 recovered = True
-                self._control(
-                    {
-                        "type": "recovered",
-                        "run": self.run_id,
-                        "outage_ms": round((time.monotonic() - self.outage_since) * 1000),
-                        "write_errors": self.write_errors - self.outage_errors,
-                        "lines": self.outage_lines,
-                        "refused": self.outage_refused,
-                        "lost": self.lines_dropped - self.outage_dropped,
-                    }
+                counts = self.outage.recovered(
+                    time.monotonic(), self.write_errors, self.lines_dropped
                 )
-                self.outage_since = 0.0
+                self._control({"type": "recovered", "run": self.run_id, **counts})
         if self._report_loss() or recovered:
             self._flush()
 
@@ -484,7 +429,7 @@ class LogWriter:
         while not self._flush() and time.monotonic() < deadline:
             time.sleep(self.retry_interval)
         if self.pending:
-            lost = sum(chunk.count(b"\n") for chunk in self.pending)
+            lost = self.pending.lines()
             self.lines_abandoned += lost
             logger.error(
                 "audit log %s: %d lines could not be written before close", self.path, lost
@@ -492,18 +437,12 @@ class LogWriter:
         self.file.close()
 
 
-def abandon_queued(source: queue.SimpleQueue[object]) -> int:
-    """Empty `source` after the writer stopped: release flush() waiters, and count the lines
-    that raced with aclose() (or outlived a crashed thread); they are never written."""
-    abandoned = 0
-    while True:
-        try:
-            item = source.get_nowait()
-        except queue.Empty:
-            return abandoned
-        if isinstance(item, concurrent.futures.Future):
-            item.set_result(None)
-        elif isinstance(item, list):  # a loop-side batch of lines
-            abandoned += len(item)
-        elif item is not STOP:
-            abandoned += 1
+__all__ = [
+    "BATCH_LINES",
+    "CLOSE_TIMEOUT",
+    "DROPPED",
+    "ERROR_LOG_INTERVAL",
+    "STOP",
+    "LogWriter",
+    "abandon_queued",
+]

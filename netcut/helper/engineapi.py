@@ -4,7 +4,7 @@
 Shell, with its pure parts first. For `docker`, when its engine is a local unix socket (no
 `DOCKER_HOST=tcp://...`, no docker context but the default one) that this process may
 connect to, the helper run is three requests on that socket instead of a `docker run`: create
-(the same options as `session.helper_argv`'s: `--network container:ID`, `--cap-drop ALL
+(the same options as `container.helper_argv`'s: `--network container:ID`, `--cap-drop ALL
 --cap-add NET_ADMIN --cap-add NET_RAW`, /proc/sys unmasked, removed by the engine when it
 exits, no log), attach (the connection is hijacked: the helper's stdin, and its stdout and
 stderr multiplexed in frames) and start. That saves the CLI's process start and its wait
@@ -13,7 +13,7 @@ stdin is closed, the helper exits at once, and the engine removes it (`AutoRemov
 thread reads the connection to its end. A target's `inspect` is one GET on the same socket.
 
 Anything else (podman, ctr, a remote engine, a socket this user may not open) keeps the CLI
-(session.py), which says what is wrong in the engine's own words. `NETCUT_DOCKER_API=0`
+(container.py), which says what is wrong in the engine's own words. `NETCUT_DOCKER_API=0`
 forces the CLI. An answer the API should never give is `EngineApiError`, naming the request,
 the status and the way out.
 """
@@ -88,7 +88,7 @@ def _current_context(config_text: str | None) -> str:
 def create_body(
     target: str, image: str, caps: tuple[str, ...], binds: tuple[str, ...]
 ) -> dict[str, Any]:
-    """The create request of a helper: what `session.helper_argv` asks of the docker CLI
+    """The create request of a helper: what `container.helper_argv` asks of the docker CLI
     (`run -i --rm --pull never --log-driver none --network container:TARGET --cap-drop ALL
     --cap-add ... --security-opt systempaths=unconfined -v BIND --entrypoint /bin/sh`).
     Create never pulls; `systempaths=unconfined` is the CLI's name for empty masked and
@@ -236,7 +236,7 @@ class Api:
 
 class EngineApiStatus(ApplyFailed):
     """The engine refused a request: its status and its own message (e.g. 404 `No such
-    image: ...`, which session.py's `no_such_image` recognises)."""
+    image: ...`, which container.py's `no_such_image` recognises)."""
 
     def __init__(self, status: int, said: str, what: str) -> None:
         super().__init__(f"{said} (docker engine API: {what} answered {status})")

@@ -81,7 +81,7 @@ _PRELUDE_HEAD = (
     ' eval "$1=\\$f"; return 0; done; eval "$1=/missing/$2"; }\n'
 )
 # Where the net sysctls are writable: /proc/sys (docker and podman unmask it), or the bind
-# mount a containerd helper gets, which ctr cannot unmask (session.helper_argv).
+# mount a containerd helper gets, which ctr cannot unmask (container.helper_argv).
 _PRELUDE_SYS = "NCUT_SYS=/proc/sys; if [ -d /netcut/sys/net ]; then NCUT_SYS=/netcut/sys; fi\n"
 PRELUDE = prelude(NETFILTER.tools)
 

@@ -1,5 +1,5 @@
 """Helper mode's batched backstop (one `-save` and one `-restore --noflush` per family,
-iptables_text.IptablesShell.batched_backstop) run by a real shell against real iptables in a
+iptables_shell.IptablesShell.batched_backstop) run by a real shell against real iptables in a
 throwaway namespace: it must leave exactly what the per-command path leaves, repair included
 (a stale jump and a leftover hold rule), and fall back to those commands in an image
 without the restore tool."""
@@ -13,7 +13,7 @@ import pytest
 from netcut_testlib import sh
 
 from netcut.helper.script import prelude, render_batched_script, render_script
-from netcut.iptables_text import IptablesShell
+from netcut.iptables_shell import IptablesShell
 from netcut.plan.changes import AddBackstop, Op, RemoveBackstop
 from netcut.plan.model import AF_INET, AF_INET6, OutputRule
 

@@ -21,7 +21,7 @@ import netcut
 from netcut import flow
 from netcut.direct import executor, shellface
 from netcut.direct.worker import ns_identity, run_in_netns
-from netcut.iptables_text import IptablesShell
+from netcut.iptables_shell import IptablesShell
 from netcut.netfilter import Netfilter, backend
 from netcut.plan.model import parse_keep
 from netcut.plan.status import CutStatus
