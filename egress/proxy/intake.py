@@ -151,7 +151,7 @@ class Intake:
         if conn not in self.conns:
             return
         self.conns.discard(conn)
-        self.steps.record_closed(conn)
+        self.steps.connections.closed(conn)
         self.steps.release(conn)
         side = conn.side
         side.close()
