@@ -26,6 +26,8 @@ PACKAGES = ("egress", "netcut")
 # Limits (docs/architecture.md#design-checks).
 MAX_POSITIONAL = 6
 MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 450
+MAX_METHODS = 25
 # A method whose signature is a framework's, which it overrides, says so on its `def` line (or
 # the line above) with this marker and the overridden name: its positional parameters are the
 # framework's, not ours to choose.
@@ -503,6 +505,49 @@ def test_no_function_is_over_eighty_lines() -> None:
     assert not found, report(found)
 
 
+# Modules and classes over the size limits today, each held at its size so it can only shrink
+# (issue 33; others reshape several of these): strike an entry once it is under the limit.
+OVERSIZE: dict[str, int] = {
+    "egress/audit/cli.py": 632,
+    "egress/audit/report.py": 674,
+    "egress/audit/writer.py": 509,
+    "egress/policy/verifiers.py": 539,
+    "egress/proxy/core/exchange.py": 626,
+    "egress/proxy/core/exchange.py:Exchange": 27,
+    "egress/proxy/drive/callback.py": 701,
+    "egress/proxy/modes/http/serve.py": 457,
+    "egress/serve.py": 480,
+    "netcut/helper/mode.py": 459,
+    "netcut/helper/session.py": 481,
+    "netcut/iptables_text.py": 598,
+    "netcut/records.py": 459,
+}
+
+
+def oversize(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and classes over MAX_METHODS methods (each `def`
+    and `async def` in the class body, properties too), beyond their OVERSIZE entry."""
+    found = []
+    for m in ms or modules():
+        lines = len(m.source.splitlines())
+        if lines > OVERSIZE.get(m.where, MAX_MODULE_LINES):
+            found.append(f"{m.where}: {lines} lines")
+        for cls in ast.walk(m.tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            count = sum(isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) for f in cls.body)
+            if count > OVERSIZE.get(f"{m.where}:{cls.name}", MAX_METHODS):
+                found.append(f"{m.where}:{cls.lineno} {cls.name} {count} methods")
+    return found
+
+
+def test_no_module_or_class_is_over_its_size() -> None:
+    """Modules of a few hundred lines, classes of a few dozen methods: past that, a part
+    that owns its state is waiting to be named (`EgressProxy`'s `Intake`, `Sweeper`)."""
+    found = oversize()
+    assert not found, report(found)
+
+
 def test_the_builder_exception_sees_builders_only() -> None:
     args = "".join(f"    p.add_argument('--a{i}')\n" for i in range(90))
     builder = fake_module("def b(p):\n" + args)
@@ -609,6 +654,7 @@ OFFENCES = {
     "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",
     "long_signatures": "def f(a, b, c, d, e, f, g): ...\n",
     "long_functions": "def f():\n" + "    x = 1\n" * 80,
+    "oversize": "class C:\n" + "".join(f"    def m{i}(self): ...\n" for i in range(26)),
     "action_dispatches": (
         "from egress.proxy.core.actions import Dial, Refuse as Refusal\n"
         "def drive(action):\n"
