@@ -195,7 +195,7 @@ class EgressProxy:
         self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
         self.limits = limits or Limits()
         self.sni_missing: SniMissing = sni_missing
-        self._sweeper: Sweeper | None = None
+        self.sweeper: Sweeper | None = None
         self._started = False
         self.closing = False
         # callbacks given every audit event as written (the sandbox lifecycle's too); they see
@@ -387,8 +387,8 @@ class EgressProxy:
             listener = Listener(host, port, netns, kind="socks5")
             self.socks_addresses.append((await open_as("socks5", listener)).address)
         await self.refresh_host_local()
-        self._sweeper = Sweeper(self._conns, self.steps, self.pool, lim, self.refresh_host_local)
-        self._sweeper.start(loop)
+        self.sweeper = Sweeper(self._conns, self.steps, self.pool, lim, self.refresh_host_local)
+        self.sweeper.start(loop)
         settings = self.context.settings
         self.tenants.policy_applied(None, settings.policy, "start")
         for spec in settings.clients:
@@ -410,8 +410,8 @@ class EgressProxy:
         for listener in self.listeners:
             listener.close()
         await self.intake.drain(self.limits.shutdown_grace)
-        if self._sweeper is not None:
-            await self._sweeper.stop()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         if self._started:
             self.pool.close()
             self.steps.flush_refusals(everything=True)
