@@ -211,7 +211,6 @@ class EgressProxy:
             check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
-    # --- lifecycle ------------------------------------------------------------------------
     # -- the public API of its components (composition: docs/architecture.md) ------------
 
     @property
@@ -339,18 +338,19 @@ class EgressProxy:
         (`stop` ends the tracking; `release_execution` does this)."""
         return self.insight.execution_summary(client_id, stop=stop)
 
+    def proxy_url(self, token: str | None = None, client_id: str = "agent") -> str:
+        """The proxy URL, with `client_id:token@` userinfo when a token is given."""
+        if token is None:
+            return self.url
+        return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
+
+    # --- lifecycle: its parts started in order, stopped in order -------------------------
     async def __aenter__(self) -> EgressProxy:
         await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    def proxy_url(self, token: str | None = None, client_id: str = "agent") -> str:
-        """The proxy URL, with `client_id:token@` userinfo when a token is given."""
-        if token is None:
-            return self.url
-        return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
 
     async def start(self) -> None:
         """Open the listeners and serve: raises `ListenError` (an `OSError`) naming the
