@@ -1,12 +1,13 @@
 """`ProxyContext`: what the parts of one `EgressProxy` share, owned in one place.
 
 Shell (it holds live connections and listening sockets, and does no I/O of its own). The
-proxy (`server.py`) makes one and hands it to its components, `ClientControl` (`tenants.py`)
-and `ListenerControl` (`endpoints.py`): each reads and changes the shared state here, never
-the proxy, so no component holds `EgressProxy` and no import runs back to `server.py`
-(docs/architecture.md#egress-who-owns-what). The configuration in force (`settings`, the
-`gate` that judges by it, the `resolver` of its pins) is swapped here on a reload; the
-running parts (`loop`, `steps`, `pool`) are set once, by `EgressProxy.start`.
+proxy (`server.py`) makes one and hands it to its components, `ClientControl`
+(`tenants.py`), `ListenerControl` (`endpoints.py`) and `Intake` (`intake.py`): each reads and
+changes the shared state here, never the proxy, so no component holds `EgressProxy` and no
+import runs back to `server.py` (docs/architecture.md#egress-who-owns-what). The
+configuration in force (`settings`, the `gate` that judges by it, the `resolver` of its pins)
+is swapped here on a reload; the running parts (`loop`, `steps`, `pool`) are set once, by
+`EgressProxy.start`.
 """
 
 from __future__ import annotations

@@ -16,21 +16,36 @@ socket itself is `listener.listen_socket`; `ClientSide` is an accepted connectio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+import os
+import resource
 import socket
 from collections.abc import Callable
 
 from ..config import ClientSpec
 from ..policy.rules import Policy, parse_framework_route
+from ..policy.target import join_host_port
 from ..reasons import End
 from .context import ProxyContext
 from .core.clients import Identity
 from .drive.callback import FastClient
-from .fdbudget import AcceptFailures
+from .fdbudget import AcceptFailures, plan_fds
 from .net.accept import Acceptor, Reserve
-from .net.listener import BACKLOG, Listener, ListenerKind, listen_socket, parse_listen
+from .net.conn import Limits
+from .net.listener import (
+    BACKLOG,
+    Listener,
+    ListenerKind,
+    ListenError,
+    listen_socket,
+    parse_listen,
+)
 from .net.netns import listen_in_netns_async
 
-# what a listener hands each accepted socket to: the proxy's `_take`, or its refusal when the
+log = logging.getLogger("egress")
+
+# what a listener hands each accepted socket to: `Intake.take`, or its refusal when the
 # socket came from the descriptor held back (docs/proxy.md#file-descriptors)
 Take = Callable[[Listener, socket.socket, object], None]
 
@@ -57,6 +72,43 @@ class ListenerControl:
         self.backlog = BACKLOG  # kept when descriptors are scarce (fdbudget.py)
         self.reserve = Reserve()  # one descriptor to answer with when none is left
         self.accept_failures = AcceptFailures()
+        self.fd_note: str | None = None  # what the descriptor budget changed, if anything
+
+    def fit_descriptors(self, limits: Limits, admin: int) -> Limits:
+        """`limits` with `max_connections` made to fit RLIMIT_NOFILE (`admin`: the admin
+        listener's connections): the soft limit is raised when it is lower than the cap
+        needs, else the cap is lowered and the note says so; the listen backlog keeps its
+        length (docs/proxy.md#file-descriptors)."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        top = None if hard == resource.RLIM_INFINITY else hard
+        try:
+            in_use = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            in_use = 0
+        cap = limits.max_connections
+        plan = plan_fds(cap, BACKLOG, admin + in_use, soft, top)
+        if plan.soft != soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (plan.soft, hard))
+            except (ValueError, OSError):
+                plan = plan_fds(cap, BACKLOG, admin + in_use, soft, soft)
+        self.backlog = plan.backlog
+        self.fd_note = plan.note
+        if plan.note is not None:
+            log.warning("egress: %s", plan.note)
+        if plan.max_connections == cap:
+            return limits
+        return dataclasses.replace(limits, max_connections=plan.max_connections)
+
+    async def open_as(self, role: str, listener: Listener) -> Listener:
+        """Open one of the proxy's own listeners (`role`: proxy, socks5); `ListenError`
+        names which one failed."""
+        try:
+            return await self.open(listener)
+        except OSError as exc:
+            if isinstance(exc, ListenError):
+                raise
+            raise ListenError(role, join_host_port(listener.host, listener.port), exc) from exc
 
     async def open(self, listener: Listener, sock: socket.socket | None = None) -> Listener:
         """Serve `listener` on `sock` when given (a socket a helper opened inside the

@@ -3,8 +3,9 @@
 Shell. The order of an exchange's steps is the pure `Exchange`'s (`core/exchange.py`) and
 carrying them out is the driver's (`drive/`); this holds the proxy-wide state they use:
 connection slots and per-client caps (`admission.py`), open and progress records, the
-refusal tally for connections refused before any exchange, and `emit`, the one place an
-audit record leaves (docs/architecture.md#one-exchange).
+refusal tally of requests and the log budget, and `emit`, the one place an audit record
+leaves (docs/architecture.md#one-exchange). The records of connections that ended before
+any exchange are its part `connections` (`connection_records.py`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from ..audit.format import LIFECYCLE_METHODS, encode_record
-from ..policy.target import IPAddress, join_host_port
-from ..reasons import End, Reason
+from ..policy.target import IPAddress
+from ..reasons import End
 from .admission import Admitted, Budget, Owner, Slots
+from .connection_records import ConnectionRecords, source_owner
 from .core.actions import Done
 from .core.clients import Identity, admission_source
 from .core.exchange import (
     Exchange,
-    connection_record,
     deferred,
     emitted,
     opened_late,
@@ -30,14 +31,14 @@ from .core.exchange import (
 )
 from .core.gate import Gate, Refuse
 from .core.record import AccessRecord, bounded, perf_counter_ns
-from .core.responses import error_response, refusal_for
+from .core.responses import error_response
 from .fairshare import Turns
 from .logbudget import LogBudget, Suppressed
 from .net.conn import Conn, Limits, idle_of
-from .net.listener import Listener, peer_text
+from .net.listener import Listener
 from .net.pool import UpstreamPool
 from .net.resolve import Resolver
-from .tally import Tally, answer_in_full
+from .tally import Tally
 from .telemetry.metrics import BATCH, ProxyMetrics
 
 CACHE_MAX = 65536
@@ -47,29 +48,6 @@ CACHE_MAX = 65536
 REQUEST_BURST = 32
 # what the writer adds to a record's serialized event: `ts`, `seq`, `prev`, the newline
 LINE_OVERHEAD = 120
-# how a connection the proxy closed before any exchange is recorded (docs/audit-log.md)
-_CLOSED: dict[str, tuple[Reason, str]] = {
-    End.HEAD_TIMEOUT.value: (
-        Reason.HEAD_TIMEOUT,
-        "closed: nothing received within the head timeout",
-    ),
-    End.HELLO_TIMEOUT.value: (
-        Reason.HEAD_TIMEOUT,
-        "closed: handshake not completed within the head timeout",
-    ),
-    End.IDENTIFY_TIMEOUT.value: (
-        Reason.IDENTIFY_TIMEOUT,
-        "closed: no request named its client within identify_timeout",
-    ),
-    End.EVICTED.value: (
-        Reason.EVICTED,
-        "closed unidentified: its source's budget of unidentified connections was full",
-    ),
-}
-# a connection record as the refusal tally keeps it, built only if it is written (a flood's
-# refusals are mostly only counted): (client, t0, listener, mode, end, owner, reason,
-# detail, status)
-_Pending = tuple[str, int, str, str, str | None, Owner | None, str, str, int | None]
 
 
 class AuditSink(Protocol):
@@ -98,10 +76,10 @@ class Steps:
     __slots__ = (
         "_addr_texts",
         "_budget",
-        "_refusals",
         "_refused",
         "audit",
         "closing",
+        "connections",
         "fast_path",
         "gate",
         "hooks",
@@ -158,7 +136,8 @@ class Steps:
                 limits.unidentified_total,
             )
         )
-        self._refusals: Tally[_Pending] = Tally()
+        # records of connections that ended before any exchange (connection_records.py)
+        self.connections = ConnectionRecords(loop, self.emit)
         # refused requests, aggregated by client, reason and destination (tally.py), and the
         # byte budget of every client's refusal records (logbudget.py)
         self._refused: Tally[Done] = Tally(burst=REQUEST_BURST)
@@ -213,10 +192,7 @@ class Steps:
         refusal = self.slots.over_cap(owner)
         if refusal is None:
             return None
-        key = (id(listener), owner, refusal.reason.value)
-        full = answer_in_full(self._refusals.seen(key, self.loop.time()))
-        self._tally(key, peer_text(peer), listener, owner, refusal)
-        return refusal, full
+        return refusal, self.connections.at_accept(peer, listener, owner, refusal)
 
     def _evict(self, verdict: Admitted[Conn]) -> None:
         for victim in verdict.evicted:
@@ -239,7 +215,7 @@ class Steps:
         if conn.owner != cid and (cid is not None or conn.owner is None):
             owner: Owner = cid
             if cid is None:  # the default client: shared by everyone, so per source
-                owner = _source(conn)
+                owner = source_owner(conn)
             if owner != conn.owner:
                 refusal = self.slots.identify(conn, owner)
                 if refusal is not None:
@@ -319,74 +295,13 @@ class Steps:
         if write:
             conn.side.write(data)
         conn.served = True
-        self._connection_record(conn, refusal.reason.value, refusal.detail, status)
-
-    def record_closed(self, conn: Conn) -> None:
-        """A connection the proxy closed before any exchange (timeouts, eviction): one
-        record, so nothing a sandbox does goes unrecorded (docs/audit-log.md)."""
-        if conn.served or conn.end is None:
-            return
-        found = _CLOSED.get(conn.end)
-        if found is not None:
-            reason, detail = found
-            self._connection_record(conn, reason.value, detail, None, end=conn.end)
-
-    def _connection_record(
-        self, conn: Conn, reason: str, detail: str, status: int | None, end: str | None = None
-    ) -> None:
-        """A record naming the listener, its mode and the client when known; refusal floods
-        become one record per client, listener and reason per second (`tally.py`)."""
-        owner = conn.owner
-        who = owner if owner is not None else _source(conn)
-        key = (id(conn.listener), who, reason)
-        pending: _Pending = (
-            conn.client,
-            perf_counter_ns(),
-            *_where(conn.listener),
-            end,
-            owner,
-            reason,
-            detail,
-            status,
-        )
-        self._count(key, pending)
-
-    def _tally(
-        self, key: object, client: str, listener: Listener, owner: Owner, refusal: Refuse
-    ) -> None:
-        """`_connection_record` for a connection refused at accept (no `Conn`)."""
-        status = refusal_for(refusal.reason, refusal.status).status
-        pending: _Pending = (
-            client,
-            perf_counter_ns(),
-            *_where(listener),
-            None,
-            owner,
-            refusal.reason.value,
-            refusal.detail,
-            status,
-        )
-        self._count(key, pending)
-
-    def _count(self, key: object, pending: _Pending) -> None:
-        """Into the refusal tally; write what it says is due (`tally.py`)."""
-        for written, count in self._refusals.add(key, pending, self.loop.time()):
-            self._write_pending(written, count)
-
-    def _write_pending(self, pending: _Pending, count: int) -> None:
-        client, t0, listener, mode, end, owner, reason, detail, status = pending
-        rec = connection_record(client, t0, listener, mode, end, owner)
-        if count > 1:
-            tallied(rec, count)
-            detail = f"{detail} ({count} in one second, this the last)"
-        self.emit(rec, "error", reason, None, detail, status)
+        self.connections.refused(conn, refusal, status)
 
     def flush_refusals(self, *, everything: bool = False) -> None:
         """Write the counted refusals whose second has ended (the sweeper; stop), then the
         `suppressed` records of the budget windows that ended."""
         now = self.loop.time()
-        for pending, count in self._refusals.due(now, everything=everything):
-            self._write_pending(pending, count)
+        self.connections.flush(now, everything=everything)
         for done, count in self._refused.due(now, everything=everything):
             self._write_refused(done, count)
         for left_out in self._budget.due(now, everything=everything):
@@ -449,12 +364,6 @@ class Steps:
         self.slots.release(conn, self.loop.time())
 
 
-def _where(listener: Listener) -> tuple[str, str]:
-    """A connection record's `listener` (HOST:PORT) and `mode`."""
-    mode = "forward" if listener.forward_to is not None else listener.kind
-    return join_host_port(listener.host, listener.port), mode
-
-
 def _who(rec: AccessRecord) -> object:
     """Whose budget a record is in: its client's id, else its source address, every loopback
     source one (`admission_source`, as for the connection slots): one process binding
@@ -465,14 +374,6 @@ def _who(rec: AccessRecord) -> object:
     if rec.identified and rec.client_id is not None:
         return rec.client_id
     return ("source", admission_source(rec.client.rsplit(":", 1)[0].strip("[]"), None))
-
-
-def _source(conn: Conn) -> Owner:
-    """The default client's key for `conn`: its source address (every loopback source of a
-    namespace one, `core.clients.admission_source`)."""
-    peer = conn.peer
-    source = str(peer[0] if isinstance(peer, tuple) and peer else conn.client)
-    return ("source", admission_source(source, conn.listener.netns))
 
 
 __all__ = ["AuditSink", "LifecycleSink", "Steps"]

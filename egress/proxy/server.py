@@ -1,17 +1,19 @@
 """`EgressProxy`: the asyncio forward proxy (CONNECT tunnels and absolute-form HTTP).
 
-Shell, and thin: lifecycle, accepting connections and the sweeper; it owns three components,
-one concept each, and delegates the rest of its public API to them: `tenants`
+Shell, and thin: the public API, and the start and stop of its parts. It owns five
+components, one concept each, and delegates the rest of its public API to them: `tenants`
 (`ClientControl`, `tenants.py`: clients and live policy), `endpoints` (`ListenerControl`,
-`endpoints.py`: listeners of every kind) and `insight` (`Operations`,
-`telemetry/insight.py`: metrics, admin listener, execution summaries). What they share (the
-configuration in force, the listeners, the open connections) is one `ProxyContext`
-(`context.py`) that each is handed: none holds the proxy, none imports this module. Refusals
-are answered and audit records written in one place, `runtime.py`. Each client connection
-runs one coroutine: *read head -> gate -> resolve -> gate -> dial -> relay -> record*. Every
-decision is the pure gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a refusal,
-1xx/101); the exchanges are `modes/http/serve.py` (absolute-form HTTP on the upstream
-`pool.py`), `modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and
+`endpoints.py`: listeners of every kind, the descriptor budget), `intake` (`Intake`,
+`intake.py`: accepting connections and serving each, readiness), the sweeper (`Sweeper`,
+`sweeper.py`: the timeouts) and `insight` (`Operations`, `telemetry/insight.py`: metrics,
+admin listener, execution summaries). What they share (the configuration in force, the
+listeners, the open connections) is one `ProxyContext` (`context.py`) that each is handed:
+none holds the proxy, none imports this module. Refusals are answered and audit records
+written in one place, `runtime.py`. Each client connection runs one coroutine (or callbacks,
+`drive/callback.py`): *read head -> gate -> resolve -> gate -> dial -> relay -> record*.
+Every decision is the pure gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a
+refusal, 1xx/101); the exchanges are `modes/http/serve.py` (absolute-form HTTP on the
+upstream `pool.py`), `modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and
 framework-route forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
 
 Every request on a kept-alive client connection is parsed, identified and judged afresh (or
@@ -30,50 +32,33 @@ once per `tick`, so no per-operation timer is armed on the hot path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import functools
-import logging
-import os
-import resource
-import socket
-import struct
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from ipaddress import IPv4Address, IPv6Address
-from typing import Any, Final, cast
+from typing import cast
 
 from ..config import ClientSpec, Settings, resolve_pins
-from ..errors import ProtocolError
 from ..policy.addrs import AddressGuard
 from ..policy.rules import Policy
 from ..policy.target import IPAddress, join_host_port
-from ..reasons import End, Reason
 from ..validate import as_bool, as_callables, as_choice, as_instance, as_list, as_str_list
-from .admission import CLIENT_FULL
 from .context import ProxyContext
 from .core.clients import ClientTable, Identity
-from .core.gate import HEAD_TIMEOUT, Gate, Refuse, SniMissing, admit_connection, refuse_head
-from .core.responses import error_response
-from .endpoints import ClientSide, ListenerControl
-from .fdbudget import plan_fds, pool_max_idle
+from .core.gate import Gate, SniMissing
+from .endpoints import ListenerControl
+from .fdbudget import pool_max_idle
 from .heap import Heap
-from .modes.connect.serve import serve_tunnel
-from .modes.forwarder.serve import serve_forwarder
-from .modes.http.serve import serve_request
-from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
-from .net.accept import PAUSE, Lingering
-from .net.conn import Conn, Limits, read_head, sweep
-from .net.listener import BACKLOG, Listener, ListenerKind, ListenError, parse_listen, peer_text
+from .intake import Intake
+from .net.conn import Conn, Limits
+from .net.listener import Listener, ListenerKind, ListenError, parse_listen
 from .net.pool import UpstreamPool
 from .net.resolve import Resolver
-from .net.stepped import adopt
 from .runtime import AuditSink, Steps
+from .sweeper import Sweeper
 from .telemetry.insight import ADMIN_MAX_CONNECTIONS, Operations, check_admin_address
 from .telemetry.metrics import ProxyMetrics
 from .telemetry.observe import DecisionCallback, ExecutionSummary, Observers
 from .tenants import ClientControl
-
-log = logging.getLogger("egress")
 
 
 def _check_arguments(
@@ -145,6 +130,8 @@ class EgressProxy:
     loop: asyncio.AbstractEventLoop
     pool: UpstreamPool
     steps: Steps
+    # `http://HOST:PORT` of the first listener (what HTTP(S)_PROXY should hold), once bound
+    url: str
 
     def __init__(
         self,
@@ -197,8 +184,9 @@ class EgressProxy:
             host_local=fixed_host_local,
             listen_netns=listen_netns,
         )
+        self.intake = Intake(context)
         self.endpoints = ListenerControl(
-            context, self._take, self._refuse_exhausted, reuse_port=reuse_port
+            context, self.intake.take, self.intake.refuse_exhausted, reuse_port=reuse_port
         )
         self.listen_specs = [parse_listen(s) for s in as_str_list(listen, "EgressProxy listen")]
         self.socks_specs = [parse_listen(s) for s in as_str_list(socks, "EgressProxy socks")]
@@ -207,7 +195,7 @@ class EgressProxy:
         self.reuse_port = reuse_port  # share listen ports with other workers (serve --workers)
         self.limits = limits or Limits()
         self.sni_missing: SniMissing = sni_missing
-        self._sweeper: asyncio.Task[None] | None = None
+        self.sweeper: Sweeper | None = None
         self._started = False
         self.closing = False
         # callbacks given every audit event as written (the sandbox lifecycle's too); they see
@@ -221,11 +209,8 @@ class EgressProxy:
         self.admin_spec = None if admin is None else parse_listen(admin, "admin")
         if self.admin_spec is not None:
             check_admin_address(self.admin_spec[0], admin_public, "EgressProxy admin")
-        self.fd_note: str | None = None  # what the descriptor budget changed, if anything
-        self._lingering: Any = None  # accept.Lingering, once the loop is known
         self.heap = Heap(tune_gc)  # docs/proxy.md#garbage-collection
 
-    # --- lifecycle ------------------------------------------------------------------------
     # -- the public API of its components (composition: docs/architecture.md) ------------
 
     @property
@@ -344,16 +329,6 @@ class EgressProxy:
         """`http://HOST:PORT` of the admin listener, once started (else None)."""
         return self.insight.admin_url
 
-    def ready(self) -> tuple[bool, str]:
-        """(ready, why) for /readyz: listening, not stopping, and the audit log accepting."""
-        if self.closing:
-            return False, "stopping"
-        if not self.listeners:
-            return False, "not listening"
-        if self.audit is not None and not self.audit.accepting:
-            return False, "audit log not accepting"
-        return True, "ready"
-
     def track_execution(self, client_id: str) -> ExecutionSummary:
         """Count `client_id`'s access records from now on (`prepare_execution` does this)."""
         return self.insight.track_execution(client_id)
@@ -363,6 +338,13 @@ class EgressProxy:
         (`stop` ends the tracking; `release_execution` does this)."""
         return self.insight.execution_summary(client_id, stop=stop)
 
+    def proxy_url(self, token: str | None = None, client_id: str = "agent") -> str:
+        """The proxy URL, with `client_id:token@` userinfo when a token is given."""
+        if token is None:
+            return self.url
+        return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
+
+    # --- lifecycle: its parts started in order, stopped in order -------------------------
     async def __aenter__(self) -> EgressProxy:
         await self.start()
         return self
@@ -370,24 +352,13 @@ class EgressProxy:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    @property
-    def url(self) -> str:
-        """`http://HOST:PORT` of the first listener (what HTTP(S)_PROXY should hold)."""
-        return "http://" + join_host_port(*self.addresses[0])
-
-    def proxy_url(self, token: str | None = None, client_id: str = "agent") -> str:
-        """The proxy URL, with `client_id:token@` userinfo when a token is given."""
-        if token is None:
-            return self.url
-        return self.url.replace("http://", f"http://{client_id}:{token}@", 1)
-
     async def start(self) -> None:
+        """Open the listeners and serve: raises `ListenError` (an `OSError`) naming the
+        listener that cannot be bound, `NamespaceError` when `listen_netns` cannot be entered."""
         self.loop = loop = asyncio.get_running_loop()
         self._started = True
-        lim = self.limits
-        self._fit_descriptors()
-        self._lingering = Lingering(loop)
-        lim = self.limits
+        admin = ADMIN_MAX_CONNECTIONS if self.admin_spec is not None else 0
+        self.limits = lim = self.endpoints.fit_descriptors(self.limits, admin)
         self.pool = UpstreamPool(
             loop,
             idle=lim.pool_idle,
@@ -406,33 +377,28 @@ class EgressProxy:
             metrics=self._metrics,
         )
         self.context.loop, self.context.steps, self.context.pool = loop, self.steps, self.pool
+        self.intake.started(loop, self.steps, lim)
+        netns, open_as = self.listen_netns, self.endpoints.open_as
         for host, port in self.listen_specs:
-            listener = await self._open_as("proxy", Listener(host, port, self.listen_netns))
-            self.addresses.append(listener.address)
+            self.addresses.append((await open_as("proxy", Listener(host, port, netns))).address)
+        if self.addresses:  # what HTTP(S)_PROXY should hold
+            self.url = "http://" + join_host_port(*self.addresses[0])
         for host, port in self.socks_specs:
-            listener = Listener(host, port, self.listen_netns, kind="socks5")
-            self.socks_addresses.append((await self._open_as("socks5", listener)).address)
+            listener = Listener(host, port, netns, kind="socks5")
+            self.socks_addresses.append((await open_as("socks5", listener)).address)
         await self.refresh_host_local()
-        self._sweeper = loop.create_task(self._sweep(), name="egress-sweeper")
+        self.sweeper = Sweeper(self._conns, self.steps, self.pool, lim, self.refresh_host_local)
+        self.sweeper.start(loop)
         settings = self.context.settings
         self.tenants.policy_applied(None, settings.policy, "start")
         for spec in settings.clients:
             self.tenants.policy_applied(spec.client_id, spec.policy, "start")
         if self.admin_spec is not None:
             try:
-                await self.insight.start_admin(*self.admin_spec, self.ready)
+                await self.insight.start_admin(*self.admin_spec, self.intake.ready)
             except OSError as exc:
                 raise ListenError("admin", join_host_port(*self.admin_spec), exc) from exc
         self.heap.started(loop)
-
-    async def _open_as(self, role: str, listener: Listener) -> Listener:
-        """Open a listener of `start`; `ListenError` names which one failed."""
-        try:
-            return await self.endpoints.open(listener)
-        except OSError as exc:
-            if isinstance(exc, ListenError):
-                raise
-            raise ListenError(role, join_host_port(listener.host, listener.port), exc) from exc
 
     async def stop(self) -> None:
         """Stop accepting, give open connections `shutdown_grace` seconds, then close them."""
@@ -443,32 +409,9 @@ class EgressProxy:
             self.steps.closing = self.pool.closing = True
         for listener in self.listeners:
             listener.close()
-        tasks: list[asyncio.Future[None]] = []
-        for conn in self._conns:
-            if conn.task is not None:
-                tasks.append(conn.task)
-            else:  # served from callbacks (`drive/callback.py`): done when `_finished`
-                conn.ended = self.loop.create_future()
-                tasks.append(conn.ended)
-        for conn in list(self._conns):
-            if conn.phase != "active":
-                conn.end = End.SHUTDOWN.value
-                conn.side.close()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.limits.shutdown_grace)
-            for conn in list(self._conns):
-                conn.end = End.SHUTDOWN.value
-                conn.side.abort()
-                if conn.upstream is not None:
-                    conn.upstream.abort()
-                if conn.dialing is not None:
-                    conn.dialing.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await self.intake.drain(self.limits.shutdown_grace)
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         if self._started:
             self.pool.close()
             self.steps.flush_refusals(everything=True)
@@ -476,268 +419,6 @@ class EgressProxy:
         await self.insight.stop_admin()
         self.endpoints.reserve.close()
         self.heap.stopped()
-
-    # --- descriptors (docs/proxy.md#file-descriptors) ---------------------------------------
-    def _fit_descriptors(self) -> None:
-        """Make `max_connections` fit RLIMIT_NOFILE: raise the soft limit when it is lower
-        than the cap needs, else lower the cap and say so (the listen backlog keeps its length)."""
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        top = None if hard == resource.RLIM_INFINITY else hard
-        admin = ADMIN_MAX_CONNECTIONS if self.admin_spec is not None else 0
-        try:
-            in_use = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            in_use = 0
-        cap = self.limits.max_connections
-        plan = plan_fds(cap, BACKLOG, admin + in_use, soft, top)
-        if plan.soft != soft:
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (plan.soft, hard))
-            except (ValueError, OSError):
-                plan = plan_fds(cap, BACKLOG, admin + in_use, soft, soft)
-        if plan.max_connections != cap:
-            self.limits = dataclasses.replace(self.limits, max_connections=plan.max_connections)
-        self.endpoints.backlog = plan.backlog
-        self.fd_note = plan.note
-        if plan.note is not None:
-            log.warning("egress: %s", plan.note)
-
-    # --- the sweeper: timeouts without per-operation timers --------------------------------
-    async def _sweep(self) -> None:
-        lim = self.limits
-        steps = self.steps
-        lifecycle = steps.lifecycle
-        interim = lifecycle.interim_interval if lifecycle is not None else lim.idle_timeout
-        shortest = min(lim.head_timeout, lim.idle_timeout, lim.connect_timeout, interim)
-        tick = max(0.05, min(1.0, shortest / 4))
-        refresh_every = 30.0
-        next_refresh = self.loop.time() + refresh_every
-        while True:
-            await asyncio.sleep(tick)
-            now = self.loop.time()
-            for conn in list(self._conns):
-                sweep(conn, now, lim)
-                if conn.rec is not None:  # docs/audit-log.md#open-and-progress
-                    steps.progress(conn, now)
-            self.steps.overdue(now)
-            self.steps.turns.expire(now)
-            self.steps.flush_refusals()
-            self.pool.sweep(now)
-            if now >= next_refresh:
-                next_refresh = now + refresh_every
-                with contextlib.suppress(Exception):
-                    await self.refresh_host_local()
-
-    # --- per connection ---------------------------------------------------------------------
-    def _take(self, listener: Listener, sock: socket.socket, addr: object) -> None:
-        """A new connection: admitted (counted for its client from now on, admission.py)
-        and served, or refused at once, before it costs a transport or a task
-        (docs/proxy.md#limits). The socket is made non-blocking where it is used: by the loop
-        when it becomes a transport (so a tunnel's accept costs no `ioctl` of ours), and
-        before a refusal is written to it."""
-        steps = self.steps
-        audit_ok = self.audit is None or self.audit.accepting
-        if audit_ok and not self.closing:
-            early = steps.refuse_at_accept(listener, addr)
-            if early is not None:  # its client is at its cap: a flood costs only this
-                self._close_refused(listener, sock, *early)
-                return
-        side = ClientSide(self.loop, self.limits.max_head, listener)
-        conn = Conn(side, peer_text(addr), addr, listener, phase_since=self.loop.time())
-        refusal = admit_connection(
-            steps.slots.total, self.limits.max_connections, closing=self.closing, audit_ok=audit_ok
-        ) or steps.admit(conn)
-        if refusal is not None:
-            self._refuse_socket(conn, sock, refusal)
-            if refusal is CLIENT_FULL and listener.identity is not None and listener.acceptor:
-                listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
-            return
-        self._conns.add(conn)
-        if listener.mode.fast_path:
-            # the forward proxy's kept-alive requests may take the callback fast path; a
-            # transparent, SOCKS5 or forwarder connection never does (docs/architecture.md)
-            side.conn, side.steps = conn, steps
-            if steps.fast_path:
-                # no task yet: its first head decides (a CONNECT is served from callbacks,
-                # anything else starts the coroutine: `drive.callback.FastClient.first_head`)
-                side.spawn, side.finish = self._spawn, self._finished
-                adopt(self.loop, sock, side, lambda _, err: self._adopted(conn, sock, err))
-                return
-        sock.setblocking(False)
-        conn.task = self.loop.create_task(self._serve(conn, sock))
-
-    def _adopted(self, conn: Conn, sock: socket.socket, err: BaseException | None) -> None:
-        """A connection's transport is made (or failed): closed at once if it was evicted,
-        or the proxy began stopping, meanwhile (as `_serve` does)."""
-        if err is not None:  # no transport: nothing will call back
-            side = conn.side
-            if isinstance(side, ClientSide):
-                side.spawn = None
-            sock.close()
-            self._finished(conn)
-        elif conn.end is not None or self.closing:
-            conn.side.close()
-
-    def _spawn(self, conn: Conn, work: Coroutine[Any, Any, None] | None) -> None:
-        """Start the coroutine of a connection accepted without one: it serves from the
-        buffered head on (None), or carries on an exchange the callback driver began."""
-        coro = self._serve(conn, None) if work is None else self._carry_on(conn, work)
-        conn.task = self.loop.create_task(coro)
-
-    async def _carry_on(self, conn: Conn, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except Exception:  # a bug must never take the proxy down
-            log.exception("egress: unexpected error serving %s", conn.client)
-        finally:
-            self._finished(conn)
-
-    def _finished(self, conn: Conn) -> None:
-        """A connection ended (its coroutine, or the callback driver): its record if the
-        proxy closed it before any exchange, its slot freed, both sides closed."""
-        if conn not in self._conns:
-            return
-        self._conns.discard(conn)
-        self.steps.record_closed(conn)
-        self.steps.release(conn)
-        side = conn.side
-        side.close()
-        if isinstance(side, ClientSide):
-            # `conn.side` and `side.conn` were a cycle: every closed connection left a dozen
-            # objects for the collector, and froze them if a settle came first
-            # (docs/proxy.md#garbage-collection)
-            side.conn = None
-        if conn.upstream is not None:
-            conn.upstream.close()
-        if conn.ended is not None and not conn.ended.done():
-            conn.ended.set_result(None)
-
-    def _close_refused(
-        self, listener: Listener, sock: socket.socket, refusal: Refuse, in_full: bool
-    ) -> None:
-        """A connection refused at accept (already recorded): answered and closed like
-        `_refuse_socket`, or, past a flood's first refusals in a second, reset at once
-        (`tally.answer_in_full`, docs/audit-log.md#aggregated-refusals)."""
-        sock.setblocking(False)
-        if not in_full:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-            sock.close()
-        elif listener.mode.answers_at_accept:
-            with contextlib.suppress(OSError):
-                sock.send(_answer(refusal))
-            self._lingering.close(sock)
-        else:
-            sock.close()
-        if listener.identity is not None and listener.acceptor is not None:
-            listener.acceptor.hold(PAUSE)  # its own listener: only refusals to accept
-
-    def _refuse_exhausted(self, listener: Listener, sock: socket.socket, addr: object) -> None:
-        """A connection accepted with the reserved descriptor: answered 503, recorded."""
-        side = ClientSide(self.loop, self.limits.max_head, listener)
-        conn = Conn(side, peer_text(addr), addr, listener)
-        self._refuse_socket(conn, sock, OUT_OF_DESCRIPTORS)
-
-    def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:
-        """Answer (HTTP) or just close (SOCKS5, DNS, transparent: no protocol to answer in)
-        straight on the socket, and record it."""
-        sock.setblocking(False)
-        if conn.listener.mode.answers_at_accept:
-            _, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
-            with contextlib.suppress(OSError):
-                sock.send(data)
-            self._lingering.close(sock)
-        else:
-            sock.close()
-        self.steps.refuse_now(conn, refusal, write=False)
-        self.steps.release(conn)
-
-    async def _serve(self, conn: Conn, sock: socket.socket | None) -> None:
-        """Serve a connection from its first head (`sock`: its transport is still to make)."""
-        try:
-            if sock is not None:
-                try:
-                    await self.loop.connect_accepted_socket(lambda: conn.side, sock)
-                except OSError:
-                    sock.close()
-                    return
-                if conn.end is not None or self.closing:  # evicted, or stopping, meanwhile
-                    return
-            listener = conn.listener
-            mode = listener.mode
-            if mode is ROUTE and listener.forward_to is not None:
-                await serve_forwarder(self.steps, conn, listener.forward_to)
-                return
-            if mode is not PROXY:
-                await _serve_other(self.steps, conn, mode)
-                return
-            while await self._one_request(conn):
-                pass
-        except Exception:  # a bug must never take the proxy down
-            log.exception("egress: unexpected error serving %s", conn.client)
-        finally:
-            self._finished(conn)
-
-    async def _one_request(self, conn: Conn) -> bool:
-        """Serve one request; True if the client connection stays open for another."""
-        try:
-            head = await read_head(conn, self.limits, self.loop)
-        except ProtocolError as exc:
-            if conn.end == End.REVOKED.value:  # closed by a policy change, recorded
-                return False
-            if conn.end == End.HEAD_TIMEOUT.value:  # the sweeper already answered 408
-                self.steps.refuse_now(conn, HEAD_TIMEOUT, write=False)
-            else:
-                self.steps.refuse_now(conn, refuse_head(exc))
-            return False
-        if head is None or (conn.end is not None and conn.end == End.REVOKED.value):
-            # a head that arrived as a policy change closed its connection between requests
-            # (docs/policy.md#live-policy-changes): the client saw the close, not an answer
-            return False
-        conn.phase, conn.served = "active", True
-        if head.method == "CONNECT":
-            # the last request's record is not what it opens, nor an earlier change's recheck
-            conn.relaying = conn.recheck = None
-            await serve_tunnel(self.steps, conn, head)
-            return False
-        keep = await serve_request(self.steps, conn, head)
-        conn.phase, conn.phase_since = "idle", self.loop.time()
-        return keep
-
-
-_RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
-
-
-@functools.cache
-def _answer(refusal: Refuse) -> bytes:
-    """The bytes of a refusal's answer at accept (the same few refusals, over and over)."""
-    return error_response(refusal.reason, refusal.detail, status=refusal.status)[1]
-
-
-OUT_OF_DESCRIPTORS: Final = Refuse(
-    Reason.TOO_MANY_CONNECTIONS,
-    "out of file descriptors (docs/proxy.md#file-descriptors)",
-)
-
-
-async def _serve_other(steps: Steps, conn: Conn, mode: ListenerMode) -> None:
-    """A SOCKS5, DNS or transparent connection (docs/proxy.md#transparent-mode-and-socks5),
-    by its listener's mode; imported on first use: a proxy that never opens such a listener
-    never loads them (the DNS codec is dnspython)."""
-    if mode is SOCKS:
-        from .modes.socks5.serve import serve_socks
-
-        await serve_socks(steps, conn)
-    elif mode is RESOLVER:
-        from .modes.dns.serve import serve_dns_tcp
-
-        await serve_dns_tcp(steps, conn)
-    elif mode is REDIRECTED:
-        from .modes.transparent.serve import serve_transparent
-
-        await serve_transparent(steps, conn)
-    else:
-        raise RuntimeError(f"unexpected listener mode {mode.name!r}")
 
 
 __all__ = ["AuditSink", "Conn", "EgressProxy", "Limits", "Listener", "parse_listen"]

@@ -22,7 +22,7 @@ import pytest
 
 from egress.config import ClientSpec, build_settings
 from egress.policy.rules import Policy
-from egress.proxy import server as server_mod
+from egress.proxy import intake as intake_mod
 from egress.proxy.server import EgressProxy, Limits
 
 from proxykit import MemoryAudit, client_hello, exempt
@@ -167,16 +167,16 @@ def comparable(events: list[dict[str, object]]) -> list[dict[str, object]]:
 
 
 def count_coroutine_requests(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the requests the coroutine path serves (`server.serve_request`)."""
+    """Count the requests the coroutine path serves (`intake.serve_request`)."""
     calls = [0]
-    real: Callable[..., Any] = server_mod.serve_request
+    real: Callable[..., Any] = intake_mod.serve_request
 
     async def counting(*args: Any) -> bool:
         calls[0] += 1
         result: bool = await real(*args)
         return result
 
-    monkeypatch.setattr(server_mod, "serve_request", counting)
+    monkeypatch.setattr(intake_mod, "serve_request", counting)
     return calls
 
 
@@ -346,7 +346,7 @@ async def test_same_answers_and_records_for_tunnels(
         (f"{a}:{both.tls_port}", b""),  # a port its rule does not cover: 403
         ("no-port", b""),  # a bad target: 400
     ]
-    served = count_calls(monkeypatch, server_mod, "serve_tunnel")
+    served = count_calls(monkeypatch, intake_mod, "serve_tunnel")
     fast = [await tunnel(both.fast, target, payload) for target, payload in cases]
     assert served[0] == 0, "a CONNECT took the coroutine path with the callback driver on"
     slow = [await tunnel(both.slow, target, payload) for target, payload in cases]

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from egress.config import build_settings
-from egress.proxy import server as server_mod
+from egress.proxy import intake as intake_mod
 from egress.proxy.server import EgressProxy
 
 from proxykit import MemoryAudit, exempt, read_response
@@ -96,14 +96,14 @@ async def test_an_idempotent_request_is_sent_again_on_a_fresh_upstream(
     kept_alive: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     served = []  # the requests the coroutine path served (an observer, not a stand-in)
-    real = server_mod.serve_request
+    real = intake_mod.serve_request
 
     async def observed(*args: Any) -> bool:
         served.append(1)
         result: bool = await real(*args)
         return result
 
-    monkeypatch.setattr(server_mod, "serve_request", observed)
+    monkeypatch.setattr(intake_mod, "serve_request", observed)
     statuses, records, origin = await run(kept_alive)
     # kept alive, each reuse and its retry are the callback fast path's
     assert len(served) == (1 if kept_alive else 20)

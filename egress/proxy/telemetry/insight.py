@@ -2,9 +2,10 @@
 
 Shell. Metrics as plain data, the admin listener (`/metrics`, `/healthz`, `/readyz`,
 `admin.py`), and per-execution summaries. A component of `EgressProxy` (`server.py`), handed
-the proxy's metrics and observers, never the proxy; readiness is the proxy's own
-(`EgressProxy.ready`), handed to the admin listener as a callable. Its public methods are the
-bodies of `EgressProxy`'s of the same name, which document them (once, where users read).
+the proxy's metrics and observers, never the proxy; readiness is the accepting side's
+(`Intake.ready`, `intake.py`), handed to the admin listener as a callable. Its public
+methods are the bodies of `EgressProxy`'s of the same name, which document them (once,
+where users read).
 The counting itself is `Observers` (`observe.py`), fed from the access records.
 """
 
