@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +64,8 @@ _CLIENT_KEYS = {
     "mode",
     "resolve_names_for_address_rules",
 }
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +303,13 @@ def _resolve_entries(value: object, where: str) -> list[str]:
     raise PolicyError(f"{where}: 'resolve' must be a table or a list of 'NAME=ADDR'")
 
 
+def toml_key(key: object) -> str:
+    """`key` as a TOML table header spells it: bare when it may be, else quoted with its
+    escapes (a newline in an error message would split the one line it must be)."""
+    text = str(key)
+    return text if _BARE_KEY.fullmatch(text) else json.dumps(text)
+
+
 def _client(
     cid: str,
     spec: object,
@@ -316,7 +327,7 @@ def _client(
     forces report mode."""
     here = f"{where}: client {cid!r}"
     if not isinstance(spec, dict):
-        raise PolicyError(f"{here}: must be a table ([clients.{cid}]), not {spec!r}")
+        raise PolicyError(f"{here}: must be a table ([clients.{toml_key(cid)}]), not {spec!r}")
     unknown = set(spec) - _CLIENT_KEYS
     if unknown:
         raise PolicyError(f"{here}: unknown keys {sorted(unknown)}")

@@ -7,6 +7,7 @@ timeout switching slow-client protection off, a traceback instead of a one-line 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from pathlib import Path
 
@@ -450,3 +451,12 @@ def test_any_task_settings_give_a_policy_or_a_policy_error(task: dict[str, objec
         if mapping is from_verifiers and task.get("network_access") is False:
             assert policy.default == "deny"  # framework-only
             assert not policy.allow_rules
+
+
+@pytest.mark.parametrize("cid", ["\n", "a\nb", "x y", "é"])
+def test_a_clients_table_header_is_spelled_as_toml_spells_it(cid: str) -> None:
+    """Hypothesis found `[clients.\n]` in a one-line error: the header's key is quoted."""
+    with pytest.raises(PolicyError) as caught:
+        build_settings({"clients": {cid: False}})
+    assert "\n" not in str(caught.value)
+    assert f"[clients.{json.dumps(cid)}]" in str(caught.value)
