@@ -297,6 +297,91 @@ def holds_a_record(annotation: ast.expr | None) -> bool:
     return bool(re.fullmatch(r"(AccessRecord)( \| None)?|None \| AccessRecord", text))
 
 
+CONN_OWNER = "egress.proxy.net.conn"
+CONN_NAME = re.compile(r"(^|_)conn$")
+
+
+def conn_writes(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Assignments to (or deletions of) an attribute of a `Conn` outside `net/conn.py`: a
+    connection changes state through its own methods, named for what happened
+    (`conn.request_ended(now)`, `conn.cut_by(End.REVOKED)`), so its state is written in one
+    module (issue 33).
+
+    A `Conn` is recognised by its name (`conn`, `self.conn`, `client_conn`, ...):
+    `test_conn_names_say_so` keeps every annotated or constructed one named that way."""
+    found = []
+    for m in ms or modules():
+        if m.name == CONN_OWNER:
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):
+                if CONN_NAME.search(last_name(node.value)):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("setattr"):
+                if node.args and CONN_NAME.search(last_name(node.args[0])):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_conn_state_is_written_only_by_its_own_methods() -> None:
+    found = conn_writes()
+    assert not found, report(found)
+
+
+def held_conns(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Names that hold a `Conn` (annotated `Conn` or `Conn | None`, made by `Conn(...)`, or
+    the loop variable over a set of them) but are not named like one."""
+    found = []
+    for m in ms or modules():
+        for node in ast.walk(m.tree):
+            held: list[str] = []
+            if isinstance(node, ast.arg) and holds_a_conn(node.annotation):
+                held.append(node.arg)
+            elif isinstance(node, ast.AnnAssign) and holds_a_conn(node.annotation):
+                held.append(last_name(node.target))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                if ast.unparse(node.value.func).endswith("Conn"):
+                    held += [last_name(t) for t in node.targets]
+            elif isinstance(node, ast.For | ast.comprehension):
+                source = ast.unparse(node.iter)
+                if re.search(r"\bconns\b|\.evicted\b", source):
+                    held += [last_name(t) for t in ast.walk(node.target) if isinstance(t, ast.Name)]
+            found += [
+                f"{m.where}:{getattr(node, 'lineno', 0)} {name}"
+                for name in held
+                if name != "self" and not CONN_NAME.search(name)
+            ]
+    return found
+
+
+def test_conn_names_say_so() -> None:
+    """Whatever holds a `Conn` is named like one, which is how `conn_writes` recognises it."""
+    found = [f for f in held_conns() if not f.startswith("egress/proxy/net/conn.py")]
+    assert not found, report(found)
+
+
+def test_the_conn_checks_see_loops_and_setattr() -> None:
+    source = (
+        "def f(self):\n"
+        "    for c in [c for c in self.context.conns]:\n"
+        "        setattr(c, 'end', 'x')\n"
+        "    setattr(self.conn, 'end', 'x')\n"
+        "    del client_conn.task\n"
+    )
+    module = fake_module(source, "egress.proxy.fake")
+    assert held_conns((module,)) == ["egress/proxy/fake.py:2 c", "egress/proxy/fake.py:0 c"]
+    assert conn_writes((module,)) == [
+        "egress/proxy/fake.py:4 setattr(self.conn, 'end', 'x')",
+        "egress/proxy/fake.py:5 client_conn.task",
+    ]
+
+
+def holds_a_conn(annotation: ast.expr | None) -> bool:
+    """`Conn` or `Conn | None` (quoted or not), not a container of them."""
+    text = ast.unparse(annotation).strip("'\"") if annotation is not None else ""
+    return bool(re.fullmatch(r"(Conn)( \| None)?|None \| Conn", text))
+
+
 def private_imports(ms: tuple[Module, ...] | None = None) -> list[str]:
     """`_private` names a module takes from another project module (h11's shape: private
     modules with public names, re-exported by the package; never a sibling's `_name`)."""
@@ -604,6 +689,8 @@ def fake_module(source: str, name: str = "egress.fake") -> Module:
 OFFENCES = {
     "except_refused": "try:\n    pass\nexcept Refused:\n    pass\n",
     "record_writes": "def f(rec):\n    rec.status = 1\n",
+    "conn_writes": "def f(self):\n    self.conn.phase = 'idle'\n    self.conn.request_ended(0)\n",
+    "held_conns": "def f(c: Conn, conn: Conn | None):\n    for conn in self.conns:\n        pass\n",
     "private_imports": "from egress.proxy.core.record import _x\n",
     "format_skips": "x = 1  # fmt: skip\n",
     "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",

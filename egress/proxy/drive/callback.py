@@ -166,19 +166,20 @@ class FastExchange:
         self.upstream.close()
         steps = self.steps
         dialer = Dialer(steps.loop, again.addrs, again.port, self._redialed, steps.metrics)
-        self.conn.dialing = dialer
+        self.conn.dial_started(dialer)
         dialer.start()
         return True
 
     def _redialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
-        self.conn.dialing = None
+        self.conn.dial_over()
         if isinstance(outcome, Verdict) or cut_by_proxy(self.conn):
             if not isinstance(outcome, Verdict):  # cut while it dialed: nothing is sent
                 outcome[0].close()
                 outcome = UNANSWERED
             self._refused(outcome)  # answered (or cut) and recorded, `retried: 1`
             return
-        self.upstream = self.conn.upstream = up = outcome[0]
+        self.upstream = up = outcome[0]
+        self.conn.connected(up, self.x.record)
         self.searched = 0
         up.on_wake = self.on_upstream
         up.write(self.out)
@@ -264,8 +265,7 @@ class FastExchange:
         if self.ticket is not None:
             self.steps.turns.give_back(self.ticket)
         conn = self.conn
-        conn.upstream = None
-        conn.phase, conn.phase_since = "idle", self.steps.loop.time()
+        conn.request_ended(self.steps.loop.time())
         side = conn.side
         assert isinstance(side, FastClient)
         side.fast = None
@@ -431,9 +431,8 @@ class FastClient(Side):
             spawn(conn, None)
             return
         head, used = parsed
-        conn.raw_head = bytes(self.buf[:used])
+        conn.serving(bytes(self.buf[:used]))
         self.consume(used)
-        conn.phase, conn.served = "active", True
         carrier = Carrier(steps, conn, self, spawn)
         carrier.begin(head)
 
@@ -465,7 +464,7 @@ class Carrier:
         self.timer: asyncio.TimerHandle | None = None
 
     def begin(self, head: wire.RequestHead) -> None:
-        self.conn.relaying = self.conn.recheck = None  # nothing of an earlier exchange
+        self.conn.exchange_begins()
         self._carry(self._start, head)
 
     def _start(self, head: wire.RequestHead) -> Action:
@@ -609,7 +608,6 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
     if ex is None:  # one per connection, for its kept-alive requests
         ex = side.executor = Executor(steps, conn, x, dials=False, timed=False)
     ex.x, ex.cache_hit = x, kept is not None and kept.resolved is not None
-    conn.recheck = None  # a change met by an earlier exchange is not this one's (it is idle)
     try:
         while step is not RELAY:
             if x.state is DONE or step.__class__ is Wait:  # refused, a lookup, a dial
@@ -630,9 +628,7 @@ def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket:
         metrics.decision.observe(seconds_since(t0))
     upstream = conn.upstream
     assert upstream is not None
-    conn.phase = "active"
-    conn.raw_head = data
-    conn.relaying = x.record  # re-judged if its client's policy changes (as modes/http/serve.py)
+    conn.request_forwarded(data, x.record)  # (no earlier change is its: `request_ended`)
     side.last_active = steps.loop.time()
     fx = FastExchange(steps, conn, head, x, upstream)
     fx.ticket = ticket

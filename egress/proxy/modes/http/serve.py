@@ -121,7 +121,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
 
     # until it is dialed, the previous exchange is not what is open (nor, for a recheck,
     # what a change found being dialed then: drive.coroutine.revoked_meanwhile)
-    conn.relaying = conn.recheck = None
+    conn.exchange_begins()
     try:
         keep = _keeper(steps, head)
         relay = await drive(steps, conn, x, x.start(intent), keep=keep, before_pooled=take_turn)
@@ -131,12 +131,12 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         assert upstream is not None
         # re-judged if its client's policy changes, in flight and once kept alive after it
         # (docs/policy.md#live-policy-changes)
-        conn.relaying = x.record
+        conn.relays(x.record)
         assert isinstance(intent.target, Target)
         request = _Request(head, intent.target, intent.path or "/", intent.explicit_port)
         return await _exchange(steps, conn, request, upstream, x)
     finally:
-        conn.upstream = None
+        conn.upstream_done()
         if turn is not None:
             steps.turns.give_back(turn)
 
@@ -189,7 +189,8 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             upstream.close()
             if isinstance(fresh, Refuse):
                 return answer(steps, conn, head, x, fresh)
-            upstream = conn.upstream = fresh
+            upstream = fresh
+            conn.connected(upstream, x.record)
             upstream.write(out)
             got = await _read_response(conn, head, upstream, x)
     if not isinstance(got, tuple):
@@ -244,12 +245,12 @@ async def _redial(
 
     # the `Dialer` both drivers use: the sweeper times it out, a stop gives it up
     dialer = Dialer(steps.loop, dial_again.addrs, dial_again.port, done, steps.metrics)
-    conn.dialing = dialer
+    conn.dial_started(dialer)
     try:
         dialer.start()
         got = await found
     finally:
-        conn.dialing = None
+        conn.dial_over()
         dialer.cancel()  # (a no-op once it reported)
     if isinstance(got, Refuse):
         return got
