@@ -44,13 +44,12 @@ from ..codec import http1 as wire
 from ..core.actions import Action, Refuse
 from ..core.exchange import Exchange, State
 from ..core.gate import Refuse as Verdict
-from ..core.gate import refuse_upstream
 from ..core.kept import ANY_CREDENTIAL, Kept
+from ..core.reader import FINAL, INTERIM, UNANSWERED, ResponseReader
 from ..core.record import perf_counter_ns, seconds_since
 from ..fairshare import Ticket, Waiter
 from ..modes.connect.serve import connect_exchange
 from ..modes.http.serve import (
-    UNANSWERED,
     answer,
     cut_by_proxy,
     finish_exchange,
@@ -58,7 +57,6 @@ from ..modes.http.serve import (
     request_intent,
     request_out,
     response_end,
-    response_out,
 )
 from ..net.dialer import Dialer
 from ..net.relay import RelayEnded, Side
@@ -77,20 +75,7 @@ DONE: Final = State.DONE
 class FastExchange:
     """One request in flight on the fast path (see the module docstring)."""
 
-    __slots__ = (
-        "conn",
-        "end",
-        "head",
-        "interim",
-        "keep",
-        "out",
-        "resp",
-        "searched",
-        "steps",
-        "ticket",
-        "upstream",
-        "x",
-    )
+    __slots__ = ("conn", "end", "head", "out", "reader", "steps", "ticket", "upstream", "x")
 
     def __init__(
         self, steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, upstream: Side
@@ -101,58 +86,38 @@ class FastExchange:
         self.x = x
         self.upstream = upstream
         self.end: str | None = None  # how its response body was cut short, if it was
-        self.searched = 0
-        self.resp: wire.ResponseHead | None = None
-        self.keep = False
         self.ticket: Ticket | None = None  # its client's request slot, given back at the end
         self.out = b""  # the head sent upstream (sent again by a retry, `_retry`)
-        self.interim = False  # a 1xx was relayed (a retry no longer may)
+        # what the upstream answers, read and decided as on the coroutine path
+        self.reader = ResponseReader(x, head, steps.closing)
 
     # --- the upstream's callbacks ------------------------------------------------------------
     def on_upstream(self) -> None:
-        """Bytes, EOF or loss on the upstream while its response head is awaited."""
+        """Bytes, EOF or loss on the upstream while its response head is awaited: fed to the
+        response reader (`core/reader.py`), which decides what they mean."""
+        up, reader = self.upstream, self.reader
         try:
-            self._read_response()
+            while True:
+                got = reader.read(up.buf, up.eof)
+                if got is None:
+                    return  # more to come
+                if got is INTERIM:  # relayed, and read on
+                    up.consume(reader.used)
+                    self.conn.side.write(reader.raw)
+                    continue
+                if got is FINAL:
+                    up.consume(reader.used)
+                    up.on_wake = None
+                    self._relay(reader)
+                elif got is not UNANSWERED or not self._retry():
+                    self._refused(got)
+                return
         except Exception:  # a bug must never take the proxy down (as server._serve)
             log.exception("egress: unexpected error serving %s", self.conn.client)
             self.upstream.on_wake = None
             self.upstream.abort()
             self.conn.side.abort()
             self._done(False)
-
-    def _read_response(self) -> None:
-        up = self.upstream
-        while True:
-            try:
-                parsed = wire.parse_response_head(
-                    up.buf, request_method=self.head.method, searched=self.searched
-                )
-            except ProtocolError as exc:
-                self._refused(refuse_upstream(f"malformed response: {exc}"))
-                return
-            if parsed is None:
-                if up.eof:
-                    if not up.buf and not self.interim and self._retry():
-                        return  # its pooled upstream closed unanswered: on a fresh one
-                    self._refused(refuse_upstream("upstream closed before a response"))
-                else:
-                    self.searched = len(up.buf)
-                return
-            resp, used = parsed
-            raw = bytes(up.buf[:used])
-            up.consume(used)
-            step = self.x.response(resp.status)
-            if isinstance(step, Refuse):  # a 101
-                self._refused(step)
-                return
-            if resp.status < 200:  # interim: relayed, and read on
-                self.conn.side.write(raw)
-                self.searched = 0
-                self.interim = True
-                continue
-            up.on_wake = None
-            self._relay(resp, raw)
-            return
 
     def _retry(self) -> bool:
         """Send the request again on a fresh upstream to the checked address, as
@@ -180,14 +145,13 @@ class FastExchange:
             return
         self.upstream = up = outcome[0]
         self.conn.connected(up, self.x.record)
-        self.searched = 0
         up.on_wake = self.on_upstream
         up.write(self.out)
 
-    def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
+    def _relay(self, reader: ResponseReader) -> None:
         """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
-        self.resp = resp
-        self.keep, out = response_out(self.steps, self.head, resp, raw)
+        resp, out = reader.head, reader.out
+        assert resp is not None
         client = self.conn.side
         kind = resp.framing.kind
         up = self.upstream
@@ -222,9 +186,10 @@ class FastExchange:
     def _relayed(self, fut: asyncio.Future[None]) -> None:
         exc = None if fut.cancelled() else fut.exception()
         ok = True
-        if isinstance(exc, RelayEnded) and self.resp is not None:
+        resp = self.reader.head
+        if isinstance(exc, RelayEnded) and resp is not None:
             # until-close: its end is the close, unless the client went away
-            if self.resp.framing.kind != "close" or exc.sink:
+            if resp.framing.kind != "close" or exc.sink:
                 self.end = response_end(exc)
                 ok = False
         elif fut.cancelled() or exc is not None:
@@ -233,19 +198,10 @@ class FastExchange:
 
     # --- the exchange's end: as modes.http.serve.serve_request's ----------------------------
     def _end(self, ok: bool) -> None:
-        resp = self.resp
-        assert resp is not None
-        keep = finish_exchange(
-            self.steps,
-            self.conn,
-            self.upstream,
-            resp,
-            self.x,
-            keep=self.keep and ok,
-            ok=ok,
-            end=self.end,
+        steps, reader = self.steps, self.reader
+        self._done(
+            finish_exchange(steps, self.conn, self.upstream, reader, self.x, ok=ok, end=self.end)
         )
-        self._done(keep)
 
     def _refused(self, refusal: Verdict | Refuse) -> None:
         self.upstream.on_wake = None
@@ -253,9 +209,7 @@ class FastExchange:
         conn = self.conn
         if cut_by_proxy(conn) and isinstance(refusal, Verdict):
             # cut by the proxy (a policy change, a stop): nothing to answer, its record says so
-            finish_exchange(
-                self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
-            )
+            finish_exchange(self.steps, conn, self.upstream, None, self.x, ok=False, end=None)
             self._done(False)
             return
         self._done(answer(self.steps, conn, self.head, self.x, refusal))
