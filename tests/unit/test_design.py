@@ -376,10 +376,66 @@ def test_the_conn_checks_see_loops_and_setattr() -> None:
     ]
 
 
+def test_the_response_check_sees_a_driver_reading_a_response() -> None:
+    source = (
+        "def on_upstream(self, x, up):\n"
+        "    parsed = wire.parse_response_head(up.buf, request_method='GET')\n"
+        "    step = x.response(parsed[0].status)\n"
+        "    return response_step(200)\n"
+    )
+    assert response_decisions((fake_module(source, "egress.proxy.drive.fake"),)) == [
+        "egress/proxy/drive/fake.py:2 wire.parse_response_head",
+        "egress/proxy/drive/fake.py:3 x.response",
+        "egress/proxy/drive/fake.py:4 response_step",
+    ]
+
+
 def holds_a_conn(annotation: ast.expr | None) -> bool:
     """`Conn` or `Conn | None` (quoted or not), not a container of them."""
     text = ast.unparse(annotation).strip("'\"") if annotation is not None else ""
     return bool(re.fullmatch(r"(Conn)( \| None)?|None \| Conn", text))
+
+
+RESPONSE_READER = "egress.proxy.core.reader"
+# what reading a response head and deciding from it takes: the reader's alone (and the
+# exchange's, for the 1xx/101 step it records)
+RESPONSE_CALLS = {
+    "parse_response_head": RESPONSE_READER,
+    "response": RESPONSE_READER,  # `Exchange.response(status)`
+    "passthrough_response_head": RESPONSE_READER,
+    "forward_response_headers": RESPONSE_READER,
+    "response_step": RECORD_FIELDS_OWNER,
+}
+RESPONSE_NAME = re.compile(r"^resp(onse)?(_head)?$")
+
+
+def response_decisions(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Places outside the response reader (`proxy/core/reader.py`) that read a response head
+    or decide from it: a call of what parses, steps or rewrites one, or a read of a response
+    head's `status`, `keep_alive` or `connection_tokens`. 1xx, 101, keep-alive and pooling
+    are decided once, for both drivers (issue 33 item 2); the codec defines the parsers."""
+    found = []
+    for m in ms or modules():
+        if not m.name.startswith("egress.proxy.") or m.name == RESPONSE_READER:
+            continue
+        if m.name.startswith("egress.proxy.codec"):
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Call):
+                name = last_name(node.func)
+                if name in RESPONSE_CALLS and RESPONSE_CALLS[name] != m.name:
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node.func)}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                if node.attr in ("status", "keep_alive", "connection_tokens") and (
+                    RESPONSE_NAME.search(last_name(node.value))
+                ):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_response_decisions_live_in_the_reader() -> None:
+    found = response_decisions()
+    assert not found, report(found)
 
 
 def private_imports(ms: tuple[Module, ...] | None = None) -> list[str]:
@@ -691,6 +747,7 @@ OFFENCES = {
     "record_writes": "def f(rec):\n    rec.status = 1\n",
     "conn_writes": "def f(self):\n    self.conn.phase = 'idle'\n    self.conn.request_ended(0)\n",
     "held_conns": "def f(c: Conn, conn: Conn | None):\n    for conn in self.conns:\n        pass\n",
+    "response_decisions": "def f(resp, up, x):\n    return resp.keep_alive and up.keep_alive\n",
     "private_imports": "from egress.proxy.core.record import _x\n",
     "format_skips": "x = 1  # fmt: skip\n",
     "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",
