@@ -27,7 +27,8 @@ from egress.proxy.codec import http1 as wire
 from egress.proxy.core.actions import Done, Refuse
 from egress.proxy.core.gate import Refuse as Verdict
 from egress.proxy.core.reader import CLOSED, FINAL, INTERIM, UNANSWERED, ResponseReader
-from egress.proxy.drive.callback import FastClient, FastExchange
+from egress.proxy.drive.callback import FastClient
+from egress.proxy.drive.fastpath import FastExchange
 from egress.proxy.modes.http.front import HTTP
 from egress.proxy.modes.http.serve import serve_request
 from egress.proxy.net.conn import Conn
@@ -394,7 +395,7 @@ async def callback_driver(script: list[bytes | None], method: str) -> Run:
     conn.serving(raw)
     x = _relaying(method)
     conn.connected(upstream, x.record)
-    fx = FastExchange(steps, conn, head, x, upstream)  # type: ignore[arg-type]
+    fx = FastExchange(steps, conn, client, head, x, upstream)  # type: ignore[arg-type]
     fx.ticket = object()  # type: ignore[assignment]
     client.fast = fx
     upstream.on_wake = fx.on_upstream
