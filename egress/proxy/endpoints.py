@@ -173,8 +173,10 @@ class ListenerControl:
             return False
         listeners.remove(listener)
         listener.close()
-        for conn in [c for c in self.context.conns if c.listener is listener]:
-            conn.end = End.RELEASED.value
+        for conn in list(self.context.conns):
+            if conn.listener is not listener:
+                continue
+            conn.cut_by(End.RELEASED)
             conn.side.abort()
             if conn.upstream is not None:
                 conn.upstream.abort()

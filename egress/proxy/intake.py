@@ -117,7 +117,7 @@ class Intake:
                 adopt(self.loop, sock, side, lambda _, err: self._adopted(conn, sock, err))
                 return
         sock.setblocking(False)
-        conn.task = self.loop.create_task(self._serve(conn, sock))
+        conn.run_by(self.loop.create_task(self._serve(conn, sock)))
 
     def _adopted(self, conn: Conn, sock: socket.socket, err: BaseException | None) -> None:
         """A connection's transport is made (or failed): closed at once if it was evicted,
@@ -135,7 +135,7 @@ class Intake:
         """Start the coroutine of a connection accepted without one: it serves from the
         buffered head on (None), or carries on an exchange the callback driver began."""
         coro = self._serve(conn, None) if work is None else self._carry_on(conn, work)
-        conn.task = self.loop.create_task(coro)
+        conn.run_by(self.loop.create_task(coro))
 
     async def _carry_on(self, conn: Conn, work: Coroutine[Any, Any, None]) -> None:
         try:
@@ -249,14 +249,14 @@ class Intake:
             # a head that arrived as a policy change closed its connection between requests
             # (docs/policy.md#live-policy-changes): the client saw the close, not an answer
             return False
-        conn.phase, conn.served = "active", True
+        conn.serving()
         if head.method == "CONNECT":
             # the last request's record is not what it opens, nor an earlier change's recheck
-            conn.relaying = conn.recheck = None
+            conn.exchange_begins()
             await serve_tunnel(self.steps, conn, head)
             return False
         keep = await serve_request(self.steps, conn, head)
-        conn.phase, conn.phase_since = "idle", self.loop.time()
+        conn.request_ended(self.loop.time())
         return keep
 
     # --- shutdown ----------------------------------------------------------------------------
@@ -270,17 +270,16 @@ class Intake:
             if conn.task is not None:
                 tasks.append(conn.task)
             else:  # served from callbacks (`drive/callback.py`): done when `finished`
-                conn.ended = self.loop.create_future()
-                tasks.append(conn.ended)
+                tasks.append(conn.stop_waits(self.loop.create_future()))
         for conn in list(conns):
             if conn.phase != "active":
-                conn.end = End.SHUTDOWN.value
+                conn.cut_by(End.SHUTDOWN)
                 conn.side.close()
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=grace)
         for conn in list(conns):
-            conn.end = End.SHUTDOWN.value
+            conn.cut_by(End.SHUTDOWN)
             conn.side.abort()
             if conn.upstream is not None:
                 conn.upstream.abort()

@@ -166,9 +166,9 @@ class Steps:
             reclaim = idle_of(slots.members(owner))
         verdict = slots.admit(conn, owner, key, self.loop.time(), reclaimable=reclaim is not None)
         if isinstance(verdict, Refuse):
-            conn.owner = owner
+            conn.counted_as(owner)
             return verdict
-        conn.owner = owner
+        conn.counted_as(owner)
         if reclaim is not None and slots.total > self.limits.max_connections:
             reclaim.side.close()  # its own kept-alive connection, between requests
         self._evict(verdict)
@@ -195,15 +195,15 @@ class Steps:
         return refusal, self.connections.at_accept(peer, listener, owner, refusal)
 
     def _evict(self, verdict: Admitted[Conn]) -> None:
-        for victim in verdict.evicted:
-            victim.end = End.EVICTED.value
-            victim.side.close()
+        for conn in verdict.evicted:
+            conn.cut_by(End.EVICTED)
+            conn.side.close()
 
     def overdue(self, now: float) -> None:
         """Close connections still unidentified after `identify_timeout` (the sweeper)."""
         for conn in self.slots.overdue(now, self.limits.identify_timeout):
             if conn.phase in ("head", "hello", "idle") and conn.end is None:
-                conn.end = End.IDENTIFY_TIMEOUT.value
+                conn.cut_by(End.IDENTIFY_TIMEOUT)
                 conn.side.close()
 
     def cap(self, conn: Conn, found: Identity | Refuse) -> Refuse | None:
@@ -220,7 +220,7 @@ class Steps:
                 refusal = self.slots.identify(conn, owner)
                 if refusal is not None:
                     return refusal
-                conn.owner = owner
+                conn.counted_as(owner)
         return None
 
     def link(self, conn: Conn, x: Exchange) -> None:
@@ -230,7 +230,6 @@ class Steps:
         audit = self.lifecycle
         if audit is not None:
             rec = x.record
-            conn.rec = rec
             if x.opens_at_dial:
                 x.linked(audit.opened(rec.opened()), self.loop.time())
             else:
@@ -294,7 +293,7 @@ class Steps:
         status, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
         if write:
             conn.side.write(data)
-        conn.served = True
+        conn.accounted()
         self.connections.refused(conn, refusal, status)
 
     def flush_refusals(self, *, everything: bool = False) -> None:

@@ -132,13 +132,13 @@ class ClientControl:
             if rec is None and conn.phase in ("active", "hello"):
                 # being judged, resolved or dialed under the old policy: judged again by
                 # the new one before it relays (drive/executor.py)
-                conn.recheck = {**(conn.recheck or {}), **policies}
+                conn.policies_changed(policies)
                 continue
             if not isinstance(rec, AccessRecord):
                 continue
             if revoked_by(policies, guard, rec) is None:
                 continue
-            conn.end = End.REVOKED.value
+            conn.cut_by(End.REVOKED)
             closed += 1
             between = conn.phase in ("idle", "head") and rec.scheme == "http"
             if not between:

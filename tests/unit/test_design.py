@@ -297,6 +297,147 @@ def holds_a_record(annotation: ast.expr | None) -> bool:
     return bool(re.fullmatch(r"(AccessRecord)( \| None)?|None \| AccessRecord", text))
 
 
+CONN_OWNER = "egress.proxy.net.conn"
+CONN_NAME = re.compile(r"(^|_)conn$")
+
+
+def conn_writes(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Assignments to (or deletions of) an attribute of a `Conn` outside `net/conn.py`: a
+    connection changes state through its own methods, named for what happened
+    (`conn.request_ended(now)`, `conn.cut_by(End.REVOKED)`), so its state is written in one
+    module (issue 33).
+
+    A `Conn` is recognised by its name (`conn`, `self.conn`, `client_conn`, ...):
+    `test_conn_names_say_so` keeps every annotated or constructed one named that way."""
+    found = []
+    for m in ms or modules():
+        if m.name == CONN_OWNER:
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):
+                if CONN_NAME.search(last_name(node.value)):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("setattr"):
+                if node.args and CONN_NAME.search(last_name(node.args[0])):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_conn_state_is_written_only_by_its_own_methods() -> None:
+    found = conn_writes()
+    assert not found, report(found)
+
+
+def held_conns(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Names that hold a `Conn` (annotated `Conn` or `Conn | None`, made by `Conn(...)`, or
+    the loop variable over a set of them) but are not named like one."""
+    found = []
+    for m in ms or modules():
+        for node in ast.walk(m.tree):
+            held: list[str] = []
+            if isinstance(node, ast.arg) and holds_a_conn(node.annotation):
+                held.append(node.arg)
+            elif isinstance(node, ast.AnnAssign) and holds_a_conn(node.annotation):
+                held.append(last_name(node.target))
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                if ast.unparse(node.value.func).endswith("Conn"):
+                    held += [last_name(t) for t in node.targets]
+            elif isinstance(node, ast.For | ast.comprehension):
+                source = ast.unparse(node.iter)
+                if re.search(r"\bconns\b|\.evicted\b", source):
+                    held += [last_name(t) for t in ast.walk(node.target) if isinstance(t, ast.Name)]
+            found += [
+                f"{m.where}:{getattr(node, 'lineno', 0)} {name}"
+                for name in held
+                if name != "self" and not CONN_NAME.search(name)
+            ]
+    return found
+
+
+def test_conn_names_say_so() -> None:
+    """Whatever holds a `Conn` is named like one, which is how `conn_writes` recognises it."""
+    found = [f for f in held_conns() if not f.startswith("egress/proxy/net/conn.py")]
+    assert not found, report(found)
+
+
+def test_the_conn_checks_see_loops_and_setattr() -> None:
+    source = (
+        "def f(self):\n"
+        "    for c in [c for c in self.context.conns]:\n"
+        "        setattr(c, 'end', 'x')\n"
+        "    setattr(self.conn, 'end', 'x')\n"
+        "    del client_conn.task\n"
+    )
+    module = fake_module(source, "egress.proxy.fake")
+    assert held_conns((module,)) == ["egress/proxy/fake.py:2 c", "egress/proxy/fake.py:0 c"]
+    assert conn_writes((module,)) == [
+        "egress/proxy/fake.py:4 setattr(self.conn, 'end', 'x')",
+        "egress/proxy/fake.py:5 client_conn.task",
+    ]
+
+
+def test_the_response_check_sees_a_driver_reading_a_response() -> None:
+    source = (
+        "def on_upstream(self, x, up):\n"
+        "    parsed = wire.parse_response_head(up.buf, request_method='GET')\n"
+        "    step = x.response(parsed[0].status)\n"
+        "    return response_step(200)\n"
+    )
+    assert response_decisions((fake_module(source, "egress.proxy.drive.fake"),)) == [
+        "egress/proxy/drive/fake.py:2 wire.parse_response_head",
+        "egress/proxy/drive/fake.py:3 x.response",
+        "egress/proxy/drive/fake.py:4 response_step",
+    ]
+
+
+def holds_a_conn(annotation: ast.expr | None) -> bool:
+    """`Conn` or `Conn | None` (quoted or not), not a container of them."""
+    text = ast.unparse(annotation).strip("'\"") if annotation is not None else ""
+    return bool(re.fullmatch(r"(Conn)( \| None)?|None \| Conn", text))
+
+
+RESPONSE_READER = "egress.proxy.core.reader"
+# what reading a response head and deciding from it takes: the reader's alone (and the
+# exchange's, for the 1xx/101 step it records)
+RESPONSE_CALLS = {
+    "parse_response_head": RESPONSE_READER,
+    "response": RESPONSE_READER,  # `Exchange.response(status)`
+    "passthrough_response_head": RESPONSE_READER,
+    "forward_response_headers": RESPONSE_READER,
+    "response_step": RECORD_FIELDS_OWNER,
+}
+RESPONSE_NAME = re.compile(r"^resp(onse)?(_head)?$")
+
+
+def response_decisions(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Places outside the response reader (`proxy/core/reader.py`) that read a response head
+    or decide from it: a call of what parses, steps or rewrites one, or a read of a response
+    head's `status`, `keep_alive` or `connection_tokens`. 1xx, 101, keep-alive and pooling
+    are decided once, for both drivers (issue 33 item 2); the codec defines the parsers."""
+    found = []
+    for m in ms or modules():
+        if not m.name.startswith("egress.proxy.") or m.name == RESPONSE_READER:
+            continue
+        if m.name.startswith("egress.proxy.codec"):
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.Call):
+                name = last_name(node.func)
+                if name in RESPONSE_CALLS and RESPONSE_CALLS[name] != m.name:
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node.func)}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                if node.attr in ("status", "keep_alive", "connection_tokens") and (
+                    RESPONSE_NAME.search(last_name(node.value))
+                ):
+                    found.append(f"{m.where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_response_decisions_live_in_the_reader() -> None:
+    found = response_decisions()
+    assert not found, report(found)
+
+
 def private_imports(ms: tuple[Module, ...] | None = None) -> list[str]:
     """`_private` names a module takes from another project module (h11's shape: private
     modules with public names, re-exported by the package; never a sibling's `_name`)."""
@@ -607,20 +748,14 @@ MAX_CLASS_METHODS = 25  # `def`s and `async def`s in the class body
 # struck from here, so none can grow back unseen (the KNOWN_CYCLES rule).
 RESHAPING = frozenset(
     {
-        "egress/proxy/drive/callback.py",
         "egress/proxy/core/exchange.py",
-        "egress/proxy/modes/http/serve.py",
     }
 )
 LONG_MODULES: dict[str, str] = {
-    "egress/proxy/drive/callback.py": "the callback driver becomes a waiter of the one executor",
     "egress/proxy/core/exchange.py": "the exchange is taken through the response",
-    "egress/proxy/modes/http/serve.py": "its response half moves into the exchange",
 }
 # "module path:Class"
-CROWDED_CLASSES: dict[str, str] = {
-    "egress/proxy/core/exchange.py:Exchange": "reshaped with the exchange, through the response",
-}
+CROWDED_CLASSES: dict[str, str] = {}
 
 
 def module_lengths(ms: tuple[Module, ...] | None = None) -> dict[str, int]:
@@ -706,6 +841,9 @@ def fake_module(source: str, name: str = "egress.fake") -> Module:
 OFFENCES = {
     "except_refused": "try:\n    pass\nexcept Refused:\n    pass\n",
     "record_writes": "def f(rec):\n    rec.status = 1\n",
+    "conn_writes": "def f(self):\n    self.conn.phase = 'idle'\n    self.conn.request_ended(0)\n",
+    "held_conns": "def f(c: Conn, conn: Conn | None):\n    for conn in self.conns:\n        pass\n",
+    "response_decisions": "def f(resp, up, x):\n    return resp.keep_alive and up.keep_alive\n",
     "private_imports": "from egress.proxy.core.record import _x\n",
     "format_skips": "x = 1  # fmt: skip\n",
     "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",

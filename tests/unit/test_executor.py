@@ -25,6 +25,7 @@ from egress.proxy.drive.coroutine import drive
 from egress.proxy.drive.executor import END, LOOKUP, RELAY, Executor
 from egress.proxy.modes.connect.front import CONNECT
 from egress.proxy.modes.http.front import HTTP
+from egress.proxy.net.conn import Conn
 from egress.reasons import End
 
 from proxykit import client_hello
@@ -92,17 +93,12 @@ class Relaying:
         self.callbacks.append(callback)
 
 
-@dataclass
-class Conn:
-    side: ScriptedSide
-    client: str = "198.18.0.5:40000"
-    upstream: Any = None
-    dialing: Any = None
-    recheck: Any = None
-    relaying: Any = None
-    end: str | None = None
-    phase: str = "active"
-    phase_since: float = 0.0
+def make_conn(side: ScriptedSide) -> Conn:
+    """The proxy's own connection state (its transitions are what the executor calls) on a
+    scripted side, its exchange under way as a driver leaves it."""
+    conn = Conn(side, "198.18.0.5:40000", None, None)  # type: ignore[arg-type]
+    conn.serving()
+    return conn
 
 
 class Loop:
@@ -172,7 +168,7 @@ def tunnel_at_reply(steps: Steps, conn: Conn) -> tuple[Exchange, Executor, objec
 
 # --- an action no case names ------------------------------------------------------------------
 def test_an_unknown_action_raises_in_the_executor() -> None:
-    steps, conn = Steps(), Conn(ScriptedSide())
+    steps, conn = Steps(), make_conn(ScriptedSide())
     ex = Executor(steps, conn, Exchange(make_gate(), CONNECT))  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match=r"unexpected action Unknown\(\)"):
         ex.carry_out(Unknown())  # type: ignore[arg-type]
@@ -180,7 +176,7 @@ def test_an_unknown_action_raises_in_the_executor() -> None:
 
 async def test_an_unknown_action_raises_in_the_coroutine_driver() -> None:
     """It used to spin: `drive`'s chain had no `else`."""
-    steps, conn = Steps(), Conn(ScriptedSide())
+    steps, conn = Steps(), make_conn(ScriptedSide())
     x = Exchange(make_gate(), CONNECT)
     with pytest.raises(RuntimeError, match="unexpected action"):
         await drive(steps, conn, x, Unknown())  # type: ignore[arg-type]
@@ -191,7 +187,7 @@ def test_an_unknown_action_raises_in_the_callback_driver(caplog: pytest.LogCaptu
     """It used to pass for a `Done`; now it raises, and the driver's one guard logs it and
     closes the connection, with no record written as if it had ended."""
     side = ScriptedSide()
-    steps, conn = Steps(), Conn(side)
+    steps, conn = Steps(), make_conn(side)
     carrier = Carrier(steps, conn, side, lambda *_: None)  # type: ignore[arg-type]
     carrier.ex = Executor(steps, conn, Exchange(make_gate(), CONNECT))  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="unexpected action"):
@@ -211,7 +207,7 @@ HELLO_BYTES = client_hello("x.test")
 async def test_the_coroutine_driver_waits_for_the_hello() -> None:
     """The ClientHello, sent in two pieces, is read across two waits; then it relays."""
     side = ScriptedSide(HELLO_BYTES[:10], HELLO_BYTES[10:])
-    steps, conn = Steps(), Conn(side)
+    steps, conn = Steps(), make_conn(side)
     x, _, reply = tunnel_at_reply(steps, conn)
     relay = await drive(steps, conn, x, reply)  # type: ignore[arg-type]
     assert relay == Relay(request=False)
@@ -226,7 +222,7 @@ async def test_the_coroutine_driver_looks_a_name_up_then_takes_an_idle_upstream(
     side = ScriptedSide()
     upstream = ScriptedSide()
     steps = Steps(pool=Pool((upstream, WORLD)))
-    conn = Conn(side)
+    conn = make_conn(side)
     g = make_gate()
     x = Exchange(g, HTTP)
     start = x.start(request_intent(g))
@@ -244,7 +240,7 @@ def test_the_callback_driver_waits_for_the_hello_from_wake_ups() -> None:
     """The same hello, from the side's wake-ups: `Wait.HELLO` registers the callback, each
     piece resumes the exchange, the last one takes it to its relay."""
     side = ScriptedSide()
-    steps, conn = Steps(), Conn(side)
+    steps, conn = Steps(), make_conn(side)
     carrier = Carrier(steps, conn, side, lambda *_: None)  # type: ignore[arg-type]
     x, ex, reply = tunnel_at_reply(steps, conn)
     carrier.ex = ex
@@ -268,7 +264,7 @@ def test_a_hello_for_another_name_is_refused_the_same_by_both(driver: str) -> No
     """A ClientHello naming another host: the SNI refusal, nothing answered after the
     `200`, the tunnel closed, the record written once; both drivers alike."""
     side = ScriptedSide(client_hello("other.test"))
-    steps, conn = Steps(), Conn(side)
+    steps, conn = Steps(), make_conn(side)
     x, ex, reply = tunnel_at_reply(steps, conn)
     if driver == "coroutine":
         assert asyncio.run(drive(steps, conn, x, reply)) is None  # type: ignore[arg-type]
@@ -287,7 +283,7 @@ def test_a_hello_for_another_name_is_refused_the_same_by_both(driver: str) -> No
 
 
 def test_a_refusal_before_any_wait_ends_the_exchange_at_once() -> None:
-    steps, conn = Steps(), Conn(ScriptedSide())
+    steps, conn = Steps(), make_conn(ScriptedSide())
     g = make_gate()
     x = Exchange(g, CONNECT)
     ex = Executor(steps, conn, x)  # type: ignore[arg-type]
@@ -301,7 +297,7 @@ def test_a_refusal_before_any_wait_ends_the_exchange_at_once() -> None:
 def test_a_relay_after_a_policy_change_is_judged_again() -> None:
     """A change met while it was dialed (`conn.recheck`): judged again at `Relay`, before
     anything is relayed; still allowed here, so it relays."""
-    steps, conn = Steps(), Conn(ScriptedSide())
+    steps, conn = Steps(), make_conn(ScriptedSide())
     g = make_gate()
     x = Exchange(g, HTTP)
     x.start(request_intent(g))

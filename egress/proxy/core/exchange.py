@@ -86,7 +86,6 @@ class Exchange:
     """One request, tunnel or forwarded connection, from its intent to its record."""
 
     __slots__ = (
-        "_addr",
         "_admitted",
         "_answerable",
         "_first",
@@ -95,8 +94,10 @@ class Exchange:
         "_identity",
         "_refusal",
         "_target",
+        "dialed_addr",
         "front",
         "gate",
+        "opens_at_dial",
         "record",
         "state",
     )
@@ -114,17 +115,18 @@ class Exchange:
         self._hello_first = False
         self._answerable = True
         self._refusal: Verdict | None = None
-        self._addr: IPAddress | None = None
+        # the checked address it was connected to (a pooled upstream goes back under it)
+        self.dialed_addr: IPAddress | None = None
+        # whether its `open` record is written at the dial: tunnels (CONNECT, SOCKS5,
+        # transparent, forwarders) last, a plain request mostly does not, so a request gets
+        # one only if it outlives the interim interval (docs/audit-log.md#open-and-progress);
+        # attributes, not properties: read on every kept-alive request
+        self.opens_at_dial = front.shape != "request"
 
     @property
     def refusal(self) -> Verdict | None:
         """The verdict it was refused with, if it was."""
         return self._refusal
-
-    @property
-    def dialed_addr(self) -> IPAddress | None:
-        """The checked address it was connected to (a pooled upstream goes back under it)."""
-        return self._addr
 
     @property
     def decided(self) -> bool:
@@ -247,7 +249,7 @@ class Exchange:
             or target is None
             or first is None
             or admitted is None
-            or self._addr is None
+            or self.dialed_addr is None
         ):
             return None
         addrs = (target.ip,) if target.ip is not None else resolved
@@ -306,30 +308,21 @@ class Exchange:
 
     def dialed(self, addr: IPAddress, text: str | None = None) -> ReplyOk | Relay:
         """Connected to `addr` (`text`: its spelling, when the driver caches them)."""
-        self._check("dialed")
-        rec = self.record
-        self._addr = addr
-        rec.addr = text if text is not None else str(addr)
         front = self.front
+        ok = front.ok
+        self._move("dialed", State.RELAYING if ok is None else State.REPLYING)
+        rec = self.record
+        self.dialed_addr = addr
+        rec.addr = text if text is not None else str(addr)
         if front.shape == "route":
             rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{rec.host}:{rec.port}")
-        ok = front.ok
         if ok is None:
-            self._move("dialed", State.RELAYING)
             return RELAY_REQUEST if front.shape == "request" else RELAY_TUNNEL
         if ok.style == "http":
             rec.status = ok.code
         elif ok.style == "socks5":
             rec.socks_reply = ok.code
-        self._move("dialed", State.REPLYING)
         return ReplyOk(ok)
-
-    @property
-    def opens_at_dial(self) -> bool:
-        """Whether its `open` record is written at the dial: tunnels (CONNECT, SOCKS5,
-        transparent, forwarders) last, a plain request mostly does not, so a request gets
-        one only if it outlives the interim interval (docs/audit-log.md#open-and-progress)."""
-        return self.front.shape != "request"
 
     def linked(self, link: int, reported: float) -> None:
         """The `open` record was written with id `link` (docs/audit-log.md#open-and-progress)."""
@@ -362,15 +355,15 @@ class Exchange:
     def response(self, status: int) -> Refuse | Relay:
         """An upstream response head: a 1xx is relayed and more is read, a 101 is refused, a
         final status is recorded and its body relayed."""
-        self._check("response")
         if self.front.shape != "request":
             raise SequenceError("exchange: a response head on a tunnel")
         step = response_step(status)
         if isinstance(step, Verdict):
+            self._check("response")
             return self._refuse("response", step)
+        self._move("response", State.RELAYING)  # (checked before anything is written)
         if step == "final":
             self.record.status = status
-        self._move("response", State.RELAYING)
         return RELAY_REQUEST
 
     def retry(self, bodiless: bool) -> Dial | None:
@@ -382,7 +375,7 @@ class Exchange:
         alone, or None (then refused as before: 502). Its record says `retried: 1`."""
         self._check("retry")
         rec = self.record
-        addr = self._addr
+        addr = self.dialed_addr
         if rec.retried or addr is None or not bodiless or rec.method not in IDEMPOTENT:
             return None
         if self.front.shape != "request":
@@ -393,13 +386,12 @@ class Exchange:
     def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
         """The relay ended: `how` it ended (`reasons.End`, None: a response that completed)
         and the bytes each way; the record is final."""
-        self._check("ended")
+        self._move("ended", State.DONE)  # (checked before anything is written)
         rec = self.record
         rec.bytes_up, rec.bytes_down = up, down
         if how is not None:
             rec.end = how
         rec.finish(now)
-        self._move("ended", State.DONE)
         front = self.front
         status = rec.status if front.shape == "request" else front.end_status
         return Done(rec, "allow", rec.reason or "", rec.rule, None, status)

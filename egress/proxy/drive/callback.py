@@ -1,33 +1,14 @@
 """The synchronous driver: exchanges carried out from protocol callbacks, without a task.
 
-Two kinds: a kept-alive absolute-form request (the callback fast path, below), and a
-CONNECT's whole tunnel set-up when it is a connection's first head (`Carrier`: accept
-without a task, decide, dial, `200`, SNI, relay; docs/architecture.md#the-callback-driver).
+Two kinds: a kept-alive absolute-form request (the callback fast path, `drive/fastpath.py`,
+served from `FastClient.data_received`), and a CONNECT's whole tunnel set-up when it is a
+connection's first head (`Carrier`: accept without a task, decide, dial, `200`, SNI, relay;
+docs/architecture.md#the-callback-driver).
 
-Shell. Why: on a kept-alive connection, the coroutine path (`modes/http/serve.py`) costs two
-waits per request (client bytes -> the connection's task; upstream bytes -> the task), each a
-future, a task step and several coroutine frames, about ten times the cost of the same hand-over as
-a plain callback (bench/profile.md). Here the client's `data_received` parses the head and
-drives the same `Exchange` synchronously (the gate's cached verdicts, a name only from the
-resolver's cache), writes it to an idle pooled upstream already dialed for that checked
-address, and the upstream's callback (`Side.on_wake`) parses the response head and relays
-it with the functions the coroutine path uses (`modes.http.serve.response_out`,
-`finish_exchange`: the same audit record and metrics,
-docs/architecture.md#the-callback-fast-path).
-
-Only what needs no waiting before the upstream write is taken: a complete bodiless head and
-nothing after it, an absolute `http://` target whose head can be forwarded,
-an identified client, an admitted verdict (an IP literal, or a name in the resolver's
-cache), an idle pooled upstream. Anything else - the first request of a connection, a
-refusal, a body, a dial, DNS, a malformed head - is left untouched to the connection's
-coroutine, which parses it again and serves it as before. After the upstream write, every
-outcome is handled here exactly as `modes.http.serve.serve_request` would (1xx relayed, 101
-and malformed responses refused with an audit record, response bodies relayed by `Side`'s
-relay mode with flow control).
-
-The connection's coroutine stays parked in `read_head` while the fast path runs; the
-client side holds back its wake-up (bytes of a next request, EOF) until the exchange ends,
-so the two paths never run at once on one connection.
+Shell. `FastClient` is the client connection's `Side` that can do both: it holds back its
+wake-ups while a kept-alive request is in flight or waits for its client's turn, and serves
+a first CONNECT head itself; anything else is the connection's coroutine's, which parses the
+buffered bytes again and serves them as before.
 """
 
 from __future__ import annotations
@@ -35,246 +16,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from ...errors import ProtocolError, TargetError
-from ...policy.target import Target, split_url
-from ...reasons import End
+from ...errors import ProtocolError
 from ..codec import http1 as wire
-from ..core.actions import Action, Refuse
-from ..core.exchange import Exchange, State
-from ..core.gate import Refuse as Verdict
-from ..core.gate import refuse_upstream
-from ..core.kept import ANY_CREDENTIAL, Kept
-from ..core.record import perf_counter_ns, seconds_since
+from ..core.actions import Action
+from ..core.kept import Kept
 from ..fairshare import Ticket, Waiter
 from ..modes.connect.serve import connect_exchange
-from ..modes.http.serve import (
-    UNANSWERED,
-    answer,
-    cut_by_proxy,
-    finish_exchange,
-    framer_for,
-    request_intent,
-    request_out,
-    response_end,
-    response_out,
-)
-from ..net.dialer import Dialer
-from ..net.relay import RelayEnded, Side
+from ..net.relay import Side
 from .executor import DIAL, END, HELLO, LOOKUP, RELAY, Executor, Wait
+from .fastpath import FastExchange, begin
 from .tunnel import carry_on, cut, end_relay, open_relay, relay_over, who_left
 
 if TYPE_CHECKING:
-    from ...policy.target import IPAddress
     from ..net.conn import Conn
     from ..runtime import Steps
 
 log = logging.getLogger("egress")
-DONE: Final = State.DONE
-
-
-class FastExchange:
-    """One request in flight on the fast path (see the module docstring)."""
-
-    __slots__ = (
-        "conn",
-        "end",
-        "head",
-        "interim",
-        "keep",
-        "out",
-        "resp",
-        "searched",
-        "steps",
-        "ticket",
-        "upstream",
-        "x",
-    )
-
-    def __init__(
-        self, steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, upstream: Side
-    ) -> None:
-        self.steps = steps
-        self.conn = conn
-        self.head = head
-        self.x = x
-        self.upstream = upstream
-        self.end: str | None = None  # how its response body was cut short, if it was
-        self.searched = 0
-        self.resp: wire.ResponseHead | None = None
-        self.keep = False
-        self.ticket: Ticket | None = None  # its client's request slot, given back at the end
-        self.out = b""  # the head sent upstream (sent again by a retry, `_retry`)
-        self.interim = False  # a 1xx was relayed (a retry no longer may)
-
-    # --- the upstream's callbacks ------------------------------------------------------------
-    def on_upstream(self) -> None:
-        """Bytes, EOF or loss on the upstream while its response head is awaited."""
-        try:
-            self._read_response()
-        except Exception:  # a bug must never take the proxy down (as server._serve)
-            log.exception("egress: unexpected error serving %s", self.conn.client)
-            self.upstream.on_wake = None
-            self.upstream.abort()
-            self.conn.side.abort()
-            self._done(False)
-
-    def _read_response(self) -> None:
-        up = self.upstream
-        while True:
-            try:
-                parsed = wire.parse_response_head(
-                    up.buf, request_method=self.head.method, searched=self.searched
-                )
-            except ProtocolError as exc:
-                self._refused(refuse_upstream(f"malformed response: {exc}"))
-                return
-            if parsed is None:
-                if up.eof:
-                    if not up.buf and not self.interim and self._retry():
-                        return  # its pooled upstream closed unanswered: on a fresh one
-                    self._refused(refuse_upstream("upstream closed before a response"))
-                else:
-                    self.searched = len(up.buf)
-                return
-            resp, used = parsed
-            raw = bytes(up.buf[:used])
-            up.consume(used)
-            step = self.x.response(resp.status)
-            if isinstance(step, Refuse):  # a 101
-                self._refused(step)
-                return
-            if resp.status < 200:  # interim: relayed, and read on
-                self.conn.side.write(raw)
-                self.searched = 0
-                self.interim = True
-                continue
-            up.on_wake = None
-            self._relay(resp, raw)
-            return
-
-    def _retry(self) -> bool:
-        """Send the request again on a fresh upstream to the checked address, as
-        `modes.http.serve` does (`Exchange.retry`: idempotent, once); False if it may not."""
-        if cut_by_proxy(self.conn):
-            return False
-        again = self.x.retry(True)  # (the fast path takes bodiless requests only)
-        if again is None:
-            return False
-        self.upstream.on_wake = None
-        self.upstream.close()
-        steps = self.steps
-        dialer = Dialer(steps.loop, again.addrs, again.port, self._redialed, steps.metrics)
-        self.conn.dialing = dialer
-        dialer.start()
-        return True
-
-    def _redialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
-        self.conn.dialing = None
-        if isinstance(outcome, Verdict) or cut_by_proxy(self.conn):
-            if not isinstance(outcome, Verdict):  # cut while it dialed: nothing is sent
-                outcome[0].close()
-                outcome = UNANSWERED
-            self._refused(outcome)  # answered (or cut) and recorded, `retried: 1`
-            return
-        self.upstream = self.conn.upstream = up = outcome[0]
-        self.searched = 0
-        up.on_wake = self.on_upstream
-        up.write(self.out)
-
-    def _relay(self, resp: wire.ResponseHead, raw: bytes) -> None:
-        """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
-        self.resp = resp
-        self.keep, out = response_out(self.steps, self.head, resp, raw)
-        client = self.conn.side
-        kind = resp.framing.kind
-        up = self.upstream
-        if kind == "length" and 0 < resp.framing.length <= len(up.buf):
-            # the whole body is already here: head and body in one write, as `start_relay`
-            # would send them, without its future (bytes past the body stay in `buf`, and
-            # the pool then closes the upstream)
-            n = resp.framing.length
-            if client.write(out + bytes(up.buf[:n])):
-                up.bytes_relayed += n
-                up.consume(n)
-                self._end(True)
-            else:
-                up.consume(n)
-                self.end = End.CLIENT_CLOSED.value  # the client is gone (docs/audit-log.md)
-                self._end(False)
-            return
-        framer = framer_for(resp.framing, 502) if kind in ("length", "chunked") else None
-        if kind == "none" or (kind != "close" and framer is None):
-            if not client.write(out):
-                self.end = End.CLIENT_CLOSED.value
-            self._end(self.end is None)
-            return
-        if kind == "close":
-            client.write(out)
-        fut = self.upstream.start_relay(client, framer, prefix=b"" if kind == "close" else out)
-        if fut.done():  # the whole body was already buffered: no trip through the loop
-            self._relayed(fut)
-        else:
-            fut.add_done_callback(self._relayed)
-
-    def _relayed(self, fut: asyncio.Future[None]) -> None:
-        exc = None if fut.cancelled() else fut.exception()
-        ok = True
-        if isinstance(exc, RelayEnded) and self.resp is not None:
-            # until-close: its end is the close, unless the client went away
-            if self.resp.framing.kind != "close" or exc.sink:
-                self.end = response_end(exc)
-                ok = False
-        elif fut.cancelled() or exc is not None:
-            ok = False
-        self._end(ok)
-
-    # --- the exchange's end: as modes.http.serve.serve_request's ----------------------------
-    def _end(self, ok: bool) -> None:
-        resp = self.resp
-        assert resp is not None
-        keep = finish_exchange(
-            self.steps,
-            self.conn,
-            self.upstream,
-            resp,
-            self.x,
-            keep=self.keep and ok,
-            ok=ok,
-            end=self.end,
-        )
-        self._done(keep)
-
-    def _refused(self, refusal: Verdict | Refuse) -> None:
-        self.upstream.on_wake = None
-        self.upstream.close()
-        conn = self.conn
-        if cut_by_proxy(conn) and isinstance(refusal, Verdict):
-            # cut by the proxy (a policy change, a stop): nothing to answer, its record says so
-            finish_exchange(
-                self.steps, conn, self.upstream, None, self.x, keep=False, ok=False, end=None
-            )
-            self._done(False)
-            return
-        self._done(answer(self.steps, conn, self.head, self.x, refusal))
-
-    def _done(self, keep: bool) -> None:
-        """Hand the connection back to its coroutine: idle, or closing."""
-        if self.ticket is not None:
-            self.steps.turns.give_back(self.ticket)
-        conn = self.conn
-        conn.upstream = None
-        conn.phase, conn.phase_since = "idle", self.steps.loop.time()
-        side = conn.side
-        assert isinstance(side, FastClient)
-        side.fast = None
-        if not keep:
-            side.buf.clear()  # no further request on this connection
-            side.close()
-        if side.buf or side.eof:
-            side.wake()
-
 
 # starts a connection's coroutine: from its first head (None), or to carry on an exchange
 Spawn = Callable[["Conn", "Coroutine[Any, Any, None] | None"], None]
@@ -336,7 +95,7 @@ class FastClient(Side):
                             if ticket is None:
                                 self.park(steps, conn, head, data)
                                 return
-                            if begin(steps, conn, head, data, ticket):
+                            if begin(self, head, data, ticket):
                                 return
                 except Exception:  # a bug here must not lose the request: the coroutine path
                     log.exception("egress: fast path failed for %s", conn.client)
@@ -393,7 +152,7 @@ class FastClient(Side):
         if not self.lost and conn.end is None and not steps.closing:
             self.consume(len(data))  # bytes after it (a next request) stay
             try:
-                served = begin(steps, conn, head, data, ticket)
+                served = begin(self, head, data, ticket)
             except Exception:  # a bug here must not lose the request: the coroutine path
                 log.exception("egress: fast path failed for %s", conn.client)
             if not served:
@@ -431,9 +190,8 @@ class FastClient(Side):
             spawn(conn, None)
             return
         head, used = parsed
-        conn.raw_head = bytes(self.buf[:used])
+        conn.serving(bytes(self.buf[:used]))
         self.consume(used)
-        conn.phase, conn.served = "active", True
         carrier = Carrier(steps, conn, self, spawn)
         carrier.begin(head)
 
@@ -465,7 +223,7 @@ class Carrier:
         self.timer: asyncio.TimerHandle | None = None
 
     def begin(self, head: wire.RequestHead) -> None:
-        self.conn.relaying = self.conn.recheck = None  # nothing of an earlier exchange
+        self.conn.exchange_begins()
         self._carry(self._start, head)
 
     def _start(self, head: wire.RequestHead) -> Action:
@@ -483,7 +241,7 @@ class Carrier:
             self._failed()
 
     def _failed(self) -> None:
-        """A bug must never take the proxy down (as `server._serve`): logged, closed."""
+        """A bug must never take the proxy down (as `Intake._serve`): logged, closed."""
         conn = self.conn
         log.exception("egress: unexpected error serving %s", conn.client)
         self.side.on_wake = None
@@ -566,136 +324,4 @@ class Carrier:
         self.side.finished()
 
 
-def begin(steps: Steps, conn: Conn, head: wire.RequestHead, data: bytes, ticket: Ticket) -> bool:
-    """A kept-alive request served from callbacks (`FastClient.data_received`), its client's
-    turn taken: False (the turn given back, nothing done) if it must take the coroutine
-    path. The exchange is carried out by its executor up
-    to its relay on an idle pooled upstream; it may not dial and leaves the metrics to the
-    end, so a request handed over (a lookup, a dial, a refusal: the coroutine path decides
-    again and answers it) is observed once. When the connection's last decision holds for
-    it (`core/kept.py`), the exchange starts from that decision instead of the gate's."""
-    t0 = perf_counter_ns()
-    side = conn.side
-    assert isinstance(side, FastClient)
-    kept = side.kept
-    path: str | None = None
-    if kept is not None:
-        path = kept_path(steps, conn, head, kept)
-        if path is not None:
-            steps.kept_hits += 1
-            x = Exchange(steps.gate, kept.front)
-            target, explicit_port = kept.target, kept.explicit_port
-            step: Action | Wait = x.start_kept(
-                conn.client, head.method, path, t0, conn.orig_dst, kept
-            )
-        else:
-            kept = side.kept = None
-    if kept is None:
-        intent = request_intent(steps, conn, head, t0)
-        found = intent.target
-        if intent.then is not None or not isinstance(found, Target) or intent.path is None:
-            steps.turns.give_back(ticket)
-            return False
-        target, path, explicit_port = found, intent.path, intent.explicit_port
-        x = Exchange(steps.gate, conn.listener.mode.request_front)
-        step = x.start(intent)
-    assert path is not None
-    try:
-        out = request_out(head, data, target, path, explicit_port)
-    except (ValueError, UnicodeEncodeError):
-        steps.turns.give_back(ticket)
-        return False  # the coroutine path answers it (400)
-    ex = side.executor
-    if ex is None:  # one per connection, for its kept-alive requests
-        ex = side.executor = Executor(steps, conn, x, dials=False, timed=False)
-    ex.x, ex.cache_hit = x, kept is not None and kept.resolved is not None
-    conn.recheck = None  # a change met by an earlier exchange is not this one's (it is idle)
-    try:
-        while step is not RELAY:
-            if x.state is DONE or step.__class__ is Wait:  # refused, a lookup, a dial
-                steps.turns.give_back(ticket)
-                return False
-            step = ex.carry_out(step)  # type: ignore[arg-type]
-    finally:
-        # the exchange is the FastExchange's or the coroutine's now: the connection's
-        # executor must not keep it (and with it a released sandbox's policy) alive
-        del ex.x
-    # from here on the request is ours: nothing below falls back
-    if kept is None:
-        side.kept = keep_decision(steps, conn, head, x, explicit_port)
-    metrics = steps.metrics
-    if metrics is not None:  # docs/metrics.md
-        if ex.cache_hit:  # a resolver cache hit: answered without a wait
-            metrics.dns.observe(0.0)
-        metrics.decision.observe(seconds_since(t0))
-    upstream = conn.upstream
-    assert upstream is not None
-    conn.phase = "active"
-    conn.raw_head = data
-    conn.relaying = x.record  # re-judged if its client's policy changes (as modes/http/serve.py)
-    side.last_active = steps.loop.time()
-    fx = FastExchange(steps, conn, head, x, upstream)
-    fx.ticket = ticket
-    fx.out = out
-    side.fast = fx
-    upstream.on_wake = fx.on_upstream
-    upstream.write(out)
-    return True
-
-
-def kept_path(steps: Steps, conn: Conn, head: wire.RequestHead, kept: Kept) -> str | None:
-    """The request's path when the connection's last decision holds for it (the key of
-    `core/kept.py`: the same authority, client, policy, guard, credential and, for a name,
-    the resolver's same answer), and the audit log takes records; else None: judged afresh."""
-    raw = head.target
-    if raw[:7].lower() != "http://":
-        return None
-    try:
-        _, authority, path = split_url(raw)
-    except TargetError:
-        return None
-    gate = steps.gate
-    if not kept.holds(authority, conn.listener.identity, gate.clients, gate.guard, conn.owner):
-        return None
-    credential = kept.credential
-    if credential is not ANY_CREDENTIAL and head.get("proxy-authorization") != credential:
-        return None
-    resolved = kept.resolved
-    if resolved is not None and steps.resolver.cached(kept.target.host) is not resolved:
-        return None
-    audit = steps.audit
-    if audit is not None and not audit.accepting:
-        return None  # closed mode: the full path refuses it (docs/audit-log.md)
-    return path
-
-
-def keep_decision(
-    steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, explicit_port: bool
-) -> Kept | None:
-    """The decision `x` reached, under what it depends on now (nothing has run since it was
-    reached: this is the same callback), for the connection's next request."""
-    raw = head.target
-    try:
-        _, authority, _ = split_url(raw)
-    except TargetError:
-        return None
-    gate = steps.gate
-    bound, clients = conn.listener.identity, gate.clients
-    credential: object = ANY_CREDENTIAL
-    if bound is None and not clients.trivial:
-        credential = head.get("proxy-authorization")
-    target = x.record.host
-    resolved = None if x.dialed_addr is None else steps.resolver.cached(target)
-    return x.kept(
-        authority=authority,
-        bound=bound,
-        clients=clients,
-        credential=credential,
-        guard=gate.guard,
-        owner=conn.owner,
-        resolved=resolved,
-        explicit_port=explicit_port,
-    )
-
-
-__all__ = ["Carrier", "FastClient", "FastExchange", "Spawn", "begin", "keep_decision", "kept_path"]
+__all__ = ["Carrier", "FastClient", "Spawn"]

@@ -90,7 +90,7 @@ async def _dial(steps: Steps, conn: Conn, ex: Executor) -> tuple[Side, IPAddress
     try:
         return await found
     finally:
-        dialer, conn.dialing = conn.dialing, None
+        dialer = conn.dial_over()
         if dialer is not None:
             dialer.cancel()  # (a no-op once it reported)
 
@@ -113,7 +113,7 @@ async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
     """The tunnel's first bytes as a ClientHello (None: the client sent none and closed);
     the sweeper ends this wait after the head timeout (`hello_timeout`)."""
     side = conn.side
-    conn.phase, conn.phase_since = "hello", steps.loop.time()
+    conn.handshake_begins(steps.loop.time())
     side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a request head
     side.want_more()
     while True:
@@ -121,7 +121,7 @@ async def read_hello(steps: Steps, conn: Conn) -> ClientHelloResult | None:
         if hello is not None or not await side.read_more():
             break
     side.max_buffer = steps.limits.max_head
-    conn.phase = "active"
+    conn.handshake_done()
     return hello
 
 

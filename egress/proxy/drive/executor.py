@@ -131,14 +131,15 @@ class Executor:
                         return TURN
                     idle = steps.pool.take_idle(addrs, port)
                     if idle is not None:  # `dialed`, inline: every kept-alive request's
-                        conn.upstream, addr = idle
+                        upstream, addr = idle
+                        conn.connected(upstream, x.record)
                         relay = x.dialed(addr, steps.addr_text(addr))
                         steps.link(conn, x)
                         return relay
                 if not self.dials:
                     return DIAL
                 dialer = Dialer(steps.loop, addrs, port, self._reported, steps.metrics)
-                conn.dialing = dialer
+                conn.dial_started(dialer)
                 dialer.start()
                 return DIAL
             case ReplyOk(answer=answer):
@@ -146,7 +147,7 @@ class Executor:
                 return x.replied()
             case ReadHello():
                 side = conn.side
-                conn.phase, conn.phase_since = "hello", steps.loop.time()
+                conn.handshake_begins(steps.loop.time())
                 side.max_buffer = MAX_HELLO_INPUT  # a ClientHello may be larger than a head
                 side.want_more()
                 return self.hello_more()
@@ -181,10 +182,11 @@ class Executor:
     def dialed(self, outcome: tuple[Side, IPAddress] | Verdict) -> Action:
         """A dial's outcome (or an idle pooled upstream): the exchange's next action."""
         conn, x = self.conn, self.x
-        conn.dialing = None
+        conn.dial_over()
         self.outcome = None
         if isinstance(outcome, tuple):
-            conn.upstream, addr = outcome
+            upstream, addr = outcome
+            conn.connected(upstream, x.record)
             relay = x.dialed(addr, self.steps.addr_text(addr))
             self.steps.link(conn, x)
             return relay
@@ -209,7 +211,7 @@ class Executor:
             side.want_more()
             return HELLO
         side.max_buffer = self.steps.limits.max_head
-        conn.phase = "active"
+        conn.handshake_done()
         return self.x.hello(hello)
 
 
@@ -239,15 +241,15 @@ def revoked_meanwhile(steps: Steps, conn: Conn, x: Exchange) -> bool:
     one: judge it again, now that its address is known, before anything is relayed; if
     the new policy refuses it, it is cut and recorded `end: revoked`
     (docs/policy.md#live-policy-changes). Carried out at every `Relay`."""
-    policies, conn.recheck = conn.recheck, None
+    policies = conn.take_changes()
     assert policies is not None
     if revoked_by(policies, steps.gate.guard, x.record) is None:
         return False
-    conn.end = End.REVOKED.value
+    conn.cut_by(End.REVOKED)
     conn.side.abort()
     if conn.upstream is not None:
         conn.upstream.abort()
-    steps.done(x.ended(conn.end, 0, 0))
+    steps.done(x.ended(End.REVOKED.value, 0, 0))
     return True
 
 

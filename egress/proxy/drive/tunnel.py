@@ -55,7 +55,7 @@ def open_relay(
     upstream = conn.upstream
     assert upstream is not None
     # re-judged if its client's policy changes (docs/policy.md#live-policy-changes)
-    conn.relaying = x.record
+    conn.relays(x.record)
     metrics = steps.metrics
     if metrics is not None:
         metrics.open_tunnels += 1

@@ -125,6 +125,109 @@ class Conn:
     # set by `stop` for a connection no task serves: done when it has ended
     ended: asyncio.Future[None] | None = None
 
+    # -- its transitions: every change of state is one of these, named for what happened
+    # (tests/unit/test_design.py: no module but this one assigns a `Conn`'s attributes), so
+    # what the sweeper, a policy change and the audit lines read is written in one place
+
+    def head_begins(self, now: float) -> None:
+        """Bytes of a next request arrived on a kept-alive connection: the head timeout runs."""
+        self.phase, self.phase_since = "head", now
+
+    def serving(self, raw_head: bytes | None = None) -> None:
+        """A head was read and is being served (`raw_head`: its bytes, when the caller read
+        it): no head timeout, and the exchange writes its own record."""
+        if raw_head is not None:
+            self.raw_head = raw_head
+        self.phase, self.served = "active", True
+
+    def accounted(self) -> None:
+        """Its record is written elsewhere (an exchange's or a refusal's): closing it writes
+        no connection record of its own (`Steps.record_closed`)."""
+        self.served = True
+
+    def exchange_begins(self) -> None:
+        """A new exchange starts: the last one's record is not what it opens, nor an
+        earlier policy change's recheck its own (docs/policy.md#live-policy-changes)."""
+        self.relaying = self.recheck = None
+
+    def handshake_begins(self, now: float) -> None:
+        """Waiting for the client's handshake (a ClientHello, a SOCKS5 greeting, a DNS
+        query): the sweeper ends the wait after the head timeout (`hello_timeout`)."""
+        self.phase, self.phase_since = "hello", now
+
+    def handshake_done(self) -> None:
+        """The handshake was read: the exchange goes on."""
+        self.phase = "active"
+
+    def dial_started(self, dialer: Dialer) -> None:
+        """A dial is under way (its connect timeout is the sweeper's)."""
+        self.dialing = dialer
+
+    def dial_over(self) -> Dialer | None:
+        """The dial reported (or was given up): the dialer it was, if any."""
+        dialer, self.dialing = self.dialing, None
+        return dialer
+
+    def connected(self, upstream: Side, rec: AccessRecord) -> None:
+        """`rec`'s exchange has its upstream (dialed, or taken from the pool): the sweeper's
+        idle timeout and `progress` records watch both (docs/audit-log.md#open-and-progress)."""
+        self.upstream, self.rec = upstream, rec
+
+    def upstream_done(self) -> None:
+        """The exchange's upstream went back to the pool or was closed."""
+        self.upstream = None
+
+    def relays(self, rec: AccessRecord) -> None:
+        """`rec`'s exchange relays: a policy change judges it again, in flight and once
+        kept alive after it (docs/policy.md#live-policy-changes)."""
+        self.relaying = rec
+
+    def request_forwarded(self, raw_head: bytes, rec: AccessRecord) -> None:
+        """A kept-alive request (`raw_head`) went upstream from the callback fast path:
+        `serving` and `relays` at once, on the one path where a call counts
+        (tests/integration/test_calls_per_request.py)."""
+        self.phase, self.raw_head, self.relaying = "active", raw_head, rec
+
+    def request_ended(self, now: float) -> None:
+        """A request is over and the connection is kept alive: idle until its next head,
+        its upstream gone, and no policy change met meanwhile is the next exchange's (a
+        change marks only an exchange being judged: `policies_changed`)."""
+        self.phase, self.phase_since = "idle", now
+        self.upstream = self.recheck = None
+
+    def policies_changed(self, policies: Mapping[str | None, Policy]) -> None:
+        """Policies changed while its exchange was judged, resolved or dialed: it is judged
+        again by them before it relays (`take_changes`, drive/executor.py)."""
+        self.recheck = {**(self.recheck or {}), **policies}
+
+    def take_changes(self) -> Mapping[str | None, Policy] | None:
+        """The policy changes met since its exchange began (`policies_changed`), now judged."""
+        policies, self.recheck = self.recheck, None
+        return policies
+
+    def counted_as(self, owner: object) -> None:
+        """Counted against `owner`'s cap (a client id, or a source: admission.py)."""
+        self.owner = owner
+
+    def redirected(self, orig_dst: str) -> None:
+        """Transparent mode: the client was going to `orig_dst` (ip:port)."""
+        self.orig_dst = orig_dst
+
+    def cut_by(self, end: End) -> None:
+        """The proxy ended it (a timeout, a policy change, a stop, its listener removed):
+        its records end as `end` says, whatever its sides saw of the cut
+        (docs/audit-log.md#end-values). The caller closes what it cuts."""
+        self.end = end.value
+
+    def run_by(self, task: asyncio.Task[None]) -> None:
+        """Its coroutine serves it from now on."""
+        self.task = task
+
+    def stop_waits(self, ended: asyncio.Future[None]) -> asyncio.Future[None]:
+        """`stop` waits for this connection, which no task serves, to end (`ended`)."""
+        self.ended = ended
+        return ended
+
 
 async def read_message(side: Side, parse: Callable[[bytearray], tuple[T, int] | None]) -> T | None:
     """The next message `parse` recognizes in `side`'s buffer; None if the peer ended first.
@@ -148,7 +251,7 @@ async def read_head(
     while True:
         if side.buf:
             if conn.phase == "idle":
-                conn.phase, conn.phase_since = "head", loop.time()
+                conn.head_begins(loop.time())
             try:
                 parsed = wire.parse_request_head(
                     side.buf,
@@ -191,13 +294,13 @@ def sweep(conn: Conn, now: float, lim: Limits) -> None:
     if dialing is not None and now - dialing.started > lim.connect_timeout:
         dialing.expire()  # the next address, or the dial's refusal (connection_timeout)
     if conn.phase == "hello" and now - conn.phase_since > lim.head_timeout:
-        conn.end = End.HELLO_TIMEOUT.value  # inside an open tunnel: nothing to answer
+        conn.cut_by(End.HELLO_TIMEOUT)  # inside an open tunnel: nothing to answer
         conn.side.close()
         if conn.upstream is not None:
             conn.upstream.close()
         return
     if conn.phase == "head" and now - conn.phase_since > lim.head_timeout:
-        conn.end = End.HEAD_TIMEOUT.value
+        conn.cut_by(End.HEAD_TIMEOUT)
         if conn.side.buf:
             conn.side.write(error_response(HEAD_TIMEOUT.reason, HEAD_TIMEOUT.detail)[1])
         conn.side.close()
@@ -206,7 +309,7 @@ def sweep(conn: Conn, now: float, lim: Limits) -> None:
     if conn.upstream is not None:
         last = max(last, conn.upstream.last_active)
     if now - last > lim.idle_timeout:
-        conn.end = End.IDLE_TIMEOUT.value
+        conn.cut_by(End.IDLE_TIMEOUT)
         conn.side.close()
         if conn.upstream is not None:
             conn.upstream.close()

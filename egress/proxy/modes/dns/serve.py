@@ -155,14 +155,14 @@ async def serve_dns_tcp(steps: Steps, conn: Conn) -> None:
     conn.side.max_buffer = MAX_TCP_MESSAGE + 2
     while conn.listener.identity is not None:
         identity, pool = _sandbox(conn.listener)
-        conn.phase, conn.phase_since = "hello", steps.loop.time()
+        conn.handshake_begins(steps.loop.time())
         data = await read_message(conn.side, _parse_tcp_message)
         if data is None:
             return
         response, done = _answer(steps, identity, pool, data, conn.client, "tcp")
         if response is not None:
             conn.side.write(len(response).to_bytes(2, "big") + response)
-        conn.served = True
+        conn.accounted()
         _emit(steps, done)
 
 

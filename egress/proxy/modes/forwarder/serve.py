@@ -24,7 +24,7 @@ async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int])
     hash in its records: the route decides, not a policy the log ever recorded
     (docs/audit-log.md#request-records)."""
     host, port = forward_to
-    conn.phase, conn.served = "active", True
+    conn.serving()
     audit = steps.audit
     intent = Intent(
         conn.client,

@@ -2,9 +2,10 @@
 
 Shell. `serve_request` carries out what the gate decided for an absolute-form request:
 forward the head (hop-by-hop fields removed, `Host` set; byte-identical when nothing needs
-rewriting, docs/wire.md), relay the body with its framer, read the response head (1xx relayed,
-101 refused: `gate.response_step`), relay the response body, and hand the upstream back to the
-pool when both sides may go on.
+rewriting, docs/wire.md), relay the body with its framer, feed the upstream's bytes to the
+response reader (`core/reader.py`: 1xx relayed, 101 refused, keep-alive and pooling decided
+there, once for both drivers), relay the response body, and hand the upstream back to the
+pool when the reader says it may go.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from ....errors import ProtocolError, TargetError
+from ....errors import TargetError
 from ....policy.target import IPAddress, Target, host_header, make_target
 from ....reasons import End
 from ...codec import http1 as wire
@@ -22,8 +23,9 @@ from ...codec import rewrite
 from ...codec.chunked import ChunkedScanner
 from ...core.actions import Refuse as Refusal
 from ...core.exchange import Exchange
-from ...core.gate import Refuse, keep_alive_after, refuse_request, refuse_upstream
+from ...core.gate import Refuse, keep_alive_after, refuse_request
 from ...core.intent import Intent
+from ...core.reader import FINAL, INTERIM, UNANSWERED, Read, ResponseReader
 from ...core.record import perf_counter_ns
 from ...drive.coroutine import drive, refuse
 from ...fairshare import Ticket
@@ -33,11 +35,6 @@ from ...net.relay import Framer, LengthFramer, RelayEnded, Side
 if TYPE_CHECKING:
     from ...net.conn import Conn
     from ...runtime import Steps
-
-
-# a pooled upstream closed before a byte of its response: the one refusal `_exchange` may
-# answer with a retry on a fresh connection instead (docs/proxy.md#upstream-pool)
-UNANSWERED: Final = refuse_upstream("upstream closed before a response")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +118,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
 
     # until it is dialed, the previous exchange is not what is open (nor, for a recheck,
     # what a change found being dialed then: drive.coroutine.revoked_meanwhile)
-    conn.relaying = conn.recheck = None
+    conn.exchange_begins()
     try:
         keep = _keeper(steps, head)
         relay = await drive(steps, conn, x, x.start(intent), keep=keep, before_pooled=take_turn)
@@ -131,12 +128,12 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
         assert upstream is not None
         # re-judged if its client's policy changes, in flight and once kept alive after it
         # (docs/policy.md#live-policy-changes)
-        conn.relaying = x.record
+        conn.relays(x.record)
         assert isinstance(intent.target, Target)
         request = _Request(head, intent.target, intent.path or "/", intent.explicit_port)
         return await _exchange(steps, conn, request, upstream, x)
     finally:
-        conn.upstream = None
+        conn.upstream_done()
         if turn is not None:
             steps.turns.give_back(turn)
 
@@ -181,7 +178,8 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
     if req_done is not None:
         # a malformed or truncated request body ends the exchange at once
         req_done.add_done_callback(lambda f: _abort_on_error(f, upstream))
-    got = await _read_response(conn, head, upstream, x)
+    reader = ResponseReader(x, head, steps.closing)
+    got = await _read_response(conn, upstream, reader)
     if got is UNANSWERED and req_done is None and upstream.last_rec is not None:
         # a pooled upstream that closed before answering: once more on a fresh one
         fresh = await _redial(steps, conn, x, req.head)
@@ -189,34 +187,34 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             upstream.close()
             if isinstance(fresh, Refuse):
                 return answer(steps, conn, head, x, fresh)
-            upstream = conn.upstream = fresh
+            upstream = fresh
+            conn.connected(upstream, x.record)
             upstream.write(out)
-            got = await _read_response(conn, head, upstream, x)
-    if not isinstance(got, tuple):
+            got = await _read_response(conn, upstream, reader)
+    if got is not FINAL:
         upstream.close()
         if cut_by_proxy(conn) and isinstance(got, Refuse):
             # cut by the proxy (a policy change, shutdown, its sandbox released, idle):
             # nothing to answer, the exchange's record says so with `conn.end`
             if req_done is not None:
                 _settle(req_done)
-            return finish_exchange(steps, conn, upstream, None, x, keep=False, ok=False, end=None)
+            return finish_exchange(steps, conn, upstream, None, x, ok=False, end=None)
         if req_done is not None and _client_went_away(req_done, conn.side):
             # the client closed inside its body: what reached the upstream was allowed and
             # sent, so the record is the allowed exchange, ended `client_closed`, with its
             # rule and bytes (not a 400 nobody reads; docs/audit-log.md#end-values)
             return finish_exchange(
-                steps, conn, upstream, None, x, keep=False, ok=False, end=End.CLIENT_CLOSED.value
+                steps, conn, upstream, None, x, ok=False, end=End.CLIENT_CLOSED.value
             )
         body_error = _body_error(req_done) if req_done is not None else None
+        assert not isinstance(got, Read)
         return answer(steps, conn, head, x, body_error or got)
-    resp, resp_raw = got
-    keep, out = response_out(steps, head, resp, resp_raw)
-    ok, end = await _relay_response(conn, resp, upstream, out)
+    ok, end = await _relay_response(conn, reader, upstream)
     if req_done is not None:
         if not req_done.done():
             conn.side.close()  # the upstream answered before the body ended: stop both
         ok = _settle(req_done) and ok
-    return finish_exchange(steps, conn, upstream, resp, x, keep=keep and ok, ok=ok, end=end)
+    return finish_exchange(steps, conn, upstream, reader, x, ok=ok, end=end)
 
 
 async def _redial(
@@ -244,12 +242,12 @@ async def _redial(
 
     # the `Dialer` both drivers use: the sweeper times it out, a stop gives it up
     dialer = Dialer(steps.loop, dial_again.addrs, dial_again.port, done, steps.metrics)
-    conn.dialing = dialer
+    conn.dial_started(dialer)
     try:
         dialer.start()
         got = await found
     finally:
-        conn.dialing = None
+        conn.dial_over()
         dialer.cancel()  # (a no-op once it reported)
     if isinstance(got, Refuse):
         return got
@@ -273,61 +271,46 @@ def request_out(
     return out
 
 
-def response_out(
-    steps: Steps, head: wire.RequestHead, resp: wire.ResponseHead, resp_raw: bytes
-) -> tuple[bool, bytes]:
-    """(keep-alive so far, the response head to send the client)."""
-    keep = head.keep_alive and resp.keep_alive and not steps.closing
-    passthrough = keep and head.version == "HTTP/1.1"
-    raw = rewrite.passthrough_response_head(resp, resp_raw) if passthrough else None
-    if raw is not None:
-        return keep, raw
-    rfields = rewrite.forward_response_headers(resp)
-    if not keep:
-        rfields.append(("Connection", "close"))
-    elif head.version == "HTTP/1.0":
-        rfields.append(("Connection", "keep-alive"))
-    return keep, rewrite.serialize_response_head(resp.status, resp.reason, rfields)
-
-
 def finish_exchange(
     steps: Steps,
     conn: Conn,
     upstream: Side,
-    resp: wire.ResponseHead | None,
+    reader: ResponseReader | None,
     x: Exchange,
     *,
-    keep: bool,
     ok: bool,
     end: str | None,
 ) -> bool:
-    """End an exchange (its record) and pool (or close) its upstream; True if the client
-    connection may go on. `resp` None: cut before a response (by the proxy). An exchange
+    """End an exchange (its record) and pool (or close) its upstream as its response reader
+    decided; True if the client connection may go on. `ok`: the response relayed cleanly;
+    `reader` None: cut before a response (by the proxy). An exchange
     the proxy cut ends as `conn.end` says, whatever its relay saw of the cut: `revoked` by a
     policy change (docs/policy.md#live-policy-changes), `shutdown` at a stop, `released`,
     `idle_timeout` (docs/audit-log.md#end-values)."""
     if conn.end is not None:  # (None: every request)
-        end, ok, keep = conn.end, False, False
-    keep = keep and resp is not None and resp.framing.kind != "close"
+        end, ok = conn.end, False
     up, down = conn.side.bytes_relayed, upstream.bytes_relayed
     conn.side.bytes_relayed = upstream.bytes_relayed = 0
     steps.done(x.ended(end, up, down))
     addr = x.dialed_addr
-    if ok and resp is not None and resp.keep_alive and addr is not None:
+    if ok and reader is not None and reader.reuse and addr is not None:
         upstream.last_rec = x.record  # re-judged in the pool if a policy changes
         steps.pool.release(upstream, addr, x.record.port)
     else:
         upstream.close()
-    return keep
+    return ok and reader is not None and reader.keep
 
 
 async def _relay_response(
-    conn: Conn, resp: wire.ResponseHead, upstream: Side, head_bytes: bytes
+    conn: Conn, reader: ResponseReader, upstream: Side
 ) -> tuple[bool, str | None]:
     """Write the response head and relay its body (one write when it is all buffered):
     (clean, how it was cut short: `upstream_...`, or None)."""
-    kind = resp.framing.kind
-    framer = framer_for(resp.framing, 502) if kind != "close" else None
+    head_bytes = reader.out
+    assert reader.head is not None
+    framing = reader.head.framing
+    kind = framing.kind
+    framer = framer_for(framing, 502) if kind != "close" else None
     if kind != "close" and framer is None:  # no body, or Content-Length: 0
         if not conn.side.write(head_bytes):
             return False, End.CLIENT_CLOSED.value
@@ -364,37 +347,22 @@ def cut_by_proxy(conn: Conn) -> bool:
 
 
 async def _read_response(
-    conn: Conn, head: wire.RequestHead, upstream: Side, x: Exchange
-) -> tuple[wire.ResponseHead, bytes] | Refusal | Refuse:
-    """The final response head (1xx relayed on the way) and its exact bytes; else the
-    exchange's refusal (a 101), or the upstream's failure to refuse with."""
-    searched = 0
-    interim = None
+    conn: Conn, upstream: Side, reader: ResponseReader
+) -> Read | Refusal | Refuse:
+    """Feed the upstream's bytes to the response reader until it has an answer: `FINAL`
+    (its head consumed), or the refusal to answer with (`core/reader.py`); a 1xx is
+    relayed to the client on the way."""
     while True:
-        try:
-            parsed = wire.parse_response_head(
-                upstream.buf, request_method=head.method, searched=searched
-            )
-        except ProtocolError as exc:
-            return refuse_upstream(f"malformed response: {exc}")
-        if parsed is not None:
-            resp, used = parsed
-            raw = bytes(upstream.buf[:used])
-            upstream.consume(used)
-            step = x.response(resp.status)
-            if isinstance(step, Refusal):
-                return step
-            if resp.status < 200:  # interim: relayed, and read on
-                conn.side.write(raw)
-                searched = 0
-                interim = resp
+        got = reader.read(upstream.buf, upstream.eof)
+        if got is None:
+            await upstream.read_more()
+            continue
+        if got is INTERIM or got is FINAL:
+            upstream.consume(reader.used)
+            if got is INTERIM:
+                conn.side.write(reader.raw)
                 continue
-            return resp, raw
-        searched = len(upstream.buf)
-        if not await upstream.read_more():
-            if not upstream.buf and interim is None:  # not a byte of a response: may retry
-                return UNANSWERED
-            return refuse_upstream("upstream closed before a response")
+        return got
 
 
 def framer_for(framing: wire.BodyFraming, status: int) -> Framer | None:
@@ -452,6 +420,5 @@ __all__ = [
     "framer_for",
     "request_out",
     "response_end",
-    "response_out",
     "serve_request",
 ]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 async def serve_socks(steps: Steps, conn: Conn) -> None:
     """Serve one SOCKS5 client connection to its end (the caller closes the sockets)."""
     t0 = perf_counter_ns()
-    conn.phase, conn.phase_since = "hello", steps.loop.time()
+    conn.handshake_begins(steps.loop.time())
     intent = await _handshake(steps, conn, t0)
     if intent is None:
         return
@@ -54,9 +54,10 @@ async def _handshake(steps: Steps, conn: Conn, t0: int) -> Intent | None:
             side.write(answer)
         intent = handshake.intent
         if intent is not None:
-            conn.served = True
             if handshake.requested:
-                conn.phase = "active"
+                conn.serving()
+            else:
+                conn.accounted()
             return intent
         if not await side.read_more():
             return None

@@ -87,12 +87,12 @@ async def serve_transparent(steps: Steps, conn: Conn) -> None:
         return
     dst = original_dst(conn)
     if dst is None:
-        conn.served = True
+        conn.accounted()
         x = Exchange(steps.gate, TRANSPARENT)
         await drive(steps, conn, x, x.start(_intent(conn, "", 0, NOT_REDIRECTED, None)))
         return
     addr, port = dst
-    conn.orig_dst = f"{addr}:{port}"
+    conn.redirected(f"{addr}:{port}")
     probe = conn.listener.probe
     if probe is not None and (str(addr), port) == conn.listener.address:
         if await probe.claims(conn.client):
@@ -150,7 +150,7 @@ def _intent(
 
 async def _serve_raw(steps: Steps, conn: Conn, identity: Identity, host: str, port: int) -> None:
     """A raw TCP tunnel judged as a CONNECT to `host:port`."""
-    conn.phase, conn.served = "active", True
+    conn.serving()
     cap = steps.cap(conn, identity)  # the listener's client; per-client cap
     intent = _intent(conn, host, port, tunnel_target(host, port), identity, cap=cap)
     await _exchange(steps, conn, intent)
@@ -161,7 +161,7 @@ async def _serve_tls(
 ) -> None:
     """TLS: judged by the ClientHello's SNI; without one, by the fake-IP name (or address)
     under the `sni_missing` option. The ClientHello is then relayed unchanged."""
-    conn.served = True  # recorded however it ends (a silent client: hello_timeout, then reset)
+    conn.accounted()  # recorded however it ends (a silent client: hello_timeout, then reset)
     cap = steps.cap(conn, identity)  # the listener's client; per-client cap
     hello = await read_hello(steps, conn) if cap is None else None
     target = tls_target(hello, fallback, port)
@@ -186,7 +186,7 @@ async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> Non
             return
         if head is None:
             return
-        conn.phase, conn.served = "active", True
+        conn.serving()
         absolute = absolute_form(head.target, head.get("host"), fallback, port)
         if head.method == "CONNECT" or absolute is None:
             steps.refuse_now(
@@ -197,6 +197,6 @@ async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> Non
             )
             return
         keep = await serve_request(steps, conn, replace(head, target=absolute))
-        conn.phase, conn.phase_since = "idle", steps.loop.time()
+        conn.request_ended(steps.loop.time())
         if not keep:
             return
