@@ -11,8 +11,10 @@ needs a C compiler and the Python headers (Debian: gcc, python3-dev).
 
 from __future__ import annotations
 
+import glob
 import os
 import runpy
+import shutil
 import sys
 import tomllib
 
@@ -55,7 +57,25 @@ def compiled_extensions() -> list[object]:
     return list(mypycify(paths, opt_level="3"))
 
 
-if os.environ.get("EGRESS_MYPYC") == "1":
-    setup(setup_requires=build_requirements(), ext_modules=compiled_extensions())
-else:
-    setup()
+def remove_earlier_outputs(root: str = ".") -> list[str]:
+    """Remove build/lib* and build/bdist.* (what the wheel is made of) before a build:
+    setuptools packs whatever an earlier build left there, so a compiled module of an earlier
+    EGRESS_MYPYC=1 build would ship in a pure wheel, or one no longer listed (linked against
+    an older shared library: a segfault) in a compiled one. The C and object files of
+    build/temp.* stay, so an unchanged module is not compiled again."""
+    build = os.path.join(root, "build")
+    paths = sorted(
+        glob.glob(os.path.join(build, "lib*")) + glob.glob(os.path.join(build, "bdist.*"))
+    )
+    for path in paths:
+        shutil.rmtree(path)
+    return paths
+
+
+if __name__ == "__main__":  # (setuptools runs it so; tests/unit/test_compiled.py imports it)
+    if BUILDS.intersection(sys.argv):
+        remove_earlier_outputs()
+    if os.environ.get("EGRESS_MYPYC") == "1":
+        setup(setup_requires=build_requirements(), ext_modules=compiled_extensions())
+    else:
+        setup()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import runpy
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -38,6 +39,39 @@ def test_this_run_tests_the_build_it_expects() -> None:
         path = importlib.import_module(name).__file__
         assert path is not None
         assert path.endswith(tuple(EXTENSION_SUFFIXES)) is EXPECT_COMPILED, path
+
+
+def test_no_other_module_of_the_package_is_compiled() -> None:
+    """Exactly the listed modules have an extension where egress is installed: a wheel that
+    also packed an earlier build's leftovers (a module no longer listed, linked against an
+    older shared library) crashed with a segfault."""
+    package = Path(egress.__file__).parent
+    found = {
+        ".".join(path.relative_to(package.parent).parts).split(".cpython")[0]
+        for suffix in EXTENSION_SUFFIXES
+        for path in package.rglob(f"*{suffix}")
+    }
+    assert found == (set(MODULES) if EXPECT_COMPILED else set())
+
+
+def test_a_build_starts_from_no_earlier_outputs(tmp_path: Path) -> None:
+    """setup.py removes build/lib* and build/bdist.* before building (setuptools would pack
+    an earlier build's compiled modules into this wheel) and keeps build/temp.*'s objects."""
+    remove = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["remove_earlier_outputs"]
+    stale = [
+        "build/lib/egress/proxy/codec/fields.cpython-311-x86_64-linux-gnu.so",
+        "build/lib.linux-x86_64-cpython-311/egress/proxy/codec/http1.cpython-311-x86_64-linux-gnu.so",
+        "build/bdist.linux-x86_64/wheel/egress/__init__.py",
+    ]
+    kept = "build/temp.linux-x86_64-cpython-311/build/fields.o"
+    for name in [*stale, kept]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    assert len(remove(str(tmp_path))) == 3
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == [
+        "temp.linux-x86_64-cpython-311"
+    ]
+    assert (tmp_path / kept).is_file()
 
 
 def test_the_list_names_pure_modules_of_the_tree_once() -> None:
