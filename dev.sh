@@ -2,12 +2,14 @@
 # One entry point for a fresh Debian machine (run as root):
 #   ./dev.sh demo    set everything up, then run the end-to-end demo
 #   ./dev.sh test    set everything up (container engines included), then run ruff, mypy, the
-#                    unit suite on 3.12 and 3.13, and the whole test suite; the engines are
-#                    stopped again at the end
+#                    unit suite on 3.12 and 3.13, the compiled build's tests, and the whole
+#                    test suite; the engines are stopped again at the end
 #   ./dev.sh bench   set everything up (plus peer proxies), then run the benchmark
 #   ./dev.sh setup   only set up (.venv with the project installed editable)
 #   ./dev.sh pythons the unit suite on every other Python users run (3.12, 3.13: pyenv's or
 #                    python3.X on PATH), each in a venv of its own (.venv-py3.X)
+#   ./dev.sh compiled the compiled build's tests: a wheel built with EGRESS_MYPYC=1 (the pure
+#                    core compiled by mypyc) in a venv of its own (.venv-compiled)
 #   ./dev.sh engines install podman, docker.io, containerd, runc and start the engines the
 #                    engine tests use (tests/engines/up.sh; stop them with tests/engines/down.sh)
 #   ./dev.sh missing PKG...  print the Debian packages among PKG that are not installed
@@ -208,11 +210,33 @@ pythons() {
     return "$status"
 }
 
+compiled() {
+    # The pure core compiled with mypyc (docs/architecture.md#a-compiled-build): this checkout
+    # as a wheel built with EGRESS_MYPYC=1 (gcc and the Python headers; mypy from pip's
+    # cache), installed with the dev extras in a venv of its own, then the unit tests that
+    # import the compiled modules and the calls-per-request test against it, from outside
+    # the checkout's import path (-P). EGRESS_EXPECT_COMPILED=1: tests/unit/test_compiled.py
+    # fails unless every listed module runs from its extension.
+    local venv="${EGRESS_COMPILED_VENV:-.venv-compiled}" t0=$SECONDS tests
+    apt_install gcc python3-dev
+    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    EGRESS_MYPYC=1 "$venv/bin/python" -m pip install -q --disable-pip-version-check ".[dev]" \
+        2> >(grep -v "^WARNING: Location 'file:" >&2)
+    echo "dev.sh: compiled build installed in $((SECONDS - t0)) s" >&2
+    # (not those importing the checkout's bench/ or tests/ as packages: -P leaves them out)
+    mapfile -t tests < <(grep -lE "^\s*(from|import) egress\.proxy\.(codec|core)" \
+        tests/unit/test_*.py | xargs grep -LE "^(from|import) (bench|tests)\b")
+    echo "== compiled core: ${#tests[@]} unit test files and the calls per request"
+    EGRESS_EXPECT_COMPILED=1 "$venv/bin/python" -P -m pytest -q -p no:cacheprovider "$@" \
+        tests/unit/test_compiled.py "${tests[@]}" tests/integration/test_calls_per_request.py
+}
+
 cmd="${1:-help}"
 shift || true
 case "$cmd" in
     setup) setup ;;
     pythons) pythons "$@" ;;
+    compiled) compiled "$@" ;;
     missing) missing_packages "$@" ;;
     engines)
         apt_install "${ENGINE_PACKAGES[@]}"
@@ -235,6 +259,8 @@ case "$cmd" in
         # the unit suite on 3.12 and 3.13 too (EGRESS_PYTHONS=0 skips it): first, so that the
         # whole suite's summary below is the run's last (docs/testing.md#python-versions)
         [[ "${EGRESS_PYTHONS:-1}" == 0 ]] || pythons
+        # the compiled build's tests (EGRESS_COMPILED=0 skips them: docs/testing.md#the-compiled-build)
+        [[ "${EGRESS_COMPILED:-1}" == 0 ]] || compiled
         # The real-engine tests need running engines: start ours on data roots made for this
         # run and take them down again at exit, whatever the outcome (the trap is set before
         # anything starts), unless EGRESS_ENGINES=0 asks for a run without them (those tests
@@ -258,5 +284,5 @@ case "$cmd" in
         exec "$VENV/bin/python" -m bench "$@"
         ;;
     *)
-        sed -n '2,13p' "$0"; exit 2 ;;
+        sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -69,8 +69,12 @@ def keep(g: Gate, x: Exchange, resolved: tuple[IPAddress, ...] | None) -> Kept:
 
 
 def record_fields(x: Exchange) -> dict[str, object]:
+    """The record's data attributes but `t0`, read through `dir` (a compiled `AccessRecord`
+    has no `__slots__`: docs/architecture.md#a-compiled-build)."""
     rec = x.record
-    return {name: getattr(rec, name) for name in type(rec).__slots__ if name != "t0"}
+    names = [n for n in dir(rec) if not n.startswith("_") and not callable(getattr(rec, n))]
+    assert "path" in names
+    return {name: getattr(rec, name) for name in names if name != "t0"}
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,7 @@ HOP_BY_HOP = frozenset(
 NEVER_HOP_BY_HOP = frozenset({"content-length", "transfer-encoding", "host"})
 
 FramingKind = Literal["none", "length", "chunked", "close"]
+Fields = tuple[tuple[str, str], ...]  # a head's fields, in order, names as sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +84,20 @@ UNTIL_CLOSE = BodyFraming("close")
 
 
 class FieldBlock:
-    """Case-insensitive access to a head's `headers` (shared by request and response)."""
+    """Case-insensitive access to a head's `headers` (shared by request and response).
+
+    `headers` is each subclass's dataclass field and is not annotated here: compiled
+    (docs/architecture.md#a-compiled-build), an annotation here becomes a class attribute,
+    which the dataclasses below would take for the field's default.
+    """
 
     __slots__ = ()
-    headers: tuple[tuple[str, str], ...]
 
     def get(self, name: str) -> str | None:
         """The value of the first field called `name` (any case), or None."""
         key = name.lower()
-        for n, v in self.headers:
+        headers: Fields = self.headers  # type: ignore[attr-defined]
+        for n, v in headers:
             if n.lower() == key:
                 return v
         return None
@@ -99,7 +105,8 @@ class FieldBlock:
     def get_all(self, name: str) -> list[str]:
         """The values of every field called `name` (any case), in order."""
         key = name.lower()
-        return [v for n, v in self.headers if n.lower() == key]
+        headers: Fields = self.headers  # type: ignore[attr-defined]
+        return [v for n, v in headers if n.lower() == key]
 
     @property
     def connection_tokens(self) -> frozenset[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import cast
 
 from aiohttp import web
@@ -24,6 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from ...compiled import MODULES, compiled_modules
 from .metrics import ProxyMetrics
 
 HISTOGRAM_HELP = {
@@ -85,6 +87,26 @@ class _ProxyCollector(Collector):
                 buckets=buckets,
                 sum_value=hist.total,
             )
+        yield build_info()
+
+
+def build_info() -> GaugeMetricFamily:
+    """`egress_build_info{version, compiled} 1`: the package's version, and whether its pure
+    core runs compiled (`true`, a wheel built with EGRESS_MYPYC=1), as plain Python (`false`)
+    or partly (docs/architecture.md#a-compiled-build)."""
+    try:  # the distribution's, as `egress --version` (egress/__init__.py)
+        release = version("egress-netcut")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        release = "0+unknown"
+    done = len(compiled_modules())
+    compiled = "true" if done == len(MODULES) else "false" if done == 0 else "partial"
+    info = GaugeMetricFamily(
+        "egress_build_info",
+        "The package's version and whether its pure core runs compiled",
+        labels=["version", "compiled"],
+    )
+    info.add_metric([release, compiled], 1)
+    return info
 
 
 def _le(bound: float) -> str:
