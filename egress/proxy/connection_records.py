@@ -19,7 +19,6 @@ from ..policy.target import join_host_port
 from ..reasons import End, Reason
 from .admission import Owner
 from .core.clients import admission_source
-from .core.exchange import connection_record, tallied
 from .core.gate import Refuse
 from .core.record import AccessRecord, perf_counter_ns
 from .core.responses import refusal_for
@@ -122,9 +121,9 @@ class ConnectionRecords:
 
     def _write(self, pending: _Pending, count: int) -> None:
         client, t0, listener, mode, end, owner, reason, detail, status = pending
-        rec = connection_record(client, t0, listener, mode, end, owner)
+        rec = AccessRecord.for_connection(client, t0, listener, mode, end, owner)
         if count > 1:
-            tallied(rec, count)
+            rec.tallied(count)
             detail = f"{detail} ({count} in one second, this the last)"
         self.emit(rec, "error", reason, None, detail, status)
 

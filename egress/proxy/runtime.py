@@ -21,14 +21,7 @@ from .admission import Admitted, Budget, Owner, Slots
 from .connection_records import ConnectionRecords, source_owner
 from .core.actions import Done
 from .core.clients import Identity, admission_source
-from .core.exchange import (
-    Exchange,
-    deferred,
-    emitted,
-    opened_late,
-    reported,
-    tallied,
-)
+from .core.exchange import Exchange
 from .core.gate import Gate, Refuse
 from .core.record import AccessRecord, bounded, perf_counter_ns
 from .core.responses import error_response
@@ -233,7 +226,7 @@ class Steps:
             if x.opens_at_dial:
                 x.linked(audit.opened(rec.opened()), self.loop.time())
             else:
-                deferred(rec, self.loop.time())
+                rec.deferred(self.loop.time())
 
     def done(self, done: Done) -> None:
         """Emit an exchange's final record; a refusal through the tally: refused requests
@@ -250,7 +243,7 @@ class Steps:
     def _write_refused(self, done: Done, count: int) -> None:
         detail = done.detail
         if count > 1:
-            tallied(done.record, count)
+            done.record.tallied(count)
             detail = f"{detail or done.reason} ({count} in one second, this the last)"
         self.emit(done.record, done.decision, done.reason, done.rule, detail, done.status)
 
@@ -264,9 +257,9 @@ class Steps:
             return
         if not rec.link:
             if rec.unopened:
-                opened_late(rec, audit.opened(rec.opened()), now)
+                rec.opened_late(audit.opened(rec.opened()), now)
             return
-        reported(rec, now)
+        rec.progress_written(now)
         upstream = conn.upstream
         audit.record(
             {
@@ -343,7 +336,7 @@ class Steps:
     ) -> None:
         event = rec.event(decision, reason, rule, detail, status)
         refusal = decision != "allow" and not rec.link and rec.method not in LIFECYCLE_METHODS
-        emitted(rec)  # ended: no more progress records
+        rec.emitted()  # ended: no more progress records
         if self.audit is not None and (not refusal or self._within_budget(rec, event, reason)):
             self.audit.record(event)
         metrics = self.metrics

@@ -22,7 +22,6 @@ from ..policy.target import IPAddress, IPNetwork, join_host_port, parse_ip_liter
 from ..reasons import End
 from .context import ProxyContext
 from .core.clients import ClientTable, Identity
-from .core.exchange import revoked_record
 from .core.record import AccessRecord, perf_counter_ns
 from .core.revocation import revoked_by
 from .net.hostaddrs import local_addresses_async
@@ -173,7 +172,9 @@ class ClientControl:
         verdict = revoked_by(policies, self.context.gate.guard, last_rec)
         assert verdict is not None
         what = "a kept-alive connection" if listener is not None else "a pooled upstream"
-        rec = revoked_record(last_rec, perf_counter_ns(), listener, kind, what, policy.digest)
+        rec = AccessRecord.revoked(
+            last_rec, perf_counter_ns(), (listener, kind), what, policy.digest
+        )
         assert self.context.steps is not None  # a record to write: the proxy is running
         self.context.steps.emit(rec, "block", verdict.reason, verdict.rule, rec.detail, None)
 

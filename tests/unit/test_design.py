@@ -752,7 +752,10 @@ RESHAPING = frozenset(
     }
 )
 LONG_MODULES: dict[str, str] = {
-    "egress/proxy/core/exchange.py": "the exchange is taken through the response",
+    "egress/proxy/core/exchange.py": (
+        "its records moved to AccessRecord's factories; the Exchange class itself is ~440"
+        " lines: its kept decision and its decision steps are the next cut"
+    ),
 }
 # "module path:Class"
 CROWDED_CLASSES: dict[str, str] = {}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from egress import Policy
 from egress.policy.addrs import AddressGuard, parse_cidr
-from egress.proxy.core.exchange import revoked_record
 from egress.proxy.core.record import AccessRecord
 from egress.proxy.core.revocation import revoked_by
 
@@ -75,7 +74,7 @@ def test_report_only_keeps_it_open() -> None:
 
 def test_the_record_of_a_connection_closed_between_requests() -> None:
     last = _rec(scheme="https", port=443)
-    rec = revoked_record(last, 0, "127.0.0.1:3128", "http", "a kept-alive connection", "h")
+    rec = AccessRecord.revoked(last, 0, ("127.0.0.1:3128", "http"), "a kept-alive connection", "h")
     ev = rec.event("block", "default_deny", None, rec.detail)
     assert ev["method"] == "-"
     assert (ev["host"], ev["port"], ev["addr"], ev["client_id"]) == (

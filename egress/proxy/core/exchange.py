@@ -7,8 +7,9 @@ calls a method with what happened (`start(intent)`, `resolved(addrs)`, `dialed(a
 (`core/actions.py`); a refusal is an action too, so drivers need no exception to unwind.
 
 The decisions are the gate's (`gate.py`), never repeated here; the legal sequences are data
-(`TRANSITIONS`, as h11's `_state.py` writes its own), checked on every call; and this is the
-one writer of an `AccessRecord`'s fields (docs/architecture.md#one-exchange).
+(`TRANSITIONS`, as h11's `_state.py` writes its own), checked on every call; and this (with the
+record's own factories, `record.py`) is the one writer of an `AccessRecord`'s fields
+(docs/architecture.md#one-exchange).
 """
 
 from __future__ import annotations
@@ -526,93 +527,10 @@ class Exchange:
         return Refuse(verdict, answer, done)
 
 
-# -- records outside an exchange's sequence: still written here, and only here ----------------
-def connection_record(
-    client: str, t0: int, listener: str, mode: str, end: str | None, owner: object
-) -> AccessRecord:
-    """A connection closed or refused before any exchange (docs/audit-log.md): it names the
-    listener, its mode and the client when known (`owner`: a client id, or a source)."""
-    rec = AccessRecord(client, "-", "", "", 0, t0)
-    rec.listener, rec.mode, rec.end = listener, mode, end
-    if owner is not None:
-        rec.identify(owner if isinstance(owner, str) else None)
-    return rec
-
-
-def revoked_record(
-    last_rec: AccessRecord,
-    t0: int,
-    listener: str | None,
-    mode: str | None,
-    what: str,
-    policy: str,
-) -> AccessRecord:
-    """A kept-alive client connection or a pooled upstream closed between requests because
-    a policy change no longer allows the destination of its last request (`last_rec`): a
-    connection record (`method: "-"`) naming that destination, `end: revoked`
-    (docs/audit-log.md#connection-records). `what` says what was closed, `policy` is the
-    hash of the policy that no longer allows it."""
-    rec = AccessRecord(last_rec.client, "-", last_rec.scheme, last_rec.host, last_rec.port, t0)
-    rec.listener, rec.mode, rec.end = listener, mode, End.REVOKED.value
-    rec.addr, rec.orig_dst = last_rec.addr, last_rec.orig_dst
-    rec.identify(last_rec.client_id)
-    rec.policy = policy
-    rec.detail = (
-        f"{what} closed between requests: a policy change no longer allows its last destination"
-    )
-    return rec
-
-
-def probe_record(
-    client: str, where: tuple[str, int], t0: int, orig_dst: str | None, client_id: str | None
-) -> AccessRecord:
-    """`prepare_execution`'s probe of a transparent listener (method PROBE), ended."""
-    rec = AccessRecord(client, "PROBE", "tcp", where[0], where[1], t0)
-    rec.mode, rec.orig_dst = "transparent", orig_dst
-    rec.identify(client_id)
-    rec.finish()
-    return rec
-
-
-def tallied(rec: AccessRecord, count: int) -> None:
-    """A refusal that stands for `count` of them (`tally.py`)."""
-    rec.count = count
-
-
-def reported(rec: AccessRecord, now: float) -> None:
-    """A `progress` record was written at loop time `now`."""
-    rec.reported = now
-
-
-def deferred(rec: AccessRecord, now: float) -> None:
-    """A request went upstream at loop time `now`: its `open` record waits an interim
-    interval (docs/audit-log.md#open-and-progress-records)."""
-    rec.unopened, rec.reported = True, now
-
-
-def opened_late(rec: AccessRecord, link: int, now: float) -> None:
-    """A deferred request's `open` record was written with id `link` at loop time `now`."""
-    rec.unopened, rec.link, rec.reported = False, link, now
-
-
-def emitted(rec: AccessRecord) -> None:
-    """The record was emitted: no more open or progress records for it."""
-    rec.link = 0
-    rec.unopened = False
-
-
 __all__ = [
     "IDEMPOTENT",
     "TRANSITIONS",
     "Exchange",
     "SequenceError",
     "State",
-    "connection_record",
-    "deferred",
-    "emitted",
-    "opened_late",
-    "probe_record",
-    "reported",
-    "revoked_record",
-    "tallied",
 ]

@@ -13,6 +13,8 @@ from hashlib import sha256
 from time import perf_counter_ns
 from typing import Final
 
+from ...reasons import End
+
 # Durations come from the monotonic high-resolution counter, never from the event loop's
 # clock: uvloop's loop time has whole milliseconds, which made every sub-millisecond
 # request 0 or 1 ms in the records, on stderr and in the histograms (docs/audit-log.md).
@@ -133,6 +135,79 @@ class AccessRecord:
 
     def __repr__(self) -> str:
         return f"AccessRecord({self.method} {self.host}:{self.port} {self.reason})"
+
+    # -- records outside an exchange's sequence (docs/audit-log.md#connection-records) --------
+    @classmethod
+    def for_connection(
+        cls, client: str, t0: int, listener: str, mode: str, end: str | None, owner: object
+    ) -> AccessRecord:
+        """A connection closed or refused before any exchange: it names the listener, its
+        mode and the client when known (`owner`: a client id, or a source)."""
+        rec = AccessRecord(client, "-", "", "", 0, t0)
+        rec.listener, rec.mode, rec.end = listener, mode, end
+        if owner is not None:
+            rec.identify(owner if isinstance(owner, str) else None)
+        return rec
+
+    @classmethod
+    def revoked(
+        cls,
+        last_rec: AccessRecord,
+        t0: int,
+        where: tuple[str | None, str | None],
+        what: str,
+        policy: str,
+    ) -> AccessRecord:
+        """A kept-alive client connection or a pooled upstream closed between requests
+        because a policy change no longer allows the destination of its last request
+        (`last_rec`): a connection record (`method: "-"`) naming that destination,
+        `end: revoked`. `where` is the listener and its mode, `what` says what was closed,
+        `policy` is the hash of the policy that no longer allows it."""
+        rec = AccessRecord(last_rec.client, "-", last_rec.scheme, last_rec.host, last_rec.port, t0)
+        rec.listener, rec.mode = where
+        rec.end = End.REVOKED.value
+        rec.addr, rec.orig_dst = last_rec.addr, last_rec.orig_dst
+        rec.identify(last_rec.client_id)
+        rec.policy = policy
+        rec.detail = (
+            f"{what} closed between requests: a policy change no longer allows its last destination"
+        )
+        return rec
+
+    @classmethod
+    def probe(
+        cls, client: str, where: tuple[str, int], t0: int, orig_dst: str | None, who: str | None
+    ) -> AccessRecord:
+        """`prepare_execution`'s probe of a transparent listener (method PROBE), ended."""
+        rec = AccessRecord(client, "PROBE", "tcp", where[0], where[1], t0)
+        rec.mode, rec.orig_dst = "transparent", orig_dst
+        rec.identify(who)
+        rec.finish()
+        return rec
+
+    # -- what the audit writer did with it (`runtime.py`, `tally.py`) --------------------------
+    def tallied(self, count: int) -> None:
+        """A refusal that stands for `count` of them (`tally.py`)."""
+        self.count = count
+
+    def progress_written(self, now: float) -> None:
+        """A `progress` record was written at loop time `now`."""
+        self.reported = now
+
+    def deferred(self, now: float) -> None:
+        """A request went upstream at loop time `now`: its `open` record waits an interim
+        interval (docs/audit-log.md#open-and-progress-records)."""
+        self.unopened, self.reported = True, now
+
+    def opened_late(self, link: int, now: float) -> None:
+        """A deferred request's `open` record was written with id `link` at loop time
+        `now`."""
+        self.unopened, self.link, self.reported = False, link, now
+
+    def emitted(self) -> None:
+        """The record was emitted: no more open or progress records for it."""
+        self.link = 0
+        self.unopened = False
 
     def identify(self, client_id: str | None) -> None:
         self.identified = True

@@ -34,10 +34,10 @@ from ....policy.target import Target
 from ....reasons import Reason
 from ...codec.tls_hello import ClientHelloResult
 from ...core.clients import Identity
-from ...core.exchange import Exchange, probe_record
+from ...core.exchange import Exchange
 from ...core.gate import Refuse, refuse_head, refuse_request
 from ...core.intent import Intent
-from ...core.record import perf_counter_ns
+from ...core.record import AccessRecord, perf_counter_ns
 from ...drive.coroutine import drive, read_hello
 from ...drive.tunnel import relay_tunnel
 from ...net.conn import read_head
@@ -113,7 +113,7 @@ def _probed(steps: Steps, conn: Conn, identity: Identity) -> None:
     """`prepare_execution`'s probe of this listener: a lifecycle record (method PROBE), not
     a request the agent made (docs/audit-log.md#sandbox-records); the connection is closed."""
     conn.side.close()
-    rec = probe_record(
+    rec = AccessRecord.probe(
         conn.client, conn.listener.address, perf_counter_ns(), conn.orig_dst, identity.client_id
     )
     detail = "prepare_execution's probe of the transparent listener"
