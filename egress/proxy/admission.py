@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 from ..reasons import Reason
-from .core.gate import Refuse
+from .core.gate import Verdict
 
 C = TypeVar("C", bound=Hashable)
 Owner = Hashable  # a client id (str), or ("source", ip) for the default client
 
-GLOBAL_FULL: Final = Refuse(Reason.TOO_MANY_CONNECTIONS, "connection limit reached")
-CLIENT_FULL: Final = Refuse(Reason.TOO_MANY_CONNECTIONS, "per-client connection limit reached")
+GLOBAL_FULL: Final = Verdict(Reason.TOO_MANY_CONNECTIONS, "connection limit reached")
+CLIENT_FULL: Final = Verdict(Reason.TOO_MANY_CONNECTIONS, "per-client connection limit reached")
 # a client stays present this long after its last connection closed (`others_present`): an
 # occasional client (an agent between tool calls) still holds a flood to its share
 PRESENT_FOR: Final = 30.0
@@ -100,7 +100,7 @@ class Slots(Generic[C]):
     # --- accept ------------------------------------------------------------------------------
     def admit(
         self, conn: C, owner: Owner | None, source: str, now: float, *, reclaimable: bool = False
-    ) -> Admitted[C] | Refuse:
+    ) -> Admitted[C] | Verdict:
         """A new connection: `owner` when the listener knows its client, else None.
 
         `reclaimable`: the shell found an idle kept-alive connection of the same owner that
@@ -138,7 +138,7 @@ class Slots(Generic[C]):
         self.unidentified += 1
         return Admitted(() if victim is None else (victim,))
 
-    def over_cap(self, owner: Owner) -> Refuse | None:
+    def over_cap(self, owner: Owner) -> Verdict | None:
         """`CLIENT_FULL` when `owner` already holds its cap: what `admit` would answer,
         known from the owner alone, so the shell can refuse before it builds anything."""
         held = self._owned.get(owner)
@@ -147,7 +147,7 @@ class Slots(Generic[C]):
         return None
 
     # --- identification ----------------------------------------------------------------------
-    def identify(self, conn: C, owner: Owner) -> Refuse | None:
+    def identify(self, conn: C, owner: Owner) -> Verdict | None:
         """`conn`'s first request named its client: count it there (or move it from the
         client the source address suggested). A refusal leaves it where it was."""
         where = self._where.get(conn)

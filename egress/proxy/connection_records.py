@@ -19,7 +19,7 @@ from ..policy.target import join_host_port
 from ..reasons import End, Reason
 from .admission import Owner
 from .core.clients import admission_source
-from .core.gate import Refuse
+from .core.gate import Verdict
 from .core.record import AccessRecord, perf_counter_ns
 from .core.responses import refusal_for
 from .net.conn import Conn
@@ -63,7 +63,7 @@ class ConnectionRecords:
         self.emit = emit
         self.tally: Tally[_Pending] = Tally()
 
-    def refused(self, conn: Conn, refusal: Refuse, status: int | None) -> None:
+    def refused(self, conn: Conn, refusal: Verdict, status: int | None) -> None:
         """A connection refused before any request was understood (already answered)."""
         self._record(conn, refusal.reason.value, refusal.detail, status)
 
@@ -77,7 +77,7 @@ class ConnectionRecords:
             reason, detail = found
             self._record(conn, reason.value, detail, None, end=conn.end)
 
-    def at_accept(self, peer: object, listener: Listener, owner: Owner, refusal: Refuse) -> bool:
+    def at_accept(self, peer: object, listener: Listener, owner: Owner, refusal: Verdict) -> bool:
         """A connection refused at accept, before a `Conn` exists: recorded (counted), and
         whether to answer it in full (`tally.answer_in_full`) or just reset it."""
         key = (id(listener), owner, refusal.reason.value)

@@ -28,7 +28,7 @@ from ..errors import ProtocolError
 from ..reasons import End, Reason
 from .admission import CLIENT_FULL
 from .context import ProxyContext
-from .core.gate import HEAD_TIMEOUT, Refuse, admit_connection, refuse_head
+from .core.gate import HEAD_TIMEOUT, Verdict, admit_connection, refuse_head
 from .core.responses import error_response
 from .endpoints import ClientSide
 from .modes.connect.serve import serve_tunnel
@@ -45,7 +45,7 @@ log = logging.getLogger("egress")
 
 _RESET: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
-OUT_OF_DESCRIPTORS: Final = Refuse(
+OUT_OF_DESCRIPTORS: Final = Verdict(
     Reason.TOO_MANY_CONNECTIONS,
     "out of file descriptors (docs/proxy.md#file-descriptors)",
 )
@@ -167,7 +167,7 @@ class Intake:
 
     # --- refused at accept -------------------------------------------------------------------
     def _close_refused(
-        self, listener: Listener, sock: socket.socket, refusal: Refuse, in_full: bool
+        self, listener: Listener, sock: socket.socket, refusal: Verdict, in_full: bool
     ) -> None:
         """A connection refused at accept (already recorded): answered and closed like
         `_refuse_socket`, or, past a flood's first refusals in a second, reset at once
@@ -192,7 +192,7 @@ class Intake:
         conn = Conn(side, peer_text(addr), addr, listener)
         self._refuse_socket(conn, sock, OUT_OF_DESCRIPTORS)
 
-    def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Refuse) -> None:
+    def _refuse_socket(self, conn: Conn, sock: socket.socket, refusal: Verdict) -> None:
         """Answer (HTTP) or just close (SOCKS5, DNS, transparent: no protocol to answer in)
         straight on the socket, and record it."""
         sock.setblocking(False)
@@ -290,7 +290,7 @@ class Intake:
 
 
 @functools.cache
-def _answer(refusal: Refuse) -> bytes:
+def _answer(refusal: Verdict) -> bytes:
     """The bytes of a refusal's answer at accept (the same few refusals, over and over)."""
     return error_response(refusal.reason, refusal.detail, status=refusal.status)[1]
 

@@ -22,7 +22,7 @@ from .connection_records import ConnectionRecords, source_owner
 from .core.actions import Done
 from .core.clients import Identity, admission_source
 from .core.exchange import Exchange
-from .core.gate import Gate, Refuse
+from .core.gate import Gate, Verdict
 from .core.record import AccessRecord, bounded, perf_counter_ns
 from .core.responses import error_response
 from .fairshare import Turns
@@ -141,7 +141,7 @@ class Steps:
         self._addr_texts: dict[IPAddress, str] = {}
 
     # --- admission: a connection belongs to a client from accept (admission.py) --------------
-    def admit(self, conn: Conn) -> Refuse | None:
+    def admit(self, conn: Conn) -> Verdict | None:
         """Count a new connection: in its client's cap when the listener (or its source
         address) names the client, else in its source's unidentified budget. Closes what
         must make room (an unidentified connection, or the client's own idle one)."""
@@ -158,7 +158,7 @@ class Steps:
         if owner is not None and slots.total >= self.limits.max_connections:
             reclaim = idle_of(slots.members(owner))
         verdict = slots.admit(conn, owner, key, self.loop.time(), reclaimable=reclaim is not None)
-        if isinstance(verdict, Refuse):
+        if isinstance(verdict, Verdict):
             conn.counted_as(owner)
             return verdict
         conn.counted_as(owner)
@@ -167,7 +167,7 @@ class Steps:
         self._evict(verdict)
         return None
 
-    def refuse_at_accept(self, listener: Listener, peer: object) -> tuple[Refuse, bool] | None:
+    def refuse_at_accept(self, listener: Listener, peer: object) -> tuple[Verdict, bool] | None:
         """A connection whose client, known from its listener or source address alone, is
         already at its cap: refused and recorded (aggregated) before a `Conn`, a transport
         or a task exists for it, so a flood of them costs little (docs/proxy.md#limits).
@@ -199,10 +199,10 @@ class Steps:
                 conn.cut_by(End.IDENTIFY_TIMEOUT)
                 conn.side.close()
 
-    def cap(self, conn: Conn, found: Identity | Refuse) -> Refuse | None:
+    def cap(self, conn: Conn, found: Identity | Verdict) -> Verdict | None:
         """Count an identified connection against its client's cap (admission.py): None,
         or the cap's refusal for the exchange to answer (after recording who it was)."""
-        if isinstance(found, Refuse):
+        if isinstance(found, Verdict):
             return None
         cid = found.client_id
         if conn.owner != cid and (cid is not None or conn.owner is None):
@@ -281,7 +281,7 @@ class Steps:
         return text
 
     # --- answers and audit: the one place that answers refusals ------------------------------
-    def refuse_now(self, conn: Conn, refusal: Refuse, *, write: bool = True) -> None:
+    def refuse_now(self, conn: Conn, refusal: Verdict, *, write: bool = True) -> None:
         """Answer and audit a refusal that comes before any request was understood."""
         status, data = error_response(refusal.reason, refusal.detail, status=refusal.status)
         if write:

@@ -841,6 +841,46 @@ def fake_module(source: str, name: str = "egress.fake") -> Module:
     return Module(path, name, ast.parse(source), source)
 
 
+def renamed_classes(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """A class of the project imported under another name (`Refuse as Verdict`): one concept,
+    one name, so a reader never meets the same class twice under two names (or two classes
+    under one)."""
+    found = []
+    for m in ms or modules():
+        if not m.name.startswith("egress.proxy"):
+            continue
+        for node in ast.walk(m.tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            ours = node.level > 0 or (node.module or "").split(".")[0] in PACKAGES
+            for alias in node.names:
+                renamed = alias.asname not in (None, alias.name)
+                if ours and renamed and alias.name[:1].isupper() and not alias.name.isupper():
+                    found.append(f"{m.where}:{node.lineno} {alias.name} as {alias.asname}")
+    return found
+
+
+def proxy_class_names(ms: tuple[Module, ...] | None = None) -> list[str]:
+    """Two classes of `egress/proxy` with one name (there were two `Refuse`s: the gate's
+    verdict and the action that carries it out)."""
+    seen: dict[str, str] = {}
+    found = []
+    for m in ms or modules():
+        if not m.name.startswith("egress.proxy"):
+            continue
+        for node in m.tree.body:
+            if isinstance(node, ast.ClassDef):
+                if node.name in seen:
+                    found.append(f"{m.where}:{node.lineno} {node.name} (also {seen[node.name]})")
+                seen.setdefault(node.name, m.where)
+    return found
+
+
+def test_one_name_per_concept() -> None:
+    found = renamed_classes() + proxy_class_names()
+    assert not found, report(found)
+
+
 OFFENCES = {
     "except_refused": "try:\n    pass\nexcept Refused:\n    pass\n",
     "record_writes": "def f(rec):\n    rec.status = 1\n",
@@ -848,6 +888,7 @@ OFFENCES = {
     "held_conns": "def f(c: Conn, conn: Conn | None):\n    for conn in self.conns:\n        pass\n",
     "response_decisions": "def f(resp, up, x):\n    return resp.keep_alive and up.keep_alive\n",
     "private_imports": "from egress.proxy.core.record import _x\n",
+    "renamed_classes": "from egress.proxy.core.gate import Verdict as Refusal, OK as OK\n",
     "format_skips": "x = 1  # fmt: skip\n",
     "multiple_bases": "class B: ...\nclass C: ...\nclass A(B, C): ...\n",
     "long_signatures": "def f(a, b, c, d, e, f, g): ...\n",
@@ -1087,3 +1128,11 @@ def test_the_holding_check_sees_a_type_only_import() -> None:
     )
     part = fake_module(source, "egress.proxy.telemetry.fake")
     assert parts_holding_the_proxy((part,)) == ["egress/proxy/telemetry/fake.py"]
+
+
+def test_the_class_name_check_sees_a_twin() -> None:
+    one = fake_module("class Refuse: ...\n", "egress.proxy.core.gate")
+    two = fake_module("class Refuse: ...\n", "egress.proxy.core.actions")
+    assert proxy_class_names((one, two)) == [
+        "egress/proxy/core/actions.py:1 Refuse (also egress/proxy/core/gate.py)"
+    ]

@@ -25,8 +25,7 @@ from egress.proxy.codec.tls_hello import MALFORMED, ClientHelloResult
 from egress.proxy.core.actions import Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
 from egress.proxy.core.clients import ClientTable, Identity
 from egress.proxy.core.exchange import TRANSITIONS, Exchange, SequenceError, State
-from egress.proxy.core.gate import Gate, refuse_request
-from egress.proxy.core.gate import Refuse as Verdict
+from egress.proxy.core.gate import Gate, Verdict, refuse_request
 from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
 from egress.proxy.modes.connect.front import CONNECT
 from egress.proxy.modes.forwarder.front import FORWARDER

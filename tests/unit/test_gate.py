@@ -1,4 +1,4 @@
-"""The gate, as playbooks: (situation -> Admit | Refuse(reason)) tables, no root, no sockets.
+"""The gate, as playbooks: (situation -> Admit | Verdict(reason)) tables, no root, no sockets.
 
 Every `Reason` must be produced by at least one row (`test_every_reason_is_covered`), so a
 new reason cannot be added without saying here how the gate reaches it. The verdict cache
@@ -28,7 +28,7 @@ from egress.proxy.core.gate import (
     HEAD_TIMEOUT,
     Admit,
     Gate,
-    Refuse,
+    Verdict,
     admit_client,
     admit_connection,
     keep_alive_after,
@@ -59,15 +59,15 @@ def gate(
 
 def verdict(
     policy: Policy, authority: str, addrs: tuple[IPAddress, ...] = (), scheme: str = "https"
-) -> Admit | Refuse:
+) -> Admit | Verdict:
     """What the server does with a target: decide, refuse early, else admit on `addrs`."""
     g = gate(policy)
     if scheme == "https":
         target = g.connect_target(authority)
     else:
         parsed = g.request_target(f"http://{authority}/")
-        target = parsed if isinstance(parsed, Refuse) else parsed[0]
-    if isinstance(target, Refuse):
+        target = parsed if isinstance(parsed, Verdict) else parsed[0]
+    if isinstance(target, Verdict):
         return target
     first = g.decide(policy, target)
     early = g.refuse_early(first)
@@ -81,7 +81,7 @@ def sni(
     policy: Policy,
     authority: str = "x.test:443",
     mode: str = "if-named",
-) -> Admit | Refuse:
+) -> Admit | Verdict:
     g = gate(policy, sni_missing=mode)
     target = parse_authority(authority)
     first = g.admit(policy, target, g.decide(policy, target), (WORLD,))
@@ -98,7 +98,7 @@ def head(authorization: str | None = None) -> RequestHead:
     return parsed[0]
 
 
-def auth(header: str | None, *, require: bool = False) -> Identity | Refuse:
+def auth(header: str | None, *, require: bool = False) -> Identity | Verdict:
     spec = ClientSpec("task-1", Policy(allow=["x.test"]), token="s3cret")
     return gate(clients=(spec,), require_auth=require).identify(None, PEER, head(header))
 
@@ -225,7 +225,7 @@ ROWS = [
 
 
 def outcome_reason(result: object) -> str:
-    if isinstance(result, Refuse):
+    if isinstance(result, Verdict):
         return result.reason.value
     if isinstance(result, Admit):
         return result.reason
@@ -236,7 +236,7 @@ def outcome_reason(result: object) -> str:
 def test_playbook(row: Row) -> None:
     result = row.play()
     assert outcome_reason(result) == row.expect
-    if isinstance(result, Refuse):
+    if isinstance(result, Verdict):
         assert result.decision == row.expect.decision
         assert result.answer_status in (row.expect.status, 505)
         assert row.expect.value in repr(result)  # readable: the code is in the repr
@@ -272,18 +272,18 @@ def test_every_reason_is_covered() -> None:
 @pytest.mark.parametrize(
     ("refusal", "bodiless", "keep_alive", "closing", "expect"),
     [
-        (Refuse(Reason.DEFAULT_DENY, "d"), True, True, False, True),
-        (Refuse(Reason.RESERVED_ADDRESS, "d"), True, True, False, True),
-        (Refuse(Reason.DEFAULT_DENY, "d"), False, True, False, False),  # unread body
-        (Refuse(Reason.DEFAULT_DENY, "d"), True, False, False, False),  # client said close
-        (Refuse(Reason.DEFAULT_DENY, "d"), True, True, True, False),  # shutting down
-        (Refuse(Reason.AUTH_FAILED, "d", status=407), True, True, False, False),
-        (Refuse(Reason.BAD_REQUEST, "d", status=400), True, True, False, False),
-        (Refuse(Reason.DNS_ERROR, "d"), True, True, False, False),
+        (Verdict(Reason.DEFAULT_DENY, "d"), True, True, False, True),
+        (Verdict(Reason.RESERVED_ADDRESS, "d"), True, True, False, True),
+        (Verdict(Reason.DEFAULT_DENY, "d"), False, True, False, False),  # unread body
+        (Verdict(Reason.DEFAULT_DENY, "d"), True, False, False, False),  # client said close
+        (Verdict(Reason.DEFAULT_DENY, "d"), True, True, True, False),  # shutting down
+        (Verdict(Reason.AUTH_FAILED, "d", status=407), True, True, False, False),
+        (Verdict(Reason.BAD_REQUEST, "d", status=400), True, True, False, False),
+        (Verdict(Reason.DNS_ERROR, "d"), True, True, False, False),
     ],
 )
 def test_keep_alive_after_refusal(
-    refusal: Refuse, bodiless: bool, keep_alive: bool, closing: bool, expect: bool
+    refusal: Verdict, bodiless: bool, keep_alive: bool, closing: bool, expect: bool
 ) -> None:
     got = keep_alive_after(refusal, bodiless=bodiless, keep_alive=keep_alive, closing=closing)
     assert got is expect
@@ -313,7 +313,7 @@ def test_identity_sources_tokens_and_bound_listener() -> None:
     assert g.identify(None, ("198.19.0.1", 1), head()).client_id is None  # type: ignore[union-attr]
     bound = Identity("c", Policy())
     assert g.identify(bound, PEER, head(basic("a:tok-a"))) is bound  # the listener wins
-    assert g.identify(None, PEER, head("Basic \xe9")) == Refuse(
+    assert g.identify(None, PEER, head("Basic \xe9")) == Verdict(
         Reason.AUTH_FAILED, "proxy credentials not accepted", status=407
     )
 
@@ -337,19 +337,19 @@ def test_wants_sni() -> None:
 def test_request_target_path_and_cache() -> None:
     g = gate()
     got = g.request_target("http://X.test:80/a?b#frag")
-    assert not isinstance(got, Refuse)
+    assert not isinstance(got, Verdict)
     target, path, explicit = got
     assert (target.host, target.port, path, explicit) == ("x.test", 80, "/a?b", True)
     again = g.request_target("http://X.test:80")
-    assert not isinstance(again, Refuse)
+    assert not isinstance(again, Verdict)
     assert again[0] is target
     assert again[1] == "/"
 
 
 def test_reprs_are_readable() -> None:
     assert repr(Admit("allow_rule", "x.test")) == "Admit(allow_rule, rule='x.test')"
-    assert repr(Refuse(Reason.BAD_REQUEST, "no", status=505)) == (
-        "Refuse(bad_request, 'no', status=505)"
+    assert repr(Verdict(Reason.BAD_REQUEST, "no", status=505)) == (
+        "Verdict(bad_request, 'no', status=505)"
     )
     assert End.HELLO_TIMEOUT.text
 
@@ -357,7 +357,7 @@ def test_reprs_are_readable() -> None:
 # -- the verdict cache cannot cross policies (issue: id(policy) reuse after GC) --------------
 
 
-def _decide_path(g: Gate, policy: Policy, authority: str) -> Admit | Refuse:
+def _decide_path(g: Gate, policy: Policy, authority: str) -> Admit | Verdict:
     target: Target = parse_authority(authority)
     first = g.decide(policy, target)
     early = g.refuse_early(first)
@@ -397,7 +397,7 @@ def test_no_verdict_crosses_policies(
             gc.collect()  # and now and then with a full collection in between
         deny = denying()
         reused += id(deny) == freed_id
-        assert isinstance(_decide_path(g, deny, authority), Refuse)
+        assert isinstance(_decide_path(g, deny, authority), Verdict)
         del deny
     assert reused > 0, "the test must actually see a freed policy's id() reused"
 

@@ -21,8 +21,7 @@ from egress.policy.target import IPAddress
 from egress.proxy.core.actions import Dial, Relay
 from egress.proxy.core.clients import ClientTable
 from egress.proxy.core.exchange import Exchange, SequenceError, State
-from egress.proxy.core.gate import Gate
-from egress.proxy.core.gate import Refuse as Verdict
+from egress.proxy.core.gate import Gate, Verdict
 from egress.proxy.core.intent import Intent
 from egress.proxy.core.kept import ANY_CREDENTIAL, Kept
 from egress.proxy.modes.http.front import HTTP

@@ -25,7 +25,7 @@ from test_exchange import PEER, TOKEN, WORLD, _relaying, basic, make_gate
 
 from egress.proxy.codec import http1 as wire
 from egress.proxy.core.actions import Done, Refuse
-from egress.proxy.core.gate import Refuse as Verdict
+from egress.proxy.core.gate import Verdict
 from egress.proxy.core.reader import CLOSED, FINAL, INTERIM, UNANSWERED, ResponseReader
 from egress.proxy.drive.callback import FastClient
 from egress.proxy.drive.fastpath import FastExchange

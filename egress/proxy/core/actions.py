@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ...policy.target import IPAddress
-from .gate import Refuse as Verdict
+from .gate import Verdict
 from .intent import Answer
 from .record import AccessRecord
 

@@ -36,8 +36,7 @@ from .actions import (
     Resolve,
 )
 from .clients import ClientTable, Identity
-from .gate import AUDIT_DOWN, Admit, Gate, refuse_dial, refuse_resolve, response_step
-from .gate import Refuse as Verdict
+from .gate import AUDIT_DOWN, Admit, Gate, Verdict, refuse_dial, refuse_resolve, response_step
 from .intent import CLOSE, Answer, Front, Intent
 from .kept import Kept
 from .record import AccessRecord, DnsRecord

@@ -1,7 +1,7 @@
 """The gate: every admission decision the proxy makes, as pure functions of data.
 
 Pure (no sockets, no asyncio). The server reads bytes and dials; at each stage it asks the gate
-and gets back an `Admit` or a `Refuse(reason, detail)` (like mitmproxy's layer commands), and
+and gets back an `Admit` or a `Verdict(reason, detail)` (like mitmproxy's layer commands), and
 only carries that out. So the whole of "who may go where" is testable without root or sockets
 (`tests/unit/test_gate.py` drives every reason code through it).
 
@@ -63,7 +63,7 @@ class Admit:
 
 
 @dataclass(frozen=True, slots=True)
-class Refuse:
+class Verdict:
     """Stop: answer `reason` (its status, or `status` when given) and audit it."""
 
     reason: Reason
@@ -75,7 +75,7 @@ class Refuse:
     def __repr__(self) -> str:
         extra = f", rule={self.rule!r}" if self.rule else ""
         extra += f", status={self.status}" if self.status is not None else ""
-        return f"Refuse({self.reason.value}, {self.detail!r}{extra})"
+        return f"Verdict({self.reason.value}, {self.detail!r}{extra})"
 
     @property
     def decision(self) -> DecisionWord:
@@ -86,63 +86,63 @@ class Refuse:
         return self.status if self.status is not None else self.reason.status
 
 
-HEAD_TIMEOUT: Final = Refuse(Reason.HEAD_TIMEOUT, "request head not received")
-AUDIT_DOWN: Final = Refuse(Reason.AUDIT_UNAVAILABLE, "audit log cannot be written")
+HEAD_TIMEOUT: Final = Verdict(Reason.HEAD_TIMEOUT, "request head not received")
+AUDIT_DOWN: Final = Verdict(Reason.AUDIT_UNAVAILABLE, "audit log cannot be written")
 
 
 def admit_connection(
     open_connections: int, max_connections: int, *, closing: bool, audit_ok: bool
-) -> Refuse | None:
+) -> Verdict | None:
     """A new connection before any byte: None to serve it, else why not (503)."""
     if open_connections > max_connections or closing:
-        return Refuse(Reason.TOO_MANY_CONNECTIONS, "connection limit reached")
+        return Verdict(Reason.TOO_MANY_CONNECTIONS, "connection limit reached")
     if not audit_ok:
         return AUDIT_DOWN
     return None
 
 
-def admit_client(client_connections: int, cap: int) -> Refuse | None:
+def admit_client(client_connections: int, cap: int) -> Verdict | None:
     """A connection once its client is known: at most `cap` per client (docs/proxy.md#limits)."""
     if client_connections > cap:
-        return Refuse(Reason.TOO_MANY_CONNECTIONS, "per-client connection limit reached")
+        return Verdict(Reason.TOO_MANY_CONNECTIONS, "per-client connection limit reached")
     return None
 
 
-def refuse_head(exc: ProtocolError) -> Refuse:
+def refuse_head(exc: ProtocolError) -> Verdict:
     """A request head that could not be parsed: 431 for size, else 400 (or 505)."""
     if exc.status == 431:
-        return Refuse(Reason.HEAD_TOO_LARGE, str(exc), status=431)
-    return Refuse(Reason.BAD_REQUEST, str(exc), status=exc.status)
+        return Verdict(Reason.HEAD_TOO_LARGE, str(exc), status=431)
+    return Verdict(Reason.BAD_REQUEST, str(exc), status=exc.status)
 
 
-def refuse_resolve(exc: BaseException, host: str) -> Refuse:
+def refuse_resolve(exc: BaseException, host: str) -> Verdict:
     """A failed name resolution: `dns_timeout` for a lookup that ran out of time (the
     resolver's `ResolveTimeout`, or a bare TimeoutError), else `dns_error`."""
     if isinstance(exc, TimeoutError) or getattr(exc, "reason", None) == "dns_timeout":
-        return Refuse(Reason.DNS_TIMEOUT, str(exc) or f"resolving {host!r} timed out")
-    return Refuse(Reason.DNS_ERROR, str(exc))
+        return Verdict(Reason.DNS_TIMEOUT, str(exc) or f"resolving {host!r} timed out")
+    return Verdict(Reason.DNS_ERROR, str(exc))
 
 
-def refuse_dial(exc: BaseException, addr: IPAddress, port: int) -> Refuse:
+def refuse_dial(exc: BaseException, addr: IPAddress, port: int) -> Verdict:
     """A failed connection to a checked address."""
     where = str(addr)
     if isinstance(exc, TimeoutError):
-        return Refuse(Reason.CONNECTION_TIMEOUT, f"connecting to {where} port {port} timed out")
+        return Verdict(Reason.CONNECTION_TIMEOUT, f"connecting to {where} port {port} timed out")
     if isinstance(exc, ConnectionRefusedError):
-        return Refuse(Reason.CONNECTION_REFUSED, f"{where} port {port} refused the connection")
+        return Verdict(Reason.CONNECTION_REFUSED, f"{where} port {port} refused the connection")
     why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-    return Refuse(Reason.UPSTREAM_ERROR, f"cannot connect to {where} port {port}: {why}")
+    return Verdict(Reason.UPSTREAM_ERROR, f"cannot connect to {where} port {port}: {why}")
 
 
-def refuse_upstream(detail: str) -> Refuse:
-    return Refuse(Reason.UPSTREAM_ERROR, detail, status=502)
+def refuse_upstream(detail: str) -> Verdict:
+    return Verdict(Reason.UPSTREAM_ERROR, detail, status=502)
 
 
-def refuse_request(detail: str) -> Refuse:
-    return Refuse(Reason.BAD_REQUEST, detail, status=400)
+def refuse_request(detail: str) -> Verdict:
+    return Verdict(Reason.BAD_REQUEST, detail, status=400)
 
 
-def keep_alive_after(refusal: Refuse, *, bodiless: bool, keep_alive: bool, closing: bool) -> bool:
+def keep_alive_after(refusal: Verdict, *, bodiless: bool, keep_alive: bool, closing: bool) -> bool:
     """May the client connection serve another request after answering `refusal`?
 
     Only after a policy refusal (block, its own status) of a bodiless request: the connection
@@ -160,7 +160,7 @@ def keep_alive_after(refusal: Refuse, *, bodiless: bool, keep_alive: bool, closi
 ResponseStep = Literal["interim", "final"]
 
 
-def response_step(status: int) -> ResponseStep | Refuse:
+def response_step(status: int) -> ResponseStep | Verdict:
     """An upstream response head's status: relay a 1xx and read on, refuse a 101 (Upgrade is
     not forwarded), or it is the final response."""
     if status == 101:
@@ -199,7 +199,7 @@ class Gate:
         self._verdicts.pop(policy, None)
 
     # -- targets ------------------------------------------------------------------------------
-    def connect_target(self, authority: str) -> Target | Refuse:
+    def connect_target(self, authority: str) -> Target | Verdict:
         """A CONNECT target, parsed once per distinct authority."""
         cached = self._authorities.get(authority)
         if cached is None:
@@ -212,7 +212,7 @@ class Gate:
             self._authorities[authority] = cached
         return cached
 
-    def request_target(self, raw: str) -> tuple[Target, str, bool] | Refuse:
+    def request_target(self, raw: str) -> tuple[Target, str, bool] | Verdict:
         """An absolute-form target -> (target, path, explicit port); the authority's parse is
         cached (the path is not: it is per request)."""
         if raw[:7].lower() != "http://":
@@ -232,7 +232,7 @@ class Gate:
     # -- identity -----------------------------------------------------------------------------
     def identify(
         self, bound: Identity | None, peer: object, head: RequestHead
-    ) -> Identity | Refuse:
+    ) -> Identity | Verdict:
         """Who is asking: the listener's own client, else by token or source address (the
         credentials are looked up only when clients are configured: the hot path)."""
         if bound is not None:
@@ -244,7 +244,7 @@ class Gate:
 
     def identify_credential(
         self, bound: Identity | None, peer: object, authorization: str | None
-    ) -> Identity | Refuse:
+    ) -> Identity | Verdict:
         """`identify` for a credential given as a `Proxy-Authorization` value (a SOCKS5
         username/password is presented as `Basic`: docs/proxy.md#transparent-mode-and-socks5)."""
         if bound is not None:
@@ -256,7 +256,7 @@ class Gate:
         try:
             return clients.identify(source, authorization)
         except AuthError as exc:
-            return Refuse(reason_of(exc.reason), str(exc), status=407)
+            return Verdict(reason_of(exc.reason), str(exc), status=407)
 
     # -- verdicts -----------------------------------------------------------------------------
     def decide(self, policy: Policy, target: Target) -> Decision:
@@ -275,7 +275,7 @@ class Gate:
 
     def admit(
         self, policy: Policy, target: Target, first: Decision, addrs: tuple[IPAddress, ...] = ()
-    ) -> Admit | Refuse:
+    ) -> Admit | Verdict:
         """The final verdict given the name's verdict `first` and, for a name, its addresses.
 
         An IP literal was fully judged by `first` (its address is the target) and a framework
@@ -285,29 +285,29 @@ class Gate:
         if addrs and target.ip is None and first.reason != _FRAMEWORK_ROUTE:
             decision = judge(policy, self.guard, target, addrs)
         if not decision.allowed:
-            return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
+            return Verdict(reason_of(decision.reason), decision.detail, decision.rule)
         if decision.would is not None:
             return Admit(decision.reason, decision.rule, decision.would, decision.detail)
         return Admit(decision.reason, decision.rule)
 
-    def refuse_early(self, decision: Decision) -> Refuse | None:
+    def refuse_early(self, decision: Decision) -> Verdict | None:
         """A verdict on the name that no address can change: refuse before any DNS."""
         if decision.allowed or decision.needs_addrs:
             return None
-        return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
+        return Verdict(reason_of(decision.reason), decision.detail, decision.rule)
 
     # -- a DNS query (transparent mode's responder) ---------------------------------------------
-    def lookup(self, policy: Policy, name: str) -> Admit | Refuse:
+    def lookup(self, policy: Policy, name: str) -> Admit | Verdict:
         """A DNS query for `name` (normalized): answered when some connection to it may be
         allowed; an address spelling is no name (docs/proxy.md#transparent-mode-and-socks5).
         Under report-only a refused name is answered, and the record says it would not be."""
         if parse_ip_literal(name) is not None:
-            return Refuse(Reason.NOT_A_NAME, "an address spelling is not a name")
+            return Verdict(Reason.NOT_A_NAME, "an address spelling is not a name")
         decision = judge_name(policy, name, self.guard)
         if decision.allowed:
             return Admit(decision.reason, decision.rule)
         if not policy.report_only:
-            return Refuse(reason_of(decision.reason), decision.detail, decision.rule)
+            return Verdict(reason_of(decision.reason), decision.detail, decision.rule)
         would = f"report-only, would block: {decision.detail}"
         return Admit(decision.reason, decision.rule, "block", would)
 
@@ -321,17 +321,17 @@ class Gate:
 
     def sni(
         self, policy: Policy, target: Target, admitted: Admit, hello: ClientHelloResult | None
-    ) -> Admit | Refuse:
+    ) -> Admit | Verdict:
         """The verdict on a tunnel's first bytes (docs/proxy.md#tls-sni-check)."""
         if hello is not None and hello.kind == "malformed":
-            return Refuse(Reason.SNI_MISMATCH, "malformed TLS ClientHello")
+            return Verdict(Reason.SNI_MISMATCH, "malformed TLS ClientHello")
         if hello is None or hello.kind != "tls" or hello.sni is None:
             if self._sni_missing_ok(target, admitted):
                 return admitted
             kind = "no ClientHello" if hello is None else f"{hello.kind} first bytes"
             if hello is not None and hello.kind == "tls":
                 kind = "a ClientHello without SNI"
-            return Refuse(
+            return Verdict(
                 Reason.SNI_MISSING, f"tunnel carried {kind}; policy requires SNI", status=403
             )
         if hello.sni == target.host:
@@ -339,11 +339,11 @@ class Gate:
         try:
             sni_target = parse_authority(f"{hello.sni}:{target.port}")
         except TargetError:
-            return Refuse(Reason.SNI_MISMATCH, f"invalid SNI {hello.sni!r}")
+            return Verdict(Reason.SNI_MISMATCH, f"invalid SNI {hello.sni!r}")
         verdict = policy.decide(sni_target)
         if verdict.allowed:
             return admitted
-        return Refuse(
+        return Verdict(
             Reason.SNI_MISMATCH,
             f"SNI {hello.sni!r} not allowed on port {target.port} ({verdict.reason})",
             verdict.rule,
@@ -361,7 +361,7 @@ _NAMED_ALLOWS: Final = frozenset({"allow_rule", "default_allow", "framework_rout
 _FRAMEWORK_ROUTE: Final = Reason.FRAMEWORK_ROUTE.value  # a plain str: compared per request
 
 
-def _form_refusal(raw: str) -> Refuse:
+def _form_refusal(raw: str) -> Verdict:
     """The refusal of a non-http:// absolute target; ws:// and wss:// name the destination
     in the record (docs/proxy.md#websocket)."""
     refusal = refuse_request(_form_error(raw))
@@ -396,8 +396,8 @@ __all__ = [
     "HEAD_TIMEOUT",
     "Admit",
     "Gate",
-    "Refuse",
     "SniMissing",
+    "Verdict",
     "admit_client",
     "admit_connection",
     "keep_alive_after",

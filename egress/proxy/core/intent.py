@@ -16,7 +16,7 @@ from ...policy.target import Target
 from ...reasons import DecisionWord, Reason
 from ..codec.tls_hello import ClientHelloResult
 from .clients import Identity
-from .gate import Refuse
+from .gate import Verdict
 
 # how an answer is written: an HTTP status line, a SOCKS5 reply code, a TCP reset, a plain
 # close, a DNS rcode
@@ -108,9 +108,9 @@ class Intent:
     host: str
     port: int
     t0: int  # perf_counter_ns() when the exchange began
-    target: Target | Refuse | None
-    identity: Identity | Refuse | None
-    cap: Refuse | None = None  # the per-client cap refused the identified client
+    target: Target | Verdict | None
+    identity: Identity | Verdict | None
+    cap: Verdict | None = None  # the per-client cap refused the identified client
     path: str | None = None
     explicit_port: bool = False  # the request's URL named its port (the `Host` sent on)
     orig_dst: str | None = None
@@ -123,7 +123,7 @@ class Intent:
     answerable: bool = True
     # refused after the verdict on the name, unless the policy refuses first: a `ws://`
     # request names a destination the policy judges before its 400 (docs/proxy.md#websocket)
-    then: Refuse | None = None
+    then: Verdict | None = None
     question: Question | None = None  # a DNS query's type and transport (the DNS mode)
     # the listener's HOST:PORT and mode, named in the record of a request whose target names
     # no destination (origin-form, a bad host), as a connection record names them

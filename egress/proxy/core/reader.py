@@ -30,8 +30,7 @@ from ..codec import http1 as wire
 from ..codec import rewrite
 from .actions import Refuse
 from .exchange import Exchange
-from .gate import Refuse as Verdict
-from .gate import refuse_upstream
+from .gate import Verdict, refuse_upstream
 
 # a pooled upstream closed before a byte of its response: the one refusal a request may be
 # answered with a retry on a fresh connection instead (docs/proxy.md#upstream-pool)

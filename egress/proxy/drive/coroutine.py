@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..codec.tls_hello import MAX_HELLO_INPUT, ClientHelloResult, parse_client_hello
 from ..core.actions import Action, Relay
 from ..core.exchange import Exchange
-from ..core.gate import Refuse as Verdict
+from ..core.gate import Verdict
 from ..core.record import perf_counter_ns, seconds_since
 from ..net.resolve import ResolveError
 from .executor import DIAL, END, HELLO, LOOKUP, RELAY, TURN, Executor, Wait

@@ -22,7 +22,7 @@ from ..codec import socks5 as socks5_codec
 from ..codec.tls_hello import MAX_HELLO_INPUT, parse_client_hello
 from ..core.actions import Action, Dial, Done, ReadHello, Refuse, Relay, ReplyOk, Resolve
 from ..core.exchange import Exchange
-from ..core.gate import Refuse as Verdict
+from ..core.gate import Verdict
 from ..core.intent import Answer
 from ..core.record import seconds_since
 from ..core.responses import CONNECT_OK

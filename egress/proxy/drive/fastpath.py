@@ -38,7 +38,7 @@ from ...reasons import End
 from ..codec import http1 as wire
 from ..core.actions import Refuse
 from ..core.exchange import Exchange, State
-from ..core.gate import Refuse as Verdict
+from ..core.gate import Verdict
 from ..core.kept import ANY_CREDENTIAL, Kept
 from ..core.reader import FINAL, INTERIM, UNANSWERED, ResponseReader
 from ..core.record import perf_counter_ns, seconds_since

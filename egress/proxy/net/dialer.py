@@ -16,13 +16,13 @@ import errno
 from collections.abc import Callable, Sequence
 
 from ...policy.target import IPAddress
-from ..core.gate import Refuse, refuse_dial
+from ..core.gate import Verdict, refuse_dial
 from ..core.record import perf_counter_ns, seconds_since
 from ..telemetry.metrics import ProxyMetrics
 from .relay import Side
 from .stepped import Stepped
 
-Dialed = Callable[["tuple[Side, IPAddress] | Refuse"], None]
+Dialed = Callable[["tuple[Side, IPAddress] | Verdict"], None]
 
 
 class Dialer:
@@ -64,7 +64,7 @@ class Dialer:
     def start(self) -> None:
         self._try(None)
 
-    def _try(self, last: Refuse | None) -> None:
+    def _try(self, last: Verdict | None) -> None:
         """Connect to the next address; report `last` when none is left."""
         if self._at >= len(self._addrs):
             assert last is not None, "a dial needs at least one address"
@@ -115,7 +115,7 @@ class Dialer:
         step.cancel()
         return True
 
-    def _report(self, outcome: tuple[Side, IPAddress] | Refuse) -> None:
+    def _report(self, outcome: tuple[Side, IPAddress] | Verdict) -> None:
         done, self._done = self._done, None
         if done is not None:
             done(outcome)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ...codec import http1 as wire
 from ...core.actions import Action
 from ...core.exchange import Exchange
-from ...core.gate import Refuse
+from ...core.gate import Verdict
 from ...core.intent import Intent
 from ...core.record import perf_counter_ns
 from ...drive.tunnel import carry_on
@@ -35,7 +35,7 @@ def connect_exchange(steps: Steps, conn: Conn, head: wire.RequestHead) -> tuple[
     identity = gate.identify(conn.listener.identity, conn.peer, head)
     cap = listener = None
     host, port = head.target, 0
-    if not isinstance(target, Refuse):
+    if not isinstance(target, Verdict):
         cap = steps.cap(conn, identity)
     else:  # no destination: the target as written, the listener named (docs/audit-log.md)
         host, port = written_authority(head.target)

@@ -14,8 +14,7 @@ from ...codec.dns import FakeIPs, Query, respond
 from ...core.actions import Done, Refuse
 from ...core.clients import Identity
 from ...core.exchange import Exchange, SequenceError, State
-from ...core.gate import AUDIT_DOWN
-from ...core.gate import Refuse as Verdict
+from ...core.gate import AUDIT_DOWN, Verdict
 from ...core.intent import Intent, Question
 from ...core.record import DnsRecord
 

@@ -21,9 +21,9 @@ from ....reasons import End
 from ...codec import http1 as wire
 from ...codec import rewrite
 from ...codec.chunked import ChunkedScanner
-from ...core.actions import Refuse as Refusal
+from ...core.actions import Refuse
 from ...core.exchange import Exchange
-from ...core.gate import Refuse, keep_alive_after, refuse_request
+from ...core.gate import Verdict, keep_alive_after, refuse_request
 from ...core.intent import Intent
 from ...core.reader import FINAL, INTERIM, UNANSWERED, Read, ResponseReader
 from ...core.record import perf_counter_ns
@@ -55,7 +55,7 @@ def request_intent(steps: Steps, conn: Conn, head: wire.RequestHead, t0: int) ->
     parsed = gate.request_target(head.target)
     audit = steps.audit
     audit_ok = audit is None or audit.accepting
-    if isinstance(parsed, Refuse):
+    if isinstance(parsed, Verdict):
         ws = _websocket_target(head, parsed)
         if not isinstance(ws, Target):  # not ws://, or not a destination: the 400 alone
             # no destination: its record names the client and the listener instead, as a
@@ -88,7 +88,7 @@ def request_intent(steps: Steps, conn: Conn, head: wire.RequestHead, t0: int) ->
     )
 
 
-def _websocket_target(head: wire.RequestHead, refusal: Refuse) -> Target | None:
+def _websocket_target(head: wire.RequestHead, refusal: Verdict) -> Target | None:
     """A `ws://`/`wss://` request's destination (None: not one, or not a valid
     destination: answered with the refusal's 400 alone)."""
     if refusal.where is None:
@@ -138,7 +138,7 @@ async def serve_request(steps: Steps, conn: Conn, head: wire.RequestHead) -> boo
             steps.turns.give_back(turn)
 
 
-def _kept(steps: Steps, head: wire.RequestHead, verdict: Refuse | None) -> bool:
+def _kept(steps: Steps, head: wire.RequestHead, verdict: Verdict | None) -> bool:
     """After a refusal: may the client connection go on (`gate.keep_alive_after`)?"""
     return verdict is not None and keep_alive_after(
         verdict,
@@ -148,17 +148,17 @@ def _kept(steps: Steps, head: wire.RequestHead, verdict: Refuse | None) -> bool:
     )
 
 
-def _keeper(steps: Steps, head: wire.RequestHead) -> Callable[[Refuse], bool]:
+def _keeper(steps: Steps, head: wire.RequestHead) -> Callable[[Verdict], bool]:
     return lambda verdict: _kept(steps, head, verdict)
 
 
 def answer(
-    steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, refused: Refuse | Refusal
+    steps: Steps, conn: Conn, head: wire.RequestHead, x: Exchange, refused: Verdict | Refuse
 ) -> bool:
     """Answer a refusal of an exchange under way (a broken body, an upstream that answered
     nonsense or a 101): answered and recorded by the exchange; True if the client
     connection may go on."""
-    action = refused if isinstance(refused, Refusal) else x.refuse(refused)
+    action = refused if isinstance(refused, Refuse) else x.refuse(refused)
     keep = _kept(steps, head, action.verdict)
     refuse(steps, conn, action, close=not keep)
     return keep
@@ -185,7 +185,7 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
         fresh = await _redial(steps, conn, x, req.head)
         if fresh is not None:
             upstream.close()
-            if isinstance(fresh, Refuse):
+            if isinstance(fresh, Verdict):
                 return answer(steps, conn, head, x, fresh)
             upstream = fresh
             conn.connected(upstream, x.record)
@@ -193,7 +193,7 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             got = await _read_response(conn, upstream, reader)
     if got is not FINAL:
         upstream.close()
-        if cut_by_proxy(conn) and isinstance(got, Refuse):
+        if cut_by_proxy(conn) and isinstance(got, Verdict):
             # cut by the proxy (a policy change, shutdown, its sandbox released, idle):
             # nothing to answer, the exchange's record says so with `conn.end`
             if req_done is not None:
@@ -219,7 +219,7 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
 
 async def _redial(
     steps: Steps, conn: Conn, x: Exchange, head: wire.RequestHead
-) -> Side | Refuse | None:
+) -> Side | Verdict | None:
     """A fresh upstream to the address already checked, for a request its pooled one left
     unanswered (`Exchange.retry`: idempotent and bodiless, once); None when it may not be
     sent again, or the proxy cut it (before or while it dialed); the dial's refusal if none
@@ -232,9 +232,9 @@ async def _redial(
     )
     if dial_again is None:
         return None
-    found: asyncio.Future[tuple[Side, IPAddress] | Refuse] = steps.loop.create_future()
+    found: asyncio.Future[tuple[Side, IPAddress] | Verdict] = steps.loop.create_future()
 
-    def done(outcome: tuple[Side, IPAddress] | Refuse) -> None:
+    def done(outcome: tuple[Side, IPAddress] | Verdict) -> None:
         if not found.done():
             found.set_result(outcome)
         elif isinstance(outcome, tuple):  # this task was cancelled meanwhile: nobody's
@@ -249,7 +249,7 @@ async def _redial(
     finally:
         conn.dial_over()
         dialer.cancel()  # (a no-op once it reported)
-    if isinstance(got, Refuse):
+    if isinstance(got, Verdict):
         return got
     if cut_by_proxy(conn):  # a policy change or a stop while it dialed: nothing is sent
         got[0].close()
@@ -348,7 +348,7 @@ def cut_by_proxy(conn: Conn) -> bool:
 
 async def _read_response(
     conn: Conn, upstream: Side, reader: ResponseReader
-) -> Read | Refusal | Refuse:
+) -> Read | Refuse | Verdict:
     """Feed the upstream's bytes to the response reader until it has an answer: `FINAL`
     (its head consumed), or the refusal to answer with (`core/reader.py`); a 1xx is
     relayed to the client on the way."""
@@ -373,7 +373,7 @@ def framer_for(framing: wire.BodyFraming, status: int) -> Framer | None:
     return None
 
 
-def _body_error(req_done: asyncio.Future[None]) -> Refuse | None:
+def _body_error(req_done: asyncio.Future[None]) -> Verdict | None:
     """If the request body relay failed, that is the answer (400), not the upstream's fate."""
     if not req_done.done() or _settle(req_done):
         if not req_done.done():

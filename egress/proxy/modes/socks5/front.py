@@ -21,8 +21,7 @@ from ....reasons import Reason, reason_of
 from ...codec import socks5 as codec
 from ...core.actions import Refuse
 from ...core.clients import Identity
-from ...core.gate import Gate, refuse_request
-from ...core.gate import Refuse as Verdict
+from ...core.gate import Gate, Verdict, refuse_request
 from ...core.intent import Answer, Front, Intent
 
 

@@ -19,8 +19,7 @@ from ....policy.target import Target, make_target, split_host_port
 from ....reasons import Reason
 from ...codec.tls_hello import ClientHelloResult
 from ...core.clients import Identity
-from ...core.gate import Refuse as Verdict
-from ...core.gate import refuse_request
+from ...core.gate import Verdict, refuse_request
 from ...core.intent import CLOSE, NEVER_REFUSED, RESET, Front, Intent
 from ...core.record import perf_counter_ns
 from ..http.front import http_answers

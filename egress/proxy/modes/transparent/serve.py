@@ -35,7 +35,7 @@ from ....reasons import Reason
 from ...codec.tls_hello import ClientHelloResult
 from ...core.clients import Identity
 from ...core.exchange import Exchange
-from ...core.gate import Refuse, refuse_head, refuse_request
+from ...core.gate import Verdict, refuse_head, refuse_request
 from ...core.intent import Intent
 from ...core.record import AccessRecord, perf_counter_ns
 from ...drive.coroutine import drive, read_hello
@@ -128,10 +128,10 @@ def _intent(
     conn: Conn,
     host: str,
     port: int,
-    target: Target | Refuse,
+    target: Target | Verdict,
     identity: Identity | None,
     *,
-    cap: Refuse | None = None,
+    cap: Verdict | None = None,
     hello: ClientHelloResult | None = None,
     hello_first: bool = False,
 ) -> Intent:
