@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 
@@ -210,22 +211,19 @@ class HelperExecutor:
     def read_facts(self) -> HelperFacts:
         """What the helper sees from inside: the namespace's identity, the container's
         resolvers and the engine's DNS redirection (helper/script.py's `facts_script`)."""
-        code, out = self.send(facts_script())
-        try:
-            if code != 0:
-                raise InvalidInput(f"exit {code}: {why_failed(out, code)}")
-            return parse_facts(out)
-        except InvalidInput as exc:
-            raise ApplyFailed(f"helper report failed: {exc}; nothing was changed") from None
+        return self._report(facts_script(), parse_facts)
 
     def read_identity(self) -> HelperFacts:
         """Only the namespace's identity (a restore's facts: it needs the record, which is
         keyed by it, and netcut's marks, not the resolvers)."""
-        code, out = self.send(identity_script())
+        return self._report(identity_script(), parse_identity)
+
+    def _report(self, script: str, parse: Callable[[str], HelperFacts]) -> HelperFacts:
+        code, out = self.send(script)
         try:
             if code != 0:
                 raise InvalidInput(f"exit {code}: {why_failed(out, code)}")
-            return parse_identity(out)
+            return parse(out)
         except InvalidInput as exc:
             raise ApplyFailed(f"helper report failed: {exc}; nothing was changed") from None
 
