@@ -18,8 +18,6 @@ import shutil
 import sys
 import tomllib
 
-from setuptools import setup
-
 # mypy's version whose mypyc the compiled build is tested with (./dev.sh compiled)
 MYPY = "mypy==2.4.1"
 
@@ -73,6 +71,10 @@ def remove_earlier_outputs(root: str = ".") -> list[str]:
 
 
 if __name__ == "__main__":  # (setuptools runs it so; tests/unit/test_compiled.py imports it)
+    # imported here: a test loads this file for its helpers where setuptools is not installed
+    # (Python 3.12's venvs come without it)
+    from setuptools import setup
+
     if BUILDS.intersection(sys.argv):
         remove_earlier_outputs()
     if os.environ.get("EGRESS_MYPYC") == "1":
