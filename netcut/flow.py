@@ -207,7 +207,7 @@ def cut(
                     "restore` removes the marks, then put its routes back and cut again"
                 )
             if status.state == "partial" and not req.dry_run:
-                _restore(ex, store, record, state)
+                _restore(ex, store, record, state, check=False)
                 state = ex.read_state(req.keeps, req.nameservers)
             if state.dns_unverified and not req.dry_run:
                 # fail closed: a cut whose DNS cannot be verified would never be `cut`
@@ -359,13 +359,19 @@ def cut_and_status(
 
 
 def _restore(
-    ex: Executor, store: Store, record: CutPlan | None, state: NamespaceState
+    ex: Executor,
+    store: Store,
+    record: CutPlan | None,
+    state: NamespaceState,
+    *,
+    check: bool = True,
 ) -> tuple[tuple[str, ...], NamespaceState | None]:
-    """Undo the cut and drop its record: the lines that say what was undone, and the marks
-    left afterwards when the executor read them with the undo (else None)."""
+    """Undo the cut and drop its record: the lines that say what was undone, and, with
+    `check`, the marks left afterwards when the executor read them with the undo (else
+    None). A cut's repair reads the whole state next anyway, so it asks for no check."""
     undo = plan_mod.plan_restore(record, state)
     left: NamespaceState | None = None
-    if isinstance(ex, UndoesAndReadsMarks):
+    if check and isinstance(ex, UndoesAndReadsMarks):
         errors, left = ex.undo_and_read_marks(undo.ops)
     else:
         errors = ex.undo(undo.ops)
