@@ -35,9 +35,11 @@ RUNTIME_ENV = "NETCUT_CONTAINER_RUNTIME"
 CONTAINERD_NAMESPACE_ENV = "CONTAINERD_NAMESPACE"
 # `docker inspect` answers in well under a second; a hung engine must not hang a cut.
 INSPECT_TIMEOUT_S = 10.0
-# `docker version` against a live daemon takes ~0.1 s, `podman info` ~0.7 s; an engine that
-# does not answer in 3 s is passed over rather than waited for.
-ANSWER_TIMEOUT_S = 3.0
+# `docker version` against a live daemon takes ~0.1 s, `podman info` ~0.7 s, but on a busy
+# machine a CLI's own start (Docker CE's client, a podman setting up its store) took over 3 s
+# in CI runs and a live engine was passed over; one that does not answer in 10 s is passed
+# over rather than waited for.
+ANSWER_TIMEOUT_S = 10.0
 # A detected engine is asked again after this long (an engine started or stopped meanwhile).
 ANSWER_CACHE_S = 30.0
 EXECUTABLES = {"docker": "docker", "podman": "podman", "containerd": "ctr"}
