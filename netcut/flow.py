@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 from netcut.errors import ApplyFailed, InvalidInput, ProbeFailed, UnsafeTarget
 from netcut.plan import planner as plan_mod
 from netcut.plan import verify
-from netcut.plan.changes import AddRedirect, Op
+from netcut.plan.changes import AddBackstop, AddRedirect, Op
 from netcut.plan.model import Keep, NamespaceState, ProbeResult
 from netcut.plan.planner import CutPlan
 from netcut.plan.status import CutStatus, judge_status
@@ -81,6 +81,24 @@ class UndoesAndReadsMarks(Protocol):
     def undo_and_read_marks(
         self, ops: tuple[Op, ...]
     ) -> tuple[list[str], NamespaceState | None]: ...
+
+
+@runtime_checkable
+class UndoesIfCut(Protocol):
+    """An executor that can undo a recorded cut only if the namespace still holds the cut's
+    first change, its backstop, and read the marks afterwards, in one request (helper mode).
+    A restore from a complete record needs no read before the undo then: the backstop is
+    the proof that the record is this namespace's (docs/netcut.md#idempotency-status-restore)."""
+
+    def undo_if_cut(
+        self, ops: tuple[Op, ...], family: int
+    ) -> tuple[list[str], NamespaceState | None, bool]:
+        """(the undo's errors, the marks afterwards (None when the undo failed), whether
+        the undo ran). Without `family`'s backstop nothing is undone and the marks are the
+        namespace's as they were."""
+
+
+NO_MARKS = NamespaceState(links=(), addrs=(), routes=())
 
 
 def _marks(ex: Executor) -> NamespaceState:
@@ -324,10 +342,14 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
     start = time.perf_counter()
     with store.locked():
         record = store.load()
+        done, state = _restore_recorded(ex, store, record)
+        if done is not None:
+            elapsed = (time.perf_counter() - start) * 1000
+            return RestoreResult(label, True, judge_status(None, done[1]), done[0], elapsed)
         # Netcut's marks are all a restore needs: whether the namespace is "not cut" (no
         # mark: judge_status) and what to undo (plan_restore) depend on nothing else, and
         # the check afterwards is that no mark is left (tests/unit/test_netcut_marks.py).
-        state = _marks(ex)
+        state = _marks(ex) if state is None else state
         before = judge_status(record, state)
         if before.state == "not cut":
             store.remove()
@@ -336,6 +358,36 @@ def restore(ex: Executor, store: Store, label: str) -> RestoreResult:
         after = judge_status(None, _marks(ex) if left is None else left)
         elapsed = (time.perf_counter() - start) * 1000
         return RestoreResult(label, True, after, lines, elapsed)
+
+
+def _restore_recorded(
+    ex: Executor, store: Store, record: CutPlan | None
+) -> tuple[tuple[tuple[str, ...], NamespaceState] | None, NamespaceState | None]:
+    """A complete record's undo, run only if the namespace holds the backstop the cut
+    installed first, then netcut's marks read: one request where an executor can
+    (`UndoesIfCut`), so a restore reads nothing before it undoes. Marks the record does
+    not hold (an earlier cut's, unrecorded) are removed by a second pass. ((the lines, the
+    marks left) or None, and the marks as they were when the undo did not run or None)."""
+    first = record.ops[0] if record is not None and record.ops else None
+    if not isinstance(ex, UndoesIfCut) or record is None or record.applied is not None:
+        return None, None
+    if not isinstance(first, AddBackstop):
+        return None, None
+    undo = plan_mod.plan_restore(record, NO_MARKS)
+    errors, left, undone = ex.undo_if_cut(undo.ops, first.family)
+    if not undone:
+        return None, left
+    if errors or left is None:
+        raise ApplyFailed("restore incomplete: " + "; ".join(errors))
+    lines = tuple(undo.lines())
+    if left.marked_routes or left.backstop or left.redirect:
+        extra = plan_mod.plan_restore(None, left)
+        errors = ex.undo(extra.ops)
+        if errors:
+            raise ApplyFailed("restore incomplete: " + "; ".join(errors))
+        lines, left = lines + tuple(extra.lines()), _marks(ex)
+    store.remove()
+    return (lines, left), None
 
 
 def status(ex: Executor, store: Store, nameservers: tuple[str, ...] = ()) -> CutStatus:

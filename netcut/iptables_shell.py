@@ -209,6 +209,13 @@ class IptablesShell:
             _q([t, "-w", "-t", "nat", "-X", NAT_CHAIN]) + _TOLERANT,
         ]
 
+    def has_backstop(self, family: int) -> str:
+        names = "ip6_tables_names" if family == AF_INET6 else "ip_tables_names"
+        return (
+            f"{{ t=no; {_read_lines(names, 'filter')}; [ $t = yes ] &&"
+            f" {_sh(family)} -w -S {CHAIN} >/dev/null 2>&1; }}"
+        )
+
     def dump(self, section: Section, verify: bool) -> list[str]:
         """One `iptables-legacy-save` per family when the image has it (the default image
         does: helper/image.py): every registered table in one run, which `read_dump` reads

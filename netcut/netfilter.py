@@ -78,6 +78,11 @@ class ShellNetfilter(Protocol):
         that makes the change in as few tool runs as the helper's image allows, falling back
         to those commands by itself; None when the backend has no such batch for `rules`."""
 
+    def has_backstop(self, family: int) -> str:
+        """A shell condition, true when `family`'s backstop is there (one tool run where
+        the table is registered, none where it is not; it registers nothing): a restore's
+        proof that its record is this namespace's (flow.UndoesIfCut)."""
+
     def install_redirects(self, rules: tuple[RedirectRule, ...]) -> list[str]: ...
 
     def remove_redirects(self) -> list[str]: ...

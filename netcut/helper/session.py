@@ -35,6 +35,7 @@ from netcut.helper.container import (
 )
 from netcut.helper.dump import HelperFacts, parse_facts, parse_identity, parse_state_dump
 from netcut.helper.script import (
+    NETFILTER,
     PRELUDE,
     dns_probe_script,
     facts_script,
@@ -231,23 +232,51 @@ class HelperExecutor:
         """`undo`, then netcut's marks as they are left: one request, not two (the check
         after a restore: flow.restore). The marks are None when the undo failed."""
         token = secrets.token_hex(8)
-        undone = f"### undone {token} "
+        code, out = self.send(self._undo_then_marks(ops, token))
+        return self._undone_marks(code, out, token)
+
+    def undo_if_cut(
+        self, ops: tuple[Op, ...], family: int
+    ) -> tuple[list[str], NamespaceState | None, bool]:
+        """`undo` if `family`'s backstop is there, then netcut's marks: one request
+        (flow.UndoesIfCut). Without the backstop the marks are read as they were."""
+        token = secrets.token_hex(8)
+        unmarked = f"### unmarked {token}\n"
         script = (
-            f'(\n:\n{render_batched_script(ops, tolerant=True)}\n); echo "{undone}$?"\n'
-            + state_script((), False)
+            f"if {NETFILTER.has_backstop(family)}; then\n"
+            f"{self._undo_then_marks(ops, token)}"
+            f'else echo "{unmarked.strip()}"\n{state_script((), False)}fi\n'
         )
         code, out = self.send(script)
-        said, found, rest = out.partition(undone)
+        if out.startswith(unmarked):
+            return [], self._marks_dump(code, out[len(unmarked) :], "before the restore"), False
+        errors, left = self._undone_marks(code, out, token)
+        return errors, left, True
+
+    def _undo_then_marks(self, ops: tuple[Op, ...], token: str) -> str:
+        """`undo` in a subshell, its status after `### undone TOKEN`, then the marks."""
+        return (
+            f'(\n:\n{render_batched_script(ops, tolerant=True)}\n); echo "### undone {token} $?"\n'
+            + state_script((), False)
+        )
+
+    def _undone_marks(
+        self, code: int, out: str, token: str
+    ) -> tuple[list[str], NamespaceState | None]:
+        said, found, rest = out.partition(f"### undone {token} ")
         undo_code, _, dump = rest.partition("\n")
         if not found or undo_code.strip() != "0":
             why = f"exit {undo_code.strip() or code}"
             return [f"helper undo failed ({why}): {why_failed(said, code)}"], None
+        return [], self._marks_dump(code, dump, "after the restore")
+
+    def _marks_dump(self, code: int, dump: str, when: str) -> NamespaceState:
         if code != 0:
             raise ApplyFailed(f"helper state dump failed (exit {code}): {why_failed(dump, code)}")
         try:
-            return [], parse_state_dump(dump, self.nameservers).marks()
+            return parse_state_dump(dump, self.nameservers).marks()
         except InvalidInput as exc:
-            raise ApplyFailed(f"{exc}; after the restore") from None
+            raise ApplyFailed(f"{exc}; {when}") from None
 
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False

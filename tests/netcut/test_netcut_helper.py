@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import tarfile
@@ -20,9 +21,11 @@ import pytest
 from netcut_testlib import Topology, wait_for
 
 from netcut import resolve as target
+from netcut.api import DirectExecutor
 from netcut.cli import main
 from netcut.errors import ApplyFailed
 from netcut.helper import mode as helper
+from netcut.plan.model import NamespaceState
 
 pytestmark = pytest.mark.netns
 
@@ -373,3 +376,76 @@ def test_helper_and_direct_read_the_same_state_and_both_see_tampering(
     assert api.status(topo.sandbox).is_cut
     assert not topo.reaches(topo.upstream_ip, topo.echo_port)
     assert helper.restore(ref).changed
+
+
+def _in_ns(topo: Topology, *argv: str) -> None:
+    subprocess.run(["ip", "netns", "exec", topo.sandbox, *argv], check=True, capture_output=True)
+
+
+def _drop_backstop(topo: Topology, tool: str) -> None:
+    _in_ns(topo, tool, "-D", "OUTPUT", "-j", "NETCUT")
+    _in_ns(topo, tool, "-F", "NETCUT")
+    _in_ns(topo, tool, "-X", "NETCUT")
+
+
+def _marks(topo: Topology) -> NamespaceState:
+    fd = os.open(f"/run/netns/{topo.sandbox}", os.O_RDONLY)
+    try:
+        return DirectExecutor(fd).read_marks()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("tamper", ["none", "extra marked route", "IPv4 backstop gone"])
+def test_a_restore_from_the_record_removes_every_mark_the_namespace_holds(
+    topo: Topology, fake_runtime: FakeRuntime, tamper: str
+) -> None:
+    """A helper restore with a complete record undoes it without reading the namespace
+    first (flow.UndoesIfCut): the backstop is its proof. A marked route the record does not
+    hold goes in a second pass; without the IPv4 backstop the marks read in the same request
+    plan the undo, as a restore without that shortcut would."""
+    fake_runtime.add("sandbox", topo.sandbox)
+    ref = target.container("sandbox")
+    routes = topo.routes()
+    helper.cut(ref, [topo.proxy])
+    if tamper == "extra marked route":
+        _in_ns(topo, "ip", "route", "add", "198.18.7.0/24", "dev", "eth0", "table", "100",
+               "proto", "110")  # fmt: skip
+    elif tamper == "IPv4 backstop gone":
+        _drop_backstop(topo, "iptables-legacy")
+
+    restored = helper.restore(ref)
+
+    assert (restored.changed, restored.status.state) == (True, "not cut")
+    assert _marks(topo) == NamespaceState(links=(), addrs=(), routes=())
+    assert wait_for(lambda: topo.routes() == routes), (routes, topo.routes())
+    assert topo.reaches(topo.upstream_ip, topo.echo_port)
+    if tamper == "extra marked route":
+        assert any("198.18.7.0/24" in line for line in restored.lines), restored.lines
+
+
+def test_a_record_whose_namespace_holds_no_mark_is_dropped_and_nothing_put_back(
+    topo: Topology, fake_runtime: FakeRuntime
+) -> None:
+    """No backstop and no marked route: the record is not this namespace's cut (a cut that
+    never started, or a reused namespace inode). Undoing it would add routes the namespace
+    never had, so the restore changes nothing and forgets the record."""
+    fake_runtime.add("sandbox", topo.sandbox)
+    ref = target.container("sandbox")
+    helper.cut(ref, [topo.proxy])
+    _drop_backstop(topo, "iptables-legacy")
+    _drop_backstop(topo, "ip6tables-legacy")
+    for route in _marks(topo).marked_routes:
+        family = "-6" if route.family == socket.AF_INET6 else "-4"
+        dst = f"{route.dst}/{route.dst_len}" if route.dst else "default"
+        _in_ns(topo, "ip", family, "route", "del", dst, "table", str(route.table),
+               "proto", "110")  # fmt: skip
+    assert _marks(topo) == NamespaceState(links=(), addrs=(), routes=())
+    cut_routes = topo.routes()
+
+    restored = helper.restore(ref)
+
+    assert not restored.changed
+    assert restored.status.details == ("stale record ignored",)
+    assert topo.routes() == cut_routes  # the routes the cut deleted stay deleted
+    assert not helper.restore(ref).changed  # and the record is gone
