@@ -11,14 +11,14 @@ kernel's to allow or refuse.
   /tmp/netcut-UID, is what it gets), in the group of `socket` when one is given.
 - `docker_group_user(socket)`: a user with a home of its own (and NETCUT_STATE_DIR in it), in
   the group of the test engines' docker socket.
-- `rootless_podman_user(image)`: a user with subordinate ids and a rootless podman of its own.
 
 Each is removed afterwards, with everything it left. When the socket's group is root's, the
 socket is lent to a group made for the test and given back (never add a user to root's
 group). Commands run through `setpriv` with a clean environment and the system's `python3`
 (the test's interpreter may live where the user cannot go: pyenv or a venv under /root),
 importing this checkout and the test venv's packages. This is the one fixture module for
-such users, kept small: the engine run's permanent user (tests/engines/up.sh) can replace it.
+such users, kept small. Rootless podman is the engine run's permanent user's
+(tests/engines/up.sh): subordinate ids and storage made once per run.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import itertools
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -207,98 +206,3 @@ def docker_group_user(socket_path: str = f"{RUN_DIR}/docker.sock") -> Iterator[U
         os.makedirs(state, mode=0o700)
         os.chown(state, entry.pw_uid, entry.pw_gid)
         yield User(name, entry.pw_uid, entry.pw_gid, group, home, state_dir=state)
-
-
-# Rootless podman: its own configuration, storage (vfs: no kernel overlay in a user
-# namespace needed) and runtime directory in the user's home; slirp4netns networking; no
-# cgroups of its own on a cgroup v1 host (cgroupfs, events to a file: no systemd).
-_ROOTLESS_CONF = """[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-[containers]
-netns = "slirp4netns"
-"""
-SUBID_BASE = 400000
-SUBID_COUNT = 65536
-
-
-@contextlib.contextmanager
-def rootless_podman_user(image: str) -> Iterator[User]:
-    """A new user with subordinate ids and a rootless podman of its own, holding `image`
-    (copied from the test run's root podman with `save` and `load`: nothing is pulled).
-    Everything is removed after: its processes (by pid), its storage, its subordinate ids."""
-    tag = f"{os.getpid() % 100000}x{next(_made)}"
-    name = f"ncr{tag}"
-    with contextlib.ExitStack() as undo:
-        home = tempfile.mkdtemp(prefix=f"{name}-")
-        undo.callback(shutil.rmtree, home, ignore_errors=True)
-        _sh("useradd", "-M", "-d", home, "-s", "/bin/sh", name)
-        undo.callback(_sh, "userdel", name, check=False)
-        entry = pwd.getpwnam(name)
-        base = SUBID_BASE + ((os.getpid() + next(_made)) % 64) * SUBID_COUNT
-        for path in ("/etc/subuid", "/etc/subgid"):
-            line = f"{name}:{base}:{SUBID_COUNT}\n"
-            with open(path, "a") as f:
-                f.write(line)
-            undo.callback(_drop_line, path, line)
-        undo.callback(_kill_user_processes, entry.pw_uid)
-        own = _rootless_files(home, entry.pw_uid, entry.pw_gid)
-        state = os.path.join(home, "netcut")
-        user = User(name, entry.pw_uid, entry.pw_gid, "", home, own, state_dir=state)
-        tar = os.path.join(home, "image.tar")
-        _sh("podman", "save", "-o", tar, image, timeout=300)
-        os.chown(tar, entry.pw_uid, entry.pw_gid)
-        done = subprocess.run(
-            user.argv("podman", "load", "-i", tar),
-            env=user.env(),
-            cwd=home,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        yield user
-
-
-def _rootless_files(home: str, uid: int, gid: int) -> tuple[tuple[str, str], ...]:
-    run = os.path.join(home, "run")
-    for d in (run, os.path.join(home, "cfg"), os.path.join(home, "netcut")):
-        os.makedirs(d, mode=0o700)
-    conf = os.path.join(home, "cfg", "containers.conf")
-    storage = os.path.join(home, "cfg", "storage.conf")
-    with open(conf, "w") as f:
-        f.write(_ROOTLESS_CONF)
-    with open(storage, "w") as f:
-        f.write(
-            f'[storage]\ndriver = "vfs"\ngraphroot = "{home}/storage"\nrunroot = "{run}/storage"\n'
-        )
-    for top, dirs, files in os.walk(home):
-        for n in (top, *(os.path.join(top, x) for x in dirs + files)):
-            os.chown(n, uid, gid)
-    return (
-        ("XDG_RUNTIME_DIR", run),
-        ("CONTAINERS_CONF", conf),
-        ("CONTAINERS_STORAGE_CONF", storage),
-        ("PATH", "/usr/bin:/bin:/usr/sbin:/sbin"),  # the system's podman, not the run's
-    )
-
-
-def _drop_line(path: str, line: str) -> None:
-    with open(path) as f:
-        kept = [x for x in f.readlines() if x != line]
-    with open(path, "w") as f:
-        f.writelines(kept)
-
-
-def _kill_user_processes(uid: int) -> None:
-    """Each process of the temporary user (podman's pause process, conmon, slirp4netns, the
-    containers), by pid."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid == uid:
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue

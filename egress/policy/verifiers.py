@@ -44,9 +44,6 @@ _CONFIG_KEYS = {"allow", "block", "network_access"}
 _TASK_KEYS = {"network_allow", "network_block"}
 _MAGIC = re.compile(r"[*?[]")  # glob.has_magic
 
-VerifiersRule = tuple[str, str, int | None]  # (scheme or "", host pattern, port or None)
-
-
 def from_verifiers(
     config: object, *, task: object | None = None, any_connect_port: bool = False
 ) -> Policy:
