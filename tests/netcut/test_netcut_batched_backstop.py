@@ -94,3 +94,47 @@ def test_a_refused_batch_stops_the_strict_script(make_netns: Callable[[str], str
     assert done.returncode != 0
     assert "reached" not in done.stdout
     assert "NETCUT" not in _rules(ns)[1]
+
+
+def _registered(ns: str, names: str) -> str:
+    return sh("ip", "netns", "exec", ns, "cat", f"/proc/net/{names}").stdout
+
+
+@pytest.mark.parametrize("save", [True, False], ids=["save", "no save"])
+def test_the_backstop_check_tells_each_state_and_registers_nothing(
+    make_netns: Callable[[str], str], save: bool
+) -> None:
+    """IptablesShell.has_backstop, the condition a helper restore undoes under: false in a
+    namespace whose filter table no one registered (and it stays unregistered: listing it
+    would register it), false with the table but no NETCUT chain, true with the backstop,
+    per family; with `-save` or, in an image without it, `-S`."""
+    ns = make_netns("k")
+    shell = IptablesShell()
+
+    def check() -> tuple[bool, bool]:
+        head = "" if save else "NCUT_IPTSAVE=/missing/x; NCUT_IP6TSAVE=/missing/x\n"
+        script = head + "".join(
+            f"if {shell.has_backstop(f)}; then echo yes; else echo no; fi\n"
+            for f in (AF_INET, AF_INET6)
+        )
+        done = _run(ns, script)
+        assert done.returncode == 0, done.stdout + done.stderr
+        answers = done.stdout.split()
+        return answers[0] == "yes", answers[1] == "yes"
+
+    before = (_registered(ns, "ip_tables_names"), _registered(ns, "ip6_tables_names"))
+    assert "filter" not in "".join(before)
+    assert check() == (False, False)
+    assert (_registered(ns, "ip_tables_names"), _registered(ns, "ip6_tables_names")) == before
+
+    sh("ip", "netns", "exec", ns, "iptables-legacy", "-w", "-N", "NETCUTX")  # a lookalike
+    assert check() == (False, False)
+    done = _run(ns, render_batched_script((AddBackstop(AF_INET6, RULES6),)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert check() == (False, True)
+    done = _run(ns, render_batched_script((AddBackstop(AF_INET, RULES4),)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert check() == (True, True)
+    done = _run(ns, render_batched_script(UNCUT, tolerant=True))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert check() == (False, False)
