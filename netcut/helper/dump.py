@@ -20,6 +20,7 @@ from netcut.plan.model import (
     AF_INET,
     AF_INET6,
     FR_ACT_TO_TBL,
+    NETCUT_PROTO,
     RT_TABLE_LOCAL,
     RTN_LOCAL,
     RTN_UNICAST,
@@ -34,6 +35,7 @@ from netcut.plan.model import (
 
 _PREFS = {"medium": 0, "high": 1, "low": 3}  # `ip -6 route` pref names -> RTA_PREF
 REQUIRED_SECTIONS = ("links", "addrs", "routes4", "routes6", "sysctls", *NETFILTER.sections)
+MARKS_SECTIONS = ("routes4", "routes6", *NETFILTER.sections)
 
 
 def read_sections(text: str, required: tuple[str, ...] = REQUIRED_SECTIONS) -> dict[str, str]:
@@ -97,11 +99,7 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
     )
     index = {link.name: link.index for link in links}
     addrs = tuple(_addr(x, info) for x in _json(s, "addrs") for info in x.get("addr_info", ()))
-    routes = tuple(
-        _route(family, x, index)
-        for family, name in ((AF_INET, "routes4"), (AF_INET6, "routes6"))
-        for x in _json(s, name)
-    )
+    routes = _routes(s, index)
     lookups = tuple(
         _lookup(name[4:], _json(s, name), index) for name in s if name.startswith("get ")
     )
@@ -117,8 +115,6 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         )
     if not any(link.loopback and link.name == "lo" for link in links):
         raise InvalidInput("helper state dump: no loopback interface (`ip` answered nothing)")
-    if not any(r.table == RT_TABLE_LOCAL for r in routes):
-        raise InvalidInput("helper state dump: no local routes (`ip route` answered nothing)")
     return NamespaceState(
         links,
         addrs,
@@ -131,6 +127,38 @@ def _parse_state_dump(text: str, nameservers: tuple[str, ...]) -> NamespaceState
         policy_rules,
         redirect=redirect,
     )
+
+
+def parse_marks_dump(text: str) -> NamespaceState | None:
+    """The helper's `marks_script` output as netcut's marks (`NamespaceState.marks()`), or
+    None when it shows a marked route: the marks name its link, which this dump does not
+    read (a restore that left one reads the whole state: helper/session.py). InvalidInput
+    if malformed."""
+    try:
+        s = read_sections(text, MARKS_SECTIONS)
+        marked = [r for r in _routes(s, {}) if r.proto == NETCUT_PROTO]
+        backstop, _, redirect = NETFILTER.read_dump(s, verify=False)
+    except InvalidInput:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"helper marks dump: unexpected content ({exc!r})") from None
+    if marked:
+        return None
+    return NamespaceState(links=(), addrs=(), routes=(), backstop=backstop, redirect=redirect)
+
+
+def _routes(s: dict[str, str], index: dict[str, int]) -> tuple[Route, ...]:
+    """Both families' routes; the local table's are always there, so none is `ip route`
+    answering nothing (a tool that prints nothing must never pass for a namespace without
+    netcut's routes)."""
+    routes = tuple(
+        _route(family, x, index)
+        for family, name in ((AF_INET, "routes4"), (AF_INET6, "routes6"))
+        for x in _json(s, name)
+    )
+    if not any(r.table == RT_TABLE_LOCAL for r in routes):
+        raise InvalidInput("helper state dump: no local routes (`ip route` answered nothing)")
+    return routes
 
 
 def _policy_rule(family: int, x: dict[str, Any]) -> PolicyRule:

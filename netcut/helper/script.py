@@ -182,17 +182,7 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
         "ncut_a=$(ncut_ip -j -N addr show); ncut_ar=$?",
         section("links", "ip -j -N addr show", 'echo "$ncut_a"; (exit $ncut_ar)'),
         section("addrs", "ip -j -N addr show", 'echo "$ncut_a"; (exit $ncut_ar)'),
-        section(
-            "routes4",
-            "ip -d -N -j -4 route show table all",
-            "ncut_ip -d -N -j -4 route show table all",
-        ),
-        section(
-            "routes6",
-            "ip -d -N -j -6 route show table all",
-            "if [ -d /proc/sys/net/ipv6 ]; then"
-            " ncut_ip -d -N -j -6 route show table all; else echo '[]'; fi",
-        ),
+        *_route_sections(),
     ]
     for keep in keeps:
         if not keep.is_loopback:
@@ -226,6 +216,30 @@ def state_script(keeps: tuple[Keep, ...], verify: bool = False) -> str:
             )
         )
     return "\n".join(lines) + "\n"
+
+
+def marks_script() -> str:
+    """A script whose output `dump.parse_marks_dump` reads: netcut's marks alone, the check
+    after a restore's undo. Both families' routes and the netfilter backend's sections; no
+    links, addresses or sysctls, which a restore never plans from (the one `ip addr` run
+    is the dearest read in the helper: docs/netcut.md#helper-mode)."""
+    return "\n".join([*_route_sections(), *NETFILTER.dump(section, False)]) + "\n"
+
+
+def _route_sections() -> list[str]:
+    return [
+        section(
+            "routes4",
+            "ip -d -N -j -4 route show table all",
+            "ncut_ip -d -N -j -4 route show table all",
+        ),
+        section(
+            "routes6",
+            "ip -d -N -j -6 route show table all",
+            "if [ -d /proc/sys/net/ipv6 ]; then"
+            " ncut_ip -d -N -j -6 route show table all; else echo '[]'; fi",
+        ),
+    ]
 
 
 def section(name: str, command: str, body: str) -> str:

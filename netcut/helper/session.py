@@ -33,13 +33,20 @@ from netcut.helper.container import (
     no_such_image,
     why_failed,
 )
-from netcut.helper.dump import HelperFacts, parse_facts, parse_identity, parse_state_dump
+from netcut.helper.dump import (
+    HelperFacts,
+    parse_facts,
+    parse_identity,
+    parse_marks_dump,
+    parse_state_dump,
+)
 from netcut.helper.script import (
     NETFILTER,
     PRELUDE,
     dns_probe_script,
     facts_script,
     identity_script,
+    marks_script,
     parse_dns_probe,
     parse_probe,
     probe_script,
@@ -249,7 +256,7 @@ class HelperExecutor:
         )
         code, out = self.send(script)
         if out.startswith(unmarked):
-            return [], self._marks_dump(code, out[len(unmarked) :], "before the restore"), False
+            return [], self._marks_dump(code, out[len(unmarked) :]), False
         errors, left = self._undone_marks(code, out, token)
         return errors, left, True
 
@@ -257,7 +264,7 @@ class HelperExecutor:
         """`undo` in a subshell, its status after `### undone TOKEN`, then the marks."""
         return (
             f'(\n:\n{render_batched_script(ops, tolerant=True)}\n); echo "### undone {token} $?"\n'
-            + state_script((), False)
+            + marks_script()
         )
 
     def _undone_marks(
@@ -268,15 +275,23 @@ class HelperExecutor:
         if not found or undo_code.strip() != "0":
             why = f"exit {undo_code.strip() or code}"
             return [f"helper undo failed ({why}): {why_failed(said, code)}"], None
-        return [], self._marks_dump(code, dump, "after the restore")
+        if code != 0:
+            raise ApplyFailed(f"helper state dump failed (exit {code}): {why_failed(dump, code)}")
+        try:
+            left = parse_marks_dump(dump)
+        except InvalidInput as exc:
+            raise ApplyFailed(f"{exc}; after the restore") from None
+        # a marked route is left: its marks name its link, which only the whole state has
+        return [], self.read_state((), ()).marks() if left is None else left
 
-    def _marks_dump(self, code: int, dump: str, when: str) -> NamespaceState:
+    def _marks_dump(self, code: int, dump: str) -> NamespaceState:
+        """The marks of a whole state dump (read where the undo did not run)."""
         if code != 0:
             raise ApplyFailed(f"helper state dump failed (exit {code}): {why_failed(dump, code)}")
         try:
             return parse_state_dump(dump, self.nameservers).marks()
         except InvalidInput as exc:
-            raise ApplyFailed(f"{exc}; {when}") from None
+            raise ApplyFailed(f"{exc}; nothing was changed") from None
 
     def read_state(
         self, keeps: tuple[Keep, ...], nameservers: tuple[str, ...], verify: bool = False

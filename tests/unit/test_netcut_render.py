@@ -601,3 +601,62 @@ def test_batching_any_interface_name_is_plain_words_or_the_commands(iface: str) 
         assert iface == "" or re.fullmatch(r"[A-Za-z0-9_.:/+@%=,-]+", iface)
     else:
         assert [batch, *rest] == render_op(op)
+
+
+def _marks_only(dump: str) -> str:
+    """`DUMP` as `marks_script` writes it: no links, addresses, lookups or sysctls."""
+    from netcut.helper.dump import read_sections
+
+    s = read_sections(dump)
+    return "".join(
+        f"### {n}\n{s[n]}\n### rc 0\n" for n in ("routes4", "routes6", "backstop4", "backstop6")
+    )
+
+
+def test_the_marks_dump_is_the_whole_dumps_marks_where_no_route_is_marked() -> None:
+    from netcut.helper.dump import parse_marks_dump
+
+    unmarked = DUMP.replace('"protocol":"110"', '"protocol":"4"')
+    assert parse_marks_dump(_marks_only(unmarked)) == parse_state_dump(unmarked).marks()
+    assert parse_marks_dump(_marks_only(unmarked)).backstop == (AF_INET,)  # type: ignore[union-attr]
+    # a marked route is left: the caller reads the whole state, which names its link
+    assert parse_marks_dump(_marks_only(DUMP)) is None
+
+
+def _routes4_empty(text: str) -> str:
+    head, _, rest = text.partition("### routes4\n")
+    return head + "### routes4\n[]\n### rc 0\n" + rest.split("### rc 0\n", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        _routes4_empty,  # `ip` printed no route: not even the local table's
+        lambda text: text.replace("### backstop6\nno\n### rc 0\n", ""),
+        lambda text: text.replace("### routes6\n[", "### routes6\n[{]"),
+        lambda text: text.replace("### rc 0\n", "### rc 1\n", 1),
+    ],
+    ids=["no-local-route", "missing-section", "not-json", "failed-tool"],
+)
+def test_a_marks_dump_that_proves_nothing_is_invalid_input(broken: Any) -> None:
+    """Never "no marks" from a tool that answered nothing or failed."""
+    from netcut.errors import InvalidInput
+    from netcut.helper.dump import parse_marks_dump
+
+    good = _marks_only(DUMP.replace('"protocol":"110"', '"protocol":"4"'))
+    assert parse_marks_dump(good) is not None
+    text = broken(good)
+    assert text != good
+    with pytest.raises(InvalidInput):
+        parse_marks_dump(text)
+
+
+@given(st.text(max_size=400))
+def test_marks_dump_parses_or_raises_invalid_input(text: str) -> None:
+    from netcut.errors import InvalidInput
+    from netcut.helper.dump import parse_marks_dump
+
+    try:
+        parse_marks_dump(text)
+    except InvalidInput:
+        pass
