@@ -6,6 +6,7 @@ without the restore tool."""
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 from collections.abc import Callable
 
@@ -138,3 +139,31 @@ def test_the_backstop_check_tells_each_state_and_registers_nothing(
     done = _run(ns, render_batched_script(UNCUT, tolerant=True))
     assert done.returncode == 0, done.stdout + done.stderr
     assert check() == (False, False)
+
+
+def test_a_removal_after_the_check_takes_the_table_the_check_saved(
+    make_netns: Callable[[str], str], tmp_path: pathlib.Path
+) -> None:
+    """A helper restore's script (session.undo_if_cut): the check saves each family's
+    filter table once and the removal reads that save, so a restore runs one `-save` per
+    family, not two. Every save run is counted by wrapping the prelude's functions."""
+    ns = make_netns("s")
+    shell = IptablesShell()
+    done = _run(ns, render_batched_script(CUT))
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = tmp_path / "saves"
+    count = (
+        f'ncut_iptsave() {{ echo 4 >> {runs}; "$NCUT_IPTSAVE" "$@"; }}\n'
+        f'ncut_ip6tsave() {{ echo 6 >> {runs}; "$NCUT_IP6TSAVE" "$@"; }}\n'
+    )
+    script = (
+        count
+        + f"if {shell.has_backstop(AF_INET)}; then (\n"
+        + render_batched_script(UNCUT, tolerant=True)
+        + "\n); fi\n"
+    )
+    done = _run(ns, script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "NETCUT" not in "".join(_rules(ns))
+    # IPv4: the check's save only; IPv6 had no check, so its removal saved
+    assert runs.read_text().split() == ["4", "6"]
