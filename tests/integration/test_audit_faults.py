@@ -153,13 +153,19 @@ def requests_of(recs: list[dict[str, object]]) -> list[dict[str, object]]:
 
 
 async def wait_for_records(path: Path, test: object, timeout: float = 15.0) -> None:
-    """Poll the log file until `test(records)` holds (the writer thread is another process)."""
+    """Poll the log file until `test(records)` holds (the writer thread is another process).
+
+    PATH may name no file at any moment: a rotation renames it to PATH.1 before it opens the
+    new PATH (docs/audit-log.md#rotation-and-several-runs). A check that it exists, then a
+    read, raced that (FileNotFoundError in a loaded CI run), so a missing file is polled
+    again like one without the records yet."""
     assert callable(test)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        if path.exists() and test(records(path)):
-            return
+        with contextlib.suppress(FileNotFoundError):  # not created yet, or mid-rotation
+            if test(records(path)):
+                return
         assert loop.time() < deadline, f"timed out waiting for records in {path}"
         await asyncio.sleep(0.05)
 
