@@ -377,7 +377,8 @@ def keep_decision(
         credential = head.get("proxy-authorization")
     target = x.record.host
     resolved = None if x.dialed_addr is None else steps.resolver.cached(target)
-    return x.kept(
+    return Kept.reached(
+        x,
         authority=authority,
         bound=bound,
         clients=clients,
