@@ -3,8 +3,11 @@
 Pure. identify -> target -> decide -> resolve -> admit -> dial -> answer -> SNI -> relay ->
 record is written once, here; every front-end (`modes/`) and every driver uses it. The driver
 calls a method with what happened (`start(intent)`, `resolved(addrs)`, `dialed(addr)`,
-`hello(result)`, `response(status)`, `ended(...)`) and gets back the next action to carry out
-(`core/actions.py`); a refusal is an action too, so drivers need no exception to unwind.
+`hello(result)`, `sent()`, `response(status)`, `ended(...)`) and gets back the next action
+to carry out (`core/actions.py`; `sent()` asks for nothing); a refusal is an action too, so
+drivers need no exception to unwind. A request goes on past its dial: its head sent, each
+response head read (by `core/reader.py`, for both drivers), its body relayed, so the
+record's status, bytes and duration are written here whichever driver carried it.
 
 The decisions are the gate's (`gate.py`), never repeated here; the legal sequences are data
 (`sequence.py`, as h11's `_state.py` writes its own), checked on every call; and this (with the
@@ -32,7 +35,7 @@ from .actions import (
 )
 from .clients import Identity
 from .gate import AUDIT_DOWN, Admit, Gate, Verdict, refuse_dial, refuse_resolve, response_step
-from .intent import CLOSE, Answer, Front, Intent
+from .intent import Front, Intent
 from .kept import Kept
 from .record import AccessRecord, DnsRecord
 from .sequence import IDEMPOTENT, TRANSITIONS, SequenceError, State
@@ -210,14 +213,16 @@ class Exchange:
         """Connected to `addr` (`text`: its spelling, when the driver caches them)."""
         front = self.front
         ok = front.ok
-        self._move("dialed", State.RELAYING if ok is None else State.REPLYING)
+        request = front.shape == "request"  # its head is sent next (`sent`)
+        to = State.REPLYING if ok is not None else State.SENDING if request else State.RELAYING
+        self._move("dialed", to)
         rec = self.record
         self.dialed_addr = addr
         rec.addr = text if text is not None else str(addr)
         if front.shape == "route":
             rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{rec.host}:{rec.port}")
         if ok is None:
-            return RELAY_REQUEST if front.shape == "request" else RELAY_TUNNEL
+            return RELAY_REQUEST if request else RELAY_TUNNEL
         if ok.style == "http":
             rec.status = ok.code
         elif ok.style == "socks5":
@@ -252,18 +257,26 @@ class Exchange:
         self._move("hello", State.RELAYING)
         return RELAY_TUNNEL
 
+    def sent(self) -> None:
+        """The request head went upstream (again, after a `retry`): nothing to carry out, its
+        response is read next, each head reported with `response` (`core/reader.py` does,
+        for both drivers). `TRANSITIONS["sent"]` is checked inline: a call fewer per request."""
+        if self.state is not State.SENDING:
+            raise SequenceError(f"exchange: sent in state {self.state.value}")
+        self.state = State.AWAITING
+
     def response(self, status: int) -> Refuse | Relay:
         """An upstream response head: a 1xx is relayed and more is read, a 101 is refused, a
         final status is recorded and its body relayed."""
-        if self.front.shape != "request":
-            raise SequenceError("exchange: a response head on a tunnel")
         step = response_step(status)
         if isinstance(step, Verdict):
             self._check("response")
             return self._refuse("response", step)
-        self._move("response", State.RELAYING)  # (checked before anything is written)
         if step == "final":
+            self._move("response", State.RELAYING)  # (checked before anything is written)
             self.record.status = status
+        else:
+            self._move("response", State.AWAITING)
         return RELAY_REQUEST
 
     def retry(self, bodiless: bool) -> Dial | None:
@@ -272,15 +285,15 @@ class Exchange:
         (RFC 9110 section 9.2.2: an idempotent method; `bodiless`: no body was streamed) is
         sent once more on a fresh connection to the address already checked, never
         resolved again (docs/proxy.md#upstream-pool). The `Dial` of that address
-        alone, or None (then refused as before: 502). Its record says `retried: 1`."""
+        alone, or None (then refused as before: 502). Its record says `retried: 1`; its head
+        is sent again (`sent`)."""
         self._check("retry")
         rec = self.record
         addr = self.dialed_addr
         if rec.retried or addr is None or not bodiless or rec.method not in IDEMPOTENT:
             return None
-        if self.front.shape != "request":
-            raise SequenceError("exchange: a retry of a tunnel")
         rec.retried = 1
+        self._move("retry", State.SENDING)
         return Dial((addr,), rec.port, False)
 
     def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
@@ -402,10 +415,7 @@ class Exchange:
         front = self.front
         self._refusal = verdict
         answered = self.state in (State.HELLO, State.RELAYING) and front.ok is not None
-        unanswerable = answered or not self._answerable
-        answer: Answer = CLOSE if unanswerable else front.answer(verdict.reason)
-        if verdict.status is not None and answer.style in ("http", "dns"):
-            answer = Answer(answer.style, verdict.status)  # a 505, a DNS NOTIMP
+        answer = front.refusal(verdict, answered or not self._answerable)
         status: int | None = None
         if answer.style == "http":
             status = answer.code

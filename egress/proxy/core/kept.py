@@ -138,11 +138,11 @@ class Kept:
     ) -> Kept | None:
         """The decision exchange `x` reached, kept for the connection's next request under
         the key it was reached with; None unless it was admitted and dialed on a pooled
-        upstream (a request of the HTTP front-end). `resolved`: the resolver's answer it was
-        judged on, for a name."""
+        upstream, its head not sent yet (a request of the HTTP front-end). `resolved`: the
+        resolver's answer it was judged on, for a name."""
         identity, target, first, admitted = x.identity, x.target, x.first, x.admitted
         if (
-            x.state is not State.RELAYING
+            x.state is not State.SENDING
             or x.front.shape != "request"
             or identity is None
             or target is None

@@ -27,7 +27,9 @@ class State(StrEnum):
     DIALING = "dialing"  # `dialed` or `dial_failed`
     REPLYING = "replying"  # the `ReplyOk` is being written: `replied`
     HELLO = "hello"  # the ClientHello is being read: `hello`
-    RELAYING = "relaying"  # `response` (requests), `ended`
+    SENDING = "sending"  # a request's head is being sent upstream: `sent`
+    AWAITING = "awaiting"  # its response heads are being read: `response`, `retry`
+    RELAYING = "relaying"  # a tunnel's bytes or a final response's body: `ended`
     DONE = "done"
 
 
@@ -43,13 +45,16 @@ TRANSITIONS: Final[Mapping[str, Mapping[State, frozenset[State]]]] = {
     "start_kept": {_S.IDLE: frozenset({_S.DIALING})},
     "resolved": {_S.RESOLVING: frozenset({_S.DIALING, _S.DONE})},
     "resolve_failed": {_S.RESOLVING: frozenset({_S.DONE})},
-    "dialed": {_S.DIALING: frozenset({_S.REPLYING, _S.RELAYING})},
+    "dialed": {_S.DIALING: frozenset({_S.REPLYING, _S.SENDING, _S.RELAYING})},
     "dial_failed": {_S.DIALING: frozenset({_S.DONE})},
     "replied": {_S.REPLYING: frozenset({_S.HELLO, _S.RELAYING})},
     "hello": {_S.HELLO: frozenset({_S.RELAYING, _S.DONE})},
-    "response": {_S.RELAYING: frozenset({_S.RELAYING, _S.DONE})},
-    "retry": {_S.RELAYING: frozenset({_S.RELAYING})},
-    "ended": {_S.RELAYING: frozenset({_S.DONE})},
+    "sent": {_S.SENDING: frozenset({_S.AWAITING})},
+    # a 1xx: read on; the final head: its body; a 101: refused
+    "response": {_S.AWAITING: frozenset({_S.AWAITING, _S.RELAYING, _S.DONE})},
+    "retry": {_S.AWAITING: frozenset({_S.SENDING})},  # sent again on a fresh upstream
+    # (a request ends before its response when the proxy cuts it, or its client goes away)
+    "ended": dict.fromkeys((_S.SENDING, _S.AWAITING, _S.RELAYING), frozenset({_S.DONE})),
     "refuse": dict.fromkeys(_ANY, frozenset({_S.DONE})),
 }
 
