@@ -13,7 +13,7 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -739,26 +739,11 @@ def test_the_suffix_rule(a: str, b: str, twins: bool) -> None:
 
 # --- size limits (issue 33) ---------------------------------------------------------------
 
-# docs/architecture.md#design-checks: a module is one concept, a class one owner of state.
+# docs/architecture.md#design-checks: a module is one concept, a class one owner of state;
+# no allowance (the last, core/exchange.py, was split: its legal sequence in core/sequence.py,
+# its kept decision in core/kept.py), so a module or class over its limit fails at once.
 MAX_MODULE_LINES = 450
 MAX_CLASS_METHODS = 25  # `def`s and `async def`s in the class body
-
-# The modules other engineers are reshaping now (issue 33); an allowance may name only these
-# (or a class of one of them), each with why, and must still exceed its limit: one fixed is
-# struck from here, so none can grow back unseen (the KNOWN_CYCLES rule).
-RESHAPING = frozenset(
-    {
-        "egress/proxy/core/exchange.py",
-    }
-)
-LONG_MODULES: dict[str, str] = {
-    "egress/proxy/core/exchange.py": (
-        "its records moved to AccessRecord's factories; the Exchange class itself is ~440"
-        " lines: its kept decision and its decision steps are the next cut"
-    ),
-}
-# "module path:Class"
-CROWDED_CLASSES: dict[str, str] = {}
 
 
 def module_lengths(ms: tuple[Module, ...] | None = None) -> dict[str, int]:
@@ -778,22 +763,18 @@ def class_methods(ms: tuple[Module, ...] | None = None) -> dict[str, tuple[int, 
     return found
 
 
-def long_modules(
-    ms: tuple[Module, ...] | None = None, allowed: Mapping[str, str] = LONG_MODULES
-) -> list[str]:
+def long_modules(ms: tuple[Module, ...] | None = None) -> list[str]:
     return [
         f"{where}: {lines} lines"
         for where, lines in module_lengths(ms).items()
-        if lines > MAX_MODULE_LINES and where not in allowed
+        if lines > MAX_MODULE_LINES
     ]
 
 
-def crowded_classes(
-    ms: tuple[Module, ...] | None = None, allowed: Mapping[str, str] = CROWDED_CLASSES
-) -> list[str]:
+def crowded_classes(ms: tuple[Module, ...] | None = None) -> list[str]:
     found = []
     for key, (line, count) in class_methods(ms).items():
-        if count > MAX_CLASS_METHODS and key not in allowed:
+        if count > MAX_CLASS_METHODS:
             where, _, name = key.rpartition(":")
             found.append(f"{where}:{line} {name}: {count} methods")
     return found
@@ -810,19 +791,6 @@ def test_no_class_has_over_25_methods() -> None:
     """A class that many methods owns more than one thing: give each its own class."""
     found = crowded_classes()
     assert not found, report(found)
-
-
-def test_every_size_allowance_still_exceeds_its_limit() -> None:
-    lengths, methods = module_lengths(), class_methods()
-    fixed = [w for w in LONG_MODULES if lengths.get(w, 0) <= MAX_MODULE_LINES]
-    fixed += [k for k in CROWDED_CLASSES if methods.get(k, (0, 0))[1] <= MAX_CLASS_METHODS]
-    assert not fixed, f"strike these from LONG_MODULES / CROWDED_CLASSES: {fixed}"
-
-
-def test_size_allowances_name_only_what_is_being_reshaped() -> None:
-    named = {*LONG_MODULES, *(key.rpartition(":")[0] for key in CROWDED_CLASSES)}
-    assert named <= RESHAPING, sorted(named - RESHAPING)
-    assert all(why.strip() for why in [*LONG_MODULES.values(), *CROWDED_CLASSES.values()])
 
 
 def test_the_size_limits_are_inclusive() -> None:

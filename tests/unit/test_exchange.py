@@ -271,6 +271,8 @@ def test_http_request_success_with_interim_response() -> None:
         << Dial((WORLD,), 80, pooled=True)
         >> ev.dialed(WORLD)
         << Relay(request=True)
+        >> ev.sent()
+        << None
         >> ev.response(100)
         << Relay(request=True)
         >> ev.response(204)
@@ -322,6 +324,8 @@ def test_http_refusal_after_dial_and_101() -> None:
         base()
         >> ev.dialed(WORLD)
         << Relay(request=True)
+        >> ev.sent()
+        << None
         >> ev.response(101)
         << Refused(Reason.UPSTREAM_ERROR, Answer("http", 502), 502)
     )
@@ -625,6 +629,15 @@ def _relaying(method: str) -> Exchange:
         (WORLD, ipaddress.ip_address("198.18.7.11")), 80, pooled=True
     )
     assert x.dialed(WORLD) == Relay(request=True)
+    assert x.state is State.SENDING
+    return x
+
+
+def _sent(method: str) -> Exchange:
+    """A request whose head went upstream: its response is read next."""
+    x = _relaying(method)
+    x.sent()
+    assert x.state is State.AWAITING
     return x
 
 
@@ -632,10 +645,12 @@ def _relaying(method: str) -> Exchange:
 def test_an_idempotent_request_is_retried_once_at_the_checked_address(method: str) -> None:
     """Issue 32: the retry dials the address already checked (the one it was connected
     to), alone, fresh: no `Resolve`, no new verdict; once; the record says so."""
-    x = _relaying(method)
+    x = _sent(method)
     assert x.retry(True) == Dial((WORLD,), 80, pooled=False)
+    assert x.state is State.SENDING  # its head goes again, on the fresh upstream
+    x.sent()
     assert x.retry(True) is None  # once
-    assert x.state is State.RELAYING
+    assert x.state is State.AWAITING
     x.response(200)
     event = done_of_ended(x).record.event("allow", "allow_rule", "x.test", None, 200)
     assert event["retried"] == 1
@@ -647,16 +662,80 @@ def test_an_idempotent_request_is_retried_once_at_the_checked_address(method: st
     [("POST", True), ("PATCH", True), ("CONNECT", True), ("get", True), ("PUT", False)],
 )
 def test_a_request_that_may_not_be_sent_twice_is_not_retried(method: str, bodiless: bool) -> None:
-    x = _relaying(method)
+    x = _sent(method)
     assert x.retry(bodiless) is None
     x.response(502)
     assert "retried" not in done_of_ended(x).record.event("allow", "allow_rule", "x.test")
 
 
 def test_a_retry_outside_a_relay_is_a_sequence_error() -> None:
-    assert set(TRANSITIONS["retry"]) == {State.RELAYING}
+    assert set(TRANSITIONS["retry"]) == {State.AWAITING}
     with pytest.raises(SequenceError):
         Exchange(make_gate(), HTTP).retry(True)
+    with pytest.raises(SequenceError):
+        _relaying("GET").retry(True)  # its head not sent yet
+
+
+# -- the request's head and response, events of the same machine (issue 33 item 2) ----------
+def test_a_request_waits_for_its_head_to_be_sent_before_any_response() -> None:
+    """After the dial a request's exchange waits for `sent`: a response head before it is a
+    driver bug, as is a second `sent` without a `retry`."""
+    x = _relaying("GET")
+    with pytest.raises(SequenceError):
+        x.response(200)
+    x.sent()
+    with pytest.raises(SequenceError):
+        x.sent()
+    assert x.response(100) == Relay(request=True)  # interim: still awaiting
+    assert x.state is State.AWAITING
+    assert x.response(200) == Relay(request=True)  # final: its body is relayed
+    assert x.state is State.RELAYING
+    with pytest.raises(SequenceError):
+        x.response(200)  # one final head
+    with pytest.raises(SequenceError):
+        x.retry(True)  # a response came: not sent again
+    done = x.ended(None, 3, 5)
+    assert (done.status, done.record.bytes_up, done.record.bytes_down) == (200, 3, 5)
+
+
+@pytest.mark.parametrize("state", sorted(State))
+def test_the_inline_sent_check_is_the_tables(state: State) -> None:
+    """`sent` checks its state inline (a call fewer per request): exactly the table's."""
+    x = _relaying("GET")
+    x.state = state
+    if state in TRANSITIONS["sent"]:
+        x.sent()
+        assert x.state in TRANSITIONS["sent"][state]
+    else:
+        with pytest.raises(SequenceError):
+            x.sent()
+
+
+@pytest.mark.parametrize("state", [State.SENDING, State.AWAITING, State.RELAYING])
+def test_a_request_cut_before_its_response_ends_from_any_of_its_states(state: State) -> None:
+    """The proxy cuts a request (a policy change, a stop) or its client goes away before
+    its head went, before its response or inside its body: its record ends from there."""
+    x = _relaying("GET")
+    if state is not State.SENDING:
+        x.sent()
+    if state is State.RELAYING:
+        x.response(204)
+    done = x.ended("revoked", 0, 0)
+    assert done.record.end == "revoked"
+    assert x.state is State.DONE
+
+
+def test_a_tunnel_is_never_sent_nor_answered() -> None:
+    """A tunnel relays after its dial: `sent` and `response` are a request's alone."""
+    g = make_gate()
+    x = Exchange(g, CONNECT)
+    x.start(intent(g))
+    x.resolved((WORLD,))
+    x.dialed(WORLD)
+    x.replied()
+    for event in (x.sent, lambda: x.response(200), lambda: x.retry(True)):
+        with pytest.raises(SequenceError):
+            event()
 
 
 def done_of_ended(x: Exchange) -> Done:

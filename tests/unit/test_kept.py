@@ -53,7 +53,8 @@ def judged(g: Gate, url: str, addrs: tuple[IPAddress, ...]) -> Exchange:
 
 
 def keep(g: Gate, x: Exchange, resolved: tuple[IPAddress, ...] | None) -> Kept:
-    kept = x.kept(
+    kept = Kept.reached(
+        x,
         authority=x.record.host,
         bound=None,
         clients=g.clients,
@@ -121,7 +122,7 @@ def test_only_an_exchange_admitted_and_dialed_is_kept() -> None:
         x = Exchange(g, HTTP)
         x.start(Intent("198.18.0.5", "GET", "http", "", 0, 0, target, identity, path=path))
         assert x.state is state  # refused (default deny), or not dialed yet
-        assert x.kept(authority=target.host, **key) is None  # type: ignore[arg-type]
+        assert Kept.reached(x, authority=target.host, **key) is None  # type: ignore[arg-type]
 
 
 def test_a_kept_start_is_a_start() -> None:

@@ -420,6 +420,8 @@ def run(x: Exchange, first: object, stage: Stage) -> list[object]:
         elif isinstance(action, ReadHello):
             action = x.hello(stage.hello)
         elif isinstance(action, Relay) and action.request and x.record.status is None:
+            if x.state is State.SENDING:
+                x.sent()  # its head went upstream: its response is read next
             action = x.response(stage.status)
         else:
             action = x.ended(
@@ -596,6 +598,8 @@ def test_two_exchanges_interleaved_on_one_connection() -> None:
         << Dial((WORLD,), 80, pooled=True)
         >> ev.dialed(WORLD)
         << Relay(request=True)
+        >> ev.sent()
+        << None
         >> ev.response(204)
         << Relay(request=True)
     )
@@ -610,6 +614,7 @@ def test_two_exchanges_interleaved_on_one_connection() -> None:
     )
     end3 = s3.ended(None, 10, 20, now=1000)
     assert s1.record.status is None  # stream 3's answer did not leak into stream 1
+    s1.sent()
     assert s1.response(200) == Relay(request=True)
     end1 = s1.ended(None, 30, 40, now=2000)
     first = end1.record.event("allow", end1.reason, end1.rule, None, end1.status)
@@ -633,6 +638,7 @@ def test_two_exchanges_interleaved_on_one_connection() -> None:
     x = alone.streams[one]
     x.resolved((WORLD,))
     x.dialed(WORLD)
+    x.sent()
     x.response(200)
     solo = x.ended(None, 30, 40, now=2000)
     assert solo.record.event("allow", solo.reason, solo.rule, None, solo.status) == first

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_exchange import PEER, TOKEN, WORLD, _relaying, basic, make_gate
+from test_exchange import PEER, TOKEN, WORLD, _relaying, _sent, basic, make_gate
 
 from egress.proxy.codec import http1 as wire
 from egress.proxy.core.actions import Done, Refuse
+from egress.proxy.core.exchange import Exchange, State
 from egress.proxy.core.gate import Verdict
 from egress.proxy.core.reader import CLOSED, FINAL, INTERIM, UNANSWERED, ResponseReader
 from egress.proxy.drive.callback import FastClient
@@ -49,7 +50,7 @@ def request(
 
 def reader_for(method: str = "GET", **kw: Any) -> ResponseReader:
     head, _ = request(method, **kw)
-    return ResponseReader(_relaying(method), head, False)
+    return ResponseReader(_sent(method), head, False)
 
 
 # -- the reader, pure ------------------------------------------------------------------------
@@ -153,7 +154,7 @@ def test_keep_alive_and_pooling_are_decided_from_both_heads(
 
 def test_a_stopping_proxy_keeps_no_client_connection() -> None:
     head, _ = request()
-    reader = ResponseReader(_relaying("GET"), head, True)
+    reader = ResponseReader(_sent("GET"), head, True)
     assert reader.read(bytearray(b"HTTP/1.1 204 No Content\r\n\r\n"), False) is FINAL
     assert reader.keep is False
     assert b"Connection: close" in reader.out
@@ -275,13 +276,17 @@ class Transport:
         pass
 
 
-def upstream_side(loop: asyncio.AbstractEventLoop, script: list[bytes | None]) -> Side:
+def upstream_side(
+    loop: asyncio.AbstractEventLoop, script: list[bytes | None], before: Any = None
+) -> Side:
     """An upstream `Side` whose origin answers the request it is written with `script`, one
-    chunk per loop callback (None: the origin closes)."""
+    chunk per loop callback (None: the origin closes); `before()` is called before each."""
     side = Side(loop)
     chunks = deque(script)
 
     def deliver() -> None:
+        if before is not None:
+            before()
         chunk = chunks.popleft()
         if chunk is None:
             side.connection_lost(None)
@@ -331,6 +336,7 @@ class Steps:
     metrics: None = None
     closing: bool = False
     ended: list[Done] = field(default_factory=list)
+    exchanges: list[Exchange] = field(default_factory=list)  # each dialed one (`link`)
 
     def __post_init__(self) -> None:
         self.turns = Turns(self.loop)
@@ -338,8 +344,8 @@ class Steps:
     def done(self, done: Done) -> None:
         self.ended.append(done)
 
-    def link(self, conn: object, x: object) -> None:
-        pass
+    def link(self, conn: object, x: Exchange) -> None:
+        self.exchanges.append(x)
 
     def cap(self, conn: object, found: object) -> None:
         return None
@@ -369,47 +375,69 @@ class Run:
     end: str | None
     pooled: bool
     keep: bool
+    # the exchange's state as each of the upstream's chunks arrived (issue 33 item 2: the
+    # driver reported its head `sent`, so the exchange awaits its response)
+    states: list[State] = field(default_factory=list, compare=False)
+
+
+def watched(
+    loop: asyncio.AbstractEventLoop, script: list[bytes | None]
+) -> tuple[Side, list[State], list[Exchange]]:
+    """`upstream_side`, noting the state of the last exchange in `exchanges` (each driver's
+    own, once dialed) as each chunk arrives."""
+    states: list[State] = []
+    exchanges: list[Exchange] = []
+    side = upstream_side(loop, script, lambda: states.append(exchanges[-1].state))
+    return side, states, exchanges
 
 
 async def coroutine_driver(script: list[bytes | None], method: str) -> Run:
     loop = asyncio.get_running_loop()
-    upstream = upstream_side(loop, script)
-    steps = Steps(loop, Pool(upstream))
+    upstream, states, exchanges = watched(loop, script)
+    steps = Steps(loop, Pool(upstream), exchanges=exchanges)
     client = Side(loop)
     client.connection_made(Transport())  # type: ignore[arg-type]
     conn = Conn(client, "198.18.0.5:40000", PEER, Listener())  # type: ignore[arg-type]
     head, raw = request(method)
     conn.serving(raw)
     keep = await serve_request(steps, conn, head)  # type: ignore[arg-type]
-    return finished(steps, client, keep)
+    return finished(steps, client, keep, states)
 
 
 async def callback_driver(script: list[bytes | None], method: str) -> Run:
     loop = asyncio.get_running_loop()
-    upstream = upstream_side(loop, script)
-    steps = Steps(loop, Pool(upstream))
+    upstream, states, exchanges = watched(loop, script)
+    steps = Steps(loop, Pool(upstream), exchanges=exchanges)
     client = FastClient(loop)
     client.connection_made(Transport())  # type: ignore[arg-type]
     conn = Conn(client, "198.18.0.5:40000", PEER, Listener())  # type: ignore[arg-type]
     head, raw = request(method)
     conn.serving(raw)
     x = _relaying(method)
+    steps.link(conn, x)  # (as `begin`'s executor links it)
     conn.connected(upstream, x.record)
     fx = FastExchange(steps, conn, client, head, x, upstream)  # type: ignore[arg-type]
     fx.ticket = object()  # type: ignore[assignment]
     client.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(b"GET /a HTTP/1.1\r\nHost: x.test\r\n\r\n")  # as `begin` writes it
+    x.sent()  # ...and reports it
     await steps.turns.given_back  # the exchange ended (`FastExchange._done`)
-    return finished(steps, client, not client.transport.is_closing())  # type: ignore[union-attr]
+    keep = not client.transport.is_closing()  # type: ignore[union-attr]
+    return finished(steps, client, keep, states)
 
 
-def finished(steps: Steps, client: Side, keep: bool) -> Run:
+def finished(steps: Steps, client: Side, keep: bool, states: list[State]) -> Run:
     (done,) = steps.ended
     event = done.record.event(done.decision, done.reason, done.rule, done.detail, done.status)
     written = client.transport.written  # type: ignore[union-attr]
     return Run(
-        bytes(written), event.get("status"), event.get("end"), bool(steps.pool.released), keep
+        bytes(written),
+        event.get("status"),
+        event.get("end"),
+        bool(steps.pool.released),
+        keep,
+        states,
     )
 
 
@@ -470,3 +498,18 @@ async def test_both_drivers_carry_out_the_readers_decisions(driver: Any, name: s
     if expected.client.endswith(b"502"):  # an error answer: its status line is enough
         run.client = run.client[: len(expected.client)]
     assert run == expected
+
+
+@pytest.mark.parametrize("driver", [coroutine_driver, callback_driver])
+async def test_both_drivers_report_the_head_sent_before_its_response(driver: Any) -> None:
+    """Issue 33 item 2: each driver reports `sent()` once it wrote the request head, so
+    the exchange awaits its response when the upstream's first byte arrives, reads on
+    after a 1xx, relays the final body, and ends: the same states on both drivers."""
+    script = [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel",
+        b"lo",
+    ]
+    run = await driver(script, "GET")
+    assert run.states == [State.AWAITING, State.AWAITING, State.RELAYING]
+    assert (run.status, run.pooled, run.keep) == (200, True, True)

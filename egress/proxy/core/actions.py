@@ -69,8 +69,9 @@ class ReadHello:
 
 @dataclass(frozen=True, slots=True)
 class Relay:
-    """Relay: a tunnel's bytes both ways, or a request's head and body (`request`) and then its
-    response; report `response(status)` for each response head, `ended(...)` at the end."""
+    """Relay: a tunnel's bytes both ways, or a request (`request`): send its head and report
+    `sent()`, relay its body and read its response (`core/reader.ResponseReader` reports
+    `response(status)` for each head); `ended(...)` at the end."""
 
     request: bool
 

@@ -3,22 +3,20 @@
 Pure. identify -> target -> decide -> resolve -> admit -> dial -> answer -> SNI -> relay ->
 record is written once, here; every front-end (`modes/`) and every driver uses it. The driver
 calls a method with what happened (`start(intent)`, `resolved(addrs)`, `dialed(addr)`,
-`hello(result)`, `response(status)`, `ended(...)`) and gets back the next action to carry out
-(`core/actions.py`); a refusal is an action too, so drivers need no exception to unwind.
+`hello(result)`, `sent()`, `response(status)`, `ended(...)`) and gets back the next action
+to carry out (`core/actions.py`; `sent()` asks for nothing); a refusal is an action too, so
+drivers need no exception to unwind. A request goes on past its dial: its head sent, each
+response head read (by `core/reader.py`, for both drivers), its body relayed, so the
+record's status, bytes and duration are written here whichever driver carried it.
 
 The decisions are the gate's (`gate.py`), never repeated here; the legal sequences are data
-(`TRANSITIONS`, as h11's `_state.py` writes its own), checked on every call; and this (with the
+(`sequence.py`, as h11's `_state.py` writes its own), checked on every call; and this (with the
 record's own factories, `record.py`) is the one writer of an `AccessRecord`'s fields
 (docs/architecture.md#one-exchange).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from enum import StrEnum
-from typing import Final
-
-from ...policy.addrs import AddressGuard
 from ...policy.rules import Decision
 from ...policy.target import IPAddress, Target, parse_ip_literal
 from ...reasons import End, Reason
@@ -35,71 +33,32 @@ from .actions import (
     ReplyOk,
     Resolve,
 )
-from .clients import ClientTable, Identity
+from .clients import Identity
 from .gate import AUDIT_DOWN, Admit, Gate, Verdict, refuse_dial, refuse_resolve, response_step
-from .intent import CLOSE, Answer, Front, Intent
+from .intent import Front, Intent
 from .kept import Kept
 from .record import AccessRecord, DnsRecord
-
-
-class SequenceError(Exception):
-    """A driver called an event the exchange's state does not allow: a bug in the driver."""
-
-
-class State(StrEnum):
-    """Where an exchange is: what it waits for next (a `StrEnum`: its members hash in C,
-    and the table is consulted on every event)."""
-
-    IDLE = "idle"  # nothing yet: `start`
-    RESOLVING = "resolving"  # `resolved` or `resolve_failed`
-    DIALING = "dialing"  # `dialed` or `dial_failed`
-    REPLYING = "replying"  # the `ReplyOk` is being written: `replied`
-    HELLO = "hello"  # the ClientHello is being read: `hello`
-    RELAYING = "relaying"  # `response` (requests), `ended`
-    DONE = "done"
-
-
-_S = State
-# methods a request may be sent again with when its pooled upstream closed before answering
-# (RFC 9110 section 9.2.2; `Exchange.retry`)
-IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
-_ANY: Final = frozenset(s for s in State if s is not State.DONE)
-# event -> {state it may come in: the states it may lead to}; anything else is a bug
-# in a driver (SequenceError), never a silent misrecord
-TRANSITIONS: Final[Mapping[str, Mapping[State, frozenset[State]]]] = {
-    "start": {_S.IDLE: frozenset({_S.RESOLVING, _S.DIALING, _S.DONE})},
-    "start_kept": {_S.IDLE: frozenset({_S.DIALING})},
-    "resolved": {_S.RESOLVING: frozenset({_S.DIALING, _S.DONE})},
-    "resolve_failed": {_S.RESOLVING: frozenset({_S.DONE})},
-    "dialed": {_S.DIALING: frozenset({_S.REPLYING, _S.RELAYING})},
-    "dial_failed": {_S.DIALING: frozenset({_S.DONE})},
-    "replied": {_S.REPLYING: frozenset({_S.HELLO, _S.RELAYING})},
-    "hello": {_S.HELLO: frozenset({_S.RELAYING, _S.DONE})},
-    "response": {_S.RELAYING: frozenset({_S.RELAYING, _S.DONE})},
-    "retry": {_S.RELAYING: frozenset({_S.RELAYING})},
-    "ended": {_S.RELAYING: frozenset({_S.DONE})},
-    "refuse": dict.fromkeys(_ANY, frozenset({_S.DONE})),
-}
+from .sequence import IDEMPOTENT, TRANSITIONS, SequenceError, State
 
 
 class Exchange:
     """One request, tunnel or forwarded connection, from its intent to its record."""
 
     __slots__ = (
-        "_admitted",
         "_answerable",
-        "_first",
         "_hello",
         "_hello_first",
-        "_identity",
         "_refusal",
-        "_target",
+        "admitted",
         "dialed_addr",
+        "first",
         "front",
         "gate",
+        "identity",
         "opens_at_dial",
         "record",
         "state",
+        "target",
     )
 
     def __init__(self, gate: Gate, front: Front) -> None:
@@ -107,10 +66,11 @@ class Exchange:
         self.front = front
         self.state = State.IDLE
         self.record: AccessRecord  # made by `start`
-        self._identity: Identity | None = None
-        self._target: Target | None = None
-        self._first: Decision | None = None
-        self._admitted: Admit | None = None
+        # what it decided, step by step (a kept-alive connection keeps it: `Kept.reached`)
+        self.identity: Identity | None = None
+        self.target: Target | None = None
+        self.first: Decision | None = None
+        self.admitted: Admit | None = None
         self._hello: ClientHelloResult | None = None
         self._hello_first = False
         self._answerable = True
@@ -131,7 +91,7 @@ class Exchange:
     @property
     def decided(self) -> bool:
         """True once the policy judged the target (the metrics time head-to-verdict)."""
-        return self._first is not None
+        return self.first is not None
 
     # -- the legal sequence ------------------------------------------------------------------
     def _move(self, event: str, to: State) -> None:
@@ -181,10 +141,10 @@ class Exchange:
             return self._refuse("start", intent.cap)
         if identity is None or target is None:
             raise SequenceError("exchange: an intent without its identity or target")
-        self._identity, self._target = identity, target
+        self.identity, self.target = identity, target
         if not intent.audit_ok:  # closed mode: docs/audit-log.md
             return self._refuse("start", AUDIT_DOWN)
-        first = self._first = self.gate.decide(identity.policy, target)
+        first = self.first = self.gate.decide(identity.policy, target)
         early = self.gate.refuse_early(first)
         if early is not None:
             return self._refuse("start", early)
@@ -215,67 +175,10 @@ class Exchange:
         rec.policy = kept.policy
         rec.reason, rec.rule = kept.reason, kept.rule
         rec.would, rec.detail = kept.would, kept.detail
-        self._identity, self._target = kept.identity, target
-        self._first, self._admitted = kept.first, kept.admitted
+        self.identity, self.target = kept.identity, target
+        self.first, self.admitted = kept.first, kept.admitted
         self._move("start_kept", State.DIALING)
         return kept.dial
-
-    def kept(
-        self,
-        *,
-        authority: str,
-        bound: Identity | None,
-        clients: ClientTable,
-        credential: object,
-        guard: AddressGuard,
-        owner: object,
-        resolved: tuple[IPAddress, ...] | None,
-        explicit_port: bool,
-    ) -> Kept | None:
-        """This request's decision, kept for the connection's next one (`core/kept.py`),
-        under the key it was reached with; None unless it was admitted and dialed on a
-        pooled upstream (a request of the HTTP front-end). `resolved`: the resolver's answer
-        it was judged on, for a name."""
-        identity, target, first, admitted = (
-            self._identity,
-            self._target,
-            self._first,
-            self._admitted,
-        )
-        if (
-            self.state is not State.RELAYING
-            or self.front.shape != "request"
-            or identity is None
-            or target is None
-            or first is None
-            or admitted is None
-            or self.dialed_addr is None
-        ):
-            return None
-        addrs = (target.ip,) if target.ip is not None else resolved
-        if addrs is None:
-            return None
-        rec = self.record
-        return Kept(
-            authority=authority,
-            bound=bound,
-            clients=clients,
-            credential=credential,
-            guard=guard,
-            owner=owner,
-            resolved=None if target.ip is not None else resolved,
-            front=self.front,
-            identity=identity,
-            target=target,
-            explicit_port=explicit_port,
-            first=first,
-            admitted=admitted,
-            dial=Dial(addrs, target.port, pooled=True),
-            reason=rec.reason,
-            rule=rec.rule,
-            would=rec.would,
-            detail=rec.detail,
-        )
 
     def resolved(self, addrs: tuple[IPAddress, ...]) -> Refuse | Dial | Done:
         """The name's addresses: the verdict on them (address rules, the guard); a DNS
@@ -310,14 +213,16 @@ class Exchange:
         """Connected to `addr` (`text`: its spelling, when the driver caches them)."""
         front = self.front
         ok = front.ok
-        self._move("dialed", State.RELAYING if ok is None else State.REPLYING)
+        request = front.shape == "request"  # its head is sent next (`sent`)
+        to = State.REPLYING if ok is not None else State.SENDING if request else State.RELAYING
+        self._move("dialed", to)
         rec = self.record
         self.dialed_addr = addr
         rec.addr = text if text is not None else str(addr)
         if front.shape == "route":
             rec.admitted(Reason.FRAMEWORK_ROUTE.value, f"http://{rec.host}:{rec.port}")
         if ok is None:
-            return RELAY_REQUEST if front.shape == "request" else RELAY_TUNNEL
+            return RELAY_REQUEST if request else RELAY_TUNNEL
         if ok.style == "http":
             rec.status = ok.code
         elif ok.style == "socks5":
@@ -332,7 +237,7 @@ class Exchange:
     def replied(self) -> ReadHello | Relay:
         """The `ReplyOk` went out: read the ClientHello where the gate wants its SNI."""
         self._check("replied")
-        identity, target = self._identity, self._target
+        identity, target = self.identity, self.target
         if identity is not None and target is not None:
             if self.gate.wants_sni(identity.policy, target):
                 self._move("replied", State.HELLO)
@@ -352,18 +257,26 @@ class Exchange:
         self._move("hello", State.RELAYING)
         return RELAY_TUNNEL
 
+    def sent(self) -> None:
+        """The request head went upstream (again, after a `retry`): nothing to carry out, its
+        response is read next, each head reported with `response` (`core/reader.py` does,
+        for both drivers). `TRANSITIONS["sent"]` is checked inline: a call fewer per request."""
+        if self.state is not State.SENDING:
+            raise SequenceError(f"exchange: sent in state {self.state.value}")
+        self.state = State.AWAITING
+
     def response(self, status: int) -> Refuse | Relay:
         """An upstream response head: a 1xx is relayed and more is read, a 101 is refused, a
         final status is recorded and its body relayed."""
-        if self.front.shape != "request":
-            raise SequenceError("exchange: a response head on a tunnel")
         step = response_step(status)
         if isinstance(step, Verdict):
             self._check("response")
             return self._refuse("response", step)
-        self._move("response", State.RELAYING)  # (checked before anything is written)
         if step == "final":
+            self._move("response", State.RELAYING)  # (checked before anything is written)
             self.record.status = status
+        else:
+            self._move("response", State.AWAITING)
         return RELAY_REQUEST
 
     def retry(self, bodiless: bool) -> Dial | None:
@@ -372,15 +285,15 @@ class Exchange:
         (RFC 9110 section 9.2.2: an idempotent method; `bodiless`: no body was streamed) is
         sent once more on a fresh connection to the address already checked, never
         resolved again (docs/proxy.md#upstream-pool). The `Dial` of that address
-        alone, or None (then refused as before: 502). Its record says `retried: 1`."""
+        alone, or None (then refused as before: 502). Its record says `retried: 1`; its head
+        is sent again (`sent`)."""
         self._check("retry")
         rec = self.record
         addr = self.dialed_addr
         if rec.retried or addr is None or not bodiless or rec.method not in IDEMPOTENT:
             return None
-        if self.front.shape != "request":
-            raise SequenceError("exchange: a retry of a tunnel")
         rec.retried = 1
+        self._move("retry", State.SENDING)
         return Dial((addr,), rec.port, False)
 
     def ended(self, how: str | None, up: int, down: int, now: int | None = None) -> Done:
@@ -459,14 +372,14 @@ class Exchange:
         if self.front.shape == "route":
             self._move(event, State.DIALING)
             return Dial(addrs, rec.port, pooled=False)
-        identity, target, first = self._identity, self._target, self._first
+        identity, target, first = self.identity, self.target, self.first
         assert identity is not None
         assert target is not None
         assert first is not None
         verdict = self.gate.admit(identity.policy, target, first, addrs)
         if isinstance(verdict, Verdict):
             return self._refuse(event, verdict)
-        self._admitted = verdict
+        self.admitted = verdict
         rec.admitted(verdict.reason, verdict.rule)
         if verdict.would is not None:  # report-only (docs/audit-log.md#report-only-fields)
             rec.would, rec.detail = verdict.would, verdict.detail
@@ -482,7 +395,7 @@ class Exchange:
     def _sni(self, hello: ClientHelloResult | None) -> Verdict | None:
         """The gate's SNI verdict; under report-only the tunnel goes on and the record says
         what would have happened (the first would-be refusal: docs/audit-log.md)."""
-        identity, target, admitted = self._identity, self._target, self._admitted
+        identity, target, admitted = self.identity, self.target, self.admitted
         assert identity is not None
         assert target is not None
         assert admitted is not None
@@ -502,10 +415,7 @@ class Exchange:
         front = self.front
         self._refusal = verdict
         answered = self.state in (State.HELLO, State.RELAYING) and front.ok is not None
-        unanswerable = answered or not self._answerable
-        answer: Answer = CLOSE if unanswerable else front.answer(verdict.reason)
-        if verdict.status is not None and answer.style in ("http", "dns"):
-            answer = Answer(answer.style, verdict.status)  # a 505, a DNS NOTIMP
+        answer = front.refusal(verdict, answered or not self._answerable)
         status: int | None = None
         if answer.style == "http":
             status = answer.code

@@ -72,6 +72,18 @@ class Front:
     def answer(self, reason: Reason) -> Answer:
         return self.answers[reason]
 
+    def refusal(self, verdict: Verdict, unanswerable: bool) -> Answer:
+        """What a refusal is answered with in this mode's protocol: its table's answer, with
+        the verdict's own status where it has one (a 505, a DNS NOTIMP); a close once the
+        mode can say nothing more (`unanswerable`: its `ok` went out, or its handshake has
+        not reached where its protocol answers)."""
+        if unanswerable:
+            return CLOSE
+        answer = self.answers[verdict.reason]
+        if verdict.status is not None and answer.style in ("http", "dns"):
+            return Answer(answer.style, verdict.status)
+        return answer
+
     def decision(self, reason: Reason) -> DecisionWord:
         decisions = self.decisions
         if decisions is None:

@@ -18,9 +18,10 @@ misses, and the request is judged afresh.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from .actions import Dial
+from .sequence import State
 
 if TYPE_CHECKING:
     from ...policy.addrs import AddressGuard
@@ -29,10 +30,25 @@ if TYPE_CHECKING:
     from .clients import ClientTable, Identity
     from .gate import Admit
     from .intent import Front
+    from .record import AccessRecord
 
 # `Kept.credential` when the request's credential decides nothing (a listener-bound client,
 # or no per-client policy at all): never compared
 ANY_CREDENTIAL: Final = object()
+
+
+class Reached(Protocol):
+    """What `Kept.reached` reads of an exchange (`core/exchange.Exchange`, which imports this
+    module for `start_kept`: a protocol, not an import back)."""
+
+    state: State
+    front: Front
+    record: AccessRecord
+    identity: Identity | None
+    target: Target | None
+    first: Decision | None
+    admitted: Admit | None
+    dialed_addr: IPAddress | None
 
 
 class Kept:
@@ -105,6 +121,60 @@ class Kept:
         self.rule = rule
         self.would = would
         self.detail = detail
+
+    @classmethod
+    def reached(
+        cls,
+        x: Reached,
+        *,
+        authority: str,
+        bound: Identity | None,
+        clients: ClientTable,
+        credential: object,
+        guard: AddressGuard,
+        owner: object,
+        resolved: tuple[IPAddress, ...] | None,
+        explicit_port: bool,
+    ) -> Kept | None:
+        """The decision exchange `x` reached, kept for the connection's next request under
+        the key it was reached with; None unless it was admitted and dialed on a pooled
+        upstream, its head not sent yet (a request of the HTTP front-end). `resolved`: the
+        resolver's answer it was judged on, for a name."""
+        identity, target, first, admitted = x.identity, x.target, x.first, x.admitted
+        if (
+            x.state is not State.SENDING
+            or x.front.shape != "request"
+            or identity is None
+            or target is None
+            or first is None
+            or admitted is None
+            or x.dialed_addr is None
+        ):
+            return None
+        addrs = (target.ip,) if target.ip is not None else resolved
+        if addrs is None:
+            return None
+        rec = x.record
+        return cls(
+            authority=authority,
+            bound=bound,
+            clients=clients,
+            credential=credential,
+            guard=guard,
+            owner=owner,
+            resolved=None if target.ip is not None else resolved,
+            front=x.front,
+            identity=identity,
+            target=target,
+            explicit_port=explicit_port,
+            first=first,
+            admitted=admitted,
+            dial=Dial(addrs, target.port, pooled=True),
+            reason=rec.reason,
+            rule=rec.rule,
+            would=rec.would,
+            detail=rec.detail,
+        )
 
     def holds(
         self,

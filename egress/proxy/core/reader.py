@@ -16,8 +16,9 @@ callback fast path (`drive/callback.py`) only move bytes:
   `UNANSWERED`, a pooled upstream that closed before a byte of one (the one failure a
   request may be retried after: `Exchange.retry`, docs/proxy.md#upstream-pool).
 
-Each head's status goes to the exchange (`Exchange.response`), which records it and
-refuses a 101 (`gate.response_step`): docs/architecture.md#one-exchange.
+A driver reads with it once it reported the request head `sent` (the exchange then awaits
+its response); each head's status goes to the exchange (`Exchange.response`), which
+records it and refuses a 101 (`gate.response_step`): docs/architecture.md#one-exchange.
 """
 
 from __future__ import annotations

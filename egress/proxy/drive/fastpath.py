@@ -41,7 +41,7 @@ from ..core.exchange import Exchange, State
 from ..core.gate import Verdict
 from ..core.kept import ANY_CREDENTIAL, Kept
 from ..core.reader import FINAL, INTERIM, UNANSWERED, ResponseReader
-from ..core.record import perf_counter_ns, seconds_since
+from ..core.record import perf_counter_ns
 from ..fairshare import Ticket
 from ..modes.http.serve import (
     answer,
@@ -177,6 +177,7 @@ class FastExchange:
         self.conn.connected(up, self.x.record)
         up.on_wake = self.on_upstream
         up.write(self.out)
+        self.x.sent()
 
     def _relay(self, reader: ResponseReader) -> None:
         """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
@@ -320,7 +321,8 @@ def begin(side: KeptAlive, head: wire.RequestHead, data: bytes, ticket: Ticket) 
     if metrics is not None:  # docs/metrics.md
         if ex.cache_hit:  # a resolver cache hit: answered without a wait
             metrics.dns.observe(0.0)
-        metrics.decision.observe(seconds_since(t0))
+        # (`seconds_since`, inline: a call fewer per kept-alive request)
+        metrics.decision.observe((perf_counter_ns() - t0) / 1e9)
     upstream = conn.upstream
     assert upstream is not None
     conn.request_forwarded(data, x.record)  # (no earlier change is its: `request_ended`)
@@ -331,6 +333,7 @@ def begin(side: KeptAlive, head: wire.RequestHead, data: bytes, ticket: Ticket) 
     side.fast = fx
     upstream.on_wake = fx.on_upstream
     upstream.write(out)
+    x.sent()
     return True
 
 
@@ -377,7 +380,8 @@ def keep_decision(
         credential = head.get("proxy-authorization")
     target = x.record.host
     resolved = None if x.dialed_addr is None else steps.resolver.cached(target)
-    return x.kept(
+    return Kept.reached(
+        x,
         authority=authority,
         bound=bound,
         clients=clients,

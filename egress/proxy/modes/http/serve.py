@@ -173,6 +173,7 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
         upstream.close()
         return answer(steps, conn, head, x, refuse_request(f"cannot forward request: {exc}"))
     upstream.write(out)
+    x.sent()
     body = framer_for(head.framing, 400)
     req_done = conn.side.start_relay(upstream, body) if body is not None else None
     if req_done is not None:
@@ -190,6 +191,7 @@ async def _exchange(steps: Steps, conn: Conn, req: _Request, upstream: Side, x: 
             upstream = fresh
             conn.connected(upstream, x.record)
             upstream.write(out)
+            x.sent()
             got = await _read_response(conn, upstream, reader)
     if got is not FINAL:
         upstream.close()
