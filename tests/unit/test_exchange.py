@@ -27,11 +27,7 @@ from egress.proxy.core.clients import ClientTable, Identity
 from egress.proxy.core.exchange import TRANSITIONS, Exchange, SequenceError, State
 from egress.proxy.core.gate import Gate, Verdict, refuse_request
 from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
-from egress.proxy.modes.connect.front import CONNECT
-from egress.proxy.modes.forwarder.front import FORWARDER
-from egress.proxy.modes.http.front import HTTP
-from egress.proxy.modes.socks5.front import SOCKS5
-from egress.proxy.modes.transparent.front import TRANSPARENT, TRANSPARENT_HTTP
+from egress.proxy.modes.kinds import CONNECT, FORWARDER, HTTP, SOCKS5, TRANSPARENT, TRANSPARENT_HTTP
 from egress.proxy.net.resolve import ResolveError
 from egress.reasons import End, Reason
 
