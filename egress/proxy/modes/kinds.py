@@ -7,8 +7,8 @@ answers cannot drift apart), what it records as its `mode`, and what follows the
 The listener kinds (`http`, `socks5`, `transparent`, `dns`, and an `http` listener bound to a
 framework route) become one `ListenerMode` object each, so the shell asks the object rather
 than testing the kind's string in several places. The tables are here, free of I/O and of
-dnspython, because every proxy loads them; a mode's own module (`http.py`, `socks5.py`...)
-is loaded with its first listener.
+dnspython, because every proxy loads them; `socks5.py`, `transparent.py` and `dns.py` are
+loaded with their first listener.
 """
 
 from __future__ import annotations
