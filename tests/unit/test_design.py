@@ -1147,7 +1147,7 @@ def test_the_class_name_check_sees_a_twin() -> None:
 # `__init__.py`, a `__main__.py` and a module that only re-exports (imports, a docstring,
 # `__all__`) have none of their own (docs/architecture.md#design-checks).
 #
-# The modules with no test file of their own when this check came (110 of 164; 95 once tests
+# The modules with no test file of their own when this check came (110 of 164; 94 once tests
 # already written were in files named for their modules, and a few pure modules had their
 # own), each run by others' tests, the integration tests mostly. The list
 # only shrinks: a module that gets its test file must be struck from it
@@ -1188,7 +1188,6 @@ UNTESTED_MODULES = frozenset(
         "egress/integrations/vf_hook.py",
         "egress/integrations/vf_runtime.py",
         "egress/options.py",
-        "egress/policy/reach.py",
         "egress/policy/transcribe.py",
         "egress/policy/verifiers.py",
         "egress/proxy/codec/fields.py",
