@@ -63,7 +63,7 @@ async def serve_proxy(origin_port: int, workdir: Path, fair: bool) -> None:
     from egress.config import ClientSpec, Settings
     from egress.proxy.codec.dns import FakeIPs
     from egress.proxy.core.clients import Identity
-    from egress.proxy.modes.dns.serve import open_dns
+    from egress.proxy.modes.dns import open_dns
     from egress.proxy.server import Limits
 
     policy = Policy(framework_routes=[f"http://127.0.0.1:{origin_port}"])

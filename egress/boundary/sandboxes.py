@@ -127,7 +127,7 @@ class Sandboxes:
         in gateway mode); reused from a previous prepare, bound to the sandbox's current policy,
         and the ones no longer asked for released."""
         from ..proxy.codec.dns import FakeIPs
-        from ..proxy.modes.dns.serve import open_dns
+        from ..proxy.modes.dns import open_dns
 
         assert box.main is not None
         loopback = box.mode == "loopback"

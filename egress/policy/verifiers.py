@@ -44,6 +44,7 @@ _CONFIG_KEYS = {"allow", "block", "network_access"}
 _TASK_KEYS = {"network_allow", "network_block"}
 _MAGIC = re.compile(r"[*?[]")  # glob.has_magic
 
+
 def from_verifiers(
     config: object, *, task: object | None = None, any_connect_port: bool = False
 ) -> Policy:

@@ -31,9 +31,9 @@ from .context import ProxyContext
 from .core.gate import HEAD_TIMEOUT, Verdict, admit_connection, refuse_head
 from .core.responses import error_response
 from .endpoints import ClientSide
-from .modes.connect.serve import serve_tunnel
-from .modes.forwarder.serve import serve_forwarder
-from .modes.http.serve import serve_request
+from .modes.connect import serve_tunnel
+from .modes.forwarder import serve_forwarder
+from .modes.http import serve_request
 from .modes.kinds import PROXY, REDIRECTED, RESOLVER, ROUTE, SOCKS, ListenerMode
 from .net.accept import PAUSE, Lingering
 from .net.conn import Conn, Limits, read_head
@@ -300,15 +300,15 @@ async def _serve_other(steps: Steps, conn: Conn, mode: ListenerMode) -> None:
     by its listener's mode; imported on first use: a proxy that never opens such a listener
     never loads them (the DNS codec is dnspython)."""
     if mode is SOCKS:
-        from .modes.socks5.serve import serve_socks
+        from .modes.socks5 import serve_socks
 
         await serve_socks(steps, conn)
     elif mode is RESOLVER:
-        from .modes.dns.serve import serve_dns_tcp
+        from .modes.dns import serve_dns_tcp
 
         await serve_dns_tcp(steps, conn)
     elif mode is REDIRECTED:
-        from .modes.transparent.serve import serve_transparent
+        from .modes.transparent import serve_transparent
 
         await serve_transparent(steps, conn)
     else:

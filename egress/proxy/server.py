@@ -12,8 +12,8 @@ none holds the proxy, none imports this module. Refusals are answered and audit 
 written in one place, `runtime.py`. Each client connection runs one coroutine (or callbacks,
 `drive/callback.py`): *read head -> gate -> resolve -> gate -> dial -> relay -> record*.
 Every decision is the pure gate's (`gate.py`: identity, verdicts, SNI, keep-alive after a
-refusal, 1xx/101); the exchanges are `modes/http/serve.py` (absolute-form HTTP on the
-upstream `pool.py`), `modes/connect/serve.py` and `modes/forwarder/serve.py` (tunnels and
+refusal, 1xx/101); the exchanges are `modes/http.py` (absolute-form HTTP on the
+upstream `pool.py`), `modes/connect.py` and `modes/forwarder.py` (tunnels and
 framework-route forwarders, relayed by `drive/tunnel.py`). See docs/architecture.md.
 
 Every request on a kept-alive client connection is parsed, identified and judged afresh (or

@@ -16,7 +16,7 @@ import pytest
 from egress.policy.rules import Policy
 from egress.proxy.codec.dns import FakeIPs
 from egress.proxy.core.clients import Identity
-from egress.proxy.modes.dns.serve import open_dns
+from egress.proxy.modes.dns import open_dns
 from egress.proxy.net.listener import Listener
 from egress.proxy.server import EgressProxy
 

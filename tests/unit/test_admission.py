@@ -1,9 +1,8 @@
-"""Connection slots and the refusal tally, as pure data (egress/proxy/admission.py, tally.py)."""
+"""Connection slots, as pure data (egress/proxy/admission.py; the refusal tally: test_tally.py)."""
 
 from __future__ import annotations
 
 from egress.proxy.admission import CLIENT_FULL, GLOBAL_FULL, PRESENT_FOR, Admitted, Budget, Slots
-from egress.proxy.tally import ANSWERED, Tally, answer_in_full
 
 
 def slots(total: int = 8, cap: int = 4, per_source: int = 2, unknown: int = 3) -> Slots[str]:
@@ -62,20 +61,6 @@ def test_identify_moves_the_slot_and_respects_the_cap() -> None:
     assert s.total == 1
 
 
-def test_tally_writes_the_first_and_then_one_count_per_window() -> None:
-    t: Tally[str] = Tally(1.0)
-    assert t.add("k", "r1", 0.0) == [("r1", 1)]
-    assert t.add("k", "r2", 0.1) == []
-    assert t.add("k", "r3", 0.2) == []
-    assert t.add("other", "o1", 0.3) == [("o1", 1)]
-    assert t.due(0.5) == []
-    assert t.due(1.1) == [("r3", 2)]
-    assert t.add("k", "r4", 1.2) == [("r4", 1)]
-    assert t.add("k", "r5", 1.3) == []
-    assert t.add("k", "r6", 2.3) == [("r5", 1), ("r6", 1)]
-    assert t.due(2.4, everything=True) == []
-
-
 def test_over_cap_answers_what_admit_would_from_the_owner_alone() -> None:
     """`over_cap` lets the shell refuse before it builds a connection: for every fill of
     the owner's cap it agrees with `admit` (docs/proxy.md#limits)."""
@@ -89,26 +74,6 @@ def test_over_cap_answers_what_admit_would_from_the_owner_alone() -> None:
             assert (verdict is CLIENT_FULL) == (expected is CLIENT_FULL)
             if held < cap:
                 assert verdict == Admitted()
-
-
-def test_tally_seen_counts_the_open_window_only() -> None:
-    t: Tally[str] = Tally(1.0)
-    assert t.seen("k", 0.0) == 0
-    t.add("k", "r1", 0.0)
-    assert t.seen("k", 0.5) == 1
-    t.add("k", "r2", 0.6)
-    t.add("k", "r3", 0.7)
-    assert (t.seen("k", 0.9), t.seen("other", 0.9)) == (3, 0)
-    assert t.seen("k", 1.0) == 0  # the window has ended: a new one starts at the next refusal
-    t.add("k", "r4", 1.2)
-    assert t.seen("k", 1.3) == 1
-
-
-def test_a_flood_is_answered_in_full_only_for_its_first_refusals() -> None:
-    table = {0: True, 1: True, ANSWERED - 1: True, ANSWERED: False, ANSWERED + 1: False,
-             10 * ANSWERED: False}  # fmt: skip
-    for seen, full in table.items():
-        assert answer_in_full(seen) is full, seen
 
 
 def test_presence_for_the_fair_share() -> None:

@@ -1104,3 +1104,177 @@ def test_the_class_name_check_sees_a_twin() -> None:
     assert proxy_class_names((one, two)) == [
         "egress/proxy/core/actions.py:1 Refuse (also egress/proxy/core/gate.py)"
     ]
+
+
+# --- each module has its test file (issue 33) --------------------------------------------------
+
+# A module `<package>/<folders>/name.py` has its tests in a file `tests/**/test_name.py`, or,
+# where two modules share a name, `tests/**/test_<folder>_name.py` with one of the folders it
+# is in (`test_audit_writer.py` for `egress/audit/writer.py`, `test_netcut_cli.py` for
+# `netcut/cli.py`), so the tests of a module are found from its name. A package's
+# `__init__.py`, a `__main__.py` and a module that only re-exports (imports, a docstring,
+# `__all__`) have none of their own (docs/architecture.md#design-checks).
+#
+# The modules with no test file of their own when this check came (110 of 164; 92 once tests
+# already written were in files named for their modules, and a few pure modules had their
+# own), each run by others' tests, the integration tests mostly. The list
+# only shrinks: a module that gets its test file must be struck from it
+# (`test_the_untested_list_only_shrinks`), and a new module is never added to it.
+UNTESTED_MODULES = frozenset(
+    {
+        "egress/audit/backlog.py",
+        "egress/audit/commands.py",
+        "egress/audit/deliver.py",
+        "egress/audit/digest.py",
+        "egress/audit/disk.py",
+        "egress/audit/handover.py",
+        "egress/audit/log.py",
+        "egress/audit/outage.py",
+        "egress/audit/read.py",
+        "egress/audit/redact.py",
+        "egress/audit/render.py",
+        "egress/audit/sections.py",
+        "egress/audit/timebounds.py",
+        "egress/boundary/checks.py",
+        "egress/boundary/cutting.py",
+        "egress/boundary/execution.py",
+        "egress/boundary/gateway.py",
+        "egress/boundary/lifecycle.py",
+        "egress/boundary/passing.py",
+        "egress/boundary/plan.py",
+        "egress/boundary/sandboxes.py",
+        "egress/check.py",
+        "egress/cli.py",
+        "egress/errors.py",
+        "egress/integrations/harbor.py",
+        "egress/integrations/hb_inspect.py",
+        "egress/integrations/hb_policy.py",
+        "egress/integrations/inspect.py",
+        "egress/integrations/netns_sandbox.py",
+        "egress/integrations/shared.py",
+        "egress/integrations/verifiers.py",
+        "egress/integrations/vf_hook.py",
+        "egress/integrations/vf_runtime.py",
+        "egress/options.py",
+        "egress/policy/transcribe.py",
+        "egress/policy/verifiers.py",
+        "egress/proxy/context.py",
+        "egress/proxy/core/actions.py",
+        "egress/proxy/drive/callback.py",
+        "egress/proxy/drive/coroutine.py",
+        "egress/proxy/drive/fastpath.py",
+        "egress/proxy/drive/tunnel.py",
+        "egress/proxy/endpoints.py",
+        "egress/proxy/heap.py",
+        "egress/proxy/modes/connect.py",
+        "egress/proxy/modes/forwarder.py",
+        "egress/proxy/modes/http.py",
+        "egress/proxy/net/conn.py",
+        "egress/proxy/net/dialer.py",
+        "egress/proxy/net/listener.py",
+        "egress/proxy/net/netns.py",
+        "egress/proxy/net/pool.py",
+        "egress/proxy/net/relay.py",
+        "egress/proxy/net/resolve.py",
+        "egress/proxy/net/stepped.py",
+        "egress/proxy/runtime.py",
+        "egress/proxy/server.py",
+        "egress/proxy/telemetry/admin.py",
+        "egress/proxy/telemetry/insight.py",
+        "egress/proxy/telemetry/observe.py",
+        "egress/proxy/tenants.py",
+        "egress/reload.py",
+        "egress/thread.py",
+        "netcut/api.py",
+        "netcut/argtypes.py",
+        "netcut/collect.py",
+        "netcut/direct/iptables.py",
+        "netcut/direct/kernelstate.py",
+        "netcut/direct/probe.py",
+        "netcut/direct/rtnl.py",
+        "netcut/direct/shellface.py",
+        "netcut/direct/sockdestroy.py",
+        "netcut/direct/worker.py",
+        "netcut/errors.py",
+        "netcut/flow.py",
+        "netcut/helper/container.py",
+        "netcut/helper/dump.py",
+        "netcut/helper/image.py",
+        "netcut/helper/mode.py",
+        "netcut/helper/run.py",
+        "netcut/helper/script.py",
+        "netcut/helper/session.py",
+        "netcut/iptables_shell.py",
+        "netcut/iptables_text.py",
+        "netcut/modes.py",
+        "netcut/netfilter.py",
+        "netcut/plan/changes.py",
+        "netcut/plan/model.py",
+        "netcut/plan/planner.py",
+        "netcut/plan/status.py",
+        "netcut/resolve.py",
+        "netcut/targetref.py",
+    }
+)
+
+
+def reexports_only(m: Module) -> bool:
+    """A module with no code of its own: imports, its docstring and `__all__` only."""
+    for node in m.tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if targets and all(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            continue
+        return False
+    return True
+
+
+def names_of_its_tests(m: Module) -> frozenset[str]:
+    """The names a test file of `m` may have: `test_name.py`, `test_<folder>_name.py`."""
+    folders = m.path.relative_to(ROOT).parts[:-1]
+    stem = m.path.stem
+    return frozenset({f"test_{stem}.py", *(f"test_{folder}_{stem}.py" for folder in folders)})
+
+
+def existing_test_files() -> frozenset[str]:
+    return frozenset(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+
+
+def modules_without_a_test_file(
+    ms: tuple[Module, ...] | None = None, tests: frozenset[str] | None = None
+) -> list[str]:
+    tests = existing_test_files() if tests is None else tests
+    return [
+        m.where
+        for m in ms or modules()
+        if m.path.name not in ("__init__.py", "__main__.py")
+        and not reexports_only(m)
+        and not names_of_its_tests(m) & tests
+    ]
+
+
+def test_every_module_has_its_test_file() -> None:
+    found = [w for w in modules_without_a_test_file() if w not in UNTESTED_MODULES]
+    assert not found, report(found)
+
+
+def test_the_untested_list_only_shrinks() -> None:
+    """A listed module that has its test file now, or that is gone, is struck from the list:
+    it cannot go stale, and cannot be used again."""
+    stale = sorted(UNTESTED_MODULES - set(modules_without_a_test_file()))
+    assert not stale, f"strike these from UNTESTED_MODULES: {stale}"
+
+
+def test_the_test_file_check_sees_a_module_without_one() -> None:
+    ms = (
+        fake_module("def f(): ...\n", "egress.audit.writer"),
+        fake_module("def f(): ...\n", "netcut.cli"),
+        fake_module("def f(): ...\n", "egress.proxy.core.gate"),
+        fake_module("from .gate import f\n__all__ = ['f']\n", "egress.proxy.codec.http1"),
+        fake_module("def f(): ...\n", "egress.proxy.fake.__init__"),
+    )
+    tests = frozenset({"test_audit_writer.py", "test_netcut_cli.py", "test_http1_gate.py"})
+    assert modules_without_a_test_file(ms, tests) == ["egress/proxy/core/gate.py"]

@@ -1,7 +1,7 @@
 """The DNS mode as playbooks: a query's bytes in, its `Intent`, the exchange's actions, the
 answer's bytes and the record out. No sockets.
 
-The responder (`modes/dns/serve.py`) only reads datagrams and writes what `query.render`
+The responder (`modes/dns.py`) only reads datagrams and writes what `render`
 gives it; everything decided and recorded is here, through the same `Exchange` as every other
 mode (docs/architecture.md#one-exchange), and the records are the ones docs/audit-log.md#dns-records
 describes, field for field and in that order.
@@ -28,8 +28,8 @@ from egress.proxy.core.clients import ClientTable, Identity
 from egress.proxy.core.exchange import Exchange, State
 from egress.proxy.core.gate import Gate
 from egress.proxy.core.record import RCODE_TEXT
-from egress.proxy.modes.dns.front import DNS
-from egress.proxy.modes.dns.query import play, query_intent, render
+from egress.proxy.modes.dns import play, query_intent, render
+from egress.proxy.modes.kinds import DNS
 from egress.reasons import Reason
 
 POLICY = Policy(allow=["x.test", "*.ok.test:443"], block=["bad.x.test"])

@@ -22,8 +22,8 @@ from egress.proxy.core.actions import Refuse
 from egress.proxy.core.clients import ClientTable, Identity
 from egress.proxy.core.exchange import Exchange
 from egress.proxy.core.gate import Gate
-from egress.proxy.modes.dns.front import DNS
-from egress.proxy.modes.dns.query import play, query_intent, render
+from egress.proxy.modes.dns import play, query_intent, render
+from egress.proxy.modes.kinds import DNS
 
 POLICY = Policy(
     allow=["*.allowed.test", "git.test:22", "http://plain.test"],
@@ -44,7 +44,7 @@ class Result:
 
 
 def answer_query(data: bytes, policy: Policy, pool: FakeIPs) -> Result:
-    """One query through the DNS mode, as the responder plays it (`modes/dns/serve.py`)."""
+    """One query through the DNS mode, as the responder plays it (`modes/dns.py`)."""
     gate = Gate(ClientTable(Settings(policy), require_auth=False), AddressGuard())
     query = read_query(data)
     intent = query_intent(

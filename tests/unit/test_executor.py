@@ -23,8 +23,7 @@ from egress.proxy.core.exchange import Exchange
 from egress.proxy.drive.callback import Carrier
 from egress.proxy.drive.coroutine import drive
 from egress.proxy.drive.executor import END, LOOKUP, RELAY, Executor
-from egress.proxy.modes.connect.front import CONNECT
-from egress.proxy.modes.http.front import HTTP
+from egress.proxy.modes.kinds import CONNECT, HTTP
 from egress.proxy.net.conn import Conn
 from egress.reasons import End
 

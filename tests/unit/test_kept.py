@@ -24,7 +24,7 @@ from egress.proxy.core.exchange import Exchange, SequenceError, State
 from egress.proxy.core.gate import Gate, Verdict
 from egress.proxy.core.intent import Intent
 from egress.proxy.core.kept import ANY_CREDENTIAL, Kept
-from egress.proxy.modes.http.front import HTTP
+from egress.proxy.modes.kinds import HTTP
 
 WORLD = ipaddress.ip_address("198.18.7.10")
 OTHER = ipaddress.ip_address("198.18.7.11")

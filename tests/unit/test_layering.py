@@ -10,10 +10,19 @@ ROOT = Path(__file__).resolve().parents[2]
 # Which modules are pure is read from the tree, never from a list kept here: every module in
 # a pure folder, and every other module whose docstring has a paragraph that opens "Pure".
 PURE_FOLDERS = ["policy", "proxy/core", "proxy/codec", "proxy/modes"]
-# in `modes/`, a mode is one place: its answers, handshake and rendering are pure, and its
-# connection's I/O is its `serve.py` (docs/architecture.md#egress-who-owns-what)
-MODE_SHELL = "serve.py"
-MODE_PACKAGES = sorted(p.parent for p in (ROOT / "egress/proxy/modes").glob("*/__init__.py"))
+MODES = ROOT / "egress/proxy/modes"
+
+
+def _mode_modules() -> frozenset[str]:
+    """In `modes/`, a mode is one module named for its front-end (`http.py`, `socks5.py`...):
+    its handshake and its connection's I/O; what every proxy loads, each mode as data (its
+    answers by `Reason`, `kinds.py`), is pure (docs/architecture.md#egress-who-owns-what)."""
+    from egress.proxy.modes.kinds import MODES, ROUTE
+
+    return frozenset(f"{f.name}.py" for m in [*MODES.values(), ROUTE] for f in m.fronts)
+
+
+MODE_MODULES = _mode_modules()
 
 
 def _name(path: Path) -> str:
@@ -29,7 +38,7 @@ IN_FOLDERS = [
     path
     for folder in PURE_FOLDERS
     for path in sorted((ROOT / "egress" / folder).rglob("*.py"))
-    if path.name != MODE_SHELL
+    if path.parent != MODES or path.name not in MODE_MODULES
 ]
 DECLARED = [
     path
@@ -92,8 +101,7 @@ def test_pure_module_imports_no_io(name: str) -> None:
 
 def test_pure_folders_exist_and_say_what_they_hold() -> None:
     """A pure folder is a subpackage whose `__init__` says, in one sentence, what it holds."""
-    folders = [ROOT / "egress" / f for f in PURE_FOLDERS] + MODE_PACKAGES
-    for folder in folders:
+    for folder in [ROOT / "egress" / f for f in PURE_FOLDERS]:
         init = folder / "__init__.py"
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc, folder
@@ -106,10 +114,12 @@ def test_every_pure_module_exists() -> None:
         assert source_of(name).is_file(), name
 
 
-def test_a_mode_shell_is_only_in_modes() -> None:
-    """Only a mode's `serve.py` in `modes/` may do I/O; the core and codecs have none."""
-    assert MODE_PACKAGES, "modes/ has mode packages"
-    for folder in ("proxy/core", "proxy/codec"):
-        assert not list((ROOT / "egress" / folder).rglob(MODE_SHELL)), folder
-    for path in (ROOT / "egress/proxy/modes").rglob(MODE_SHELL):
-        assert path.parent in MODE_PACKAGES, path
+def test_a_mode_is_one_module_in_modes() -> None:
+    """Only a mode's own module in `modes/` may do I/O: one module per mode, no subpackage,
+    and the rest of `modes/` (its answers, `kinds.py`) checked as pure."""
+    files = {p.name for p in MODES.glob("*.py")}
+    assert MODE_MODULES & files, "modes/ has a module per mode"
+    assert not [p for p in MODES.iterdir() if (p / "__init__.py").exists()]
+    assert MODES / "kinds.py" in IN_FOLDERS
+    for name in files - MODE_MODULES:
+        assert MODES / name in IN_FOLDERS, name

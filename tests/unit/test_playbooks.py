@@ -37,15 +37,18 @@ from egress.proxy.core.clients import ClientTable, Identity
 from egress.proxy.core.exchange import Exchange, State
 from egress.proxy.core.gate import Gate, Verdict
 from egress.proxy.core.intent import CLOSE, RESET, Answer, Front, Intent
-from egress.proxy.modes.connect.front import CONNECT
-from egress.proxy.modes.dns.front import DNS
-from egress.proxy.modes.dns.query import play, query_intent, render
-from egress.proxy.modes.forwarder.front import FORWARDER
-from egress.proxy.modes.http.front import HTTP
-from egress.proxy.modes.socks5.front import SOCKS5, Handshake
-from egress.proxy.modes.transparent.front import (
+from egress.proxy.modes.dns import play, query_intent, render
+from egress.proxy.modes.kinds import (
+    CONNECT,
+    DNS,
+    FORWARDER,
+    HTTP,
+    SOCKS5,
     TRANSPARENT,
     TRANSPARENT_HTTP,
+)
+from egress.proxy.modes.socks5 import Handshake
+from egress.proxy.modes.transparent import (
     absolute_form,
     kind_of,
     tls_target,

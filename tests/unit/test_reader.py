@@ -30,8 +30,8 @@ from egress.proxy.core.gate import Verdict
 from egress.proxy.core.reader import CLOSED, FINAL, INTERIM, UNANSWERED, ResponseReader
 from egress.proxy.drive.callback import FastClient
 from egress.proxy.drive.fastpath import FastExchange
-from egress.proxy.modes.http.front import HTTP
-from egress.proxy.modes.http.serve import serve_request
+from egress.proxy.modes.http import serve_request
+from egress.proxy.modes.kinds import HTTP
 from egress.proxy.net.conn import Conn
 from egress.proxy.net.relay import Side
 

@@ -12,9 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
-from egress.proxy.core.responses import REFUSALS, error_response, refusal_for
+from egress.proxy.core.responses import REFUSALS
 from egress.reasons import DECISIONS, End, Reason
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -90,21 +88,6 @@ def test_refusals_come_from_the_vocabulary() -> None:
     assert set(REFUSALS) == {r.value for r in Reason if r.answered}
     assert {"sni_mismatch", "sni_missing", "dns_timeout"} <= set(REFUSALS)
     assert {r.decision for r in Reason} <= set(DECISIONS)
-
-
-@pytest.mark.parametrize("code", ["no_such_reason", "allow_rule", "idle_timeout"])
-def test_unknown_or_unanswered_reason_is_an_error_not_a_502(code: str) -> None:
-    with pytest.raises(KeyError, match=code):
-        refusal_for(code)
-    with pytest.raises(KeyError):
-        error_response(code, "x")
-
-
-def test_overridden_status_keeps_the_error_type() -> None:
-    assert refusal_for("bad_request", 505).status == 505
-    status, data = error_response("bad_request", "HTTP/2", status=505)
-    assert status == 505
-    assert b"error=http_request_error" in data
 
 
 def _rewrite() -> None:  # pragma: no cover - a maintenance tool

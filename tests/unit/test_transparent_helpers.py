@@ -8,8 +8,7 @@ import struct
 
 import pytest
 
-from egress.proxy.modes.transparent.front import absolute_form
-from egress.proxy.modes.transparent.serve import parse_sockaddr_in
+from egress.proxy.modes.transparent import absolute_form, parse_sockaddr_in
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 
 Strategy. A sandbox in transparent mode sends every DNS query (whatever resolv.conf says) to
 the proxy's in-namespace responder, where it is one exchange like any request
-(`modes/dns/query.py`, docs/architecture.md#one-exchange). A name is *answered* when some
+(`modes/dns.py`, docs/architecture.md#one-exchange). A name is *answered* when some
 destination under it may be allowed (`policy.judge.judge_name`, through `Gate.lookup`); the
 answer is a synthetic address from the sandbox's own pool
 (`FakeIPs`), so that address later identifies the name exactly when a connection to it is

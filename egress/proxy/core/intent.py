@@ -55,7 +55,7 @@ RESET: Final = Answer("reset")
 
 @dataclass(frozen=True, slots=True)
 class Front:
-    """A listener mode as data, chosen once per listener (`modes.mode_for`)."""
+    """A front-end as data: what the exchange needs of a mode (`modes/kinds.py`)."""
 
     name: str  # http | connect | forwarder | socks5 | transparent | dns
     record_mode: str | None  # the records' `mode` field (docs/audit-log.md)

@@ -1,7 +1,7 @@
 """The response half of a request's exchange: read once, decided once, for both drivers.
 
 Pure. h11's readers in small: `ResponseReader.read(buf, eof)` takes what the upstream has
-sent so far and says what it means, so the coroutine path (`modes/http/serve.py`) and the
+sent so far and says what it means, so the coroutine path (`modes/http.py`) and the
 callback fast path (`drive/callback.py`) only move bytes:
 
 - `None`: a head is not complete yet, read on;

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ...reasons import Reason
+from .actions import Refuse
 
 PROXY_NAME = "egress"
 _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -80,6 +81,15 @@ def error_response(
     if close:
         lines.append("Connection: close")
     return refusal.status, ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + body
+
+
+def render_refusal(action: Refuse, *, close: bool = True) -> bytes:
+    """The bytes of a refusal by an HTTP front-end (empty when its answer is a plain close)."""
+    if action.answer.style != "http":
+        return b""
+    verdict = action.verdict
+    _, data = error_response(verdict.reason, verdict.detail, status=action.answer.code, close=close)
+    return data
 
 
 CONNECT_OK = b"HTTP/1.1 200 Connection established\r\n\r\n"

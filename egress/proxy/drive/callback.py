@@ -23,7 +23,7 @@ from ..codec import http1 as wire
 from ..core.actions import Action
 from ..core.kept import Kept
 from ..fairshare import Ticket, Waiter
-from ..modes.connect.serve import connect_exchange
+from ..modes.connect import connect_exchange
 from ..net.relay import Side
 from .executor import DIAL, END, HELLO, LOOKUP, RELAY, Executor, Wait
 from .fastpath import FastExchange, begin

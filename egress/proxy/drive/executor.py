@@ -25,9 +25,8 @@ from ..core.exchange import Exchange
 from ..core.gate import Verdict
 from ..core.intent import Answer
 from ..core.record import seconds_since
-from ..core.responses import CONNECT_OK
+from ..core.responses import CONNECT_OK, render_refusal
 from ..core.revocation import revoked_by
-from ..modes.http.front import render_refusal
 from ..net.dialer import Dialer
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The callback fast path: a kept-alive request served from protocol callbacks, no task.
 
-Shell. Why: on a kept-alive connection, the coroutine path (`modes/http/serve.py`) costs two
+Shell. Why: on a kept-alive connection, the coroutine path (`modes/http.py`) costs two
 waits per request (client bytes -> the connection's task; upstream bytes -> the task), each a
 future, a task step and several coroutine frames, about ten times the cost of the same hand-over as
 a plain callback (bench/profile.md). Here the client's `data_received` (`callback.FastClient`)
@@ -17,7 +17,7 @@ an identified client, an admitted verdict (an IP literal, or a name in the resol
 cache), an idle pooled upstream. Anything else - the first request of a connection, a
 refusal, a body, a dial, DNS, a malformed head - is left untouched to the connection's
 coroutine, which parses it again and serves it as before. After the upstream write, every
-outcome is handled here exactly as `modes.http.serve.serve_request` would (1xx relayed, 101
+outcome is handled here exactly as `modes.http.serve_request` would (1xx relayed, 101
 and malformed responses refused with an audit record, response bodies relayed by `Side`'s
 relay mode with flow control).
 
@@ -43,7 +43,7 @@ from ..core.kept import ANY_CREDENTIAL, Kept
 from ..core.reader import FINAL, INTERIM, UNANSWERED, ResponseReader
 from ..core.record import perf_counter_ns
 from ..fairshare import Ticket
-from ..modes.http.serve import (
+from ..modes.http import (
     answer,
     cut_by_proxy,
     finish_exchange,
@@ -151,7 +151,7 @@ class FastExchange:
 
     def _retry(self) -> bool:
         """Send the request again on a fresh upstream to the checked address, as
-        `modes.http.serve` does (`Exchange.retry`: idempotent, once); False if it may not."""
+        `modes.http` does (`Exchange.retry`: idempotent, once); False if it may not."""
         if cut_by_proxy(self.conn):
             return False
         again = self.x.retry(True)  # (the fast path takes bodiless requests only)
@@ -180,7 +180,7 @@ class FastExchange:
         self.x.sent()
 
     def _relay(self, reader: ResponseReader) -> None:
-        """As `modes.http.serve`'s `_relay_response`, with the relay's end as a callback."""
+        """As `modes.http`'s `_relay_response`, with the relay's end as a callback."""
         resp, out = reader.head, reader.out
         assert resp is not None
         client = self.conn.side
@@ -227,7 +227,7 @@ class FastExchange:
             ok = False
         self._end(ok)
 
-    # --- the exchange's end: as modes.http.serve.serve_request's ----------------------------
+    # --- the exchange's end: as modes.http.serve_request's ----------------------------------
     def _end(self, ok: bool) -> None:
         steps, reader = self.steps, self.reader
         self._done(

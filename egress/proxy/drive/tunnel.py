@@ -4,7 +4,7 @@ Shell. `relay_tunnel` relays both directions until they end (flow control and ha
 live in `net.relay.Side`); the callback driver (`drive.callback.Carrier`) does the same from
 callbacks with the same pieces (`open_relay`, `relay_over`, `who_left`, `cut`, `end_relay`),
 and hands what must wait to `carry_on`, which carries an exchange out on the coroutine
-(docs/architecture.md#the-callback-driver). CONNECT (`modes.connect.serve`), forwarder,
+(docs/architecture.md#the-callback-driver). CONNECT (`modes.connect`), forwarder,
 SOCKS5 and transparent tunnels end here. The exchange gets how the tunnel ended
 (`reasons.End`) for its one record.
 """

@@ -1,1 +1,1 @@
-"""Front-ends: each listener mode's handshake into an `Intent` and its answers by `Reason`."""
+"""Listener modes: one module per mode (its handshake and connection), the answers in `kinds`."""

@@ -5,7 +5,8 @@ forward the head (hop-by-hop fields removed, `Host` set; byte-identical when not
 rewriting, docs/wire.md), relay the body with its framer, feed the upstream's bytes to the
 response reader (`core/reader.py`: 1xx relayed, 101 refused, keep-alive and pooling decided
 there, once for both drivers), relay the response body, and hand the upstream back to the
-pool when the reader says it may go.
+pool when the reader says it may go. Its answers are `kinds.HTTP`'s, one status per
+`Reason`; a refusal's bytes are `core/responses.render_refusal`'s (docs/proxy.md#error-responses).
 """
 
 from __future__ import annotations
@@ -15,26 +16,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ....errors import TargetError
-from ....policy.target import IPAddress, Target, host_header, make_target
-from ....reasons import End
-from ...codec import http1 as wire
-from ...codec import rewrite
-from ...codec.chunked import ChunkedScanner
-from ...core.actions import Refuse
-from ...core.exchange import Exchange
-from ...core.gate import Verdict, keep_alive_after, refuse_request
-from ...core.intent import Intent
-from ...core.reader import FINAL, INTERIM, UNANSWERED, Read, ResponseReader
-from ...core.record import perf_counter_ns
-from ...drive.coroutine import drive, refuse
-from ...fairshare import Ticket
-from ...net.dialer import Dialer
-from ...net.relay import Framer, LengthFramer, RelayEnded, Side
+from ...errors import TargetError
+from ...policy.target import IPAddress, Target, host_header, make_target
+from ...reasons import End
+from ..codec import http1 as wire
+from ..codec import rewrite
+from ..codec.chunked import ChunkedScanner
+from ..core.actions import Refuse
+from ..core.exchange import Exchange
+from ..core.gate import Verdict, keep_alive_after, refuse_request
+from ..core.intent import Intent
+from ..core.reader import FINAL, INTERIM, UNANSWERED, Read, ResponseReader
+from ..core.record import perf_counter_ns
+from ..drive.coroutine import drive, refuse
+from ..fairshare import Ticket
+from ..net.dialer import Dialer
+from ..net.relay import Framer, LengthFramer, RelayEnded, Side
 
 if TYPE_CHECKING:
-    from ...net.conn import Conn
-    from ...runtime import Steps
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 
 @dataclass(frozen=True, slots=True)

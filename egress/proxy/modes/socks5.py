@@ -1,83 +1,42 @@
-"""The SOCKS5 front-end: its handshake into an `Intent`, and RFC 1928 replies, one per `Reason`.
+"""A SOCKS5 connection: its handshake (sans I/O) into an `Intent`, then the CONNECT exchange.
 
-Pure. `Handshake` is the greeting, the RFC 1929 credentials and the CONNECT request as a
-sans-I/O state machine (bytes in, bytes to answer out, then the `Intent`), so every stage of
-it is tested without a socket; `serve.py` only moves its bytes. The table names every reason
-(a test proves it), so no refusal quietly becomes a "general failure": a reason that has no
-closer RFC 1928 code says so here. Records are CONNECT records with `mode: socks5` and
+Strategy: the client's bytes go through `Handshake`, the greeting, the RFC 1929 credentials
+and the CONNECT request as a sans-I/O state machine (bytes in, bytes to answer out, then the
+`Intent`), so every stage of it is tested without a socket; `serve_socks` only moves its
+bytes (the connection is in phase `hello`, so the sweeper closes a client that stalls there
+after `head_timeout`). It identifies the client by its listener or its token (the gate's
+`identify`, the password as a Basic credential's); then authorize, resolve, guard, dial,
+SNI-check and relay exactly as for an HTTP CONNECT (the driver, `drive.tunnel.relay_tunnel`),
+answering refusals with an RFC 1928 reply code instead of an HTTP status: the table is
+`kinds.SOCKS5_ANSWERS`, which names every reason (a test proves it), so no refusal quietly
+becomes a "general failure". Records are CONNECT records with `mode: socks5` and
 `socks_reply` (docs/proxy.md#transparent-mode-and-socks5).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
-from typing import Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
-from ....errors import TargetError
-from ....policy.target import Target, make_target
-from ....printable import printable
-from ....reasons import Reason, reason_of
-from ...codec import socks5 as codec
-from ...core.actions import Refuse
-from ...core.clients import Identity
-from ...core.gate import Gate, Verdict, refuse_request
-from ...core.intent import Answer, Front, Intent
+from ...errors import TargetError
+from ...policy.target import Target, make_target
+from ...printable import printable
+from ...reasons import Reason, reason_of
+from ..codec import socks5 as codec
+from ..core.actions import Refuse
+from ..core.clients import Identity
+from ..core.exchange import Exchange
+from ..core.gate import Gate, Verdict, refuse_request
+from ..core.intent import Intent
+from ..core.record import perf_counter_ns
+from ..drive.coroutine import drive
+from ..drive.tunnel import relay_tunnel
+from .kinds import SOCKS5
 
-
-def _reply(code: int) -> Answer:
-    return Answer("socks5", code)
-
-
-NOT_ALLOWED: Final = _reply(codec.REP_NOT_ALLOWED)
-HOST_UNREACHABLE: Final = _reply(codec.REP_HOST_UNREACHABLE)
-GENERAL_FAILURE: Final = _reply(codec.REP_GENERAL_FAILURE)
-SUCCEEDED: Final = _reply(codec.REP_SUCCEEDED)
-
-R = Reason
-SOCKS5_ANSWERS: Final[Mapping[Reason, Answer]] = {
-    # verdicts that let a connection through: never a refusal
-    R.ALLOW_RULE: SUCCEEDED,
-    R.DEFAULT_ALLOW: SUCCEEDED,
-    R.FRAMEWORK_ROUTE: SUCCEEDED,
-    R.ADDRESS_RULES: SUCCEEDED,
-    # the policy and the guard: "connection not allowed by ruleset"
-    R.BLOCK_RULE: NOT_ALLOWED,
-    R.DEFAULT_DENY: NOT_ALLOWED,
-    R.PORT_NOT_ALLOWED: NOT_ALLOWED,
-    R.RESERVED_ADDRESS: NOT_ALLOWED,
-    R.SNI_MISMATCH: NOT_ALLOWED,  # after the reply: the tunnel is closed, nothing more said
-    R.SNI_MISSING: NOT_ALLOWED,
-    R.AUTH_REQUIRED: NOT_ALLOWED,  # refused at RFC 1929 authentication, before a request
-    R.AUTH_FAILED: NOT_ALLOWED,
-    R.NOT_A_NAME: NOT_ALLOWED,
-    # the destination
-    R.DNS_ERROR: HOST_UNREACHABLE,
-    R.DNS_TIMEOUT: GENERAL_FAILURE,  # RFC 1928 has no "lookup timed out"
-    R.CONNECTION_REFUSED: _reply(codec.REP_CONNECTION_REFUSED),
-    R.CONNECTION_TIMEOUT: HOST_UNREACHABLE,
-    R.UPSTREAM_ERROR: GENERAL_FAILURE,
-    # the request itself
-    R.BAD_REQUEST: GENERAL_FAILURE,
-    R.HEAD_TOO_LARGE: GENERAL_FAILURE,
-    R.HEAD_TIMEOUT: GENERAL_FAILURE,
-    R.COMMAND_NOT_SUPPORTED: _reply(codec.REP_COMMAND_NOT_SUPPORTED),
-    R.ADDRESS_TYPE_NOT_SUPPORTED: _reply(codec.REP_ATYP_NOT_SUPPORTED),
-    # the proxy's own limits and health: "general SOCKS server failure"
-    R.TOO_MANY_CONNECTIONS: GENERAL_FAILURE,
-    R.AUDIT_UNAVAILABLE: GENERAL_FAILURE,
-    R.IDENTIFY_TIMEOUT: GENERAL_FAILURE,
-    R.EVICTED: GENERAL_FAILURE,
-    # other listeners' reasons: never on a SOCKS5 listener
-    R.NOT_REDIRECTED: GENERAL_FAILURE,
-    R.POOL_EXHAUSTED: GENERAL_FAILURE,
-    R.SANDBOX_ADDED: GENERAL_FAILURE,
-    R.SANDBOX_REPLACED: GENERAL_FAILURE,
-    R.SANDBOX_REMOVED: GENERAL_FAILURE,
-    R.LISTENER_PROBE: GENERAL_FAILURE,
-}
-
-SOCKS5: Final = Front("socks5", "socks5", "tunnel", SUCCEEDED, SOCKS5_ANSWERS)
+if TYPE_CHECKING:
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 
 def render_refusal(action: Refuse) -> bytes:
@@ -217,4 +176,42 @@ class Handshake:
         )
 
 
-__all__ = ["NO_METHOD", "SOCKS5", "SOCKS5_ANSWERS", "Handshake", "render_refusal"]
+async def serve_socks(steps: Steps, conn: Conn) -> None:
+    """Serve one SOCKS5 client connection to its end (the caller closes the sockets)."""
+    t0 = perf_counter_ns()
+    conn.handshake_begins(steps.loop.time())
+    intent = await _handshake(steps, conn, t0)
+    if intent is None:
+        return
+    x = Exchange(steps.gate, SOCKS5)
+    if await drive(steps, conn, x, x.start(intent)) is not None:
+        await relay_tunnel(steps, conn, x)
+
+
+async def _handshake(steps: Steps, conn: Conn, t0: int) -> Intent | None:
+    """Feed the client's bytes to the handshake until it is over: its `Intent` (None: the
+    client went away first)."""
+    side = conn.side
+    bound = conn.listener.identity
+    handshake = Handshake(
+        steps.gate, conn.client, conn.peer, bound, t0, cap=lambda found: steps.cap(conn, found)
+    )
+    audit = steps.audit
+    while True:
+        used, answer = handshake.receive(side.buf, audit_ok=audit is None or audit.accepting)
+        if used:
+            side.consume(used)
+        if answer:
+            side.write(answer)
+        intent = handshake.intent
+        if intent is not None:
+            if handshake.requested:
+                conn.serving()
+            else:
+                conn.accounted()
+            return intent
+        if not await side.read_more():
+            return None
+
+
+__all__ = ["NO_METHOD", "Handshake", "render_refusal", "serve_socks"]

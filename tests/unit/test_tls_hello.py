@@ -1,5 +1,6 @@
-"""Tests for egress.sni: real ClientHellos from Python's ssl module, hand-built malformed
-ones, every re-split across records and reads, and the fuzz invariant "None or a result"."""
+"""Tests for egress.proxy.codec.tls_hello (the SNI of a ClientHello): real ClientHellos from
+Python's ssl module, hand-built malformed ones, every re-split across records and reads, and
+the fuzz invariant "None or a result"."""
 
 from __future__ import annotations
 

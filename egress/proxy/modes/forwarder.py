@@ -1,22 +1,24 @@
 """A forwarder listener's connection: relayed to its framework route.
 
 Shell. The exchange is carried out on the coroutine (`drive.tunnel.carry_on`) like a
-tunnel's, and gets how the relay ended (`reasons.End`) for its one record.
+tunnel's, and gets how the relay ended (`reasons.End`) for its one record. Whatever stops
+it (the audit log, DNS, the dial) closes it unanswered (`kinds.FORWARDER`): there is no
+protocol to answer in. Its records have no `mode` (docs/audit-log.md).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...core.exchange import Exchange
-from ...core.intent import Intent
-from ...core.record import perf_counter_ns
-from ...drive.tunnel import carry_on
-from .front import FORWARDER
+from ..core.exchange import Exchange
+from ..core.intent import Intent
+from ..core.record import perf_counter_ns
+from ..drive.tunnel import carry_on
+from .kinds import FORWARDER
 
 if TYPE_CHECKING:
-    from ...net.conn import Conn
-    from ...runtime import Steps
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 
 async def serve_forwarder(steps: Steps, conn: Conn, forward_to: tuple[str, int]) -> None:

@@ -5,25 +5,27 @@ identity) and starts the exchange; both drivers begin a tunnel there. On the cor
 `serve_tunnel` lets the async driver carry it out (`drive.coroutine.drive`: decide, resolve,
 dial, `200`, the SNI check) and relay it (`drive.tunnel`); the callback driver
 (`drive.callback.Carrier`) carries out the same exchange from callbacks
-(docs/architecture.md#the-callback-driver).
+(docs/architecture.md#the-callback-driver). Its answers are `kinds.CONNECT`'s: an HTTP
+status before its `200`; after it, a tunnel refused by the SNI check is closed, nothing more
+said (docs/proxy.md#tls-sni-check).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...codec import http1 as wire
-from ...core.actions import Action
-from ...core.exchange import Exchange
-from ...core.gate import Verdict
-from ...core.intent import Intent
-from ...core.record import perf_counter_ns
-from ...drive.tunnel import carry_on
-from .front import CONNECT
+from ..codec import http1 as wire
+from ..core.actions import Action
+from ..core.exchange import Exchange
+from ..core.gate import Verdict
+from ..core.intent import Intent
+from ..core.record import perf_counter_ns
+from ..drive.tunnel import carry_on
+from .kinds import CONNECT
 
 if TYPE_CHECKING:
-    from ...net.conn import Conn
-    from ...runtime import Steps
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 
 def connect_exchange(steps: Steps, conn: Conn, head: wire.RequestHead) -> tuple[Exchange, Action]:

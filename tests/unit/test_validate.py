@@ -1,4 +1,5 @@
-"""One validator at every entry point (issue 11): wrong types fail closed, naming the field.
+"""One validator (egress/validate.py) at every entry point (issue 11): wrong types fail
+closed, naming the field.
 
 Each case here failed open or crashed before: a string taken as a boolean or a list, a nan
 timeout switching slow-client protection off, a traceback instead of a one-line error.

@@ -1,12 +1,20 @@
-"""The DNS responder's sockets: UDP and TCP on one address, in the proxy's own event loop.
+"""The DNS responder: a query's exchange, and its sockets (UDP and TCP on one address, in the
+proxy's own event loop).
 
-Strategy: every query is answered at once by its exchange, played by the pure front-end
-(`query.play`: no upstream resolver, no await), then audited. UDP: one `DatagramProtocol`
-per responder. TCP (RFC 7766: two-byte length prefix, several queries per connection): a
-listener of kind `dns` served by `serve_dns_tcp`; a connection that stalls mid-message is
-closed by the proxy's sweeper after `head_timeout` (phase `hello`). A UDP query costs one
-answer of at most a few hundred bytes, so there is nothing to amplify: the answer is never
-larger than ~2x the query. See docs/proxy.md#transparent-mode-and-socks5.
+Strategy: every query is answered at once by its exchange, then audited. A query is read by
+the codec (`codec/dns.read_query`), becomes an `Intent` (`query_intent`: method `DNS`, the
+name asked, its listener's sandbox), and is played (`play`, no I/O: tested without a socket)
+through the same `Exchange` as every other mode, which decides (`Gate.lookup`) and writes the
+record; its lookup (`Resolve`) is the sandbox's own fake-address pool, so nothing waits and
+nothing is forwarded (no upstream resolver, no await). The answer is the exchange's, in the
+mode's table (`kinds.DNS_ANSWERS`), written by the codec (`render`, `respond`). This module
+is the only mode that loads dnspython (`codec/dns.py`), with a proxy's first DNS listener.
+UDP: one `DatagramProtocol` per responder. TCP (RFC 7766: two-byte length prefix, several
+queries per connection): a listener of kind `dns` served by `serve_dns_tcp`; a connection
+that stalls mid-message is closed by the proxy's sweeper after `head_timeout` (phase
+`hello`). A UDP query costs one answer of at most a few hundred bytes, so there is nothing
+to amplify: the answer is never larger than ~2x the query.
+See docs/proxy.md#transparent-mode-and-socks5.
 """
 
 from __future__ import annotations
@@ -15,23 +23,86 @@ import asyncio
 import socket
 from typing import TYPE_CHECKING, Protocol
 
-from ...codec.dns import FakeIPs, read_query
-from ...core.actions import Done, Refuse
-from ...core.clients import Identity
-from ...core.exchange import Exchange
-from ...core.record import perf_counter_ns
-from ...net.conn import read_message
-from ...net.listener import Listener, parse_listen, peer_text
-from ...net.netns import call_in_netns
-from .front import DNS
-from .query import play, query_intent, render
+from ...reasons import Reason
+from ..codec.dns import FakeIPs, Query, read_query, respond
+from ..core.actions import Done, Refuse
+from ..core.clients import Identity
+from ..core.exchange import Exchange, SequenceError, State
+from ..core.gate import AUDIT_DOWN, Verdict
+from ..core.intent import Intent, Question
+from ..core.record import DnsRecord, perf_counter_ns
+from ..net.conn import read_message
+from ..net.listener import Listener, parse_listen, peer_text
+from ..net.netns import call_in_netns
+from .kinds import DNS
 
 if TYPE_CHECKING:
-    from ...endpoints import ListenerControl
-    from ...net.conn import Conn
-    from ...runtime import Steps
+    from ..endpoints import ListenerControl
+    from ..net.conn import Conn
+    from ..runtime import Steps
 
 MAX_TCP_MESSAGE = 65535  # the two-byte length prefix's own bound
+
+
+def query_intent(
+    query: Query, client: str, identity: Identity, transport: str, *, audit_ok: bool, t0: int
+) -> Intent:
+    """A query as an `Intent`: a malformed one is a `bad_request` refusal answered with the
+    codec's rcode (or not at all: no id, or a response); with the audit log closed, any
+    query that can be answered is refused before its question is looked at."""
+    problem = query.problem
+    if not audit_ok:
+        if query.message is not None and (problem is None or problem[0] is not None):
+            question = Question("", transport)
+            return Intent(
+                client, "DNS", "dns", "", 53, t0, None, identity, audit_ok=False, question=question
+            )
+        problem = (problem[0] if problem is not None else None, AUDIT_DOWN.detail)
+    target = None
+    answerable = True
+    if problem is not None:
+        rcode, detail = problem
+        target = Verdict(Reason.BAD_REQUEST, detail, status=rcode)
+        answerable = rcode is not None
+    host = query.host if audit_ok else ""
+    qtype = query.qtype if audit_ok else ""
+    question = Question(qtype, transport)
+    return Intent(
+        client,
+        "DNS",
+        "dns",
+        host,
+        53,
+        t0,
+        target,
+        identity,
+        answerable=answerable,
+        question=question,
+    )
+
+
+def play(x: Exchange, intent: Intent, pool: FakeIPs) -> Refuse | Done:
+    """The whole exchange of one query, at once: its lookup is the sandbox's own pool (a
+    full pool is `pool_exhausted`, SERVFAIL), so nothing is awaited."""
+    action = x.start(intent)
+    if x.state is State.RESOLVING:  # an A query: its lookup (`Resolve`) is the pool's
+        addr = pool.address_for(intent.host)
+        if addr is None:
+            full = Verdict(Reason.POOL_EXHAUSTED, f"fake address pool {pool.network} is full")
+            return x.resolve_failed(full)
+        action = x.resolved((addr,))
+    if not isinstance(action, Refuse | Done):
+        raise SequenceError(f"exchange: {action!r} in a DNS exchange")
+    return action
+
+
+def render(query: Query, action: Refuse | Done) -> bytes | None:
+    """The answer to `query` as the exchange ended it (None: dropped, nothing to answer)."""
+    if isinstance(action, Refuse):
+        answer = action.answer
+        return respond(query, answer.code) if answer.style == "dns" else None
+    record = action.record
+    return respond(query, 0, record.answer if isinstance(record, DnsRecord) else None)
 
 
 class DnsHost(Protocol):
@@ -78,7 +149,7 @@ def _sandbox(listener: Listener) -> tuple[Identity, FakeIPs]:
 def _answer(
     steps: Steps, identity: Identity, pool: FakeIPs, data: bytes, client: str, transport: str
 ) -> tuple[bytes | None, Done]:
-    """One query through its exchange (`query.py`): the answer's bytes (None:
+    """One query through its exchange (`play`): the answer's bytes (None:
     dropped) and the record to emit."""
     audit = steps.audit
     query = read_query(data)
@@ -173,3 +244,6 @@ def _parse_tcp_message(buf: bytearray) -> tuple[bytes, int] | None:
     if len(buf) < 2 + n:
         return None
     return bytes(buf[2 : 2 + n]), 2 + n
+
+
+__all__ = ["open_dns", "play", "query_intent", "render", "serve_dns_tcp"]

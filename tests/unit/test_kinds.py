@@ -9,13 +9,19 @@ import pytest
 from egress.proxy.codec import socks5 as codec
 from egress.proxy.core.intent import NEVER_REFUSED, Front
 from egress.proxy.core.responses import REFUSALS
-from egress.proxy.modes.connect.front import CONNECT
-from egress.proxy.modes.dns.front import DNS
-from egress.proxy.modes.forwarder.front import FORWARDER
-from egress.proxy.modes.http.front import HTTP
-from egress.proxy.modes.kinds import MODES, ROUTE, mode_for
-from egress.proxy.modes.socks5.front import SOCKS5, SOCKS5_ANSWERS
-from egress.proxy.modes.transparent.front import TRANSPARENT, TRANSPARENT_HTTP
+from egress.proxy.modes.kinds import (
+    CONNECT,
+    DNS,
+    FORWARDER,
+    HTTP,
+    MODES,
+    ROUTE,
+    SOCKS5,
+    SOCKS5_ANSWERS,
+    TRANSPARENT,
+    TRANSPARENT_HTTP,
+    mode_for,
+)
 from egress.reasons import Reason
 
 FRONTS = [HTTP, CONNECT, FORWARDER, SOCKS5, TRANSPARENT, TRANSPARENT_HTTP, DNS]

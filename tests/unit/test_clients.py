@@ -1,4 +1,4 @@
-"""The client (sandbox) lifecycle in the pure table: add, replace, remove (issue 11).
+"""The client (sandbox) lifecycle in the pure table (core/clients.py): add, replace, remove.
 
 A hypothesis state machine drives random sequences of add/replace/remove and requests
 against a model of which policy must apply: a removed client's token and source addresses

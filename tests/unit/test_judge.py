@@ -1,4 +1,5 @@
-"""No lookup decides nothing (issue 32): the contract of `judge` on a name before resolution.
+"""No lookup decides nothing (issue 32): the contract of `judge` (egress/policy/judge.py) on a
+name before resolution.
 
 A refusal without `needs_addrs` is final: no set of addresses could make it an allow, so the
 proxy refuses without a DNS query. A refusal with `needs_addrs` is one some address could
@@ -18,7 +19,6 @@ from hypothesis import strategies as st
 from egress.config import build_settings
 from egress.policy.addrs import ALWAYS_RESERVED, PRIVATE_NETWORKS, AddressGuard
 from egress.policy.judge import judge, judge_name
-from egress.policy.lint import lint_policy
 from egress.policy.rules import Policy
 from egress.policy.target import IPAddress, IPNetwork, Scheme, Target, make_target
 
@@ -185,14 +185,6 @@ def test_the_opt_in_is_a_real_boolean(value: object) -> None:
         build_settings({"resolve_names_for_address_rules": value})
     with pytest.raises(TypeError, match="resolve_names_for_address_rules"):
         Policy(resolve_names_for_address_rules=value)  # type: ignore[arg-type]
-
-
-def test_lint_flags_the_opt_in() -> None:
-    found = [str(f) for f in lint_policy(Policy(allow=["198.18.0.0/15"], **OPT))]  # type: ignore[arg-type]
-    assert len(found) == 1
-    assert found[0].startswith("lint: policy key 'resolve_names_for_address_rules': ")
-    assert "docs/policy.md#no-lookup-decides-nothing" in found[0]
-    assert lint_policy(Policy(allow=["198.18.0.0/15"])) == []
 
 
 # -------------------------------------------------------------------------------------------

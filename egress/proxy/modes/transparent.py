@@ -19,6 +19,11 @@ Refusals of tunnels reset the connection (there is no protocol to answer in); HT
 get the forward proxy's error response. Every attempt is audited with `mode: transparent`
 and `orig_dst`. DoS bounds are the proxy's: the sweeper closes a connection that stalls in its
 ClientHello or request head after `head_timeout`.
+
+What needs no socket is plain functions, tested without one: how a connection is served
+(`kind_of` its port), the name it is judged as (`tls_target`: the SNI; the fake-IP name; the
+address), its `Intent`, and a port-80 request made absolute-form from its `Host`
+(`absolute_form`); its answers are `kinds.TRANSPARENT` and `kinds.TRANSPARENT_HTTP`.
 """
 
 from __future__ import annotations
@@ -26,35 +31,114 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from collections.abc import Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, Literal
 
-from ....errors import ProtocolError
-from ....policy.target import Target
-from ....reasons import Reason
-from ...codec.tls_hello import ClientHelloResult
-from ...core.clients import Identity
-from ...core.exchange import Exchange
-from ...core.gate import Verdict, refuse_head, refuse_request
-from ...core.intent import Intent
-from ...core.record import AccessRecord, perf_counter_ns
-from ...drive.coroutine import drive, read_hello
-from ...drive.tunnel import relay_tunnel
-from ...net.conn import read_head
-from ..http.serve import serve_request
-from .front import (
-    NOT_REDIRECTED,
-    TRANSPARENT,
-    absolute_form,
-    kind_of,
-    tls_target,
-    tunnel_intent,
-    tunnel_target,
-)
+from ...errors import ProtocolError, TargetError
+from ...policy.target import Target, make_target, split_host_port
+from ...reasons import Reason
+from ..codec.tls_hello import ClientHelloResult
+from ..core.clients import Identity
+from ..core.exchange import Exchange
+from ..core.gate import Verdict, refuse_head, refuse_request
+from ..core.intent import Intent
+from ..core.record import AccessRecord, perf_counter_ns
+from ..drive.coroutine import drive, read_hello
+from ..drive.tunnel import relay_tunnel
+from ..net.conn import read_head
+from .http import serve_request
+from .kinds import TRANSPARENT
 
 if TYPE_CHECKING:
-    from ...net.conn import Conn
-    from ...runtime import Steps
+    from ..net.conn import Conn
+    from ..runtime import Steps
+
+HTTP_PORT: Final = 80
+TLS_PORT: Final = 443
+Kind = Literal["http", "tls", "raw"]
+NOT_REDIRECTED: Final = Verdict(
+    Reason.NOT_REDIRECTED, "no original destination (not a redirected connection)"
+)
+
+
+def tunnel_intent(
+    client: str,
+    orig_dst: str | None,
+    host: str,
+    port: int,
+    target: Target | Verdict,
+    identity: Identity | None,
+    *,
+    cap: Verdict | None = None,
+    hello: ClientHelloResult | None = None,
+    hello_first: bool = False,
+    t0: int | None = None,
+) -> Intent:
+    """A redirected connection as an intent: a CONNECT to `host:port` from the listener's
+    client (`orig_dst`: where it was going)."""
+    return Intent(
+        client,
+        "CONNECT",
+        "https",
+        host,
+        port,
+        perf_counter_ns() if t0 is None else t0,
+        target,
+        identity,
+        cap,
+        orig_dst=orig_dst,
+        hello=hello,
+        hello_first=hello_first,
+    )
+
+
+def tunnel_target(host: str, port: int) -> Target | Verdict:
+    """The tunnel's target: the name (SNI, fake-IP name) or address it is judged as."""
+    try:
+        return make_target("https", host, port)
+    except TargetError as exc:
+        return refuse_request(str(exc))
+
+
+def tls_target(hello: ClientHelloResult | None, fallback: str, port: int) -> Target | Verdict:
+    """TLS is judged by its ClientHello's SNI; without one, by `fallback` (the fake-IP name or
+    the address), under the `sni_missing` option; a malformed ClientHello is refused."""
+    if hello is not None and hello.kind == "malformed":
+        return Verdict(Reason.SNI_MISMATCH, "malformed TLS ClientHello")
+    sni = hello.sni if hello is not None and hello.kind == "tls" else None
+    return tunnel_target(sni or fallback, port)
+
+
+def kind_of(port: int, https_ports: Collection[int]) -> Kind:
+    """How a redirected connection to `port` is served: HTTP requests on 80, TLS on 443 and
+    the ports an `https://` rule names, a raw tunnel on any other."""
+    if port == HTTP_PORT:
+        return "http"
+    if port == TLS_PORT or port in https_ports:
+        return "tls"
+    return "raw"
+
+
+def absolute_form(target: str, host: str | None, fallback: str, port: int) -> str | None:
+    """`http://HOST:PORT/path` for an origin-form `target` on a redirected connection to
+    `port`: HOST from the `Host` field's host (its port is ignored: the connection's port is
+    where the client was going), else `fallback`. None for a target that is not origin-form
+    (asterisk, authority or absolute form), or a Host that cannot be a host."""
+    if not target.startswith("/"):
+        return None
+    name = fallback
+    if host:
+        try:
+            name = split_host_port(host.strip())[0]
+        except TargetError:
+            name = host.strip()  # judged (and refused) as written
+    if not name or any(c in name for c in "/?#@\\ \t"):
+        return None  # not a host: it would move the path (a 400, never a destination)
+    if ":" in name and not name.startswith("["):
+        name = f"[{name}]"
+    return f"http://{name}:{port}{target}"
+
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 
@@ -200,3 +284,19 @@ async def _serve_http(steps: Steps, conn: Conn, fallback: str, port: int) -> Non
         conn.request_ended(steps.loop.time())
         if not keep:
             return
+
+
+__all__ = [
+    "HTTP_PORT",
+    "NOT_REDIRECTED",
+    "TLS_PORT",
+    "Kind",
+    "absolute_form",
+    "kind_of",
+    "original_dst",
+    "parse_sockaddr_in",
+    "serve_transparent",
+    "tls_target",
+    "tunnel_intent",
+    "tunnel_target",
+]

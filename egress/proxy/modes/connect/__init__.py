@@ -1,1 +1,0 @@
-"""The CONNECT mode: its answers (`front`, pure) and its request head into an exchange (`serve`)."""

@@ -1,1 +1,0 @@
-"""The HTTP forward mode: its answers (`front`, pure) and its requests (`serve`)."""

@@ -1,1 +1,0 @@
-"""The transparent mode: its answers (`front`, pure) and a redirected connection (`serve`)."""
