@@ -377,17 +377,32 @@ def _restore_recorded(
     errors, left, undone = ex.undo_if_cut(undo.ops, first.family)
     if not undone:
         return None, left
-    if errors or left is None:
-        raise ApplyFailed("restore incomplete: " + "; ".join(errors))
+    _raise_unless_undone(errors)
+    assert left is not None  # (None only with errors)
     lines = tuple(undo.lines())
     if left.marked_routes or left.backstop or left.redirect:
         extra = plan_mod.plan_restore(None, left)
-        errors = ex.undo(extra.ops)
-        if errors:
-            raise ApplyFailed("restore incomplete: " + "; ".join(errors))
-        lines, left = lines + tuple(extra.lines()), _marks(ex)
+        after = _undo(ex, extra.ops, check=True)
+        lines, left = lines + tuple(extra.lines()), _marks(ex) if after is None else after
     store.remove()
     return (lines, left), None
+
+
+def _undo(ex: Executor, ops: tuple[Op, ...], *, check: bool) -> NamespaceState | None:
+    """Undo `ops` tolerantly; with `check`, the marks left when the executor reads them
+    with the undo (`UndoesAndReadsMarks`), else None. ApplyFailed if anything failed."""
+    left: NamespaceState | None = None
+    if check and isinstance(ex, UndoesAndReadsMarks):
+        errors, left = ex.undo_and_read_marks(ops)
+    else:
+        errors = ex.undo(ops)
+    _raise_unless_undone(errors)
+    return left
+
+
+def _raise_unless_undone(errors: list[str]) -> None:
+    if errors:
+        raise ApplyFailed("restore incomplete: " + "; ".join(errors))
 
 
 def status(ex: Executor, store: Store, nameservers: tuple[str, ...] = ()) -> CutStatus:
@@ -422,13 +437,7 @@ def _restore(
     `check`, the marks left afterwards when the executor read them with the undo (else
     None). A cut's repair reads the whole state next anyway, so it asks for no check."""
     undo = plan_mod.plan_restore(record, state)
-    left: NamespaceState | None = None
-    if check and isinstance(ex, UndoesAndReadsMarks):
-        errors, left = ex.undo_and_read_marks(undo.ops)
-    else:
-        errors = ex.undo(undo.ops)
-    if errors:
-        raise ApplyFailed("restore incomplete: " + "; ".join(errors))
+    left = _undo(ex, undo.ops, check=check)
     store.remove()
     lines = tuple(undo.lines())
     if not undo.complete:
