@@ -24,7 +24,6 @@ from ...policy.target import Target, make_target
 from ...printable import printable
 from ...reasons import Reason, reason_of
 from ..codec import socks5 as codec
-from ..core.actions import Refuse
 from ..core.clients import Identity
 from ..core.exchange import Exchange
 from ..core.gate import Gate, Verdict, refuse_request
@@ -37,13 +36,6 @@ from .kinds import SOCKS5
 if TYPE_CHECKING:
     from ..net.conn import Conn
     from ..runtime import Steps
-
-
-def render_refusal(action: Refuse) -> bytes:
-    """The RFC 1928 reply of a refusal (empty after the success reply: just close)."""
-    if action.answer.style != "socks5":
-        return b""
-    return codec.reply(action.answer.code)
 
 
 NO_METHOD: Final = Verdict(
@@ -214,4 +206,4 @@ async def _handshake(steps: Steps, conn: Conn, t0: int) -> Intent | None:
             return None
 
 
-__all__ = ["NO_METHOD", "Handshake", "render_refusal", "serve_socks"]
+__all__ = ["NO_METHOD", "Handshake", "serve_socks"]
